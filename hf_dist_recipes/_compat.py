@@ -1,0 +1,45 @@
+"""The only module that relies on upstream details that are not public API.
+
+Each item names the versions it was read from and checked against; `tests/unit/test_compat.py` fails when an
+installed upstream no longer behaves as assumed here.
+
+Covered: transformers 5.24, accelerate 1.16, deepspeed 0.19.8.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+COVERED = {"transformers": "5.24", "accelerate": "1.16", "deepspeed": "0.19"}
+
+# accelerate 1.16 `utils/launch.py` exports the YAML's deepspeed_config_file to the ranks under these names, and
+# `DeepSpeedPlugin.__post_init__` reads the file back from the second one. transformers 5.24
+# `TrainingArguments.__post_init__` builds its DeepSpeed plugin from them when `deepspeed=` is not given.
+ACCELERATE_USE_DEEPSPEED = "ACCELERATE_USE_DEEPSPEED"
+ACCELERATE_DEEPSPEED_CONFIG_FILE = "ACCELERATE_DEEPSPEED_CONFIG_FILE"
+
+
+def launcher_deepspeed_config() -> dict | None:
+    """The DeepSpeed JSON that `accelerate launch` handed to this rank, or None when it handed none."""
+    if os.environ.get(ACCELERATE_USE_DEEPSPEED, "false").lower() not in ("1", "true", "yes"):
+        return None
+    path = os.environ.get(ACCELERATE_DEEPSPEED_CONFIG_FILE)
+    if not path or path == "none":
+        return None
+    return load_json_config(path)
+
+
+def load_json_config(path: str | os.PathLike) -> dict:
+    """Read a DeepSpeed JSON file, or raise ValueError naming the file and the problem."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"DeepSpeed config {p} does not exist; check deepspeed_config_file / --deepspeed")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"DeepSpeed config {p} is not valid JSON: {err.msg} at line {err.lineno}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"DeepSpeed config {p} must hold a JSON object, not {type(data).__name__}")
+    return data

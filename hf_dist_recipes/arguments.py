@@ -1,0 +1,132 @@
+"""RecipeTrainingArguments: `TrainingArguments` whose defaults are the seven practices, checked on creation.
+
+Changed defaults (everything else is the stock default):
+- `lr_scheduler_type="cosine_with_restarts"` with `lr_scheduler_kwargs={"num_cycles": 3}` and `warmup_steps=0.05`
+  (5% of the optimizer steps; an integer >= 1 means steps) -- practice 6;
+- `logging_nan_inf_filter=False`: a NaN loss shows in the logs instead of being averaged away -- practice 5;
+- `ddp_backend`: NCCL on a CUDA host, Gloo only without CUDA (an explicit "gloo" on a CUDA host is an error) --
+  practice 2; `use_cpu=True` on hosts without CUDA, where the stock default miscounts the world size.
+
+New fields, all at the end so positional use of TrainingArguments keeps working:
+- `logging_dir` (default `<output_dir>/tensorboard`): parent of the per-rank TensorBoard runs `rank<N>`;
+- `per_rank_tensorboard` (default True) -- practice 7;
+- `min_lr_ratio` (default 0.0): floor of the cosine cycles as a fraction of the peak learning rate;
+- `allow_gloo_on_cuda`, `allow_unclipped_gradients` (default False): explicit opt-outs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass, field
+
+from transformers import TrainingArguments
+from transformers.trainer_utils import SchedulerType
+
+from hf_dist_recipes import _compat
+from hf_dist_recipes.backend import cuda_device_count, resolve_backend
+from hf_dist_recipes.gradients import validate_max_grad_norm
+from hf_dist_recipes.parallel.batch import fix_tp_batch_size
+from hf_dist_recipes.schedules import DEFAULT_NUM_CYCLES
+from hf_dist_recipes.seeding import validate_seed
+
+logger = logging.getLogger(__name__)
+
+RECIPE_SCHEDULER = SchedulerType.COSINE_WITH_RESTARTS
+
+
+@dataclass
+class RecipeTrainingArguments(TrainingArguments):
+    lr_scheduler_type: SchedulerType | str = field(
+        default=RECIPE_SCHEDULER.value,
+        metadata={"help": "Learning-rate schedule; the recipe default is linear warm-up + cosine with hard restarts."},
+    )
+    warmup_steps: float = field(
+        default=0.05,
+        metadata={"help": "Linear warm-up: optimizer steps if >= 1, else a ratio of all steps (default 0.05)."},
+    )
+    logging_nan_inf_filter: bool = field(
+        default=False,
+        metadata={"help": "Hide NaN/Inf losses in the logs. Off in the recipe: a NaN must be seen."},
+    )
+    logging_dir: str | None = field(
+        default=None,
+        metadata={"help": "TensorBoard root; each rank writes <logging_dir>/rank<N>. Default <output_dir>/tensorboard."},
+    )
+    per_rank_tensorboard: bool = field(
+        default=True, metadata={"help": "Write TensorBoard logs from every rank, not only rank 0."}
+    )
+    min_lr_ratio: float = field(
+        default=0.0, metadata={"help": "Floor of each cosine cycle, as a fraction of the peak learning rate."}
+    )
+    allow_gloo_on_cuda: bool = field(
+        default=False, metadata={"help": "Accept Gloo on a host with CUDA GPUs (normally an error)."}
+    )
+    allow_unclipped_gradients: bool = field(
+        default=False, metadata={"help": "Accept max_grad_norm=0 (no gradient clipping; normally an error)."}
+    )
+
+    def __post_init__(self):
+        validate_seed(self.seed)
+        self.max_grad_norm = validate_max_grad_norm(self.max_grad_norm, allow_unclipped=self.allow_unclipped_gradients)
+        if not 0.0 <= self.min_lr_ratio < 1.0:
+            raise ValueError(f"min_lr_ratio must be in [0, 1), got {self.min_lr_ratio}; e.g. min_lr_ratio=0.1")
+        gpus = cuda_device_count()
+        self.ddp_backend = resolve_backend(
+            self.ddp_backend, allow_gloo_on_cuda=self.allow_gloo_on_cuda, cuda_devices=gpus
+        ) if (self.ddp_backend is not None or gpus) else None
+        if not gpus and not self.use_cpu:
+            # Without use_cpu a CPU-only torchrun run counts world_size 1 and fills DeepSpeed's batch wrongly.
+            self.use_cpu = True
+        self.tp_batch_note = self._fix_deepspeed_batch()
+        super().__post_init__()
+        if self.lr_scheduler_type == RECIPE_SCHEDULER and not self.lr_scheduler_kwargs:
+            self.lr_scheduler_kwargs = {"num_cycles": DEFAULT_NUM_CYCLES}
+        if self.logging_dir is None:
+            self.logging_dir = os.path.join(self.output_dir, "tensorboard")
+
+    def _fix_deepspeed_batch(self) -> str | None:
+        """Trap 1: under DeepSpeed AutoTP, make the global batch micro x accumulation x data-parallel size."""
+        if self.deepspeed is None:
+            raw = _compat.launcher_deepspeed_config()
+        elif isinstance(self.deepspeed, dict):
+            raw = self.deepspeed
+        else:
+            raw = _compat.load_json_config(self.deepspeed)
+        if raw is None:
+            return None
+        fix = fix_tp_batch_size(
+            raw,
+            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            micro_batch=self.per_device_train_batch_size,
+            grad_accum=self.gradient_accumulation_steps,
+        )
+        if fix.change is not None:
+            logger.info(fix.change)
+            self.deepspeed = fix.config
+        return fix.change
+
+    @classmethod
+    def from_training_arguments(cls, args: TrainingArguments) -> "RecipeTrainingArguments":
+        """Upgrade a plain `TrainingArguments`: every field the user changed from the stock default is kept; fields
+        left at the stock default take the recipe default."""
+        if isinstance(args, cls):
+            return args
+        kept = {}
+        for f in dataclasses.fields(TrainingArguments):
+            if not f.init:
+                continue
+            value = getattr(args, f.name)
+            stock = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            if value != stock:
+                kept[f.name] = value
+        upgraded = cls(**kept)
+        recipe_defaults = sorted(
+            f.name for f in dataclasses.fields(cls) if f.init and f.name not in kept
+            and getattr(upgraded, f.name) != getattr(args, f.name, None)
+        )
+        if recipe_defaults:
+            logger.info("RecipeTrainer upgraded TrainingArguments; recipe defaults for: %s", ", ".join(recipe_defaults))
+        return upgraded
+

@@ -1,0 +1,65 @@
+"""What one rank measured about itself, shared by RecipeTrainer (which feeds it) and the per-rank callbacks.
+
+The Trainer logs one loss averaged over all ranks; a rank that diverges or crawls is invisible in it. RecipeTrainer
+adds each micro step's own loss and token count here, and the callbacks time the optimizer steps.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class RankMetrics:
+    """Running per-rank counters. Losses stay tensors until a log step reads them, so feeding them costs no
+    device synchronisation."""
+
+    tokens: int = 0
+    optimizer_steps: int = 0
+    train_seconds: float = 0.0
+    first_loss: float | None = None
+    last_loss: float | None = None
+    _window_loss: torch.Tensor | None = None
+    _window_steps: int = 0
+    _window_tokens: int = 0
+    _window_seconds: float = 0.0
+    _step_started: float | None = field(default=None, repr=False)
+
+    def add_micro_step(self, loss: torch.Tensor, tokens: int) -> None:
+        """Record one micro step: its (accumulation-scaled) loss as returned by `Trainer.training_step`."""
+        loss = loss.detach().float()
+        self._window_loss = loss if self._window_loss is None else self._window_loss + loss
+        self.tokens += tokens
+        self._window_tokens += tokens
+
+    def step_begin(self) -> None:
+        self._step_started = time.perf_counter()
+
+    def step_end(self) -> None:
+        if self._step_started is None:
+            return
+        elapsed = time.perf_counter() - self._step_started
+        self._step_started = None
+        self.optimizer_steps += 1
+        self.train_seconds += elapsed
+        self._window_steps += 1
+        self._window_seconds += elapsed
+
+    def flush_window(self) -> dict[str, float]:
+        """Means since the last flush: `loss` (this rank's, per optimizer step), `step_time_s`, `tokens_per_s`.
+        Empty when no optimizer step finished since then."""
+        if self._window_steps == 0:
+            return {}
+        out = {"step_time_s": self._window_seconds / self._window_steps}
+        if self._window_seconds > 0:
+            out["tokens_per_s"] = self._window_tokens / self._window_seconds
+        if self._window_loss is not None:
+            out["loss"] = self._window_loss.item() / self._window_steps
+            if self.first_loss is None:
+                self.first_loss = out["loss"]
+            self.last_loss = out["loss"]
+        self._window_loss, self._window_steps, self._window_tokens, self._window_seconds = None, 0, 0, 0.0
+        return out

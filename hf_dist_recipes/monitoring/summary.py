@@ -1,0 +1,95 @@
+"""RankSummaryCallback: at the end of training every rank writes `<output_dir>/rank_summaries/rank<N>.json`.
+
+Fields (units in the names): rank, world_size, steps, tokens, train_seconds (time spent inside optimizer steps),
+tokens_per_s, first_rank_loss / last_rank_loss (this rank's own loss at its first and last log),
+first_loss / last_loss (the Trainer's cross-rank loss, from the log history), seed, rng_fingerprint, logging_dir.
+`summarize_ranks` folds them into one `RunSummary` for the demo and scripts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
+from hf_dist_recipes.seeding import SeedReport
+
+SUMMARY_DIRNAME = "rank_summaries"
+
+
+class RankSummaryCallback(TrainerCallback):
+    def __init__(self, metrics: RankMetrics, logging_dir: str | None, seed_report: SeedReport | None = None):
+        self.metrics = metrics
+        self.logging_dir = logging_dir
+        self.seed_report = seed_report
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.metrics.flush_window()  # the steps after the last log
+        losses = [entry["loss"] for entry in state.log_history if "loss" in entry]
+        m = self.metrics
+        summary = {
+            "rank": args.process_index,
+            "world_size": args.world_size,
+            "steps": state.global_step,
+            "tokens": m.tokens,
+            "train_seconds": m.train_seconds,
+            "tokens_per_s": m.tokens / m.train_seconds if m.train_seconds else None,
+            "first_rank_loss": m.first_loss,
+            "last_rank_loss": m.last_loss,
+            "first_loss": losses[0] if losses else None,
+            "last_loss": losses[-1] if losses else None,
+            "seed": self.seed_report.seed if self.seed_report else None,
+            "rng_fingerprint": self.seed_report.fingerprint if self.seed_report else None,
+            "logging_dir": self.logging_dir,
+        }
+        out = Path(args.output_dir) / SUMMARY_DIRNAME
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"rank{args.process_index}.json").write_text(json.dumps(summary, indent=2))
+
+
+def read_rank_summaries(output_dir: str | os.PathLike) -> list[dict]:
+    """The per-rank summaries of a finished run, ordered by rank (empty if none were written)."""
+    folder = Path(output_dir) / SUMMARY_DIRNAME
+    rows = [json.loads(p.read_text()) for p in folder.glob("rank*.json")]
+    return sorted(rows, key=lambda row: row["rank"])
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One run across ranks. `tokens_per_s`: all ranks' tokens over the slowest rank's train time."""
+
+    ranks: int
+    steps: int
+    first_loss: float | None
+    last_loss: float | None
+    tokens: int
+    tokens_per_s: float | None
+    train_seconds_by_rank: dict[int, float]
+    seeds_agree: bool
+    logging_dir: str | None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize_ranks(rows: list[dict]) -> RunSummary:
+    """Fold per-rank summaries (from `read_rank_summaries`) into one `RunSummary`."""
+    if not rows:
+        raise ValueError("no per-rank summaries found; did training finish? (look for rank_summaries/ in output_dir)")
+    slowest = max(row["train_seconds"] for row in rows)
+    tokens = sum(row["tokens"] for row in rows)
+    return RunSummary(
+        ranks=len(rows),
+        steps=rows[0]["steps"],
+        first_loss=rows[0]["first_loss"],
+        last_loss=rows[0]["last_loss"],
+        tokens=tokens,
+        tokens_per_s=tokens / slowest if slowest else None,
+        train_seconds_by_rank={row["rank"]: row["train_seconds"] for row in rows},
+        seeds_agree=len({row["rng_fingerprint"] for row in rows}) == 1,
+        logging_dir=rows[0]["logging_dir"],
+    )

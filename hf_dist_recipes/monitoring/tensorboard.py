@@ -1,0 +1,64 @@
+"""PerRankTensorBoardCallback: every rank writes its own TensorBoard run, `<logging_dir>/rank<N>`.
+
+The stock TensorBoardCallback writes from rank 0 only. Point TensorBoard at `<logging_dir>` and each rank shows up
+as a run of its own, so the slow or diverging one stands out.
+
+Keys, at each logging step (x axis: optimizer step):
+- `train/<key>`: every number in the Trainer's logs (loss averaged over ranks, learning_rate, grad_norm, epoch);
+- `rank/loss`: this rank's own mean loss since the previous log;
+- `rank/step_time_s`, `rank/tokens_per_s`: this rank's mean optimizer-step time and token throughput.
+Once, at the start: text `seed` with the rank's seed and RNG fingerprint.
+"""
+
+from __future__ import annotations
+
+import os
+from numbers import Number
+
+from transformers import TrainerCallback
+
+from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
+from hf_dist_recipes.seeding import SeedReport
+
+
+def rank_log_dir(logging_dir: str | os.PathLike, rank: int) -> str:
+    """The TensorBoard directory of global rank `rank`."""
+    return os.path.join(os.fspath(logging_dir), f"rank{rank}")
+
+
+class PerRankTensorBoardCallback(TrainerCallback):
+    def __init__(self, logging_dir: str, metrics: RankMetrics, seed_report: SeedReport | None = None):
+        self.logging_dir = logging_dir
+        self.metrics = metrics
+        self.seed_report = seed_report
+        self.writer = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        from torch.utils.tensorboard import SummaryWriter
+
+        if self.writer is None:
+            self.writer = SummaryWriter(log_dir=rank_log_dir(self.logging_dir, args.process_index))
+        if self.seed_report is not None:
+            r = self.seed_report
+            self.writer.add_text("seed", f"rank {args.process_index}: seed {r.seed}, rng fingerprint {r.fingerprint}")
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.metrics.step_begin()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.metrics.step_end()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.writer is None:
+            return
+        for key, value in (logs or {}).items():
+            if isinstance(value, Number) and not isinstance(value, bool):
+                self.writer.add_scalar(f"train/{key}", value, state.global_step)
+        for key, value in self.metrics.flush_window().items():
+            self.writer.add_scalar(f"rank/{key}", value, state.global_step)
+        self.writer.flush()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None

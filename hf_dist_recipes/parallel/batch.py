@@ -1,0 +1,83 @@
+"""The global batch under tensor parallelism (DeepSpeed issue 7298; trap 1 in verified-on-cpu.md).
+
+With DeepSpeed AutoTP the ranks of one TP group work on the same samples, so the global batch is
+micro x grad-accum x data-parallel size, where data-parallel size = world size / TP degree. The Trainer fills
+`"train_batch_size": "auto"` with the whole world size instead, and DeepSpeed's batch assertion then fails. An
+explicit data-parallel value is refused by the Trainer's own fill check. What trains: leave `train_batch_size` out
+of the JSON and let DeepSpeed derive it from the micro batch, accumulation and its data-parallel group.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+
+def tensor_parallel_size(ds_config: dict) -> int:
+    """DeepSpeed AutoTP degree of a config dict (1 when absent)."""
+    tp = (ds_config.get("tensor_parallel") or {}).get("autotp_size", 1)
+    if tp in (None, "auto"):
+        return 1
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tensor_parallel.autotp_size must be a positive integer, got {tp!r}")
+    return tp
+
+
+def data_parallel_size(world_size: int, tp_size: int = 1) -> int:
+    """Ranks that see different data: world size / TP degree. Raises when TP does not divide the world."""
+    if world_size < 1 or tp_size < 1:
+        raise ValueError(f"world size ({world_size}) and TP degree ({tp_size}) must be positive")
+    if world_size % tp_size:
+        raise ValueError(
+            f"world size {world_size} is not divisible by the tensor-parallel degree {tp_size}; launch a multiple "
+            f"of {tp_size} processes or change tensor_parallel.autotp_size"
+        )
+    return world_size // tp_size
+
+
+@dataclass(frozen=True)
+class BatchFix:
+    """Outcome of `fix_tp_batch_size`: the config to use and what changed (None when nothing did)."""
+
+    config: dict
+    global_batch: int
+    change: str | None
+
+
+def fix_tp_batch_size(ds_config: dict, *, world_size: int, micro_batch: int, grad_accum: int) -> BatchFix:
+    """Return a copy of `ds_config` that trains under TP with global batch micro x grad-accum x DP.
+
+    Without TP (autotp_size <= 1) the config is returned unchanged. With TP, `train_batch_size` is removed when it
+    is "auto" or already equals the data-parallel value; any other number raises ValueError naming the right one.
+    `micro_batch` and `grad_accum` are the Trainer's values (`"auto"` entries in the JSON take them).
+    """
+    tp = tensor_parallel_size(ds_config)
+    dp = data_parallel_size(world_size, tp)
+    micro = _resolve(ds_config, "train_micro_batch_size_per_gpu", micro_batch)
+    accum = _resolve(ds_config, "gradient_accumulation_steps", grad_accum)
+    global_batch = micro * accum * dp
+    if tp == 1 or "train_batch_size" not in ds_config:
+        return BatchFix(config=ds_config, global_batch=global_batch, change=None)
+    value = ds_config["train_batch_size"]
+    if value != "auto" and value != global_batch:
+        raise ValueError(
+            f"DeepSpeed train_batch_size={value} does not match micro batch {micro} x gradient accumulation "
+            f"{accum} x data-parallel size {dp} (world {world_size} / TP {tp}) = {global_batch}. Remove "
+            f'"train_batch_size" from the DeepSpeed JSON (recommended) or set it to {global_batch}.'
+        )
+    fixed = copy.deepcopy(ds_config)
+    del fixed["train_batch_size"]
+    change = (
+        f"removed train_batch_size={value!r} from the DeepSpeed config: under TP {tp} DeepSpeed derives the global "
+        f"batch {micro} x {accum} x DP {dp} = {global_batch} itself (DeepSpeed issue 7298)"
+    )
+    return BatchFix(config=fixed, global_batch=global_batch, change=change)
+
+
+def _resolve(ds_config: dict, key: str, trainer_value: int) -> int:
+    value = ds_config.get(key, "auto")
+    if value == "auto":
+        return trainer_value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"DeepSpeed {key} must be a positive integer or \"auto\", got {value!r}")
+    return value

@@ -1,0 +1,102 @@
+"""RecipeTrainer: `transformers.Trainer` with the practices wired in through its public hooks.
+
+Drop-in: the constructor takes the Trainer's arguments in the Trainer's order; a plain `TrainingArguments` is
+upgraded to `RecipeTrainingArguments` (see `RecipeTrainingArguments.from_training_arguments`).
+
+What it adds:
+- practice 4: `seed_everything(args.seed)` before anything else, so `model_init` builds identical weights on every
+  rank; the rank's `SeedReport` is kept as `trainer.seed_report` and logged;
+- practice 2: after the process group exists, its backend is checked (Gloo on a CUDA host is an error);
+- practice 6: `create_scheduler` builds the warm-up + cosine-with-hard-restarts schedule (with `min_lr_ratio`);
+- practice 7: TensorBoard from every rank (`<logging_dir>/rank<N>`) and a per-rank JSON summary at the end;
+- practice 3: the DeepSpeed batch-size trap under tensor parallelism is handled by the arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from transformers import Trainer, TrainingArguments
+from transformers.integrations import TensorBoardCallback
+
+from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
+from hf_dist_recipes.backend import check_process_group_backend
+from hf_dist_recipes.monitoring import PerRankTensorBoardCallback, RankMetrics, RankSummaryCallback
+from hf_dist_recipes.schedules import DEFAULT_NUM_CYCLES, WarmupCosineRestarts, warmup_cosine_restarts_scheduler
+from hf_dist_recipes.seeding import seed_everything
+
+
+class RecipeTrainer(Trainer):
+    def __init__(
+        self,
+        model=None,
+        args: TrainingArguments | None = None,
+        data_collator=None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        model_init=None,
+        compute_loss_func=None,
+        compute_metrics=None,
+        callbacks=None,
+        optimizers=(None, None),
+        optimizer_cls_and_kwargs=None,
+        preprocess_logits_for_metrics=None,
+    ):
+        if args is None:
+            args = RecipeTrainingArguments(output_dir="tmp_trainer")
+        args = RecipeTrainingArguments.from_training_arguments(args)
+        # Before super().__init__: it calls model_init, whose weights must come from the seeded state.
+        self.seed_report = seed_everything(args.seed, deterministic=args.full_determinism)
+        self.rank_metrics = RankMetrics()
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=data_collator,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            model_init=model_init,
+            compute_loss_func=compute_loss_func,
+            compute_metrics=compute_metrics,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
+            preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+        )
+        check_process_group_backend(allow_gloo_on_cuda=args.allow_gloo_on_cuda)
+        if args.per_rank_tensorboard:
+            # The stock callback writes rank 0 only, into the same root: ours covers it.
+            self.remove_callback(TensorBoardCallback)
+            self.add_callback(PerRankTensorBoardCallback(args.logging_dir, self.rank_metrics, self.seed_report))
+        self.add_callback(RankSummaryCallback(self.rank_metrics, args.logging_dir, self.seed_report))
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        if self.lr_scheduler is not None or self.args.lr_scheduler_type != RECIPE_SCHEDULER:
+            return super().create_scheduler(num_training_steps, optimizer)
+        # The parent builds the stock schedule and marks it created; ours then takes its place on the optimizer.
+        super().create_scheduler(num_training_steps, optimizer)
+        kwargs = dict(self.args.lr_scheduler_kwargs or {})
+        schedule = WarmupCosineRestarts(
+            warmup_steps=self.args.get_warmup_steps(num_training_steps),
+            total_steps=num_training_steps,
+            num_cycles=kwargs.get("num_cycles", DEFAULT_NUM_CYCLES),
+            min_lr_ratio=self.args.min_lr_ratio,
+        )
+        self.lr_scheduler = warmup_cosine_restarts_scheduler(optimizer or self.optimizer, schedule)
+        return self.lr_scheduler
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        tokens = _count_tokens(inputs)
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self.rank_metrics.add_micro_step(loss, tokens)
+        return loss
+
+
+def _count_tokens(inputs) -> int:
+    if isinstance(inputs, Mapping):
+        ids = inputs.get("input_ids")
+        if isinstance(ids, torch.Tensor):
+            return ids.numel()
+    return 0
