@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import warnings
 from dataclasses import dataclass
 
 from hf_dist_recipes.arguments import RecipeTrainingArguments
@@ -92,6 +93,8 @@ def run(s: DemoSettings) -> RecipeTrainer:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_training_flags(parser)
+    # DeepSpeed 0.19 calls collectives that torch 2.13 deprecates, one warning per call and step: noise, not news.
+    warnings.filterwarnings("ignore", message=r".*is deprecated. Please use `torch.distributed", category=FutureWarning)
     run(settings_from(parser.parse_args(argv)))
 
 

@@ -1,0 +1,38 @@
+# Two commands on a fresh machine: `make demo` (the main job) and `make test` (the whole suite).
+# Both create .venv when missing and install the exact stack pinned in requirements.lock.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-fast lock clean
+
+install: $(STAMP)
+
+# DS_BUILD_OPS=0: DeepSpeed installs as pure Python and JIT-builds the ops it needs on first use.
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	DS_BUILD_OPS=0 $(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/hf-dist-recipes demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The unit tests only: seconds, no process launched.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not distributed and not notebook and not slow" $(PYTEST_ARGS)
+
+# Re-pin after changing pyproject.toml's ranges: installs from the ranges, then freezes what was installed.
+lock:
+	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
+	DS_BUILD_OPS=0 .venv-lock/bin/python -m pip install --quiet torch==2.13.0 -e '.[dev]'
+	{ sed -n '1,3p' requirements.lock; .venv-lock/bin/pip freeze --exclude-editable | sed 's/+cpu$$//'; } > requirements.lock.new
+	mv requirements.lock.new requirements.lock && rm -rf .venv-lock
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,155 @@
+"""Plan, check and run the demo: `accelerate launch` over `hf_dist_recipes.demo.train` with a shipped config.
+
+`plan_demo` builds everything (config choice, world size, backend, command) and checks it without launching;
+`run_demo` launches the plan and reads back the per-rank summaries.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import hf_dist_recipes
+from hf_dist_recipes.backend import CPU_BACKEND, cuda_device_count, resolve_backend
+from hf_dist_recipes.demo.train import DemoSettings
+from hf_dist_recipes.monitoring.summary import SUMMARY_DIRNAME, RunSummary, read_rank_summaries, summarize_ranks
+from hf_dist_recipes.parallel.launch_config import check_launch_config, load_launch_config
+
+CPU_CONFIG = "demo_cpu_zero3.yaml"
+GPU_CONFIG = "demo_gpu_zero3.yaml"
+
+
+def configs_root() -> Path:
+    """The directory holding `accelerate_configs/`: the source checkout this package runs from, else the current
+    directory. `accelerate launch` runs there, so the configs' relative paths resolve."""
+    for candidate in (Path(hf_dist_recipes.__file__).resolve().parents[1], Path.cwd()):
+        if (candidate / "accelerate_configs").is_dir():
+            return candidate
+    raise ValueError(
+        "accelerate_configs/ not found next to the package or in the current directory; run from the repository "
+        "root or pass --config-file"
+    )
+
+
+@dataclass(frozen=True)
+class DemoPlan:
+    """A checked demo launch. `device` is "cuda" or "cpu"; `backend` the collective backend the ranks will use."""
+
+    config_file: Path
+    deepspeed_file: Path | None
+    num_processes: int
+    device: str
+    backend: str
+    cwd: Path
+    settings: DemoSettings
+    command: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        for key in ("config_file", "deepspeed_file", "cwd"):
+            out[key] = str(out[key]) if out[key] is not None else None
+        return out
+
+
+def plan_demo(
+    settings: DemoSettings,
+    *,
+    config_file: str | Path | None = None,
+    num_processes: int | None = None,
+    cuda_devices: int | None = None,
+) -> DemoPlan:
+    """Choose and check the launch. On a CUDA host the GPU config with one process per GPU (NCCL); otherwise the
+    CPU config (2 processes, Gloo). Raises ValueError, naming the fix, for any inconsistency."""
+    gpus = cuda_device_count() if cuda_devices is None else cuda_devices
+    root = configs_root() if config_file is None else Path.cwd()
+    if config_file is None:
+        config_file = root / "accelerate_configs" / (GPU_CONFIG if gpus else CPU_CONFIG)
+        if gpus and num_processes is None:
+            num_processes = gpus
+    cfg = load_launch_config(config_file, root=root)
+    world = check_launch_config(cfg, num_processes=num_processes)
+    requested = settings.backend or (CPU_BACKEND if cfg.use_cpu else None)
+    backend = resolve_backend(requested, allow_gloo_on_cuda=settings.allow_gloo_on_cuda, cuda_devices=gpus)
+    device = "cpu" if (cfg.use_cpu or not gpus) else "cuda"
+    settings = DemoSettings(**{**asdict(settings), "output_dir": str(Path(settings.output_dir).resolve())})
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(Path(config_file).resolve()),
+        "--num_processes", str(world),
+        "-m", "hf_dist_recipes.demo.train",
+        *settings_to_flags(settings),
+    ]
+    return DemoPlan(
+        config_file=Path(config_file).resolve(),
+        deepspeed_file=cfg.deepspeed_file,
+        num_processes=world,
+        device=device,
+        backend=backend,
+        cwd=root,
+        settings=settings,
+        command=command,
+    )
+
+
+def settings_to_flags(s: DemoSettings) -> list[str]:
+    """The train script's flags for `s` (inverse of `demo.train.settings_from`)."""
+    flags = [
+        "--output-dir", s.output_dir, "--max-steps", str(s.max_steps), "--seq-len", str(s.seq_len),
+        "--micro-batch", str(s.micro_batch), "--learning-rate", str(s.learning_rate),
+        "--warmup-steps", str(s.warmup_steps), "--logging-steps", str(s.logging_steps),
+        "--max-bytes", str(s.max_bytes), "--seed", str(s.seed),
+    ]
+    if s.backend:
+        flags += ["--backend", s.backend]
+    if s.allow_gloo_on_cuda:
+        flags.append("--allow-gloo-on-cuda")
+    if not s.save_final:
+        flags.append("--no-save")
+    return flags
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    """What a finished demo run measured. `wall_seconds` covers the whole launch (process start, DeepSpeed op
+    build on a first run, training, saving)."""
+
+    plan: DemoPlan
+    returncode: int
+    wall_seconds: float
+    summary: RunSummary | None
+
+    @property
+    def loss_fell(self) -> bool:
+        s = self.summary
+        return bool(s and s.first_loss is not None and s.last_loss is not None and s.last_loss < s.first_loss)
+
+    def as_dict(self) -> dict:
+        return {
+            "plan": self.plan.as_dict(),
+            "returncode": self.returncode,
+            "wall_seconds": self.wall_seconds,
+            "loss_fell": self.loss_fell,
+            "summary": self.summary.as_dict() if self.summary else None,
+            "model_dir": os.path.join(self.plan.settings.output_dir, "final") if self.plan.settings.save_final else None,
+        }
+
+
+def run_demo(plan: DemoPlan, *, quiet: bool = False) -> DemoResult:
+    """Launch `plan` and wait. The ranks' output (progress bar included) goes to this terminal unless `quiet`."""
+    env = dict(os.environ)
+    # The ranks import this package from the same place as this process, even when it is not installed.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(hf_dist_recipes.__file__).parents[1]), env.get("PYTHONPATH")]))
+    # Summaries left by an earlier run in the same directory must not pass for this run's.
+    shutil.rmtree(Path(plan.settings.output_dir) / SUMMARY_DIRNAME, ignore_errors=True)
+    start = time.perf_counter()
+    out = subprocess.DEVNULL if quiet else None
+    proc = subprocess.run(plan.command, cwd=plan.cwd, env=env, stdout=out, stderr=out)
+    wall = time.perf_counter() - start
+    rows = read_rank_summaries(plan.settings.output_dir)
+    summary = summarize_ranks(rows) if rows and proc.returncode == 0 else None
+    return DemoResult(plan=plan, returncode=proc.returncode, wall_seconds=wall, summary=summary)

@@ -1,0 +1,107 @@
+"""Read an accelerate YAML with its DeepSpeed JSON and check that they agree, before anything is launched.
+
+A mismatch found here costs a second; found by DeepSpeed it costs a cluster allocation and a traceback per rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from hf_dist_recipes import _compat
+from hf_dist_recipes.parallel.batch import data_parallel_size, tensor_parallel_size
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """An accelerate config file as far as launching is concerned. `num_processes` counts all machines'
+    processes (accelerate's meaning); `deepspeed` is the parsed JSON named by `deepspeed_config_file`."""
+
+    path: Path
+    distributed_type: str
+    num_processes: int
+    num_machines: int
+    use_cpu: bool
+    deepspeed_file: Path | None
+    deepspeed: dict | None
+
+
+def load_launch_config(path: str | Path, *, root: str | Path | None = None) -> LaunchConfig:
+    """Parse the accelerate YAML at `path`; a relative `deepspeed_config_file` is resolved against `root` (the
+    directory `accelerate launch` will run in; default: the current directory). Raises ValueError naming the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"accelerate config {p} does not exist; pass an existing file with --config-file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        where = getattr(err, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where is not None else ""
+        raise ValueError(f"accelerate config {p} is not valid YAML{line}: {getattr(err, 'problem', err)}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"accelerate config {p} must be a YAML mapping (key: value lines), not {type(data).__name__}")
+    num_processes = _positive_int(data, "num_processes", p, default=1)
+    num_machines = _positive_int(data, "num_machines", p, default=1)
+    ds_section = data.get("deepspeed_config") or {}
+    ds_name = ds_section.get("deepspeed_config_file") if isinstance(ds_section, dict) else None
+    ds_file = ds_json = None
+    if ds_name:
+        ds_file = Path(ds_name)
+        if not ds_file.is_absolute():
+            ds_file = Path(root or Path.cwd()) / ds_file
+        ds_json = _compat.load_json_config(ds_file)
+    return LaunchConfig(
+        path=p,
+        distributed_type=str(data.get("distributed_type", "NO")),
+        num_processes=num_processes,
+        num_machines=num_machines,
+        use_cpu=bool(data.get("use_cpu", False)),
+        deepspeed_file=ds_file,
+        deepspeed=ds_json,
+    )
+
+
+def check_launch_config(cfg: LaunchConfig, *, num_processes: int | None = None) -> int:
+    """Check that the YAML and its DeepSpeed JSON describe the same job; return the world size.
+
+    `num_processes` overrides the YAML's value (as `accelerate launch --num_processes` does)."""
+    world = num_processes or cfg.num_processes
+    if cfg.num_machines > world:
+        raise ValueError(
+            f"{cfg.path}: num_machines={cfg.num_machines} but num_processes={world}; accelerate counts the processes "
+            "of all machines in num_processes, so it must be at least num_machines"
+        )
+    if cfg.deepspeed is None:
+        if cfg.distributed_type == "DEEPSPEED":
+            raise ValueError(f"{cfg.path}: distributed_type is DEEPSPEED but no deepspeed_config_file is given")
+        return world
+    if cfg.distributed_type != "DEEPSPEED":
+        raise ValueError(
+            f"{cfg.path}: a deepspeed_config_file is given but distributed_type is {cfg.distributed_type}; "
+            "set distributed_type: DEEPSPEED"
+        )
+    tp = tensor_parallel_size(cfg.deepspeed)
+    try:
+        dp = data_parallel_size(world, tp)
+    except ValueError as err:
+        raise ValueError(f"{cfg.path} with {cfg.deepspeed_file}: {err}") from None
+    batch = [cfg.deepspeed.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")]
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in batch):
+        total, micro, accum = batch
+        if total != micro * accum * dp:
+            raise ValueError(
+                f"{cfg.path} launches num_processes={world} (TP {tp}, so {dp} data-parallel ranks) but "
+                f"{cfg.deepspeed_file} says train_batch_size={total} = micro {micro} x accumulation {accum} x "
+                f"{total // (micro * accum) if total % (micro * accum) == 0 else '?'} ranks. Make num_processes "
+                f"match, or set train_batch_size to {micro * accum * dp} (or \"auto\")."
+            )
+    return world
+
+
+def _positive_int(data: dict, key: str, path: Path, *, default: int) -> int:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{path}: {key} must be a positive integer, got {value!r}")
+    return value
