@@ -25,7 +25,7 @@ from transformers import TrainingArguments
 from transformers.trainer_utils import SchedulerType
 
 from hf_dist_recipes import _compat
-from hf_dist_recipes.backend import cuda_device_count, resolve_backend
+from hf_dist_recipes import backend
 from hf_dist_recipes.gradients import validate_max_grad_norm
 from hf_dist_recipes.parallel.batch import fix_tp_batch_size
 from hf_dist_recipes.schedules import DEFAULT_NUM_CYCLES
@@ -72,8 +72,8 @@ class RecipeTrainingArguments(TrainingArguments):
         self.max_grad_norm = validate_max_grad_norm(self.max_grad_norm, allow_unclipped=self.allow_unclipped_gradients)
         if not 0.0 <= self.min_lr_ratio < 1.0:
             raise ValueError(f"min_lr_ratio must be in [0, 1), got {self.min_lr_ratio}; e.g. min_lr_ratio=0.1")
-        gpus = cuda_device_count()
-        self.ddp_backend = resolve_backend(
+        gpus = backend.cuda_device_count()
+        self.ddp_backend = backend.resolve_backend(
             self.ddp_backend, allow_gloo_on_cuda=self.allow_gloo_on_cuda, cuda_devices=gpus
         ) if (self.ddp_backend is not None or gpus) else None
         if not gpus and not self.use_cpu:

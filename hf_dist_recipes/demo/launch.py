@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import hf_dist_recipes
-from hf_dist_recipes.backend import CPU_BACKEND, cuda_device_count, resolve_backend
+from hf_dist_recipes import backend
 from hf_dist_recipes.demo.train import DemoSettings
 from hf_dist_recipes.monitoring.summary import SUMMARY_DIRNAME, RunSummary, read_rank_summaries, summarize_ranks
 from hf_dist_recipes.parallel.launch_config import check_launch_config, load_launch_config
@@ -65,7 +65,7 @@ def plan_demo(
 ) -> DemoPlan:
     """Choose and check the launch. On a CUDA host the GPU config with one process per GPU (NCCL); otherwise the
     CPU config (2 processes, Gloo). Raises ValueError, naming the fix, for any inconsistency."""
-    gpus = cuda_device_count() if cuda_devices is None else cuda_devices
+    gpus = backend.cuda_device_count() if cuda_devices is None else cuda_devices
     root = configs_root() if config_file is None else Path.cwd()
     if config_file is None:
         config_file = root / "accelerate_configs" / (GPU_CONFIG if gpus else CPU_CONFIG)
@@ -73,8 +73,8 @@ def plan_demo(
             num_processes = gpus
     cfg = load_launch_config(config_file, root=root)
     world = check_launch_config(cfg, num_processes=num_processes)
-    requested = settings.backend or (CPU_BACKEND if cfg.use_cpu else None)
-    backend = resolve_backend(requested, allow_gloo_on_cuda=settings.allow_gloo_on_cuda, cuda_devices=gpus)
+    requested = settings.backend or (backend.CPU_BACKEND if cfg.use_cpu else None)
+    comm = backend.resolve_backend(requested, allow_gloo_on_cuda=settings.allow_gloo_on_cuda, cuda_devices=gpus)
     device = "cpu" if (cfg.use_cpu or not gpus) else "cuda"
     settings = DemoSettings(**{**asdict(settings), "output_dir": str(Path(settings.output_dir).resolve())})
     command = [
@@ -89,7 +89,7 @@ def plan_demo(
         deepspeed_file=cfg.deepspeed_file,
         num_processes=world,
         device=device,
-        backend=backend,
+        backend=comm,
         cwd=root,
         settings=settings,
         command=command,

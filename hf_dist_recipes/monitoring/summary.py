@@ -1,7 +1,8 @@
 """RankSummaryCallback: at the end of training every rank writes `<output_dir>/rank_summaries/rank<N>.json`.
 
 Fields (units in the names): rank, world_size, steps, tokens, train_seconds (time spent inside optimizer steps),
-tokens_per_s, first_rank_loss / last_rank_loss (this rank's own loss at its first and last log),
+tokens_per_s, param_elements (all parameters' elements), param_elements_local (what this rank holds: its ZeRO-3
+partitions, or everything without ZeRO-3), first_rank_loss / last_rank_loss (this rank's own loss at its first and last log),
 first_loss / last_loss (the Trainer's cross-rank loss, from the log history), seed, rng_fingerprint, logging_dir.
 `summarize_ranks` folds them into one `RunSummary` for the demo and scripts.
 """
@@ -31,6 +32,7 @@ class RankSummaryCallback(TrainerCallback):
         self.metrics.flush_window()  # the steps after the last log
         losses = [entry["loss"] for entry in state.log_history if "loss" in entry]
         m = self.metrics
+        total, local = parameter_elements(kwargs.get("model"))
         summary = {
             "rank": args.process_index,
             "world_size": args.world_size,
@@ -38,6 +40,8 @@ class RankSummaryCallback(TrainerCallback):
             "tokens": m.tokens,
             "train_seconds": m.train_seconds,
             "tokens_per_s": m.tokens / m.train_seconds if m.train_seconds else None,
+            "param_elements": total,
+            "param_elements_local": local,
             "first_rank_loss": m.first_loss,
             "last_rank_loss": m.last_loss,
             "first_loss": losses[0] if losses else None,
@@ -49,6 +53,22 @@ class RankSummaryCallback(TrainerCallback):
         out = Path(args.output_dir) / SUMMARY_DIRNAME
         out.mkdir(parents=True, exist_ok=True)
         (out / f"rank{args.process_index}.json").write_text(json.dumps(summary, indent=2))
+
+
+def parameter_elements(model) -> tuple[int, int]:
+    """(all elements, elements held by this rank) of `model`'s parameters. ZeRO-3 leaves each parameter an empty
+    placeholder with the full size in `ds_numel` and this rank's partition in `ds_tensor`."""
+    if model is None:
+        return 0, 0
+    total = local = 0
+    for p in model.parameters():
+        if hasattr(p, "ds_numel"):
+            total += p.ds_numel
+            local += p.ds_tensor.numel()
+        else:
+            total += p.numel()
+            local += p.numel()
+    return total, local
 
 
 def read_rank_summaries(output_dir: str | os.PathLike) -> list[dict]:

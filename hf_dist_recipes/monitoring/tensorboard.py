@@ -62,3 +62,12 @@ class PerRankTensorBoardCallback(TrainerCallback):
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+
+
+def read_scalars(run_dir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
+    """All scalars of one TensorBoard run directory: tag -> [(step, value), ...] in step order."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(os.fspath(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}

@@ -1,0 +1,47 @@
+"""Shared test helpers: free ports, and launching real multi-process runs with the venv's accelerate."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCH_TIMEOUT_S = 420  # one run; the first also JIT-builds DeepSpeed's shm op (about 60 s on 2 cores)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now, so each multi-process test gets its own rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def accelerate_launch(config_file: Path, script_and_args: list[str], *, cwd: Path = REPO, timeout: int = LAUNCH_TIMEOUT_S,
+                      num_processes: int | None = None) -> subprocess.CompletedProcess:
+    """Run `accelerate launch --config_file config_file ...` and return it with output captured."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file),
+           "--main_process_port", str(free_port())]
+    if num_processes:
+        cmd += ["--num_processes", str(num_processes)]
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    return subprocess.run(cmd + script_and_args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def check_launch(proc: subprocess.CompletedProcess) -> None:
+    """Fail with the ranks' last output when a launch did not succeed."""
+    if proc.returncode != 0:
+        pytest.fail(f"launch failed with exit {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+
+
+def write_cpu_deepspeed_yaml(path: Path, ds_json: Path, num_processes: int = 2) -> Path:
+    """An accelerate YAML like accelerate_configs/demo_cpu_zero3.yaml pointing at `ds_json`."""
+    text = (REPO / "accelerate_configs" / "demo_cpu_zero3.yaml").read_text()
+    text = text.replace("accelerate_configs/deepspeed/zero3_auto.json", str(ds_json))
+    text = text.replace("num_processes: 2", f"num_processes: {num_processes}")
+    path.write_text(text)
+    return path

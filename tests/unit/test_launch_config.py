@@ -1,0 +1,74 @@
+import json
+
+import pytest
+
+from conftest import REPO
+from hf_dist_recipes.parallel.launch_config import check_launch_config, load_launch_config
+
+
+def _write(tmp_path, yaml_text, ds=None):
+    if ds is not None:
+        (tmp_path / "ds.json").write_text(json.dumps(ds))
+    path = tmp_path / "acc.yaml"
+    path.write_text(yaml_text)
+    return path
+
+
+DS_YAML = "distributed_type: DEEPSPEED\nnum_processes: {n}\nuse_cpu: true\ndeepspeed_config:\n  deepspeed_config_file: ds.json\n"
+
+
+def test_shipped_demo_configs_are_consistent():
+    for name in ("demo_cpu_zero3.yaml", "demo_gpu_zero3.yaml"):
+        cfg = load_launch_config(REPO / "accelerate_configs" / name, root=REPO)
+        assert cfg.deepspeed["zero_optimization"]["stage"] == 3
+        assert check_launch_config(cfg) == 2
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        load_launch_config(tmp_path / "nope.yaml")
+
+
+def test_malformed_yaml_names_the_line(tmp_path):
+    path = _write(tmp_path, "num_processes: 2\ndeepspeed_config: [unclosed\n")
+    with pytest.raises(ValueError, match="not valid YAML at line"):
+        load_launch_config(path)
+
+
+def test_yaml_that_is_not_a_mapping(tmp_path):
+    with pytest.raises(ValueError, match="mapping"):
+        load_launch_config(_write(tmp_path, "- a\n- b\n"))
+
+
+def test_malformed_deepspeed_json(tmp_path):
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 3,}')
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_launch_config(_write(tmp_path, DS_YAML.format(n=2)), root=tmp_path)
+
+
+def test_num_processes_disagreeing_with_the_json(tmp_path):
+    ds = {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1}
+    cfg = load_launch_config(_write(tmp_path, DS_YAML.format(n=2), ds), root=tmp_path)
+    with pytest.raises(ValueError, match=r"num_processes=2 .* set train_batch_size to 16"):
+        check_launch_config(cfg)
+    assert check_launch_config(cfg, num_processes=4) == 4
+
+
+def test_tp_that_does_not_divide_the_processes(tmp_path):
+    ds = {"tensor_parallel": {"autotp_size": 4}}
+    cfg = load_launch_config(_write(tmp_path, DS_YAML.format(n=6), ds), root=tmp_path)
+    with pytest.raises(ValueError, match="not divisible by the tensor-parallel degree 4"):
+        check_launch_config(cfg)
+
+
+def test_deepspeed_file_without_deepspeed_type(tmp_path):
+    text = DS_YAML.format(n=2).replace("DEEPSPEED", "MULTI_CPU")
+    cfg = load_launch_config(_write(tmp_path, text, {"zero_optimization": {"stage": 3}}), root=tmp_path)
+    with pytest.raises(ValueError, match="set distributed_type: DEEPSPEED"):
+        check_launch_config(cfg)
+
+
+@pytest.mark.parametrize("bad", ["0", "two", "-1"])
+def test_bad_num_processes(tmp_path, bad):
+    with pytest.raises(ValueError, match="num_processes must be a positive integer"):
+        load_launch_config(_write(tmp_path, f"num_processes: {bad}\n"))
