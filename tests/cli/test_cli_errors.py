@@ -1,0 +1,87 @@
+"""Bad input: one line on stderr naming the problem, exit status 2, no traceback."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from hf_dist_recipes.cli.main import main
+
+
+def _run(capsys, argv):
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_missing_config_file(capsys, tmp_path):
+    code, _, err = _run(capsys, ["demo", "--dry-run", "--config-file", str(tmp_path / "missing.yaml")])
+    assert code == 2
+    assert err.count("\n") == 1 and "does not exist" in err and "Traceback" not in err
+
+
+def test_malformed_config_file(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("distributed_type: DEEPSPEED\nnum_processes: [2\n")
+    code, _, err = _run(capsys, ["demo", "--dry-run", "--config-file", str(bad)])
+    assert code == 2 and "not valid YAML at line" in err and err.count("\n") == 1
+
+
+def test_num_processes_disagrees_with_deepspeed_json(capsys, tmp_path):
+    (tmp_path / "ds.json").write_text(json.dumps(
+        {"zero_optimization": {"stage": 3}, "train_batch_size": 64, "train_micro_batch_size_per_gpu": 8,
+         "gradient_accumulation_steps": 1}))
+    cfg = tmp_path / "acc.yaml"
+    cfg.write_text(f"distributed_type: DEEPSPEED\nnum_processes: 2\nuse_cpu: true\n"
+                   f"deepspeed_config:\n  deepspeed_config_file: {tmp_path / 'ds.json'}\n")
+    code, _, err = _run(capsys, ["demo", "--dry-run", "--config-file", str(cfg)])
+    assert code == 2 and "num_processes=2" in err and "train_batch_size=64" in err and err.count("\n") == 1
+
+
+def test_gloo_forced_on_a_faked_cuda_host(capsys, monkeypatch):
+    # Fake: no GPU here; only the device count that the backend policy reads is replaced.
+    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 8)
+    code, _, err = _run(capsys, ["demo", "--dry-run", "--backend", "gloo"])
+    assert code == 2 and "Gloo was requested on a host with 8 CUDA GPU(s)" in err and err.count("\n") == 1
+
+
+def test_cpu_config_on_a_faked_cuda_host_is_refused_too(capsys, monkeypatch):
+    # use_cpu: true turns the run into Gloo: the same silent slowdown, through the config instead of a flag.
+    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 2)
+    code, _, err = _run(capsys, ["demo", "--dry-run", "--config-file", "accelerate_configs/demo_cpu_zero3.yaml"])
+    assert code == 2 and "Gloo" in err
+
+
+def test_faked_cuda_host_picks_gpu_config_and_nccl(capsys, monkeypatch):
+    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 4)
+    code, out, _ = _run(capsys, ["demo", "--dry-run", "--json"])
+    plan = json.loads(out)
+    assert code == 0
+    assert plan["backend"] == "nccl" and plan["device"] == "cuda" and plan["num_processes"] == 4
+    assert plan["config_file"].endswith("demo_gpu_zero3.yaml")
+
+
+def test_dry_run_on_this_cpu_host(capsys):
+    code, out, _ = _run(capsys, ["demo", "--dry-run", "--json"])
+    plan = json.loads(out)
+    assert code == 0 and plan["backend"] == "gloo" and plan["num_processes"] == 2
+    assert plan["command"][plan["command"].index("--config_file") + 1].endswith("demo_cpu_zero3.yaml")
+
+
+def test_no_command_prints_help_and_exits_2(capsys):
+    code, out, _ = _run(capsys, [])
+    assert code == 2 and "demo" in out
+
+
+def test_real_process_exit_code_and_no_traceback(tmp_path):
+    env = dict(os.environ)
+    proc = subprocess.run([sys.executable, "-m", "hf_dist_recipes.cli.main", "demo", "--config-file",
+                           str(tmp_path / "nope.yaml")], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"hf-dist-recipes demo: error: accelerate config {tmp_path / 'nope.yaml'} does not exist; "
+        "pass an existing file with --config-file"
+    ]

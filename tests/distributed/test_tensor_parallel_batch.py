@@ -1,0 +1,60 @@
+"""Trap 1 (DeepSpeed issue 7298): ZeRO-3 + AutoTP 2 with `"train_batch_size": "auto"`, 2 real CPU processes."""
+
+import json
+import math
+
+import pytest
+
+from conftest import REPO, accelerate_launch, check_launch, write_cpu_deepspeed_yaml
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+WORKER = str(REPO / "tests" / "distributed" / "workers" / "tp_batch_worker.py")
+STEPS = 6
+DS_TP2_AUTO = {
+    "zero_optimization": {"stage": 3},
+    "tensor_parallel": {"autotp_size": 2},
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "train_batch_size": "auto",
+    "gradient_clipping": "auto",
+}
+
+
+@pytest.fixture(scope="module")
+def tp_config(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tp2")
+    ds = folder / "ds_tp2.json"
+    ds.write_text(json.dumps(DS_TP2_AUTO))
+    return write_cpu_deepspeed_yaml(folder / "tp2.yaml", ds), folder
+
+
+def test_recipe_trainer_trains_with_tp2_and_auto_batch(tp_config):
+    config, folder = tp_config
+    out = folder / "recipe"
+    check_launch(accelerate_launch(config, [WORKER, str(out), str(STEPS), "recipe"]))
+    ranks = [json.loads((out / "probe" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for r in ranks:
+        assert r["world_size"] == 2
+        assert r["q_proj_shape"] == [32, 64]  # (64, 64) split over 2 TP ranks: AutoTP really sharded it
+        assert "removed train_batch_size='auto'" in r["tp_batch_note"]
+        # global batch = micro 4 x accumulation 1 x data-parallel 1 (2 ranks / TP 2), not x world size
+        assert r["trainer_total_batch"] == 4
+        # DeepSpeed's own counter still multiplies by the world size: its config object gets no TP group. It only
+        # feeds DeepSpeed's samples/s print and `global_samples`; README states it. A change here means upstream
+        # fixed it.
+        assert r["deepspeed_counter_batch"] == 8
+        assert len(r["losses"]) == STEPS and all(math.isfinite(x) for x in r["losses"])
+        assert r["losses"][-1] < r["losses"][0]
+    # The ranks of one TP group must see the same samples; otherwise the real global batch is micro x world.
+    assert ranks[0]["batches"] == ranks[1]["batches"]
+    assert len(set(ranks[0]["batches"])) == STEPS  # and a new batch every step
+    assert ranks[0]["losses"] == ranks[1]["losses"]
+
+
+def test_stock_trainer_still_falls_into_the_trap(tp_config):
+    """If this starts passing, upstream fixed DeepSpeed issue 7298: re-check parallel/batch.py's workaround."""
+    config, folder = tp_config
+    proc = accelerate_launch(config, [WORKER, str(folder / "stock"), str(STEPS), "stock"])
+    assert proc.returncode != 0
+    assert "train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size" in proc.stderr

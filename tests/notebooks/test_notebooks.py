@@ -1,0 +1,33 @@
+"""Every notebook runs top to bottom in a real kernel (its own asserts included), and is committed without outputs."""
+
+import json
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from conftest import REPO
+
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+
+
+def test_there_are_notebooks():
+    assert [p.name for p in NOTEBOOKS][:1] == ["01_quickstart.ipynb"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_committed_without_outputs(path):
+    nb = json.loads(path.read_text())
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            assert cell["outputs"] == [] and cell["execution_count"] is None, f"{path.name}: strip outputs"
+
+
+@pytest.mark.notebook
+@pytest.mark.distributed
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_executes(path, tmp_path):
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "Traceback" not in text
