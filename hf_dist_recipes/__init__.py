@@ -1,10 +1,28 @@
 """hf-dist-recipes: distributed training of DeepSeek-style LLMs with transformers, accelerate and DeepSpeed,
-with the seven practices as enforced defaults."""
+with the seven practices as enforced defaults.
 
-from hf_dist_recipes.arguments import RecipeTrainingArguments
-from hf_dist_recipes.seeding import SeedReport, seed_everything
-from hf_dist_recipes.trainer import RecipeTrainer
+The public names are imported on first use, so that `hf-dist-recipes --help` does not pay for importing the Trainer.
+"""
 
-__version__ = "0.1.0"
+from importlib import import_module
+from importlib.metadata import PackageNotFoundError, version
 
-__all__ = ["RecipeTrainer", "RecipeTrainingArguments", "SeedReport", "seed_everything", "__version__"]
+try:
+    __version__ = version("hf-dist-recipes")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+_PUBLIC = {
+    "RecipeTrainer": "hf_dist_recipes.trainer",
+    "RecipeTrainingArguments": "hf_dist_recipes.arguments",
+    "SeedReport": "hf_dist_recipes.seeding",
+    "seed_everything": "hf_dist_recipes.seeding",
+}
+
+__all__ = [*_PUBLIC, "__version__"]
+
+
+def __getattr__(name):
+    if name in _PUBLIC:
+        return getattr(import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'hf_dist_recipes' has no attribute {name!r}")

@@ -22,7 +22,9 @@ from transformers.integrations import TensorBoardCallback
 
 from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
 from hf_dist_recipes.backend import check_process_group_backend
-from hf_dist_recipes.monitoring import PerRankTensorBoardCallback, RankMetrics, RankSummaryCallback
+from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
+from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
+from hf_dist_recipes.monitoring.tensorboard import PerRankTensorBoardCallback
 from hf_dist_recipes.schedules import DEFAULT_NUM_CYCLES, WarmupCosineRestarts, warmup_cosine_restarts_scheduler
 from hf_dist_recipes.seeding import seed_everything
 

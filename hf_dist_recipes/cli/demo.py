@@ -7,7 +7,7 @@ import argparse
 import json
 
 from hf_dist_recipes.demo.launch import DemoPlan, DemoResult, plan_demo, run_demo
-from hf_dist_recipes.demo.train import add_training_flags, settings_from
+from hf_dist_recipes.demo.settings import add_training_flags, settings_from
 
 
 def register(subparsers) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import hf_dist_recipes
 from hf_dist_recipes import backend
-from hf_dist_recipes.demo.train import DemoSettings
+from hf_dist_recipes.demo.settings import DemoSettings
 from hf_dist_recipes.monitoring.summary import SUMMARY_DIRNAME, RunSummary, read_rank_summaries, summarize_ranks
 from hf_dist_recipes.parallel.launch_config import check_launch_config, load_launch_config
 

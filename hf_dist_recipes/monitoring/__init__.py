@@ -1,7 +1,24 @@
-"""Practice 7: TensorBoard on every rank, and per-rank numbers to compare ranks with."""
+"""Practice 7: TensorBoard on every rank, and per-rank numbers to compare ranks with.
 
-from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
-from hf_dist_recipes.monitoring.summary import RankSummaryCallback, read_rank_summaries
-from hf_dist_recipes.monitoring.tensorboard import PerRankTensorBoardCallback, rank_log_dir, read_scalars
+Names are imported on first use, so reading a finished run's summaries does not import transformers.
+"""
 
-__all__ = ["PerRankTensorBoardCallback", "RankMetrics", "RankSummaryCallback", "rank_log_dir", "read_rank_summaries", "read_scalars"]
+from importlib import import_module
+
+_PUBLIC = {
+    "PerRankTensorBoardCallback": "hf_dist_recipes.monitoring.tensorboard",
+    "rank_log_dir": "hf_dist_recipes.monitoring.tensorboard",
+    "read_scalars": "hf_dist_recipes.monitoring.tensorboard",
+    "RankMetrics": "hf_dist_recipes.monitoring.rank_metrics",
+    "RankSummaryCallback": "hf_dist_recipes.monitoring.summary_callback",
+    "read_rank_summaries": "hf_dist_recipes.monitoring.summary",
+    "summarize_ranks": "hf_dist_recipes.monitoring.summary",
+}
+
+__all__ = list(_PUBLIC)
+
+
+def __getattr__(name):
+    if name in _PUBLIC:
+        return getattr(import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'hf_dist_recipes.monitoring' has no attribute {name!r}")

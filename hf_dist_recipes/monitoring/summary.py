@@ -1,10 +1,6 @@
-"""RankSummaryCallback: at the end of training every rank writes `<output_dir>/rank_summaries/rank<N>.json`.
+"""Per-rank run summaries (written by `summary_callback.RankSummaryCallback`): read them back and fold them into one.
 
-Fields (units in the names): rank, world_size, steps, tokens, train_seconds (time spent inside optimizer steps),
-tokens_per_s, param_elements (all parameters' elements), param_elements_local (what this rank holds: its ZeRO-3
-partitions, or everything without ZeRO-3), first_rank_loss / last_rank_loss (this rank's own loss at its first and last log),
-first_loss / last_loss (the Trainer's cross-rank loss, from the log history), seed, rng_fingerprint, logging_dir.
-`summarize_ranks` folds them into one `RunSummary` for the demo and scripts.
+No transformers import here, so the CLI can read a finished run cheaply.
 """
 
 from __future__ import annotations
@@ -14,61 +10,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from transformers import TrainerCallback
-
-from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
-from hf_dist_recipes.seeding import SeedReport
-
 SUMMARY_DIRNAME = "rank_summaries"
-
-
-class RankSummaryCallback(TrainerCallback):
-    def __init__(self, metrics: RankMetrics, logging_dir: str | None, seed_report: SeedReport | None = None):
-        self.metrics = metrics
-        self.logging_dir = logging_dir
-        self.seed_report = seed_report
-
-    def on_train_end(self, args, state, control, **kwargs):
-        self.metrics.flush_window()  # the steps after the last log
-        losses = [entry["loss"] for entry in state.log_history if "loss" in entry]
-        m = self.metrics
-        total, local = parameter_elements(kwargs.get("model"))
-        summary = {
-            "rank": args.process_index,
-            "world_size": args.world_size,
-            "steps": state.global_step,
-            "tokens": m.tokens,
-            "train_seconds": m.train_seconds,
-            "tokens_per_s": m.tokens / m.train_seconds if m.train_seconds else None,
-            "param_elements": total,
-            "param_elements_local": local,
-            "first_rank_loss": m.first_loss,
-            "last_rank_loss": m.last_loss,
-            "first_loss": losses[0] if losses else None,
-            "last_loss": losses[-1] if losses else None,
-            "seed": self.seed_report.seed if self.seed_report else None,
-            "rng_fingerprint": self.seed_report.fingerprint if self.seed_report else None,
-            "logging_dir": self.logging_dir,
-        }
-        out = Path(args.output_dir) / SUMMARY_DIRNAME
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"rank{args.process_index}.json").write_text(json.dumps(summary, indent=2))
-
-
-def parameter_elements(model) -> tuple[int, int]:
-    """(all elements, elements held by this rank) of `model`'s parameters. ZeRO-3 leaves each parameter an empty
-    placeholder with the full size in `ds_numel` and this rank's partition in `ds_tensor`."""
-    if model is None:
-        return 0, 0
-    total = local = 0
-    for p in model.parameters():
-        if hasattr(p, "ds_numel"):
-            total += p.ds_numel
-            local += p.ds_tensor.numel()
-        else:
-            total += p.numel()
-            local += p.numel()
-    return total, local
 
 
 def read_rank_summaries(output_dir: str | os.PathLike) -> list[dict]:
@@ -80,7 +22,8 @@ def read_rank_summaries(output_dir: str | os.PathLike) -> list[dict]:
 
 @dataclass(frozen=True)
 class RunSummary:
-    """One run across ranks. `tokens_per_s`: all ranks' tokens over the slowest rank's train time."""
+    """One run across ranks. `tokens`: summed over ranks (under tensor parallelism the ranks of one TP group count
+    the same samples); `tokens_per_s`: those tokens over the slowest rank's train time."""
 
     ranks: int
     steps: int
