@@ -29,3 +29,30 @@ def test_unknown_backend():
     with pytest.raises(ValueError, match="unknown distributed backend"):
         resolve_backend("tcp", cuda_devices=0)
 
+
+
+@pytest.fixture
+def gloo_group(tmp_path):
+    """A real one-rank Gloo process group (no launcher needed)."""
+    import torch.distributed as dist
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_live_gloo_group_on_a_faked_cuda_host_is_caught(gloo_group):
+    # Fake: the device count (no GPU here); the process group is real.
+    from hf_dist_recipes.backend import check_process_group_backend
+
+    with pytest.raises(ValueError, match="runs on 'gloo' although 2 CUDA GPU"):
+        check_process_group_backend(cuda_devices=2)
+    assert check_process_group_backend(cuda_devices=2, allow_gloo_on_cuda=True) == "gloo"
+    assert check_process_group_backend(cuda_devices=0) == "gloo"
+
+
+def test_no_process_group_means_nothing_to_check():
+    from hf_dist_recipes.backend import check_process_group_backend
+
+    assert check_process_group_backend(cuda_devices=8) is None
