@@ -1,0 +1,180 @@
+"""Model shapes for planning: family templates with public shapes, and introspection of any transformers config.
+
+Parameters are counted exactly by building the model on PyTorch's meta device (no memory, about a second for
+DeepSeek-V3's 671B), so every count here is what `model.parameters()` would hold, per parameter name.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+
+# model_type and config values of public checkpoints (their config.json). Names are what --model accepts.
+TEMPLATES: dict[str, tuple[str, dict]] = {
+    "deepseek-v3": ("deepseek_v3", {}),  # DeepseekV3Config's defaults are DeepSeek-V3 (671B)
+    "deepseek-v2": ("deepseek_v2", dict(
+        vocab_size=102400, hidden_size=5120, intermediate_size=12288, moe_intermediate_size=1536, num_hidden_layers=60,
+        num_attention_heads=128, num_key_value_heads=128, n_routed_experts=160, n_shared_experts=2,
+        num_experts_per_tok=6, first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64,
+        qk_nope_head_dim=128, v_head_dim=128, n_group=8, topk_group=3, topk_method="group_limited_greedy",
+        routed_scaling_factor=16.0)),
+    "deepseek-v2-lite": ("deepseek_v2", dict(
+        vocab_size=102400, hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408, num_hidden_layers=27,
+        num_attention_heads=16, num_key_value_heads=16, n_routed_experts=64, n_shared_experts=2,
+        num_experts_per_tok=6, first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
+        qk_nope_head_dim=128, v_head_dim=128, n_group=1, topk_group=1)),
+    "llama-3.1-8b": ("llama", dict(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8)),
+    "llama-3.1-70b": ("llama", dict(
+        vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+        num_key_value_heads=8)),
+    "qwen2.5-7b": ("qwen2", dict(
+        vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+        num_key_value_heads=4)),
+    "qwen3-30b-a3b": ("qwen3_moe", dict(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8)),
+    "qwen3-235b-a22b": ("qwen3_moe", dict(
+        vocab_size=151936, hidden_size=4096, intermediate_size=12288, moe_intermediate_size=1536,
+        num_hidden_layers=94, num_attention_heads=64, num_key_value_heads=4, head_dim=128, num_experts=128,
+        num_experts_per_tok=8)),
+    "mixtral-8x7b": ("mixtral", {}),  # MixtralConfig's defaults are Mixtral-8x7B
+    # Small DeepSeek-V3-style models that train on a CPU: the 191,568-parameter one of verified-on-cpu.md, and
+    # the demo's (hf_dist_recipes.demo.model, 1,012,224).
+    "tiny-deepseek-v3": ("deepseek_v3", dict(
+        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2,
+        n_group=2, topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
+        v_head_dim=16, qk_nope_head_dim=16, max_position_embeddings=64, use_cache=False, bos_token_id=None,
+        eos_token_id=None)),
+    "demo-deepseek-v3": ("deepseek_v3", dict(
+        vocab_size=256, hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2,
+        n_group=2, topk_group=1, first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=64, qk_rope_head_dim=16,
+        qk_nope_head_dim=16, v_head_dim=32, max_position_embeddings=512, use_cache=False, bos_token_id=None,
+        eos_token_id=None)),
+}
+
+COMPONENTS = ("embeddings", "attention", "dense_mlp", "routed_experts", "shared_experts", "router", "norms", "lm_head")
+DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
+
+
+def load_model_config(model: str | Path | PretrainedConfig) -> tuple[str, PretrainedConfig]:
+    """(name, config) for a template name, a local directory or config.json path, or a config object."""
+    if isinstance(model, PretrainedConfig):
+        return model.model_type, model
+    text = str(model)
+    if text in TEMPLATES:
+        model_type, values = TEMPLATES[text]
+        return text, AutoConfig.for_model(model_type, **values)
+    path = Path(text)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        try:
+            values = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is not valid JSON: {err.msg} at line {err.lineno}") from None
+        if "model_type" not in values:
+            raise ValueError(f"{path} has no model_type; is it a transformers config.json?")
+        return path.parent.name or str(path), AutoConfig.for_model(**values)
+    raise ValueError(f"unknown model {text!r}: give a family template ({', '.join(TEMPLATES)}), a directory "
+                     "holding config.json, or a config.json path")
+
+
+def component_of(name: str) -> str:
+    """Which component a parameter belongs to, from its name (transformers 5 naming)."""
+    if "embed_tokens" in name:
+        return "embeddings"
+    if name.startswith("lm_head"):
+        return "lm_head"
+    if ".self_attn." in name:
+        return "attention"
+    if ".experts." in name:
+        return "routed_experts"
+    if ".shared_expert" in name:
+        return "shared_experts"
+    if ".mlp.gate." in name or ".mlp.router." in name or name.endswith(".mlp.gate.weight"):
+        return "router"
+    if ".mlp." in name:
+        return "dense_mlp"
+    if "norm" in name:
+        return "norms"
+    raise ValueError(f"parameter {name!r} fits no component; extend hf_dist_recipes.parallel.models.component_of")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What planning needs to know of a model. `parameters`: (name, shape) of every parameter, in model order;
+    `largest_layer_params`: the most parameters any one module holds directly (ZeRO-3 gathers one at a time)."""
+
+    name: str
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    routed_experts: int
+    shared_experts: int
+    experts_per_token: int
+    q_lora_rank: int | None
+    kv_lora_rank: int | None
+    parameters: tuple[tuple[str, tuple[int, ...]], ...] = field(repr=False)
+    params_by_component: dict[str, int] = field(default_factory=dict)
+    largest_layer_params: int = 0
+
+    @property
+    def total_params(self) -> int:
+        return sum(self.params_by_component.values())
+
+    @property
+    def is_moe(self) -> bool:
+        return self.routed_experts > 0
+
+    @property
+    def is_deepseek(self) -> bool:
+        return self.model_type in DEEPSEEK_TYPES
+
+
+def _get(config: PretrainedConfig, *names: str, default=0):
+    for n in names:
+        value = getattr(config, n, None)
+        if value is not None:
+            return value
+    return default
+
+
+def introspect(model: str | Path | PretrainedConfig) -> ModelShape:
+    """Shape and exact parameter counts of `model` (see `load_model_config` for what it accepts)."""
+    name, config = load_model_config(model)
+    with torch.device("meta"):
+        module = AutoModelForCausalLM.from_config(config)
+    params, by_component = [], dict.fromkeys(COMPONENTS, 0)
+    for pname, p in module.named_parameters():
+        params.append((pname, tuple(p.shape)))
+        by_component[component_of(pname)] += p.numel()
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in module.modules())
+    heads = config.num_attention_heads
+    return ModelShape(
+        name=name,
+        model_type=config.model_type,
+        hidden_size=config.hidden_size,
+        num_layers=config.num_hidden_layers,
+        num_heads=heads,
+        num_kv_heads=_get(config, "num_key_value_heads", default=heads),
+        vocab_size=config.vocab_size,
+        routed_experts=_get(config, "n_routed_experts", "num_experts", "num_local_experts"),
+        shared_experts=_get(config, "n_shared_experts"),
+        experts_per_token=_get(config, "num_experts_per_tok"),
+        q_lora_rank=getattr(config, "q_lora_rank", None),
+        kv_lora_rank=getattr(config, "kv_lora_rank", None),
+        parameters=tuple(params),
+        params_by_component=by_component,
+        largest_layer_params=largest,
+    )
