@@ -1,7 +1,7 @@
 """RecipeTrainer vs the stock Trainer: optimizer-step time, same model, same data, same settings, one run.
 
     python benchmarks/trainer_overhead.py                       # one process
-    accelerate launch --config_file accelerate_configs/demo_cpu_zero3.yaml benchmarks/trainer_overhead.py
+    accelerate launch --config_file accelerate_configs/cpu_zero3_2proc.yaml benchmarks/trainer_overhead.py
                                                                 # 2 ranks, DeepSpeed ZeRO-3 (as the demo)
 
 The two trainers alternate for --rounds rounds so that machine noise hits both alike. Step time is measured by

@@ -39,9 +39,9 @@ def check_launch(proc: subprocess.CompletedProcess) -> None:
 
 
 def write_cpu_deepspeed_yaml(path: Path, ds_json: Path, num_processes: int = 2) -> Path:
-    """An accelerate YAML like accelerate_configs/demo_cpu_zero3.yaml pointing at `ds_json`."""
-    text = (REPO / "accelerate_configs" / "demo_cpu_zero3.yaml").read_text()
-    text = text.replace("accelerate_configs/deepspeed/zero3_auto.json", str(ds_json))
+    """An accelerate YAML like accelerate_configs/cpu_zero3_2proc.yaml pointing at `ds_json`."""
+    text = (REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml").read_text()
+    text = text.replace("accelerate_configs/deepspeed/cpu_zero3_2proc.json", str(ds_json))
     text = text.replace("num_processes: 2", f"num_processes: {num_processes}")
     path.write_text(text)
     return path

@@ -6,9 +6,9 @@ import argparse
 import sys
 
 from hf_dist_recipes import __version__
-from hf_dist_recipes.cli import demo
+from hf_dist_recipes.cli import config, demo
 
-SUBCOMMANDS = (demo,)
+SUBCOMMANDS = (demo, config)
 USAGE_ERROR = 2
 
 
@@ -27,7 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    args.argv = argv  # generate records its own command line in the files it writes
     if args.command is None:
         parser.print_help()
         return USAGE_ERROR

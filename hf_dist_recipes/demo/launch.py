@@ -20,8 +20,8 @@ from hf_dist_recipes.demo.settings import DemoSettings
 from hf_dist_recipes.monitoring.summary import SUMMARY_DIRNAME, RunSummary, read_rank_summaries, summarize_ranks
 from hf_dist_recipes.parallel.launch_config import check_launch_config, load_launch_config
 
-CPU_CONFIG = "demo_cpu_zero3.yaml"
-GPU_CONFIG = "demo_gpu_zero3.yaml"
+CPU_CONFIG = "cpu_zero3_2proc.yaml"  # generated from accelerate_configs/manifest.json, like every shipped config
+GPU_CONFIG = "zero3_1node_8gpu.yaml"
 
 
 def configs_root() -> Path:

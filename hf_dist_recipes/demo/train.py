@@ -1,6 +1,6 @@
 """Training script of the demo, run on every rank by `accelerate launch` (see `hf_dist_recipes.demo.launch`).
 
-    accelerate launch --config_file accelerate_configs/demo_cpu_zero3.yaml -m hf_dist_recipes.demo.train \
+    accelerate launch --config_file accelerate_configs/cpu_zero3_2proc.yaml -m hf_dist_recipes.demo.train \
         --output-dir runs/demo
 
 Builds the tiny DeepSeek-V3-style model from a config (random init, no download), trains it byte-level on the
@@ -14,6 +14,7 @@ import argparse
 import os
 import warnings
 
+from hf_dist_recipes import backend
 from hf_dist_recipes.arguments import RecipeTrainingArguments
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
@@ -34,6 +35,7 @@ def training_arguments(s: DemoSettings) -> RecipeTrainingArguments:
         allow_gloo_on_cuda=s.allow_gloo_on_cuda,
         save_strategy="no",
         report_to="none",
+        bf16=backend.cuda_device_count() > 0,  # the GPU config leaves precision to the Trainer ("auto")
         dataloader_drop_last=True,
         disable_tqdm=False,
     )

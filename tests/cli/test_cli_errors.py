@@ -51,7 +51,7 @@ def test_gloo_forced_on_a_faked_cuda_host(capsys, monkeypatch):
 def test_cpu_config_on_a_faked_cuda_host_is_refused_too(capsys, monkeypatch):
     # use_cpu: true turns the run into Gloo: the same silent slowdown, through the config instead of a flag.
     monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 2)
-    code, _, err = _run(capsys, ["demo", "--dry-run", "--config-file", "accelerate_configs/demo_cpu_zero3.yaml"])
+    code, _, err = _run(capsys, ["demo", "--dry-run", "--config-file", "accelerate_configs/cpu_zero3_2proc.yaml"])
     assert code == 2 and "Gloo" in err
 
 
@@ -61,14 +61,14 @@ def test_faked_cuda_host_picks_gpu_config_and_nccl(capsys, monkeypatch):
     plan = json.loads(out)
     assert code == 0
     assert plan["backend"] == "nccl" and plan["device"] == "cuda" and plan["num_processes"] == 4
-    assert plan["config_file"].endswith("demo_gpu_zero3.yaml")
+    assert plan["config_file"].endswith("zero3_1node_8gpu.yaml")
 
 
 def test_dry_run_on_this_cpu_host(capsys):
     code, out, _ = _run(capsys, ["demo", "--dry-run", "--json"])
     plan = json.loads(out)
     assert code == 0 and plan["backend"] == "gloo" and plan["num_processes"] == 2
-    assert plan["command"][plan["command"].index("--config_file") + 1].endswith("demo_cpu_zero3.yaml")
+    assert plan["command"][plan["command"].index("--config_file") + 1].endswith("cpu_zero3_2proc.yaml")
 
 
 def test_no_command_prints_help_and_exits_2(capsys):

@@ -17,11 +17,11 @@ def _write(tmp_path, yaml_text, ds=None):
 DS_YAML = "distributed_type: DEEPSPEED\nnum_processes: {n}\nuse_cpu: true\ndeepspeed_config:\n  deepspeed_config_file: ds.json\n"
 
 
-def test_shipped_demo_configs_are_consistent():
-    for name in ("demo_cpu_zero3.yaml", "demo_gpu_zero3.yaml"):
+def test_demo_configs_are_consistent():
+    for name, world in (("cpu_zero3_2proc.yaml", 2), ("zero3_1node_8gpu.yaml", 8)):
         cfg = load_launch_config(REPO / "accelerate_configs" / name, root=REPO)
         assert cfg.deepspeed["zero_optimization"]["stage"] == 3
-        assert check_launch_config(cfg) == 2
+        assert check_launch_config(cfg) == world
 
 
 def test_missing_file(tmp_path):

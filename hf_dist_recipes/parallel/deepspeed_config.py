@@ -1,0 +1,52 @@
+"""DeepSpeed JSON for a ParallelPlan.
+
+What it never writes: `train_batch_size` (trap 1: under AutoTP DeepSpeed derives it from the micro batch, the
+accumulation and its own data-parallel group; the Trainer's fill would count TP ranks). What it always writes for
+TP > 1: an explicit `tensor_parallel.partition_config` (trap 2: stock AutoTP refuses DeepSeek's tp_plan), and no
+TP preset, so the TP and EP presets cannot disagree (trap 3).
+"""
+
+from __future__ import annotations
+
+from hf_dist_recipes.gradients import DEFAULT_MAX_GRAD_NORM
+from hf_dist_recipes.parallel.models import ModelShape
+from hf_dist_recipes.parallel.plan import EP_PRESETS, ParallelPlan
+from hf_dist_recipes.parallel.tp_specs import partition_config
+
+
+def deepspeed_config(plan: ParallelPlan, model: ModelShape | None = None, *, auto: bool = False) -> dict:
+    """The DeepSpeed config dict for `plan`. `model` is needed when TP > 1 or EP > 1 (layer specs, EP preset).
+    `auto` writes "auto" wherever the Trainer fills the value from its arguments (micro batch, accumulation,
+    clipping, bf16/fp16: one config for jobs of different sizes); otherwise the plan's values, which the
+    Trainer checks against its arguments."""
+    zero: dict = {"stage": plan.zero_stage}
+    if plan.zero_stage >= 1:
+        # Overlapping reduction with backward pays on GPUs; on CPU/Gloo it only adds threads fighting for cores.
+        zero["overlap_comm"] = plan.device == "cuda"
+        zero["contiguous_gradients"] = True
+    if plan.zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    if plan.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": plan.device == "cuda"}
+    if plan.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": plan.device == "cuda"}
+    config: dict = {
+        "zero_optimization": zero,
+        "train_micro_batch_size_per_gpu": "auto" if auto else plan.micro_batch,
+        "gradient_accumulation_steps": "auto" if auto else plan.grad_accum,
+        "gradient_clipping": "auto" if auto else DEFAULT_MAX_GRAD_NORM,
+        "bf16": {"enabled": "auto" if auto else plan.precision == "bf16"},
+        "fp16": {"enabled": "auto" if auto else plan.precision == "fp16"},
+    }
+    if plan.tp > 1:
+        if model is None:
+            raise ValueError("TP > 1 needs the model (--model) to write its tensor-parallel layer specs")
+        config["tensor_parallel"] = {"autotp_size": plan.tp, "partition_config": partition_config(model.model_type)}
+    if plan.ep > 1:
+        if model is None or model.model_type not in EP_PRESETS:
+            raise ValueError("EP > 1 needs a mixture-of-experts model with a DeepSpeed AutoEP preset (--model)")
+        config["expert_parallel"] = {"enabled": True, "autoep_size": plan.ep,
+                                     "preset_model": EP_PRESETS[model.model_type]}
+    config["steps_per_print"] = 1_000_000  # the Trainer logs; DeepSpeed's own step prints would only duplicate it
+    config["wall_clock_breakdown"] = False
+    return config
