@@ -27,7 +27,7 @@ from transformers.trainer_utils import SchedulerType
 from hf_dist_recipes import _compat
 from hf_dist_recipes import backend
 from hf_dist_recipes.gradients import validate_max_grad_norm
-from hf_dist_recipes.parallel.batch import fix_tp_batch_size
+from hf_dist_recipes.parallel.batch import fix_tp_batch_size, tensor_parallel_size
 from hf_dist_recipes.schedules import DEFAULT_NUM_CYCLES
 from hf_dist_recipes.seeding import validate_seed
 
@@ -87,8 +87,15 @@ class RecipeTrainingArguments(TrainingArguments):
             self.logging_dir = os.path.join(self.output_dir, "tensorboard")
 
     def _fix_deepspeed_batch(self) -> str | None:
-        """Trap 1: under DeepSpeed AutoTP, make the global batch micro x accumulation x data-parallel size."""
-        if self.deepspeed is None:
+        """Trap 1: under DeepSpeed AutoTP, make the global batch micro x accumulation x data-parallel size.
+
+        A TP config that `accelerate launch` handed over is also adopted as `self.deepspeed`: transformers 5.24
+        reads the TP degree (`Trainer.get_tp_size`, used for the global batch and the loss scale) only from a
+        config given to the arguments. Left on the launcher route, the Trainer counts TP 1: measured on 4 CPU
+        ranks with TP 2, a global batch of 16 instead of 8.
+        """
+        from_launcher = self.deepspeed is None
+        if from_launcher:
             raw = _compat.launcher_deepspeed_config()
         elif isinstance(self.deepspeed, dict):
             raw = self.deepspeed
@@ -104,6 +111,7 @@ class RecipeTrainingArguments(TrainingArguments):
         )
         if fix.change is not None:
             logger.info(fix.change)
+        if fix.change is not None or (from_launcher and tensor_parallel_size(raw) > 1):
             self.deepspeed = fix.config
         return fix.change
 

@@ -76,6 +76,8 @@ def _plan_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offload-optimizer", action="store_true", help="ZeRO optimizer offload to CPU")
     parser.add_argument("--offload-params", action="store_true", help="ZeRO-3 parameter offload to CPU")
     parser.add_argument("--activation-checkpointing", action="store_true", help="recompute activations")
+    parser.add_argument("--no-zero-init", dest="zero_init", action="store_false",
+                        help="the model is constructed directly, not under zero.Init / from_pretrained (estimate only)")
     parser.add_argument("--engine", choices=ENGINES, default="deepspeed",
                         help="deepspeed (default) or fsdp2: accelerate's FSDP2 + TP ParallelismConfig, GPUs only")
 
@@ -86,7 +88,7 @@ def plan_from(args: argparse.Namespace) -> ParallelPlan:
         zero_stage=args.zero, offload_optimizer=args.offload_optimizer, offload_params=args.offload_params,
         tp=args.tp, ep=args.ep, micro_batch=args.micro_batch, grad_accum=args.grad_accum, seq_len=args.seq_len,
         precision=args.precision or ("fp32" if args.cpu else "bf16"),
-        activation_checkpointing=args.activation_checkpointing, engine=args.engine,
+        activation_checkpointing=args.activation_checkpointing, engine=args.engine, zero_init=args.zero_init,
     )
 
 

@@ -25,6 +25,8 @@ def accelerate_config(plan: ParallelPlan, *, deepspeed_file: str | None = None, 
             # Loading straight into ZeRO-3 partitions (zero.Init) is not exercised with AutoTP/AutoEP here.
             "zero3_init_flag": False,
         }
+        # No mixed_precision key: with a deepspeed_config_file accelerate 1.16 refuses it at launch ("will be
+        # ignored"); the JSON's bf16/fp16 sections decide precision.
     else:
         config["distributed_type"] = "FSDP"
         config["fsdp_config"] = {
@@ -36,6 +38,7 @@ def accelerate_config(plan: ParallelPlan, *, deepspeed_file: str | None = None, 
             "fsdp_offload_params": plan.offload_params,
             "fsdp_activation_checkpointing": plan.activation_checkpointing,
         }
+        config["mixed_precision"] = MIXED_PRECISION[plan.precision]
         config["parallelism_config"] = {
             "parallelism_config_dp_replicate_size": 1,
             "parallelism_config_dp_shard_size": plan.dp_size,
@@ -45,7 +48,6 @@ def accelerate_config(plan: ParallelPlan, *, deepspeed_file: str | None = None, 
     config.update({
         "machine_rank": machine_rank,
         "main_training_function": "main",
-        "mixed_precision": MIXED_PRECISION[plan.precision],
         "num_machines": plan.nodes,
         "num_processes": plan.world_size,
         "rdzv_backend": "static",

@@ -17,6 +17,10 @@ from hf_dist_recipes.parallel.batch import tensor_parallel_size
 from hf_dist_recipes.parallel.launch_config import check_launch_config, load_launch_config
 
 ERROR, WARNING = "error", "warning"
+# accelerate 1.16 (utils/dataclasses.py, DeepSpeedPlugin) refuses these YAML keys beside a deepspeed_config_file.
+IGNORED_WITH_DS_FILE = ("mixed_precision", "gradient_accumulation_steps", "gradient_clipping", "zero_stage",
+                        "offload_optimizer_device", "offload_param_device", "offload_param_nvme_path",
+                        "offload_optimizer_nvme_path", "zero3_save_16bit_model")
 
 
 @dataclass(frozen=True)
@@ -120,12 +124,17 @@ def lint_accelerate(path: Path, *, root: str | Path | None = None) -> list[Findi
         load_config_from_file(str(path))
     except Exception as err:
         out.append(Finding(name, ERROR, f"accelerate refuses the config: {_first_line(err)}"))
+    data = yaml.safe_load(path.read_text())
+    clashing = [k for k in IGNORED_WITH_DS_FILE if k in data or k in (data.get("deepspeed_config") or {})]
+    if cfg.deepspeed is not None and clashing:
+        out.append(Finding(name, ERROR, f"{', '.join(clashing)} set next to deepspeed_config_file: accelerate stops at "
+                                        "launch ('will be ignored'); move them into the DeepSpeed JSON"))
     try:
         world = check_launch_config(cfg)
     except ValueError as err:
         return out + [Finding(name, ERROR, str(err))]
     if cfg.distributed_type == "FSDP":
-        out += _lint_fsdp2(yaml.safe_load(path.read_text()), name, world)
+        out += _lint_fsdp2(data, name, world)
     if cfg.deepspeed is not None:
         out += lint_deepspeed(cfg.deepspeed, str(cfg.deepspeed_file), world_size=world)
     return out

@@ -4,9 +4,11 @@ Model states, per parameter, in the order DeepSpeed applies them:
 1. AutoTP splits the weights named by `tp_specs` along their column/row dimension (read through DeepSpeed's
    `AutoTPConfig`, as the engine does);
 2. AutoEP (EP > 1) keeps routed experts / EP on each rank; the fused `gate_up_proj` becomes two tensors (w1, w3);
-3. ZeRO partitions each resulting tensor over its data-parallel group -- dense weights over world / TP ranks,
-   routed experts under EP over world / EP ranks -- as ceil(elements / group) per rank (stage 3: parameters,
-   stage >= 2: gradients, stage >= 1: optimizer states).
+3. ZeRO partitions each resulting tensor over a group, ceil(elements / group) per rank (stage 3: parameters,
+   stage >= 2: gradients, stage >= 1: optimizer states). The groups, as measured on CPU with DeepSpeed 0.19.8:
+   TP-split weights over the data-parallel ranks (world / TP); the MoE layer's routed experts and router under
+   EP over world / EP; weights that TP keeps whole (embeddings, norms) over the whole world when the model was
+   built under `zero.Init` (`plan.zero_init`, what `from_pretrained` does), else over world / TP.
 These element counts match what each rank holds in a real run exactly (tests/distributed/test_tp_ep.py).
 
 Bytes per element: bf16/fp16 -- parameter 2, gradient 2, optimizer 12 (fp32 master copy + Adam's two moments);
@@ -25,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
-from hf_dist_recipes.parallel.models import ModelShape
+from hf_dist_recipes.parallel.models import ModelShape, component_of
 from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.parallel.tp_specs import partition_config, tp_split_dim
 
@@ -57,15 +59,18 @@ def rank_elements(plan: ParallelPlan, model: ModelShape) -> RankElements:
     per_module: dict[str, int] = {}
     for name, shape in model.parameters:
         numel = math.prod(shape)
-        is_expert = ".experts." in name
-        if is_expert and plan.ep > 1:
-            numel //= plan.ep
-            pieces = [numel // 2, numel // 2] if name.endswith("gate_up_proj") else [numel]
+        component = component_of(name)
+        pieces, group = [numel], plan.dp_size
+        if component in ("routed_experts", "router") and plan.ep > 1:
             group = plan.edp_size
-        else:
-            if autotp is not None and tp_split_dim(name, shape, autotp) is not None:
-                numel //= plan.tp
-            pieces, group = [numel], plan.dp_size
+            if component == "routed_experts":
+                numel //= plan.ep
+                pieces = [numel // 2, numel // 2] if name.endswith("gate_up_proj") else [numel]
+        elif autotp is not None and tp_split_dim(name, shape, autotp) is not None:
+            numel //= plan.tp
+            pieces = [numel]
+        elif plan.zero_init:
+            group = plan.world_size
         sharded += numel
         module = name.rsplit(".", 1)[0]
         per_module[module] = per_module.get(module, 0) + numel

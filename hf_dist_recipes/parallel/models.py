@@ -44,7 +44,11 @@ TEMPLATES: dict[str, tuple[str, dict]] = {
         num_hidden_layers=94, num_attention_heads=64, num_key_value_heads=4, head_dim=128, num_experts=128,
         num_experts_per_tok=8)),
     "mixtral-8x7b": ("mixtral", {}),  # MixtralConfig's defaults are Mixtral-8x7B
-    # Small DeepSeek-V3-style models that train on a CPU: the 191,568-parameter one of verified-on-cpu.md, and
+    # Small models that train on a CPU, for tests and demos. A tiny Llama (dense, plain multi-head attention):
+    "tiny-llama": ("llama", dict(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=64)),
+    # Small DeepSeek-V3-style models: the 191,568-parameter one of verified-on-cpu.md, and
     # the demo's (hf_dist_recipes.demo.model, 1,012,224).
     "tiny-deepseek-v3": ("deepseek_v3", dict(
         vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
@@ -64,14 +68,21 @@ COMPONENTS = ("embeddings", "attention", "dense_mlp", "routed_experts", "shared_
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
 
 
+def template_config(name: str, **overrides) -> PretrainedConfig:
+    """The config of template `name`, with keyword arguments overriding its values (derived fields follow)."""
+    if name not in TEMPLATES:
+        raise ValueError(f"unknown template {name!r}; known: {', '.join(TEMPLATES)}")
+    model_type, values = TEMPLATES[name]
+    return AutoConfig.for_model(model_type, **{**values, **overrides})
+
+
 def load_model_config(model: str | Path | PretrainedConfig) -> tuple[str, PretrainedConfig]:
     """(name, config) for a template name, a local directory or config.json path, or a config object."""
     if isinstance(model, PretrainedConfig):
         return model.model_type, model
     text = str(model)
     if text in TEMPLATES:
-        model_type, values = TEMPLATES[text]
-        return text, AutoConfig.for_model(model_type, **values)
+        return text, template_config(text)
     path = Path(text)
     if path.is_dir():
         path = path / "config.json"

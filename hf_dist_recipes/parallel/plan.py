@@ -30,7 +30,9 @@ EP_PRESETS = {"deepseek_v2": "deepseek_v2", "deepseek_v3": "deepseek_v3", "qwen3
 @dataclass(frozen=True)
 class ParallelPlan:
     """A distributed training job. Sizes are process counts; `seq_len` in tokens; `micro_batch` in sequences per
-    rank per micro step. Defaults: one node of 8 GPUs, ZeRO-3, no TP/EP, bf16."""
+    rank per micro step. Defaults: one node of 8 GPUs, ZeRO-3, no TP/EP, bf16. `zero_init`: the model is built
+    under `deepspeed.zero.Init`, as `from_pretrained` / `from_config` do under ZeRO-3 (False: constructed
+    directly, e.g. `DeepseekV3ForCausalLM(config)`); it decides how weights that TP keeps whole are partitioned."""
 
     nodes: int = 1
     procs_per_node: int = 8
@@ -46,6 +48,7 @@ class ParallelPlan:
     precision: str = "bf16"
     activation_checkpointing: bool = False
     engine: str = "deepspeed"
+    zero_init: bool = True
 
     @property
     def world_size(self) -> int:

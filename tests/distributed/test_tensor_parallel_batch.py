@@ -6,10 +6,13 @@ import math
 import pytest
 
 from conftest import REPO, accelerate_launch, check_launch, write_cpu_deepspeed_yaml
+from hf_dist_recipes.parallel.memory import rank_elements
+from hf_dist_recipes.parallel.models import introspect
+from hf_dist_recipes.parallel.plan import ParallelPlan
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
-WORKER = str(REPO / "tests" / "distributed" / "workers" / "tp_batch_worker.py")
+WORKER = str(REPO / "tests" / "distributed" / "workers" / "probe_worker.py")
 STEPS = 6
 DS_TP2_AUTO = {
     "zero_optimization": {"stage": 3},
@@ -32,11 +35,12 @@ def tp_config(tmp_path_factory):
 def test_recipe_trainer_trains_with_tp2_and_auto_batch(tp_config):
     config, folder = tp_config
     out = folder / "recipe"
-    check_launch(accelerate_launch(config, [WORKER, str(out), str(STEPS), "recipe"]))
+    check_launch(accelerate_launch(config, [WORKER, str(out), str(STEPS), "recipe", "tiny-llama"]))
     ranks = [json.loads((out / "probe" / f"rank{r}.json").read_text()) for r in (0, 1)]
     for r in ranks:
         assert r["world_size"] == 2
-        assert r["q_proj_shape"] == [32, 64]  # (64, 64) split over 2 TP ranks: AutoTP really sharded it
+        # (64, 64) split over 2 TP ranks: AutoTP really sharded it
+        assert r["params"]["model.layers.0.self_attn.q_proj.weight"]["shape"] == [32, 64]
         assert "removed train_batch_size='auto'" in r["tp_batch_note"]
         # global batch = micro 4 x accumulation 1 x data-parallel 1 (2 ranks / TP 2), not x world size
         assert r["trainer_total_batch"] == 4
@@ -46,6 +50,10 @@ def test_recipe_trainer_trains_with_tp2_and_auto_batch(tp_config):
         assert r["deepspeed_counter_batch"] == 8
         assert len(r["losses"]) == STEPS and all(math.isfinite(x) for x in r["losses"])
         assert r["losses"][-1] < r["losses"][0]
+    # Per-rank model-state elements: exactly what the estimator says for this plan (from_config: zero.Init).
+    plan = ParallelPlan(procs_per_node=2, device="cpu", precision="fp32", tp=2)
+    expected = rank_elements(plan, introspect("tiny-llama")).params
+    assert all(sum(v["local"] for v in r["params"].values()) == expected for r in ranks)
     # The ranks of one TP group must see the same samples; otherwise the real global batch is micro x world.
     assert ranks[0]["batches"] == ranks[1]["batches"]
     assert len(set(ranks[0]["batches"])) == STEPS  # and a new batch every step
@@ -55,6 +63,6 @@ def test_recipe_trainer_trains_with_tp2_and_auto_batch(tp_config):
 def test_stock_trainer_still_falls_into_the_trap(tp_config):
     """If this starts passing, upstream fixed DeepSpeed issue 7298: re-check parallel/batch.py's workaround."""
     config, folder = tp_config
-    proc = accelerate_launch(config, [WORKER, str(folder / "stock"), str(STEPS), "stock"])
+    proc = accelerate_launch(config, [WORKER, str(folder / "stock"), str(STEPS), "stock", "tiny-llama"])
     assert proc.returncode != 0
     assert "train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size" in proc.stderr
