@@ -130,8 +130,10 @@ def generate(args: argparse.Namespace, argv: list[str] | None = None) -> Generat
     from hf_dist_recipes.parallel.deepspeed_config import deepspeed_config
 
     plan = plan_from(args)
-    model = _model(args, required=plan.tp > 1 or plan.ep > 1)
-    warnings = plan.validate(model)
+    warnings = plan.validate()  # the model-free rules first: a refused plan fails before any model is built
+    model = _model(args, required=plan.engine == "deepspeed" and (plan.tp > 1 or plan.ep > 1))
+    if model is not None:
+        warnings = plan.validate(model)
     name = args.name or default_name(plan, model.name if model else None)
     out = Path(args.output)
     ds_file = None

@@ -1,0 +1,44 @@
+"""Two machines on one host: two `accelerate launch` processes as machine_rank 0 and 1 of a generated 2-machine
+CPU config on 127.0.0.1 train together (one rank each, DeepSpeed ZeRO-3, Gloo)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import LAUNCH_TIMEOUT_S, REPO, free_port
+from hf_dist_recipes.cli.main import main
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+WORKER = str(REPO / "tests" / "distributed" / "workers" / "probe_worker.py")
+
+
+def test_two_machines_train_together(tmp_path):
+    port = free_port()
+    assert main(["config", "generate", "--cpu", "--nodes", "2", "--gpus-per-node", "1", "--auto", "--name", "two",
+                 "--main-process-ip", "127.0.0.1", "--main-process-port", str(port), "--output", str(tmp_path)]) == 0
+    config = tmp_path / "two.yaml"
+    text = config.read_text()
+    assert "num_machines: 2" in text and f"main_process_port: {port}" in text and "main_process_ip: 127.0.0.1" in text
+    out = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+                          "--machine_rank", str(rank), WORKER, str(out), "4", "recipe", "tiny-deepseek-v3"],
+                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank in (0, 1)
+    ]
+    try:
+        outputs = [p.communicate(timeout=LAUNCH_TIMEOUT_S)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    ranks = [json.loads((out / "probe" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert ranks[0]["batches"] != ranks[1]["batches"]  # two data-parallel ranks, two shards of the data
+    assert ranks[0]["losses"] == ranks[1]["losses"] and len(ranks[0]["losses"]) == 4  # one job, one logged loss
+    assert all(r["trainer_total_batch"] == 4 * 2 for r in ranks)

@@ -1,0 +1,86 @@
+import json
+from dataclasses import replace
+
+import pytest
+import yaml
+
+from hf_dist_recipes.parallel.accelerate_config import accelerate_config, render_yaml
+from hf_dist_recipes.parallel.deepspeed_config import deepspeed_config
+from hf_dist_recipes.parallel.lint import ERROR, lint_file
+from hf_dist_recipes.parallel.models import introspect
+from hf_dist_recipes.parallel.plan import ParallelPlan
+
+V3 = introspect("deepseek-v3")
+LLAMA = introspect("llama-3.1-8b")
+PLANS = [
+    (ParallelPlan(), None),
+    (ParallelPlan(nodes=2, tp=2), LLAMA),
+    (ParallelPlan(tp=2, ep=8), V3),
+    (ParallelPlan(nodes=4, ep=32, offload_optimizer=True), V3),
+    (ParallelPlan(procs_per_node=4, device="cpu", precision="fp32", tp=2, ep=2), introspect("tiny-deepseek-v3")),
+]
+
+
+@pytest.mark.parametrize("plan, model", PLANS)
+def test_never_writes_the_batch_trap(plan, model):
+    for auto in (False, True):
+        assert "train_batch_size" not in deepspeed_config(plan, model, auto=auto)
+
+
+def test_deepseek_tp_ep_sections():
+    cfg = deepspeed_config(ParallelPlan(tp=2, ep=8), V3)
+    tp = cfg["tensor_parallel"]
+    assert tp["autotp_size"] == 2 and "preset_model" not in tp  # no TP preset: it cannot disagree with EP's
+    specs = {s["patterns"][0]: s for s in tp["partition_config"]["layer_specs"]}
+    assert specs[r".*\.self_attn\.(q_a_proj|kv_a_proj_with_mqa)\.weight$"]["gather_output"] is True
+    assert specs[r".*\.self_attn\.o_proj\.weight$"]["partition_type"] == "row"
+    assert cfg["expert_parallel"] == {"enabled": True, "autoep_size": 8, "preset_model": "deepseek_v3"}
+    assert cfg["bf16"] == {"enabled": True} and cfg["gradient_clipping"] == 1.0
+
+
+def test_explicit_and_auto_batch_values():
+    plan = ParallelPlan(micro_batch=2, grad_accum=8)
+    assert deepspeed_config(plan)["train_micro_batch_size_per_gpu"] == 2
+    auto = deepspeed_config(plan, auto=True)
+    assert auto["gradient_accumulation_steps"] == "auto" and auto["bf16"] == {"enabled": "auto"}
+
+
+def test_offload_sections():
+    zero = deepspeed_config(ParallelPlan(offload_optimizer=True, offload_params=True))["zero_optimization"]
+    assert zero["offload_optimizer"]["device"] == zero["offload_param"]["device"] == "cpu"
+
+
+def test_tp_needs_a_model():
+    with pytest.raises(ValueError, match="--model"):
+        deepspeed_config(ParallelPlan(tp=2))
+
+
+def test_yaml_single_and_multi_node():
+    single = accelerate_config(ParallelPlan(), deepspeed_file="ds.json")
+    assert "main_process_ip" not in single and single["num_processes"] == 8 and single["use_cpu"] is False
+    assert "mixed_precision" not in single  # accelerate refuses it beside a deepspeed_config_file
+    multi = accelerate_config(ParallelPlan(nodes=2), deepspeed_file="ds.json", main_process_ip="10.1.2.3",
+                              main_process_port=29555)
+    assert (multi["num_machines"], multi["num_processes"], multi["main_process_ip"], multi["main_process_port"]) == \
+        (2, 16, "10.1.2.3", 29555)
+    assert multi["deepspeed_config"]["deepspeed_multinode_launcher"] == "standard"
+
+
+def test_fsdp2_route_yaml():
+    cfg = accelerate_config(replace(ParallelPlan(nodes=2), engine="fsdp2", tp=4))
+    assert cfg["distributed_type"] == "FSDP" and cfg["fsdp_config"]["fsdp_version"] == 2
+    pc = cfg["parallelism_config"]
+    assert (pc["parallelism_config_tp_size"], pc["parallelism_config_dp_shard_size"]) == (4, 4)
+    assert cfg["mixed_precision"] == "bf16"
+
+
+@pytest.mark.parametrize("plan, model", PLANS + [(replace(ParallelPlan(nodes=2), engine="fsdp2", tp=4), None)])
+def test_generated_files_pass_lint_accelerate_and_deepspeed(tmp_path, plan, model):
+    ds_file = None
+    if plan.engine == "deepspeed":
+        ds_file = tmp_path / "ds.json"
+        ds_file.write_text(json.dumps(deepspeed_config(plan, model)))
+    y = tmp_path / "acc.yaml"
+    y.write_text(render_yaml(accelerate_config(plan, deepspeed_file=str(ds_file) if ds_file else None), "header"))
+    assert yaml.safe_load(y.read_text())["num_processes"] == plan.world_size
+    assert [f for f in lint_file(y) if f.level == ERROR] == []

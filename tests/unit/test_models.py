@@ -1,0 +1,79 @@
+import json
+
+import pytest
+import torch
+
+from hf_dist_recipes.parallel.models import COMPONENTS, TEMPLATES, component_of, introspect, template_config
+
+# Public parameter counts of the checkpoints the templates copy (as transformers builds them; DeepSeek-V3's
+# multi-token-prediction layer is not part of the transformers model).
+PUBLIC = {
+    "deepseek-v3": 671_026_404_352,
+    "deepseek-v2": 235_741_434_880,
+    "deepseek-v2-lite": 15_706_484_224,
+    "llama-3.1-8b": 8_030_261_248,
+    "llama-3.1-70b": 70_553_706_496,
+    "mixtral-8x7b": 46_702_792_704,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC))
+def test_templates_have_the_public_sizes(name):
+    assert introspect(name).total_params == PUBLIC[name]
+
+
+def test_deepseek_v3_components_and_shape():
+    s = introspect("deepseek-v3")
+    assert (s.num_layers, s.num_heads, s.routed_experts, s.shared_experts, s.experts_per_token) == (61, 128, 256, 1, 8)
+    assert (s.q_lora_rank, s.kv_lora_rank) == (1536, 512) and s.is_deepseek and s.is_moe
+    c = s.params_by_component
+    assert set(c) == set(COMPONENTS) and sum(c.values()) == s.total_params
+    assert c["routed_experts"] / s.total_params > 0.97  # where a DeepSeek model keeps its parameters
+    assert c["embeddings"] == c["lm_head"] == 129280 * 7168
+
+
+def test_counts_equal_a_real_model_exactly():
+    config = template_config("tiny-deepseek-v3")
+    from transformers import AutoModelForCausalLM
+
+    real = AutoModelForCausalLM.from_config(config)
+    s = introspect(config)
+    assert s.total_params == sum(p.numel() for p in real.parameters()) == 191_568
+    assert s.largest_layer_params == max(sum(p.numel() for p in m.parameters(recurse=False)) for m in real.modules())
+
+
+def test_local_config_json(tmp_path):
+    values = template_config("tiny-llama").to_dict()
+    (tmp_path / "config.json").write_text(json.dumps(values))
+    assert introspect(tmp_path).total_params == introspect("tiny-llama").total_params
+    assert introspect(tmp_path / "config.json").model_type == "llama"
+
+
+def test_bad_model_inputs(tmp_path):
+    with pytest.raises(ValueError, match="unknown model 'gpt-5'.*deepseek-v3"):
+        introspect("gpt-5")
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        introspect(tmp_path)
+    (tmp_path / "config.json").write_text('{"hidden_size": 8}')
+    with pytest.raises(ValueError, match="no model_type"):
+        introspect(tmp_path)
+
+
+def test_every_template_parameter_has_a_component():
+    for name in TEMPLATES:
+        assert sum(introspect(name).params_by_component.values()) > 0
+
+
+def test_unknown_parameter_names_are_refused():
+    with pytest.raises(ValueError, match="fits no component"):
+        component_of("model.layers.0.mystery.weight")
+
+
+def test_template_overrides_keep_derived_fields():
+    config = template_config("demo-deepseek-v3", qk_nope_head_dim=8, qk_rope_head_dim=8)
+    assert config.qk_head_dim == 16
+    with torch.device("meta"):
+        from transformers import AutoModelForCausalLM
+
+        AutoModelForCausalLM.from_config(config)

@@ -1,0 +1,50 @@
+"""accelerate_configs/ is generated: regenerate it from the manifest and fail on any difference; every file loads
+with accelerate's own loader and DeepSpeed's own config class, and lints clean."""
+
+import shutil
+
+import pytest
+
+from conftest import REPO
+from hf_dist_recipes.parallel.lint import ERROR, lint_file
+from hf_dist_recipes.parallel.shipped import manifest, regenerate
+
+CONFIGS = REPO / "accelerate_configs"
+
+
+def _files(root):
+    return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+
+
+def test_regenerating_gives_the_committed_files(tmp_path, monkeypatch):
+    fresh = tmp_path / "accelerate_configs"
+    fresh.mkdir()
+    shutil.copy(CONFIGS / "manifest.json", fresh / "manifest.json")
+    monkeypatch.chdir(tmp_path)  # the YAMLs hold paths relative to the repository root
+    regenerate("accelerate_configs")
+    assert _files(fresh) == _files(CONFIGS)
+    for rel in _files(CONFIGS):
+        assert (fresh / rel).read_text() == (CONFIGS / rel).read_text(), f"{rel} differs: run make configs"
+
+
+def test_the_issue_list_is_shipped():
+    names = {e["name"] for e in manifest(CONFIGS)}
+    assert names == {"zero3_1node_8gpu", "zero3_tp2_llama_1node_8gpu", "deepseek_v3_zero3_tp2_ep8_1node_8gpu",
+                     "zero3_2nodes_8gpu", "cpu_zero3_2proc", "cpu_zero3_tp2_ep2_4proc"}
+
+
+@pytest.mark.parametrize("yaml_file", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_file_loads_upstream_and_lints_clean(yaml_file, monkeypatch):
+    from accelerate.commands.config.config_args import load_config_from_file
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    monkeypatch.chdir(REPO)
+    cluster = load_config_from_file(str(yaml_file))
+    ds_path = REPO / cluster.deepspeed_config["deepspeed_config_file"]
+    import json
+
+    raw = json.loads(ds_path.read_text())
+    filled = {**raw, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+              "bf16": {"enabled": False}, "fp16": {"enabled": False}}
+    DeepSpeedConfig(filled)
+    assert [f for f in lint_file(yaml_file, root=REPO) if f.level == ERROR] == []
