@@ -134,6 +134,9 @@ def generate(args: argparse.Namespace, argv: list[str] | None = None) -> Generat
     model = _model(args, required=plan.engine == "deepspeed" and (plan.tp > 1 or plan.ep > 1))
     if model is not None:
         warnings = plan.validate(model)
+    if plan.nodes > 1 and args.main_process_ip.startswith("127.") and plan.device == "cuda":
+        warnings = warnings + [f"main_process_ip is {args.main_process_ip}: the other machines cannot reach it; pass "
+                               "--main-process-ip <rank-0 address> here or --main_process_ip at launch"]
     name = args.name or default_name(plan, model.name if model else None)
     out = Path(args.output)
     ds_file = None
