@@ -2,6 +2,7 @@
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -19,9 +20,10 @@ STEPS = 6
 LOSS_TOLERANCE = 1e-4
 
 
-def _run(tmp_path_factory, config: str, label: str) -> list[dict]:
+def _run(tmp_path_factory, config: str, label: str, build: str = "from_config", steps: int = STEPS) -> list[dict]:
     out = tmp_path_factory.mktemp(label)
-    check_launch(accelerate_launch(REPO / "accelerate_configs" / config, [WORKER, str(out), str(STEPS), "recipe", MODEL]))
+    check_launch(accelerate_launch(REPO / "accelerate_configs" / config,
+                                   [WORKER, str(out), str(steps), "recipe", MODEL, build]))
     ranks = sorted((json.loads(p.read_text()) for p in (out / "probe").glob("rank*.json")), key=lambda r: r["rank"])
     return ranks
 
@@ -34,6 +36,11 @@ def zero3(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tp_ep(tmp_path_factory):
     return _run(tmp_path_factory, "cpu_zero3_tp2_ep2_4proc.yaml", "tp2ep2")
+
+
+@pytest.fixture(scope="module")
+def tp_ep_direct(tmp_path_factory):
+    return _run(tmp_path_factory, "cpu_zero3_tp2_ep2_4proc.yaml", "tp2ep2-direct", build="direct", steps=1)
 
 
 def test_mla_projections_are_tp_sharded_and_experts_ep_sharded(tp_ep):
@@ -50,10 +57,12 @@ def test_mla_projections_are_tp_sharded_and_experts_ep_sharded(tp_ep):
         assert p["model.embed_tokens.weight"]["shape"] == [128, 64]  # kept whole
 
 
-def test_per_rank_elements_equal_the_estimate_exactly(zero3, tp_ep):
+def test_per_rank_elements_equal_the_estimate_exactly(zero3, tp_ep, tp_ep_direct):
     model = introspect(MODEL)
+    tp_ep_plan = ParallelPlan(procs_per_node=4, device="cpu", precision="fp32", tp=2, ep=2)
     for ranks, plan in ((zero3, ParallelPlan(procs_per_node=2, device="cpu", precision="fp32")),
-                        (tp_ep, ParallelPlan(procs_per_node=4, device="cpu", precision="fp32", tp=2, ep=2))):
+                        (tp_ep, tp_ep_plan),
+                        (tp_ep_direct, replace(tp_ep_plan, zero_init=False))):
         expected = rank_elements(plan, model).params
         for r in ranks:
             assert sum(v["local"] for v in r["params"].values()) == expected

@@ -1,11 +1,13 @@
 """Run on every rank by the distributed tests under `accelerate launch`.
 
-    probe_worker.py OUTPUT_DIR STEPS recipe|stock MODEL
+    probe_worker.py OUTPUT_DIR STEPS recipe|stock MODEL [from_config|direct]
 
 Trains MODEL (a template of hf_dist_recipes.parallel.models: tiny-llama, tiny-deepseek-v3) under the
 DeepSpeed config the launcher hands over, with RecipeTrainer or the stock Trainer (micro batch 4, sequences of 32
 bytes), and writes what this rank saw to OUTPUT_DIR/probe/rank<N>.json: its batches (hashes), losses, the global
 batch, and every parameter's per-rank shape (`ds_shape` after TP/EP) and local ZeRO partition size.
+The model is built by `AutoModelForCausalLM.from_config` (under ZeRO-3: inside `deepspeed.zero.Init`, as
+`from_pretrained` does), or with `direct` by calling the model class itself (no `zero.Init`).
 """
 
 import hashlib
@@ -23,7 +25,7 @@ from hf_dist_recipes.parallel.models import template_config
 MICRO_BATCH = 4
 
 
-def main(output_dir: str, steps: int, flavour: str, model_name: str) -> None:
+def main(output_dir: str, steps: int, flavour: str, model_name: str, build: str = "from_config") -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     common = dict(output_dir=output_dir, max_steps=steps, per_device_train_batch_size=MICRO_BATCH,
                   learning_rate=3e-3, warmup_steps=1, logging_steps=1, save_strategy="no", report_to="none",
@@ -42,7 +44,12 @@ def main(output_dir: str, steps: int, flavour: str, model_name: str) -> None:
 
     data = stdlib_dataset(seq_len=32, max_bytes=200_000)
     data.tokens = data.tokens % config.vocab_size
-    trainer = Recorder(model_init=lambda: AutoModelForCausalLM.from_config(config), args=args, train_dataset=data)
+    if build == "direct":
+        model_class = AutoModelForCausalLM._model_mapping[type(config)]
+        model_init = lambda: model_class(config)  # noqa: E731
+    else:
+        model_init = lambda: AutoModelForCausalLM.from_config(config)  # noqa: E731
+    trainer = Recorder(model_init=model_init, args=args, train_dataset=data)
     trainer.train()
     params = {
         n: {"shape": list(getattr(p, "ds_shape", p.shape)),
@@ -64,4 +71,4 @@ def main(output_dir: str, steps: int, flavour: str, model_name: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], *sys.argv[5:6])
