@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast lock clean
+.PHONY: install demo test test-fast configs lock clean
 
 install: $(STAMP)
 
@@ -26,6 +26,10 @@ test: $(STAMP)
 # The unit tests only: seconds, no process launched.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not distributed and not notebook and not slow" $(PYTEST_ARGS)
+
+# Regenerate accelerate_configs/ from its manifest (tests/unit/test_shipped_configs.py checks they match).
+configs: $(STAMP)
+	$(BIN)/python -m hf_dist_recipes.parallel.shipped
 
 # Re-pin after changing pyproject.toml's ranges: installs from the ranges, then freezes what was installed.
 lock:
