@@ -108,12 +108,11 @@ class Generated:
     warnings: list[str]
     yaml_file: Path
     deepspeed_file: Path | None
-    global_batch: int
 
     def as_dict(self) -> dict:
         return {"plan": self.plan.as_dict(), "warnings": self.warnings, "yaml_file": str(self.yaml_file),
                 "deepspeed_file": str(self.deepspeed_file) if self.deepspeed_file else None,
-                "global_batch": self.global_batch}
+                "global_batch": self.plan.global_batch}
 
 
 def default_name(plan: ParallelPlan, model_name: str | None) -> str:
@@ -159,8 +158,7 @@ def generate(args: argparse.Namespace, argv: list[str] | None = None) -> Generat
     header += [f"Warning: {w}" for w in warnings]
     yaml_file = out / f"{name}.yaml"
     yaml_file.write_text(render_yaml(config, "\n".join(header)))
-    return Generated(plan=plan, warnings=warnings, yaml_file=yaml_file, deepspeed_file=ds_file,
-                     global_batch=plan.global_batch)
+    return Generated(plan=plan, warnings=warnings, yaml_file=yaml_file, deepspeed_file=ds_file)
 
 
 def run_generate(args: argparse.Namespace) -> int:

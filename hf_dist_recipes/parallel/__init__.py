@@ -1,5 +1,6 @@
-"""Practice 3: ZeRO-3 with tensor (and expert) parallelism, through DeepSpeed and accelerate configs."""
+"""Practice 3: ZeRO-3 with tensor (and expert) parallelism, through DeepSpeed and accelerate configs.
 
-from hf_dist_recipes.parallel.batch import BatchFix, data_parallel_size, fix_tp_batch_size, tensor_parallel_size
-
-__all__ = ["BatchFix", "data_parallel_size", "fix_tp_batch_size", "tensor_parallel_size"]
+plan.ParallelPlan (the job and its rules) -> models (shapes, exact counts) -> tp_specs (what TP splits) ->
+memory (per-rank estimate) -> deepspeed_config / accelerate_config (the files) -> lint (checks on any file);
+batch (the global batch under TP) and launch_config (YAML + JSON consistency) serve the trainer and the demo.
+"""
