@@ -47,6 +47,7 @@ def register(subparsers) -> None:
     _plan_flags(est)
     est.add_argument("--gpu-memory", type=float, help="memory of one GPU in GiB (needed for fits? and --suggest)")
     est.add_argument("--suggest", action="store_true", help="try TP/EP/offload and pick the first plan that fits")
+    est.add_argument("--all", action="store_true", help="with --suggest: show every candidate, not one or two EPs per TP")
     est.add_argument("--json", action="store_true", help="print the estimates as JSON")
     est.set_defaults(run=run_estimate)
 
@@ -193,7 +194,7 @@ def run_validate(args: argparse.Namespace) -> int:
 
 def run_estimate(args: argparse.Namespace) -> int:
     _deepspeed_logs_to_stderr()
-    from hf_dist_recipes.parallel.memory import estimate, render_table, suggest
+    from hf_dist_recipes.parallel.memory import compact_rows, estimate, render_table, suggest
 
     plan = plan_from(args)
     model = _model(args, required=True)
@@ -214,7 +215,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         return 0
     print(f"{model.name}: {model.total_params / 1e9:.2f}B parameters; {plan.nodes} x {plan.procs_per_node} "
           f"{plan.device}, seq {plan.seq_len}, micro batch {plan.micro_batch}, {plan.precision}; GiB per rank")
-    print(render_table(rows, chosen=chosen))
+    print(render_table(rows if args.all or not args.suggest else compact_rows(rows, chosen), chosen=chosen))
     if args.suggest:
         print("suggested: " + (_describe(chosen.plan) if chosen else "nothing fits; add nodes or GPU memory"))
     return 0

@@ -168,6 +168,19 @@ def suggest(base: ParallelPlan, model: ModelShape, device_gib: float) -> tuple[M
     return chosen, estimates
 
 
+def compact_rows(estimates: list[MemoryEstimate], chosen: MemoryEstimate | None = None) -> list[MemoryEstimate]:
+    """For each offload level and TP degree: the EP-1 row and the EP with the least device memory (the smallest
+    such EP), plus `chosen`; in the original order."""
+    keep = {id(chosen)} if chosen is not None else set()
+    groups: dict[tuple, list[MemoryEstimate]] = {}
+    for e in estimates:
+        groups.setdefault((e.plan.offload_optimizer, e.plan.offload_params, e.plan.tp), []).append(e)
+    for rows in groups.values():
+        keep.add(id(rows[0]))
+        keep.add(id(min(rows, key=lambda e: (e.device_total, e.plan.ep))))
+    return [e for e in estimates if id(e) in keep]
+
+
 def render_table(estimates: list[MemoryEstimate], *, chosen: MemoryEstimate | None = None) -> str:
     """Plain-text table, GiB per rank; host RAM per node."""
     head = (f"{'plan':<28} {'params':>8} {'grads':>8} {'optim':>8} {'gather':>8} {'activ':>8} {'total':>8} "

@@ -91,3 +91,15 @@ def test_suggest_deepseek_v3_on_8_nodes_of_8_80gb():
 def test_suggest_reports_when_nothing_fits():
     chosen, rows = suggest(ParallelPlan(nodes=1, procs_per_node=2), V3, 8)
     assert chosen is None and rows and not any(r.fits for r in rows)
+
+
+def test_compact_rows_keep_ep1_the_best_ep_per_tp_and_the_choice():
+    from hf_dist_recipes.parallel.memory import compact_rows
+
+    chosen, rows = suggest(ParallelPlan(nodes=8, procs_per_node=8), V3, 80)
+    compact = compact_rows(rows, chosen)
+    assert chosen in compact and len(compact) < len(rows)
+    for key in {(r.plan.offload_optimizer, r.plan.offload_params, r.plan.tp) for r in rows}:
+        group = [r for r in rows if (r.plan.offload_optimizer, r.plan.offload_params, r.plan.tp) == key]
+        kept = [r for r in compact if r in group]
+        assert group[0] in kept and min(r.device_total for r in group) == min(r.device_total for r in kept)
