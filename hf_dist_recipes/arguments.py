@@ -28,7 +28,7 @@ from hf_dist_recipes import _compat
 from hf_dist_recipes import backend
 from hf_dist_recipes.gradients import validate_max_grad_norm
 from hf_dist_recipes.parallel.batch import fix_tp_batch_size, tensor_parallel_size
-from hf_dist_recipes.schedules import DEFAULT_NUM_CYCLES
+from hf_dist_recipes.schedules import DEFAULT_NUM_CYCLES, validate_min_lr_ratio
 from hf_dist_recipes.seeding import validate_seed
 
 logger = logging.getLogger(__name__)
@@ -70,12 +70,13 @@ class RecipeTrainingArguments(TrainingArguments):
     def __post_init__(self):
         validate_seed(self.seed)
         self.max_grad_norm = validate_max_grad_norm(self.max_grad_norm, allow_unclipped=self.allow_unclipped_gradients)
-        if not 0.0 <= self.min_lr_ratio < 1.0:
-            raise ValueError(f"min_lr_ratio must be in [0, 1), got {self.min_lr_ratio}; e.g. min_lr_ratio=0.1")
+        validate_min_lr_ratio(self.min_lr_ratio)
         gpus = backend.cuda_device_count()
-        self.ddp_backend = backend.resolve_backend(
-            self.ddp_backend, allow_gloo_on_cuda=self.allow_gloo_on_cuda, cuda_devices=gpus
-        ) if (self.ddp_backend is not None or gpus) else None
+        if self.ddp_backend is not None or gpus:
+            # Without CUDA and without a request, the launcher's Gloo default is right and left alone.
+            self.ddp_backend = backend.resolve_backend(
+                self.ddp_backend, allow_gloo_on_cuda=self.allow_gloo_on_cuda, cuda_devices=gpus
+            )
         if not gpus and not self.use_cpu:
             # Without use_cpu a CPU-only torchrun run counts world_size 1 and fills DeepSpeed's batch wrongly.
             self.use_cpu = True

@@ -22,6 +22,13 @@ from torch.optim.lr_scheduler import LambdaLR
 DEFAULT_NUM_CYCLES = 3
 
 
+def validate_min_lr_ratio(value: float) -> float:
+    """Return `value`, or raise ValueError unless it is in [0, 1)."""
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"min_lr_ratio must be in [0, 1), got {value}; e.g. min_lr_ratio=0.1")
+    return value
+
+
 @dataclass(frozen=True)
 class WarmupCosineRestarts:
     """Schedule shape. `warmup_steps` and `total_steps` in optimizer steps; `min_lr_ratio` in [0, 1) is the floor
@@ -42,8 +49,7 @@ class WarmupCosineRestarts:
             )
         if isinstance(self.num_cycles, bool) or not isinstance(self.num_cycles, int) or self.num_cycles < 1:
             raise ValueError(f"num_cycles must be a positive integer, got {self.num_cycles!r}; e.g. num_cycles=3")
-        if not 0.0 <= self.min_lr_ratio < 1.0:
-            raise ValueError(f"min_lr_ratio must be in [0, 1), got {self.min_lr_ratio}; e.g. min_lr_ratio=0.1")
+        validate_min_lr_ratio(self.min_lr_ratio)
 
     def multiplier(self, step: int) -> float:
         """The learning-rate multiplier (0..1) at optimizer step `step`."""

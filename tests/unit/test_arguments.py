@@ -74,3 +74,8 @@ def test_launcher_config_is_read_from_accelerate_env(tmp_path, monkeypatch):
     assert _compat.launcher_deepspeed_config() == {"zero_optimization": {"stage": 3}}
     monkeypatch.setenv(_compat.ACCELERATE_USE_DEEPSPEED, "false")
     assert _compat.launcher_deepspeed_config() is None
+
+
+def test_min_lr_ratio_is_checked_when_the_arguments_are_made(tmp_path):
+    with pytest.raises(ValueError, match=r"min_lr_ratio must be in \[0, 1\), got 1.5"):
+        RecipeTrainingArguments(output_dir=str(tmp_path), min_lr_ratio=1.5)
