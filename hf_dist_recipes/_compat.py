@@ -14,6 +14,13 @@ from pathlib import Path
 
 COVERED = {"transformers": "5.24", "accelerate": "1.16", "deepspeed": "0.19"}
 
+# Upstream behaviour other modules work around (public API only, so the code lives there; the tests in
+# tests/unit/test_compat.py fail when upstream changes):
+# - transformers 5.24 `Trainer.get_tp_size` reads the DeepSpeed TP degree only from `args.hf_deepspeed_config`
+#   -> arguments.py adopts a launcher TP config into `args.deepspeed`;
+# - accelerate 1.16 `DeepSpeedPlugin` refuses mixed_precision & co. beside a deepspeed_config_file
+#   -> parallel/accelerate_config.py never writes them, parallel/lint.py reports them.
+
 # accelerate 1.16 `utils/launch.py` exports the YAML's deepspeed_config_file to the ranks under these names, and
 # `DeepSpeedPlugin.__post_init__` reads the file back from the second one. transformers 5.24
 # `TrainingArguments.__post_init__` builds its DeepSpeed plugin from them when `deepspeed=` is not given.

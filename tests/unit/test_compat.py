@@ -23,3 +23,24 @@ def test_accelerate_hands_the_deepspeed_file_to_the_ranks_under_the_assumed_name
 
 def test_trainingarguments_builds_its_plugin_from_the_launcher_env():
     assert f'os.environ.get("{_compat.ACCELERATE_USE_DEEPSPEED}"' in inspect.getsource(hf_args.TrainingArguments)
+
+
+def test_trainer_reads_the_tp_degree_only_from_the_arguments_config():
+    """arguments.py adopts a launcher TP config into `args.deepspeed` because of this; if upstream starts reading
+    the plugin's config too, the adoption can go."""
+    from transformers import Trainer
+
+    src = inspect.getsource(Trainer.get_tp_size)
+    assert 'getattr(self.args, "hf_deepspeed_config", None)' in src
+    assert "deepspeed_plugin" not in src
+
+
+def test_accelerate_refuses_the_keys_lint_reports_beside_a_deepspeed_file():
+    from hf_dist_recipes.parallel.lint import IGNORED_WITH_DS_FILE
+
+    src = inspect.getsource(acc_dataclasses.DeepSpeedPlugin)
+    assert "will be ignored" in src
+    for key in IGNORED_WITH_DS_FILE:
+        env = "ACCELERATE_" + ("" if key in ("mixed_precision", "gradient_accumulation_steps", "gradient_clipping")
+                               else "DEEPSPEED_") + key.upper()
+        assert f'"{env}"' in src, env

@@ -85,3 +85,12 @@ def test_rank_summary_is_written(trained):
     assert summary["steps"] == 30 and summary["tokens"] == 30 * 4 * 32
     assert summary["rng_fingerprint"] == trainer.seed_report.fingerprint
     assert summary["param_elements"] == summary["param_elements_local"] == trainer.model.num_parameters()
+
+
+def test_min_lr_ratio_floors_every_cycle(tmp_path):
+    trainer = _trainer(tmp_path, min_lr_ratio=0.2)
+    trainer.train()
+    lrs = [e["learning_rate"] for e in trainer.state.log_history if "learning_rate" in e]
+    after_warmup = lrs[3:]
+    assert min(after_warmup) >= 0.2 * 3e-3 * (1 - 1e-6)
+    assert min(after_warmup) < 0.25 * 3e-3  # and the cycles do reach down to the floor
