@@ -14,6 +14,17 @@ REPO = Path(__file__).resolve().parents[1]
 LAUNCH_TIMEOUT_S = 420  # one run; the first also JIT-builds DeepSpeed's shm op (about 60 s on 2 cores)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def no_stale_deepspeed_locks():
+    """Fail at once, naming the files, instead of letting every DeepSpeed launch hang on a stale build lock."""
+    from hf_dist_recipes.extensions import check_no_stale_locks
+
+    try:
+        check_no_stale_locks()
+    except ValueError as err:
+        pytest.exit(str(err), returncode=3)
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now, so each multi-process test gets its own rendezvous."""
     with socket.socket() as s:

@@ -17,6 +17,7 @@ from pathlib import Path
 import hf_dist_recipes
 from hf_dist_recipes import backend
 from hf_dist_recipes.demo.settings import DemoSettings
+from hf_dist_recipes.extensions import check_no_stale_locks
 from hf_dist_recipes.monitoring.summary import SUMMARY_DIRNAME, RunSummary, read_rank_summaries, summarize_ranks
 from hf_dist_recipes.parallel.launch_config import check_launch_config, load_launch_config
 
@@ -73,6 +74,8 @@ def plan_demo(
             num_processes = gpus
     cfg = load_launch_config(config_file, root=root)
     world = check_launch_config(cfg, num_processes=num_processes)
+    if cfg.deepspeed is not None:
+        check_no_stale_locks()
     requested = settings.backend or (backend.CPU_BACKEND if cfg.use_cpu else None)
     comm = backend.resolve_backend(requested, allow_gloo_on_cuda=settings.allow_gloo_on_cuda, cuda_devices=gpus)
     device = "cpu" if (cfg.use_cpu or not gpus) else "cuda"
