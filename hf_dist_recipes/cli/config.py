@@ -25,6 +25,9 @@ def register(subparsers) -> None:
     sub = parser.add_subparsers(dest="config_command", metavar="SUBCOMMAND", required=True)
 
     gen = sub.add_parser("generate", help="write accelerate YAML + DeepSpeed JSON for a plan",
+                         description="Check a plan, then write NAME.yaml (accelerate) and deepspeed/NAME.json. The JSON "
+                                     "never holds train_batch_size, and gives DeepSeek models explicit TP layer specs "
+                                     "and an expert_parallel section. Bad plans exit 2 with the fix.",
                          epilog="Example: hf-dist-recipes config generate --model deepseek-v3 --nodes 2 "
                                 "--gpus-per-node 8 --zero 3 --tp 2 --ep 8 --output my_configs")
     _plan_flags(gen)
@@ -38,12 +41,20 @@ def register(subparsers) -> None:
     gen.add_argument("--json", action="store_true", help="print what was written as JSON")
     gen.set_defaults(run=run_generate)
 
-    val = sub.add_parser("validate", help="lint DeepSpeed JSON / accelerate YAML files")
+    val = sub.add_parser("validate", help="lint DeepSpeed JSON / accelerate YAML files",
+                         description="Lint files against the known traps, then parse them with accelerate's and "
+                                     "DeepSpeed's own config classes. Exit 0: clean or warnings only; 1: errors; "
+                                     "2: a file is missing or unreadable.")
     val.add_argument("files", nargs="+", metavar="FILE")
     val.add_argument("--json", action="store_true", help="print the findings as JSON")
     val.set_defaults(run=run_validate)
 
-    est = sub.add_parser("estimate", help="per-rank memory table for a plan (or --suggest one)")
+    est = sub.add_parser("estimate", help="per-rank memory table for a plan (or --suggest one)",
+                         description="Per-rank GiB of parameters, gradients, optimizer states, the layer ZeRO-3 "
+                                     "gathers and activations (model states exact, activations estimated; see "
+                                     "hf_dist_recipes/parallel/memory.py), and whether it fits --gpu-memory.",
+                         epilog="Example: hf-dist-recipes config estimate --model deepseek-v3 --nodes 8 "
+                                "--gpu-memory 80 --activation-checkpointing --suggest")
     _plan_flags(est)
     est.add_argument("--gpu-memory", type=float, help="memory of one GPU in GiB (needed for fits? and --suggest)")
     est.add_argument("--suggest", action="store_true", help="try TP/EP/offload and pick the first plan that fits")

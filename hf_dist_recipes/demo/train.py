@@ -14,6 +14,8 @@ import argparse
 import os
 import warnings
 
+import torch
+
 from hf_dist_recipes import backend
 from hf_dist_recipes.arguments import RecipeTrainingArguments
 from hf_dist_recipes.demo.data import stdlib_dataset
@@ -35,7 +37,8 @@ def training_arguments(s: DemoSettings) -> RecipeTrainingArguments:
         allow_gloo_on_cuda=s.allow_gloo_on_cuda,
         save_strategy="no",
         report_to="none",
-        bf16=backend.cuda_device_count() > 0,  # the GPU config leaves precision to the Trainer ("auto")
+        # The GPU config leaves precision to the Trainer ("auto"): bf16 where the GPUs have it (not V100/T4).
+        bf16=backend.cuda_device_count() > 0 and torch.cuda.is_bf16_supported(),
         dataloader_drop_last=True,
         disable_tqdm=False,
     )
