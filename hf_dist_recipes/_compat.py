@@ -8,9 +8,9 @@ Covered: transformers 5.24, accelerate 1.16, deepspeed 0.19.8.
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
+
+from hf_dist_recipes.jsonfile import load_deepspeed_json
 
 COVERED = {"transformers": "5.24", "accelerate": "1.16", "deepspeed": "0.19"}
 
@@ -35,18 +35,4 @@ def launcher_deepspeed_config() -> dict | None:
     path = os.environ.get(ACCELERATE_DEEPSPEED_CONFIG_FILE)
     if not path or path == "none":
         return None
-    return load_json_config(path)
-
-
-def load_json_config(path: str | os.PathLike) -> dict:
-    """Read a DeepSpeed JSON file, or raise ValueError naming the file and the problem."""
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"DeepSpeed config {p} does not exist; check deepspeed_config_file / --deepspeed")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"DeepSpeed config {p} is not valid JSON: {err.msg} at line {err.lineno}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"DeepSpeed config {p} must hold a JSON object, not {type(data).__name__}")
-    return data
+    return load_deepspeed_json(path)

@@ -25,6 +25,7 @@ from transformers import TrainingArguments
 from transformers.trainer_utils import SchedulerType
 
 from hf_dist_recipes import _compat
+from hf_dist_recipes.jsonfile import load_deepspeed_json
 from hf_dist_recipes import backend
 from hf_dist_recipes.gradients import validate_max_grad_norm
 from hf_dist_recipes.parallel.batch import fix_tp_batch_size, tensor_parallel_size
@@ -101,7 +102,7 @@ class RecipeTrainingArguments(TrainingArguments):
         elif isinstance(self.deepspeed, dict):
             raw = self.deepspeed
         else:
-            raw = _compat.load_json_config(self.deepspeed)
+            raw = load_deepspeed_json(self.deepspeed)
         if raw is None:
             return None
         fix = fix_tp_batch_size(

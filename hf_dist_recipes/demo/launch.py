@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import hf_dist_recipes
@@ -79,7 +79,7 @@ def plan_demo(
     requested = settings.backend or (backend.CPU_BACKEND if cfg.use_cpu else None)
     comm = backend.resolve_backend(requested, allow_gloo_on_cuda=settings.allow_gloo_on_cuda, cuda_devices=gpus)
     device = "cpu" if (cfg.use_cpu or not gpus) else "cuda"
-    settings = DemoSettings(**{**asdict(settings), "output_dir": str(Path(settings.output_dir).resolve())})
+    settings = replace(settings, output_dir=str(Path(settings.output_dir).resolve()))
     command = [
         sys.executable, "-m", "accelerate.commands.launch",
         "--config_file", str(Path(config_file).resolve()),

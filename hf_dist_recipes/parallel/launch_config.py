@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from hf_dist_recipes import _compat
+from hf_dist_recipes.jsonfile import load_deepspeed_json
 from hf_dist_recipes.parallel.batch import data_parallel_size, tensor_parallel_size
 
 
@@ -51,7 +51,7 @@ def load_launch_config(path: str | Path, *, root: str | Path | None = None) -> L
         ds_file = Path(ds_name)
         if not ds_file.is_absolute():
             ds_file = Path(root or Path.cwd()) / ds_file
-        ds_json = _compat.load_json_config(ds_file)
+        ds_json = load_deepspeed_json(ds_file)
     return LaunchConfig(
         path=p,
         distributed_type=str(data.get("distributed_type", "NO")),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from hf_dist_recipes import _compat
+from hf_dist_recipes.jsonfile import load_deepspeed_json
 from hf_dist_recipes.parallel.batch import tensor_parallel_size
 from hf_dist_recipes.parallel.launch_config import check_launch_config, load_launch_config
 
@@ -38,7 +38,7 @@ def lint_file(path: str | Path, *, root: str | Path | None = None) -> list[Findi
     DeepSpeed JSON is linted too, against the YAML's process count). Unreadable files raise ValueError."""
     p = Path(path)
     if p.suffix == ".json":
-        return lint_deepspeed(_compat.load_json_config(p), str(p))
+        return lint_deepspeed(load_deepspeed_json(p), str(p))
     if p.suffix in (".yaml", ".yml"):
         return lint_accelerate(p, root=root)
     raise ValueError(f"{p}: expected a DeepSpeed .json or an accelerate .yaml file")

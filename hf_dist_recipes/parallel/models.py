@@ -6,12 +6,13 @@ DeepSeek-V3's 671B), so every count here is what `model.parameters()` would hold
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+
+from hf_dist_recipes.jsonfile import read_json_object
 
 # model_type and config values of public checkpoints (their config.json). Names are what --model accepts.
 TEMPLATES: dict[str, tuple[str, dict]] = {
@@ -87,10 +88,7 @@ def load_model_config(model: str | Path | PretrainedConfig) -> tuple[str, Pretra
     if path.is_dir():
         path = path / "config.json"
     if path.is_file():
-        try:
-            values = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path} is not valid JSON: {err.msg} at line {err.lineno}") from None
+        values = read_json_object(path, "model config", "give a config.json path")
         if "model_type" not in values:
             raise ValueError(f"{path} has no model_type; is it a transformers config.json?")
         return path.parent.name or str(path), AutoConfig.for_model(**values)

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conftest import LAUNCH_TIMEOUT_S, REPO
-from hf_dist_recipes.monitoring import read_scalars
+from hf_dist_recipes.monitoring import read_rank_summaries, read_scalars
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -33,14 +33,14 @@ def test_both_ranks_trained_with_the_same_seed(demo_run):
     s = result["summary"]
     assert s["ranks"] == 2 and s["steps"] == STEPS
     assert s["seeds_agree"] is True
-    rows = [json.loads((out / "rank_summaries" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    rows = read_rank_summaries(out)
     assert [r["rank"] for r in rows] == [0, 1] and all(r["world_size"] == 2 for r in rows)
     assert all(r["tokens"] == STEPS * 8 * 128 for r in rows)
 
 
 def test_zero3_partitioned_the_parameters(demo_run):
     _, out = demo_run
-    rows = [json.loads((out / "rank_summaries" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    rows = read_rank_summaries(out)
     total = rows[0]["param_elements"]
     assert total == 1_012_224  # ds_numel: the full model, seen from every rank
     for r in rows:

@@ -77,3 +77,9 @@ def test_template_overrides_keep_derived_fields():
         from transformers import AutoModelForCausalLM
 
         AutoModelForCausalLM.from_config(config)
+
+
+def test_config_json_that_is_not_an_object(tmp_path):
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="must hold a JSON object, not list"):
+        introspect(tmp_path)
