@@ -5,7 +5,7 @@ A mismatch found here costs a second; found by DeepSpeed it costs a cluster allo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -17,7 +17,8 @@ from hf_dist_recipes.parallel.batch import data_parallel_size, tensor_parallel_s
 @dataclass(frozen=True)
 class LaunchConfig:
     """An accelerate config file as far as launching is concerned. `num_processes` counts all machines'
-    processes (accelerate's meaning); `deepspeed` is the parsed JSON named by `deepspeed_config_file`."""
+    processes (accelerate's meaning); `deepspeed` is the parsed JSON named by `deepspeed_config_file`; `raw` the
+    whole YAML mapping, for checks of keys not modelled here."""
 
     path: Path
     distributed_type: str
@@ -26,6 +27,7 @@ class LaunchConfig:
     use_cpu: bool
     deepspeed_file: Path | None
     deepspeed: dict | None
+    raw: dict = field(default_factory=dict, repr=False)
 
 
 def load_launch_config(path: str | Path, *, root: str | Path | None = None) -> LaunchConfig:
@@ -60,6 +62,7 @@ def load_launch_config(path: str | Path, *, root: str | Path | None = None) -> L
         use_cpu=bool(data.get("use_cpu", False)),
         deepspeed_file=ds_file,
         deepspeed=ds_json,
+        raw=data,
     )
 
 

@@ -10,8 +10,6 @@ import copy
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import yaml
-
 from hf_dist_recipes.jsonfile import load_deepspeed_json
 from hf_dist_recipes.parallel.batch import tensor_parallel_size
 from hf_dist_recipes.parallel.launch_config import check_launch_config, load_launch_config
@@ -124,7 +122,7 @@ def lint_accelerate(path: Path, *, root: str | Path | None = None) -> list[Findi
         load_config_from_file(str(path))
     except Exception as err:
         out.append(Finding(name, ERROR, f"accelerate refuses the config: {_first_line(err)}"))
-    data = yaml.safe_load(path.read_text())
+    data = cfg.raw
     clashing = [k for k in IGNORED_WITH_DS_FILE if k in data or k in (data.get("deepspeed_config") or {})]
     if cfg.deepspeed is not None and clashing:
         out.append(Finding(name, ERROR, f"{', '.join(clashing)} set next to deepspeed_config_file: accelerate stops at "
