@@ -36,3 +36,46 @@ def launcher_deepspeed_config() -> dict | None:
     if not path or path == "none":
         return None
     return load_deepspeed_json(path)
+
+
+# transformers 5.24 `integrations/deepspeed.py::_apply_weight_conversions_to_state_dict` (called by
+# `_load_state_dict_into_zero3_model` during `from_pretrained` under ZeRO-3) raises NotImplementedError whenever the
+# active DeepSpeed config has `tensor_parallel.autotp_size > 1`, before it looks at a tensor. The guard is for
+# models already sliced by TP. Under training AutoTP nothing is sliced yet at that point: `from_pretrained` builds
+# the full model inside zero.Init and DeepSpeed applies AutoTP later, in `deepspeed.initialize`. So the conversion
+# (e.g. per-expert tensors on disk -> DeepSeek's fused experts) is exactly the one without TP. Proven by equal
+# losses: tests/distributed/test_checkpoint_lifecycle.py (the job's evaluation before training equals one plain
+# process's loss from the same checkpoint in every layout).
+_CONVERSIONS = "_apply_weight_conversions_to_state_dict"
+_UNGUARDED = "_hf_dist_recipes_unguarded"
+
+
+def allow_weight_conversions_under_training_autotp() -> None:
+    """Install (once) the wrapper that lets `from_pretrained` convert weights while a training AutoTP config is
+    active. Covered: transformers 5.24. Inference TP (`inference.tensor_parallel`) keeps upstream's guard."""
+    import transformers.integrations.deepspeed as hf_ds
+
+    original = getattr(hf_ds, _CONVERSIONS)
+    if getattr(original, _UNGUARDED, False):
+        return
+
+    def without_training_tp(config):
+        if config is None or "tensor_parallel" not in config:
+            return config
+        return {k: v for k, v in config.items() if k != "tensor_parallel"}
+
+    def convert(model, state_dict, weight_mapping):
+        read_config = hf_ds.deepspeed_config
+        hf_ds.deepspeed_config = lambda: without_training_tp(read_config())
+        try:
+            # The guard runs at the generator's first step: hide training TP for that step only.
+            conversions = original(model, state_dict, weight_mapping)
+            first = next(conversions, None)
+        finally:
+            hf_ds.deepspeed_config = read_config
+        if first is not None:
+            yield first
+            yield from conversions
+
+    setattr(convert, _UNGUARDED, True)
+    setattr(hf_ds, _CONVERSIONS, convert)

@@ -105,6 +105,9 @@ class RecipeTrainingArguments(TrainingArguments):
             raw = load_deepspeed_json(self.deepspeed)
         if raw is None:
             return None
+        if tensor_parallel_size(raw) > 1:
+            # from_pretrained comes after the arguments in every HF example: it must load under AutoTP.
+            _compat.allow_weight_conversions_under_training_autotp()
         fix = fix_tp_batch_size(
             raw,
             world_size=int(os.environ.get("WORLD_SIZE", "1")),

@@ -14,14 +14,17 @@ What it adds:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 import torch
 from transformers import Trainer, TrainingArguments
 from transformers.integrations import TensorBoardCallback
+from transformers.trainer import TRAINING_ARGS_NAME
 
 from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
 from hf_dist_recipes.backend import check_process_group_backend
+from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
 from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
 from hf_dist_recipes.monitoring.tensorboard import PerRankTensorBoardCallback
@@ -88,6 +91,21 @@ class RecipeTrainer(Trainer):
         )
         self.lr_scheduler = warmup_cosine_restarts_scheduler(optimizer or self.optimizer, schedule)
         return self.lr_scheduler
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Under DeepSpeed, a `from_pretrained`-loadable checkpoint from any mix of ZeRO-3, AutoTP and AutoEP,
+        streamed a layer at a time into sharded safetensors (`hf_dist_recipes.checkpoint.export`). The stock path
+        gathers the whole model on rank 0 and, under AutoEP, stops (DeepSpeed 0.19.8 refuses the consolidation)."""
+        if not self.is_deepspeed_enabled:
+            return super().save_model(output_dir, _internal_call)
+        output_dir = output_dir or self.args.output_dir
+        save_hf_checkpoint(self.accelerator.unwrap_model(self.model_wrapped), output_dir)
+        if self.args.should_save:
+            if self.processing_class is not None:
+                self.processing_class.save_pretrained(output_dir)
+            torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         tokens = _count_tokens(inputs)

@@ -1,0 +1,105 @@
+"""Writing a HuggingFace checkpoint a group of tensors at a time: sharded safetensors, an index, the config.
+
+The tensors arrive in groups (one decoder layer, the embeddings, ...). A group is first reverted to the names and
+layout `from_pretrained` expects on disk (transformers' own `revert_weight_conversion`: DeepSeek's fused
+`experts.gate_up_proj` back to one `experts.<i>.gate_proj.weight` per expert, as `save_pretrained` writes them),
+then buffered; a shard file is written as soon as the buffer reaches `max_shard_bytes`. So at most one shard plus
+one group is held in memory, never the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+SAFE_WEIGHTS_NAME = "model.safetensors"
+SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3  # transformers' default max_shard_size ("5GB" in its binary units)
+
+
+@dataclass
+class ExportResult:
+    """What was written: the directory, its weight files, tensor and byte counts (bytes of tensor data)."""
+
+    output_dir: str
+    files: list[str] = field(default_factory=list)
+    tensors: int = 0
+    parameters: int = 0
+    bytes: int = 0
+
+
+class ShardedSafetensorsWriter:
+    """Writes `model-0000i-of-0000N.safetensors` files (or one `model.safetensors`) and the index.
+
+    `add()` takes a group of tensors already in on-disk names; `close()` names the shards, writes the index and
+    returns an `ExportResult`. Shard names are final only at the end (N is not known while streaming), so shards
+    are written under temporary names and renamed.
+    """
+
+    def __init__(self, output_dir: str, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES):
+        if max_shard_bytes <= 0:
+            raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
+        os.makedirs(output_dir, exist_ok=True)
+        _remove_previous_weights(output_dir)
+        self.output_dir = output_dir
+        self.max_shard_bytes = max_shard_bytes
+        self._buffer: dict[str, torch.Tensor] = {}
+        self._buffer_bytes = 0
+        self._shards: list[tuple[str, list[str]]] = []  # temporary file name, tensor names
+        self.result = ExportResult(output_dir)
+
+    def add(self, tensors: dict[str, torch.Tensor]) -> None:
+        for name, tensor in tensors.items():
+            if name in self._buffer or any(name in names for _, names in self._shards):
+                raise ValueError(f"tensor {name!r} written twice: two parameters map to one checkpoint name")
+            nbytes = tensor.numel() * tensor.element_size()
+            if self._buffer and self._buffer_bytes + nbytes > self.max_shard_bytes:
+                self._flush()
+            self._buffer[name] = tensor.contiguous()
+            self._buffer_bytes += nbytes
+            self.result.tensors += 1
+            self.result.parameters += tensor.numel()
+            self.result.bytes += nbytes
+
+    def _flush(self) -> None:
+        from safetensors.torch import save_file
+
+        if not self._buffer:
+            return
+        tmp = f".partial-{len(self._shards):05d}.safetensors"
+        save_file(self._buffer, os.path.join(self.output_dir, tmp), metadata={"format": "pt"})
+        self._shards.append((tmp, list(self._buffer)))
+        self._buffer, self._buffer_bytes = {}, 0
+
+    def close(self) -> ExportResult:
+        self._flush()
+        n = len(self._shards)
+        weight_map = {}
+        for i, (tmp, names) in enumerate(self._shards, start=1):
+            final = SAFE_WEIGHTS_NAME if n == 1 else f"model-{i:05d}-of-{n:05d}.safetensors"
+            os.replace(os.path.join(self.output_dir, tmp), os.path.join(self.output_dir, final))
+            self.result.files.append(final)
+            weight_map.update(dict.fromkeys(names, final))
+        if n > 1:
+            index = {"metadata": {"total_size": self.result.bytes, "total_parameters": self.result.parameters},
+                     "weight_map": dict(sorted(weight_map.items()))}
+            with open(os.path.join(self.output_dir, SAFE_WEIGHTS_INDEX_NAME), "w", encoding="utf-8") as f:
+                f.write(json.dumps(index, indent=2) + "\n")
+        return self.result
+
+
+def _remove_previous_weights(output_dir: str) -> None:
+    """A second save into the same directory must not leave shards of the first one for from_pretrained to mix in."""
+    for name in os.listdir(output_dir):
+        if name.endswith(".safetensors") or name == SAFE_WEIGHTS_INDEX_NAME:
+            os.remove(os.path.join(output_dir, name))
+
+
+def save_config_files(model_config, output_dir: str, generation_config=None) -> None:
+    """config.json (and generation_config.json) beside the weights, so `from_pretrained(output_dir)` works."""
+    model_config.save_pretrained(output_dir)
+    if generation_config is not None:
+        generation_config.save_pretrained(output_dir)

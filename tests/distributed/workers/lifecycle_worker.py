@@ -1,0 +1,76 @@
+"""A real job's shape, run on every rank under `accelerate launch` by tests/distributed/test_checkpoint_lifecycle.py:
+
+    lifecycle_worker.py OUTPUT_DIR PRETRAINED_DIR STEPS SAVE_STEPS [RESUME_CHECKPOINT]
+
+In the order of the HuggingFace examples -- arguments, then `from_pretrained`, then the trainer -- with no other
+set-up: evaluate on a fixed set before training (skipped when resuming), train STEPS steps writing a checkpoint
+every SAVE_STEPS (`save_strategy="steps"`), evaluate again, and `save_model` to OUTPUT_DIR/final. Each rank writes
+OUTPUT_DIR/lifecycle/rank<N>.json: evaluation losses, and per optimizer step the loss, learning rate and the hashes
+of the batches this rank trained on.
+"""
+
+import hashlib
+import json
+import sys
+import warnings
+from pathlib import Path
+
+from transformers import AutoModelForCausalLM
+
+from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
+from hf_dist_recipes.demo.data import stdlib_dataset
+
+MICRO_BATCH = 4
+EVAL_SAMPLES = 8
+SEQ_LEN = 32
+
+
+def datasets(vocab_size: int):
+    """Training blocks and a fixed evaluation set (the last EVAL_SAMPLES blocks, never trained on)."""
+    data = stdlib_dataset(seq_len=SEQ_LEN, max_bytes=100_000)
+    data.tokens = data.tokens % vocab_size
+    train = stdlib_dataset(seq_len=SEQ_LEN, max_bytes=100_000)
+    train.tokens = data.tokens[:-EVAL_SAMPLES]
+    evaluation = stdlib_dataset(seq_len=SEQ_LEN, max_bytes=100_000)
+    evaluation.tokens = data.tokens[-EVAL_SAMPLES:]
+    return train, evaluation
+
+
+def main(output_dir: str, pretrained: str, steps: int, save_steps: int, resume: str | None = None) -> None:
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    args = RecipeTrainingArguments(
+        output_dir=output_dir, max_steps=steps, per_device_train_batch_size=MICRO_BATCH,
+        per_device_eval_batch_size=MICRO_BATCH, learning_rate=3e-3, warmup_steps=2, logging_steps=1,
+        save_strategy="steps", save_steps=save_steps, report_to="none", dataloader_drop_last=True,
+        disable_tqdm=True,
+    )
+    model = AutoModelForCausalLM.from_pretrained(pretrained)
+    train, evaluation = datasets(model.config.vocab_size)
+    batches: dict[int, list[str]] = {}
+
+    class Recorder(RecipeTrainer):
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            digest = hashlib.sha256(inputs["input_ids"].cpu().numpy().tobytes()).hexdigest()[:12]
+            batches.setdefault(self.state.global_step + 1, []).append(digest)
+            return super().training_step(model, inputs, num_items_in_batch)
+
+    trainer = Recorder(model=model, args=args, train_dataset=train, eval_dataset=evaluation)
+    eval_before = None if resume else trainer.evaluate()["eval_loss"]
+    trainer.train(resume_from_checkpoint=resume)
+    eval_after = trainer.evaluate()["eval_loss"]
+    trainer.save_model(str(Path(output_dir) / "final"))
+    history = trainer.state.log_history
+    out = Path(output_dir) / "lifecycle"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rank{args.process_index}.json").write_text(json.dumps({
+        "rank": args.process_index,
+        "eval_before": eval_before,
+        "eval_after": eval_after,
+        "loss": {e["step"]: e["loss"] for e in history if "loss" in e},
+        "lr": {e["step"]: e["learning_rate"] for e in history if "learning_rate" in e},
+        "batches": batches,
+    }))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *(sys.argv[5:6] or [None]))
