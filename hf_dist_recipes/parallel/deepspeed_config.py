@@ -3,7 +3,8 @@
 What it never writes: `train_batch_size` (trap 1: under AutoTP DeepSpeed derives it from the micro batch, the
 accumulation and its own data-parallel group; the Trainer's fill would count TP ranks). What it always writes for
 TP > 1: an explicit `tensor_parallel.partition_config` (trap 2: stock AutoTP refuses DeepSeek's tp_plan), and no
-TP preset, so the TP and EP presets cannot disagree (trap 3).
+TP preset, so the TP and EP presets cannot disagree (trap 3). Under ZeRO-3 + EP:
+`stage3_gather_16bit_weights_on_model_save: false`, because DeepSpeed refuses the consolidated save there.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ def deepspeed_config(plan: ParallelPlan, model: ModelShape | None = None, *, aut
         zero["overlap_comm"] = plan.device == "cuda"
         zero["contiguous_gradients"] = True
     if plan.zero_stage == 3:
-        zero["stage3_gather_16bit_weights_on_model_save"] = True
+        # DeepSpeed 0.19.8 refuses the consolidated 16-bit save under AutoEP (the stock Trainer's save_model then
+        # stops at the first checkpoint); false makes the stock Trainer fall back to engine.save_checkpoint.
+        # RecipeTrainer.save_model streams its own export in every layout and ignores the flag.
+        zero["stage3_gather_16bit_weights_on_model_save"] = plan.ep == 1
     if plan.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": plan.device == "cuda"}
     if plan.offload_params:

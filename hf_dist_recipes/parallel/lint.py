@@ -74,6 +74,10 @@ def lint_deepspeed(config: dict, name: str, *, world_size: int | None = None) ->
     if tp_preset and ep_preset and tp_preset != ep_preset:
         add(ERROR, f"tensor_parallel.preset_model={tp_preset!r} and expert_parallel.preset_model={ep_preset!r} must "
                    "match when both are set (DeepSpeed refuses them); drop the TP preset and give partition_config")
+    if ep_on and zero.get("stage") == 3 and zero.get("stage3_gather_16bit_weights_on_model_save"):
+        add(ERROR, "stage3_gather_16bit_weights_on_model_save with ZeRO-3 + AutoEP: DeepSpeed 0.19.8 refuses the "
+                   "consolidated save (NotImplementedError at the first checkpoint, in Trainer.save_model); set it "
+                   "to false. RecipeTrainer.save_model exports AutoEP models without it")
     offload = bool(zero.get("offload_optimizer")) or bool(zero.get("offload_param"))
     if tp > 1 and ep_on and offload:
         add(ERROR, "ZeRO offload with AutoEP + AutoTP is refused by DeepSpeed; remove offload_* or the TP")

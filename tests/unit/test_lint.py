@@ -45,6 +45,17 @@ def test_tp_ep_offload():
     assert "offload" in _messages(lint_deepspeed(cfg, "x"), ERROR)
 
 
+def test_consolidated_save_under_zero3_and_autoep():
+    """DeepSpeed 0.19.8 raises NotImplementedError at the first save for this combination (verified-on-cpu.md)."""
+    ep = {"enabled": True, "autoep_size": 2, "preset_model": "deepseek_v3"}
+    gather = {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}
+    assert "refuses the consolidated save" in _messages(
+        lint_deepspeed({"zero_optimization": gather, "expert_parallel": ep}, "x"), ERROR)
+    off = {"stage": 3, "stage3_gather_16bit_weights_on_model_save": False}
+    assert lint_deepspeed({"zero_optimization": off, "expert_parallel": ep}, "x") == []
+    assert lint_deepspeed({"zero_optimization": gather}, "x") == []  # without EP DeepSpeed consolidates fine
+
+
 def test_deepspeeds_own_config_class_refuses_bad_values():
     found = lint_deepspeed({"zero_optimization": {"stage": 7}}, "x")
     assert "DeepSpeed refuses the config" in _messages(found, ERROR)
