@@ -14,6 +14,8 @@ What it adds:
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import os
 from collections.abc import Mapping
 
@@ -76,6 +78,54 @@ class RecipeTrainer(Trainer):
             self.remove_callback(TensorBoardCallback)
             self.add_callback(PerRankTensorBoardCallback(args.logging_dir, self.rank_metrics, self.seed_report))
         self.add_callback(RankSummaryCallback(self.rank_metrics, args.logging_dir, self.seed_report))
+        # The DeepSpeed config as the arguments made it, before an evaluation can finalize it for inference.
+        self._deepspeed_config_at_init = (copy.deepcopy(self.accelerator.state.deepspeed_plugin.hf_ds_config.config)
+                                          if self.is_deepspeed_enabled else None)
+
+    def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None):
+        """`Trainer.train`, which under DeepSpeed also works after `evaluate()` or `predict()`.
+
+        transformers 5.24 (PR huggingface/transformers#44889, open; #30205 for ZeRO-2): an evaluation before
+        training builds an inference-only engine and keeps it as `model_wrapped`; `train()` then destroys it
+        (`accelerator.free_memory()`), sees a model that looks wrapped, skips preparing it and stops in
+        `accelerator.backward` ('NoneType' object has no attribute 'backward'). The evaluation also finalized the
+        DeepSpeed config for zero steps and dropped its `optimizer` block. Here the stale engine is forgotten and
+        the config restored, so training builds its engine as if nothing had run before (equal losses:
+        tests/distributed/test_checkpoint_lifecycle.py)."""
+        if self.is_deepspeed_enabled and self.model_wrapped is not self.model:
+            self._restore_deepspeed_config()
+            self.model_wrapped, self.deepspeed = self.model, None
+        return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
+
+    def evaluate(self, *args, **kwargs):
+        with self._evaluation_engine_without_model_parallelism():
+            return super().evaluate(*args, **kwargs)
+
+    def predict(self, *args, **kwargs):
+        with self._evaluation_engine_without_model_parallelism():
+            return super().predict(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _evaluation_engine_without_model_parallelism(self):
+        """Before training, DeepSpeed builds an evaluation engine, and AutoTP/AutoEP would rewrite the model in
+        place for it (DeepSpeed 0.19.8 cannot rewrite it a second time: "AutoEP: no MoE layers detected" when
+        train() builds its engine). That engine is built as plain ZeRO-3 instead; the training engine applies
+        TP and EP to the untouched model. The evaluation's numbers are the same: TP/EP only split the work."""
+        if not self.is_deepspeed_enabled or self.deepspeed is not None:
+            yield
+            return
+        config = self.accelerator.state.deepspeed_plugin.hf_ds_config.config
+        for key in ("tensor_parallel", "expert_parallel"):
+            config.pop(key, None)
+        try:
+            yield
+        finally:
+            self._restore_deepspeed_config()
+
+    def _restore_deepspeed_config(self) -> None:
+        config = self.accelerator.state.deepspeed_plugin.hf_ds_config.config  # shared with accelerate: in place
+        config.clear()
+        config.update(copy.deepcopy(self._deepspeed_config_at_init))
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         if self.lr_scheduler is not None or self.args.lr_scheduler_type != RECIPE_SCHEDULER:

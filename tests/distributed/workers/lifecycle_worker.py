@@ -21,7 +21,7 @@ from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import stdlib_dataset
 
 MICRO_BATCH = 4
-EVAL_SAMPLES = 8
+EVAL_SAMPLES = 16
 SEQ_LEN = 32
 
 
