@@ -23,6 +23,7 @@ import torch
 from transformers import Trainer, TrainingArguments
 from transformers.integrations import TensorBoardCallback
 from transformers.trainer import TRAINING_ARGS_NAME
+from transformers.trainer_utils import get_last_checkpoint
 
 from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
 from hf_dist_recipes.backend import check_process_group_backend
@@ -95,6 +96,11 @@ class RecipeTrainer(Trainer):
         if self.is_deepspeed_enabled and self.model_wrapped is not self.model:
             self._restore_deepspeed_config()
             self.model_wrapped, self.deepspeed = self.model, None
+        checkpoint = resume_from_checkpoint
+        if checkpoint is True:
+            checkpoint = get_last_checkpoint(self.args.output_dir)
+        if checkpoint:  # the per-rank counters continue where the checkpoint left them
+            self.rank_metrics.load(checkpoint, self.args.process_index)
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
 
     def evaluate(self, *args, **kwargs):

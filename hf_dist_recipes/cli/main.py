@@ -6,9 +6,9 @@ import argparse
 import sys
 
 from hf_dist_recipes import __version__
-from hf_dist_recipes.cli import config, demo
+from hf_dist_recipes.cli import checkpoint, config, demo
 
-SUBCOMMANDS = (demo, config)
+SUBCOMMANDS = (demo, config, checkpoint)
 USAGE_ERROR = 2
 
 

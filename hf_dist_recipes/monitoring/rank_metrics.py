@@ -6,6 +6,8 @@ adds each micro step's own loss and token count here, and the callbacks time the
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -16,6 +18,9 @@ import torch
 class RankMetrics:
     """Running per-rank counters. Losses stay tensors until a log step reads them, so feeding them costs no
     device synchronisation."""
+
+    RESUMED_FIELDS = ("tokens", "optimizer_steps", "train_seconds", "first_loss", "last_loss")
+    CHECKPOINT_DIRNAME = "rank_metrics"
 
     tokens: int = 0
     optimizer_steps: int = 0
@@ -63,3 +68,23 @@ class RankMetrics:
             self.last_loss = out["loss"]
         self._window_loss, self._window_steps, self._window_tokens, self._window_seconds = None, 0, 0, 0.0
         return out
+
+    def save(self, checkpoint_dir: str | os.PathLike, rank: int) -> None:
+        """Write the job-long counters into `<checkpoint_dir>/rank_metrics/rank<rank>.json` (every rank its own:
+        the Trainer's state file comes from rank 0 only)."""
+        folder = os.path.join(os.fspath(checkpoint_dir), self.CHECKPOINT_DIRNAME)
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"rank{rank}.json"), "w", encoding="utf-8") as f:
+            json.dump({k: getattr(self, k) for k in self.RESUMED_FIELDS}, f)
+
+    def load(self, checkpoint_dir: str | os.PathLike, rank: int) -> bool:
+        """Continue the counters of a checkpoint written by `save`; False when it holds none for this rank (a
+        checkpoint of another trainer, or of a job with another world size)."""
+        path = os.path.join(os.fspath(checkpoint_dir), self.CHECKPOINT_DIRNAME, f"rank{rank}.json")
+        if not os.path.isfile(path):
+            return False
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+        for key in self.RESUMED_FIELDS:
+            setattr(self, key, saved[key])
+        return True

@@ -5,6 +5,9 @@ tokens_per_s, param_elements (all parameters' elements), param_elements_local (w
 partitions, or everything without ZeRO-3), first_rank_loss / last_rank_loss (this rank's own loss at its first and
 last log), first_loss / last_loss (the Trainer's cross-rank loss, from the log history), seed, rng_fingerprint,
 logging_dir. `hf_dist_recipes.monitoring.summary` reads them back.
+
+At every checkpoint each rank also saves its counters into `checkpoint-N/rank_metrics/rank<N>.json`; RecipeTrainer
+loads them on resume, so a resumed job's summary counts the whole job, not only its last stretch.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 from pathlib import Path
 
 from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
 from hf_dist_recipes.monitoring.summary import SUMMARY_DIRNAME
@@ -24,6 +28,10 @@ class RankSummaryCallback(TrainerCallback):
         self.metrics = metrics
         self.logging_dir = logging_dir
         self.seed_report = seed_report
+
+    def on_save(self, args, state, control, **kwargs):
+        checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        self.metrics.save(checkpoint, args.process_index)
 
     def on_train_end(self, args, state, control, **kwargs):
         self.metrics.flush_window()  # the steps after the last log

@@ -7,7 +7,8 @@ Keys, at each logging step (x axis: optimizer step):
 - `train/<key>`: every number in the Trainer's logs (loss averaged over ranks, learning_rate, grad_norm, epoch);
 - `rank/loss`: this rank's own mean loss since the previous log;
 - `rank/step_time_s`, `rank/tokens_per_s`: this rank's mean optimizer-step time and token throughput.
-Once, at the start: text `seed` with the rank's seed and RNG fingerprint.
+Once, at the start: text `seed` with the rank's seed and RNG fingerprint. A run resumed at step k purges what an
+earlier attempt logged after step k (TensorBoard's `purge_step`), so a step never shows twice.
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ class PerRankTensorBoardCallback(TrainerCallback):
         from torch.utils.tensorboard import SummaryWriter
 
         if self.writer is None:
-            self.writer = SummaryWriter(log_dir=rank_log_dir(self.logging_dir, args.process_index))
+            # Resumed at step k: hide what a previous attempt logged after k (purge_step hides steps >= its value),
+            # so each step shows once.
+            purge = state.global_step + 1 if state.global_step > 0 else None
+            self.writer = SummaryWriter(log_dir=rank_log_dir(self.logging_dir, args.process_index), purge_step=purge)
         if self.seed_report is not None:
             r = self.seed_report
             self.writer.add_text("seed", f"rank {args.process_index}: seed {r.seed}, rng fingerprint {r.fingerprint}")

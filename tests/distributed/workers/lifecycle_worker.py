@@ -1,10 +1,10 @@
 """A real job's shape, run on every rank under `accelerate launch` by tests/distributed/test_checkpoint_lifecycle.py:
 
-    lifecycle_worker.py OUTPUT_DIR PRETRAINED_DIR STEPS SAVE_STEPS [RESUME_CHECKPOINT]
+    lifecycle_worker.py OUTPUT_DIR PRETRAINED_DIR STEPS SAVE_STEPS [RESUME_CHECKPOINT|-] [no-eval-first]
 
 In the order of the HuggingFace examples -- arguments, then `from_pretrained`, then the trainer -- with no other
 set-up: evaluate on a fixed set before training (skipped when resuming), train STEPS steps writing a checkpoint
-every SAVE_STEPS (`save_strategy="steps"`), evaluate again, and `save_model` to OUTPUT_DIR/final. Each rank writes
+every SAVE_STEPS (`save_strategy="steps"`; `no-eval-first` skips the first evaluation), evaluate again, and `save_model` to OUTPUT_DIR/final. Each rank writes
 OUTPUT_DIR/lifecycle/rank<N>.json: evaluation losses, and per optimizer step the loss, learning rate and the hashes
 of the batches this rank trained on.
 """
@@ -36,7 +36,8 @@ def datasets(vocab_size: int):
     return train, evaluation
 
 
-def main(output_dir: str, pretrained: str, steps: int, save_steps: int, resume: str | None = None) -> None:
+def main(output_dir: str, pretrained: str, steps: int, save_steps: int, resume: str | None = None,
+         eval_first: bool = True) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     args = RecipeTrainingArguments(
         output_dir=output_dir, max_steps=steps, per_device_train_batch_size=MICRO_BATCH,
@@ -55,7 +56,7 @@ def main(output_dir: str, pretrained: str, steps: int, save_steps: int, resume: 
             return super().training_step(model, inputs, num_items_in_batch)
 
     trainer = Recorder(model=model, args=args, train_dataset=train, eval_dataset=evaluation)
-    eval_before = None if resume else trainer.evaluate()["eval_loss"]
+    eval_before = trainer.evaluate()["eval_loss"] if eval_first and not resume else None
     trainer.train(resume_from_checkpoint=resume)
     eval_after = trainer.evaluate()["eval_loss"]
     trainer.save_model(str(Path(output_dir) / "final"))
@@ -73,4 +74,6 @@ def main(output_dir: str, pretrained: str, steps: int, save_steps: int, resume: 
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *(sys.argv[5:6] or [None]))
+    rest = sys.argv[5:]
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
+         resume=rest[0] if rest and rest[0] != "-" else None, eval_first="no-eval-first" not in rest)

@@ -1,0 +1,76 @@
+"""`hf-dist-recipes checkpoint export`: a DeepSpeed training checkpoint (ZeRO-3, with or without AutoTP and AutoEP)
+to a HuggingFace checkpoint that `from_pretrained` loads, in one process on one machine, without a launch.
+
+For the job that died between two saves: point it at the last `checkpoint-N` the Trainer wrote. The weights are
+the fp32 master copies DeepSpeed checkpointed, written in the training dtype (or --dtype), per-expert layout as
+`save_pretrained` writes it, in shards of at most --max-shard-size."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from dataclasses import asdict
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?B?)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3, "GB": 1024**3}
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "checkpoint",
+        help="turn a DeepSpeed training checkpoint (ZeRO-3, TP, EP) into a HuggingFace checkpoint",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    export = sub.add_parser(
+        "export",
+        help="write a from_pretrained-loadable checkpoint from a checkpoint-N folder",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example: hf-dist-recipes checkpoint export runs/job/checkpoint-1200 --output runs/job/hf-1200",
+    )
+    export.add_argument("checkpoint", help="a Trainer checkpoint-N folder (or its global_stepN folder)")
+    export.add_argument("--output", required=True, help="directory to write the HuggingFace checkpoint into")
+    export.add_argument("--config", help="directory with the model's config.json (default: the checkpoint folder)")
+    export.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+                        help="dtype of the written weights (default: auto, the training dtype)")
+    export.add_argument("--max-shard-size", default="5GB", help="largest weight file, e.g. 5GB, 500MB (%(default)s)")
+    export.add_argument("--json", action="store_true", help="print the result as JSON")
+    export.set_defaults(run=run_export)
+
+
+def parse_size(text: str) -> int:
+    """"5GB" -> bytes (binary units, as transformers' max_shard_size)."""
+    m = _SIZE.match(text)
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"--max-shard-size {text!r}: give a positive size such as 5GB, 500MB or 1048576")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from hf_dist_recipes.checkpoint.offline import export_checkpoint, resolve_tag_dir
+
+    max_shard = parse_size(args.max_shard_size)
+    resolve_tag_dir(args.checkpoint)  # a wrong path is one line, before any progress bar
+    start = time.perf_counter()
+    with tqdm(desc="exporting", unit="group", disable=args.json) as bar:
+        def progress(done, total):
+            bar.total = total
+            bar.update(done - bar.n)
+
+        result = export_checkpoint(args.checkpoint, args.output, config_dir=args.config, dtype=args.dtype,
+                                   max_shard_bytes=max_shard, progress=progress)
+    data = {**asdict(result), "checkpoint": args.checkpoint, "seconds": round(time.perf_counter() - start, 3)}
+    print(json.dumps(data, indent=2) if args.json else render(data))
+    return 0
+
+
+def render(data: dict) -> str:
+    return (f"wrote {data['output_dir']}: {data['parameters']:,} parameters in {data['tensors']} tensors, "
+            f"{data['bytes'] / 1024**2:,.1f} MiB in {len(data['files'])} file(s), {data['seconds']:.1f} s\n"
+            f"  load it: AutoModelForCausalLM.from_pretrained({data['output_dir']!r})")
