@@ -78,4 +78,5 @@ def allow_weight_conversions_under_training_autotp() -> None:
             yield from conversions
 
     setattr(convert, _UNGUARDED, True)
+    convert.__wrapped__ = original
     setattr(hf_ds, _CONVERSIONS, convert)

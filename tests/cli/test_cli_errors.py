@@ -85,3 +85,30 @@ def test_real_process_exit_code_and_no_traceback(tmp_path):
         f"hf-dist-recipes demo: error: accelerate config {tmp_path / 'nope.yaml'} does not exist; "
         "pass an existing file with --config-file"
     ]
+
+
+def test_checkpoint_export_of_a_missing_folder(capsys, tmp_path):
+    code, out, err = _run(capsys, ["checkpoint", "export", str(tmp_path / "nope"), "--output", str(tmp_path / "o")])
+    assert code == 2 and err.count("\n") == 1 and "no such directory" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_checkpoint_export_of_a_folder_without_deepspeed_files(capsys, tmp_path):
+    code, _, err = _run(capsys, ["checkpoint", "export", str(tmp_path), "--output", str(tmp_path / "o")])
+    assert code == 2 and "no DeepSpeed zero_pp_rank" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("size", ["0", "-5GB", "five", "5TB"])
+def test_checkpoint_export_bad_shard_size(capsys, tmp_path, size):
+    code, _, err = _run(capsys, ["checkpoint", "export", str(tmp_path), "--output", str(tmp_path / "o"),
+                                 f"--max-shard-size={size}"])
+    assert code == 2 and "--max-shard-size" in err and err.count("\n") == 1
+
+
+def test_shard_sizes_are_binary_units_like_transformers():
+    from hf_dist_recipes.cli.checkpoint import parse_size
+
+    assert parse_size("5GB") == 5 * 1024**3
+    assert parse_size("500MB") == 500 * 1024**2
+    assert parse_size("64KB") == 64 * 1024
+    assert parse_size("1048576") == 1048576

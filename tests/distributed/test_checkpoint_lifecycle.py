@@ -168,6 +168,15 @@ def test_offline_export_equals_save_model_tensor_for_tensor(job, tmp_path):
     assert all(torch.equal(exported[k], saved[k]) for k in saved)
 
 
+def test_offline_export_names_a_missing_rank_file(job, tmp_path):
+    ckpt = tmp_path / "partial"
+    shutil.copytree(job["a"] / f"checkpoint-{STEPS}", ckpt)
+    victim = sorted((ckpt / f"global_step{STEPS}").glob("*_optim_states.pt"))[-1]
+    victim.unlink()
+    with pytest.raises(ValueError, match="optim states of data-parallel rank .* are missing"):
+        export_checkpoint(str(ckpt), str(tmp_path / "out"))
+
+
 def test_evaluating_first_does_not_change_training(job):
     for a, c in zip(_ranks(job["a"]), _ranks(job["c"])):
         assert c["eval_before"] is None

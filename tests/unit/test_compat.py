@@ -3,6 +3,9 @@
 import inspect
 from importlib.metadata import version
 
+import pytest
+import torch
+
 import accelerate.utils.dataclasses as acc_dataclasses
 import accelerate.utils.launch as acc_launch
 import transformers.training_args as hf_args
@@ -44,3 +47,55 @@ def test_accelerate_refuses_the_keys_lint_reports_beside_a_deepspeed_file():
         env = "ACCELERATE_" + ("" if key in ("mixed_precision", "gradient_accumulation_steps", "gradient_clipping")
                                else "DEEPSPEED_") + key.upper()
         assert f'"{env}"' in src, env
+
+
+def test_from_pretrained_still_refuses_weight_conversions_under_training_autotp():
+    """_compat.allow_weight_conversions_under_training_autotp hides training TP from this guard. When this test
+    fails, upstream changed the guard: re-check whether the wrapper is still needed."""
+    import transformers.integrations.deepspeed as hf_ds
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.integrations import HfDeepSpeedConfig
+
+    from hf_dist_recipes.parallel.models import template_config
+    from transformers import AutoModelForCausalLM
+
+    _compat.allow_weight_conversions_under_training_autotp()
+    patched = hf_ds._apply_weight_conversions_to_state_dict
+    original = patched.__wrapped__
+    model = AutoModelForCausalLM.from_config(template_config("tiny-deepseek-v3"))
+    experts = model.model.layers[1].mlp.experts
+    on_disk = {}
+    for e in range(experts.gate_up_proj.shape[0]):
+        gate, up = experts.gate_up_proj[e].detach().chunk(2, dim=0)
+        on_disk[f"model.layers.1.mlp.experts.{e}.gate_proj.weight"] = gate.clone()
+        on_disk[f"model.layers.1.mlp.experts.{e}.up_proj.weight"] = up.clone()
+    mapping = get_model_conversion_mapping(model)
+    ds = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "tensor_parallel": {"autotp_size": 2}})
+    try:
+        with pytest.raises(NotImplementedError, match="Tensor Parallelism"):
+            next(original(model, dict(on_disk), mapping))
+        converted = {}
+        for part in patched(model, dict(on_disk), mapping):
+            converted.update(part)
+        assert torch.equal(converted["model.layers.1.mlp.experts.gate_up_proj"], experts.gate_up_proj.detach())
+        assert hf_ds.deepspeed_config()["tensor_parallel"]["autotp_size"] == 2  # the config is left as it was
+    finally:
+        del ds
+
+
+def test_evaluation_before_training_still_builds_an_engine_that_train_destroys():
+    """RecipeTrainer.train/evaluate work around this (transformers PR 44889). When this fails, upstream changed
+    the evaluation-first path: re-check whether RecipeTrainer's override is still needed."""
+    from transformers import Trainer
+
+    assert "deepspeed_init(self, num_training_steps=0, inference=True)" in inspect.getsource(Trainer.evaluation_loop)
+    assert "self.accelerator.free_memory()" in inspect.getsource(Trainer._inner_training_loop)
+
+
+def test_deepspeed_still_refuses_the_consolidated_save_under_autoep():
+    """The generator writes stage3_gather_16bit_weights_on_model_save=false under EP and the lint reports it
+    because of this; RecipeTrainer.save_model gathers experts itself."""
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    src = inspect.getsource(DeepSpeedEngine._zero3_consolidated_16bit_state_dict)
+    assert "_raise_if_autoep_zero3_consolidated_export" in src
