@@ -11,6 +11,8 @@ New fields, all at the end so positional use of TrainingArguments keeps working:
 - `logging_dir` (default `<output_dir>/tensorboard`): parent of the per-rank TensorBoard runs `rank<N>`;
 - `per_rank_tensorboard` (default True) -- practice 7;
 - `min_lr_ratio` (default 0.0): floor of the cosine cycles as a fraction of the peak learning rate;
+- `save_shard_size` (default "5GB"): largest weight file of `save_model` under DeepSpeed, which bounds the memory
+  of the writing rank (one shard plus one decoder layer);
 - `allow_gloo_on_cuda`, `allow_unclipped_gradients` (default False): explicit opt-outs.
 """
 
@@ -25,6 +27,7 @@ from transformers import TrainingArguments
 from transformers.trainer_utils import SchedulerType
 
 from hf_dist_recipes import _compat
+from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_SIZE, parse_size
 from hf_dist_recipes.jsonfile import load_deepspeed_json
 from hf_dist_recipes import backend
 from hf_dist_recipes.gradients import validate_max_grad_norm
@@ -61,6 +64,11 @@ class RecipeTrainingArguments(TrainingArguments):
     min_lr_ratio: float = field(
         default=0.0, metadata={"help": "Floor of each cosine cycle, as a fraction of the peak learning rate."}
     )
+    save_shard_size: str = field(
+        default=DEFAULT_MAX_SHARD_SIZE,
+        metadata={"help": "Largest safetensors file save_model writes under DeepSpeed (e.g. 5GB, 500MB). The "
+                          "writing rank holds at most one shard plus one decoder layer (default 5GB)."},
+    )
     allow_gloo_on_cuda: bool = field(
         default=False, metadata={"help": "Accept Gloo on a host with CUDA GPUs (normally an error)."}
     )
@@ -72,6 +80,10 @@ class RecipeTrainingArguments(TrainingArguments):
         validate_seed(self.seed)
         self.max_grad_norm = validate_max_grad_norm(self.max_grad_norm, allow_unclipped=self.allow_unclipped_gradients)
         validate_min_lr_ratio(self.min_lr_ratio)
+        try:
+            self.save_shard_bytes = parse_size(self.save_shard_size)
+        except ValueError as err:
+            raise ValueError(f"save_shard_size: {err}") from None
         gpus = backend.cuda_device_count()
         if self.ddp_backend is not None or gpus:
             # Without CUDA and without a request, the launcher's Gloo default is right and left alone.

@@ -155,7 +155,8 @@ class RecipeTrainer(Trainer):
         if not self.is_deepspeed_enabled:
             return super().save_model(output_dir, _internal_call)
         output_dir = output_dir or self.args.output_dir
-        save_hf_checkpoint(self.accelerator.unwrap_model(self.model_wrapped), output_dir)
+        save_hf_checkpoint(self.accelerator.unwrap_model(self.model_wrapped), output_dir,
+                           max_shard_bytes=self.args.save_shard_bytes)
         if self.args.should_save:
             if self.processing_class is not None:
                 self.processing_class.save_pretrained(output_dir)

@@ -3,8 +3,8 @@
 Three kinds of sharding are undone, in this order, for the parameters of one module:
 - ZeRO-3 partitions: `deepspeed.zero.GatheredParameters` (every rank materialises this module's parameters only);
 - AutoTP shards: DeepSpeed's `GatherReplacedLayerParams` (the same context its own 16-bit save uses);
-- AutoEP experts: each rank holds `num_experts / ep_size` experts in `experts.w1/w2/w3`; they are all-gathered over
-  the layer's expert-parallel group and put back into the model's own layout (DeepSeek: `experts.gate_up_proj`
+- AutoEP experts: each rank holds `num_experts / ep_size` experts in `experts.w1/w2/w3`; they are gathered over
+  the layer's expert-parallel group, expert by expert, straight into the model's own layout (DeepSeek: `experts.gate_up_proj`
   [E, 2I, H] = w1 then w3 along dim 1, `experts.down_proj` [E, H, I] = w2), with the router's weights and score
   correction bias back under the MoE block's own names. DeepSpeed 0.19.8's consolidated save refuses AutoEP
   (`_raise_if_autoep_zero3_consolidated_export`); this is the gather it lacks.
@@ -72,18 +72,28 @@ def _gathered_values(module: nn.Module, main: bool) -> dict[str, torch.Tensor]:
     return out
 
 
-def _all_gather_experts(local: torch.Tensor, layer: nn.Module) -> torch.Tensor:
-    """[E_local, ...] on each EP rank -> [E, ...] in global expert order (DeepSpeed's placement descriptor)."""
+def _gather_experts_into(out: torch.Tensor | None, local: torch.Tensor, layer: nn.Module) -> None:
+    """Each EP rank's [E_local, ...] experts -> `out` ([E, ...] on the CPU, global expert order) on the first rank
+    of every expert-parallel group; `out` is None on ranks that do not write. One `gather` per local expert: on the
+    CPU (Gloo) straight into `out`'s views (each expert's block is contiguous); on a GPU (NCCL gathers device
+    tensors) through a buffer of one expert per EP rank. No rank allocates more than the experts it writes."""
     from deepspeed.checkpoint.autoep_affine import autoep_experts_for_rank
 
     group = layer.ep_group
     size = dist.get_world_size(group=group)
-    parts = [torch.empty_like(local) for _ in range(size)]
-    dist.all_gather(parts, local.contiguous(), group=group)
-    full = torch.empty((layer.num_experts, *local.shape[1:]), dtype=local.dtype, device=local.device)
-    for rank, part in enumerate(parts):
-        full[autoep_experts_for_rank(layer.expert_placement_descriptor, rank)] = part
-    return full
+    dst = dist.get_global_rank(group, 0)
+    receiving = dist.get_rank() == dst
+    owners = [autoep_experts_for_rank(layer.expert_placement_descriptor, r) for r in range(size)]
+    direct = out is not None and local.device.type == "cpu"
+    for j in range(local.shape[0]):
+        parts = None
+        if receiving:
+            parts = ([out[owners[r][j]] for r in range(size)] if direct
+                     else [torch.empty_like(local[j]) for _ in range(size)])
+        dist.gather(local[j].contiguous(), parts, dst=dst, group=group)
+        if receiving and out is not None and not direct:
+            for r, part in enumerate(parts):
+                out[owners[r][j]].copy_(part)
 
 
 def _autoep_layer_tensors(layer: nn.Module, ref: nn.Module, main: bool) -> dict[str, torch.Tensor]:
@@ -105,26 +115,32 @@ def _autoep_layer_tensors(layer: nn.Module, ref: nn.Module, main: bool) -> dict[
             out[f"{preset.router_pattern}.bias"] = router["gate.bias"]
         if "e_score_correction_bias" in router and ecb:
             out[ecb[0]] = router["e_score_correction_bias"]
-    # Experts: gather ZeRO partitions (over the expert-data-parallel group), then the experts over the EP group.
-    experts = layer.experts
-    w1, w2, w3 = experts.w1, experts.w2, experts.w3
-    with deepspeed.zero.GatheredParameters([w1, w2, w3], modifier_rank=None):
-        full = {k: _all_gather_experts(p.detach(), layer) for k, p in (("w1", w1), ("w2", w2), ("w3", w3))}
-    if main:
-        ref_experts = ref.get_submodule(preset.experts_pattern)
-        w1_name, w2_name = preset.expert_w1, preset.expert_w2
-        gate_up_shape = tuple(getattr(ref_experts, w1_name).shape)
-        if preset.expert_w3 is not None:
-            out[f"{preset.experts_pattern}.{w1_name}"] = full["w1"].cpu()
-            out[f"{preset.experts_pattern}.{preset.expert_w3}"] = full["w3"].cpu()
-            out[f"{preset.experts_pattern}.{w2_name}"] = full["w2"].cpu()
-        elif gate_up_shape[1] == 2 * full["w1"].shape[1]:  # [E, 2I, H]: gate rows, then up rows
-            out[f"{preset.experts_pattern}.{w1_name}"] = torch.cat([full["w1"], full["w3"]], dim=1).cpu()
-            out[f"{preset.experts_pattern}.{w2_name}"] = full["w2"].cpu()
-        else:  # [E, H, 2I]: the transposed fused layout, as DeepSpeed's repack reads it
-            out[f"{preset.experts_pattern}.{w1_name}"] = torch.cat([full["w1"], full["w3"]], dim=1).transpose(1, 2).cpu()
-            out[f"{preset.experts_pattern}.{w2_name}"] = full["w2"].transpose(1, 2).cpu()
-    del full
+    # Experts: gather ZeRO partitions (over the expert-data-parallel group), then the experts over the EP group,
+    # directly into the block's own tensors (DeepSeek: gate_up_proj [E, 2I, H] = gate then up rows; down_proj).
+    experts, ep = layer.experts, preset.experts_pattern
+    with deepspeed.zero.GatheredParameters([experts.w1, experts.w2, experts.w3], modifier_rank=None):
+        w1, w2, w3 = (p.detach() for p in (experts.w1, experts.w2, experts.w3))
+        n, inter = layer.num_experts, w1.shape[1]
+        ref_experts = ref.get_submodule(ep)
+        fused = preset.expert_w3 is None
+        if fused and tuple(getattr(ref_experts, preset.expert_w1).shape)[1] != 2 * inter:
+            raise ValueError(f"{type(ref).__name__}.{ep}.{preset.expert_w1} is not [E, 2I, H]: the transposed fused "
+                             "expert layout is not exported by hf_dist_recipes.checkpoint.gather")
+        if main and fused:
+            gate_up = torch.empty((n, 2 * inter, w1.shape[2]), dtype=w1.dtype)
+            targets = [(w1, gate_up[:, :inter]), (w3, gate_up[:, inter:])]
+            out[f"{ep}.{preset.expert_w1}"] = gate_up
+        elif main:
+            targets = [(w1, torch.empty((n, *w1.shape[1:]), dtype=w1.dtype)),
+                       (w3, torch.empty((n, *w3.shape[1:]), dtype=w3.dtype))]
+            out[f"{ep}.{preset.expert_w1}"], out[f"{ep}.{preset.expert_w3}"] = targets[0][1], targets[1][1]
+        else:
+            targets = [(w1, None), (w3, None)]
+        down = torch.empty((n, *w2.shape[1:]), dtype=w2.dtype) if main else None
+        for local, target in (*targets, (w2, down)):
+            _gather_experts_into(target, local, layer)
+        if main:
+            out[f"{ep}.{preset.expert_w2}"] = down
     if layer.shared_experts is not None:
         for name, t in _iter_plain(layer.shared_experts, main):
             out[f"{preset.shared_experts_pattern}.{name}"] = t

@@ -11,13 +11,31 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the CLI imports this module for --help: no torch at import time
+    import torch
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
-DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3  # transformers' default max_shard_size ("5GB" in its binary units)
+# The writing rank holds at most one shard plus one group, so the shard size bounds its memory: 5 GiB, where
+# save_pretrained's default is 50GB.
+DEFAULT_MAX_SHARD_SIZE = "5GB"
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?B?)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3, "GB": 1024**3}
+
+
+def parse_size(text: str | int) -> int:
+    """"5GB" -> bytes, in binary units as transformers' max_shard_size ("500MB", "64KB", or a plain byte count)."""
+    m = _SIZE.match(str(text))
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"shard size {text!r}: give a positive size such as 5GB, 500MB or 1048576")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+DEFAULT_MAX_SHARD_BYTES = parse_size(DEFAULT_MAX_SHARD_SIZE)
 
 
 @dataclass
@@ -63,6 +81,8 @@ class ShardedSafetensorsWriter:
             self.result.tensors += 1
             self.result.parameters += tensor.numel()
             self.result.bytes += nbytes
+        if self._buffer_bytes >= self.max_shard_bytes:  # a full shard is written before the next group arrives
+            self._flush()
 
     def _flush(self) -> None:
         from safetensors.torch import save_file

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from dataclasses import asdict
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?B?)\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3, "GB": 1024**3}
+from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_SIZE, parse_size
 
 
 def register(subparsers) -> None:
@@ -37,17 +35,10 @@ def register(subparsers) -> None:
     export.add_argument("--config", help="directory with the model's config.json (default: the checkpoint folder)")
     export.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
                         help="dtype of the written weights (default: auto, the training dtype)")
-    export.add_argument("--max-shard-size", default="5GB", help="largest weight file, e.g. 5GB, 500MB (%(default)s)")
+    export.add_argument("--max-shard-size", default=DEFAULT_MAX_SHARD_SIZE,
+                        help="largest weight file, e.g. 5GB, 500MB; bounds the memory held (%(default)s)")
     export.add_argument("--json", action="store_true", help="print the result as JSON")
     export.set_defaults(run=run_export)
-
-
-def parse_size(text: str) -> int:
-    """"5GB" -> bytes (binary units, as transformers' max_shard_size)."""
-    m = _SIZE.match(text)
-    if not m or float(m.group(1)) <= 0:
-        raise ValueError(f"--max-shard-size {text!r}: give a positive size such as 5GB, 500MB or 1048576")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
 def run_export(args: argparse.Namespace) -> int:
@@ -55,7 +46,10 @@ def run_export(args: argparse.Namespace) -> int:
 
     from hf_dist_recipes.checkpoint.offline import export_checkpoint, resolve_tag_dir
 
-    max_shard = parse_size(args.max_shard_size)
+    try:
+        max_shard = parse_size(args.max_shard_size)
+    except ValueError as err:
+        raise ValueError(f"--max-shard-size: {err}") from None
     resolve_tag_dir(args.checkpoint)  # a wrong path is one line, before any progress bar
     start = time.perf_counter()
     with tqdm(desc="exporting", unit="group", disable=args.json) as bar:

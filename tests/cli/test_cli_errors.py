@@ -103,12 +103,3 @@ def test_checkpoint_export_bad_shard_size(capsys, tmp_path, size):
     code, _, err = _run(capsys, ["checkpoint", "export", str(tmp_path), "--output", str(tmp_path / "o"),
                                  f"--max-shard-size={size}"])
     assert code == 2 and "--max-shard-size" in err and err.count("\n") == 1
-
-
-def test_shard_sizes_are_binary_units_like_transformers():
-    from hf_dist_recipes.cli.checkpoint import parse_size
-
-    assert parse_size("5GB") == 5 * 1024**3
-    assert parse_size("500MB") == 500 * 1024**2
-    assert parse_size("64KB") == 64 * 1024
-    assert parse_size("1048576") == 1048576

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.checkpoint.gather import group_key
 from hf_dist_recipes.checkpoint.offline import export_checkpoint
-from hf_dist_recipes.checkpoint.writer import SAFE_WEIGHTS_INDEX_NAME, ShardedSafetensorsWriter
+from hf_dist_recipes.checkpoint.writer import SAFE_WEIGHTS_INDEX_NAME, ShardedSafetensorsWriter, parse_size
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
 from hf_dist_recipes.parallel.models import template_config
 
@@ -58,6 +58,22 @@ def test_writer_refuses_a_name_twice_and_a_zero_limit(tmp_path):
         writer.add({"a": torch.zeros(4)})
     with pytest.raises(ValueError, match="max_shard_bytes"):
         ShardedSafetensorsWriter(str(tmp_path / "x"), max_shard_bytes=0)
+
+
+def test_shard_sizes_are_binary_units_like_transformers():
+    assert parse_size("5GB") == 5 * 1024**3
+    assert parse_size("500MB") == 500 * 1024**2
+    assert parse_size("64KB") == 64 * 1024
+    assert parse_size("1048576") == 1048576
+    with pytest.raises(ValueError, match="positive size"):
+        parse_size("0")
+
+
+def test_a_group_larger_than_a_shard_is_written_at_once(tmp_path):
+    """What bounds memory: the writer never keeps a full shard while the next group is gathered."""
+    writer = ShardedSafetensorsWriter(str(tmp_path), max_shard_bytes=1024)
+    writer.add({"layer0.a": torch.zeros(256), "layer0.b": torch.zeros(256)})  # 2 KiB
+    assert len(list(tmp_path.glob(".partial-*"))) == 2 and writer._buffer_bytes == 0
 
 
 def test_group_key_streams_one_decoder_layer_at_a_time():
