@@ -11,7 +11,8 @@ Memory: peak during the operation minus the value just before it (a 5 ms sampler
 and the largest over all ranks; the offline export runs in a fresh process. Two measures: RSS, and anonymous
 memory (RSS minus file-backed pages: the offline export memory-maps the checkpoint, and mapped pages it has read
 count in RSS although the kernel can drop them). Shards of SHARD (16 MiB, below the `wide` layer) so that the
-shard buffer does not hide the streaming. Goal: peak extra <= 2 x the largest layer + a constant.
+shard buffer does not hide the streaming. glibc's mmap threshold is fixed at 1 MiB in the measured processes, so
+that freed layers leave RSS. Goal: peak extra <= 2 x the largest layer + a constant.
 """
 
 from __future__ import annotations
@@ -132,9 +133,17 @@ def worker(out: str, model_key: str) -> None:
 
 
 def offline(ckpt: str, out: str) -> None:
-    """In a fresh process: imports first, then the export, RSS sampled."""
+    """In a fresh process: imports first (deepspeed, which unpickling the checkpoint imports, and the model class:
+    about 130 MiB, not counted), then the export, RSS sampled."""
+    import deepspeed  # noqa: F401
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     from hf_dist_recipes.checkpoint.offline import export_checkpoint
     from hf_dist_recipes.checkpoint.writer import parse_size
+
+    with torch.device("meta"):
+        AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(ckpt))
 
     with PeakRSS() as mem:
         start = time.perf_counter()
@@ -151,7 +160,9 @@ def _port() -> int:
 
 def measure(model_key: str, layout: str, tmp: Path) -> dict:
     out = tmp / f"{model_key}-{layout}"
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    # A fixed glibc mmap threshold: large freed tensors go back to the system at once, so RSS shows what is held,
+    # not what glibc's growing heap kept after an earlier layer (measured without it: 50 vs 114 MiB between runs).
+    env = dict(os.environ, PYTHONPATH=str(REPO), MALLOC_MMAP_THRESHOLD_="1048576")
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
            str(REPO / "accelerate_configs" / LAYOUTS[layout]), "--main_process_port", str(_port()),
            __file__, "--worker", str(out), model_key]

@@ -9,7 +9,11 @@ What it adds:
 - practice 2: after the process group exists, its backend is checked (Gloo on a CUDA host is an error);
 - practice 6: `create_scheduler` builds the warm-up + cosine-with-hard-restarts schedule (with `min_lr_ratio`);
 - practice 7: TensorBoard from every rank (`<logging_dir>/rank<N>`) and a per-rank JSON summary at the end;
-- practice 3: the DeepSpeed batch-size trap under tensor parallelism is handled by the arguments.
+- practice 3: the DeepSpeed batch-size trap under tensor parallelism is handled by the arguments;
+- checkpoints in every layout: `save_model` writes a `from_pretrained` checkpoint from ZeRO-3, AutoTP and AutoEP
+  (`hf_dist_recipes.checkpoint`), `evaluate()`/`predict()` work before `train()` under DeepSpeed, and a resume
+  continues the per-rank counters;
+- a Gloo process group is destroyed at exit (`backend.destroy_gloo_group_at_exit`).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import get_last_checkpoint
 
 from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
-from hf_dist_recipes.backend import check_process_group_backend
+from hf_dist_recipes.backend import check_process_group_backend, destroy_gloo_group_at_exit
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
 from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
@@ -74,6 +78,7 @@ class RecipeTrainer(Trainer):
             preprocess_logits_for_metrics=preprocess_logits_for_metrics,
         )
         check_process_group_backend(allow_gloo_on_cuda=args.allow_gloo_on_cuda)
+        destroy_gloo_group_at_exit()
         if args.per_rank_tensorboard:
             # The stock callback writes rank 0 only, into the same root: ours covers it.
             self.remove_callback(TensorBoardCallback)

@@ -132,7 +132,8 @@ def _partition_size(shapes, flat_numel: int, candidates: list[int]) -> int:
 
 
 def _local_tensors(copies: dict) -> list[tuple[torch.Tensor, set[int], int | None]]:
-    """One TP/EP-local tensor per ZeRO copy, with the TP ranks and EP rank that held it."""
+    """One TP/EP-local tensor per ZeRO copy (new memory, read from the mapped files), with the TP ranks and EP rank
+    that held it."""
     out = []
     for ranks, parts in copies.items():
         if sorted(parts) != list(range(len(ranks))):
@@ -176,14 +177,14 @@ class _Rebuilder:
             return full
         tp = self.files.tp_size
         if len(locals_) == 1 and (tp == 1 or len(locals_[0][1]) > 1):
-            return locals_[0][0].clone()  # one ZeRO copy spread over every rank: already whole
+            return locals_[0][0]  # one ZeRO copy spread over every rank: already whole (and a fresh tensor)
         by_tp = {next(iter(tps)): t for t, tps, _ in locals_}
         shards = [by_tp[r] for r in range(tp)]
         if _matches(self.uc.get("tp_replicated_parameter_patterns", []), name):
             if not all(torch.equal(shards[0], s) for s in shards[1:]):
                 raise ValueError(f"{name}: the TP ranks' copies of a replicated parameter differ (was the model "
                                  "built on every rank from the same seed?)")
-            full = shards[0].clone()
+            full = shards[0]
         elif _matches(self.uc.get("parameter_with_row_parallelism_patterns", []), name):
             full = torch.cat(shards, dim=1)
         else:
@@ -262,13 +263,14 @@ def export_checkpoint(checkpoint_dir: str, output_dir: str, *, config_dir: str |
 
     def groups():
         for i, key in enumerate(order, start=1):
-            raw = {n: rebuilder.tensor(n) for n in by_group[key]}
-            group = _to_hf_names(raw, rebuilder.autoep, ref_shapes, preset)
+            # One group alive at a time: the rebuilt tensors go straight into the renaming, nothing else holds them.
+            group = _to_hf_names({n: rebuilder.tensor(n) for n in by_group[key]}, rebuilder.autoep, ref_shapes, preset)
             for name, t in group.items():
                 if name not in ref_shapes or tuple(t.shape) != ref_shapes[name]:
                     raise ValueError(f"rebuilt {name!r} {tuple(t.shape)}, which {type(ref).__name__} does not have "
                                      f"({ref_shapes.get(name, 'no such name')}): is config.json this model's?")
             yield {n: (t.to(target) if t.is_floating_point() else t) for n, t in group.items()}
+            del group
             if progress is not None:
                 progress(i, len(order))
 

@@ -85,12 +85,10 @@ class ShardedSafetensorsWriter:
             self._flush()
 
     def _flush(self) -> None:
-        from safetensors.torch import save_file
-
         if not self._buffer:
             return
         tmp = f".partial-{len(self._shards):05d}.safetensors"
-        save_file(self._buffer, os.path.join(self.output_dir, tmp), metadata={"format": "pt"})
+        write_safetensors(os.path.join(self.output_dir, tmp), self._buffer, metadata={"format": "pt"})
         self._shards.append((tmp, list(self._buffer)))
         self._buffer, self._buffer_bytes = {}, 0
 
@@ -109,6 +107,35 @@ class ShardedSafetensorsWriter:
             with open(os.path.join(self.output_dir, SAFE_WEIGHTS_INDEX_NAME), "w", encoding="utf-8") as f:
                 f.write(json.dumps(index, indent=2) + "\n")
         return self.result
+
+
+_ST_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64", "int64": "I64",
+              "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+
+
+def write_safetensors(path: str, tensors: dict[str, "torch.Tensor"], metadata: dict[str, str] | None = None) -> None:
+    """The safetensors format (8-byte header length, JSON header, raw little-endian data), written tensor by tensor
+    from the tensors' own memory. `safetensors.torch.save_file` first copies every tensor into a bytes object,
+    which doubles the writing rank's peak for a shard."""
+    import torch
+
+    header: dict = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for name, t in tensors.items():
+        kind = str(t.dtype).removeprefix("torch.")
+        if kind not in _ST_DTYPES:
+            raise ValueError(f"{name}: dtype {t.dtype} cannot be written to safetensors")
+        nbytes = t.numel() * t.element_size()
+        header[name] = {"dtype": _ST_DTYPES[kind], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(len(encoded).to_bytes(8, "little"))
+        f.write(encoded)
+        for t in tensors.values():
+            if t.numel():
+                f.write(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
 
 
 def _remove_previous_weights(output_dir: str) -> None:

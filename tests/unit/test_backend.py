@@ -56,3 +56,13 @@ def test_no_process_group_means_nothing_to_check():
     from hf_dist_recipes.backend import check_process_group_backend
 
     assert check_process_group_backend(cuda_devices=8) is None
+
+
+def test_a_gloo_group_is_destroyed_by_the_exit_handler(tmp_path):
+    import torch.distributed as dist
+
+    from hf_dist_recipes.backend import destroy_gloo_group
+
+    assert destroy_gloo_group() is False  # nothing to destroy
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    assert destroy_gloo_group() is True and not dist.is_initialized()

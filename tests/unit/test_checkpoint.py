@@ -12,7 +12,12 @@ from transformers import AutoModelForCausalLM
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.checkpoint.gather import group_key
 from hf_dist_recipes.checkpoint.offline import export_checkpoint
-from hf_dist_recipes.checkpoint.writer import SAFE_WEIGHTS_INDEX_NAME, ShardedSafetensorsWriter, parse_size
+from hf_dist_recipes.checkpoint.writer import (
+    SAFE_WEIGHTS_INDEX_NAME,
+    ShardedSafetensorsWriter,
+    parse_size,
+    write_safetensors,
+)
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
 from hf_dist_recipes.parallel.models import template_config
 
@@ -58,6 +63,20 @@ def test_writer_refuses_a_name_twice_and_a_zero_limit(tmp_path):
         writer.add({"a": torch.zeros(4)})
     with pytest.raises(ValueError, match="max_shard_bytes"):
         ShardedSafetensorsWriter(str(tmp_path / "x"), max_shard_bytes=0)
+
+
+def test_our_safetensors_files_read_back_with_the_safetensors_library(tmp_path):
+    from safetensors import safe_open
+
+    tensors = {"bf16": torch.randn(3, 5).to(torch.bfloat16), "f32": torch.randn(7), "i64": torch.arange(4),
+               "bool": torch.tensor([True, False, True]), "scalar": torch.tensor(2.5), "empty": torch.zeros(0, 3),
+               "strided": torch.randn(4, 6).t()}
+    write_safetensors(str(tmp_path / "x.safetensors"), tensors, metadata={"format": "pt"})
+    back = load_file(tmp_path / "x.safetensors")
+    assert back.keys() == tensors.keys()
+    assert all(back[k].dtype == t.dtype and torch.equal(back[k], t) for k, t in tensors.items())
+    with safe_open(tmp_path / "x.safetensors", "pt") as f:
+        assert f.metadata() == {"format": "pt"}
 
 
 def test_shard_sizes_are_binary_units_like_transformers():
