@@ -161,7 +161,7 @@ def _port() -> int:
 def measure(model_key: str, layout: str, tmp: Path) -> dict:
     out = tmp / f"{model_key}-{layout}"
     # A fixed glibc mmap threshold: large freed tensors go back to the system at once, so RSS shows what is held,
-    # not what glibc's growing heap kept after an earlier layer (measured without it: 50 vs 114 MiB between runs).
+    # not what glibc's growing heap kept after an earlier layer (measured without it: 50 to 115 MiB between runs).
     env = dict(os.environ, PYTHONPATH=str(REPO), MALLOC_MMAP_THRESHOLD_="1048576")
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
            str(REPO / "accelerate_configs" / LAYOUTS[layout]), "--main_process_port", str(_port()),
