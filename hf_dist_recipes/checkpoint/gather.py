@@ -4,10 +4,10 @@ Three kinds of sharding are undone, in this order, for the parameters of one mod
 - ZeRO-3 partitions: `deepspeed.zero.GatheredParameters` (every rank materialises this module's parameters only);
 - AutoTP shards: DeepSpeed's `GatherReplacedLayerParams` (the same context its own 16-bit save uses);
 - AutoEP experts: each rank holds `num_experts / ep_size` experts in `experts.w1/w2/w3`; they are gathered over
-  the layer's expert-parallel group, expert by expert, straight into the model's own layout (DeepSeek: `experts.gate_up_proj`
-  [E, 2I, H] = w1 then w3 along dim 1, `experts.down_proj` [E, H, I] = w2), with the router's weights and score
-  correction bias back under the MoE block's own names. DeepSpeed 0.19.8's consolidated save refuses AutoEP
-  (`_raise_if_autoep_zero3_consolidated_export`); this is the gather it lacks.
+  the layer's expert-parallel group, expert by expert, straight into the model's own layout (DeepSeek:
+  `experts.gate_up_proj` [E, 2I, H] = w1 then w3 along dim 1, `experts.down_proj` [E, H, I] = w2), with the
+  router's weights and score correction bias back under the MoE block's own names. DeepSpeed 0.19.8's
+  consolidated save refuses AutoEP (`_raise_if_autoep_zero3_consolidated_export`); this is the gather it lacks.
 
 Every rank must call `iter_module_groups` (the gathers are collectives); only `main` ranks receive tensors.
 The names and shapes produced are checked against the model class built on the meta device, so a layout this
@@ -83,6 +83,9 @@ def _gather_experts_into(out: torch.Tensor | None, local: torch.Tensor, layer: n
     size = dist.get_world_size(group=group)
     dst = dist.get_global_rank(group, 0)
     receiving = dist.get_rank() == dst
+    if out is not None and not receiving:
+        raise ValueError(f"the writing rank {dist.get_rank()} is not the first rank of its expert-parallel group "
+                         f"(that is rank {dst}): save from global rank 0")
     owners = [autoep_experts_for_rank(layer.expert_placement_descriptor, r) for r in range(size)]
     direct = out is not None and local.device.type == "cpu"
     for j in range(local.shape[0]):

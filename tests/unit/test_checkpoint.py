@@ -39,8 +39,9 @@ def test_writer_shards_at_the_limit_and_indexes_every_tensor(tmp_path):
     assert result.bytes == 5 * 1024 and result.parameters == 5 * 256
     index = json.loads((tmp_path / SAFE_WEIGHTS_INDEX_NAME).read_text())
     assert index["metadata"]["total_size"] == 5 * 1024
+    first, second, third = result.files
     assert {n: index["weight_map"][n] for n in tensors} == {
-        "t0": result.files[0], "t1": result.files[0], "t2": result.files[1], "t3": result.files[1], "t4": result.files[2]}
+        "t0": first, "t1": first, "t2": second, "t3": second, "t4": third}
     back = _weights(tmp_path)
     assert back.keys() == tensors.keys() and all(torch.equal(back[k], tensors[k]) for k in tensors)
 

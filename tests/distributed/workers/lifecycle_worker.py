@@ -3,8 +3,9 @@
     lifecycle_worker.py OUTPUT_DIR PRETRAINED_DIR STEPS SAVE_STEPS [RESUME_CHECKPOINT|-] [no-eval-first]
 
 In the order of the HuggingFace examples -- arguments, then `from_pretrained`, then the trainer -- with no other
-set-up: evaluate on a fixed set before training (skipped when resuming), train STEPS steps writing a checkpoint
-every SAVE_STEPS (`save_strategy="steps"`; `no-eval-first` skips the first evaluation), evaluate again, and `save_model` to OUTPUT_DIR/final. Each rank writes
+set-up: evaluate on a fixed set before training (skipped when resuming, or with `no-eval-first`), train STEPS
+steps writing a checkpoint every SAVE_STEPS (`save_strategy="steps"`), evaluate again, and `save_model` to
+OUTPUT_DIR/final. Each rank writes
 OUTPUT_DIR/lifecycle/rank<N>.json: evaluation losses, and per optimizer step the loss, learning rate and the hashes
 of the batches this rank trained on.
 """
