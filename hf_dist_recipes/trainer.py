@@ -24,7 +24,7 @@ import os
 from collections.abc import Mapping
 
 import torch
-from transformers import Trainer, TrainingArguments
+from transformers import PreTrainedModel, Trainer, TrainingArguments
 from transformers.integrations import TensorBoardCallback
 from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import get_last_checkpoint
@@ -157,11 +157,11 @@ class RecipeTrainer(Trainer):
         """Under DeepSpeed, a `from_pretrained`-loadable checkpoint from any mix of ZeRO-3, AutoTP and AutoEP,
         streamed a layer at a time into sharded safetensors (`hf_dist_recipes.checkpoint.export`). The stock path
         gathers the whole model on rank 0 and, under AutoEP, stops (DeepSpeed 0.19.8 refuses the consolidation)."""
-        if not self.is_deepspeed_enabled:
+        model = self.accelerator.unwrap_model(self.model_wrapped)
+        if not self.is_deepspeed_enabled or not isinstance(model, PreTrainedModel):  # e.g. PEFT: the stock path
             return super().save_model(output_dir, _internal_call)
         output_dir = output_dir or self.args.output_dir
-        save_hf_checkpoint(self.accelerator.unwrap_model(self.model_wrapped), output_dir,
-                           max_shard_bytes=self.args.save_shard_bytes)
+        save_hf_checkpoint(model, output_dir, max_shard_bytes=self.args.save_shard_bytes)
         if self.args.should_save:
             if self.processing_class is not None:
                 self.processing_class.save_pretrained(output_dir)
