@@ -4,6 +4,14 @@ Changed defaults (everything else is the stock default):
 - `lr_scheduler_type="cosine_with_restarts"` with `lr_scheduler_kwargs={"num_cycles": 3}` and `warmup_steps=0.05`
   (5% of the optimizer steps; an integer >= 1 means steps) -- practice 6;
 - `logging_nan_inf_filter=False`: a NaN loss shows in the logs instead of being averaged away -- practice 5;
+- `bf16=None`: bf16 where every visible GPU supports it, fp32 on CPU hosts; `bf16=False` chooses fp32
+  (`hf_dist_recipes.precision`);
+- `activation_checkpointing=None`: what the launch config's recorded plan assumed (`config generate
+  --activation-checkpointing`), else off (`hf_dist_recipes.parallel.plan_record`);
+- `ddp_timeout=7200` s instead of 1800: under ZeRO-3 rank 0 alone reads the checkpoint in `from_pretrained` while
+  the other ranks wait in collectives, and the first run of a node JIT-builds DeepSpeed's ops while its other ranks
+  wait; 30 minutes is too short for a 1.3 TB checkpoint on network storage (about 45 minutes at 500 MB/s). A rank
+  that dies still ends the job at once (the launcher stops the others); the timeout only bounds a rank that hangs;
 - `ddp_backend`: NCCL on a CUDA host, Gloo only without CUDA (an explicit "gloo" on a CUDA host is an error) --
   practice 2; `use_cpu=True` on hosts without CUDA, where the stock default miscounts the world size.
 
@@ -13,6 +21,9 @@ New fields, all at the end so positional use of TrainingArguments keeps working:
 - `min_lr_ratio` (default 0.0): floor of the cosine cycles as a fraction of the peak learning rate;
 - `save_shard_size` (default "5GB"): largest weight file of `save_model` under DeepSpeed, which bounds the memory
   of the writing rank (one shard plus one decoder layer);
+- `max_unpartitioned_model_size` (default "2GB"): under ZeRO-3, a model larger than this whose parameters were not
+  partitioned while it was built (built before the arguments, or by calling its class) stops RecipeTrainer with the
+  fix (`hf_dist_recipes.construction`); None turns the check off;
 - `allow_gloo_on_cuda`, `allow_unclipped_gradients` (default False): explicit opt-outs.
 """
 
@@ -29,9 +40,11 @@ from transformers.trainer_utils import SchedulerType
 from hf_dist_recipes import _compat
 from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_SIZE, parse_size
 from hf_dist_recipes.jsonfile import load_deepspeed_json
-from hf_dist_recipes import backend
+from hf_dist_recipes import backend, precision
 from hf_dist_recipes.gradients import validate_max_grad_norm
 from hf_dist_recipes.parallel.batch import fix_tp_batch_size, tensor_parallel_size
+from hf_dist_recipes.parallel.plan_record import recorded_plan
+from hf_dist_recipes.precision import resolve_bf16
 from hf_dist_recipes.schedules import DEFAULT_NUM_CYCLES, validate_min_lr_ratio
 from hf_dist_recipes.seeding import validate_seed
 
@@ -54,6 +67,22 @@ class RecipeTrainingArguments(TrainingArguments):
         default=False,
         metadata={"help": "Hide NaN/Inf losses in the logs. Off in the recipe: a NaN must be seen."},
     )
+    bf16: bool | None = field(
+        default=None,
+        metadata={"help": "bf16 mixed precision. Default: on when every visible GPU supports bf16 (compute "
+                          "capability >= 8.0), off on CPU hosts. False trains in fp32.", "nargs": "?", "const": True},
+    )
+    activation_checkpointing: bool | None = field(
+        default=None,
+        metadata={"help": "Recompute activations in the backward pass. Default: what the launch config's plan "
+                          "assumed (config generate --activation-checkpointing), else off.",
+                  "nargs": "?", "const": True},
+    )
+    ddp_timeout: int = field(
+        default=7200,
+        metadata={"help": "Seconds a collective may wait (default 7200: rank 0 reads a large checkpoint alone under "
+                          "ZeRO-3 while the others wait)."},
+    )
     logging_dir: str | None = field(
         default=None,
         metadata={"help": "TensorBoard root; each rank writes <logging_dir>/rank<N>. Default <output_dir>/tensorboard."},
@@ -69,6 +98,11 @@ class RecipeTrainingArguments(TrainingArguments):
         metadata={"help": "Largest safetensors file save_model writes under DeepSpeed (e.g. 5GB, 500MB). The "
                           "writing rank holds at most one shard plus one decoder layer (default 5GB)."},
     )
+    max_unpartitioned_model_size: str | None = field(
+        default="2GB",
+        metadata={"help": "Under ZeRO-3, stop when a model larger than this was built without being partitioned "
+                          "(every rank holds a full copy). None: no check."},
+    )
     allow_gloo_on_cuda: bool = field(
         default=False, metadata={"help": "Accept Gloo on a host with CUDA GPUs (normally an error)."}
     )
@@ -80,20 +114,28 @@ class RecipeTrainingArguments(TrainingArguments):
         validate_seed(self.seed)
         self.max_grad_norm = validate_max_grad_norm(self.max_grad_norm, allow_unclipped=self.allow_unclipped_gradients)
         validate_min_lr_ratio(self.min_lr_ratio)
-        try:
-            self.save_shard_bytes = parse_size(self.save_shard_size)
-        except ValueError as err:
-            raise ValueError(f"save_shard_size: {err}") from None
+        self.save_shard_bytes = _size_field("save_shard_size", self.save_shard_size)
+        if str(self.max_unpartitioned_model_size).lower() in ("none", "off"):  # None, or "none" from a command line
+            self.max_unpartitioned_model_size = None
+        self.max_unpartitioned_model_bytes = (None if self.max_unpartitioned_model_size is None else
+                                              _size_field("max_unpartitioned_model_size",
+                                                          self.max_unpartitioned_model_size))
         gpus = backend.cuda_device_count()
         if self.ddp_backend is not None or gpus:
             # Without CUDA and without a request, the launcher's Gloo default is right and left alone.
             self.ddp_backend = backend.resolve_backend(
                 self.ddp_backend, allow_gloo_on_cuda=self.allow_gloo_on_cuda, cuda_devices=gpus
             )
+        self.bf16 = resolve_bf16(self.bf16, fp16=self.fp16, cuda_devices=gpus,
+                                 bf16_supported=bool(gpus) and precision.cuda_bf16_supported())
         if not gpus and not self.use_cpu:
             # Without use_cpu a CPU-only torchrun run counts world_size 1 and fills DeepSpeed's batch wrongly.
             self.use_cpu = True
         self.tp_batch_note = self._fix_deepspeed_batch()
+        if self.activation_checkpointing is None and self.gradient_checkpointing is None:
+            self.activation_checkpointing = bool(self.launch_plan.get("activation_checkpointing"))
+            if self.activation_checkpointing:
+                logger.info("activation_checkpointing on: the launch config's plan assumed it")
         super().__post_init__()
         if self.lr_scheduler_type == RECIPE_SCHEDULER and not self.lr_scheduler_kwargs:
             self.lr_scheduler_kwargs = {"num_cycles": DEFAULT_NUM_CYCLES}
@@ -115,6 +157,7 @@ class RecipeTrainingArguments(TrainingArguments):
             raw = self.deepspeed
         else:
             raw = load_deepspeed_json(self.deepspeed)
+        self.launch_plan = recorded_plan(raw)
         if raw is None:
             return None
         if tensor_parallel_size(raw) > 1:
@@ -155,3 +198,9 @@ class RecipeTrainingArguments(TrainingArguments):
             logger.info("RecipeTrainer upgraded TrainingArguments; recipe defaults for: %s", ", ".join(recipe_defaults))
         return upgraded
 
+
+def _size_field(name: str, value: str) -> int:
+    try:
+        return parse_size(value)
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None

@@ -13,7 +13,11 @@ What it adds:
 - checkpoints in every layout: `save_model` writes a `from_pretrained` checkpoint from ZeRO-3, AutoTP and AutoEP
   (`hf_dist_recipes.checkpoint`), `evaluate()`/`predict()` work before `train()` under DeepSpeed, and a resume
   continues the per-rank counters;
-- a Gloo process group is destroyed at exit (`backend.destroy_gloo_group_at_exit`).
+- a Gloo process group is destroyed at exit (`backend.destroy_gloo_group_at_exit`);
+- under ZeRO-3, a model built whole on every rank (before the arguments, or by calling its class) above
+  `max_unpartitioned_model_size` stops the constructor with the fix (`hf_dist_recipes.construction`); a model that
+  does not recompute although the launch config's plan assumed activation checkpointing is warned about when
+  training starts (`hf_dist_recipes.parallel.plan_record`).
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ from transformers.trainer_utils import get_last_checkpoint
 from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
 from hf_dist_recipes.backend import check_process_group_backend, destroy_gloo_group_at_exit
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
+from hf_dist_recipes.construction import check_partitioned
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
 from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
 from hf_dist_recipes.monitoring.tensorboard import PerRankTensorBoardCallback
+from hf_dist_recipes.parallel.plan_record import PlanConformanceCallback
 from hf_dist_recipes.schedules import DEFAULT_NUM_CYCLES, WarmupCosineRestarts, warmup_cosine_restarts_scheduler
 from hf_dist_recipes.seeding import seed_everything
 
@@ -79,6 +85,11 @@ class RecipeTrainer(Trainer):
         )
         check_process_group_backend(allow_gloo_on_cuda=args.allow_gloo_on_cuda)
         destroy_gloo_group_at_exit()
+        if self.is_deepspeed_enabled and self.model is not None and \
+                self.accelerator.state.deepspeed_plugin.hf_ds_config.is_zero3():
+            check_partitioned(self.model, limit_bytes=args.max_unpartitioned_model_bytes, world_size=args.world_size)
+        self.plan_conformance = PlanConformanceCallback(getattr(args, "launch_plan", {}))
+        self.add_callback(self.plan_conformance)
         if args.per_rank_tensorboard:
             # The stock callback writes rank 0 only, into the same root: ours covers it.
             self.remove_callback(TensorBoardCallback)

@@ -22,8 +22,8 @@ def accelerate_config(plan: ParallelPlan, *, deepspeed_file: str | None = None, 
         config["deepspeed_config"] = {
             "deepspeed_config_file": deepspeed_file,
             "deepspeed_multinode_launcher": "standard",
-            # Loading straight into ZeRO-3 partitions (zero.Init) is not exercised with AutoTP/AutoEP here.
-            "zero3_init_flag": False,
+            # No zero3_init_flag: with the Trainer it changes nothing (the arguments register the ZeRO-3 config, so
+            # from_pretrained partitions while loading either way; see hf_dist_recipes.construction).
         }
         # No mixed_precision key: with a deepspeed_config_file accelerate 1.16 refuses it at launch ("will be
         # ignored"); the JSON's bf16/fp16 sections decide precision.

@@ -5,6 +5,8 @@ accumulation and its own data-parallel group; the Trainer's fill would count TP 
 TP > 1: an explicit `tensor_parallel.partition_config` (trap 2: stock AutoTP refuses DeepSeek's tp_plan), and no
 TP preset, so the TP and EP presets cannot disagree (trap 3). Under ZeRO-3 + EP:
 `stage3_gather_16bit_weights_on_model_save: false`, because DeepSpeed refuses the consolidated save there.
+Always: gradients accumulate in fp32 (`data_types.grad_accum_dtype`, see `hf_dist_recipes.precision`), and the
+plan the file was generated for is recorded under `"hf_dist_recipes"` (`plan_record`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from hf_dist_recipes.gradients import DEFAULT_MAX_GRAD_NORM
 from hf_dist_recipes.parallel.models import ModelShape
 from hf_dist_recipes.parallel.plan import EP_PRESETS, ParallelPlan
+from hf_dist_recipes.parallel.plan_record import PLAN_KEY, plan_record
 from hf_dist_recipes.parallel.tp_specs import partition_config
 
 
@@ -41,6 +44,8 @@ def deepspeed_config(plan: ParallelPlan, model: ModelShape | None = None, *, aut
         "gradient_clipping": "auto" if auto else DEFAULT_MAX_GRAD_NORM,
         "bf16": {"enabled": "auto" if auto else plan.precision == "bf16"},
         "fp16": {"enabled": "auto" if auto else plan.precision == "fp16"},
+        # bf16/fp16 runs still sum micro-batches and ranks in fp32 (DeepSpeed's default is the model's dtype).
+        "data_types": {"grad_accum_dtype": "fp32"},
     }
     if plan.tp > 1:
         if model is None:
@@ -51,6 +56,7 @@ def deepspeed_config(plan: ParallelPlan, model: ModelShape | None = None, *, aut
             raise ValueError("EP > 1 needs a mixture-of-experts model with a DeepSpeed AutoEP preset (--model)")
         config["expert_parallel"] = {"enabled": True, "autoep_size": plan.ep,
                                      "preset_model": EP_PRESETS[model.model_type]}
+    config[PLAN_KEY] = plan_record(plan, model.name if model is not None else None)
     config["steps_per_print"] = 1_000_000  # the Trainer logs; DeepSpeed's own step prints would only duplicate it
     config["wall_clock_breakdown"] = False
     return config

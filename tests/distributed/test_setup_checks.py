@@ -1,0 +1,61 @@
+"""Through RecipeTrainer on 2 real ZeRO-3 CPU ranks with a generated config: a model built whole on every rank is
+stopped with the fix, one built after the arguments is not, and the plan's activation checkpointing is switched on
+(or, refused by the user, warned about)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, accelerate_launch, check_launch
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+WORKER = str(REPO / "tests" / "distributed" / "workers" / "setup_worker.py")
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    configs = tmp_path_factory.mktemp("configs")
+    subprocess.run([sys.executable, "-m", "hf_dist_recipes.cli.main", "config", "generate", "--cpu",
+                    "--gpus-per-node", "2", "--zero", "3", "--auto", "--activation-checkpointing", "--seq-len", "32",
+                    "--name", "ac", "--output", str(configs)], check=True, capture_output=True)
+    out = tmp_path_factory.mktemp("setup")
+    check_launch(accelerate_launch(configs / "ac.yaml", [WORKER, str(out)]))
+    return [json.loads((out / "setup" / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_a_model_built_before_the_arguments_is_stopped_with_the_fix(ranks):
+    for r in ranks:
+        # tiny-llama's parameters by hand: embeddings and head 2 x 256 x 64, per layer 4 x 64 x 64 attention +
+        # 3 x 64 x 128 MLP + 2 x 64 norms, 2 layers, final norm 64; fp32.
+        params = 2 * 256 * 64 + 2 * (4 * 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64
+        assert r["before_args_bytes"] == params * 4
+        assert "built without ZeRO-3 partitioning" in r["before_args"]["error"]
+        assert "after RecipeTrainingArguments" in r["before_args"]["error"]
+
+
+def test_a_model_built_after_the_arguments_is_partitioned_and_accepted(ranks):
+    for r in ranks:
+        assert r["after_args"] == {"error": None, "unpartitioned_bytes": 0}
+
+
+def test_a_model_built_by_calling_its_class_is_stopped(ranks):
+    for r in ranks:
+        assert "built without ZeRO-3 partitioning" in r["direct_class"]["error"]
+
+
+def test_the_plans_activation_checkpointing_is_switched_on(ranks):
+    for r in ranks:
+        assert r["planned"]["activation_checkpointing"] is True
+        assert r["planned"]["model_recomputes"] is True
+        assert r["planned"]["warnings"] == []
+        assert r["planned"]["bf16"] is False  # a CPU host: fp32
+
+
+def test_refusing_the_plans_activation_checkpointing_is_warned_about(ranks):
+    for r in ranks:
+        assert r["refused"]["activation_checkpointing"] is False
+        assert r["refused"]["model_recomputes"] is False
+        assert len(r["refused"]["warnings"]) == 1 and "stores every activation" in r["refused"]["warnings"][0]

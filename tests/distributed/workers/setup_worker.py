@@ -1,0 +1,79 @@
+"""Run on every rank by tests/distributed/test_setup_checks.py under `accelerate launch` with a generated ZeRO-3
+config whose plan assumed activation checkpointing.
+
+    setup_worker.py OUTPUT_DIR
+
+Writes OUTPUT_DIR/setup/rank<N>.json with what RecipeTrainer did in five scenarios, in this order (the first needs
+a process in which no arguments exist yet):
+1. the model built before the arguments (`from_config`, not partitioned) -> the constructor's error;
+2. built after the arguments with `from_config` (partitioned under zero.Init) -> accepted;
+3. built after the arguments by calling its class (not partitioned) -> the constructor's error;
+4. default arguments: activation checkpointing from the plan; 2 training steps;
+5. `activation_checkpointing=False` against that plan: 1 training step and the start-of-training warning.
+"""
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+from transformers import AutoModelForCausalLM
+
+from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
+from hf_dist_recipes.construction import unpartitioned_bytes
+from hf_dist_recipes.demo.data import stdlib_dataset
+from hf_dist_recipes.parallel.models import template_config
+
+LIMIT = "1KB"  # far below tiny-llama's 0.4 MB, so only a partitioned model passes
+
+
+def main(output_dir: str) -> None:
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    config = template_config("tiny-llama")
+    data = stdlib_dataset(seq_len=32, max_bytes=50_000)
+    data.tokens = data.tokens % config.vocab_size
+    common = dict(output_dir=output_dir, per_device_train_batch_size=2, learning_rate=1e-3, logging_steps=1,
+                  save_strategy="no", report_to="none", disable_tqdm=True, max_unpartitioned_model_size=LIMIT)
+    out: dict = {}
+
+    early = AutoModelForCausalLM.from_config(config)  # before any arguments: a full copy on this rank
+    out["before_args_bytes"] = unpartitioned_bytes(early)
+    out["before_args"] = _construct(lambda: RecipeTrainer(model=early, args=RecipeTrainingArguments(**common)))
+
+    # Fresh arguments for every trainer, as in a script (a second Accelerator with a DeepSpeed plugin is refused
+    # unless new arguments reset the state first).
+    args = RecipeTrainingArguments(**common)
+    out["after_args"] = _construct(lambda: RecipeTrainer(model=AutoModelForCausalLM.from_config(config), args=args))
+    args = RecipeTrainingArguments(**common)
+    model_class = AutoModelForCausalLM._model_mapping[type(config)]
+    out["direct_class"] = _construct(lambda: RecipeTrainer(model=model_class(config), args=args))
+
+    planned = RecipeTrainingArguments(max_steps=2, **common)
+    trainer = RecipeTrainer(model=AutoModelForCausalLM.from_config(config), args=planned, train_dataset=data)
+    trainer.train()
+    out["planned"] = {"activation_checkpointing": planned.activation_checkpointing,
+                      "model_recomputes": trainer.model.is_activation_checkpointing,
+                      "warnings": trainer.plan_conformance.warnings, "bf16": planned.bf16}
+
+    refused = RecipeTrainingArguments(max_steps=1, activation_checkpointing=False, **common)
+    trainer = RecipeTrainer(model=AutoModelForCausalLM.from_config(config), args=refused, train_dataset=data)
+    trainer.train()
+    out["refused"] = {"activation_checkpointing": refused.activation_checkpointing,
+                      "model_recomputes": trainer.model.is_activation_checkpointing,
+                      "warnings": trainer.plan_conformance.warnings}
+
+    target = Path(output_dir) / "setup"
+    target.mkdir(parents=True, exist_ok=True)
+    (target / f"rank{planned.process_index}.json").write_text(json.dumps(out))
+
+
+def _construct(build) -> dict:
+    try:
+        trainer = build()
+    except ValueError as err:
+        return {"error": str(err)}
+    return {"error": None, "unpartitioned_bytes": unpartitioned_bytes(trainer.model)}
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

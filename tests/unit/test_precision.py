@@ -1,0 +1,66 @@
+"""bf16 by default where the GPUs support it; fp32 only as a choice; gradients accumulate in fp32."""
+
+import json
+
+import pytest
+from deepspeed.runtime.config import DeepSpeedConfig
+
+from hf_dist_recipes import RecipeTrainingArguments
+from hf_dist_recipes.parallel.deepspeed_config import deepspeed_config
+from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.precision import resolve_bf16
+
+
+@pytest.mark.parametrize("requested, fp16, gpus, supported, expected", [
+    (None, False, 8, True, True),     # the recipe default on A100/H100/H200
+    (None, False, 8, False, False),   # V100/T4: no bf16, the stock default stays
+    (None, False, 0, False, False),   # CPU host
+    (None, True, 8, True, False),     # fp16 chosen
+    (False, False, 8, True, False),   # fp32 chosen explicitly
+    (True, False, 0, False, True),    # an explicit True is the user's (the stock check judges the hardware)
+])
+def test_resolve_bf16(requested, fp16, gpus, supported, expected):
+    assert resolve_bf16(requested, fp16=fp16, cuda_devices=gpus, bf16_supported=supported) is expected
+
+
+def test_arguments_on_this_cpu_host_train_in_fp32(tmp_path):
+    args = RecipeTrainingArguments(output_dir=str(tmp_path))
+    assert args.bf16 is False and args.use_cpu is True
+
+
+def test_arguments_turn_bf16_on_on_a_faked_bf16_gpu_host(tmp_path, monkeypatch):
+    # Fake: this host has no GPU. The facts read about the hardware are replaced (device count, bf16 support), and
+    # the stock TrainingArguments.__post_init__, which would set up NCCL on the missing GPUs, is skipped: what is
+    # tested is the recipe's own decision, made before it.
+    from transformers import TrainingArguments
+
+    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 8)
+    monkeypatch.setattr("hf_dist_recipes.precision.cuda_bf16_supported", lambda: True)
+    monkeypatch.setattr(TrainingArguments, "__post_init__", lambda self: None)
+    args = RecipeTrainingArguments(output_dir=str(tmp_path))
+    assert args.bf16 is True and args.ddp_backend == "nccl" and args.use_cpu is False
+    assert RecipeTrainingArguments(output_dir=str(tmp_path), bf16=False).bf16 is False
+    assert RecipeTrainingArguments(output_dir=str(tmp_path), fp16=True).bf16 is False
+    monkeypatch.setattr("hf_dist_recipes.precision.cuda_bf16_supported", lambda: False)  # V100s
+    assert RecipeTrainingArguments(output_dir=str(tmp_path)).bf16 is False
+
+
+def test_generated_deepspeed_json_accumulates_gradients_in_fp32_and_deepspeed_reads_it():
+    for precision in ("bf16", "fp32"):
+        config = deepspeed_config(ParallelPlan(procs_per_node=2, precision=precision))
+        assert config["data_types"] == {"grad_accum_dtype": "fp32"}
+        assert config["bf16"] == {"enabled": precision == "bf16"}
+        parsed = DeepSpeedConfig(json.loads(json.dumps(config)))
+        assert parsed.grad_accum_dtype == "fp32" and parsed.bfloat16_config.enabled is (precision == "bf16")
+
+
+def test_auto_json_takes_bf16_from_the_arguments(tmp_path):
+    # The "auto" value is filled from args.bf16 by transformers: with the default arguments on a bf16 GPU host the
+    # JSON agrees (enabled true); here, on a CPU host, both say fp32.
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    config = deepspeed_config(ParallelPlan(procs_per_node=2), auto=True)
+    args = RecipeTrainingArguments(output_dir=str(tmp_path))
+    hf = HfTrainerDeepSpeedConfig(config)
+    hf.trainer_config_process(args)
+    assert hf.config["bf16"]["enabled"] is args.bf16 is False
