@@ -46,6 +46,9 @@ def register(subparsers) -> None:
                                      "DeepSpeed's own config classes. Exit 0: clean or warnings only; 1: errors; "
                                      "2: a file is missing or unreadable.")
     val.add_argument("files", nargs="+", metavar="FILE")
+    val.add_argument("--gpu-memory", type=float,
+                     help="GiB per GPU: also warn when a YAML's plan does not fit it by our estimate")
+    val.add_argument("--model", help="the model, for files without the plan config generate records")
     val.add_argument("--json", action="store_true", help="print the findings as JSON")
     val.set_defaults(run=run_validate)
 
@@ -154,7 +157,7 @@ def generate(args: argparse.Namespace, argv: list[str] | None = None) -> Generat
     if plan.engine == "deepspeed":
         ds_file = out / "deepspeed" / f"{name}.json"
         ds_file.parent.mkdir(parents=True, exist_ok=True)
-        ds_file.write_text(json.dumps(deepspeed_config(plan, model, auto=args.auto), indent=2) + "\n")
+        ds_file.write_text(json.dumps(deepspeed_config(plan, model, auto=args.auto, model_ref=args.model), indent=2) + "\n")
     out.mkdir(parents=True, exist_ok=True)
     config = accelerate_config(plan, deepspeed_file=str(ds_file) if ds_file else None,
                                main_process_ip=args.main_process_ip, main_process_port=args.main_process_port)
@@ -192,7 +195,9 @@ def run_validate(args: argparse.Namespace) -> int:
     _deepspeed_logs_to_stderr()
     from hf_dist_recipes.parallel.lint import ERROR, lint_file
 
-    findings = [f for path in args.files for f in lint_file(path)]
+    if args.gpu_memory is not None and args.gpu_memory <= 0:
+        raise ValueError(f"--gpu-memory must be a positive number of GiB, got {args.gpu_memory:g}")
+    findings = [f for path in args.files for f in lint_file(path, gpu_memory_gib=args.gpu_memory, model=args.model)]
     if args.json:
         print(json.dumps([f.as_dict() for f in findings], indent=2))
     else:

@@ -18,11 +18,13 @@ from hf_dist_recipes.parallel.plan_record import PLAN_KEY, plan_record
 from hf_dist_recipes.parallel.tp_specs import partition_config
 
 
-def deepspeed_config(plan: ParallelPlan, model: ModelShape | None = None, *, auto: bool = False) -> dict:
+def deepspeed_config(plan: ParallelPlan, model: ModelShape | None = None, *, auto: bool = False,
+                     model_ref: str | None = None) -> dict:
     """The DeepSpeed config dict for `plan`. `model` is needed when TP > 1 or EP > 1 (layer specs, EP preset).
     `auto` writes "auto" wherever the Trainer fills the value from its arguments (micro batch, accumulation,
     clipping, bf16/fp16: one config for jobs of different sizes); otherwise the plan's values, which the
-    Trainer checks against its arguments."""
+    Trainer checks against its arguments. `model_ref`: how the model was named (a template or a config path),
+    recorded so that `config validate` can estimate the plan again; default the model's name."""
     zero: dict = {"stage": plan.zero_stage}
     if plan.zero_stage >= 1:
         # Overlapping reduction with backward pays on GPUs; on CPU/Gloo it only adds threads fighting for cores.
@@ -56,7 +58,7 @@ def deepspeed_config(plan: ParallelPlan, model: ModelShape | None = None, *, aut
             raise ValueError("EP > 1 needs a mixture-of-experts model with a DeepSpeed AutoEP preset (--model)")
         config["expert_parallel"] = {"enabled": True, "autoep_size": plan.ep,
                                      "preset_model": EP_PRESETS[model.model_type]}
-    config[PLAN_KEY] = plan_record(plan, model.name if model is not None else None)
+    config[PLAN_KEY] = plan_record(plan, model_ref or (model.name if model is not None else None))
     config["steps_per_print"] = 1_000_000  # the Trainer logs; DeepSpeed's own step prints would only duplicate it
     config["wall_clock_breakdown"] = False
     return config

@@ -13,6 +13,7 @@ from pathlib import Path
 from hf_dist_recipes.jsonfile import load_deepspeed_json
 from hf_dist_recipes.parallel.batch import tensor_parallel_size
 from hf_dist_recipes.parallel.launch_config import check_launch_config, load_launch_config
+from hf_dist_recipes.parallel.launch_plan import is_loopback, plan_of_launch
 
 ERROR, WARNING = "error", "warning"
 # accelerate 1.16 (utils/dataclasses.py, DeepSpeedPlugin) refuses these YAML keys beside a deepspeed_config_file.
@@ -31,14 +32,17 @@ class Finding:
         return asdict(self)
 
 
-def lint_file(path: str | Path, *, root: str | Path | None = None) -> list[Finding]:
+def lint_file(path: str | Path, *, root: str | Path | None = None, gpu_memory_gib: float | None = None,
+              model: str | None = None) -> list[Finding]:
     """Findings for one file: `.json` is read as DeepSpeed config, `.yaml`/`.yml` as accelerate config (its
-    DeepSpeed JSON is linted too, against the YAML's process count). Unreadable files raise ValueError."""
+    DeepSpeed JSON is linted too, against the YAML's process count). With `gpu_memory_gib` (GiB per GPU) an
+    accelerate config's plan is estimated and a warning given when it does not fit; `model` names the model for
+    files without a recorded plan. Unreadable files raise ValueError."""
     p = Path(path)
     if p.suffix == ".json":
         return lint_deepspeed(load_deepspeed_json(p), str(p))
     if p.suffix in (".yaml", ".yml"):
-        return lint_accelerate(p, root=root)
+        return lint_accelerate(p, root=root, gpu_memory_gib=gpu_memory_gib, model=model)
     raise ValueError(f"{p}: expected a DeepSpeed .json or an accelerate .yaml file")
 
 
@@ -114,9 +118,11 @@ def _deepspeed_own_checks(config: dict, name: str, tp: int, world_size: int | No
     return []
 
 
-def lint_accelerate(path: Path, *, root: str | Path | None = None) -> list[Finding]:
+def lint_accelerate(path: Path, *, root: str | Path | None = None, gpu_memory_gib: float | None = None,
+                    model: str | None = None) -> list[Finding]:
     """Findings for an accelerate YAML: accelerate's own loader, the launch consistency checks, the FSDP2 route's
-    sizes, and the referenced DeepSpeed JSON."""
+    sizes, the rank-0 address of a multi-machine launch, the referenced DeepSpeed JSON and (with
+    `gpu_memory_gib`) whether the plan fits the GPUs by our estimate."""
     from accelerate.commands.config.config_args import load_config_from_file
 
     name = str(path)
@@ -135,11 +141,39 @@ def lint_accelerate(path: Path, *, root: str | Path | None = None) -> list[Findi
         world = check_launch_config(cfg)
     except ValueError as err:
         return out + [Finding(name, ERROR, str(err))]
+    if cfg.num_machines > 1 and is_loopback(data.get("main_process_ip")):
+        out.append(Finding(name, WARNING, f"main_process_ip is {data.get('main_process_ip')} on a "
+                                          f"{cfg.num_machines}-machine launch: the other machines cannot reach a "
+                                          "loopback address; set the rank-0 machine's address here or pass "
+                                          "--main_process_ip at launch"))
     if cfg.distributed_type == "FSDP":
         out += _lint_fsdp2(data, name, world)
     if cfg.deepspeed is not None:
         out += lint_deepspeed(cfg.deepspeed, str(cfg.deepspeed_file), world_size=world)
+        if gpu_memory_gib is not None:
+            out += _memory_findings(cfg, world, gpu_memory_gib, model)
     return out
+
+
+def _memory_findings(cfg, world: int, gpu_memory_gib: float, model_ref: str | None) -> list[Finding]:
+    from hf_dist_recipes.parallel.memory import GIB, USABLE_FRACTION, estimate
+    from hf_dist_recipes.parallel.models import introspect
+
+    name = str(cfg.path)
+    plan, recorded_model = plan_of_launch(cfg, world)
+    model_ref = model_ref or recorded_model
+    if not model_ref:
+        return [Finding(name, WARNING, "no model is recorded in the DeepSpeed JSON (config generate records the "
+                                       "--model it was given): pass --model to check memory against --gpu-memory")]
+    est = estimate(plan, introspect(model_ref), device_gib=gpu_memory_gib)
+    if est.fits:
+        return []
+    return [Finding(name, WARNING, f"by our estimate {model_ref} needs {est.device_total / GIB:.1f} GiB per GPU with "
+                                   f"this plan (ZeRO-{plan.zero_stage}, TP {plan.tp}, EP {plan.ep}, seq {plan.seq_len}, "
+                                   f"micro batch {plan.micro_batch}); {gpu_memory_gib:g} GiB GPUs hold "
+                                   f"{gpu_memory_gib * USABLE_FRACTION:.1f} usable. Find one that fits with: "
+                                   f"hf-dist-recipes config estimate --model {model_ref} --nodes {plan.nodes} "
+                                   f"--gpus-per-node {plan.procs_per_node} --gpu-memory {gpu_memory_gib:g} --suggest")]
 
 
 def _lint_fsdp2(data: dict, name: str, world: int) -> list[Finding]:

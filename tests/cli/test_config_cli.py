@@ -69,3 +69,40 @@ def test_help_lists_the_subcommands(capsys):
         main(["config", "--help"])
     out = capsys.readouterr().out
     assert all(word in out for word in ("generate", "validate", "estimate"))
+
+
+def test_validate_warns_when_the_recorded_plan_does_not_fit_the_gpus(capsys, tmp_path):
+    # DeepSeek-V3 (671B parameters) on one node of 8 GPUs: ZeRO-3 spreads 16 bytes of model state per parameter
+    # over 8 ranks, 671e9 x 16 / 8 = 1.3e12 bytes per GPU, far beyond 80 GiB. tiny-llama needs a few MiB.
+    big = tmp_path / "big"
+    _run(capsys, ["config", "generate", "--model", "deepseek-v3", "--tp", "2", "--ep", "8", "--output", str(big),
+                  "--name", "v3"])
+    code, out, _ = _run(capsys, ["config", "validate", str(big / "v3.yaml"), "--gpu-memory", "80"])
+    assert code == 0 and "by our estimate deepseek-v3 needs" in out and "--suggest" in out
+    small = tmp_path / "small"
+    _run(capsys, ["config", "generate", "--model", "tiny-llama", "--output", str(small), "--name", "tiny"])
+    code, out, _ = _run(capsys, ["config", "validate", str(small / "tiny.yaml"), "--gpu-memory", "80"])
+    assert code == 0 and "0 warning(s)" in out
+    code, out, _ = _run(capsys, ["config", "validate", str(small / "tiny.yaml")])  # no --gpu-memory: no estimate
+    assert "needs" not in out
+    code, _, err = _run(capsys, ["config", "validate", str(small / "tiny.yaml"), "--gpu-memory", "0"])
+    assert code == 2 and "--gpu-memory must be a positive number" in err
+
+
+def test_validate_needs_a_model_for_files_without_a_recorded_plan(capsys, tmp_path):
+    _run(capsys, ["config", "generate", "--output", str(tmp_path), "--name", "plain"])
+    code, out, _ = _run(capsys, ["config", "validate", str(tmp_path / "plain.yaml"), "--gpu-memory", "80"])
+    assert "pass --model" in out
+    code, out, _ = _run(capsys, ["config", "validate", str(tmp_path / "plain.yaml"), "--gpu-memory", "80",
+                                 "--model", "deepseek-v3"])
+    assert "by our estimate deepseek-v3 needs" in out
+
+
+def test_validate_warns_about_a_loopback_rank0_address_on_several_machines(capsys, tmp_path):
+    _run(capsys, ["config", "generate", "--nodes", "2", "--output", str(tmp_path), "--name", "two"])
+    code, out, _ = _run(capsys, ["config", "validate", str(tmp_path / "two.yaml")])
+    assert code == 0 and "main_process_ip is 127.0.0.1 on a 2-machine launch" in out
+    _run(capsys, ["config", "generate", "--nodes", "2", "--main-process-ip", "10.0.0.1", "--output", str(tmp_path),
+                  "--name", "two_ok"])
+    code, out, _ = _run(capsys, ["config", "validate", str(tmp_path / "two_ok.yaml")])
+    assert "main_process_ip" not in out

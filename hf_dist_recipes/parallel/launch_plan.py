@@ -1,0 +1,48 @@
+"""The ParallelPlan an existing accelerate YAML + DeepSpeed JSON will run, for `config validate --gpu-memory`.
+
+What the files say themselves wins: machines and processes (YAML), ZeRO stage, offload, TP and EP degrees, an
+integer micro batch and accumulation (JSON). What only the plan knew (the model, the sequence length, the
+precision the estimate assumed, activation checkpointing) comes from the plan recorded by `config generate`
+(`plan_record`); a file written by hand needs `--model` (and takes the ParallelPlan defaults for the rest).
+"""
+
+from __future__ import annotations
+
+from hf_dist_recipes.parallel.batch import tensor_parallel_size
+from hf_dist_recipes.parallel.launch_config import LaunchConfig
+from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.parallel.plan_record import recorded_plan
+
+LOOPBACK_PREFIXES = ("127.", "localhost", "::1")
+
+
+def plan_of_launch(cfg: LaunchConfig, world: int) -> tuple[ParallelPlan, str | None]:
+    """(plan, model reference or None) of a DeepSpeed launch config with `world` processes in all."""
+    ds = cfg.deepspeed or {}
+    record = recorded_plan(ds)
+    zero = ds.get("zero_optimization") or {}
+    ep = ds.get("expert_parallel") or {}
+
+    def integer(value, default):
+        return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+    plan = ParallelPlan(
+        nodes=cfg.num_machines,
+        procs_per_node=max(1, world // cfg.num_machines),
+        device="cpu" if cfg.use_cpu else "cuda",
+        zero_stage=integer(zero.get("stage"), 0),
+        offload_optimizer=bool(zero.get("offload_optimizer")),
+        offload_params=bool(zero.get("offload_param")),
+        tp=tensor_parallel_size(ds),
+        ep=integer(ep.get("autoep_size"), 1) if ep.get("enabled", bool(ep)) else 1,
+        micro_batch=integer(ds.get("train_micro_batch_size_per_gpu"), record.get("micro_batch", 1)),
+        grad_accum=integer(ds.get("gradient_accumulation_steps"), record.get("grad_accum", 1)),
+        seq_len=record.get("seq_len", ParallelPlan.seq_len),
+        precision=record.get("precision", "fp32" if cfg.use_cpu else "bf16"),
+        activation_checkpointing=bool(record.get("activation_checkpointing", False)),
+    )
+    return plan, record.get("model")
+
+
+def is_loopback(address: str | None) -> bool:
+    return bool(address) and str(address).startswith(LOOPBACK_PREFIXES)
