@@ -210,7 +210,8 @@ def run_validate(args: argparse.Namespace) -> int:
 
 def run_estimate(args: argparse.Namespace) -> int:
     _deepspeed_logs_to_stderr()
-    from hf_dist_recipes.parallel.memory import compact_rows, estimate, render_table, suggest
+    from hf_dist_recipes.parallel.memory import estimate, render_table
+    from hf_dist_recipes.parallel.suggest import compact_rows, suggest
 
     plan = plan_from(args)
     model = _model(args, required=True)

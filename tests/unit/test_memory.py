@@ -4,10 +4,11 @@ from dataclasses import replace
 import pytest
 
 from hf_dist_recipes.parallel.memory import (
-    GIB, activation_bytes, estimate, rank_elements, render_table, suggest,
+    GIB, activation_bytes, estimate, rank_elements, render_table,
 )
 from hf_dist_recipes.parallel.models import introspect, template_config
 from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.parallel.suggest import suggest
 
 TINY = introspect("tiny-deepseek-v3")
 V3 = introspect("deepseek-v3")
@@ -94,7 +95,7 @@ def test_suggest_reports_when_nothing_fits():
 
 
 def test_compact_rows_keep_ep1_the_best_ep_per_tp_and_the_choice():
-    from hf_dist_recipes.parallel.memory import compact_rows
+    from hf_dist_recipes.parallel.suggest import compact_rows
 
     chosen, rows = suggest(ParallelPlan(nodes=8, procs_per_node=8), V3, 80)
     compact = compact_rows(rows, chosen)
