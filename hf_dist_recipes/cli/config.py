@@ -55,14 +55,19 @@ def register(subparsers) -> None:
     est = sub.add_parser("estimate", help="per-rank memory table for a plan (or --suggest one)",
                          description="Per-rank GiB of parameters, gradients, optimizer states, the layer ZeRO-3 "
                                      "gathers and activations (model states exact, activations estimated; see "
-                                     "hf_dist_recipes/parallel/memory.py), and whether it fits --gpu-memory.",
+                                     "hf_dist_recipes/parallel/memory.py), and whether it fits --gpu-memory; then "
+                                     "the bytes each rank sends per step inside the node and across nodes, and an "
+                                     "estimated step time on the given hardware (hf_dist_recipes/parallel/comm.py "
+                                     "states the model).",
                          epilog="Example: hf-dist-recipes config estimate --model deepseek-v3 --nodes 8 "
                                 "--gpu-memory 80 --activation-checkpointing --suggest")
     _plan_flags(est)
     est.add_argument("--gpu-memory", type=float, help="memory of one GPU in GiB (needed for fits? and --suggest)")
-    est.add_argument("--suggest", action="store_true", help="try TP/EP/offload and pick the first plan that fits")
+    est.add_argument("--suggest", action="store_true",
+                     help="try TP/EP/offload and pick the fastest plan that fits (by the stated traffic model)")
     est.add_argument("--all", action="store_true", help="with --suggest: show every candidate, not one or two EPs per TP")
     est.add_argument("--json", action="store_true", help="print the estimates as JSON")
+    _hardware_flags(est)
     est.set_defaults(run=run_estimate)
 
 
@@ -95,6 +100,34 @@ def _plan_flags(parser: argparse.ArgumentParser) -> None:
                         help="the model is constructed directly, not under zero.Init / from_pretrained (estimate only)")
     parser.add_argument("--engine", choices=ENGINES, default="deepspeed",
                         help="deepspeed (default) or fsdp2: accelerate's FSDP2 + TP ParallelismConfig, GPUs only")
+
+
+def _hardware_flags(parser: argparse.ArgumentParser) -> None:
+    from hf_dist_recipes.parallel.comm import HARDWARE
+
+    group = parser.add_argument_group("hardware (step-time model; defaults from --hardware)")
+    group.add_argument("--hardware", choices=sorted(HARDWARE), default="h100",
+                       help="GPU type whose defaults to use (%(default)s): H100/H200 SXM, A100 SXM; one NIC per GPU")
+    group.add_argument("--intra-node-gbps", type=float, help="NCCL bus bandwidth inside a node, GB/s per GPU")
+    group.add_argument("--inter-node-gbps", type=float, help="network bandwidth per GPU across nodes, GB/s")
+    group.add_argument("--gpu-tflops", type=float, help="dense bf16 peak of one GPU, TFLOP/s")
+    group.add_argument("--compute-efficiency", type=float, help="fraction of the peak the matmuls reach (0-1]")
+    group.add_argument("--pcie-gbps", type=float, help="host <-> GPU bandwidth for offload, GB/s")
+    group.add_argument("--cpu-adam-rate", type=float,
+                       help="parameters per second one node's CPUs update with CPU Adam (offload)")
+
+
+def hardware_from(args: argparse.Namespace):
+    """The Hardware of --hardware with the flags given on top."""
+    from dataclasses import replace
+
+    from hf_dist_recipes.parallel.comm import HARDWARE
+
+    changes = {field: getattr(args, flag) for field, flag in (
+        ("intra_node_gbps", "intra_node_gbps"), ("inter_node_gbps", "inter_node_gbps"), ("gpu_tflops", "gpu_tflops"),
+        ("compute_efficiency", "compute_efficiency"), ("pcie_gbps", "pcie_gbps"),
+        ("cpu_adam_params_per_s", "cpu_adam_rate")) if getattr(args, flag) is not None}
+    return replace(HARDWARE[args.hardware], **changes)
 
 
 def plan_from(args: argparse.Namespace) -> ParallelPlan:
@@ -210,31 +243,39 @@ def run_validate(args: argparse.Namespace) -> int:
 
 def run_estimate(args: argparse.Namespace) -> int:
     _deepspeed_logs_to_stderr()
-    from hf_dist_recipes.parallel.memory import estimate, render_table
-    from hf_dist_recipes.parallel.suggest import compact_rows, suggest
+    from hf_dist_recipes.parallel.suggest import compact_rows, evaluate, reasons, render_candidates, suggest
 
     plan = plan_from(args)
+    hardware = hardware_from(args)
     model = _model(args, required=True)
     if args.suggest:
         if not args.gpu_memory:
             raise ValueError("--suggest needs --gpu-memory (GiB per GPU), e.g. --gpu-memory 80")
-        chosen, rows = suggest(plan, model, args.gpu_memory)
+        chosen, rows = suggest(plan, model, args.gpu_memory, hardware)
     else:
         warnings = plan.validate(model)
         for w in warnings:
             print(f"warning: {w}", file=sys.stderr)
-        chosen, rows = None, [estimate(plan, model, device_gib=args.gpu_memory)]
+        chosen, rows = None, [evaluate(plan, model, device_gib=args.gpu_memory, hardware=hardware)]
     if args.json:
         print(json.dumps({"model": model.name, "total_params": model.total_params,
                           "params_by_component": model.params_by_component,
                           "chosen": chosen.as_dict() if chosen else None,
+                          "why": reasons(chosen, rows) if chosen else [],
                           "estimates": [r.as_dict() for r in rows]}, indent=2))
         return 0
     print(f"{model.name}: {model.total_params / 1e9:.2f}B parameters; {plan.nodes} x {plan.procs_per_node} "
-          f"{plan.device}, seq {plan.seq_len}, micro batch {plan.micro_batch}, {plan.precision}; GiB per rank")
-    print(render_table(rows if args.all or not args.suggest else compact_rows(rows, chosen), chosen=chosen))
+          f"{plan.device}, seq {plan.seq_len}, micro batch {plan.micro_batch}, accumulation {plan.grad_accum}, "
+          f"{plan.precision}; GiB per rank, GB sent per rank per step, step time on {hardware.name}")
+    print(render_candidates(rows if args.all or not args.suggest else compact_rows(rows, chosen), chosen=chosen))
     if args.suggest:
         print("suggested: " + (_describe(chosen.plan) if chosen else "nothing fits; add nodes or GPU memory"))
+        for line in reasons(chosen, rows) if chosen else []:
+            print(f"  {line}")
+    else:
+        from hf_dist_recipes.parallel.comm import describe
+
+        print(f"step: {describe(rows[0].step)}")
     return 0
 
 

@@ -51,12 +51,35 @@ def test_validate_exit_codes(capsys, tmp_path):
 def test_estimate_table_and_suggest(capsys):
     code, out, _ = _run(capsys, ["config", "estimate", "--model", "deepseek-v3", "--nodes", "8", "--gpu-memory", "80",
                                  "--suggest", "--activation-checkpointing"])
-    assert code == 0 and "suggested: --zero 3 --tp 1 --ep 1 --offload-optimizer" in out
-    assert "params" in out and "fits?" in out
+    # The fastest plan that fits spreads the experts (EP > 1); the table carries traffic and step time.
+    line = next(x for x in out.splitlines() if x.startswith("suggested: "))
+    assert line.startswith("suggested: --zero 3 --tp 1 --ep ") and line.endswith("--offload-optimizer")
+    assert int(line.split("--ep ")[1].split()[0]) > 1
+    assert "params" in out and "fits?" in out and "inter GB" in out and "step s" in out
+    assert "the smallest plan that fits, Z3 TP1 EP1 off:opt, would take" in out
+    code, out, _ = _run(capsys, ["config", "estimate", "--model", "deepseek-v3", "--nodes", "8", "--gpu-memory", "80",
+                                 "--suggest", "--activation-checkpointing", "--json"])
+    data = json.loads(out)
+    assert data["chosen"]["step_time_s"] == min(r["step_time_s"] for r in data["estimates"] if r["fits"])
+    assert all(r["comm_inter_bytes"] > 0 and r["comm_intra_bytes"] > 0 for r in data["estimates"])
+    assert data["why"] and data["chosen"]["step"]["hardware"]["name"] == "h100"
     code, out, _ = _run(capsys, ["config", "estimate", "--model", "tiny-deepseek-v3", "--cpu", "--gpus-per-node", "4",
                                  "--tp", "2", "--ep", "2", "--json"])
     data = json.loads(out)
     assert data["total_params"] == 191_568 and data["estimates"][0]["elements"]["params"] == 48_148
+
+
+def test_estimate_hardware_flags_change_the_step_time(capsys):
+    args = ["config", "estimate", "--model", "llama-3.1-8b", "--nodes", "2", "--json"]
+    base = json.loads(_run(capsys, args)[1])["estimates"][0]
+    slow = json.loads(_run(capsys, args + ["--inter-node-gbps", "4.5"])[1])["estimates"][0]
+    # Same bytes; the inter-node seconds of ZeRO traffic grow 10x with a 10x slower network.
+    assert slow["comm_inter_bytes"] == base["comm_inter_bytes"]
+    zero_inter_s = base["step"]["bytes_by_kind"]["inter"]["zero"] / 45e9
+    assert slow["step"]["seconds_by_kind"]["zero"] - base["step"]["seconds_by_kind"]["zero"] == \
+        pytest.approx(9 * zero_inter_s)
+    code, _, err = _run(capsys, args + ["--compute-efficiency", "2"])
+    assert code == 2 and "compute_efficiency" in err
 
 
 def test_estimate_needs_a_model_and_suggest_needs_memory(capsys):

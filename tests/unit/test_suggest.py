@@ -1,0 +1,49 @@
+"""Plan selection: the fastest plan that fits, and why."""
+
+from hf_dist_recipes.parallel.memory import GIB
+from hf_dist_recipes.parallel.models import introspect
+from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.parallel.suggest import compact_rows, reasons, render_candidates, suggest
+
+V3 = introspect("deepseek-v3")
+BASE = ParallelPlan(nodes=8, procs_per_node=8, seq_len=4096, activation_checkpointing=True)
+
+
+def test_deepseek_v3_on_8_nodes_of_8_80gb_picks_the_fastest_fitting_plan_not_the_smallest():
+    chosen, rows = suggest(BASE, V3, 80)
+    assert chosen is not None and chosen.fits and chosen.memory.device_total < 80 * GIB * 0.9
+    # Adam states of 671B parameters alone are 117 GiB per GPU on 64 GPUs: nothing fits without offload.
+    assert not any(r.fits for r in rows if not r.plan.offload_optimizer)
+    fitting = [r for r in rows if r.fits]
+    assert chosen.step.step_time_s == min(r.step.step_time_s for r in fitting)
+    # The first plan that fits (what a memory-only choice runs) is TP 1 / EP 1: ZeRO-3 then gathers all 256 experts
+    # of every MoE layer; the chosen plan moves far fewer bytes across nodes.
+    first = fitting[0]
+    assert (first.plan.tp, first.plan.ep) == (1, 1)
+    assert chosen.plan.ep > 1 and chosen.step.comm_inter_bytes < first.step.comm_inter_bytes / 2
+    # Parameter offload costs PCIe traffic on every gather, so it is not chosen when optimizer offload fits.
+    assert chosen.plan.offload_optimizer and not chosen.plan.offload_params
+    why = reasons(chosen, rows)
+    assert why[0].startswith(f"Z3 TP1 EP{chosen.plan.ep} off:opt") and "s/step" in why[0]
+    assert any("smallest plan that fits, Z3 TP1 EP1 off:opt" in line for line in why)
+    table = render_candidates(rows, chosen=chosen)
+    assert "step s" in table and table.count(" <") == 1
+
+
+def test_nothing_fits():
+    chosen, rows = suggest(ParallelPlan(nodes=1, procs_per_node=2), V3, 8)
+    assert chosen is None and rows and not any(r.fits for r in rows)
+
+
+def test_compact_rows_keep_ep1_the_smallest_and_the_fastest_per_tp_and_the_choice():
+    chosen, rows = suggest(BASE, V3, 80)
+    compact = compact_rows(rows, chosen)
+    assert chosen in compact and len(compact) < len(rows)
+    for key in {(r.plan.offload_optimizer, r.plan.offload_params, r.plan.tp) for r in rows}:
+        group = [r for r in rows if (r.plan.offload_optimizer, r.plan.offload_params, r.plan.tp) == key]
+        kept = [r for r in compact if r in group]
+        assert group[0] in kept
+        assert min(r.memory.device_total for r in group) == min(r.memory.device_total for r in kept)
+        fitting = [r for r in group if r.fits]
+        if fitting:
+            assert min(r.step.step_time_s for r in fitting) == min(r.step.step_time_s for r in kept if r.fits)
