@@ -24,7 +24,13 @@ New fields, all at the end so positional use of TrainingArguments keeps working:
 - `max_unpartitioned_model_size` (default "2GB"): under ZeRO-3, a model larger than this whose parameters were not
   partitioned while it was built (built before the arguments, or by calling its class) stops RecipeTrainer with the
   fix (`hf_dist_recipes.construction`); None turns the check off;
-- `allow_gloo_on_cuda`, `allow_unclipped_gradients` (default False): explicit opt-outs.
+- `allow_gloo_on_cuda`, `allow_unclipped_gradients`, `allow_cpu_with_gpus` (default False): explicit opt-outs. The
+  last one is for a machine with NVIDIA GPUs that torch cannot use (CPU-only wheel, old driver, every GPU hidden),
+  which otherwise stops with the reason and the fix instead of training on the CPU (`hf_dist_recipes.cuda_host`).
+
+On creation the arguments also point `TORCH_EXTENSIONS_DIR`, when it is unset, at a node-local folder, so that
+DeepSpeed's JIT-built ops are built once per node rather than by every node into one shared home folder
+(`hf_dist_recipes.extensions`).
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from transformers.trainer_utils import SchedulerType
 from hf_dist_recipes import _compat
 from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_SIZE, parse_size
 from hf_dist_recipes.jsonfile import load_deepspeed_json
-from hf_dist_recipes import backend, precision
+from hf_dist_recipes import backend, cuda_host, extensions, precision
 from hf_dist_recipes.gradients import validate_max_grad_norm
 from hf_dist_recipes.parallel.batch import fix_tp_batch_size, tensor_parallel_size
 from hf_dist_recipes.parallel.plan_record import recorded_plan
@@ -109,6 +115,12 @@ class RecipeTrainingArguments(TrainingArguments):
     allow_unclipped_gradients: bool = field(
         default=False, metadata={"help": "Accept max_grad_norm=0 (no gradient clipping; normally an error)."}
     )
+    allow_cpu_with_gpus: bool = field(
+        default=False,
+        metadata={"help": "Train on the CPU although the machine has NVIDIA GPUs that torch cannot use (normally "
+                          "an error naming the reason: CPU-only torch, old driver, CUDA_VISIBLE_DEVICES hiding "
+                          "them)."},
+    )
 
     def __post_init__(self):
         validate_seed(self.seed)
@@ -120,7 +132,13 @@ class RecipeTrainingArguments(TrainingArguments):
         self.max_unpartitioned_model_bytes = (None if self.max_unpartitioned_model_size is None else
                                               _size_field("max_unpartitioned_model_size",
                                                           self.max_unpartitioned_model_size))
+        # Before anything initialises DeepSpeed: super().__post_init__ creates the accelerate state, whose
+        # deepspeed.init_distributed builds the shm comm op on CPU hosts.
+        extensions.use_node_local_extensions_dir()
         gpus = backend.cuda_device_count()
+        if not gpus:
+            # Without this, a GPU node whose torch cannot reach its GPUs would train on the CPU (use_cpu below).
+            cuda_host.check_torch_sees_gpus(cuda_devices=gpus, allow_cpu_with_gpus=self.allow_cpu_with_gpus)
         if self.ddp_backend is not None or gpus:
             # Without CUDA and without a request, the launcher's Gloo default is right and left alone.
             self.ddp_backend = backend.resolve_backend(
