@@ -118,12 +118,16 @@ def _private_dir(path: Path) -> None:
     """Create `path` (mode 0700) or check that an existing one is ours alone: a library another user could write
     there would be loaded into the training processes."""
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            pass  # judged below, a link included
         info = os.lstat(path)
     except OSError as err:
         raise ValueError(f"cannot create the DeepSpeed ops folder {path} ({err}); set {ENV} to a folder of "
                          "yours on a local disk") from None
-    if stat.S_ISLNK(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
         raise ValueError(f"{path} is not a folder of this user alone (a link, another owner, or writable by "
                          f"others), so DeepSpeed's ops will not be built there: remove it, or set {ENV} to a folder "
                          "of yours on a local disk")
@@ -154,9 +158,9 @@ def launch_header_lines(plan: ParallelPlan | None = None) -> list[str]:
     ops = [op for op, used in (("cpu_adam", plan is None or plan.offload_optimizer),
                                ("deepspeed_shm_comm", plan is None or plan.device == "cpu")) if used]
     what = f"its ops ({', '.join(ops)})" if ops else "its ops"
-    return [f"DeepSpeed JIT-builds {what} once per node: RecipeTrainingArguments sets an unset {ENV} to",
-            "$TMPDIR (else /tmp)/torch_extensions-<user>/<python_cuda_torch>, not ~/.cache, which all nodes share",
-            "behind one lock file that a node killed mid-build leaves to hang the others. An explicit value is kept."]
+    return [f"DeepSpeed JIT-builds {what} once per node: unless {ENV} is set,",
+            "RecipeTrainingArguments sets it to $TMPDIR (else /tmp)/torch_extensions-<user>/<python_cuda_torch>, not",
+            "~/.cache, which all nodes share behind one lock file that a node killed mid-build leaves to hang the rest"]
 
 
 def extensions_root() -> Path:

@@ -127,7 +127,8 @@ def test_no_nvidia_hardware_passes(tmp_path, monkeypatch):
     host = check_torch_sees_gpus(cuda_devices=0, dev_dir=dev, nvidia_smi=str(tmp_path / "absent-nvidia-smi"))
     assert host.gpu_count == 0
     # nvidia-smi installed on a node without GPU device files (it then fails): no GPU is lost either.
-    assert check_torch_sees_gpus(cuda_devices=0, dev_dir=dev, nvidia_smi=_nvidia_smi(tmp_path, fail=True)).gpu_count == 0
+    broken = _nvidia_smi(tmp_path, fail=True)
+    assert check_torch_sees_gpus(cuda_devices=0, dev_dir=dev, nvidia_smi=broken).gpu_count == 0
 
 
 def test_torch_seeing_gpus_or_the_opt_out_passes(tmp_path, monkeypatch, caplog):

@@ -1,7 +1,12 @@
+import getpass
+import logging
 import os
+import stat
 import time
+from pathlib import Path
 
 import pytest
+import torch
 
 from hf_dist_recipes import extensions
 from hf_dist_recipes.extensions import check_no_stale_locks, stale_locks
@@ -46,3 +51,91 @@ def test_the_demo_refuses_to_launch_into_a_stale_lock(tmp_path, monkeypatch, cap
     _lock(tmp_path, 3600)
     assert main(["demo", "--dry-run"]) == 2
     assert "stale DeepSpeed build lock" in capsys.readouterr().err
+
+
+# Node-local build folder. TMPDIR points at tmp_path (a local disk on any host), so nothing lands in the real /tmp.
+
+@pytest.fixture
+def unset(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(extensions, "MOUNTS", str(tmp_path / "no-mounts-file"))  # fs types read per test below
+    return tmp_path
+
+
+def test_unset_dir_is_set_to_a_private_node_local_folder(unset):
+    chosen = extensions.use_node_local_extensions_dir()
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == str(chosen)
+    assert chosen.parent == unset / f"torch_extensions-{getpass.getuser()}"
+    assert stat.S_IMODE(chosen.parent.stat().st_mode) == 0o700  # nobody else can put a library there
+    assert torch.__version__.split("+")[0] in chosen.name
+    assert extensions.extensions_root() == chosen
+
+
+def test_incompatible_builds_get_different_folders(unset, monkeypatch):
+    monkeypatch.setattr(torch.version, "hip", None)
+    names = set()
+    for cuda in (None, "12.8", "13.0"):
+        monkeypatch.setattr(torch.version, "cuda", cuda)
+        names.add(extensions.node_local_extensions_dir().name)
+    assert len(names) == 3 and any("cu130" in n for n in names) and any("cpu" in n for n in names)
+
+
+def test_explicit_dir_is_kept(unset, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(unset / "mine"))
+    assert extensions.use_node_local_extensions_dir() == unset / "mine"
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == str(unset / "mine")
+    assert extensions.extensions_root() == unset / "mine"
+    assert not (unset / f"torch_extensions-{getpass.getuser()}").exists()
+
+
+def test_stale_lock_check_looks_where_builds_now_go(unset, monkeypatch):
+    monkeypatch.setattr(extensions, "build_running", lambda: False)
+    lock = _lock(extensions.node_local_extensions_dir(), 3600)
+    assert stale_locks() == [lock]
+
+
+def test_the_arguments_set_the_dir_before_deepspeed(unset):
+    from hf_dist_recipes import RecipeTrainingArguments
+
+    RecipeTrainingArguments(output_dir=str(unset / "out"))
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == str(extensions.node_local_extensions_dir())
+
+
+def test_a_folder_others_can_write_is_refused(unset):
+    parent = extensions.node_local_extensions_dir().parent
+    parent.mkdir(mode=0o777)
+    parent.chmod(0o777)
+    with pytest.raises(ValueError, match="not a folder of this user alone.*set TORCH_EXTENSIONS_DIR"):
+        extensions.use_node_local_extensions_dir()
+    parent.rmdir()
+    parent.symlink_to(unset / "elsewhere")
+    with pytest.raises(ValueError, match="not a folder of this user alone"):
+        extensions.use_node_local_extensions_dir()
+    assert "TORCH_EXTENSIONS_DIR" not in os.environ
+
+
+def test_network_or_noexec_tmpdir_is_passed_over(unset, monkeypatch, caplog):
+    # A fake mount table: the real one of a cluster node cannot be made here.
+    mounts = unset / "mounts"
+    mounts.write_text(f"/dev/sda1 / ext4 rw,relatime 0 0\nfiler:/scratch {unset} nfs4 rw,relatime 0 0\n")
+    monkeypatch.setattr(extensions, "MOUNTS", str(mounts))
+    assert extensions.node_local_base() == Path("/tmp")
+    mounts.write_text(f"/dev/sda1 / ext4 rw,relatime 0 0\ntmpfs /tmp tmpfs rw,nosuid,noexec 0 0\n"
+                      f"/dev/nvme0n1 {unset} xfs rw,noexec 0 0\n")
+    assert extensions.node_local_base() is None
+    with caplog.at_level(logging.WARNING, logger=extensions.__name__):
+        assert extensions.use_node_local_extensions_dir() is None
+    assert "TORCH_EXTENSIONS_DIR" not in os.environ and "set TORCH_EXTENSIONS_DIR" in caplog.text
+
+
+def test_launch_header_names_the_ops_of_the_plan():
+    from hf_dist_recipes.parallel.plan import ParallelPlan
+
+    cpu_offload = " ".join(extensions.launch_header_lines(ParallelPlan(device="cpu", offload_optimizer=True)))
+    gpu = " ".join(extensions.launch_header_lines(ParallelPlan()))
+    assert "cpu_adam" in cpu_offload and "deepspeed_shm_comm" in cpu_offload
+    assert "cpu_adam" not in gpu and "once per node" in gpu and "TORCH_EXTENSIONS_DIR" in gpu
+    assert extensions.launch_header_lines(ParallelPlan(engine="fsdp2", tp=2)) == []
+    lines = extensions.launch_header_lines(None)
+    assert 1 <= len(lines) <= 3 and all(len("# " + line) <= 120 for line in lines)
