@@ -294,13 +294,21 @@ class StepEstimate:
     step_time_s: float
 
     @property
+    def tokens_per_s(self) -> float:
+        """Tokens the whole job trains per second: global batch x sequence length / step time. Plans with more
+        model parallelism have fewer data-parallel ranks and so a smaller global batch per step: compare plans by
+        this, not by step time."""
+        return self.plan.global_batch * self.plan.seq_len / self.step_time_s
+
+    @property
     def exposed_zero_s(self) -> float:
         return max(0.0, self.seconds_by_kind.get("zero", 0.0) - self.compute_s)
 
     def as_dict(self) -> dict:
         return {"hardware": asdict(self.hardware), "comm_intra_bytes": self.comm_intra_bytes,
                 "comm_inter_bytes": self.comm_inter_bytes, "bytes_by_kind": self.bytes_by_kind,
-                "seconds_by_kind": self.seconds_by_kind, "compute_s": self.compute_s, "step_time_s": self.step_time_s}
+                "seconds_by_kind": self.seconds_by_kind, "compute_s": self.compute_s, "step_time_s": self.step_time_s,
+                "tokens_per_s": self.tokens_per_s}
 
 
 def offload_seconds(plan: ParallelPlan, optimizer_elements: int, param_elements: int, hw: Hardware) -> float:
@@ -347,5 +355,6 @@ def describe(step: StepEstimate) -> str:
         if kind in step.seconds_by_kind and step.seconds_by_kind[kind] > 0:
             hidden = " (hidden behind compute)" if kind == "zero" and step.exposed_zero_s == 0 else ""
             parts.append(f"{label} {step.seconds_by_kind[kind]:.2f} s{hidden}")
-    return (f"{step.step_time_s:.2f} s/step ({', '.join(parts)}; {step.comm_inter_bytes / 1e9:.1f} GB across nodes, "
-            f"{step.comm_intra_bytes / 1e9:.1f} GB inside the node per rank)")
+    return (f"{step.step_time_s:.2f} s/step, {step.tokens_per_s:,.0f} tokens/s ({', '.join(parts)}; "
+            f"{step.comm_inter_bytes / 1e9:.1f} GB across nodes, {step.comm_intra_bytes / 1e9:.1f} GB inside the node "
+            "per rank)")

@@ -73,8 +73,8 @@ def hpz_size(plan: ParallelPlan) -> int:
 
 def suggest(base: ParallelPlan, model: ModelShape, device_gib: float,
             hardware: Hardware | str = "h100") -> tuple[Candidate | None, list[Candidate]]:
-    """The fastest candidate (least estimated step time, then least memory) that fits `device_gib` per GPU (None
-    if none does), and every candidate for the table. The smallest plan that fits is often the slowest: for a
+    """The fastest candidate (most tokens per second for the whole job; equal speeds: less offload, then less model
+    parallelism) that fits `device_gib` per GPU (None if none does), and every candidate for the table. The smallest plan that fits is often the slowest: for a
     mixture-of-experts model it gathers every expert through ZeRO-3 three times per micro step."""
     candidates = [evaluate(p, model, device_gib=device_gib, hardware=hardware) for p in candidate_plans(base, model)]
     fitting = [c for c in candidates if c.fits]
@@ -85,7 +85,7 @@ def suggest(base: ParallelPlan, model: ModelShape, device_gib: float,
 
 def _speed_order(c: Candidate) -> tuple:
     p = c.plan
-    return round(c.step.step_time_s, 6), p.offload_params, p.offload_optimizer, p.tp, p.ep
+    return -round(c.step.tokens_per_s, 3), p.offload_params, p.offload_optimizer, p.tp, p.ep
 
 
 def label(plan: ParallelPlan) -> str:
@@ -100,7 +100,7 @@ def reasons(chosen: Candidate, candidates: list[Candidate]) -> list[str]:
     fitting = sorted((c for c in candidates if c.fits and c is not chosen), key=_speed_order)
     if fitting:
         runner = fitting[0]
-        lines.append(f"next fastest that fits: {label(runner.plan)}, {runner.step.step_time_s:.2f} s/step "
+        lines.append(f"next fastest that fits: {label(runner.plan)}, {runner.step.tokens_per_s:,.0f} tokens/s "
                      f"({runner.step.comm_inter_bytes / 1e9:.1f} GB across nodes per rank)")
     first = next((c for c in candidates if c.fits), None)
     if first is not None and first is not chosen:
@@ -120,18 +120,18 @@ def compact_rows(candidates: list[Candidate], chosen: Candidate | None = None) -
         keep.add(id(min(rows, key=lambda c: (c.memory.device_total, c.plan.ep))))
         fitting = [c for c in rows if c.fits]
         if fitting:
-            keep.add(id(min(fitting, key=lambda c: c.step.step_time_s)))
+            keep.add(id(min(fitting, key=_speed_order)))
     return [c for c in candidates if id(c) in keep]
 
 
 def render_candidates(candidates: list[Candidate], *, chosen: Candidate | None = None) -> str:
     """The memory table (GiB per rank, host RAM per node) with traffic per rank per step (GB across nodes,
-    GB inside the node) and the estimated step time (s) appended."""
+    GB inside the node), the estimated step time (s) and the job's tokens per second appended."""
     lines = render_table([c.memory for c in candidates]).splitlines()
-    extra = f" {'inter GB':>9} {'intra GB':>9} {'step s':>8}"
+    extra = f" {'inter GB':>9} {'intra GB':>9} {'step s':>8} {'tokens/s':>10}"
     out = [lines[0] + extra, lines[1] + "-" * len(extra)]
     for line, c in zip(lines[2:], candidates):
         mark = " <" if chosen is not None and c is chosen else ""
         out.append(f"{line} {c.step.comm_inter_bytes / 1e9:9.1f} {c.step.comm_intra_bytes / 1e9:9.1f} "
-                   f"{c.step.step_time_s:8.2f}{mark}")
+                   f"{c.step.step_time_s:8.2f} {c.step.tokens_per_s:10,.0f}{mark}")
     return "\n".join(out)

@@ -60,7 +60,7 @@ def test_estimate_table_and_suggest(capsys):
     code, out, _ = _run(capsys, ["config", "estimate", "--model", "deepseek-v3", "--nodes", "8", "--gpu-memory", "80",
                                  "--suggest", "--activation-checkpointing", "--json"])
     data = json.loads(out)
-    assert data["chosen"]["step_time_s"] == min(r["step_time_s"] for r in data["estimates"] if r["fits"])
+    assert data["chosen"]["step"]["tokens_per_s"] == max(r["step"]["tokens_per_s"] for r in data["estimates"] if r["fits"])
     assert all(r["comm_inter_bytes"] > 0 and r["comm_intra_bytes"] > 0 for r in data["estimates"])
     assert data["why"] and data["chosen"]["step"]["hardware"]["name"] == "h100"
     code, out, _ = _run(capsys, ["config", "estimate", "--model", "tiny-deepseek-v3", "--cpu", "--gpus-per-node", "4",

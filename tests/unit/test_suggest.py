@@ -15,7 +15,7 @@ def test_deepseek_v3_on_8_nodes_of_8_80gb_picks_the_fastest_fitting_plan_not_the
     # Adam states of 671B parameters alone are 117 GiB per GPU on 64 GPUs: nothing fits without offload.
     assert not any(r.fits for r in rows if not r.plan.offload_optimizer)
     fitting = [r for r in rows if r.fits]
-    assert chosen.step.step_time_s == min(r.step.step_time_s for r in fitting)
+    assert chosen.step.tokens_per_s == max(r.step.tokens_per_s for r in fitting)
     # The first plan that fits (what a memory-only choice runs) is TP 1 / EP 1: ZeRO-3 then gathers all 256 experts
     # of every MoE layer; the chosen plan moves far fewer bytes across nodes.
     first = fitting[0]
@@ -28,6 +28,16 @@ def test_deepseek_v3_on_8_nodes_of_8_80gb_picks_the_fastest_fitting_plan_not_the
     assert any("smallest plan that fits, Z3 TP1 EP1 off:opt" in line for line in why)
     table = render_candidates(rows, chosen=chosen)
     assert "step s" in table and table.count(" <") == 1
+
+
+def test_plans_are_compared_by_tokens_per_second_not_step_time():
+    # TP 8 on one node leaves one data-parallel rank: its steps are short because they train 8x fewer tokens.
+    lite = introspect("deepseek-v2-lite")
+    chosen, rows = suggest(ParallelPlan(nodes=1, procs_per_node=8, activation_checkpointing=True), lite, 80)
+    shortest = min((r for r in rows if r.fits), key=lambda r: r.step.step_time_s)
+    assert shortest.plan.tp == 8 and chosen.plan.tp < 8
+    assert chosen.step.tokens_per_s > shortest.step.tokens_per_s
+    assert chosen.step.tokens_per_s == chosen.plan.global_batch * chosen.plan.seq_len / chosen.step.step_time_s
 
 
 def test_nothing_fits():
@@ -46,4 +56,4 @@ def test_compact_rows_keep_ep1_the_smallest_and_the_fastest_per_tp_and_the_choic
         assert min(r.memory.device_total for r in group) == min(r.memory.device_total for r in kept)
         fitting = [r for r in group if r.fits]
         if fitting:
-            assert min(r.step.step_time_s for r in fitting) == min(r.step.step_time_s for r in kept if r.fits)
+            assert max(r.step.tokens_per_s for r in fitting) == max(r.step.tokens_per_s for r in kept if r.fits)
