@@ -79,3 +79,12 @@ def test_launcher_config_is_read_from_accelerate_env(tmp_path, monkeypatch):
 def test_min_lr_ratio_is_checked_when_the_arguments_are_made(tmp_path):
     with pytest.raises(ValueError, match=r"min_lr_ratio must be in \[0, 1\), got 1.5"):
         RecipeTrainingArguments(output_dir=str(tmp_path), min_lr_ratio=1.5)
+
+
+def test_the_cpu_opt_out_flag_named_in_the_error_parses(tmp_path):
+    from transformers import HfArgumentParser
+
+    (args,) = HfArgumentParser(RecipeTrainingArguments).parse_args_into_dataclasses(
+        ["--output_dir", str(tmp_path), "--allow_cpu_with_gpus"])
+    assert args.allow_cpu_with_gpus is True
+    assert RecipeTrainingArguments(output_dir=str(tmp_path)).allow_cpu_with_gpus is False
