@@ -132,8 +132,8 @@ class RecipeTrainingArguments(TrainingArguments):
         self.max_unpartitioned_model_bytes = (None if self.max_unpartitioned_model_size is None else
                                               _size_field("max_unpartitioned_model_size",
                                                           self.max_unpartitioned_model_size))
-        # Before anything initialises DeepSpeed: super().__post_init__ creates the accelerate state, whose
-        # deepspeed.init_distributed builds the shm comm op on CPU hosts.
+        # Before DeepSpeed builds or loads any op: on GPU hosts super().__post_init__ already starts DeepSpeed's
+        # comm (accelerate 1.16 PartialState -> deepspeed.init_distributed); the engine builds cpu_adam & co. later.
         extensions.use_node_local_extensions_dir()
         gpus = backend.cuda_device_count()
         if not gpus:
