@@ -203,6 +203,9 @@ def generate(args: argparse.Namespace, argv: list[str] | None = None) -> Generat
               f"  accelerate launch --config_file {out / (name + '.yaml')} train.py"]
     if plan.nodes > 1:
         header.append("On machine N: add --machine_rank N (and --main_process_ip <rank-0 address> if not set here)")
+    from hf_dist_recipes.extensions import launch_header_lines
+
+    header += launch_header_lines(plan)
     header += [f"Warning: {w}" for w in warnings]
     yaml_file = out / f"{name}.yaml"
     yaml_file.write_text(render_yaml(config, "\n".join(header)))
