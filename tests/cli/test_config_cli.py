@@ -56,7 +56,7 @@ def test_estimate_table_and_suggest(capsys):
     assert line.startswith("suggested: --zero 3 --tp 1 --ep ") and line.endswith("--offload-optimizer")
     assert int(line.split("--ep ")[1].split()[0]) > 1
     assert "params" in out and "fits?" in out and "inter GB" in out and "step s" in out
-    assert "the smallest plan that fits, Z3 TP1 EP1 off:opt, would take" in out
+    assert "the smallest plan that fits, Z3 TP1 EP" in out
     code, out, _ = _run(capsys, ["config", "estimate", "--model", "deepseek-v3", "--nodes", "8", "--gpu-memory", "80",
                                  "--suggest", "--activation-checkpointing", "--json"])
     data = json.loads(out)
