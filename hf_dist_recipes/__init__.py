@@ -15,6 +15,7 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 _PUBLIC = {
     "RecipeTrainer": "hf_dist_recipes.trainer",
     "RecipeTrainingArguments": "hf_dist_recipes.arguments",
+    "ExpertBiasBalancer": "hf_dist_recipes.expert_balance",
     "ParallelPlan": "hf_dist_recipes.parallel.plan",
     "SeedReport": "hf_dist_recipes.seeding",
     "seed_everything": "hf_dist_recipes.seeding",

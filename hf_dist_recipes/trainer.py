@@ -9,6 +9,7 @@ What it adds:
 - practice 2: after the process group exists, its backend is checked (Gloo on a CUDA host is an error);
 - practice 6: `create_scheduler` builds the warm-up + cosine-with-hard-restarts schedule (with `min_lr_ratio`);
 - practice 7: TensorBoard from every rank (`<logging_dir>/rank<N>`) and a per-rank JSON summary at the end;
+  a MoE model also logs its tokens per expert and per EP rank (`hf_dist_recipes.monitoring.expert_load`);
 - practice 3: the DeepSpeed batch-size trap under tensor parallelism is handled by the arguments;
 - checkpoints in every layout: `save_model` writes a `from_pretrained` checkpoint from ZeRO-3, AutoTP and AutoEP
   (`hf_dist_recipes.checkpoint`), `evaluate()`/`predict()` work before `train()` under DeepSpeed, and a resume
@@ -37,6 +38,7 @@ from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
 from hf_dist_recipes.backend import check_process_group_backend, destroy_gloo_group_at_exit
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.construction import check_partitioned
+from hf_dist_recipes.monitoring.expert_load import ExpertLoadCallback, has_routed_experts
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
 from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
 from hf_dist_recipes.monitoring.tensorboard import PerRankTensorBoardCallback
@@ -90,6 +92,9 @@ class RecipeTrainer(Trainer):
             check_partitioned(self.model, limit_bytes=args.max_unpartitioned_model_bytes, world_size=args.world_size)
         self.plan_conformance = PlanConformanceCallback(getattr(args, "launch_plan", {}))
         self.add_callback(self.plan_conformance)
+        if has_routed_experts(self.model) and not any(isinstance(c, ExpertLoadCallback)
+                                                      for c in self.callback_handler.callbacks):
+            self.add_callback(ExpertLoadCallback())  # before the TensorBoard callback, which writes what it adds
         if args.per_rank_tensorboard:
             # The stock callback writes rank 0 only, into the same root: ours covers it.
             self.remove_callback(TensorBoardCallback)

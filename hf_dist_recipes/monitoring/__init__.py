@@ -10,6 +10,8 @@ _PUBLIC = {
     "rank_log_dir": "hf_dist_recipes.monitoring.tensorboard",
     "read_scalars": "hf_dist_recipes.monitoring.tensorboard",
     "RankMetrics": "hf_dist_recipes.monitoring.rank_metrics",
+    "ExpertLoadCallback": "hf_dist_recipes.monitoring.expert_load",
+    "ExpertLoadTracker": "hf_dist_recipes.monitoring.expert_load",
     "RankSummaryCallback": "hf_dist_recipes.monitoring.summary_callback",
     "read_rank_summaries": "hf_dist_recipes.monitoring.summary",
     "summarize_ranks": "hf_dist_recipes.monitoring.summary",

@@ -1,0 +1,126 @@
+"""Auxiliary-loss-free expert load balancing for DeepSeek-V3-style routers: `ExpertBiasBalancer`.
+
+DeepSeek-V3 chooses a token's experts by its affinity scores plus a per-expert bias (transformers 5.24:
+`DeepseekV3TopkRouter.e_score_correction_bias`, a float32 buffer; DeepSpeed 0.19.8 AutoEP copies it into the
+`TokenChoiceTopKRouter` that replaces the router and adds it the same way). The bias steers only which experts are
+chosen; the gating weights still come from the unbiased scores. In the report the bias is not learnt by gradient
+but moved after every step towards balance. Nothing upstream does that: transformers trains with the bias frozen,
+and DeepSpeed's AutoEP presets for DeepSeek-V2/V3 refuse their own balancing (`load_balance_coeff` must be null). A
+long run's routing can then drift onto a few experts, and under EP the ranks holding them lag every all-to-all.
+
+The rule (DeepSeek-AI, "DeepSeek-V3 Technical Report", arXiv:2412.19437, section 2.1.2 "Auxiliary-Loss-Free Load
+Balancing"): "at the end of each step, we will decrease the bias term by gamma if its corresponding expert is
+overloaded, and increase it by gamma if its corresponding expert is underloaded, where gamma is a hyper-parameter
+called bias update speed". Overloaded means above the layer's mean load over the step's batch, as in the method's
+paper (L. Wang et al., "Auxiliary-Loss-Free Load Balancing Strategy for Mixture-of-Experts", arXiv:2408.15664,
+Algorithm 1: b_i += u * sign(mean load - load_i)). DeepSeek-V3 used gamma = 0.001 for the first 14.3T tokens and
+0 for the last 500B (report, section 4.2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from transformers import TrainerCallback
+
+from hf_dist_recipes.monitoring.expert_load import ExpertLoadTracker, RoutedLayer, tensor_parallel_degree
+
+
+def bias_update(counts: torch.Tensor, gamma: float) -> torch.Tensor:
+    """The report's bias change for tokens per expert `counts` (last dimension: experts): -gamma for each expert
+    above the mean load, +gamma below it, 0 at it. float32, on `counts`' device."""
+    counts = counts.double()
+    return (gamma * torch.sign(counts.mean(-1, keepdim=True) - counts)).float()
+
+
+class ExpertBiasBalancer(TrainerCallback):
+    """After every optimizer step, moves each MoE layer's expert-selection bias by `bias_update` of the step's token
+    counts (module docstring: the rule and its sources). Optional: pass it to the trainer,
+    `RecipeTrainer(..., callbacks=[ExpertBiasBalancer()])`.
+
+    The counts are the step's, summed over its gradient accumulation micro steps and over all ranks
+    (`hf_dist_recipes.monitoring.expert_load`), so every rank applies the same update to its copy of the bias: the
+    bias is a buffer, which neither ZeRO-3 nor AutoEP partitions (each rank holds it whole). It is saved with the
+    model (a persistent buffer), so a resumed run continues from the balanced bias. The update is accumulated in
+    float32 even where the bias is stored in lower precision (a 0.001 step vanishes in bf16 above 0.25).
+
+    Args:
+        gamma: bias update speed, in units of the router's affinity scores (sigmoid, 0 to 1) per optimizer step;
+            >= 0. Default 0.001, DeepSeek-V3's value (report, section 4.2, with batches of up to 15,360 sequences
+            of 4K tokens; a smaller batch measures the load with more noise, and gamma is not scaled for it). 0
+            leaves the bias unchanged.
+
+    Raises ValueError at train start when the model has no routers of this kind (DeepSeek-V2 balances with
+    auxiliary losses and has no bias; remove the callback there).
+    """
+
+    def __init__(self, gamma: float = 0.001):
+        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not gamma >= 0:
+            raise ValueError(f"ExpertBiasBalancer(gamma={gamma!r}): gamma must be a number >= 0 (0.001 in the "
+                             "DeepSeek-V3 report; 0 turns the update off)")
+        self.gamma = float(gamma)
+        self.tracker: ExpertLoadTracker | None = None
+        self._master: list[torch.Tensor | None] = []
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        tracker = ExpertLoadTracker.for_model(model, tp_size=tensor_parallel_degree(args), device=args.device) \
+            if model is not None else None
+        if tracker is None:
+            raise ValueError("ExpertBiasBalancer: the model has no MoE router to balance (DeepSeek-V3 routers, or "
+                             "the AutoEP layers that replace them); remove ExpertBiasBalancer from callbacks")
+        missing = [f"{layer.name} ({type(layer.router).__name__})" for layer in tracker.layers if layer.bias is None]
+        if missing:
+            raise ValueError(
+                "ExpertBiasBalancer needs routers that choose experts with a correction bias (DeepSeek-V3's "
+                f"e_score_correction_bias); these have none: {', '.join(missing)}. DeepSeek-V2-style models balance "
+                "with auxiliary losses instead: remove ExpertBiasBalancer from callbacks")
+        for layer in tracker.layers:
+            _check_not_trained(layer)
+        self.tracker = tracker
+        # float32 masters only where the bias is stored in lower precision (module docstring of the class).
+        self._master = []
+        for layer in tracker.layers:
+            with _writable(layer.bias, modify=False):
+                low = layer.bias.dtype in (torch.float16, torch.bfloat16)
+                self._master.append(layer.bias.detach().float().clone() if low else None)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.tracker is None:
+            return
+        if self.gamma == 0:  # every rank has the same gamma: all skip the collective together
+            return
+        counts = self.tracker.step_counts(state.global_step, reduce=True)
+        delta = bias_update(counts, self.gamma)
+        for row, layer in enumerate(self.tracker.layers):
+            self._apply(row, layer, delta[row])
+
+    def _apply(self, row: int, layer: RoutedLayer, delta: torch.Tensor) -> None:
+        bias = layer.bias
+        with torch.no_grad(), _writable(bias):
+            delta = delta.to(bias.device)
+            master = self._master[row]
+            if master is None:
+                bias.add_(delta)
+            else:
+                master.add_(delta.to(master.device))
+                bias.copy_(master)
+
+
+def _check_not_trained(layer: RoutedLayer) -> None:
+    bias = layer.bias
+    if isinstance(bias, torch.nn.Parameter) and bias.requires_grad:
+        # The optimizer would also own it: its weight decay and moments would fight the rule every step.
+        raise ValueError(f"{layer.name}.e_score_correction_bias is a trainable parameter; ExpertBiasBalancer sets it "
+                         "by the load rule instead: call .requires_grad_(False) on it before training")
+
+
+def _writable(bias: torch.Tensor, modify: bool = True):
+    """A context in which `bias` holds its full value on this rank: a ZeRO-3 partitioned parameter is gathered and,
+    when `modify`, rank 0's value is partitioned again on exit (every rank computes the same one). transformers 5.24
+    and DeepSpeed 0.19.8 keep the bias a buffer, which ZeRO-3 does not partition: then nothing to do."""
+    if not hasattr(bias, "ds_id"):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters([bias], modifier_rank=0 if modify else None)
