@@ -6,7 +6,9 @@ TP > 1: an explicit `tensor_parallel.partition_config` (trap 2: stock AutoTP ref
 TP preset, so the TP and EP presets cannot disagree (trap 3). Under ZeRO-3 + EP:
 `stage3_gather_16bit_weights_on_model_save: false`, because DeepSpeed refuses the consolidated save there.
 Always: gradients accumulate in fp32 (`data_types.grad_accum_dtype`, see `hf_dist_recipes.precision`), and the
-plan the file was generated for is recorded under `"hf_dist_recipes"` (`plan_record`).
+plan the file was generated for is recorded under `"hf_dist_recipes"` (`plan_record`). Under ZeRO-3 with a model:
+prefetch, live-parameter, reduce and sub-group sizes, ZeRO++ hpZ where it pays, and the vocabulary-parallel LM
+head where it pays, all from `zero_buffers` (which the memory estimate reads too; `zero_buffer_notes` says why).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from hf_dist_recipes.parallel.models import ModelShape
 from hf_dist_recipes.parallel.plan import EP_PRESETS, ParallelPlan
 from hf_dist_recipes.parallel.plan_record import PLAN_KEY, plan_record
 from hf_dist_recipes.parallel.tp_specs import partition_config
+from hf_dist_recipes.parallel.zero_buffers import zero_buffers
 
 
 def deepspeed_config(plan: ParallelPlan, model: ModelShape | None = None, *, auto: bool = False,
@@ -35,6 +38,14 @@ def deepspeed_config(plan: ParallelPlan, model: ModelShape | None = None, *, aut
         # stops at the first checkpoint); false makes the stock Trainer fall back to engine.save_checkpoint.
         # RecipeTrainer.save_model streams its own export in every layout and ignores the flag.
         zero["stage3_gather_16bit_weights_on_model_save"] = plan.ep == 1
+    buffers = zero_buffers(plan, model)
+    if buffers.written:
+        zero["stage3_prefetch_bucket_size"] = buffers.prefetch_bucket_size
+        zero["stage3_max_live_parameters"] = buffers.max_live_parameters
+        zero["reduce_bucket_size"] = buffers.reduce_bucket_size
+        zero["sub_group_size"] = buffers.sub_group_size
+    if buffers.hpz_partition_size > 1:
+        zero["zero_hpz_partition_size"] = buffers.hpz_partition_size
     if plan.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": plan.device == "cuda"}
     if plan.offload_params:
@@ -53,6 +64,10 @@ def deepspeed_config(plan: ParallelPlan, model: ModelShape | None = None, *, aut
         if model is None:
             raise ValueError("TP > 1 needs the model (--model) to write its tensor-parallel layer specs")
         config["tensor_parallel"] = {"autotp_size": plan.tp, "partition_config": partition_config(model.model_type)}
+        if buffers.vocab_parallel_lm_head:
+            # DeepSpeed swaps lm_head for its VocabParallelLinear (overriding the lm_head spec above, with a logged
+            # warning) and installs its distributed loss as model.loss_function.
+            config["tensor_parallel"]["vocab_parallel_lm_head"] = True
     if plan.ep > 1:
         if model is None or model.model_type not in EP_PRESETS:
             raise ValueError("EP > 1 needs a mixture-of-experts model with a DeepSpeed AutoEP preset (--model)")

@@ -1,4 +1,4 @@
-"""Per-rank memory of a ParallelPlan: exact for model states, a stated estimate for activations.
+"""Per-rank memory of a ParallelPlan on a GPU: exact for model states, a stated estimate for everything else.
 
 Model states, per parameter, in the order DeepSpeed applies them:
 1. AutoTP splits the weights named by `tp_specs` along their column/row dimension (read through DeepSpeed's
@@ -11,40 +11,109 @@ Model states, per parameter, in the order DeepSpeed applies them:
    built under `zero.Init` (`plan.zero_init`, what `from_pretrained` does), else over world / TP.
 These element counts match what each rank holds in a real run exactly (tests/distributed/test_tp_ep.py).
 
-Bytes per element: bf16/fp16 -- parameter 2, gradient 2, optimizer 12 (fp32 master copy + Adam's two moments);
-fp32 -- 4, 4, 8. ZeRO-3 also gathers one module at a time in full ("gathered": the largest module after TP/EP).
-Offload moves optimizer states and gradients (optimizer offload), and parameters (parameter offload), to host RAM.
+Bytes per element: bf16/fp16 -- parameter 2, gradient 4, optimizer 12 (fp32 master copy + Adam's two moments);
+fp32 -- 4, 4, 8. Gradients take 4 bytes under bf16/fp16 because the generated JSON accumulates them in fp32
+(`"data_types": {"grad_accum_dtype": "fp32"}`): DeepSpeed's engine.py `get_data_types` hands that dtype to the
+ZeRO optimizer, and stage3.py `_setup_for_real_optimizer` allocates the gradient partitions
+(`grad_partitions_flat_buffer`) in it (ZeRO-1: bf16_optimizer.py `fp32_groups_gradients_flat`; ZeRO-2:
+stage_1_and_2.py's fp32 partitions). Optimizer offload moves optimizer states and gradient partitions to host RAM
+(stage3.py: `self.device` is the CPU), parameter offload the parameters.
 
-Activations (an estimate, not a measurement): per transformer layer s*b*h*(10 + 24/t) bytes at 2-byte precision
-(Korthikanti et al. 2022, "Reducing Activation Recomputation", without the attention-score term, which
-FlashAttention/SDPA kernels do not store; no sequence parallelism), doubled for fp32. With activation
-checkpointing: 2*s*b*h bytes per layer plus one layer in full. Plus the logits, s*b*V*(2 + 4) bytes (the fp32 copy
-the loss makes). Mixture-of-experts layers are counted as a dense layer of the same hidden size.
+DeepSpeed's own estimator (stage3.py `estimate_zero3_model_states_mem_needs`) counts the same 18 bytes per
+partitioned parameter (2 + 4 + 12) plus 4 bytes x the largest layer, which are our `gathered` (2) and
+`buffers["gathered_grads"]` (2); tests/unit/test_memory.py holds the two side by side.
+
+ZeRO-3 buffers, in elements from `zero_buffers.zero_buffers` (the same values the generated JSON writes):
+- gathered: the largest module after TP/EP, whole, at parameter bytes (partitioned_param_coordinator.py
+  `fetch_sub_module`: a module's parameters are gathered before it runs).
+- buffers["prefetched_params"]: what else is gathered ahead of use: the live-parameter budget, at most
+  max(stage3_max_live_parameters, gathered) + the largest tensor, capped by the rank's share of the model, less
+  the module computing (partitioned_param_coordinator.py `_fetch_sub_module_impl`, see zero_buffers).
+- buffers["gathered_grads"]: the full-size gradient of the gathered module, at compute bytes: autograd makes it
+  whole, and stage3.py `__reduce_and_partition_ipg_grads` refuses a gradient whose numel is not `ds_numel`.
+- buffers["reduce_bucket"] (persistent): reduce_bucket_size elements at compute bytes (stage3.py
+  `_setup_for_real_optimizer`, under `contiguous_gradients`, which the generated JSON sets).
+- buffers["reduce_copy"]: the interleaved copy runtime/comm/coalesced_collectives.py `reduce_scatter_coalesced`
+  makes of a bucket before reducing it: min(reduce_bucket_size, the rank's share of the model) elements.
+- buffers["subgroup_fp32_grads"] (at the optimizer step): stage3.py `_prepare_fp32_grad_for_sub_group` flattens one
+  optimizer sub-group's fp32 gradient partitions into a new tensor: min(sub_group_size + the largest partition,
+  the rank's optimizer partition) x 4 bytes; on the GPU only without optimizer offload.
+- buffers["hpz_secondary"] (persistent): ZeRO++ hpZ's second copy of the parameters, each tensor / GPUs per node
+  at parameter bytes (partition_parameters.py `_partition_param_sec`), where zero_buffers turns hpZ on.
+Stages 0-2 are counted without buffers (their gradient buckets are of the same order; not modelled).
+
+Activations (an estimate, not a measurement), bytes per token per layer: what autograd keeps for the backward pass
+in the transformers 5.24 modeling code, at compute bytes c (2 for bf16/fp16, 4 for fp32); n = 4 + c per
+normalised width (RMSNorm keeps its fp32 upcast input and its output: `DeepseekV3RMSNorm`, alike in Llama, Qwen,
+Mixtral); t = TP, which splits head- and intermediate-wide tensors (no sequence parallelism):
+- attention, MLA (modeling_deepseek_v3.py `DeepseekV3Attention`): n*h + n*q_lora_rank (q_a_layernorm; none when
+  q_lora_rank is None) + n*kv_lora_rank (kv_a_layernorm) + c*heads*(2*(qk_nope + qk_rope) + 2*v_head)/t: the
+  query and the key per head after RoPE, the value, and the attention output (o_proj's input). DeepSeek-V3 at
+  bf16: 219,136 bytes per token, 2.4 x the 13*h of the dense formula (Korthikanti et al. 2022, "Reducing
+  Activation Recomputation", attention without the score terms), because 128 heads x 192 = 24,576 > h = 7,168.
+- attention, other models: n*h + c*(heads + 2*kv_heads)*head_dim/t (query, key, value; K/V heads split over
+  min(t, kv_heads)) + c*heads*head_dim/t (output). Scores are not stored (SDPA/flash kernels; eager attention
+  would add heads x s^2 per sequence); Qwen3's per-head q/k norms are not counted.
+- dense MLP (SwiGLU): n*h + 4*c*I/t: gate output, its SiLU, up output, and their product (down_proj's input).
+- MoE layer: n*h + 4*h (DeepSeek's router multiplies an fp32 copy of its input: `DeepseekV3TopkRouter`)
+  + c*k*(2*h + 4*I_e) (dispatch: each token's copy for each of its k experts, the expert's four I_e-wide tensors,
+  and the expert output that the routing weight scales: `DeepseekV3Experts`) + 4*c*I_s/t (shared experts, width
+  I_s). Routing is assumed balanced; a rank holding popular experts holds more. With EP > 1, AutoEP's all-to-all
+  send and receive copies, 2*c*k*h per token, once for the layer in flight.
+- layers: without activation checkpointing, every layer's bytes; with it, each layer's input (c*h per token,
+  torch.utils.checkpoint) plus the largest layer in full during its recomputation.
+- logits (`logits_bytes`): s*b*V*12 bytes: during the loss's backward three fp32 tensors of the logits' shape are
+  alive at once (the log-probabilities `log_softmax` saved, their gradient from `nll_loss`, and log_softmax's
+  input gradient); the forward peak is lower (bf16 logits + the fp32 copy `ForCausalLMLoss` makes with
+  `logits.float()` + the log-probabilities = 10 bytes). With DeepSpeed's vocabulary-parallel head each TP rank
+  holds s*b*V/t logits at 14 bytes (sequence/cross_entropy.py `_VocabParallelCrossEntropy`: the logits, their fp32
+  copy, the shifted copy and the saved exponentials).
+
+Phases: the ZeRO-3 gathers, gradient buffers and activations peak in the backward pass; the sub-group copy at the
+optimizer step, when activations are gone. device_total = model states on the GPU + persistent buffers
++ max(backward peak, step peak) + allowance.
+
+Allowance (CUDA plans; a stated margin, not a measurement): ALLOWANCE_FIXED_BYTES (2 GiB) for the CUDA context and
+kernels, cuBLAS workspaces and NCCL's buffers for the data-, tensor- and expert-parallel communicators, plus
+FRAGMENTATION_FRACTION (10 %) of the transient peak for the caching allocator's rounding and fragmentation
+(`zero_buffers.recommended_env` recommends `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, which keeps
+fragmentation lower). It replaces the former 10 % of device memory held back (USABLE_FRACTION is now 1).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from hf_dist_recipes.parallel.models import ModelShape, component_of
 from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.parallel.tp_specs import partition_config, tp_split_dim
 
 GIB = 2**30
-BYTES_PER_ELEMENT = {"bf16": (2, 2, 12), "fp16": (2, 2, 12), "fp32": (4, 4, 8)}  # parameter, gradient, optimizer
-USABLE_FRACTION = 0.9  # of the device memory; the rest goes to the CUDA context, NCCL buffers and fragmentation
+BYTES_PER_ELEMENT = {"bf16": (2, 4, 12), "fp16": (2, 4, 12), "fp32": (4, 4, 8)}  # parameter, gradient, optimizer
+COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # activations, gathered gradients, communication buffers
+NORM_FP32_BYTES = 4  # RMSNorm's fp32 upcast of its input, kept for the backward pass
+LOGIT_BYTES = 12  # per logit element, gathered head (module docstring)
+VOCAB_PARALLEL_LOGIT_BYTES = 14  # per local logit element, DeepSpeed's vocabulary-parallel head
+ALLOWANCE_FIXED_BYTES = 2 * GIB
+FRAGMENTATION_FRACTION = 0.10
+USABLE_FRACTION = 1.0  # of the device memory: the context, NCCL and fragmentation are in `allowance` now
 
 
 @dataclass(frozen=True)
 class RankElements:
-    """Elements one rank holds. `sharded`: parameter elements after TP/EP, before ZeRO."""
+    """Elements one rank holds. `sharded`: parameter elements after TP/EP, before ZeRO. `gathered_layer`: the
+    largest module a rank gathers under ZeRO-3 (`gathered_module`, 0 / "" below stage 3); `largest_tensor`: the
+    largest single tensor after TP/EP; `largest_partition`: the largest per-rank optimizer partition of one."""
 
     params: int
     grads: int
     optimizer: int
     gathered_layer: int
     sharded: int
+    gathered_module: str = ""
+    largest_tensor: int = 0
+    largest_partition: int = 0
 
 
 def rank_elements(plan: ParallelPlan, model: ModelShape) -> RankElements:
@@ -55,7 +124,7 @@ def rank_elements(plan: ParallelPlan, model: ModelShape) -> RankElements:
         from deepspeed.module_inject.autotp_config import AutoTPConfig
 
         autotp = AutoTPConfig.from_dict(partition_config(model.model_type))
-    params = grads = optimizer = sharded = 0
+    params = grads = optimizer = sharded = largest_tensor = largest_partition = 0
     per_module: dict[str, int] = {}
     for name, shape in model.parameters:
         numel = math.prod(shape)
@@ -78,27 +147,83 @@ def rank_elements(plan: ParallelPlan, model: ModelShape) -> RankElements:
         params += partitioned if plan.zero_stage == 3 else numel
         grads += partitioned if plan.zero_stage >= 2 else numel
         optimizer += partitioned if plan.zero_stage >= 1 else numel
-    gathered = max(per_module.values()) if plan.zero_stage == 3 else 0
-    return RankElements(params=params, grads=grads, optimizer=optimizer, gathered_layer=gathered, sharded=sharded)
+        largest_tensor = max(largest_tensor, *pieces)
+        largest_partition = max(largest_partition, *(math.ceil(p / group) if plan.zero_stage >= 1 else p
+                                                      for p in pieces))
+    module = max(per_module, key=per_module.get) if plan.zero_stage == 3 else ""
+    return RankElements(params=params, grads=grads, optimizer=optimizer,
+                        gathered_layer=per_module[module] if module else 0, sharded=sharded, gathered_module=module,
+                        largest_tensor=largest_tensor, largest_partition=largest_partition)
+
+
+def _attention_bytes_per_token(plan: ParallelPlan, model: ModelShape) -> float:
+    c, t, h = COMPUTE_BYTES[plan.precision], plan.tp, model.hidden_size
+    n = NORM_FP32_BYTES + c
+    if model.is_mla:
+        per_head = 2 * (model.qk_nope_head_dim + model.qk_rope_head_dim) + 2 * model.v_head_dim
+        return n * (h + (model.q_lora_rank or 0) + model.kv_lora_rank) + c * model.num_heads * per_head / t
+    d, kv_split = model.head_dim, min(t, model.num_kv_heads)
+    return n * h + c * d * (2 * model.num_heads / t + 2 * model.num_kv_heads / kv_split)
+
+
+def _mlp_bytes_per_token(plan: ParallelPlan, model: ModelShape, moe: bool) -> float:
+    c, t, h = COMPUTE_BYTES[plan.precision], plan.tp, model.hidden_size
+    norm = (NORM_FP32_BYTES + c) * h
+    if not moe:
+        return norm + 4 * c * model.intermediate_size / t
+    k = model.experts_per_token
+    router = NORM_FP32_BYTES * h if model.is_deepseek else 0
+    routed = c * k * (2 * h + 4 * model.moe_intermediate_size)
+    return norm + router + routed + 4 * c * model.shared_intermediate_size / t
+
+
+def logits_bytes(plan: ParallelPlan, model: ModelShape, *, vocab_parallel: bool | None = None) -> int:
+    """Bytes of the logits and the loss over them, per rank (module docstring). `vocab_parallel`: whether the LM
+    head is DeepSpeed's vocabulary-parallel one (None: what the generated JSON chooses for the plan)."""
+    if vocab_parallel is None:
+        from hf_dist_recipes.parallel.zero_buffers import use_vocab_parallel_lm_head
+
+        vocab_parallel = use_vocab_parallel_lm_head(plan, model)
+    tokens = plan.seq_len * plan.micro_batch
+    if vocab_parallel and plan.tp > 1:
+        return tokens * math.ceil(model.vocab_size / plan.tp) * VOCAB_PARALLEL_LOGIT_BYTES
+    return tokens * model.vocab_size * LOGIT_BYTES
+
+
+def activation_parts(plan: ParallelPlan, model: ModelShape) -> dict[str, int]:
+    """The activation estimate of the module docstring, per rank, in bytes, by part: `layers` (all decoder
+    layers, or with checkpointing their inputs), `recomputed_layer` (the largest layer in full, with
+    checkpointing), `dispatch` (AutoEP's all-to-all copies, EP > 1), `logits`."""
+    tokens = plan.seq_len * plan.micro_batch
+    c = COMPUTE_BYTES[plan.precision]
+    attention = _attention_bytes_per_token(plan, model)
+    dense = attention + _mlp_bytes_per_token(plan, model, moe=False)
+    moe = attention + _mlp_bytes_per_token(plan, model, moe=True)
+    n_moe = model.num_moe_layers
+    n_dense = model.num_layers - n_moe
+    if plan.activation_checkpointing:
+        layers = model.num_layers * c * model.hidden_size
+        recomputed = max(dense if n_dense else 0, moe if n_moe else 0)
+    else:
+        layers = n_dense * dense + n_moe * moe
+        recomputed = 0
+    dispatch = 2 * c * model.experts_per_token * model.hidden_size if plan.ep > 1 and n_moe else 0
+    return {"layers": int(tokens * layers), "recomputed_layer": int(tokens * recomputed),
+            "dispatch": int(tokens * dispatch), "logits": logits_bytes(plan, model)}
 
 
 def activation_bytes(plan: ParallelPlan, model: ModelShape) -> int:
     """The activation estimate of the module docstring, per rank, in bytes."""
-    s, b, h, t = plan.seq_len, plan.micro_batch, model.hidden_size, plan.tp
-    scale = 2 if plan.precision == "fp32" else 1
-    full_layer = s * b * h * (10 + 24 / t) * scale
-    if plan.activation_checkpointing:
-        layers = model.num_layers * 2 * s * b * h * scale + full_layer
-    else:
-        layers = model.num_layers * full_layer
-    logits = s * b * model.vocab_size * (2 * scale + 4)
-    return int(layers + logits)
+    return sum(activation_parts(plan, model).values())
 
 
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes per rank by kind, where they live, and whether the device holds its share (`device_bytes` of
-    memory per GPU, of which USABLE_FRACTION is counted as usable)."""
+    memory per GPU, of which USABLE_FRACTION is counted as usable). `buffers`: the ZeRO-3 buffers of the module
+    docstring by name (persistent: `reduce_bucket`, `hpz_secondary`; backward peak: `prefetched_params`,
+    `gathered_grads`, `reduce_copy`; optimizer step: `subgroup_fp32_grads`, 0 when on the host);
+    `activation_parts`: `activations` by part; `allowance`: context, NCCL and fragmentation."""
 
     plan: ParallelPlan
     params: int
@@ -110,6 +235,9 @@ class MemoryEstimate:
     host_total_per_node: int
     device_bytes: int | None
     elements: RankElements
+    buffers: dict[str, int] = field(default_factory=dict)
+    activation_parts: dict[str, int] = field(default_factory=dict)
+    allowance: int = 0
 
     @property
     def fits(self) -> bool | None:
@@ -117,9 +245,42 @@ class MemoryEstimate:
             return None
         return self.device_total <= self.device_bytes * USABLE_FRACTION
 
+    @property
+    def other(self) -> int:
+        """Bytes of device_total beyond the model states on the GPU, `gathered` and `activations`: the buffers
+        that fall in the peak phase and the allowance."""
+        on_host = self.host_total_per_node // self.plan.procs_per_node
+        return self.device_total - (self.params + self.grads + self.optimizer - on_host + self.gathered
+                                    + self.activations)
+
     def as_dict(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k not in ("plan", "elements")}
         return {"plan": self.plan.as_dict(), **out, "fits": self.fits, "elements": asdict(self.elements)}
+
+
+def zero3_buffer_bytes(plan: ParallelPlan, model: ModelShape, el: RankElements) -> dict[str, int]:
+    """The ZeRO-3 buffers of the module docstring, in bytes (empty below stage 3)."""
+    if plan.zero_stage != 3:
+        return {}
+    from hf_dist_recipes.parallel.zero_buffers import zero_buffers
+
+    zb = zero_buffers(plan, model)
+    p_bytes = BYTES_PER_ELEMENT[plan.precision][0]
+    c = COMPUTE_BYTES[plan.precision]
+    subgroup = min(zb.sub_group_size + el.largest_partition, el.optimizer)
+    return {
+        "prefetched_params": (zb.live_parameter_elements(el.sharded) - el.gathered_layer) * p_bytes,
+        "gathered_grads": el.gathered_layer * c,
+        "reduce_bucket": zb.reduce_bucket_size * c,
+        "reduce_copy": min(zb.reduce_bucket_size, el.sharded) * c,
+        "subgroup_fp32_grads": 0 if plan.offload_optimizer else subgroup * 4,
+        "hpz_secondary": zb.hpz_secondary_elements * p_bytes,
+    }
+
+
+PERSISTENT_BUFFERS = ("reduce_bucket", "hpz_secondary")
+BACKWARD_BUFFERS = ("prefetched_params", "gathered_grads", "reduce_copy")
+STEP_BUFFERS = ("subgroup_fp32_grads",)
 
 
 def estimate(plan: ParallelPlan, model: ModelShape, *, device_gib: float | None = None) -> MemoryEstimate:
@@ -128,24 +289,32 @@ def estimate(plan: ParallelPlan, model: ModelShape, *, device_gib: float | None 
     p_bytes, g_bytes, o_bytes = BYTES_PER_ELEMENT[plan.precision]
     params, grads, optimizer = el.params * p_bytes, el.grads * g_bytes, el.optimizer * o_bytes
     gathered = el.gathered_layer * p_bytes
-    activations = activation_bytes(plan, model)
+    parts = activation_parts(plan, model)
+    activations = sum(parts.values())
+    buffers = zero3_buffer_bytes(plan, model, el)
     on_host = 0
     if plan.offload_optimizer:
         on_host += optimizer + grads
     if plan.offload_params:
         on_host += params
-    device_total = params + grads + optimizer + gathered + activations - on_host
+    persistent = sum(buffers.get(k, 0) for k in PERSISTENT_BUFFERS)
+    backward = activations + gathered + sum(buffers.get(k, 0) for k in BACKWARD_BUFFERS)
+    step = sum(buffers.get(k, 0) for k in STEP_BUFFERS)
+    transient = max(backward, step)
+    allowance = int(ALLOWANCE_FIXED_BYTES + FRAGMENTATION_FRACTION * transient) if plan.device == "cuda" else 0
+    device_total = params + grads + optimizer - on_host + persistent + transient + allowance
     return MemoryEstimate(
         plan=plan, params=params, grads=grads, optimizer=optimizer, gathered=gathered, activations=activations,
         device_total=device_total, host_total_per_node=on_host * plan.procs_per_node,
-        device_bytes=int(device_gib * GIB) if device_gib else None, elements=el,
+        device_bytes=int(device_gib * GIB) if device_gib else None, elements=el, buffers=buffers,
+        activation_parts=parts, allowance=allowance,
     )
 
 
 def render_table(estimates: list[MemoryEstimate], *, chosen: MemoryEstimate | None = None) -> str:
-    """Plain-text table, GiB per rank; host RAM per node."""
-    head = (f"{'plan':<28} {'params':>8} {'grads':>8} {'optim':>8} {'gather':>8} {'activ':>8} {'total':>8} "
-            f"{'host/node':>10} {'fits?':>6}")
+    """Plain-text table, GiB per rank; host RAM per node. `other`: ZeRO-3 buffers and the allowance."""
+    head = (f"{'plan':<28} {'params':>8} {'grads':>8} {'optim':>8} {'gather':>8} {'activ':>8} {'other':>8} "
+            f"{'total':>8} {'host/node':>10} {'fits?':>6}")
     lines = [head, "-" * len(head)]
     for e in estimates:
         p = e.plan
@@ -155,6 +324,7 @@ def render_table(estimates: list[MemoryEstimate], *, chosen: MemoryEstimate | No
         mark = " <" if chosen is not None and e is chosen else ""
         lines.append(
             f"{label:<28} {e.params / GIB:8.1f} {e.grads / GIB:8.1f} {e.optimizer / GIB:8.1f} {e.gathered / GIB:8.1f} "
-            f"{e.activations / GIB:8.1f} {e.device_total / GIB:8.1f} {e.host_total_per_node / GIB:10.0f} {fits:>6}{mark}"
+            f"{e.activations / GIB:8.1f} {e.other / GIB:8.1f} {e.device_total / GIB:8.1f} "
+            f"{e.host_total_per_node / GIB:10.0f} {fits:>6}{mark}"
         )
     return "\n".join(lines)

@@ -120,7 +120,13 @@ def component_of(name: str) -> str:
 @dataclass(frozen=True)
 class ModelShape:
     """What planning needs to know of a model. `parameters`: (name, shape) of every parameter, in model order;
-    `largest_layer_params`: the most parameters any one module holds directly (ZeRO-3 gathers one at a time)."""
+    `largest_layer_params`: the most parameters any one module holds directly (ZeRO-3 gathers one at a time).
+
+    Widths for the activation estimate (`hf_dist_recipes.parallel.memory`), read from the parameter shapes so
+    that every family is read the same way: `head_dim` (per attention head of a non-MLA model);
+    `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim` (MLA; None elsewhere); `intermediate_size` (one dense
+    MLP, 0 when every layer is MoE); `moe_intermediate_size` (one routed expert); `shared_intermediate_size` (all
+    shared experts of a layer together); `num_moe_layers` (layers with routed experts)."""
 
     name: str
     model_type: str
@@ -137,6 +143,14 @@ class ModelShape:
     parameters: tuple[tuple[str, tuple[int, ...]], ...] = field(repr=False)
     params_by_component: dict[str, int] = field(default_factory=dict)
     largest_layer_params: int = 0
+    head_dim: int = 0
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    intermediate_size: int = 0
+    moe_intermediate_size: int = 0
+    shared_intermediate_size: int = 0
+    num_moe_layers: int = 0
 
     @property
     def total_params(self) -> int:
@@ -149,6 +163,11 @@ class ModelShape:
     @property
     def is_deepseek(self) -> bool:
         return self.model_type in DEEPSEEK_TYPES
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3): K/V come from a compressed latent, not from k/v_proj."""
+        return self.kv_lora_rank is not None and self.v_head_dim is not None
 
 
 def _get(config: PretrainedConfig, *names: str, default=0):
@@ -170,6 +189,7 @@ def introspect(model: str | Path | PretrainedConfig) -> ModelShape:
         by_component[component_of(pname)] += p.numel()
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in module.modules())
     heads = config.num_attention_heads
+    widths = _mlp_widths(params)
     return ModelShape(
         name=name,
         model_type=config.model_type,
@@ -186,4 +206,29 @@ def introspect(model: str | Path | PretrainedConfig) -> ModelShape:
         parameters=tuple(params),
         params_by_component=by_component,
         largest_layer_params=largest,
+        head_dim=_get(config, "head_dim", default=config.hidden_size // heads),
+        qk_nope_head_dim=getattr(config, "qk_nope_head_dim", None),
+        qk_rope_head_dim=getattr(config, "qk_rope_head_dim", None),
+        v_head_dim=getattr(config, "v_head_dim", None),
+        **widths,
     )
+
+
+def _mlp_widths(params: list[tuple[str, tuple[int, ...]]]) -> dict[str, int]:
+    """MLP widths from the parameter shapes (transformers 5 layouts): a dense MLP's `down_proj.weight` is
+    [hidden, intermediate]; fused routed experts' `experts.down_proj` is [experts, hidden, intermediate]."""
+    dense = routed = shared = 0
+    moe_layers = set()
+    for name, shape in params:
+        if not name.endswith("down_proj.weight") and not name.endswith("experts.down_proj"):
+            continue
+        component = component_of(name)
+        if component == "routed_experts":
+            routed = routed or shape[-1]
+            moe_layers.add(name.split(".mlp.")[0])
+        elif component == "shared_experts":
+            shared = shared or shape[-1]
+        elif component == "dense_mlp":
+            dense = dense or shape[-1]
+    return {"intermediate_size": dense, "moe_intermediate_size": routed, "shared_intermediate_size": shared,
+            "num_moe_layers": len(moe_layers)}

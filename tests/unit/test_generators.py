@@ -14,7 +14,8 @@ V3 = introspect("deepseek-v3")
 LLAMA = introspect("llama-3.1-8b")
 PLANS = [
     (ParallelPlan(), None),
-    (ParallelPlan(nodes=2, tp=2), LLAMA),
+    (ParallelPlan(nodes=2, tp=2), LLAMA),  # with the vocabulary-parallel LM head
+    (ParallelPlan(nodes=2), LLAMA),  # with ZeRO++ hpZ
     (ParallelPlan(tp=2, ep=8), V3),
     (ParallelPlan(nodes=4, ep=32, offload_optimizer=True), V3),
     (ParallelPlan(procs_per_node=4, device="cpu", precision="fp32", tp=2, ep=2), introspect("tiny-deepseek-v3")),

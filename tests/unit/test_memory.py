@@ -13,10 +13,12 @@ TINY = introspect("tiny-deepseek-v3")
 V3 = introspect("deepseek-v3")
 
 
-def test_zero3_without_tp_reconciles_with_deepspeeds_own_estimate():
-    """DeepSpeed's estimate_zero3_model_states_mem_needs (no offload): 4 B x largest layer + 18 B x params / GPUs.
-    Ours: 2 B x largest layer gathered + 16 B per partitioned element (2 param + 2 grad + 12 Adam). The gap must be
-    exactly DeepSpeed's extra 2 B x largest layer + 2 B per parameter, up to our ceil padding."""
+def test_zero3_without_tp_matches_deepspeeds_own_estimate():
+    """DeepSpeed's estimate_zero3_model_states_mem_needs (stage3.py), per GPU: 4 B x largest layer, plus 18 B per
+    parameter / GPUs without offload (2 B under optimizer offload, 0 under both offloads). Term by term ours:
+    the 4 B are `gathered` (the bf16 layer, 2 B) + buffers["gathered_grads"] (its full-size bf16 gradient, 2 B);
+    the 18 B are params (2) + grads (4: fp32 accumulation) + optimizer (12). Ours is larger only by the ceil
+    padding of each tensor's partition (DeepSpeed's estimator floors the total once)."""
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs, model_to_params
     from transformers import AutoModelForCausalLM
 
@@ -25,12 +27,19 @@ def test_zero3_without_tp_reconciles_with_deepspeeds_own_estimate():
     shape = introspect(template_config("demo-deepseek-v3"))
     assert (shape.total_params, shape.largest_layer_params) == (total, largest)
     for gpus in (2, 8):
-        _, ds_gpu, _ = estimate_zero3_model_states_mem_needs(total, largest, num_gpus_per_node=gpus, cpu_offload=False,
-                                                             cpu_offload_params=False)
-        ours = estimate(ParallelPlan(procs_per_node=gpus), shape)
-        states = ours.params + ours.grads + ours.optimizer + ours.gathered
-        padding = 16 * len(shape.parameters)
-        assert 0 <= (ds_gpu - states) - (2 * largest + 2 * total // gpus) <= padding
+        for opt_off, param_off in ((False, False), (True, False), (True, True)):
+            _, ds_gpu, ds_layer = estimate_zero3_model_states_mem_needs(
+                total, largest, num_gpus_per_node=gpus, cpu_offload=opt_off, cpu_offload_params=param_off)
+            ours = estimate(ParallelPlan(procs_per_node=gpus, offload_optimizer=opt_off, offload_params=param_off),
+                            shape)
+            assert ours.gathered + ours.buffers["gathered_grads"] == ds_layer == 4 * largest
+            on_gpu = [ours.params * (not param_off), ours.grads * (not opt_off), ours.optimizer * (not opt_off)]
+            gap = sum(on_gpu) + ds_layer - ds_gpu
+            assert 0 <= gap <= 18 * len(shape.parameters), (gpus, opt_off, param_off, gap)
+    # A gradient kept in bf16 (2 B, DeepSpeed's default without grad_accum_dtype) would fall 2 B per parameter
+    # short of DeepSpeed's figure: the estimator assumes the fp32 gradient partitions the generated JSON asks for.
+    ours = estimate(ParallelPlan(procs_per_node=8), shape)
+    assert ours.grads == 2 * ours.params
 
 
 def test_zero3_partitions_every_tensor_with_ceil():
@@ -48,24 +57,94 @@ def test_lower_zero_stages_keep_whole_copies():
 
 
 def test_bytes_per_element_and_offload_placement():
+    from hf_dist_recipes.parallel.deepspeed_config import deepspeed_config
+
     plan = ParallelPlan(procs_per_node=8)
+    # The generated JSON accumulates gradients in fp32, so a bf16 plan's gradient partitions take 4 B.
+    assert deepspeed_config(plan)["data_types"] == {"grad_accum_dtype": "fp32"}
     base = estimate(plan, V3, device_gib=80)
     assert base.optimizer == 6 * base.params  # 12 B vs 2 B per element
+    assert base.grads == 2 * base.params  # 4 B vs 2 B
     off = estimate(replace(plan, offload_optimizer=True), V3, device_gib=80)
+    # Offload moves exactly the optimizer states and gradient partitions (and the optimizer step's fp32 sub-group
+    # copy, which is not the peak here: the backward pass holds more than 3.7 GiB of activations).
+    assert base.buffers["subgroup_fp32_grads"] < base.activations and off.buffers["subgroup_fp32_grads"] == 0
     assert off.device_total == base.device_total - base.optimizer - base.grads
     assert off.host_total_per_node == (base.optimizer + base.grads) * 8
     both = estimate(replace(plan, offload_optimizer=True, offload_params=True), V3)
-    assert both.device_total == base.gathered + base.activations and both.fits is None
+    # With every model state on the host the GPU keeps the gathered layer, the ZeRO-3 buffers, the activations
+    # and the allowance: 2 GiB plus a tenth of the backward peak.
+    b = both.buffers
+    peak = both.gathered + b["prefetched_params"] + b["gathered_grads"] + b["reduce_copy"] + both.activations
+    assert both.allowance == int(2 * GIB + 0.1 * peak)
+    assert both.device_total == peak + b["reduce_bucket"] + both.allowance and both.fits is None
     fp32 = estimate(replace(plan, precision="fp32"), V3)
     assert fp32.params == 2 * base.params and fp32.optimizer == base.optimizer * 8 // 12
+    assert fp32.grads == base.grads  # fp32 either way
 
 
 def test_activation_formula_and_checkpointing():
+    """DeepSeek-V3 at TP 2, bf16 (c = 2 B, RMSNorm n = 4 + 2 B per normalised width), per token and layer:
+    MLA attention: 6 x (7168 + 1536 + 512) + 2 x 128 x (2 x (128 + 64) + 2 x 128) / 2 = 55,296 + 81,920;
+    dense MLP (3 layers): 6 x 7168 + 4 x 2 x 18432 / 2 = 43,008 + 73,728;
+    MoE (58 layers): 6 x 7168 + 4 x 7168 (fp32 router input) + 2 x 8 x (2 x 7168 + 4 x 2048) + 4 x 2 x 2048 / 2
+    = 43,008 + 28,672 + 360,448 + 8,192. EP 1: no all-to-all copies. Logits: TP 2 turns the vocabulary-parallel
+    head on (it saves more than 1 GiB here), 4096 x 129280 / 2 logits at 14 B."""
     plan = ParallelPlan(seq_len=4096, micro_batch=1, tp=2)
-    s, b, h, L, V = 4096, 1, 7168, 61, 129280
-    assert activation_bytes(plan, V3) == int(L * s * b * h * (10 + 24 / 2) + s * b * V * 6)
+    tokens, h = 4096, 7168
+    attention = 55_296 + 81_920
+    dense, moe = attention + 43_008 + 73_728, attention + 43_008 + 28_672 + 360_448 + 8_192
+    logits = 4096 * 64_640 * 14
+    assert activation_bytes(plan, V3) == tokens * (3 * dense + 58 * moe) + logits
+    # The MLA attention alone is 2.35x the attention part of the dense formula s*b*h*(10 + 24/t) (13*h at t = 1).
+    assert 55_296 + 163_840 == pytest.approx(2.35 * 13 * h, rel=0.01)
     ckpt = activation_bytes(replace(plan, activation_checkpointing=True), V3)
-    assert ckpt == int(L * 2 * s * b * h + s * b * h * (10 + 24 / 2) + s * b * V * 6)
+    assert ckpt == tokens * 61 * 2 * h + tokens * moe + logits
+    ep = activation_bytes(replace(plan, ep=8), V3)
+    assert ep - activation_bytes(plan, V3) == tokens * 2 * 2 * 8 * h  # AutoEP's send and receive copies
+
+
+def test_each_term_of_a_tiny_deepseek_by_hand():
+    """tiny-deepseek-v3 (h 64, 4 heads, q/kv ranks 32/16, nope/rope/v 16/8/16, dense MLP 128, experts 8 x 32 wide,
+    top 2, one shared expert 32 wide, 3 layers of which 2 MoE, vocab 128) on 2 GPUs, ZeRO-3, bf16."""
+    plan = ParallelPlan(procs_per_node=2, seq_len=64, micro_batch=2)
+    e = estimate(plan, TINY, device_gib=80)
+    experts = 8 * 64 * 64 + 8 * 64 * 32  # layer 1's experts module: gate_up_proj + down_proj = 49,152
+    assert e.elements.gathered_layer == experts and e.gathered == 2 * experts
+    # Live-parameter budget: max(1e9, 2 x 49,152) + the 32,768-element gate_up_proj, more than the whole model.
+    assert e.buffers["prefetched_params"] == (191_568 - experts) * 2
+    assert e.buffers["gathered_grads"] == experts * 2
+    assert e.buffers["reduce_bucket"] == 500_000_000 * 2
+    assert e.buffers["reduce_copy"] == 191_568 * 2  # a bucket holds at most the model
+    half = sum(math.ceil(math.prod(s) / 2) for _, s in TINY.parameters)
+    assert e.buffers["subgroup_fp32_grads"] == half * 4  # one sub-group: the whole partition, < 1e9
+    assert e.buffers["hpz_secondary"] == 0
+    per_token = {
+        "attention": 6 * (64 + 32 + 16) + 2 * 4 * (2 * (16 + 8) + 2 * 16),  # 672 + 640
+        "dense": 6 * 64 + 4 * 2 * 128,  # 384 + 1024
+        "moe": 6 * 64 + 4 * 64 + 2 * 2 * (2 * 64 + 4 * 32) + 4 * 2 * 32,  # 384 + 256 + 1024 + 256
+    }
+    tokens = 128
+    layers = tokens * (per_token["attention"] + per_token["dense"] + 2 * (per_token["attention"] + per_token["moe"]))
+    assert e.activation_parts == {"layers": layers, "recomputed_layer": 0, "dispatch": 0, "logits": 128 * 128 * 12}
+    states = half * (2 + 4 + 12)
+    backward = e.gathered + e.buffers["prefetched_params"] + e.buffers["gathered_grads"] + 191_568 * 2 + e.activations
+    assert backward > e.buffers["subgroup_fp32_grads"]
+    assert e.allowance == int(2 * GIB + 0.1 * backward)
+    assert e.device_total == states + 500_000_000 * 2 + backward + e.allowance
+    assert e.other == e.device_total - states - e.gathered - e.activations
+    # On CPU plans no allowance for the CUDA context and NCCL.
+    assert estimate(replace(plan, device="cpu"), TINY).allowance == 0
+
+
+def test_dense_gqa_attention_and_mlp_by_hand():
+    """tiny-llama (h 64, 4 heads of 16, 4 KV heads, MLP 128, 2 layers, vocab 256), fp32 (c = 4, n = 8), TP 2:
+    attention 8 x 64 + 4 x 16 x (2 x 4 / 2 + 2 x 4 / 2) = 512 + 512; MLP 8 x 64 + 4 x 4 x 128 / 2 = 512 + 1024."""
+    llama = introspect("tiny-llama")
+    plan = ParallelPlan(procs_per_node=2, device="cpu", precision="fp32", tp=2, seq_len=32, micro_batch=1)
+    parts = estimate(plan, llama).activation_parts
+    assert parts["layers"] == 32 * 2 * (512 + 512 + 512 + 1024)
+    assert parts["logits"] == 32 * 256 * 12  # far under 1 GiB saved: the gathered head stays
 
 
 def test_ep_divides_the_experts_and_tp_the_split_weights():

@@ -32,6 +32,23 @@ def test_deepseek_v3_components_and_shape():
     assert c["embeddings"] == c["lm_head"] == 129280 * 7168
 
 
+def test_widths_for_the_activation_estimate():
+    """The public config.json values: DeepSeek-V3 (MLA nope/rope/v 128/64/128, dense MLP 18432 in its first 3 of 61
+    layers, experts 2048 wide, one shared expert), Mixtral-8x7B (experts 14336 wide in all 32 layers, no dense MLP),
+    Llama-3.1-8B (32 heads of 128, MLP 14336)."""
+    v3 = introspect("deepseek-v3")
+    assert (v3.qk_nope_head_dim, v3.qk_rope_head_dim, v3.v_head_dim, v3.is_mla) == (128, 64, 128, True)
+    assert (v3.intermediate_size, v3.moe_intermediate_size, v3.shared_intermediate_size) == (18432, 2048, 2048)
+    assert v3.num_moe_layers == 61 - 3
+    lite = introspect("deepseek-v2-lite")  # two shared experts of 1408 and no q LoRA
+    assert (lite.shared_intermediate_size, lite.q_lora_rank, lite.num_moe_layers) == (2 * 1408, None, 27 - 1)
+    mixtral = introspect("mixtral-8x7b")
+    assert (mixtral.moe_intermediate_size, mixtral.intermediate_size, mixtral.num_moe_layers) == (14336, 0, 32)
+    assert not mixtral.is_mla and mixtral.head_dim == 4096 // 32
+    llama = introspect("llama-3.1-8b")
+    assert (llama.head_dim, llama.intermediate_size, llama.num_moe_layers, llama.is_mla) == (128, 14336, 0, False)
+
+
 def test_counts_equal_a_real_model_exactly():
     config = template_config("tiny-deepseek-v3")
     from transformers import AutoModelForCausalLM
