@@ -77,6 +77,7 @@ class ExpertBiasBalancer(TrainerCallback):
                 "with auxiliary losses instead: remove ExpertBiasBalancer from callbacks")
         for layer in tracker.layers:
             _check_not_trained(layer)
+        tracker.reset()
         self.tracker = tracker
         # float32 masters only where the bias is stored in lower precision (module docstring of the class).
         self._master = []

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 import weakref
 from dataclasses import dataclass
 
@@ -62,27 +63,31 @@ class RoutedLayer:
         return getattr(self.router, "e_score_correction_bias", None)
 
 
-def _router_classes() -> dict[type, int]:
-    """Router class -> position of the top-k indices in its output."""
-    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
-    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+# Router class -> position of the top-k indices in its output tuple.
+_ROUTERS = (
+    ("transformers.models.deepseek_v3.modeling_deepseek_v3", "DeepseekV3TopkRouter", 2),
+    ("transformers.models.deepseek_v2.modeling_deepseek_v2", "DeepseekV2TopkRouter", 2),
+    ("deepspeed.moe.ep_router", "TokenChoiceTopKRouter", 1),
+)
+_AUTOEP_LAYER = ("deepspeed.module_inject.auto_ep_layer", "AutoEPMoELayer")
 
-    classes = {DeepseekV3TopkRouter: 2, DeepseekV2TopkRouter: 2}
-    try:
-        from deepspeed.moe.ep_router import TokenChoiceTopKRouter
-    except ImportError:  # DeepSpeed is a dependency, but a broken build must not stop plain training
-        return classes
-    classes[TokenChoiceTopKRouter] = 1
-    return classes
+
+def _loaded(module: str, name: str) -> type | None:
+    """A class of a module that is already imported, else None: a model holding one of its instances has imported
+    it, so nothing is imported here (DeepSpeed takes seconds to import, and a dense model needs none of this)."""
+    return getattr(sys.modules.get(module), name, None)
+
+
+def _router_classes() -> dict[type, int]:
+    return {cls: at for module, name, at in _ROUTERS if (cls := _loaded(module, name)) is not None}
 
 
 def _autoep_ep_sizes(model: nn.Module) -> dict[int, int]:
     """id(router) -> EP degree, for the routers inside DeepSpeed AutoEP layers."""
-    try:
-        from deepspeed.module_inject.auto_ep_layer import AutoEPMoELayer
-    except ImportError:
+    layer_class = _loaded(*_AUTOEP_LAYER)
+    if layer_class is None:
         return {}
-    return {id(m.router): int(m.ep_size) for m in model.modules() if isinstance(m, AutoEPMoELayer)}
+    return {id(m.router): int(m.ep_size) for m in model.modules() if isinstance(m, layer_class)}
 
 
 def find_routed_layers(model: nn.Module) -> list[RoutedLayer]:
@@ -202,6 +207,11 @@ class ExpertLoadTracker:
             handle.remove()
         self._handles.clear()
 
+    def reset(self) -> None:
+        """Forget what was counted so far (a training run starts: passes before it are no step of it)."""
+        self._micro.zero_()
+        self._step = self._step_local = self._step_global = None
+
     def step_counts(self, step: int, *, reduce: bool = False) -> torch.Tensor:
         """Counts of optimizer step `step` (the Trainer's `global_step` after the step): this rank's, or every
         rank's with `reduce=True` (a collective: every rank must ask for the same steps). The first call for a new
@@ -296,6 +306,8 @@ class ExpertLoadCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.tracker = ExpertLoadTracker.for_model(model, tp_size=tensor_parallel_degree(args), device=args.device) \
             if model is not None else None
+        if self.tracker is not None:
+            self.tracker.reset()
         self._window, self._window_steps, self._pending = None, 0, None
 
     def on_step_end(self, args, state, control, **kwargs):
