@@ -114,8 +114,8 @@ def has_routed_experts(model: nn.Module | None) -> bool:
 
 
 def max_over_mean(counts: torch.Tensor) -> float:
-    """Largest count over the mean count along the last dimension (1.0: perfectly even; the number of entries: all
-    on one). NaN when nothing was counted."""
+    """Largest count over the mean count of a 1-D tensor (1.0: perfectly even; the number of entries: all on one).
+    NaN when nothing was counted."""
     counts = counts.double()
     mean = counts.mean().item()
     return counts.max().item() / mean if mean > 0 else math.nan
