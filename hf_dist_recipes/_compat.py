@@ -9,6 +9,7 @@ Covered: transformers 5.24, accelerate 1.16, deepspeed 0.19.8.
 from __future__ import annotations
 
 import os
+import sys
 
 from hf_dist_recipes.jsonfile import load_deepspeed_json
 
@@ -80,3 +81,35 @@ def allow_weight_conversions_under_training_autotp() -> None:
     setattr(convert, _UNGUARDED, True)
     convert.__wrapped__ = original
     setattr(hf_ds, _CONVERSIONS, convert)
+
+
+# MoE routers whose top-k choices monitoring/expert_load.py counts, and where their output tuple holds the top-k
+# expert indices: transformers 5.24 `DeepseekV3TopkRouter` / `DeepseekV2TopkRouter` return (logits, weights,
+# indices); DeepSpeed 0.19.8 AutoEP's `TokenChoiceTopKRouter` returns (scores, indices, counts). AutoEP replaces
+# each MoE block with an `AutoEPMoELayer` whose `router` attribute is that router and whose `ep_size` is the EP
+# degree. None of these classes is public API.
+_MOE_ROUTERS = (
+    ("transformers.models.deepseek_v3.modeling_deepseek_v3", "DeepseekV3TopkRouter", 2),
+    ("transformers.models.deepseek_v2.modeling_deepseek_v2", "DeepseekV2TopkRouter", 2),
+    ("deepspeed.moe.ep_router", "TokenChoiceTopKRouter", 1),
+)
+_AUTOEP_LAYER = ("deepspeed.module_inject.auto_ep_layer", "AutoEPMoELayer")
+
+
+def _loaded(module: str, name: str) -> type | None:
+    """A class of a module that is already imported, else None: a model holding one of its instances has imported
+    it, so nothing is imported here (DeepSpeed takes seconds to import, and a dense model needs none of this)."""
+    return getattr(sys.modules.get(module), name, None)
+
+
+def moe_router_classes() -> dict[type, int]:
+    """Router class -> position of the top-k expert indices in its forward output, for the classes imported."""
+    return {cls: at for module, name, at in _MOE_ROUTERS if (cls := _loaded(module, name)) is not None}
+
+
+def autoep_ep_sizes(model) -> dict[int, int]:
+    """id(router) -> EP degree, for the routers inside DeepSpeed AutoEP layers of `model`."""
+    layer_class = _loaded(*_AUTOEP_LAYER)
+    if layer_class is None:
+        return {}
+    return {id(m.router): int(m.ep_size) for m in model.modules() if isinstance(m, layer_class)}

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 import weakref
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers import TrainerCallback
+
+from hf_dist_recipes import _compat
 
 # Above this many (MoE layer, expert) pairs only the per-layer summaries are logged by default: DeepSeek-V3 would
 # otherwise add 14,848 scalars per log step to every rank's TensorBoard.
@@ -63,37 +64,10 @@ class RoutedLayer:
         return getattr(self.router, "e_score_correction_bias", None)
 
 
-# Router class -> position of the top-k indices in its output tuple.
-_ROUTERS = (
-    ("transformers.models.deepseek_v3.modeling_deepseek_v3", "DeepseekV3TopkRouter", 2),
-    ("transformers.models.deepseek_v2.modeling_deepseek_v2", "DeepseekV2TopkRouter", 2),
-    ("deepspeed.moe.ep_router", "TokenChoiceTopKRouter", 1),
-)
-_AUTOEP_LAYER = ("deepspeed.module_inject.auto_ep_layer", "AutoEPMoELayer")
-
-
-def _loaded(module: str, name: str) -> type | None:
-    """A class of a module that is already imported, else None: a model holding one of its instances has imported
-    it, so nothing is imported here (DeepSpeed takes seconds to import, and a dense model needs none of this)."""
-    return getattr(sys.modules.get(module), name, None)
-
-
-def _router_classes() -> dict[type, int]:
-    return {cls: at for module, name, at in _ROUTERS if (cls := _loaded(module, name)) is not None}
-
-
-def _autoep_ep_sizes(model: nn.Module) -> dict[int, int]:
-    """id(router) -> EP degree, for the routers inside DeepSpeed AutoEP layers."""
-    layer_class = _loaded(*_AUTOEP_LAYER)
-    if layer_class is None:
-        return {}
-    return {id(m.router): int(m.ep_size) for m in model.modules() if isinstance(m, layer_class)}
-
-
 def find_routed_layers(model: nn.Module) -> list[RoutedLayer]:
     """The model's MoE routers, in module order (each once, also where AutoEP aliases its router as `gate`)."""
-    classes = _router_classes()
-    ep_sizes = _autoep_ep_sizes(model)
+    classes = _compat.moe_router_classes()
+    ep_sizes = _compat.autoep_ep_sizes(model)
     layers = []
     for name, module in model.named_modules():
         at = classes.get(type(module))

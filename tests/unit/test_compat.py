@@ -99,3 +99,24 @@ def test_deepspeed_still_refuses_the_consolidated_save_under_autoep():
 
     src = inspect.getsource(DeepSpeedEngine._zero3_consolidated_16bit_state_dict)
     assert "_raise_if_autoep_zero3_consolidated_export" in src
+
+
+def test_moe_routers_return_their_top_k_indices_where_assumed():
+    """monitoring/expert_load.py counts tokens from these positions; a router that changes its output fails here."""
+    import deepspeed.module_inject.auto_ep_layer as auto_ep_layer
+    import deepspeed.moe.ep_router as ep_router
+    from transformers import AutoModelForCausalLM
+
+    from hf_dist_recipes.parallel.models import template_config
+
+    model = AutoModelForCausalLM.from_config(template_config("tiny-deepseek-v3"))
+    classes = _compat.moe_router_classes()
+    router = next(m for m in model.modules() if type(m) in classes)
+    hidden = torch.randn(5, model.config.hidden_size)
+    indices = router(hidden)[classes[type(router)]]
+    assert indices.shape == (5, model.config.num_experts_per_tok) and indices.dtype == torch.int64
+    assert ep_router.TokenChoiceTopKRouter in classes and classes[ep_router.TokenChoiceTopKRouter] == 1
+    src = inspect.getsource(ep_router.TokenChoiceTopKRouter.forward)
+    assert "return top_scores, selected_experts_indices, num_tokens_per_expert" in src
+    layer_src = inspect.getsource(auto_ep_layer.AutoEPMoELayer.__init__)
+    assert "self.router = TokenChoiceTopKRouter(" in layer_src and "self.ep_size = ep_size" in layer_src
