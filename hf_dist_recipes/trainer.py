@@ -185,6 +185,14 @@ class RecipeTrainer(Trainer):
         if self.args.push_to_hub and not _internal_call:
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """The stock log, with the scalars our callbacks prepared for it (tokens per expert) added first, so that
+        `log_history` and every `report_to` integration get them, not only the callbacks after ours."""
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, ExpertLoadCallback):
+                logs.update(callback.pop_pending())
+        super().log(logs, start_time)
+
     def training_step(self, model, inputs, num_items_in_batch=None):
         tokens = _count_tokens(inputs)
         loss = super().training_step(model, inputs, num_items_in_batch)

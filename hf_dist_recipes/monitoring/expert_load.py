@@ -265,9 +265,9 @@ class ExpertLoadCallback(TrainerCallback):
         per_expert: log the per-expert and per-EP-rank token counts too; None (default): when the model has at most
             `PER_EXPERT_SCALAR_LIMIT` (512) MoE layer x expert pairs.
 
-    The stock `report_to` integrations (TensorBoardCallback, WandbCallback, ...) are added before every other
-    callback and have read the logs before this one adds to them: the keys reach the per-rank TensorBoard and the
-    callbacks added after this one, not the Trainer's `log_history`.
+    Under RecipeTrainer the keys join the Trainer's own log (`RecipeTrainer.log`): `log_history`, every `report_to`
+    integration and the per-rank TensorBoard get them. With a plain Trainer they are added in `on_log`, which only
+    the callbacks after this one see (the stock integrations are added before every other callback).
     """
 
     def __init__(self, per_expert: bool | None = None):
@@ -306,7 +306,13 @@ class ExpertLoadCallback(TrainerCallback):
         self._pending = load_scalars(tokens, layers, per_expert=per_expert)
         self._window, self._window_steps = None, 0
 
+    def pop_pending(self) -> dict[str, float]:
+        """The scalars prepared for the next log, once ({} when none). RecipeTrainer.log adds them before the stock
+        `log`, so `log_history` and every `report_to` integration see them too."""
+        pending, self._pending = self._pending or {}, None
+        return pending
+
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if self._pending is not None and logs is not None:
-            logs.update(self._pending)
-            self._pending = None
+        # With a plain Trainer (no RecipeTrainer.log): callbacks after this one still get the keys.
+        if logs is not None:
+            logs.update(self.pop_pending())

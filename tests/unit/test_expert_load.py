@@ -289,3 +289,6 @@ def test_balancer_narrows_the_spread_through_recipe_trainer(tmp_path):
     # the per-expert counts reach TensorBoard: per step, 4 x 32 tokens x top 2 per MoE layer
     per_layer = sum(scalars[f"train/experts/layer1/expert{e}_tokens"][-1][1] for e in range(8))
     assert per_layer == pytest.approx(4 * 32 * TOP_K)  # TensorBoard keeps float32
+    # ... and the Trainer's own log history, which report_to integrations read
+    history = [h["experts/max_over_mean"] for h in balanced.state.log_history if "experts/max_over_mean" in h]
+    assert history == pytest.approx(balanced_log)
