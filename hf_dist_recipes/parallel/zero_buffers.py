@@ -3,7 +3,7 @@ them, the memory estimate (`memory.estimate`) counts them, and `zero_buffer_note
 
 What DeepSpeed 0.19.8 does with each (files under deepspeed/runtime/):
 - `stage3_prefetch_bucket_size` (default 5e7 elements) and `stage3_max_live_parameters` (1e9):
-  zero/partitioned_param_coordinator.py `_fetch_sub_module_impl` gathers the current module, then walks the
+  zero/partitioned_param_coordinator.py `_fetch_sub_module_impl` (lines 452-472) gathers the current module, walks the
   recorded parameter trace and issues gathers while `numel_prefetching < min(max_live - available, bucket)`.
   The first tensor is admitted whatever its size, so a tensor larger than the bucket is still prefetched when it
   comes first; but nothing more is prefetched while the gathered elements (`available`) exceed max_live, and a
