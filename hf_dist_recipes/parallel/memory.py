@@ -42,24 +42,29 @@ ZeRO-3 buffers, in elements from `zero_buffers.zero_buffers` (the same values th
   at parameter bytes (partition_parameters.py `_partition_param_sec`), where zero_buffers turns hpZ on.
 Stages 0-2 are counted without buffers (their gradient buckets are of the same order; not modelled).
 
-Activations (an estimate, not a measurement), bytes per token per layer: what autograd keeps for the backward pass
-in the transformers 5.24 modeling code, at compute bytes c (2 for bf16/fp16, 4 for fp32); n = 4 + c per
-normalised width (RMSNorm keeps its fp32 upcast input and its output: `DeepseekV3RMSNorm`, alike in Llama, Qwen,
-Mixtral); t = TP, which splits head- and intermediate-wide tensors (no sequence parallelism):
-- attention, MLA (modeling_deepseek_v3.py `DeepseekV3Attention`): n*h + n*q_lora_rank (q_a_layernorm; none when
-  q_lora_rank is None) + n*kv_lora_rank (kv_a_layernorm) + c*heads*(2*(qk_nope + qk_rope) + 2*v_head)/t: the
-  query and the key per head after RoPE, the value, and the attention output (o_proj's input). DeepSeek-V3 at
-  bf16: 219,136 bytes per token, 2.4 x the 13*h of the dense formula (Korthikanti et al. 2022, "Reducing
-  Activation Recomputation", attention without the score terms), because 128 heads x 192 = 24,576 > h = 7,168.
-- attention, other models: n*h + c*(heads + 2*kv_heads)*head_dim/t (query, key, value; K/V heads split over
+Activations (an estimate), bytes per token per layer: what autograd keeps for the backward pass in the
+transformers 5.24 modeling code, at compute bytes c (2 for bf16/fp16, 4 for fp32); t = TP, which splits head- and
+intermediate-wide tensors (no sequence parallelism). Checked on CPU by summing the storages autograd saves in one
+decoder layer (tests/unit/test_memory.py), with a stand-in attention kernel that keeps what FlashAttention keeps.
+- norm(w) = (4 + 2c)*w + 4: RMSNorm (`DeepseekV3RMSNorm`, alike in Llama, Qwen, Mixtral) keeps its fp32 input,
+  the normalised values before the weight (for the weight's gradient), its output, and a 4-byte 1/rms.
+- attention, MLA (modeling_deepseek_v3.py `DeepseekV3Attention`): norm(h) + norm(q_lora_rank) (none when
+  q_lora_rank is None) + norm(kv_lora_rank) + c*heads*(2*(qk_nope + qk_rope) + (qk_nope + v_head) + v_head)/t:
+  the query and the key per head after RoPE, the value (a view of kv_b_proj's output, which stays alive whole),
+  and the attention output (o_proj's input). DeepSeek-V3 at bf16: 270,348 bytes per token, 2.9 x the 13*h of
+  the dense formula (Korthikanti et al. 2022, "Reducing Activation Recomputation", attention without the score
+  terms), because 128 heads x 192 = 24,576 > h = 7,168. FlashAttention-2 pads the value to the query's width
+  (integrations/flash_attention.py), a little more; SDPA (transformers' default) does not.
+- attention, other models: norm(h) + c*(heads + 2*kv_heads)*head_dim/t (query, key, value; K/V heads split over
   min(t, kv_heads)) + c*heads*head_dim/t (output). Scores are not stored (SDPA/flash kernels; eager attention
-  would add heads x s^2 per sequence); Qwen3's per-head q/k norms are not counted.
-- dense MLP (SwiGLU): n*h + 4*c*I/t: gate output, its SiLU, up output, and their product (down_proj's input).
-- MoE layer: n*h + 4*h (DeepSeek's router multiplies an fp32 copy of its input: `DeepseekV3TopkRouter`)
+  would add heads x s^2 per sequence); the kernel's logsumexp and Qwen3's per-head q/k norms are not counted.
+- dense MLP (SwiGLU): norm(h) + 4*c*I/t: gate output, its SiLU, up output, and their product (down_proj's input).
+- MoE layer: norm(h) + 4*h (DeepSeek's router multiplies an fp32 copy of its input: `DeepseekV3TopkRouter`)
   + c*k*(2*h + 4*I_e) (dispatch: each token's copy for each of its k experts, the expert's four I_e-wide tensors,
   and the expert output that the routing weight scales: `DeepseekV3Experts`) + 4*c*I_s/t (shared experts, width
-  I_s). Routing is assumed balanced; a rank holding popular experts holds more. With EP > 1, AutoEP's all-to-all
-  send and receive copies, 2*c*k*h per token, once for the layer in flight.
+  I_s). The router's E-wide scores and index tensors are not counted (0.4 % of a DeepSeek-V3 MoE layer). Routing
+  is assumed balanced; a rank holding popular experts holds more. With EP > 1, AutoEP's all-to-all send and
+  receive copies, 2*c*k*h per token, once for the layer in flight (not measured: AutoEP needs several ranks).
 - layers: without activation checkpointing, every layer's bytes; with it, each layer's input (c*h per token,
   torch.utils.checkpoint) plus the largest layer in full during its recomputation.
 - logits (`logits_bytes`): s*b*V*12 bytes: during the loss's backward three fp32 tensors of the logits' shape are
@@ -92,7 +97,7 @@ from hf_dist_recipes.parallel.tp_specs import partition_config, tp_split_dim
 GIB = 2**30
 BYTES_PER_ELEMENT = {"bf16": (2, 4, 12), "fp16": (2, 4, 12), "fp32": (4, 4, 8)}  # parameter, gradient, optimizer
 COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # activations, gathered gradients, communication buffers
-NORM_FP32_BYTES = 4  # RMSNorm's fp32 upcast of its input, kept for the backward pass
+NORM_FP32_BYTES = 4  # RMSNorm computes in fp32 and keeps its upcast input for the backward pass
 LOGIT_BYTES = 12  # per logit element, gathered head (module docstring)
 VOCAB_PARALLEL_LOGIT_BYTES = 14  # per local logit element, DeepSpeed's vocabulary-parallel head
 ALLOWANCE_FIXED_BYTES = 2 * GIB
@@ -156,25 +161,40 @@ def rank_elements(plan: ParallelPlan, model: ModelShape) -> RankElements:
                         largest_tensor=largest_tensor, largest_partition=largest_partition)
 
 
+def _norm_bytes(c: int, width: int) -> int:
+    """An RMSNorm over `width`, per token: its fp32 input, the normalised values before the weight (kept for the
+    weight's gradient), its output at compute bytes `c`, and one fp32 reciprocal square root."""
+    return (NORM_FP32_BYTES + 2 * c) * width + NORM_FP32_BYTES
+
+
 def _attention_bytes_per_token(plan: ParallelPlan, model: ModelShape) -> float:
     c, t, h = COMPUTE_BYTES[plan.precision], plan.tp, model.hidden_size
-    n = NORM_FP32_BYTES + c
     if model.is_mla:
-        per_head = 2 * (model.qk_nope_head_dim + model.qk_rope_head_dim) + 2 * model.v_head_dim
-        return n * (h + (model.q_lora_rank or 0) + model.kv_lora_rank) + c * model.num_heads * per_head / t
+        nope, rope, v = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
+        norms = _norm_bytes(c, h) + _norm_bytes(c, model.kv_lora_rank)
+        if model.q_lora_rank:
+            norms += _norm_bytes(c, model.q_lora_rank)
+        # query and key after RoPE; the value is a view of kv_b_proj's output, which it keeps whole; the output
+        return norms + c * model.num_heads * (2 * (nope + rope) + (nope + v) + v) / t
     d, kv_split = model.head_dim, min(t, model.num_kv_heads)
-    return n * h + c * d * (2 * model.num_heads / t + 2 * model.num_kv_heads / kv_split)
+    return _norm_bytes(c, h) + c * d * (2 * model.num_heads / t + 2 * model.num_kv_heads / kv_split)
 
 
 def _mlp_bytes_per_token(plan: ParallelPlan, model: ModelShape, moe: bool) -> float:
     c, t, h = COMPUTE_BYTES[plan.precision], plan.tp, model.hidden_size
-    norm = (NORM_FP32_BYTES + c) * h
+    norm = _norm_bytes(c, h)
     if not moe:
         return norm + 4 * c * model.intermediate_size / t
     k = model.experts_per_token
     router = NORM_FP32_BYTES * h if model.is_deepseek else 0
     routed = c * k * (2 * h + 4 * model.moe_intermediate_size)
     return norm + router + routed + 4 * c * model.shared_intermediate_size / t
+
+
+def layer_bytes_per_token(plan: ParallelPlan, model: ModelShape, *, moe: bool) -> float:
+    """Activation bytes one decoder layer keeps per token (module docstring): attention plus the dense MLP, or
+    plus the MoE block when `moe`."""
+    return _attention_bytes_per_token(plan, model) + _mlp_bytes_per_token(plan, model, moe)
 
 
 def logits_bytes(plan: ParallelPlan, model: ModelShape, *, vocab_parallel: bool | None = None) -> int:
@@ -196,9 +216,8 @@ def activation_parts(plan: ParallelPlan, model: ModelShape) -> dict[str, int]:
     checkpointing), `dispatch` (AutoEP's all-to-all copies, EP > 1), `logits`."""
     tokens = plan.seq_len * plan.micro_batch
     c = COMPUTE_BYTES[plan.precision]
-    attention = _attention_bytes_per_token(plan, model)
-    dense = attention + _mlp_bytes_per_token(plan, model, moe=False)
-    moe = attention + _mlp_bytes_per_token(plan, model, moe=True)
+    dense = layer_bytes_per_token(plan, model, moe=False)
+    moe = layer_bytes_per_token(plan, model, moe=True)
     n_moe = model.num_moe_layers
     n_dense = model.num_layers - n_moe
     if plan.activation_checkpointing:
