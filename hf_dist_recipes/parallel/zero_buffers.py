@@ -44,7 +44,9 @@ What DeepSpeed 0.19.8 does with each (files under deepspeed/runtime/):
   instead of all-gathering s x b x V logits; each TP rank then holds V / TP of the logits. It raises if no
   nn.Linear `lm_head` exists. Cost: `outputs.logits` is the rank's vocabulary shard, so code that reads logits
   (label smoothing, compute_metrics, generate) sees a slice. Written when TP > 1 and it saves at least
-  VOCAB_PARALLEL_MIN_SAVING_BYTES of logits per GPU.
+  VOCAB_PARALLEL_MIN_SAVING_BYTES of logits per GPU. Checked on CPU under ZeRO-3 with RecipeTrainer: tiny Llama at
+  TP 2 (2 ranks) and tiny DeepSeek-V3 at TP 2 + EP 2 (4 ranks) give the gathered head's losses within 5e-7 over
+  6 steps.
 """
 
 from __future__ import annotations
@@ -64,8 +66,9 @@ DEFAULT_SUB_GROUP = 1_000_000_000
 # hpZ's second copy of the parameters may take at most this much of each GPU: a tenth of an 80 GB H100. Above it
 # the memory is worth more to the plan (a larger micro batch, no offload) than intra-node backward gathers.
 HPZ_MAX_SECONDARY_BYTES = 8 * GIB
-# Logits one rank holds at the loss (bytes per logit element, see `memory.LOGIT_BYTES`) that the vocabulary-parallel
-# head must save before it is worth sharded `outputs.logits`: 1 GiB, the size of the fragmentation margin.
+# Logit bytes per GPU (`memory.logits_bytes`) the vocabulary-parallel head must save before it is worth sharded
+# `outputs.logits`: 1 GiB. Below it the saving is inside the estimate's 2 GiB allowance, and the all-gather it
+# avoids (at most 1 GiB per micro step, over NVLink) costs milliseconds.
 VOCAB_PARALLEL_MIN_SAVING_BYTES = 1 * GIB
 ALLOC_CONF = "expandable_segments:True"
 
