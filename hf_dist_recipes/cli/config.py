@@ -204,7 +204,13 @@ def generate(args: argparse.Namespace, argv: list[str] | None = None) -> Generat
     if plan.nodes > 1:
         header.append("On machine N: add --machine_rank N (and --main_process_ip <rank-0 address> if not set here)")
     from hf_dist_recipes.extensions import launch_header_lines
+    from hf_dist_recipes.parallel.zero_buffers import recommended_env, zero_buffer_notes
 
+    if plan.engine == "deepspeed":
+        header += ["DeepSpeed settings sized to this plan:"] + [f"  {line}" for line in zero_buffer_notes(plan, model)]
+    env = recommended_env(plan, model)
+    if env:
+        header.append("Before launching: " + " ".join(f"export {k}={v}" for k, v in env.items()))
     header += launch_header_lines(plan)
     header += [f"Warning: {w}" for w in warnings]
     yaml_file = out / f"{name}.yaml"

@@ -231,9 +231,11 @@ def compute_flops(plan: ParallelPlan, model: ModelShape) -> float:
     return passes * (matmul + attention) * plan.grad_accum / plan.tp
 
 
-def traffic(plan: ParallelPlan, model: ModelShape, *, hpz: int = 1) -> Traffic:
+def traffic(plan: ParallelPlan, model: ModelShape, *, hpz: int = 1, vocab_parallel: bool = False) -> Traffic:
     """Bytes one rank sends per optimizer step, by kind (see the module docstring). `hpz`: ZeRO++ hierarchical
-    partition size (1: off; the ranks per node: the backward gather stays inside the node)."""
+    partition size (1: off; the ranks per node: the backward gather stays inside the node). `vocab_parallel`:
+    DeepSpeed's vocabulary-parallel LM head, whose loss reduces three s x b vectors instead of gathering the
+    logits (counted as nothing)."""
     spans = _spans(plan)
     width = 4 if plan.precision == "fp32" else 2  # bytes per parameter, gradient sent and activation
     micro, t = plan.grad_accum, Traffic()
@@ -272,7 +274,8 @@ def traffic(plan: ParallelPlan, model: ModelShape, *, hpz: int = 1) -> Traffic:
                    if _shape_of(model, (suffix,)) is not None)
         if down:
             t.add("tp", all_gather_bytes(s * b * down * width, tp), model.num_layers * (1 + recompute) * micro)
-        t.add("tp", all_gather_bytes(s * b * model.vocab_size * width, tp), micro)  # LM head output
+        if not vocab_parallel:
+            t.add("tp", all_gather_bytes(s * b * model.vocab_size * width, tp), micro)  # LM head output
         t.add("tp", ar, 2 * micro)  # LM head input gradient
     if plan.ep > 1 and model.is_moe:
         dispatched = s * b * model.experts_per_token * h * width
@@ -325,11 +328,12 @@ def offload_seconds(plan: ParallelPlan, optimizer_elements: int, param_elements:
 
 
 def step_estimate(plan: ParallelPlan, model: ModelShape, hardware: Hardware | str = "h100", *, hpz: int = 1,
-                  elements=None) -> StepEstimate:
-    """Traffic and step time of `plan` on `hardware` (a `Hardware` or a key of HARDWARE). `elements`: the
-    `memory.RankElements` of the plan, for the offload term (computed when not given)."""
+                  vocab_parallel: bool = False, elements=None) -> StepEstimate:
+    """Traffic and step time of `plan` on `hardware` (a `Hardware` or a key of HARDWARE). `hpz`, `vocab_parallel`:
+    as `traffic`. `elements`: the `memory.RankElements` of the plan, for the offload term (computed when not
+    given)."""
     hw = HARDWARE[hardware] if isinstance(hardware, str) else hardware
-    t = traffic(plan, model, hpz=hpz)
+    t = traffic(plan, model, hpz=hpz, vocab_parallel=vocab_parallel)
     seconds = {kind: t.seconds(kind, hw) for kind in sorted(set(t.intra) | set(t.inter))}
     if plan.offload_optimizer:
         if elements is None:

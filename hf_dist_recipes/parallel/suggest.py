@@ -12,6 +12,7 @@ from hf_dist_recipes.parallel.comm import Hardware, StepEstimate, describe, step
 from hf_dist_recipes.parallel.memory import MemoryEstimate, estimate, render_table
 from hf_dist_recipes.parallel.models import ModelShape
 from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.parallel.zero_buffers import hpz_partition_size, use_vocab_parallel_lm_head
 
 
 def candidate_plans(base: ParallelPlan, model: ModelShape) -> list[ParallelPlan]:
@@ -58,17 +59,11 @@ def evaluate(plan: ParallelPlan, model: ModelShape, *, device_gib: float | None 
              hardware: Hardware | str = "h100") -> Candidate:
     """Memory, traffic and step time of one plan."""
     memory = estimate(plan, model, device_gib=device_gib)
-    step = step_estimate(plan, model, hardware, hpz=hpz_size(plan), elements=memory.elements)
+    # The traffic of the DeepSpeed JSON `config generate` writes for this plan: hpZ and the vocabulary-parallel head
+    # where parallel/zero_buffers.py turns them on.
+    step = step_estimate(plan, model, hardware, hpz=hpz_partition_size(plan, model), elements=memory.elements,
+                         vocab_parallel=use_vocab_parallel_lm_head(plan, model))
     return Candidate(memory=memory, step=step)
-
-
-def hpz_size(plan: ParallelPlan) -> int:
-    """The ZeRO++ hierarchical partition size the generated DeepSpeed JSON sets for `plan` (1: none)."""
-    try:
-        from hf_dist_recipes.parallel.zero_buffers import hpz_partition_size
-    except ImportError:
-        return 1
-    return hpz_partition_size(plan)
 
 
 def suggest(base: ParallelPlan, model: ModelShape, device_gib: float,

@@ -145,7 +145,9 @@ def test_published_moe_layout_deepseek_v3_expert_parallel_across_nodes():
     chosen, rows = suggest(base, v3, 80, h800)
     assert chosen is not None and chosen.plan.ep > 8
     published = next(r for r in rows if r.fits and r.plan.ep == 64 and r.plan.tp == 1)
-    ep1 = next(r for r in rows if r.fits and r.plan.ep == 1 and r.plan.tp == 1)
+    # The least expert parallelism that fits (EP 1 does not: its 21 GiB expert gather needs a 21 GiB gradient too).
+    least = next(r for r in rows if r.fits and r.plan.tp == 1)
+    assert least.plan.ep <= 8
     assert published.step.step_time_s < 1.1 * chosen.step.step_time_s
-    assert ep1.step.step_time_s > 2 * chosen.step.step_time_s
-    assert math.isclose(sum(ep1.step.bytes_by_kind["inter"].values()), ep1.step.comm_inter_bytes)
+    assert least.step.step_time_s > 1.5 * chosen.step.step_time_s
+    assert math.isclose(sum(least.step.bytes_by_kind["inter"].values()), least.step.comm_inter_bytes)
