@@ -206,8 +206,9 @@ def generate(args: argparse.Namespace, argv: list[str] | None = None) -> Generat
     from hf_dist_recipes.extensions import launch_header_lines
     from hf_dist_recipes.parallel.zero_buffers import recommended_env, zero_buffer_notes
 
-    if plan.engine == "deepspeed":
-        header += ["DeepSpeed settings sized to this plan:"] + [f"  {line}" for line in zero_buffer_notes(plan, model)]
+    notes = zero_buffer_notes(plan, model) if plan.engine == "deepspeed" else []
+    if notes:
+        header += ["DeepSpeed settings sized to this plan:"] + [f"  {line}" for line in notes]
     env = recommended_env(plan, model)
     if env:
         header.append("Before launching: " + " ".join(f"export {k}={v}" for k, v in env.items()))

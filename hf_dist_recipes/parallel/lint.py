@@ -156,7 +156,7 @@ def lint_accelerate(path: Path, *, root: str | Path | None = None, gpu_memory_gi
 
 
 def _memory_findings(cfg, world: int, gpu_memory_gib: float, model_ref: str | None) -> list[Finding]:
-    from hf_dist_recipes.parallel.memory import GIB, USABLE_FRACTION, estimate
+    from hf_dist_recipes.parallel.memory import GIB, estimate
     from hf_dist_recipes.parallel.models import introspect
 
     name = str(cfg.path)
@@ -170,8 +170,9 @@ def _memory_findings(cfg, world: int, gpu_memory_gib: float, model_ref: str | No
         return []
     return [Finding(name, WARNING, f"by our estimate {model_ref} needs {est.device_total / GIB:.1f} GiB per GPU with "
                                    f"this plan (ZeRO-{plan.zero_stage}, TP {plan.tp}, EP {plan.ep}, seq {plan.seq_len}, "
-                                   f"micro batch {plan.micro_batch}); {gpu_memory_gib:g} GiB GPUs hold "
-                                   f"{gpu_memory_gib * USABLE_FRACTION:.1f} usable. Find one that fits with: "
+                                   f"micro batch {plan.micro_batch}; allowance for the CUDA context, NCCL and "
+                                   f"fragmentation included), more than {gpu_memory_gib:g} GiB GPUs hold. Find one "
+                                   "that fits with: "
                                    f"hf-dist-recipes config estimate --model {model_ref} --nodes {plan.nodes} "
                                    f"--gpus-per-node {plan.procs_per_node} --gpu-memory {gpu_memory_gib:g} --suggest")]
 
