@@ -1,4 +1,4 @@
-"""Run on every rank under `accelerate launch` by tests/distributed/test_expert_load.py:
+"""Run on every rank under `accelerate launch` by tests/distributed/test_expert_load_ranks.py:
 
     expert_load_worker.py OUTPUT_DIR STEPS GAMMA
 
