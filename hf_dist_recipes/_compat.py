@@ -113,3 +113,25 @@ def autoep_ep_sizes(model) -> dict[int, int]:
     if layer_class is None:
         return {}
     return {id(m.router): int(m.ep_size) for m in model.modules() if isinstance(m, layer_class)}
+
+
+# DeepSpeed 0.19.8 keeps ZeRO++ hpZ's intra-node group in the module global `utils/groups.py
+# _ZERO_PARAM_INTRA_PARALLEL_GROUP`; `_create_zero_param_parallel_group` asserts it is None, and
+# `runtime/zero/partition_parameters.py Init.__init__` calls it for every model built under an hpZ config.
+_HPZ_GROUPS_MODULE = "deepspeed.utils.groups"
+_HPZ_GROUP = "_ZERO_PARAM_INTRA_PARALLEL_GROUP"
+
+
+def forget_zero_hpz_group() -> None:
+    """Let the next `zero.Init` under an hpZ config (`zero_hpz_partition_size` > 1) create its own group.
+
+    DeepSpeed 0.19.8 `deepspeed/utils/groups.py::_create_zero_param_parallel_group` asserts "ZeRO parameter intra
+    parallel group is already initialized", so a second model built in one process under the same config (the
+    Trainer's `model_init`, called in `__init__` and again by `train()`) stops there. Forgetting the global is
+    safe: the first model's parameters keep their own reference to the old group object, and the second
+    `zero.Init` creates a new one with `dist.new_group`, a collective all ranks reach together because every rank
+    calls `model_init`. The old group is not destroyed (the first model may still use it); it costs one idle
+    process group. Does nothing when DeepSpeed is not imported or no group exists."""
+    groups = sys.modules.get(_HPZ_GROUPS_MODULE)
+    if groups is not None and getattr(groups, _HPZ_GROUP, None) is not None:
+        setattr(groups, _HPZ_GROUP, None)

@@ -34,6 +34,7 @@ from transformers.integrations import TensorBoardCallback
 from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import get_last_checkpoint
 
+from hf_dist_recipes._compat import forget_zero_hpz_group
 from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
 from hf_dist_recipes.backend import check_process_group_backend, destroy_gloo_group_at_exit
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
@@ -103,6 +104,11 @@ class RecipeTrainer(Trainer):
         # The DeepSpeed config as the arguments made it, before an evaluation can finalize it for inference.
         self._deepspeed_config_at_init = (copy.deepcopy(self.accelerator.state.deepspeed_plugin.hf_ds_config.config)
                                           if self.is_deepspeed_enabled else None)
+
+    def call_model_init(self, trial=None):
+        """`Trainer.call_model_init`, which also rebuilds under ZeRO++ hpZ (`_compat.forget_zero_hpz_group`)."""
+        forget_zero_hpz_group()
+        return super().call_model_init(trial)
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None):
         """`Trainer.train`, which under DeepSpeed also works after `evaluate()` or `predict()`.

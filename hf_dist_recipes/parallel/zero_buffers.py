@@ -33,10 +33,11 @@ What DeepSpeed 0.19.8 does with each (files under deepspeed/runtime/):
   global ranks whatever the parameter's own partition group, so its members hold different TP shards and the
   secondary gather would splice them. Not with parameter offload: the copy would live in host memory
   (`remote_device`), leaving no fast intra-node gather to gain. Checked on 4 CPU ranks (hpz 2, tiny Llama with
-  every tensor partitioned): the backward pass reads the secondary copies and the losses equal a run without hpZ;
-  but `zero.Init` creates the hpZ group without asking whether it exists (partition_parameters.py `Init.__init__`
+  every tensor partitioned): the backward pass reads the secondary copies and the losses equal a run without hpZ.
+  `zero.Init` creates the hpZ group without asking whether it exists (partition_parameters.py `Init.__init__`
   -> groups.py asserts "ZeRO parameter intra parallel group is already initialized"), so a second model build in
-  one process under the same config (the Trainer's `model_init`, called again by `train()`) stops there.
+  one process under the same config (the Trainer's `model_init`, called again by `train()`) would stop there;
+  RecipeTrainer forgets the group before each build (`_compat.forget_zero_hpz_group`).
 - `tensor_parallel.vocab_parallel_lm_head`: engine.py `_apply_autotp_partitioning` (lines 1057-1100) with an
   explicit `partition_config` replaces `lm_head` by module_inject/layers.py `VocabParallelLinear` (column split,
   no gather) and installs sequence/cross_entropy.py `VocabParallelCausalLMLoss` as the model's `loss_function`,
@@ -202,8 +203,6 @@ def zero_buffer_notes(plan: ParallelPlan, model: ModelShape | None) -> list[str]
             secondary = b.hpz_secondary_elements * BYTES_PER_ELEMENT[plan.precision][0]
             lines.append(f"zero_hpz_partition_size {b.hpz_partition_size}: a node-local copy of the parameters "
                          f"({secondary / GIB:.1f} GiB/GPU) keeps backward gathers in the node")
-            lines.append("  hpZ: build the model once per process; DeepSpeed 0.19.8 refuses a second zero.Init "
-                         "(model_init)")
         elif plan.nodes > 1:
             why = _hpz_refusal(plan) or f"its copy would take more than {HPZ_MAX_SECONDARY_BYTES / GIB:.0f} GiB per GPU"
             lines.append(f"no zero_hpz_partition_size: {why}")

@@ -120,3 +120,23 @@ def test_moe_routers_return_their_top_k_indices_where_assumed():
     assert "return top_scores, selected_experts_indices, num_tokens_per_expert" in src
     layer_src = inspect.getsource(auto_ep_layer.AutoEPMoELayer.__init__)
     assert "self.router = TokenChoiceTopKRouter(" in layer_src and "self.ep_size = ep_size" in layer_src
+
+
+def test_deepspeed_still_refuses_a_second_hpz_group_in_one_process():
+    """RecipeTrainer.call_model_init forgets this global (_compat.forget_zero_hpz_group) so that `train()` can call
+    `model_init` again under hpZ. When this fails, upstream changed how zero.Init keeps the hpZ group: re-check
+    whether the reset is still needed and still enough."""
+    import deepspeed.utils.groups as groups
+    from deepspeed.runtime.zero.partition_parameters import Init
+
+    assert hasattr(groups, _compat._HPZ_GROUP)
+    assert "ZeRO parameter intra parallel group is already initialized" in \
+        inspect.getsource(groups._create_zero_param_parallel_group)
+    assert "groups._create_zero_param_parallel_group(" in inspect.getsource(Init.__init__)
+    before = getattr(groups, _compat._HPZ_GROUP)
+    try:
+        setattr(groups, _compat._HPZ_GROUP, object())  # stands in for a process group; none exists in this process
+        _compat.forget_zero_hpz_group()
+        assert getattr(groups, _compat._HPZ_GROUP) is None
+    finally:
+        setattr(groups, _compat._HPZ_GROUP, before)

@@ -111,8 +111,8 @@ def test_notes_name_each_choice_and_fit_a_header():
     assert "hpz" not in text  # one node: nothing to say about hierarchical partitioning
     hpz_notes = "\n".join(zero_buffer_notes(ParallelPlan(nodes=2), LLAMA))
     assert "zero_hpz_partition_size 8: a node-local copy" in hpz_notes
-    # Seen on 4 CPU ranks: under hpZ the Trainer's second model_init call stops in DeepSpeed's zero.Init.
-    assert "refuses a second zero.Init" in hpz_notes
+    # RecipeTrainer rebuilds under hpZ (tests/distributed/test_hpz_model_init.py): nothing to warn about.
+    assert "zero.Init" not in hpz_notes
     for plan, model in ((ParallelPlan(ep=8), V3), (ParallelPlan(nodes=2, tp=2), LLAMA), (ParallelPlan(nodes=2), LLAMA)):
         assert all(len(line) <= 116 for line in zero_buffer_notes(plan, model))
 
