@@ -1,7 +1,8 @@
 """What one rank measured about itself, shared by RecipeTrainer (which feeds it) and the per-rank callbacks.
 
 The Trainer logs one loss averaged over all ranks; a rank that diverges or crawls is invisible in it. RecipeTrainer
-adds each micro step's own loss and token count here, and the callbacks time the optimizer steps.
+adds each micro step's own loss and token count here; `RankSummaryCallback` (always registered) times the optimizer
+steps and closes the window at each log, so the summary has its numbers with or without the TensorBoard callback.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class RankMetrics:
     _window_tokens: int = 0
     _window_seconds: float = 0.0
     _step_started: float | None = field(default=None, repr=False)
+    _flushed_step: int | None = field(default=None, repr=False)
+    _flushed: dict[str, float] = field(default_factory=dict, repr=False)
 
     def add_micro_step(self, loss: torch.Tensor, tokens: int) -> None:
         """Record one micro step: its (accumulation-scaled) loss as returned by `Trainer.training_step`."""
@@ -53,9 +56,15 @@ class RankMetrics:
         self._window_steps += 1
         self._window_seconds += elapsed
 
-    def flush_window(self) -> dict[str, float]:
+    def flush_window(self, step: int | None = None) -> dict[str, float]:
         """Means since the last flush: `loss` (this rank's, per optimizer step), `step_time_s`, `tokens_per_s`.
-        Empty when no optimizer step finished since then."""
+        Empty when no optimizer step finished since then.
+
+        With `step` (the optimizer step of a log), every caller at that step gets the same numbers: the first call
+        closes the window. Several callbacks read one log (summary, TensorBoard) and none may depend on another's
+        order or presence."""
+        if step is not None and step == self._flushed_step:
+            return dict(self._flushed)
         if self._window_steps == 0:
             return {}
         out = {"step_time_s": self._window_seconds / self._window_steps}
@@ -67,6 +76,8 @@ class RankMetrics:
                 self.first_loss = out["loss"]
             self.last_loss = out["loss"]
         self._window_loss, self._window_steps, self._window_tokens, self._window_seconds = None, 0, 0, 0.0
+        if step is not None:
+            self._flushed_step, self._flushed = step, dict(out)
         return out
 
     def save(self, checkpoint_dir: str | os.PathLike, rank: int) -> None:

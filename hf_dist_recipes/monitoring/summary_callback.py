@@ -6,6 +6,9 @@ partitions, or everything without ZeRO-3), first_rank_loss / last_rank_loss (thi
 last log), first_loss / last_loss (the Trainer's cross-rank loss, from the log history), seed, rng_fingerprint,
 logging_dir. `hf_dist_recipes.monitoring.summary` reads them back.
 
+This callback also keeps the books it reports: it times every optimizer step (`RankMetrics.step_begin/step_end`)
+and closes the loss window at each log, so `per_rank_tensorboard=False` still gives full summaries.
+
 At every checkpoint each rank also saves its counters into `checkpoint-N/rank_metrics/rank<N>.json`; RecipeTrainer
 loads them on resume, so a resumed job's summary counts the whole job, not only its last stretch.
 """
@@ -28,6 +31,16 @@ class RankSummaryCallback(TrainerCallback):
         self.metrics = metrics
         self.logging_dir = logging_dir
         self.seed_report = seed_report
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.metrics.step_begin()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.metrics.step_end()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        # Sets this rank's first/last loss at the log steps; the TensorBoard callback reads the same window.
+        self.metrics.flush_window(state.global_step)
 
     def on_save(self, args, state, control, **kwargs):
         checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"

@@ -7,6 +7,7 @@ Keys, at each logging step (x axis: optimizer step):
 - `train/<key>`: every number in the Trainer's logs (loss averaged over ranks, learning_rate, grad_norm, epoch);
 - `rank/loss`: this rank's own mean loss since the previous log;
 - `rank/step_time_s`, `rank/tokens_per_s`: this rank's mean optimizer-step time and token throughput.
+The step timing is done by `RankSummaryCallback` (registered with or without this one); this callback only writes.
 Once, at the start: text `seed` with the rank's seed and RNG fingerprint. A run resumed at step k purges what an
 earlier attempt logged after step k (TensorBoard's `purge_step`), so a step never shows twice.
 """
@@ -33,6 +34,7 @@ class PerRankTensorBoardCallback(TrainerCallback):
         self.metrics = metrics
         self.seed_report = seed_report
         self.writer = None
+        self._rank_scalars_step: int | None = None  # an evaluation log at the same step must not repeat them
 
     def on_train_begin(self, args, state, control, **kwargs):
         from torch.utils.tensorboard import SummaryWriter
@@ -46,20 +48,16 @@ class PerRankTensorBoardCallback(TrainerCallback):
             r = self.seed_report
             self.writer.add_text("seed", f"rank {args.process_index}: seed {r.seed}, rng fingerprint {r.fingerprint}")
 
-    def on_step_begin(self, args, state, control, **kwargs):
-        self.metrics.step_begin()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.metrics.step_end()
-
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.writer is None:
             return
         for key, value in (logs or {}).items():
             if isinstance(value, Number) and not isinstance(value, bool):
                 self.writer.add_scalar(f"train/{key}", value, state.global_step)
-        for key, value in self.metrics.flush_window().items():
-            self.writer.add_scalar(f"rank/{key}", value, state.global_step)
+        if self._rank_scalars_step != state.global_step:
+            self._rank_scalars_step = state.global_step
+            for key, value in self.metrics.flush_window(state.global_step).items():
+                self.writer.add_scalar(f"rank/{key}", value, state.global_step)
         self.writer.flush()
 
     def on_train_end(self, args, state, control, **kwargs):
