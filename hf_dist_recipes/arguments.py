@@ -24,6 +24,11 @@ New fields, all at the end so positional use of TrainingArguments keeps working:
 - `max_unpartitioned_model_size` (default "2GB"): under ZeRO-3, a model larger than this whose parameters were not
   partitioned while it was built (built before the arguments, or by calling its class) stops RecipeTrainer with the
   fix (`hf_dist_recipes.construction`); None turns the check off;
+- seeds: `seed_check` (default "error"; "warn", "off"): what a cross-rank disagreement on seeds, data order, built
+  weights or, every `rank_check_steps` (default 100; 0 off) optimizer steps, on the step, learning rate and (inside
+  a TP group) loss, batch and dropout stream does; `per_rank_dropout` (default False): distinct dropout streams per
+  data-parallel replica (`hf_dist_recipes.rank_agreement`). The arguments also seed every process when created
+  (`seed_everything(seed, deterministic=full_determinism)`), so a model built after them is the same on every run;
 - `allow_gloo_on_cuda`, `allow_unclipped_gradients`, `allow_cpu_with_gpus` (default False): explicit opt-outs. The
   last one is for a machine with NVIDIA GPUs that torch cannot use (CPU-only wheel, old driver, every GPU hidden),
   which otherwise stops with the reason and the fix instead of training on the CPU (`hf_dist_recipes.cuda_host`).
@@ -52,7 +57,8 @@ from hf_dist_recipes.parallel.batch import fix_tp_batch_size, tensor_parallel_si
 from hf_dist_recipes.parallel.plan_record import recorded_plan
 from hf_dist_recipes.precision import resolve_bf16
 from hf_dist_recipes.schedules import DEFAULT_NUM_CYCLES, validate_min_lr_ratio
-from hf_dist_recipes.seeding import validate_seed
+from hf_dist_recipes.rank_agreement import validate_policy, validate_rank_check_steps
+from hf_dist_recipes.seeding import seed_everything, validate_seed
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +115,20 @@ class RecipeTrainingArguments(TrainingArguments):
         metadata={"help": "Under ZeRO-3, stop when a model larger than this was built without being partitioned "
                           "(every rank holds a full copy). None: no check."},
     )
+    # seeds
+    seed_check: str = field(
+        default="error",
+        metadata={"help": "Ranks that disagree on seeds, data order, built weights or (every rank_check_steps) the "
+                          "step, learning rate, TP-group loss: 'error' stops the job, 'warn' logs, 'off' skips."},
+    )
+    rank_check_steps: int = field(
+        default=100, metadata={"help": "Optimizer steps between cross-rank agreement checks (0: only at start)."}
+    )
+    per_rank_dropout: bool = field(
+        default=False,
+        metadata={"help": "Distinct dropout streams per data-parallel replica (TP ranks always share one); "
+                          "weights and data order stay identical."},
+    )
     allow_gloo_on_cuda: bool = field(
         default=False, metadata={"help": "Accept Gloo on a host with CUDA GPUs (normally an error)."}
     )
@@ -124,6 +144,8 @@ class RecipeTrainingArguments(TrainingArguments):
 
     def __post_init__(self):
         validate_seed(self.seed)
+        validate_policy(self.seed_check)
+        validate_rank_check_steps(self.rank_check_steps)
         self.max_grad_norm = validate_max_grad_norm(self.max_grad_norm, allow_unclipped=self.allow_unclipped_gradients)
         validate_min_lr_ratio(self.min_lr_ratio)
         self.save_shard_bytes = _size_field("save_shard_size", self.save_shard_size)
@@ -159,6 +181,9 @@ class RecipeTrainingArguments(TrainingArguments):
             self.lr_scheduler_kwargs = {"num_cycles": DEFAULT_NUM_CYCLES}
         if self.logging_dir is None:
             self.logging_dir = os.path.join(self.output_dir, "tensorboard")
+        # Last, so nothing above draws from the seeded state: a model built after the arguments (the order of the
+        # HF examples, without set_seed) gets the same weights on every run.
+        self.seed_report = seed_everything(self.seed, deterministic=self.full_determinism)
 
     def _fix_deepspeed_batch(self) -> str | None:
         """Trap 1: under DeepSpeed AutoTP, make the global batch micro x accumulation x data-parallel size.

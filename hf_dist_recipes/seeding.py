@@ -1,9 +1,14 @@
-"""Practice 4: seed every rank the same way, and know it.
+"""Practice 4: seed every rank the same way.
 
 `seed_everything` seeds Python, NumPy and torch (CPU and every CUDA device) with one value and returns a
-`SeedReport` whose `fingerprint` hashes the resulting RNG states without consuming them. Ranks seeded alike report
-the same fingerprint, so comparing fingerprints across ranks (per-rank TensorBoard text, the demo summary) proves
-they start from the same state instead of assuming it.
+`SeedReport`. `RecipeTrainingArguments` calls it when created, so scripts in the order of the HuggingFace examples
+(arguments, then the model, then the trainer, no `set_seed`) build the same weights on every run; `RecipeTrainer`
+seeds again before `model_init`.
+
+`SeedReport.fingerprint` hashes the RNG states right after seeding: it is a function of the seed value only, kept
+as information (per-rank TensorBoard text, the demo summary), not as proof. The proof is what the run actually did,
+compared across ranks by `hf_dist_recipes.rank_agreement`: the weights each rank built, its data order, and during
+training the step, learning rate and tensor-parallel losses.
 """
 
 from __future__ import annotations

@@ -5,7 +5,10 @@ upgraded to `RecipeTrainingArguments` (see `RecipeTrainingArguments.from_trainin
 
 What it adds:
 - practice 4: `seed_everything(args.seed)` before anything else, so `model_init` builds identical weights on every
-  rank; the rank's `SeedReport` is kept as `trainer.seed_report` and logged;
+  rank; the rank's `SeedReport` is kept as `trainer.seed_report` and logged; `RankAgreementCallback`
+  (`hf_dist_recipes.rank_agreement`, `trainer.rank_agreement`) checks across ranks at train begin and every
+  `rank_check_steps` that the ranks agree on what they must (seeds, data order, built weights, step, learning rate,
+  TP-group loss) and sets the dropout streams by role (`per_rank_dropout`);
 - practice 2: after the process group exists, its backend is checked (Gloo on a CUDA host is an error);
 - practice 6: `create_scheduler` builds the warm-up + cosine-with-hard-restarts schedule (with `min_lr_ratio`);
 - practice 7: TensorBoard from every rank (`<logging_dir>/rank<N>`) and a per-rank JSON summary at the end;
@@ -43,8 +46,10 @@ from hf_dist_recipes.monitoring.expert_load import ExpertLoadCallback, has_route
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
 from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
 from hf_dist_recipes.monitoring.tensorboard import PerRankTensorBoardCallback
+from hf_dist_recipes.parallel.batch import tensor_parallel_size
 from hf_dist_recipes.parallel.plan_record import PlanConformanceCallback
 from hf_dist_recipes.schedules import DEFAULT_NUM_CYCLES, WarmupCosineRestarts, warmup_cosine_restarts_scheduler
+from hf_dist_recipes.rank_agreement import RankAgreementCallback, weights_checksum
 from hf_dist_recipes.seeding import seed_everything
 
 
@@ -96,6 +101,15 @@ class RecipeTrainer(Trainer):
         if has_routed_experts(self.model) and not any(isinstance(c, ExpertLoadCallback)
                                                       for c in self.callback_handler.callbacks):
             self.add_callback(ExpertLoadCallback())  # before the TensorBoard callback, which writes what it adds
+        # The weights as this rank built them, before the engine's broadcast from rank 0 makes every rank agree.
+        # Before the TensorBoard callback, which writes the keys it adds to the first log.
+        self.rank_agreement = RankAgreementCallback(
+            seed=args.seed, policy=args.seed_check, rank_check_steps=args.rank_check_steps,
+            tp_size=tensor_parallel_size(self.accelerator.state.deepspeed_plugin.hf_ds_config.config
+                                         if self.is_deepspeed_enabled else {}),
+            per_rank_dropout=args.per_rank_dropout,
+            weights=None if args.seed_check == "off" else weights_checksum(self.model))
+        self.add_callback(self.rank_agreement)
         if args.per_rank_tensorboard:
             # The stock callback writes rank 0 only, into the same root: ours covers it.
             self.remove_callback(TensorBoardCallback)
@@ -203,6 +217,7 @@ class RecipeTrainer(Trainer):
         tokens = _count_tokens(inputs)
         loss = super().training_step(model, inputs, num_items_in_batch)
         self.rank_metrics.add_micro_step(loss, tokens)
+        self.rank_agreement.observe(loss, inputs)
         return loss
 
 

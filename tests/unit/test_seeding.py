@@ -39,3 +39,16 @@ def test_fingerprint_does_not_advance_the_generators():
 def test_bad_seed_is_refused_with_the_fix(bad):
     with pytest.raises(ValueError, match="seed"):
         seed_everything(bad)
+
+
+def test_arguments_seed_so_a_model_built_after_them_is_reproducible(tmp_path):
+    # The HF examples' order: arguments, then the model, no set_seed. torch is disturbed in between runs.
+    from hf_dist_recipes import RecipeTrainingArguments
+
+    def run(seed):
+        torch.manual_seed(1234 + seed)
+        RecipeTrainingArguments(output_dir=str(tmp_path), seed=seed, report_to="none")
+        return _weights_digest(build_tiny_deepseek(hidden_size=32))
+
+    assert run(5) == run(5)
+    assert run(5) != run(6)
