@@ -29,6 +29,10 @@ New fields, all at the end so positional use of TrainingArguments keeps working:
   a TP group) loss, batch and dropout stream does; `per_rank_dropout` (default False): distinct dropout streams per
   data-parallel replica (`hf_dist_recipes.rank_agreement`). The arguments also seed every process when created
   (`seed_everything(seed, deterministic=full_determinism)`), so a model built after them is the same on every run;
+- schedule: `restart_warmup_steps` (default 0: hard restarts): optimizer steps over which each restart climbs
+  linearly from the floor back to the peak (`hf_dist_recipes.schedules`). `min_lr_ratio`, `restart_warmup_steps`
+  may also come in `lr_scheduler_kwargs` (what a plain `TrainingArguments` can carry): they move into the
+  fields, `lr_scheduler_kwargs` keeps `num_cycles` only, and one value given both ways differently is an error;
 - `allow_gloo_on_cuda`, `allow_unclipped_gradients`, `allow_cpu_with_gpus` (default False): explicit opt-outs. The
   last one is for a machine with NVIDIA GPUs that torch cannot use (CPU-only wheel, old driver, every GPU hidden),
   which otherwise stops with the reason and the fix instead of training on the CPU (`hf_dist_recipes.cuda_host`).
@@ -56,7 +60,8 @@ from hf_dist_recipes.gradients import validate_max_grad_norm
 from hf_dist_recipes.parallel.batch import fix_tp_batch_size, tensor_parallel_size
 from hf_dist_recipes.parallel.plan_record import recorded_plan
 from hf_dist_recipes.precision import resolve_bf16
-from hf_dist_recipes.schedules import DEFAULT_NUM_CYCLES, validate_min_lr_ratio
+from hf_dist_recipes.schedules import (DEFAULT_NUM_CYCLES, check_schedule_kwargs, validate_min_lr_ratio,
+                                       validate_num_cycles, validate_restart_warmup_steps)
 from hf_dist_recipes.rank_agreement import validate_policy, validate_rank_check_steps
 from hf_dist_recipes.seeding import seed_everything, validate_seed
 
@@ -129,6 +134,12 @@ class RecipeTrainingArguments(TrainingArguments):
         metadata={"help": "Distinct dropout streams per data-parallel replica (TP ranks always share one); "
                           "weights and data order stay identical."},
     )
+    # schedule
+    restart_warmup_steps: int = field(
+        default=0,
+        metadata={"help": "Optimizer steps of linear re-warm-up from the floor to the peak at each restart of "
+                          "cosine_with_restarts (default 0: hard restarts, straight back to the peak)."},
+    )
     allow_gloo_on_cuda: bool = field(
         default=False, metadata={"help": "Accept Gloo on a host with CUDA GPUs (normally an error)."}
     )
@@ -177,6 +188,7 @@ class RecipeTrainingArguments(TrainingArguments):
             if self.activation_checkpointing:
                 logger.info("activation_checkpointing on: the launch config's plan assumed it")
         super().__post_init__()
+        _schedule_kwargs_into_fields(self)  # after super(): it parses a JSON string
         if self.lr_scheduler_type == RECIPE_SCHEDULER and not self.lr_scheduler_kwargs:
             self.lr_scheduler_kwargs = {"num_cycles": DEFAULT_NUM_CYCLES}
         if self.logging_dir is None:
@@ -240,6 +252,47 @@ class RecipeTrainingArguments(TrainingArguments):
         if recipe_defaults:
             logger.info("RecipeTrainer upgraded TrainingArguments; recipe defaults for: %s", ", ".join(recipe_defaults))
         return upgraded
+
+
+def _schedule_kwargs_into_fields(args: RecipeTrainingArguments) -> None:
+    """Practice 6: `min_lr_ratio` and `restart_warmup_steps` given in `lr_scheduler_kwargs` move into the fields.
+
+    A plain `TrainingArguments` (upgraded by RecipeTrainer) can carry them only there. Moved, each value has one
+    home that `create_scheduler` reads, and the stock `Trainer.create_scheduler`, which hands `lr_scheduler_kwargs`
+    to transformers' `get_cosine_with_hard_restarts_schedule_with_warmup`, is not given keys it rejects (a TypeError
+    when training starts). A field left at its default takes the kwargs' value; a field set to another value is an
+    error: which one was meant cannot be told."""
+    kwargs = dict(args.lr_scheduler_kwargs or {})
+    ours = [name for name in ("min_lr_ratio", "restart_warmup_steps") if name in kwargs]
+    if args.lr_scheduler_type != RECIPE_SCHEDULER:
+        chosen = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)  # a SchedulerType by now
+        if ours:
+            raise ValueError(
+                f"lr_scheduler_kwargs {ours} only apply to lr_scheduler_type='{RECIPE_SCHEDULER.value}', not "
+                f"'{chosen}'; remove them or use lr_scheduler_type='{RECIPE_SCHEDULER.value}'"
+            )
+        if args.min_lr_ratio or args.restart_warmup_steps:
+            raise ValueError(
+                f"min_lr_ratio={args.min_lr_ratio} and restart_warmup_steps={args.restart_warmup_steps} only apply "
+                f"to lr_scheduler_type='{RECIPE_SCHEDULER.value}', not '{chosen}'; leave them at 0 "
+                "or use the recipe's schedule"
+            )
+        return
+    check_schedule_kwargs(kwargs)
+    validate_restart_warmup_steps(args.restart_warmup_steps)
+    if "num_cycles" in kwargs:
+        validate_num_cycles(kwargs["num_cycles"])
+    validators = {"min_lr_ratio": validate_min_lr_ratio, "restart_warmup_steps": validate_restart_warmup_steps}
+    for name in ours:
+        value = validators[name](kwargs.pop(name))
+        current, default = getattr(args, name), RecipeTrainingArguments.__dataclass_fields__[name].default
+        if current != default and current != value:
+            raise ValueError(
+                f"{name} is given twice: {name}={current} and lr_scheduler_kwargs={{'{name}': {value}}}; "
+                f"give it once, as {name}=... or in lr_scheduler_kwargs"
+            )
+        setattr(args, name, value)
+    args.lr_scheduler_kwargs = kwargs
 
 
 def _size_field(name: str, value: str) -> int:

@@ -10,7 +10,8 @@ What it adds:
   `rank_check_steps` that the ranks agree on what they must (seeds, data order, built weights, step, learning rate,
   TP-group loss) and sets the dropout streams by role (`per_rank_dropout`);
 - practice 2: after the process group exists, its backend is checked (Gloo on a CUDA host is an error);
-- practice 6: `create_scheduler` builds the warm-up + cosine-with-hard-restarts schedule (with `min_lr_ratio`);
+- practice 6: `create_scheduler` builds the warm-up + cosine-with-restarts schedule (with `min_lr_ratio` and
+  `restart_warmup_steps`), also when DeepSpeed owns the optimizer (the engine then steps it);
 - practice 7: TensorBoard from every rank (`<logging_dir>/rank<N>`) and a per-rank JSON summary at the end;
   a MoE model also logs its tokens per expert and per EP rank (`hf_dist_recipes.monitoring.expert_load`);
 - practice 3: the DeepSpeed batch-size trap under tensor parallelism is handled by the arguments;
@@ -175,9 +176,17 @@ class RecipeTrainer(Trainer):
         config.update(copy.deepcopy(self._deepspeed_config_at_init))
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        """The recipe's `WarmupCosineRestarts` for `lr_scheduler_type="cosine_with_restarts"`, else the stock one.
+
+        Under DeepSpeed with an `optimizer` section, transformers hands the engine a callable that calls this on a
+        copy of the trainer with the engine's optimizer (`deepspeed_optim_sched`); without one, the Trainer calls
+        it after the engine is built. Both come here, so the engine applies this schedule in both cases
+        (tests/distributed/test_schedule_deepspeed.py). A `scheduler` section in the DeepSpeed config replaces it,
+        as in transformers."""
         if self.lr_scheduler is not None or self.args.lr_scheduler_type != RECIPE_SCHEDULER:
             return super().create_scheduler(num_training_steps, optimizer)
         # The parent builds the stock schedule and marks it created; ours then takes its place on the optimizer.
+        # The arguments keep only `num_cycles` in lr_scheduler_kwargs, the one key the stock function accepts.
         super().create_scheduler(num_training_steps, optimizer)
         kwargs = dict(self.args.lr_scheduler_kwargs or {})
         schedule = WarmupCosineRestarts(
@@ -185,6 +194,7 @@ class RecipeTrainer(Trainer):
             total_steps=num_training_steps,
             num_cycles=kwargs.get("num_cycles", DEFAULT_NUM_CYCLES),
             min_lr_ratio=self.args.min_lr_ratio,
+            restart_warmup_steps=self.args.restart_warmup_steps,
         )
         self.lr_scheduler = warmup_cosine_restarts_scheduler(optimizer or self.optimizer, schedule)
         return self.lr_scheduler

@@ -187,3 +187,31 @@ def test_restart_warmup_must_fit_in_a_cycle():
     with pytest.raises(ValueError, match="restart_warmup_steps must be a whole number"):
         WarmupCosineRestarts(0, 40, num_cycles=2, restart_warmup_steps=-1)
     assert WarmupCosineRestarts(0, 40, num_cycles=1, restart_warmup_steps=99).multiplier(5) > 0.9  # no restart
+
+
+def test_trainer_from_plain_arguments_follows_the_schedule_kwargs(tmp_path):
+    """A plain TrainingArguments carrying the options in lr_scheduler_kwargs (before: a TypeError from
+    transformers' function at create_scheduler, and the floor ignored). Expected values by hand: W=2, T=42, so two
+    cycles of 20 steps, the restart at step 22; floor 0.1, re-warm-up R=4; on an SGD optimizer with lr 1."""
+    from transformers import TrainingArguments
+
+    from hf_dist_recipes import RecipeTrainer
+
+    plain = TrainingArguments(output_dir=str(tmp_path), report_to=[], warmup_steps=2,
+                              lr_scheduler_type="cosine_with_restarts",
+                              lr_scheduler_kwargs={"num_cycles": 2, "min_lr_ratio": 0.1, "restart_warmup_steps": 4})
+    model = torch.nn.Linear(2, 2)
+    trainer = RecipeTrainer(model=model, args=plain)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = trainer.create_scheduler(42, optimizer)
+    lrs = [optimizer.param_groups[0]["lr"]]  # what the optimizer would apply, read from it
+    for _ in range(45):
+        optimizer.step()
+        scheduler.step()
+        lrs.append(optimizer.param_groups[0]["lr"])
+    assert lrs[:3] == pytest.approx([0.0, 0.5, 1.0])  # warm-up t / 2
+    # Step 21: 19 of the first cycle's 20 steps, 0.1 + 0.9 * 0.5 * (1 + cos(pi * 19 / 20)).
+    assert lrs[21] == pytest.approx(0.1 + 0.45 * (1 + math.cos(0.95 * math.pi)))
+    assert lrs[22:27] == pytest.approx([0.1, 0.325, 0.55, 0.775, 1.0])  # 0.1 + 0.9 * u / 4, u = 0..4
+    assert lrs[34] == pytest.approx(0.55)  # halfway through the 16 cosine steps left: 0.1 + 0.45 * (1 + cos(pi/2))
+    assert lrs[42:] == pytest.approx([0.1] * 4)
