@@ -1,5 +1,9 @@
 """`hf-dist-recipes demo`: the main job. Trains the tiny DeepSeek-V3-style model with DeepSpeed ZeRO-3 on 2
-processes (CPU + Gloo here; one process per GPU + NCCL on a CUDA host) and prints a summary."""
+processes (CPU + Gloo here; one process per GPU + NCCL on a CUDA host) and prints a summary.
+
+The data is byte-level (no tokenizer): the standard library's source by default, or your own local text / JSON
+Lines files with --data-files, read with datasets and cached by fingerprint (HF_DATASETS_CACHE); nothing is
+downloaded."""
 
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ def register(subparsers) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: hf-dist-recipes demo --max-steps 100 --output-dir runs/try1\n"
+        "Your data: hf-dist-recipes demo --data-files notes.txt more.txt   (or: --data-files chat.jsonl "
+        "--text-field content)\n"
         "Then: tensorboard --logdir runs/try1/tensorboard   (one run per rank)",
     )
     parser.add_argument("--config-file", help="accelerate YAML to launch with (default: the shipped demo config for this host)")
@@ -44,8 +50,16 @@ def render_plan(plan: DemoPlan) -> str:
         f"demo: {plan.num_processes} processes, DeepSpeed ZeRO-3, {plan.device}/{plan.backend}, "
         f"{plan.settings.max_steps} steps\n"
         f"  config  {plan.config_file}\n"
+        f"  data    {render_data(plan)}\n"
         f"  launch  {' '.join(plan.command[1:])}"
     )
+
+
+def render_data(plan: DemoPlan) -> str:
+    s = plan.settings
+    if not s.data_files:
+        return f"standard library source, {s.max_bytes:,} bytes, blocks of {s.seq_len}"
+    return f"{' '.join(s.data_files)} (blocks of {s.seq_len} bytes)"
 
 
 def render_result(result: DemoResult) -> str:

@@ -80,6 +80,8 @@ def plan_demo(
     comm = backend.resolve_backend(requested, allow_gloo_on_cuda=settings.allow_gloo_on_cuda, cuda_devices=gpus)
     device = "cpu" if (cfg.use_cpu or not gpus) else "cuda"
     settings = replace(settings, output_dir=str(Path(settings.output_dir).resolve()))
+    if settings.data_files:
+        settings = replace(settings, data_files=tuple(check_user_data(settings)))
     command = [
         sys.executable, "-m", "accelerate.commands.launch",
         "--config_file", str(Path(config_file).resolve()),
@@ -99,6 +101,26 @@ def plan_demo(
     )
 
 
+def check_user_data(settings: DemoSettings) -> list[str]:
+    """The absolute paths of `settings.data_files` (the ranks run in another directory), after building their byte
+    blocks once here: a file that gives no training data fails now, in one line, not on every rank after the
+    launch; and the ranks then load the blocks from datasets' cache."""
+    import datasets
+
+    from hf_dist_recipes.demo.data import check_data_files, text_files_dataset
+
+    _, files = check_data_files(settings.data_files)
+    # The CLI's own output stays the plan, or the one-line error; the ranks show datasets' progress if they build.
+    was_enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        text_files_dataset(files, seq_len=settings.seq_len, text_field=settings.text_field)
+    finally:
+        if was_enabled:
+            datasets.enable_progress_bars()
+    return files
+
+
 def settings_to_flags(s: DemoSettings) -> list[str]:
     """The train script's flags for `s` (inverse of `demo.train.settings_from`)."""
     flags = [
@@ -107,6 +129,8 @@ def settings_to_flags(s: DemoSettings) -> list[str]:
         "--warmup-steps", str(s.warmup_steps), "--logging-steps", str(s.logging_steps),
         "--max-bytes", str(s.max_bytes), "--seed", str(s.seed),
     ]
+    if s.data_files:
+        flags += ["--data-files", *s.data_files, "--text-field", s.text_field]
     if s.backend:
         flags += ["--backend", s.backend]
     if s.allow_gloo_on_cuda:

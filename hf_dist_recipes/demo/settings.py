@@ -21,6 +21,8 @@ class DemoSettings:
     warmup_steps: int = 20
     logging_steps: int = 20
     max_bytes: int = 2_000_000
+    data_files: tuple[str, ...] = ()  # the user's text / JSON Lines files; empty: the standard library's source
+    text_field: str = "text"
     seed: int = 42
     backend: str | None = None
     allow_gloo_on_cuda: bool = False
@@ -37,7 +39,14 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--learning-rate", type=float, default=d.learning_rate, help="peak learning rate (%(default)s)")
     parser.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help="linear warm-up steps (%(default)s)")
     parser.add_argument("--logging-steps", type=int, default=d.logging_steps, help="log every N steps (%(default)s)")
-    parser.add_argument("--max-bytes", type=int, default=d.max_bytes, help="bytes of stdlib source to use (%(default)s)")
+    parser.add_argument("--max-bytes", type=int, default=d.max_bytes,
+                        help="bytes of standard-library source to use without --data-files (%(default)s)")
+    parser.add_argument("--data-files", nargs="+", metavar="PATH", default=list(d.data_files),
+                        help="train on these local files instead of the standard library's source, byte-level (no "
+                        "tokenizer): text files (one row per line) or JSON Lines (.json/.jsonl, the text in "
+                        "--text-field), not mixed; read with datasets and cached by fingerprint in HF_DATASETS_CACHE")
+    parser.add_argument("--text-field", default=d.text_field,
+                        help="field of each JSON Lines record that holds the text (%(default)s)")
     parser.add_argument("--seed", type=int, default=d.seed, help="seed for every rank (%(default)s)")
     parser.add_argument("--backend", choices=["nccl", "gloo"], default=None, help="force a backend (default: by host)")
     parser.add_argument("--allow-gloo-on-cuda", action="store_true", help="accept Gloo on a CUDA host")
@@ -45,4 +54,6 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_from(ns: argparse.Namespace) -> DemoSettings:
-    return DemoSettings(**{k: getattr(ns, k) for k in DemoSettings.__dataclass_fields__})
+    values = {k: getattr(ns, k) for k in DemoSettings.__dataclass_fields__}
+    values["data_files"] = tuple(values["data_files"] or ())  # argparse gives a list; the settings are frozen
+    return DemoSettings(**values)

@@ -4,7 +4,7 @@
         --output-dir runs/demo
 
 Builds the tiny DeepSeek-V3-style model from a config (random init, no download), trains it byte-level on the
-standard library's source with RecipeTrainer, and saves the final model to `<output-dir>/final`. Each rank writes
+standard library's source (or on `--data-files`) with RecipeTrainer, and saves the final model to `<output-dir>/final`. Each rank writes
 TensorBoard logs to `<output-dir>/tensorboard/rank<N>` and a summary to `<output-dir>/rank_summaries/rank<N>.json`.
 """
 
@@ -18,7 +18,7 @@ import torch
 
 from hf_dist_recipes import backend
 from hf_dist_recipes.arguments import RecipeTrainingArguments
-from hf_dist_recipes.demo.data import stdlib_dataset
+from hf_dist_recipes.demo.data import stdlib_dataset, text_files_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 from hf_dist_recipes.demo.settings import DemoSettings, add_training_flags, settings_from
 from hf_dist_recipes.trainer import RecipeTrainer
@@ -44,12 +44,20 @@ def training_arguments(s: DemoSettings) -> RecipeTrainingArguments:
     )
 
 
+def train_dataset(s: DemoSettings):
+    """The byte blocks to train on: `s.data_files` when given, else the standard library's source."""
+    if s.data_files:
+        return text_files_dataset(s.data_files, seq_len=s.seq_len, text_field=s.text_field)
+    return stdlib_dataset(seq_len=s.seq_len, max_bytes=s.max_bytes)
+
+
 def run(s: DemoSettings) -> RecipeTrainer:
-    trainer = RecipeTrainer(
-        model_init=lambda: build_tiny_deepseek(),
-        args=training_arguments(s),
-        train_dataset=stdlib_dataset(seq_len=s.seq_len, max_bytes=s.max_bytes),
-    )
+    args = training_arguments(s)
+    # The local main process builds (or finds) the cached blocks first; the other ranks then load its cache files
+    # instead of packing the same data at the same time.
+    with args.main_process_first(desc="byte blocks"):
+        data = train_dataset(s)
+    trainer = RecipeTrainer(model_init=lambda: build_tiny_deepseek(), args=args, train_dataset=data)
     trainer.train()
     if s.save_final:
         trainer.save_model(os.path.join(s.output_dir, "final"))
