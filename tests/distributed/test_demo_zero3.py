@@ -18,7 +18,7 @@ STEPS = 60
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     proc = subprocess.run(
         [sys.executable, "-m", "hf_dist_recipes.cli.main", "demo", "--json", "--output-dir", str(out),
          "--max-steps", str(STEPS), "--logging-steps", "10", "--warmup-steps", "10"],
@@ -89,3 +89,24 @@ def test_final_checkpoint_loads(demo_run):
     result, out = demo_run
     model = DeepseekV3ForCausalLM.from_pretrained(result["model_dir"])
     assert model.num_parameters() == 1_012_224
+
+
+def test_demo_trains_on_the_users_text_file(tmp_path):
+    """--data-files reaches both ranks: one sentence repeated is learnt to a loss the standard library's source
+    does not reach in as many steps (these settings without --data-files: 5.00 -> 3.09; with this file: 4.95 ->
+    1.31, measured on 2 CPU ranks)."""
+    book = tmp_path / "book.txt"
+    book.write_text("the quick brown fox jumps over the lazy dog\n" * 400)
+    steps = 20
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "hf_dist_recipes.cli.main", "demo", "--json", "--output-dir", str(tmp_path / "out"),
+         "--data-files", str(book), "--max-steps", str(steps), "--logging-steps", "5", "--warmup-steps", "2",
+         "--seq-len", "64", "--micro-batch", "4", "--no-save"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    s = json.loads(proc.stdout)["summary"]
+    assert s["ranks"] == 2 and s["steps"] == steps and s["tokens"] == 2 * steps * 4 * 64
+    assert s["first_loss"] > 4.0 and s["last_loss"] < 2.0
