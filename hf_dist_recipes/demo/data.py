@@ -105,7 +105,8 @@ def stdlib_dataset(seq_len: int = 128, max_bytes: int = 2_000_000, root: str | P
     # Each file whole (sample_by="document"); "replace" because a source file is not obliged to be UTF-8.
     texts = datasets.load_dataset("text", data_files=[str(p) for p in files], split="train", sample_by="document",
                                   encoding_errors="replace", cache_dir=_path_or_none(cache_dir))
-    return byte_blocks(texts, seq_len, max_blocks=max_bytes // seq_len, source=f"the standard library ({files[0].parent})")
+    source = f"the standard library ({files[0].parent})"
+    return byte_blocks(texts, seq_len, max_blocks=max_bytes // seq_len, source=source)
 
 
 def check_data_files(paths: Sequence[str | os.PathLike]) -> tuple[str, list[str]]:
