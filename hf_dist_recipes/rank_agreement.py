@@ -37,7 +37,7 @@ the ranks and the step, and the last step at which they still agreed.
 
 Policy `seed_check` ("error" default: RuntimeError on every rank, the launch fails with the message; "warn": a
 warning line in every rank's log; "off": nothing gathered, only the dropout streams are set). Keys added to the
-next Trainer log (so `log_history`, TensorBoard and `report_to` see them): after train begin
+next Trainer log by `RecipeTrainer.log` (so `log_history`, TensorBoard and `report_to` see them): after train begin
 `rank_check/seed_ok`, `rank_check/data_ok`, `rank_check/weights_ok` (1.0 agree, 0.0 mismatch, -1.0 not checkable:
 weights built under zero.Init); after each check step `rank_check/ok` (1.0 or 0.0). All ranks gather the same data
 and decide alike, so "error" stops every rank at the same point instead of leaving some waiting in a collective.
@@ -302,7 +302,7 @@ class RankAgreementCallback(TrainerCallback):
         self._pending["rank_check/ok"] = float(not bad)
         apply_policy(self.policy, bad, step=state.global_step)
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs is not None and self._pending:
-            logs.update(self._pending)  # the dict the Trainer appended to log_history
-            self._pending = {}
+    def pop_pending(self) -> dict[str, float]:
+        """The rank_check/* values not logged yet; `RecipeTrainer.log` adds them to the next log."""
+        pending, self._pending = self._pending, {}
+        return pending

@@ -221,6 +221,7 @@ class RecipeTrainer(Trainer):
         for callback in self.callback_handler.callbacks:
             if isinstance(callback, ExpertLoadCallback):
                 logs.update(callback.pop_pending())
+        logs.update(self.rank_agreement.pop_pending())  # rank_check/*: what the ranks were found to agree on
         super().log(logs, start_time)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
