@@ -104,7 +104,7 @@ def worker(out: str, model_key: str) -> None:
     from transformers import AutoModelForCausalLM
 
     from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
-    from hf_dist_recipes.demo.data import stdlib_dataset
+    from hf_dist_recipes.demo.data import stdlib_dataset, token_blocks
     from hf_dist_recipes.parallel.models import template_config
 
     warnings.filterwarnings("ignore")
@@ -115,7 +115,7 @@ def worker(out: str, model_key: str) -> None:
                                    save_shard_size=SHARD)
     model = AutoModelForCausalLM.from_config(config)
     data = stdlib_dataset(seq_len=32, max_bytes=20_000)
-    data.tokens = data.tokens % config.vocab_size
+    data = token_blocks(data, config.vocab_size)
     trainer = RecipeTrainer(model=model, args=args, train_dataset=data)
     trainer.train()
     dist.barrier()

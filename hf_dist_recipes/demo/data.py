@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
 
 JSON_SUFFIXES = (".json", ".jsonl")
 SEPARATOR = b"\n"  # between rows of the source: lines of a text file, records of a JSON Lines file, whole files
@@ -107,6 +108,28 @@ def stdlib_dataset(seq_len: int = 128, max_bytes: int = 2_000_000, root: str | P
                                   encoding_errors="replace", cache_dir=_path_or_none(cache_dir))
     source = f"the standard library ({files[0].parent})"
     return byte_blocks(texts, seq_len, max_blocks=max_bytes // seq_len, source=source)
+
+
+class TokenBlocks(torch.utils.data.Dataset):
+    """Blocks of token ids held as one (blocks, seq_len) int64 tensor `tokens`; `labels` equal `input_ids`. For
+    code that slices the blocks or folds the byte values into a smaller vocabulary (tests, benchmarks)."""
+
+    def __init__(self, tokens: torch.Tensor):
+        self.tokens = tokens
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
+        block = self.tokens[idx]
+        return {"input_ids": block, "labels": block}
+
+
+def token_blocks(data, vocab_size: int | None = None) -> TokenBlocks:
+    """The blocks of a byte-block `datasets.Dataset` (`stdlib_dataset`, `text_files_dataset`) as `TokenBlocks`,
+    the byte values taken modulo `vocab_size` when given (a model with fewer than 256 tokens)."""
+    tokens = data.with_format("torch")[:]["input_ids"].long()  # one (blocks, seq_len) tensor
+    return TokenBlocks(tokens % vocab_size if vocab_size else tokens)
 
 
 def check_data_files(paths: Sequence[str | os.PathLike]) -> tuple[str, list[str]]:

@@ -90,3 +90,13 @@ def test_file_checks_before_reading(tmp_path):
         check_data_files([])
     assert check_data_files([tmp_path / "b.jsonl"]) == ("json", [str(tmp_path / "b.jsonl")])
     assert check_data_files([tmp_path / "a.txt"])[0] == "text"
+
+
+def test_token_blocks_fold_the_byte_values_and_keep_the_order():
+    from hf_dist_recipes.demo.data import stdlib_dataset, token_blocks
+
+    data = stdlib_dataset(seq_len=16, max_bytes=4096)
+    folded = token_blocks(data, 100)
+    assert folded.tokens.shape == (256, 16) and folded.tokens.dtype == torch.int64
+    assert torch.equal(folded[3]["input_ids"], data[3]["input_ids"] % 100)
+    assert int(folded.tokens.max()) < 100 <= int(token_blocks(data).tokens.max())

@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hf_dist_recipes import ExpertBiasBalancer, RecipeTrainer, RecipeTrainingArguments
-from hf_dist_recipes.demo.data import stdlib_dataset
+from hf_dist_recipes.demo.data import stdlib_dataset, token_blocks
 from hf_dist_recipes.monitoring.expert_load import find_routed_layers
 from hf_dist_recipes.parallel.models import template_config
 
@@ -34,7 +34,7 @@ def main(output_dir: str, steps: int, gamma: float) -> None:
     )
     config = template_config("tiny-deepseek-v3")
     data = stdlib_dataset(seq_len=SEQ_LEN, max_bytes=100_000)
-    data.tokens = data.tokens % config.vocab_size
+    data = token_blocks(data, config.vocab_size)
 
     def model_init():
         model = AutoModelForCausalLM.from_config(config)

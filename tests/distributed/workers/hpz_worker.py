@@ -19,7 +19,7 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
-from hf_dist_recipes.demo.data import stdlib_dataset
+from hf_dist_recipes.demo.data import stdlib_dataset, token_blocks
 from hf_dist_recipes.parallel.models import template_config
 
 
@@ -27,7 +27,7 @@ def main(output_dir: str, steps: int) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     config = template_config("tiny-llama")
     data = stdlib_dataset(seq_len=32, max_bytes=20_000)
-    data.tokens = data.tokens % config.vocab_size
+    data = token_blocks(data, config.vocab_size)
     args = RecipeTrainingArguments(output_dir=output_dir, per_device_train_batch_size=2, learning_rate=1e-3,
                                    max_steps=steps, logging_steps=1, save_strategy="no", report_to="none",
                                    disable_tqdm=True, seed=7)

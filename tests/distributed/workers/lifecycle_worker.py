@@ -19,7 +19,7 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
-from hf_dist_recipes.demo.data import stdlib_dataset
+from hf_dist_recipes.demo.data import TokenBlocks, stdlib_dataset, token_blocks
 
 MICRO_BATCH = 4
 EVAL_SAMPLES = 16
@@ -28,13 +28,8 @@ SEQ_LEN = 32
 
 def datasets(vocab_size: int):
     """Training blocks and a fixed evaluation set (the last EVAL_SAMPLES blocks, never trained on)."""
-    data = stdlib_dataset(seq_len=SEQ_LEN, max_bytes=100_000)
-    data.tokens = data.tokens % vocab_size
-    train = stdlib_dataset(seq_len=SEQ_LEN, max_bytes=100_000)
-    train.tokens = data.tokens[:-EVAL_SAMPLES]
-    evaluation = stdlib_dataset(seq_len=SEQ_LEN, max_bytes=100_000)
-    evaluation.tokens = data.tokens[-EVAL_SAMPLES:]
-    return train, evaluation
+    tokens = token_blocks(stdlib_dataset(seq_len=SEQ_LEN, max_bytes=100_000), vocab_size).tokens
+    return TokenBlocks(tokens[:-EVAL_SAMPLES]), TokenBlocks(tokens[-EVAL_SAMPLES:])
 
 
 def main(output_dir: str, pretrained: str, steps: int, save_steps: int, resume: str | None = None,

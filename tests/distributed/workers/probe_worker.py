@@ -19,7 +19,7 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
-from hf_dist_recipes.demo.data import stdlib_dataset
+from hf_dist_recipes.demo.data import stdlib_dataset, token_blocks
 from hf_dist_recipes.parallel.models import template_config
 
 MICRO_BATCH = 4
@@ -43,7 +43,7 @@ def main(output_dir: str, steps: int, flavour: str, model_name: str, build: str 
             return super().training_step(model, inputs, num_items_in_batch)
 
     data = stdlib_dataset(seq_len=32, max_bytes=200_000)
-    data.tokens = data.tokens % config.vocab_size
+    data = token_blocks(data, config.vocab_size)
     if build == "direct":
         model_class = AutoModelForCausalLM._model_mapping[type(config)]
         model_init = lambda: model_class(config)  # noqa: E731

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.construction import unpartitioned_bytes
-from hf_dist_recipes.demo.data import stdlib_dataset
+from hf_dist_recipes.demo.data import stdlib_dataset, token_blocks
 from hf_dist_recipes.parallel.models import template_config
 
 LIMIT = "1KB"  # far below tiny-llama's 0.4 MB, so only a partitioned model passes
@@ -31,7 +31,7 @@ def main(output_dir: str) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     config = template_config("tiny-llama")
     data = stdlib_dataset(seq_len=32, max_bytes=50_000)
-    data.tokens = data.tokens % config.vocab_size
+    data = token_blocks(data, config.vocab_size)
     common = dict(output_dir=output_dir, per_device_train_batch_size=2, learning_rate=1e-3, logging_steps=1,
                   save_strategy="no", report_to="none", disable_tqdm=True, max_unpartitioned_model_size=LIMIT)
     out: dict = {}
