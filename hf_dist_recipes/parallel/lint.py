@@ -66,6 +66,12 @@ def lint_deepspeed(config: dict, name: str, *, world_size: int | None = None) ->
         add(ERROR, f"train_batch_size={config['train_batch_size']!r} with tensor_parallel.autotp_size={tp}: the "
                    "Trainer fills it from the world size including TP ranks and DeepSpeed's batch check fails "
                    "(DeepSpeed issue 7298); remove train_batch_size")
+    if isinstance(config.get("scheduler"), dict):
+        # transformers 5.24 integrations/deepspeed.py deepspeed_optim_sched: a scheduler section wins over the
+        # Trainer's lr_scheduler_type, so RecipeTrainer's warm-up + cosine with restarts would never run.
+        add(WARNING, f"a scheduler section ({config['scheduler'].get('type', '?')}) replaces the recipe's linear "
+                     "warm-up + cosine with hard restarts without a word; remove it and set lr_scheduler_type / "
+                     "warmup_steps in the training arguments")
     if tp > 1 and not tp_cfg.get("partition_config") and not tp_cfg.get("preset_model"):
         add(WARNING, "AutoTP without partition_config follows the model's own tp_plan, which DeepSpeed refuses for "
                      "DeepSeek MLA/MoE models ('moe_tp_experts', 'packed_colwise'); write an explicit "

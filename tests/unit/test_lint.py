@@ -17,6 +17,14 @@ def test_clean_config_has_no_findings():
     assert lint_deepspeed(dict(Z3), "ds.json") == []
 
 
+def test_a_deepspeed_scheduler_section_that_would_replace_the_recipe_schedule():
+    # transformers' deepspeed_optim_sched builds DeepSpeed's scheduler when the JSON has one, ignoring
+    # lr_scheduler_type; without the section the Trainer's (the recipe's) schedule is used.
+    sched = {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}}
+    assert "replaces the recipe's" in _messages(lint_deepspeed({**Z3, "scheduler": sched}, "x"), WARNING)
+    assert _messages(lint_deepspeed(dict(Z3), "x"), WARNING) == ""
+
+
 def test_trap1_train_batch_size_under_tp():
     found = lint_deepspeed({**Z3, "train_batch_size": "auto", "tensor_parallel": {"autotp_size": 2, "preset_model": "llama"}}, "x")
     assert "remove train_batch_size" in _messages(found, ERROR)
