@@ -135,3 +135,30 @@ def forget_zero_hpz_group() -> None:
     groups = sys.modules.get(_HPZ_GROUPS_MODULE)
     if groups is not None and getattr(groups, _HPZ_GROUP, None) is not None:
         setattr(groups, _HPZ_GROUP, None)
+
+
+# Gradient health (hf_dist_recipes/gradient_health.py). accelerate 1.16 `AcceleratedOptimizer`: `step_was_skipped`
+# returns `self._is_overflow`, which only the GradScaler path of `step()` writes; `Accelerator.
+# optimizer_step_was_skipped` (read by transformers 5.24 `Trainer._run_epoch` to leave the scheduler alone) and
+# `AcceleratedScheduler.step` both read it. `scaler` is the GradScaler or None. transformers 5.24 `Trainer.
+# _clip_grad_norm(model)` is called once per optimizer step, before `on_pre_optimizer_step`, and returns the pre-clip
+# global norm (under DeepSpeed the engine's `get_global_grad_norm()`); RecipeTrainer overrides it to observe that
+# norm. `Trainer._tr_loss` is the running loss tensor that `_maybe_log_save_evaluate` resets with
+# `tr_loss -= tr_loss`, which keeps a NaN forever.
+def mark_optimizer_step_skipped(optimizer, skipped: bool) -> None:
+    """Make accelerate (and so the Trainer's scheduler step) see this optimizer step as skipped, or not."""
+    if optimizer is not None and hasattr(optimizer, "_is_overflow"):
+        optimizer._is_overflow = skipped
+
+
+def has_grad_scaler(optimizer) -> bool:
+    return getattr(optimizer, "scaler", None) is not None
+
+
+def reset_nonfinite_running_loss(trainer) -> None:
+    """Zero the Trainer's running loss when it is not finite (after the log that showed the NaN)."""
+    import torch  # here: the CLI imports this module and must not pay for torch
+
+    running = getattr(trainer, "_tr_loss", None)
+    if isinstance(running, torch.Tensor) and not bool(running.isfinite().all()):
+        running.zero_()

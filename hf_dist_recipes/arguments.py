@@ -33,6 +33,10 @@ New fields, all at the end so positional use of TrainingArguments keeps working:
   linearly from the floor back to the peak (`hf_dist_recipes.schedules`). `min_lr_ratio`, `restart_warmup_steps`
   may also come in `lr_scheduler_kwargs` (what a plain `TrainingArguments` can carry): they move into the
   fields, `lr_scheduler_kwargs` keeps `num_cycles` only, and one value given both ways differently is an error;
+- gradient health: `nonfinite_policy` (default "skip"; "halt", "off"): what a non-finite loss or gradient on any
+  rank does; `max_consecutive_skips` (default 3): more skips in a row halt; `spike_window` (default 50 steps) and
+  `spike_threshold` (default 6.0, robust z-score): loss and grad-norm spike events
+  (`hf_dist_recipes.gradient_health`);
 - `allow_gloo_on_cuda`, `allow_unclipped_gradients`, `allow_cpu_with_gpus` (default False): explicit opt-outs. The
   last one is for a machine with NVIDIA GPUs that torch cannot use (CPU-only wheel, old driver, every GPU hidden),
   which otherwise stops with the reason and the fix instead of training on the CPU (`hf_dist_recipes.cuda_host`).
@@ -57,6 +61,8 @@ from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_SIZE, parse_size
 from hf_dist_recipes.jsonfile import load_deepspeed_json
 from hf_dist_recipes import backend, cuda_host, extensions, precision
 from hf_dist_recipes.gradients import validate_max_grad_norm
+from hf_dist_recipes.gradient_health import (validate_max_consecutive_skips, validate_nonfinite_policy,
+                                             validate_spike_settings)
 from hf_dist_recipes.parallel.batch import fix_tp_batch_size, tensor_parallel_size
 from hf_dist_recipes.parallel.plan_record import recorded_plan
 from hf_dist_recipes.precision import resolve_bf16
@@ -140,6 +146,22 @@ class RecipeTrainingArguments(TrainingArguments):
         metadata={"help": "Optimizer steps of linear re-warm-up from the floor to the peak at each restart of "
                           "cosine_with_restarts (default 0: hard restarts, straight back to the peak)."},
     )
+    # gradient health
+    nonfinite_policy: str = field(
+        default="skip",
+        metadata={"help": "A non-finite loss or gradient on any rank: 'skip' the optimizer step on every rank "
+                          "(counted, logged), 'halt' (save the last good state, stop non-zero with a report), "
+                          "'off' (no checks)."},
+    )
+    max_consecutive_skips: int = field(
+        default=3, metadata={"help": "Under nonfinite_policy='skip', more skips in a row than this halt the job."}
+    )
+    spike_window: int = field(
+        default=50, metadata={"help": "Steps of loss and grad norm a spike is measured against (robust z-score)."}
+    )
+    spike_threshold: float = field(
+        default=6.0, metadata={"help": "Robust z-score (median/MAD) above the window that makes a spike event."}
+    )
     allow_gloo_on_cuda: bool = field(
         default=False, metadata={"help": "Accept Gloo on a host with CUDA GPUs (normally an error)."}
     )
@@ -157,6 +179,9 @@ class RecipeTrainingArguments(TrainingArguments):
         validate_seed(self.seed)
         validate_policy(self.seed_check)
         validate_rank_check_steps(self.rank_check_steps)
+        validate_nonfinite_policy(self.nonfinite_policy)
+        validate_max_consecutive_skips(self.max_consecutive_skips)
+        validate_spike_settings(self.spike_window, self.spike_threshold)
         self.max_grad_norm = validate_max_grad_norm(self.max_grad_norm, allow_unclipped=self.allow_unclipped_gradients)
         validate_min_lr_ratio(self.min_lr_ratio)
         self.save_shard_bytes = _size_field("save_shard_size", self.save_shard_size)

@@ -9,6 +9,10 @@ What it adds:
   (`hf_dist_recipes.rank_agreement`, `trainer.rank_agreement`) checks across ranks at train begin and every
   `rank_check_steps` that the ranks agree on what they must (seeds, data order, built weights, step, learning rate,
   TP-group loss) and sets the dropout streams by role (`per_rank_dropout`);
+- practice 5: `GradientHealthCallback` (`hf_dist_recipes.gradient_health`, `trainer.gradient_health`) finds a
+  non-finite loss or gradient on any rank with one all-reduce per step and skips that optimizer step on every
+  rank or halts with a report (`nonfinite_policy`), and names loss and grad-norm spikes; it sees each training
+  loss through `compute_loss` and the clip call's pre-clip norm through `_clip_grad_norm`;
 - practice 2: after the process group exists, its backend is checked (Gloo on a CUDA host is an error);
 - practice 6: `create_scheduler` builds the warm-up + cosine-with-restarts schedule (with `min_lr_ratio` and
   `restart_warmup_steps`), also when DeepSpeed owns the optimizer (the engine then steps it);
@@ -51,6 +55,8 @@ from hf_dist_recipes.parallel.batch import tensor_parallel_size
 from hf_dist_recipes.parallel.plan_record import PlanConformanceCallback
 from hf_dist_recipes.schedules import DEFAULT_NUM_CYCLES, WarmupCosineRestarts, warmup_cosine_restarts_scheduler
 from hf_dist_recipes.rank_agreement import RankAgreementCallback, weights_checksum
+from hf_dist_recipes.gradient_health import GradientHealthCallback
+from hf_dist_recipes import _compat
 from hf_dist_recipes.seeding import seed_everything
 
 
@@ -111,6 +117,10 @@ class RecipeTrainer(Trainer):
             per_rank_dropout=args.per_rank_dropout,
             weights=None if args.seed_check == "off" else weights_checksum(self.model))
         self.add_callback(self.rank_agreement)
+        # Before the TensorBoard callback too: it writes the counters this one adds to each log.
+        self.add_callback(GradientHealthCallback(
+            nonfinite_policy=args.nonfinite_policy, max_consecutive_skips=args.max_consecutive_skips,
+            spike_window=args.spike_window, spike_threshold=args.spike_threshold))
         if args.per_rank_tensorboard:
             # The stock callback writes rank 0 only, into the same root: ours covers it.
             self.remove_callback(TensorBoardCallback)
@@ -222,7 +232,37 @@ class RecipeTrainer(Trainer):
             if isinstance(callback, ExpertLoadCallback):
                 logs.update(callback.pop_pending())
         logs.update(self.rank_agreement.pop_pending())  # rank_check/*: what the ranks were found to agree on
+        logs.update(self.gradient_health.pop_pending())  # skipped_steps, spikes and their events
         super().log(logs, start_time)
+        # After the log that showed it: else the Trainer's running loss stays NaN for the rest of the run.
+        _compat.reset_nonfinite_running_loss(self)
+
+    @property
+    def gradient_health(self) -> GradientHealthCallback:
+        """The gradient-health callback in use (a resume replaces it with one restored from the checkpoint)."""
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, GradientHealthCallback):
+                return callback
+        return GradientHealthCallback(nonfinite_policy="off")  # removed by the user: nothing to feed
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The stock loss; while training, handed to the gradient-health check, which multiplies a non-finite
+        loss by NaN so that no engine can apply its gradients (`hf_dist_recipes.gradient_health`)."""
+        result = super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                      num_items_in_batch=num_items_in_batch)
+        if not model.training:
+            return result
+        health = self.gradient_health
+        if return_outputs:
+            return health.watch_loss(result[0]), result[1]
+        return health.watch_loss(result)
+
+    def _clip_grad_norm(self, model):
+        """The stock clip call (private in transformers 5.24, see `_compat`); the pre-clip norm it returns also
+        goes to the gradient-health spike detector."""
+        norm = super()._clip_grad_norm(model)
+        self.gradient_health.observe_grad_norm(norm)
+        return norm
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         tokens = _count_tokens(inputs)

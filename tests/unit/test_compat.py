@@ -140,3 +140,59 @@ def test_deepspeed_still_refuses_a_second_hpz_group_in_one_process():
         assert getattr(groups, _compat._HPZ_GROUP) is None
     finally:
         setattr(groups, _compat._HPZ_GROUP, before)
+
+
+def test_gradient_health_upstream_assumptions():
+    """hf_dist_recipes/gradient_health.py relies on these (transformers 5.24, accelerate 1.16, DeepSpeed 0.19.8)."""
+    import accelerate.optimizer as acc_optimizer
+    import accelerate.scheduler as acc_scheduler
+    from accelerate.utils import deepspeed as acc_ds
+    from transformers import Trainer
+
+    loop = inspect.getsource(Trainer._run_epoch)
+    # the clip call returns the pre-clip norm and comes before on_pre_optimizer_step, then the scheduler guard
+    clip, pre, step, guard = (loop.index("grad_norm = self._clip_grad_norm(model)"),
+                              loop.index("on_pre_optimizer_step"), loop.index("self.optimizer.step()"),
+                              loop.index("if not self.accelerator.optimizer_step_was_skipped:"))
+    assert clip < pre < step < guard
+    assert "tr_loss -= tr_loss" in inspect.getsource(Trainer._maybe_log_save_evaluate)
+    assert "self._tr_loss" in loop
+    # accelerate: step_was_skipped is _is_overflow, written only by the GradScaler path; the scheduler reads it
+    assert "return self._is_overflow" in inspect.getsource(acc_optimizer.AcceleratedOptimizer.step_was_skipped.fget)
+    assert "if opt.step_was_skipped:" in inspect.getsource(acc_scheduler.AcceleratedScheduler.step)
+    # accelerate under DeepSpeed: backward runs engine.step; skipped means the engine optimizer's overflow
+    backward = inspect.getsource(acc_ds.DeepSpeedEngineWrapper.backward)
+    assert "self.engine.backward(loss" in backward and "self.engine.step()" in backward
+    assert "self.optimizer.overflow" in inspect.getsource(acc_ds.DeepSpeedOptimizerWrapper.step_was_skipped.fget)
+
+
+def test_deepspeed_zero3_skips_a_step_with_a_non_finite_norm():
+    """gradient_health.py counts on ZeRO-3 refusing a step whose global norm is not finite, in bf16/fp32 too, and
+    on the engine not stepping its scheduler then."""
+    from deepspeed.runtime import engine
+    from deepspeed.runtime.zero import stage3
+
+    module = inspect.getsource(stage3)  # step is under an nvtx wrapper without functools.wraps: read the module
+    start = module.index("    def step(self, closure=None):")
+    src = module[start:module.index("\n    def ", start + 10)]
+    assert "is_invalid_grad_norm(scaled_global_grad_norm)" in src and "self.overflow = True" in src
+    take = inspect.getsource(engine.DeepSpeedEngine._take_model_step)
+    assert "self._step_applied = not overflow" in take and "self.skipped_steps += 1" in take
+
+
+def test_mark_optimizer_step_skipped_makes_accelerate_skip_the_scheduler():
+    from accelerate import Accelerator
+
+    model = torch.nn.Linear(2, 2)
+    acc = Accelerator(cpu=True)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
+    model, opt, sched = acc.prepare(model, opt, sched)
+    assert not _compat.has_grad_scaler(opt)
+    _compat.mark_optimizer_step_skipped(opt, True)
+    assert acc.optimizer_step_was_skipped
+    sched.step()
+    assert opt.param_groups[0]["lr"] == 1.0  # not stepped
+    _compat.mark_optimizer_step_skipped(opt, False)
+    sched.step()
+    assert opt.param_groups[0]["lr"] == 0.5

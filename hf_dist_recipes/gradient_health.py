@@ -1,0 +1,428 @@
+"""Practice 5 while the job runs: a non-finite loss or gradient on any rank is found, skipped on every rank or
+stopped with a report, never averaged away; loss and gradient-norm spikes are named.
+
+`GradientHealthCallback` (registered by `RecipeTrainer`, one per trainer) works like this.
+
+Finding a non-finite value, per rank, without a host sync per micro-step:
+- the loss: `RecipeTrainer.compute_loss` hands each training micro-batch's loss to `watch_loss`, which ORs
+  `~isfinite(loss)` into a device flag and returns the loss multiplied by 1 (finite: bit-for-bit the same loss)
+  or by NaN (non-finite). The multiplication makes every gradient of that rank NaN, so a non-finite loss whose
+  gradients happened to be finite can never be applied by an engine that only looks at gradients;
+- the gradients: a tensor hook on every trainable parameter (registered at train begin, after the engine built
+  and, under AutoTP, sliced the model) adds `grad.sum(dtype=float32)` into one float32 slot per parameter. NaN
+  and Inf survive a sum, so a non-finite slot means that parameter's *local* gradient (before any reduction:
+  under ZeRO-3 the hook sees the rank's own full gradient before reduce-scatter) was non-finite on this rank.
+  One read pass over each gradient; a finite gradient whose float32 sum overflows (|sum| > 3.4e38) also counts.
+
+Deciding, once per optimizer step, in `on_pre_optimizer_step` (after `_clip_grad_norm`, before
+`optimizer.step()`): one all-reduce (SUM) of `world_size + 1` float64 values, each rank writing its own flag in
+its slot and its mean micro-batch loss in the last, tells every rank which ranks saw a non-finite value and the
+mean loss over ranks (for the spike detector). Only when a flag is set, a second collective
+(`all_gather_object`) collects the names of the parameters whose gradients went bad, for the report.
+
+Skipping the same step on every rank (`nonfinite_policy="skip"`, the default):
+- DeepSpeed: accelerate's `DeepSpeedEngineWrapper.backward` runs `engine.backward` *and* `engine.step` inside
+  `training_step`, so the step has already been taken or refused when the Trainer's hooks run. DeepSpeed 0.19.8
+  ZeRO-3 refuses it on every rank itself when the global gradient norm is not finite (`stage3.py step`:
+  `is_invalid_grad_norm` -> overflow -> grads cleared, no optimizer update; in fp16 also `has_overflow`), the
+  engine then does not step its scheduler (`_take_model_step`) and `engine.was_step_applied()` is False. The
+  poisoned loss above guarantees that a non-finite loss on one rank reaches that check (reduce-scatter spreads the
+  NaN to every partition). What DeepSpeed does not do is say so: its skip is silent. Here the skip is verified
+  with accelerate's public `optimizer.step_was_skipped` (the engine optimizer's `overflow`; the Trainer reads the
+  same to leave its own scheduler alone), counted and reported. If the engine applied a step our flag called
+  non-finite, the weights can no longer be trusted and the job halts.
+- Without DeepSpeed (one process, DDP): the decision comes before `optimizer.step()`. Every rank drops its
+  gradients (`optimizer.zero_grad(set_to_none=True)`: torch optimizers leave parameters without a gradient and
+  their state untouched) and marks the step skipped on accelerate's optimizer (`_compat.mark_optimizer_step_skipped`),
+  which makes the Trainer leave the scheduler alone (`accelerator.optimizer_step_was_skipped`) as it does after an
+  fp16 overflow. With a GradScaler (fp16) the gradients are set to NaN instead, and the scaler skips.
+- The Trainer's running loss would stay NaN for the rest of the run (`tr_loss -= tr_loss` keeps a NaN);
+  `RecipeTrainer.log` resets it after the log that shows the NaN (`_compat.reset_nonfinite_running_loss`).
+  `global_step` still counts the skipped step; its batch is not retried.
+
+Halting (`nonfinite_policy="halt"`, or more than `max_consecutive_skips` skips in a row, default 3): the bad step is
+skipped as above (so the weights are the last good ones), a checkpoint `checkpoint-<step>` is saved through the
+Trainer's own save (`control.should_save`; weights after the last applied step, optimizer, scheduler, this
+callback's state), the report is written to `<output_dir>/nonfinite_report.json` and every rank raises
+`NonFiniteHalt` from `on_save`, so the launch exits non-zero. The report names the first rank (lowest) with a
+non-finite value, all such ranks, the step, whether the loss was non-finite, and the parameters whose gradients
+went bad, per rank.
+
+Spikes: a step's loss (mean over ranks) or gradient norm (the pre-clip global norm the Trainer's clip call
+returns; under DeepSpeed the engine's) more than `spike_threshold` robust z-scores above the median of the last
+`spike_window` finite values of applied steps is a spike: robust z = (x - median) / (1.4826 * MAD), MAD floored
+at 1e-3 x |median| so that a flat window does not call noise a spike. Checked once the window is full. Only
+values above the window count (a falling loss is not a spike).
+
+Keys added to the next Trainer log by `RecipeTrainer.log` (so `log_history`, TensorBoard -- as `train/<key>` -- and
+every `report_to` integration get them):
+- `skipped_steps` (every log): optimizer steps skipped for a non-finite value since the run began;
+- `loss_spikes`, `grad_norm_spikes` (every log): spikes found since the run began;
+- `nonfinite_event` (text, in the first log after a skip): "step 5: non-finite loss/gradient on rank(s) 1 ...";
+- `spike_event` (text, in the first log after a spike).
+Each event is also a warning line in every rank's log. State saved in checkpoints (`ExportableState`): the
+counters, the consecutive-skip count, the steps skipped (last 100), and both spike windows.
+
+`nonfinite_policy="off"` registers nothing per step (no hooks, no all-reduce): the stock behaviour, where
+DeepSpeed ZeRO-3 skips silently and a plain optimizer applies the NaN.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+
+from hf_dist_recipes import _compat
+
+logger = logging.getLogger(__name__)
+
+POLICIES = ("skip", "halt", "off")
+DEFAULT_MAX_CONSECUTIVE_SKIPS = 3
+DEFAULT_SPIKE_WINDOW = 50
+DEFAULT_SPIKE_THRESHOLD = 6.0
+MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
+MAD_FLOOR_RATIO = 1e-3
+REPORT_NAME = "nonfinite_report.json"
+_SKIPS_KEPT = 100
+
+
+def validate_nonfinite_policy(policy: object) -> str:
+    if policy not in POLICIES:
+        raise ValueError(f"nonfinite_policy must be one of {POLICIES}, got {policy!r}; use 'skip' (the default)")
+    return policy
+
+
+def validate_max_consecutive_skips(n: object) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"max_consecutive_skips must be an integer >= 0, got {n!r}; use 3 (the default)")
+    return n
+
+
+def validate_spike_settings(window: object, threshold: object) -> tuple[int, float]:
+    if isinstance(window, bool) or not isinstance(window, int) or window < 3:
+        raise ValueError(f"spike_window must be an integer >= 3 (steps), got {window!r}; use 50 (the default)")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold > 0 \
+            or not math.isfinite(threshold):
+        raise ValueError(f"spike_threshold must be a positive finite robust z-score, got {threshold!r}; use 6.0")
+    return window, float(threshold)
+
+
+def robust_z(value: float, window: Sequence[float]) -> float:
+    """(value - median) / (1.4826 * MAD) of `window`, the MAD floored at 1e-3 x |median| (and at 1e-12)."""
+    median = statistics.median(window)
+    mad = statistics.median(abs(v - median) for v in window)
+    scale = max(MAD_TO_SIGMA * mad, MAD_FLOOR_RATIO * abs(median), 1e-12)
+    return (value - median) / scale
+
+
+@dataclass
+class SpikeDetector:
+    """A value more than `threshold` robust z-scores above the last `window` values. `values` is its state."""
+
+    window: int = DEFAULT_SPIKE_WINDOW
+    threshold: float = DEFAULT_SPIKE_THRESHOLD
+    values: list[float] = field(default_factory=list)
+
+    def check(self, value: float) -> float | None:
+        """The robust z-score of `value` when it is a spike, else None; a finite value then joins the window."""
+        if not math.isfinite(value):
+            return None
+        z = robust_z(value, self.values) if len(self.values) >= self.window else None
+        self.values.append(float(value))
+        del self.values[:-self.window]
+        return z if z is not None and z > self.threshold else None
+
+
+def next_action(policy: str, consecutive_skips: int, max_consecutive_skips: int) -> str:
+    """'skip' or 'halt' for a step with a non-finite value, `consecutive_skips` counting this one."""
+    if policy == "halt" or consecutive_skips > max_consecutive_skips:
+        return "halt"
+    return "skip"
+
+
+@dataclass
+class NonFiniteReport:
+    step: int
+    ranks: list[int]
+    loss_ranks: list[int]
+    parameters: dict[int, list[str]]  # rank -> names of parameters whose local gradient was non-finite
+    action: str = "skip"
+    reason: str = ""
+
+    @property
+    def first_rank(self) -> int | None:
+        return min(self.ranks) if self.ranks else None
+
+    def message(self) -> str:
+        if not self.ranks:
+            where = "the engine found a non-finite gradient norm after the reduction (no rank's own loss or " \
+                    "gradient was)"
+        else:
+            where = f"non-finite value first on rank {self.first_rank} (rank(s) {', '.join(map(str, self.ranks))})"
+            if self.loss_ranks:
+                where += f"; loss non-finite on rank(s) {', '.join(map(str, self.loss_ranks))}"
+            bad = {r: names for r, names in self.parameters.items() if names}
+            if bad:
+                where += "; gradients non-finite: " + "; ".join(
+                    f"rank {r}: {_short(names)}" for r, names in sorted(bad.items()))
+        verb = "optimizer step skipped on every rank" if self.action == "skip" else "training halted"
+        return f"step {self.step}: {where}; {verb}{': ' + self.reason if self.reason else ''}"
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "first_rank": self.first_rank, "ranks": self.ranks, "loss_ranks": self.loss_ranks,
+                "parameters": {str(r): n for r, n in self.parameters.items()}, "action": self.action,
+                "reason": self.reason, "message": self.message()}
+
+
+def _short(names: list[str], limit: int = 8) -> str:
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+class NonFiniteHalt(RuntimeError):
+    """Raised on every rank after the last good state was saved; the message is the report."""
+
+
+def _under_deepspeed(optimizer) -> bool:
+    """accelerate wraps the engine's optimizer in this class; its `step_was_skipped` is the engine's `overflow`."""
+    from accelerate.utils import DeepSpeedOptimizerWrapper
+
+    return isinstance(optimizer, DeepSpeedOptimizerWrapper)
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+class GradientHealthCallback(TrainerCallback, ExportableState):
+    """See the module docstring. Built by `RecipeTrainer` from the arguments' fields of the same names."""
+
+    def __init__(self, nonfinite_policy: str = "skip", max_consecutive_skips: int = DEFAULT_MAX_CONSECUTIVE_SKIPS,
+                 spike_window: int = DEFAULT_SPIKE_WINDOW, spike_threshold: float = DEFAULT_SPIKE_THRESHOLD):
+        self.nonfinite_policy = validate_nonfinite_policy(nonfinite_policy)
+        self.max_consecutive_skips = validate_max_consecutive_skips(max_consecutive_skips)
+        self.spike_window, self.spike_threshold = validate_spike_settings(spike_window, spike_threshold)
+        # State kept in checkpoints (see state()).
+        self.skipped_steps = 0
+        self.consecutive_skips = 0
+        self.skipped_at: list[list] = []  # [step, [ranks]] of the last 100 skips
+        self.loss_spikes = 0
+        self.grad_norm_spikes = 0
+        self.loss_window: list[float] = []
+        self.grad_norm_window: list[float] = []
+        # Per run, not saved.
+        self._hooks: list = []
+        self._names: list[str] = []
+        self._grad_sums: torch.Tensor | None = None
+        self._loss_bad: torch.Tensor | None = None
+        self._loss_sum: torch.Tensor | None = None
+        self._micro_steps = 0
+        self._grad_norm: float | None = None
+        self._skipping = False  # this step's optimizer step is being skipped (non-DeepSpeed: undo the mark after)
+        self._events: dict[str, list[str]] = {}
+        self.halt_report: NonFiniteReport | None = None
+
+    # ExportableState
+    def state(self) -> dict:
+        return {
+            "args": {"nonfinite_policy": self.nonfinite_policy, "max_consecutive_skips": self.max_consecutive_skips,
+                     "spike_window": self.spike_window, "spike_threshold": self.spike_threshold},
+            "attributes": {"skipped_steps": self.skipped_steps, "consecutive_skips": self.consecutive_skips,
+                           "skipped_at": self.skipped_at, "loss_spikes": self.loss_spikes,
+                           "grad_norm_spikes": self.grad_norm_spikes, "loss_window": self.loss_window,
+                           "grad_norm_window": self.grad_norm_window},
+        }
+
+    @property
+    def active(self) -> bool:
+        return self.nonfinite_policy != "off"
+
+    # Fed by RecipeTrainer
+    def watch_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """Record a training micro-batch's loss; return it unchanged if finite, else multiplied by NaN."""
+        if not self.active or not isinstance(loss, torch.Tensor):
+            return loss
+        value = loss.detach()
+        finite = torch.isfinite(value).all()
+        if self._loss_bad is None or self._loss_bad.device != value.device:
+            self._loss_bad = torch.zeros((), dtype=torch.bool, device=value.device)
+            self._loss_sum = torch.zeros((), dtype=torch.float64, device=value.device)
+        self._loss_bad |= ~finite
+        self._loss_sum += value.double().mean()
+        self._micro_steps += 1
+        return loss * torch.where(finite, 1.0, math.nan).to(loss.dtype)
+
+    def observe_grad_norm(self, norm) -> None:
+        """The pre-clip global gradient norm of this step, from the Trainer's clip call."""
+        if norm is None:
+            self._grad_norm = None
+            return
+        self._grad_norm = float(norm.item() if isinstance(norm, torch.Tensor) else norm)
+
+    def pop_pending(self) -> dict:
+        """Keys for the next Trainer log (see the module docstring)."""
+        if not self.active:
+            return {}
+        logs: dict = {"skipped_steps": self.skipped_steps, "loss_spikes": self.loss_spikes,
+                      "grad_norm_spikes": self.grad_norm_spikes}
+        for key, lines in self._events.items():
+            logs[key] = " | ".join(lines)
+        self._events = {}
+        return logs
+
+    # TrainerCallback
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if not self.active or model is None:
+            return
+        self._remove_hooks()
+        params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self._names = [n for n, _ in params]
+        self._grad_sums = torch.zeros(len(params), dtype=torch.float32, device=args.device)
+        for i, (_, p) in enumerate(params):
+            self._hooks.append(p.register_hook(self._grad_hook(i)))
+
+    def _grad_hook(self, index: int):
+        def hook(grad):
+            self._grad_sums[index] += grad.detach().sum(dtype=torch.float32).to(self._grad_sums.device)
+        return hook
+
+    def _remove_hooks(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._remove_hooks()
+
+    def on_pre_optimizer_step(self, args, state, control, optimizer=None, model=None, **kwargs):
+        if not self.active:
+            return
+        step = state.global_step + 1  # the step being taken now; global_step counts it after on_optimizer_step
+        bad_params = (~torch.isfinite(self._grad_sums) if self._grad_sums is not None
+                      else torch.zeros(0, dtype=torch.bool))
+        device = self._grad_sums.device if self._grad_sums is not None else args.device
+        loss_bad = (self._loss_bad.to(device) if self._loss_bad is not None
+                    else torch.zeros((), dtype=torch.bool, device=device))
+        world = torch.distributed.get_world_size() if _distributed() else 1
+        rank = torch.distributed.get_rank() if _distributed() else 0
+        flags = torch.zeros(world + 1, dtype=torch.float64, device=device)
+        flags[rank] = (loss_bad | bad_params.any()).double() + 2 * loss_bad.double()  # 1: gradient, 3: loss too
+        if self._micro_steps:
+            flags[world] = self._loss_sum.to(device) / self._micro_steps
+        if world > 1:
+            torch.distributed.all_reduce(flags)  # the one collective of a healthy step
+        values = flags.tolist()
+        ranks = [r for r in range(world) if values[r] > 0]
+        loss_ranks = [r for r in range(world) if values[r] > 2]
+        engine_skipped = _under_deepspeed(optimizer) and bool(optimizer.step_was_skipped)
+        if ranks or engine_skipped:
+            self._nonfinite_step(args, state, control, optimizer, step, ranks, loss_ranks, bad_params,
+                                 engine_skipped)
+        else:
+            self.consecutive_skips = 0
+            self._check_spikes(step, values[world] / world if self._micro_steps else None)
+        self._reset_step()
+
+    def _nonfinite_step(self, args, state, control, optimizer, step, ranks, loss_ranks, bad_params, engine_skipped):
+        local = [n for n, bad in zip(self._names, bad_params.tolist()) if bad]
+        gathered = [local]
+        if _distributed():
+            gathered = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(gathered, local)
+        report = NonFiniteReport(step=step, ranks=ranks, loss_ranks=loss_ranks,
+                                 parameters={r: names for r, names in enumerate(gathered) if names})
+        self.skipped_steps += 1
+        self.consecutive_skips += 1
+        self.skipped_at = (self.skipped_at + [[step, ranks]])[-_SKIPS_KEPT:]
+        action = next_action(self.nonfinite_policy, self.consecutive_skips, self.max_consecutive_skips)
+        if _under_deepspeed(optimizer):
+            if ranks and not engine_skipped:
+                # The engine took a step with a gradient we know was not finite: nothing after it is trustworthy.
+                action, report.reason = "halt", "DeepSpeed applied this step although a value was non-finite"
+        else:
+            self._skip_optimizer_step(optimizer)
+        if action == "halt" and not report.reason:
+            report.reason = ("nonfinite_policy='halt'" if self.nonfinite_policy == "halt" else
+                             f"{self.consecutive_skips} consecutive skips > max_consecutive_skips="
+                             f"{self.max_consecutive_skips}")
+        report.action = action
+        message = report.message()
+        logger.warning("Non-finite loss or gradient: %s", message)
+        self._events.setdefault("nonfinite_event", []).append(message)
+        control.should_log = True
+        if action == "halt":
+            self.halt_report = report
+            control.should_save = True  # the Trainer saves checkpoint-<step>; on_save then stops every rank
+
+    def _skip_optimizer_step(self, optimizer) -> None:
+        if optimizer is None:
+            return
+        if _compat.has_grad_scaler(optimizer):
+            # The scaler asserts on an optimizer without gradients; NaN gradients make it skip by itself.
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.fill_(math.nan)
+            return
+        optimizer.zero_grad(set_to_none=True)
+        _compat.mark_optimizer_step_skipped(optimizer, True)
+        self._skipping = True
+
+    def _check_spikes(self, step: int, loss: float | None) -> None:
+        for what, value, window in (("loss", loss, self.loss_window), ("grad_norm", self._grad_norm,
+                                                                        self.grad_norm_window)):
+            if value is None:
+                continue
+            detector = SpikeDetector(self.spike_window, self.spike_threshold, window)
+            z = detector.check(value)
+            if what == "loss":
+                self.loss_window = detector.values
+            else:
+                self.grad_norm_window = detector.values
+            if z is None:
+                continue
+            median = statistics.median(detector.values[:-1])
+            if what == "loss":
+                self.loss_spikes += 1
+            else:
+                self.grad_norm_spikes += 1
+            message = (f"step {step}: {what} spike {value:.6g} against a median of {median:.6g} over the last "
+                       f"{self.spike_window} steps (robust z {z:.1f} > {self.spike_threshold:g})")
+            logger.warning("Spike: %s", message)
+            self._events.setdefault("spike_event", []).append(message)
+
+    def _reset_step(self) -> None:
+        if self._grad_sums is not None:
+            self._grad_sums.zero_()
+        if self._loss_bad is not None:
+            self._loss_bad.zero_()
+            self._loss_sum.zero_()
+        self._micro_steps = 0
+        self._grad_norm = None
+
+    def on_step_end(self, args, state, control, optimizer=None, **kwargs):
+        if self._skipping:  # after the Trainer read it to leave the scheduler alone
+            _compat.mark_optimizer_step_skipped(optimizer, False)
+            self._skipping = False
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.halt_report is None:
+            return
+        report, self.halt_report = self.halt_report, None
+        path = os.path.join(args.output_dir, REPORT_NAME)
+        if args.should_save:
+            os.makedirs(args.output_dir, exist_ok=True)
+            with open(path, "w") as f:
+                json.dump(dict(report.to_dict(), checkpoint=f"checkpoint-{state.global_step}"), f, indent=2)
+        raise NonFiniteHalt(f"{report.message()}. The last good state is saved in "
+                            f"{os.path.join(args.output_dir, f'checkpoint-{state.global_step}')} (weights after "
+                            f"the last applied step); report: {path}")
