@@ -27,7 +27,8 @@ Skipping the same step on every rank (`nonfinite_policy="skip"`, the default):
   `is_invalid_grad_norm` -> overflow -> grads cleared, no optimizer update; in fp16 also `has_overflow`), the
   engine then does not step its scheduler (`_take_model_step`) and `engine.was_step_applied()` is False. The
   poisoned loss above guarantees that a non-finite loss on one rank reaches that check (reduce-scatter spreads the
-  NaN to every partition). What DeepSpeed does not do is say so: its skip is silent. Here the skip is verified
+  NaN to every partition). What DeepSpeed does not do is say so: its skip is one "OVERFLOW! Skipping step" line
+  from rank 0, nothing in the Trainer's logs, no rank, no parameter, no limit. Here the skip is verified
   with accelerate's public `optimizer.step_was_skipped` (the engine optimizer's `overflow`; the Trainer reads the
   same to leave its own scheduler alone), counted and reported. If the engine applied a step our flag called
   non-finite, the weights can no longer be trusted and the job halts.
@@ -61,7 +62,9 @@ every `report_to` integration get them):
 - `nonfinite_event` (text, in the first log after a skip): "step 5: non-finite loss/gradient on rank(s) 1 ...";
 - `spike_event` (text, in the first log after a spike).
 Each event is also a warning line in every rank's log. State saved in checkpoints (`ExportableState`): the
-counters, the consecutive-skip count, the steps skipped (last 100), and both spike windows.
+counters, the consecutive-skip count, the steps skipped (last 100), and both spike windows; a resumed run
+continues them (read back at train begin from the checkpoint's trainer state, whether or not
+`restore_callback_states_from_checkpoint` is set).
 
 `nonfinite_policy="off"` registers nothing per step (no hooks, no all-reduce): the stock behaviour, where
 DeepSpeed ZeRO-3 skips silently and a plain optimizer applies the NaN.
@@ -281,6 +284,12 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
 
     # TrainerCallback
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        # A resume loads the checkpoint's TrainerState, which holds what state() returned when it was saved; the
+        # Trainer itself restores it only with restore_callback_states_from_checkpoint=True (default False).
+        saved = (state.stateful_callbacks or {}).get(type(self).__name__)
+        if isinstance(saved, dict) and state.global_step > 0:
+            for key, value in saved.get("attributes", {}).items():
+                setattr(self, key, value)
         if not self.active or model is None:
             return
         self._remove_hooks()
