@@ -16,6 +16,7 @@ _PUBLIC = {
     "RecipeTrainer": "hf_dist_recipes.trainer",
     "RecipeTrainingArguments": "hf_dist_recipes.arguments",
     "ExpertBiasBalancer": "hf_dist_recipes.expert_balance",
+    "GradientHealthCallback": "hf_dist_recipes.gradient_health",
     "ParallelPlan": "hf_dist_recipes.parallel.plan",
     "SeedReport": "hf_dist_recipes.seeding",
     "seed_everything": "hf_dist_recipes.seeding",

@@ -9,7 +9,8 @@ Finding a non-finite value, per rank, without a host sync per micro-step:
   or by NaN (non-finite). The multiplication makes every gradient of that rank NaN, so a non-finite loss whose
   gradients happened to be finite can never be applied by an engine that only looks at gradients;
 - the gradients: a tensor hook on every trainable parameter (registered at train begin, after the engine built
-  and, under AutoTP, sliced the model) adds `grad.sum(dtype=float32)` into one float32 slot per parameter. NaN
+  and, under AutoTP, sliced the model) keeps `grad.sum(dtype=float32)`; once per step they are added into one
+  float32 slot per parameter. NaN
   and Inf survive a sum, so a non-finite slot means that parameter's *local* gradient (before any reduction:
   under ZeRO-3 the hook sees the rank's own full gradient before reduce-scatter) was non-finite on this rank.
   One read pass over each gradient; a finite gradient whose float32 sum overflows (|sum| > 3.4e38) also counts.
@@ -226,6 +227,8 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         self._hooks: list = []
         self._names: list[str] = []
         self._grad_sums: torch.Tensor | None = None
+        self._sum_index: list[int] = []
+        self._sum_values: list[torch.Tensor] = []
         self._loss_bad: torch.Tensor | None = None
         self._loss_sum: torch.Tensor | None = None
         self._micro_steps = 0
@@ -300,9 +303,17 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
             self._hooks.append(p.register_hook(self._grad_hook(i)))
 
     def _grad_hook(self, index: int):
+        # One reduction per gradient and nothing else on the hot path; the sums are placed once per step.
         def hook(grad):
-            self._grad_sums[index] += grad.detach().sum(dtype=torch.float32).to(self._grad_sums.device)
+            self._sum_index.append(index)
+            self._sum_values.append(grad.detach().sum(dtype=torch.float32))
         return hook
+
+    def _collect_grad_sums(self) -> None:
+        if self._sum_values:
+            index = torch.tensor(self._sum_index, device=self._grad_sums.device)
+            self._grad_sums.index_add_(0, index, torch.stack(self._sum_values).to(self._grad_sums.device))
+            self._sum_index, self._sum_values = [], []
 
     def _remove_hooks(self) -> None:
         for handle in self._hooks:
@@ -316,6 +327,8 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         if not self.active:
             return
         step = state.global_step + 1  # the step being taken now; global_step counts it after on_optimizer_step
+        if self._grad_sums is not None:
+            self._collect_grad_sums()
         bad_params = (~torch.isfinite(self._grad_sums) if self._grad_sums is not None
                       else torch.zeros(0, dtype=torch.bool))
         device = self._grad_sums.device if self._grad_sums is not None else args.device
