@@ -121,8 +121,8 @@ class Inject(TrainerCallback):
         model.register_forward_hook(self._poison_loss)
 
     def _poison_loss(self, module, inputs, output):
-        if self.what == "loss" and self.active and module.training:
-            output.loss = output.loss * math.nan
+        if self.what in ("loss", "spike") and self.active and module.training:
+            output.loss = output.loss * (math.nan if self.what == "loss" else 100.0)
         return output
 
     def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
@@ -231,3 +231,18 @@ def test_single_process_clips_at_max_grad_norm(tmp_path):
     for raw, applied in zip(logged, probe.applied_norms):
         assert applied == pytest.approx(1.0, rel=1e-5)  # clipped to max_grad_norm, by torch's clip_grad_norm_
         assert applied < raw
+
+
+def test_a_loss_and_grad_norm_spike_is_an_event_naming_the_step(tmp_path, caplog):
+    # The loss x 100 at step 6 (gradients x 100 too) against a window of the 4 steps before (loss ~4.1, norm ~1.1).
+    trainer, inj = _train(tmp_path, "spike", step=6, steps=6, spike_window=4, spike_threshold=6.0)
+    with caplog.at_level("WARNING", logger="hf_dist_recipes.gradient_health"):
+        trainer.train()
+    logs = [e for e in trainer.state.log_history if "loss" in e]
+    assert [e["loss_spikes"] for e in logs] == [0, 0, 0, 0, 0, 1]
+    assert [e["grad_norm_spikes"] for e in logs] == [0, 0, 0, 0, 0, 1]
+    assert [e["skipped_steps"] for e in logs] == [0] * 6  # a spike is finite: applied, only reported
+    event = logs[5]["spike_event"]
+    assert event.startswith("step 6: loss spike") and " | step 6: grad_norm spike" in event
+    assert "spike_event" not in logs[4]
+    assert any(r.getMessage().startswith("Spike: step 6: loss spike") for r in caplog.records)
