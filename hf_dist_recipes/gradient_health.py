@@ -67,6 +67,10 @@ counters, the consecutive-skip count, the steps skipped (last 100), and both spi
 continues them (read back at train begin from the checkpoint's trainer state, whether or not
 `restore_callback_states_from_checkpoint` is set).
 
+fp16 (`args.fp16`): a step whose gradients overflow under a finite loss is the loss scaler's own skip (it halves the
+scale and tries again), counted in `loss_scale_overflows` only, never as a non-finite step; a non-finite loss still
+is one.
+
 `nonfinite_policy="off"` registers nothing per step (no hooks, no all-reduce): the stock behaviour, where
 DeepSpeed ZeRO-3 skips silently and a plain optimizer applies the NaN.
 """
@@ -224,6 +228,7 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         self.loss_window: list[float] = []
         self.grad_norm_window: list[float] = []
         # Per run, not saved.
+        self.loss_scale_overflows = 0  # fp16 loss-scaler overflows: the scaler's own skips, not counted above
         self._hooks: list = []
         self._names: list[str] = []
         self._grad_sums: torch.Tensor | None = None
@@ -346,6 +351,13 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         ranks = [r for r in range(world) if values[r] > 0]
         loss_ranks = [r for r in range(world) if values[r] > 2]
         engine_skipped = _under_deepspeed(optimizer) and bool(optimizer.step_was_skipped)
+        if getattr(args, "fp16", False) and not loss_ranks and (ranks or engine_skipped):
+            # fp16 dynamic loss scaling: inf gradients under a finite loss are the scaler's overflow, which it
+            # skips by itself and answers by halving the scale (several in a row at the start of every run).
+            # Counting them would halt a healthy fp16 run after max_consecutive_skips.
+            self.loss_scale_overflows += 1
+            self._reset_step()
+            return
         if ranks or engine_skipped:
             self._nonfinite_step(args, state, control, optimizer, step, ranks, loss_ranks, bad_params,
                                  engine_skipped)

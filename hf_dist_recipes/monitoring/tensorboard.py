@@ -54,6 +54,8 @@ class PerRankTensorBoardCallback(TrainerCallback):
         for key, value in (logs or {}).items():
             if isinstance(value, Number) and not isinstance(value, bool):
                 self.writer.add_scalar(f"train/{key}", value, state.global_step)
+            elif isinstance(value, str):  # events (a skipped non-finite step, a spike) as text at their step
+                self.writer.add_text(f"train/{key}", value, state.global_step)
         if self._rank_scalars_step != state.global_step:
             self._rank_scalars_step = state.global_step
             for key, value in self.metrics.flush_window(state.global_step).items():
@@ -64,6 +66,18 @@ class PerRankTensorBoardCallback(TrainerCallback):
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+
+
+def read_texts(run_dir: str | os.PathLike) -> dict[str, list[tuple[int, str]]]:
+    """All text entries of one TensorBoard run directory: tag -> [(step, text), ...] in step order."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(os.fspath(run_dir), size_guidance={"tensors": 0})
+    acc.Reload()
+    out = {}
+    for tag in acc.Tags()["tensors"]:
+        out[tag] = [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(tag)]
+    return out
 
 
 def read_scalars(run_dir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:

@@ -143,7 +143,8 @@ def _train(tmp_path, what: str, step: int, steps: int = 5, **fields):
     warnings.filterwarnings("ignore", category=FutureWarning)
     args = RecipeTrainingArguments(output_dir=str(tmp_path), max_steps=steps, per_device_train_batch_size=4,
                                    learning_rate=1e-2, logging_steps=1, save_strategy="no", report_to="none",
-                                   disable_tqdm=True, per_rank_tensorboard=False, seed_check="off",
+                                   disable_tqdm=True, per_rank_tensorboard=fields.pop("per_rank_tensorboard", False),
+                                   seed_check="off",
                                    lr_scheduler_type="linear", warmup_steps=0, **fields)
     model = tiny_model()
     injector = Inject(model, step, what)
@@ -246,3 +247,36 @@ def test_a_loss_and_grad_norm_spike_is_an_event_naming_the_step(tmp_path, caplog
     assert event.startswith("step 6: loss spike") and " | step 6: grad_norm spike" in event
     assert "spike_event" not in logs[4]
     assert any(r.getMessage().startswith("Spike: step 6: loss spike") for r in caplog.records)
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_fp16_loss_scaler_overflows_are_not_counted_as_non_finite_steps(fp16):
+    # fp16 needs CUDA, which this machine lacks: the callback is driven directly with args.fp16 set, the way the
+    # Trainer calls it, on an inf gradient under a finite loss (what a loss-scaler overflow looks like).
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl, TrainerState
+
+    model = torch.nn.Linear(3, 1)
+    cb = GradientHealthCallback()
+    args = SimpleNamespace(fp16=fp16, device=torch.device("cpu"))
+    state, control = TrainerState(), TrainerControl()
+    cb.on_train_begin(args, state, control, model=model)
+    loss = cb.watch_loss((model(torch.ones(1, 3)) * 0).sum() + 1.0)  # finite loss
+    loss.backward()
+    model.weight.grad.fill_(math.inf)  # the hook already summed the finite gradient: poison the sum it saw
+    cb._sum_values[-1] = torch.tensor(math.inf)
+    cb.on_pre_optimizer_step(args, state, control, optimizer=None, model=model)
+    assert (cb.skipped_steps, cb.loss_scale_overflows) == ((0, 1) if fp16 else (1, 0))
+
+
+def test_the_skip_event_reaches_every_rank_tensorboard_as_text(tmp_path):
+    from hf_dist_recipes.monitoring.tensorboard import read_scalars, read_texts
+
+    trainer, _ = _train(tmp_path, "loss", step=3, per_rank_tensorboard=True)
+    trainer.train()
+    run = tmp_path / "tensorboard" / "rank0"
+    texts = read_texts(run)["train/nonfinite_event/text_summary"]
+    assert [step for step, _ in texts] == [3] and texts[0][1].startswith("step 3: non-finite value first on rank 0")
+    # one per step's log, and the end-of-training log (train_runtime, ...) carries the count too
+    assert [v for _, v in read_scalars(run)["train/skipped_steps"]] == [0, 0, 1, 1, 1, 1]
