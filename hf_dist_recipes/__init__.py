@@ -17,6 +17,7 @@ _PUBLIC = {
     "RecipeTrainingArguments": "hf_dist_recipes.arguments",
     "ExpertBiasBalancer": "hf_dist_recipes.expert_balance",
     "GradientHealthCallback": "hf_dist_recipes.gradient_health",
+    "RankAgreementCallback": "hf_dist_recipes.rank_agreement",
     "ParallelPlan": "hf_dist_recipes.parallel.plan",
     "SeedReport": "hf_dist_recipes.seeding",
     "seed_everything": "hf_dist_recipes.seeding",

@@ -9,6 +9,7 @@ _PUBLIC = {
     "PerRankTensorBoardCallback": "hf_dist_recipes.monitoring.tensorboard",
     "rank_log_dir": "hf_dist_recipes.monitoring.tensorboard",
     "read_scalars": "hf_dist_recipes.monitoring.tensorboard",
+    "read_texts": "hf_dist_recipes.monitoring.tensorboard",
     "RankMetrics": "hf_dist_recipes.monitoring.rank_metrics",
     "ExpertLoadCallback": "hf_dist_recipes.monitoring.expert_load",
     "ExpertLoadTracker": "hf_dist_recipes.monitoring.expert_load",
