@@ -15,25 +15,14 @@ import argparse
 import json
 import statistics
 import tempfile
-import time
 import warnings
 
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainingArguments
 
+from _timing import StepTimer  # benchmarks/ is on sys.path when a benchmark runs as a script
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
-
-
-class StepTimer(TrainerCallback):
-    def __init__(self):
-        self.times, self._t = [], None
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self._t = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.times.append(time.perf_counter() - self._t)
 
 
 def run_one(kind: str, steps: int, out: str) -> list[float]:

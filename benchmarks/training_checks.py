@@ -24,22 +24,11 @@ import tempfile
 import time
 import warnings
 
-from transformers import TrainerCallback
 
+from _timing import StepTimer  # benchmarks/ is on sys.path when a benchmark runs as a script
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
-
-
-class StepTimer(TrainerCallback):
-    def __init__(self):
-        self.times, self._t = [], None
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self._t = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.times.append(time.perf_counter() - self._t)
 
 
 OFF = {"seed_check": "off", "rank_check_steps": 0, "nonfinite_policy": "off"}

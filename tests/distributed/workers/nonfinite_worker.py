@@ -26,21 +26,16 @@ import torch
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
+from hf_dist_recipes.demo.data import TokenBlocks
 from hf_dist_recipes.parallel.models import template_config
 
 SEQ, SAMPLES = 16, 64
 POISONED = {"tiny-llama": "model.layers.0.mlp.up_proj.weight", "tiny-deepseek-v3": "model.layers.0.mlp.up_proj.weight"}
 
 
-class TokenData(torch.utils.data.Dataset):
-    def __init__(self, vocab: int):
-        self.ids = torch.randint(0, vocab, (SAMPLES, SEQ), generator=torch.Generator().manual_seed(0))
-
-    def __len__(self):
-        return SAMPLES
-
-    def __getitem__(self, i):
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+def token_data(vocab: int) -> TokenBlocks:
+    """Fixed random tokens from a private generator: the data do not depend on the global RNG."""
+    return TokenBlocks(torch.randint(0, vocab, (SAMPLES, SEQ), generator=torch.Generator().manual_seed(0)))
 
 
 class Inject(TrainerCallback):
@@ -106,7 +101,7 @@ def main() -> None:
     model = AutoModelForCausalLM.from_config(config)
     record = Record()
     callbacks = [Inject(model, opts.inject_rank, opts.inject_step, opts.what, POISONED[opts.model]), record]
-    trainer = RecipeTrainer(model=model, args=args, train_dataset=TokenData(config.vocab_size), callbacks=callbacks)
+    trainer = RecipeTrainer(model=model, args=args, train_dataset=token_data(config.vocab_size), callbacks=callbacks)
     record.trainer = trainer
     trainer.train(resume_from_checkpoint=opts.resume)
     out = {"rank": args.process_index, "steps": record.steps, "log_history": trainer.state.log_history,

@@ -23,22 +23,15 @@ import torch
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
+from hf_dist_recipes.demo.data import TokenBlocks
 from hf_dist_recipes.demo.model import tiny_deepseek_config
 
 SEQ, SAMPLES = 16, 64
 
 
-class TokenData(torch.utils.data.Dataset):
+def token_data(vocab: int) -> TokenBlocks:
     """Fixed random tokens from a private generator: the data do not depend on the global RNG."""
-
-    def __init__(self, vocab: int):
-        self.ids = torch.randint(0, vocab, (SAMPLES, SEQ), generator=torch.Generator().manual_seed(0))
-
-    def __len__(self):
-        return SAMPLES
-
-    def __getitem__(self, i):
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+    return TokenBlocks(torch.randint(0, vocab, (SAMPLES, SEQ), generator=torch.Generator().manual_seed(0)))
 
 
 class PerturbLr(TrainerCallback):
@@ -77,7 +70,7 @@ def main() -> None:
     else:
         model = AutoModelForCausalLM.from_config(config)
     callbacks = [] if opts.perturb_lr_rank is None else [PerturbLr(opts.perturb_lr_rank, opts.perturb_lr_from)]
-    trainer = RecipeTrainer(model=model, args=args, train_dataset=TokenData(config.vocab_size), callbacks=callbacks)
+    trainer = RecipeTrainer(model=model, args=args, train_dataset=token_data(config.vocab_size), callbacks=callbacks)
     trainer.train()
     history = trainer.state.log_history
     out = {"losses": [e["loss"] for e in history if "loss" in e],
