@@ -180,6 +180,7 @@ def test_deepspeed_zero3_skips_a_step_with_a_non_finite_norm():
     assert "self._step_applied = not overflow" in take and "self.skipped_steps += 1" in take
 
 
+@pytest.mark.filterwarnings("ignore:Detected call of:UserWarning")  # lr_scheduler.step() on a skipped step: the case under test
 def test_mark_optimizer_step_skipped_makes_accelerate_skip_the_scheduler():
     from accelerate import Accelerator
 
