@@ -37,6 +37,10 @@ New fields, all at the end so positional use of TrainingArguments keeps working:
   rank does; `max_consecutive_skips` (default 3): more skips in a row halt; `spike_window` (default 50 steps) and
   `spike_threshold` (default 6.0, robust z-score): loss and grad-norm spike events
   (`hf_dist_recipes.gradient_health`);
+- straggler detection: `straggler_check_steps` (default 50; 0 off): optimizer steps between checks where the
+  ranks compare their busy time per step; `straggler_threshold` (default 0.2): fraction above the median rank's
+  that counts as slow; `straggler_windows` (default 2): checks in a row before a rank is flagged, with its host, as
+  a warning and a `straggler_event` in the logs (`hf_dist_recipes.monitoring.stragglers`);
 - `allow_gloo_on_cuda`, `allow_unclipped_gradients`, `allow_cpu_with_gpus` (default False): explicit opt-outs. The
   last one is for a machine with NVIDIA GPUs that torch cannot use (CPU-only wheel, old driver, every GPU hidden),
   which otherwise stops with the reason and the fix instead of training on the CPU (`hf_dist_recipes.cuda_host`).
@@ -69,6 +73,8 @@ from hf_dist_recipes.precision import resolve_bf16
 from hf_dist_recipes.schedules import (DEFAULT_NUM_CYCLES, check_schedule_kwargs, validate_min_lr_ratio,
                                        validate_num_cycles, validate_restart_warmup_steps)
 from hf_dist_recipes.rank_agreement import validate_policy, validate_rank_check_steps
+from hf_dist_recipes.monitoring.stragglers import (DEFAULT_STRAGGLER_CHECK_STEPS, DEFAULT_STRAGGLER_THRESHOLD,
+                                                   DEFAULT_STRAGGLER_WINDOWS, validate_straggler_settings)
 from hf_dist_recipes.seeding import seed_everything, validate_seed
 
 logger = logging.getLogger(__name__)
@@ -162,6 +168,21 @@ class RecipeTrainingArguments(TrainingArguments):
     spike_threshold: float = field(
         default=6.0, metadata={"help": "Robust z-score (median/MAD) above the window that makes a spike event."}
     )
+    # straggler detection
+    straggler_check_steps: int = field(
+        default=DEFAULT_STRAGGLER_CHECK_STEPS,
+        metadata={"help": "Optimizer steps between cross-rank straggler checks (the same step on every rank; "
+                          "0: off)."},
+    )
+    straggler_threshold: float = field(
+        default=DEFAULT_STRAGGLER_THRESHOLD,
+        metadata={"help": "A rank whose busy time per step exceeds the median rank's by more than this fraction "
+                          "(0.2: 20%) is slow in that window."},
+    )
+    straggler_windows: int = field(
+        default=DEFAULT_STRAGGLER_WINDOWS,
+        metadata={"help": "Checks in a row a rank must be slow in before it is flagged as a straggler."},
+    )
     allow_gloo_on_cuda: bool = field(
         default=False, metadata={"help": "Accept Gloo on a host with CUDA GPUs (normally an error)."}
     )
@@ -182,6 +203,7 @@ class RecipeTrainingArguments(TrainingArguments):
         validate_nonfinite_policy(self.nonfinite_policy)
         validate_max_consecutive_skips(self.max_consecutive_skips)
         validate_spike_settings(self.spike_window, self.spike_threshold)
+        validate_straggler_settings(self.straggler_check_steps, self.straggler_threshold, self.straggler_windows)
         self.max_grad_norm = validate_max_grad_norm(self.max_grad_norm, allow_unclipped=self.allow_unclipped_gradients)
         validate_min_lr_ratio(self.min_lr_ratio)
         self.save_shard_bytes = _size_field("save_shard_size", self.save_shard_size)

@@ -49,6 +49,7 @@ from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.construction import check_partitioned
 from hf_dist_recipes.monitoring.expert_load import ExpertLoadCallback, has_routed_experts
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
+from hf_dist_recipes.monitoring.stragglers import StragglerCallback
 from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
 from hf_dist_recipes.monitoring.tensorboard import PerRankTensorBoardCallback
 from hf_dist_recipes.parallel.batch import tensor_parallel_size
@@ -121,6 +122,9 @@ class RecipeTrainer(Trainer):
         self.add_callback(GradientHealthCallback(
             nonfinite_policy=args.nonfinite_policy, max_consecutive_skips=args.max_consecutive_skips,
             spike_window=args.spike_window, spike_threshold=args.spike_threshold))
+        # Before the TensorBoard callback too: it writes the straggler keys this one adds to each log.
+        self.add_callback(StragglerCallback(args.straggler_check_steps, args.straggler_threshold,
+                                            args.straggler_windows))
         if args.per_rank_tensorboard:
             # The stock callback writes rank 0 only, into the same root: ours covers it.
             self.remove_callback(TensorBoardCallback)
@@ -229,7 +233,7 @@ class RecipeTrainer(Trainer):
         """The stock log, with the scalars our callbacks prepared for it (tokens per expert) added first, so that
         `log_history` and every `report_to` integration get them, not only the callbacks after ours."""
         for callback in self.callback_handler.callbacks:
-            if isinstance(callback, ExpertLoadCallback):
+            if isinstance(callback, (ExpertLoadCallback, StragglerCallback)):
                 logs.update(callback.pop_pending())
         logs.update(self.rank_agreement.pop_pending())  # rank_check/*: what the ranks were found to agree on
         logs.update(self.gradient_health.pop_pending())  # skipped_steps, spikes and their events

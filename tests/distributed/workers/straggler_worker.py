@@ -1,0 +1,73 @@
+"""Run on every rank by tests/distributed/test_stragglers.py (and benchmarks/stragglers.py) under `accelerate
+launch` (CPU ranks, DeepSpeed ZeRO-3).
+
+    straggler_worker.py OUTPUT_DIR STEPS [--slow-rank R --delay-s S] [--check-steps K] [--threshold T]
+                        [--windows M]
+
+RecipeTrainingArguments -> tiny DeepSeek-V3 (template shrunk, built with from_config: under ZeRO-3 inside zero.Init)
+-> RecipeTrainer. With --slow-rank, that rank alone sleeps S seconds at the beginning of every optimizer step (a
+callback registered before the trainer's own, so the sleep lies where a slow data loader would: after the batch is
+fetched, before the step's first collective). Writes OUTPUT_DIR/stragglers/rank<N>.json: the rank, its host name,
+the Trainer's log_history, the callback's events and the train runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, TrainerCallback
+
+from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
+from hf_dist_recipes.demo.data import TokenBlocks
+from hf_dist_recipes.monitoring.stragglers import StragglerCallback
+from hf_dist_recipes.parallel.models import template_config
+
+SEQ, SAMPLES = 16, 256
+
+
+class Slow(TrainerCallback):
+    def __init__(self, rank: int | None, delay_s: float):
+        self.rank, self.delay_s = rank, delay_s
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if args.process_index == self.rank:
+            time.sleep(self.delay_s)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("output_dir")
+    p.add_argument("steps", type=int)
+    p.add_argument("--slow-rank", type=int, default=None)
+    p.add_argument("--delay-s", type=float, default=0.0)
+    p.add_argument("--check-steps", type=int, default=5)
+    p.add_argument("--threshold", type=float, default=0.2)
+    p.add_argument("--windows", type=int, default=2)
+    opts = p.parse_args()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    args = RecipeTrainingArguments(output_dir=opts.output_dir, seed=0, max_steps=opts.steps,
+                                   per_device_train_batch_size=2, learning_rate=1e-3, logging_steps=1,
+                                   save_strategy="no", report_to="none", disable_tqdm=True,
+                                   per_rank_tensorboard=False, straggler_check_steps=opts.check_steps,
+                                   straggler_threshold=opts.threshold, straggler_windows=opts.windows)
+    config = template_config("tiny-deepseek-v3", hidden_size=32, num_hidden_layers=2)
+    model = AutoModelForCausalLM.from_config(config)
+    data = TokenBlocks(torch.randint(0, config.vocab_size, (SAMPLES, SEQ), generator=torch.Generator().manual_seed(0)))
+    trainer = RecipeTrainer(model=model, args=args, train_dataset=data, callbacks=[Slow(opts.slow_rank, opts.delay_s)])
+    result = trainer.train()
+    straggler = next(c for c in trainer.callback_handler.callbacks if isinstance(c, StragglerCallback))
+    out = {"rank": args.process_index, "host": socket.gethostname(), "log_history": trainer.state.log_history,
+           "events": straggler.events, "hosts": straggler.hosts, "train_runtime": result.metrics["train_runtime"]}
+    target = Path(opts.output_dir) / "stragglers"
+    target.mkdir(parents=True, exist_ok=True)
+    (target / f"rank{args.process_index}.json").write_text(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
