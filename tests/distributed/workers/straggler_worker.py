@@ -1,14 +1,15 @@
 """Run on every rank by tests/distributed/test_stragglers.py (and benchmarks/stragglers.py) under `accelerate
 launch` (CPU ranks, DeepSpeed ZeRO-3).
 
-    straggler_worker.py OUTPUT_DIR STEPS [--slow-rank R --delay-s S] [--check-steps K] [--threshold T]
-                        [--windows M]
+    straggler_worker.py OUTPUT_DIR STEPS [--slow-rank R --delay-s S [--slow-until G]] [--check-steps K]
+                        [--threshold T] [--windows M]
 
 RecipeTrainingArguments -> tiny DeepSeek-V3 (template shrunk, built with from_config: under ZeRO-3 inside zero.Init)
 -> RecipeTrainer. With --slow-rank, that rank alone sleeps S seconds at the beginning of every optimizer step (a
 callback registered before the trainer's own, so the sleep lies where a slow data loader would: after the batch is
-fetched, before the step's first collective). Writes OUTPUT_DIR/stragglers/rank<N>.json: the rank, its host name,
-the Trainer's log_history, the callback's events and the train runtime.
+fetched, before the step's first collective), while the Trainer's global_step is <= G (default: always).
+Writes OUTPUT_DIR/stragglers/rank<N>.json: the rank, its host name, the Trainer's log_history, the callback's
+events and host list, and the train runtime.
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ SEQ, SAMPLES = 16, 256
 
 
 class Slow(TrainerCallback):
-    def __init__(self, rank: int | None, delay_s: float):
-        self.rank, self.delay_s = rank, delay_s
+    def __init__(self, rank: int | None, delay_s: float, until: int | None):
+        self.rank, self.delay_s, self.until = rank, delay_s, until
 
     def on_step_begin(self, args, state, control, **kwargs):
-        if args.process_index == self.rank:
+        if args.process_index == self.rank and (self.until is None or state.global_step <= self.until):
             time.sleep(self.delay_s)
 
 
@@ -46,6 +47,7 @@ def main() -> None:
     p.add_argument("steps", type=int)
     p.add_argument("--slow-rank", type=int, default=None)
     p.add_argument("--delay-s", type=float, default=0.0)
+    p.add_argument("--slow-until", type=int, default=None)
     p.add_argument("--check-steps", type=int, default=5)
     p.add_argument("--threshold", type=float, default=0.2)
     p.add_argument("--windows", type=int, default=2)
@@ -59,7 +61,8 @@ def main() -> None:
     config = template_config("tiny-deepseek-v3", hidden_size=32, num_hidden_layers=2)
     model = AutoModelForCausalLM.from_config(config)
     data = TokenBlocks(torch.randint(0, config.vocab_size, (SAMPLES, SEQ), generator=torch.Generator().manual_seed(0)))
-    trainer = RecipeTrainer(model=model, args=args, train_dataset=data, callbacks=[Slow(opts.slow_rank, opts.delay_s)])
+    slow = Slow(opts.slow_rank, opts.delay_s, opts.slow_until)
+    trainer = RecipeTrainer(model=model, args=args, train_dataset=data, callbacks=[slow])
     result = trainer.train()
     straggler = next(c for c in trainer.callback_handler.callbacks if isinstance(c, StragglerCallback))
     out = {"rank": args.process_index, "host": socket.gethostname(), "log_history": trainer.state.log_history,
