@@ -6,9 +6,9 @@ import argparse
 import sys
 
 from hf_dist_recipes import __version__
-from hf_dist_recipes.cli import checkpoint, config, demo
+from hf_dist_recipes.cli import checkpoint, config, demo, logs
 
-SUBCOMMANDS = (demo, config, checkpoint)
+SUBCOMMANDS = (demo, config, checkpoint, logs)
 USAGE_ERROR = 2
 
 

@@ -1,0 +1,179 @@
+"""Read TensorBoard event files fast: our own TFRecord framing, tensorboard's compiled `Event` proto.
+
+A TFRecord is `length: u64 | masked crc32c(length): u32 | data | masked crc32c(data): u32` (little endian). The
+length CRC is checked (a wrong length would derail every later record); the data CRC is not, because crc32c in pure
+Python costs more than decoding the record, and a damaged payload is caught by the proto decoder instead. A file
+cut short (a rank killed mid-write) or a damaged record ends the reading of that file with a warning naming it;
+what was read before stays.
+
+Scalars come from `simple_value` (torch's and tensorboardX's SummaryWriter) or from a rank-0 float tensor (the
+`scalars` plugin of `tf.summary`). Text summaries (`add_text`) are kept only to find the host name a run recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+CHUNK_BYTES = 4 * 1024 * 1024  # read size; a file is never held whole, at most one chunk plus one record
+_HEADER = struct.Struct("<QI")
+_RANK_DIR = re.compile(r"^rank(\d+)$")
+_HOST_IN_TEXT = re.compile(r"\bhost(?:name)?\s*[=:]\s*([A-Za-z0-9_.-]+)")
+
+
+class CorruptRecordError(ValueError):
+    pass
+
+
+def _masked_crc32c(data: bytes) -> int:
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    return masked_crc32c(data)
+
+
+def iter_records(path: str | os.PathLike):
+    """Yield the data of each TFRecord in `path`, streaming. Raises CorruptRecordError (after yielding every good
+    record before it) on a truncated or damaged record."""
+    with open(path, "rb") as f:
+        buf = b""
+        pos = 0
+        while True:
+            if len(buf) - pos < 12:
+                more = f.read(CHUNK_BYTES)
+                buf = buf[pos:] + more
+                pos = 0
+                if not buf:
+                    return
+                if len(buf) < 12:
+                    raise CorruptRecordError(f"truncated record header ({len(buf)} bytes at the end)")
+            length, length_crc = _HEADER.unpack_from(buf, pos)
+            end = pos + 12 + length + 4
+            if end > len(buf):
+                # Check the length before trusting it to size a read: a damaged header must not allocate gigabytes.
+                if _masked_crc32c(buf[pos:pos + 8]) != length_crc:
+                    raise CorruptRecordError("record length fails its checksum")
+                need = end - len(buf)
+                more = f.read(max(need, CHUNK_BYTES))
+                buf = buf[pos:] + more
+                end -= pos
+                pos = 0
+                if end > len(buf):
+                    raise CorruptRecordError(f"truncated record ({len(buf)} of {end} bytes)")
+            yield buf[pos + 12:pos + 12 + length]
+            pos = end
+
+
+@dataclass
+class RankEvents:
+    """The scalars of one rank: per tag, sorted unique steps and their values (the last write of a step wins, as
+    when a resumed run rewrote it). `warnings`: one line per unreadable file or record."""
+
+    rank: int
+    scalars: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    host: str | None = None
+    records: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+def _text_of(value) -> str:
+    vals = value.tensor.string_val
+    return vals[0].decode("utf-8", "replace") if vals else ""
+
+
+def read_rank(rank: int, files: list[str]) -> RankEvents:
+    """Read every event file of one rank (in name order: TensorBoard names them by creation time)."""
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    steps: dict[str, list[int]] = {}
+    values: dict[str, list[float]] = {}
+    out = RankEvents(rank=rank)
+    decode = Event.FromString
+    for path in sorted(files):
+        try:
+            for data in iter_records(path):
+                out.records += 1
+                event = decode(data)
+                if not event.HasField("summary"):
+                    continue
+                step = event.step
+                for v in event.summary.value:
+                    kind = v.WhichOneof("value")
+                    if kind == "simple_value":
+                        x = v.simple_value
+                    elif kind == "tensor":
+                        plugin = v.metadata.plugin_data.plugin_name
+                        if plugin == "text":
+                            text = _text_of(v)
+                            m = _HOST_IN_TEXT.search(text)
+                            if m:
+                                out.host = m.group(1)
+                            elif "host" in v.tag.lower() and text.strip():
+                                out.host = text.strip().split()[0]
+                            continue
+                        t = v.tensor
+                        if t.tensor_shape.dim:
+                            continue  # not a scalar
+                        if t.float_val:
+                            x = t.float_val[0]
+                        elif t.double_val:
+                            x = t.double_val[0]
+                        elif t.tensor_content and t.dtype in (1, 2):  # DT_FLOAT, DT_DOUBLE
+                            x = float(np.frombuffer(t.tensor_content, np.float32 if t.dtype == 1 else np.float64)[0])
+                        else:
+                            continue
+                    else:
+                        continue
+                    s = steps.get(v.tag)
+                    if s is None:
+                        s = steps[v.tag] = []
+                        values[v.tag] = []
+                    s.append(step)
+                    values[v.tag].append(x)
+        except CorruptRecordError as err:
+            out.warnings.append(f"{path}: {err}; kept the {out.records} record(s) read before it")
+        except Exception as err:  # a damaged payload: protobuf's DecodeError, or a file that vanished
+            out.warnings.append(f"{path}: unreadable ({type(err).__name__}: {err}); kept what was read before it")
+    for tag, s in steps.items():
+        st = np.asarray(s, dtype=np.int64)
+        va = np.asarray(values[tag], dtype=np.float64)
+        # Stable sort, then keep the last occurrence of each step: a rewritten step replaces the older value.
+        order = np.argsort(st, kind="stable")
+        st, va = st[order], va[order]
+        last = np.ones(len(st), dtype=bool)
+        last[:-1] = st[1:] != st[:-1]
+        out.scalars[tag] = (st[last], va[last])
+    return out
+
+
+def find_rank_files(logdir: str | os.PathLike) -> dict[int, list[str]]:
+    """Event files under `logdir` by rank: a file belongs to the nearest enclosing `rank<N>` directory.
+
+    Raises ValueError when `logdir` is missing, holds no rank directory with event files, or holds several
+    launches (the same rank under two different parent paths), which would mix their curves.
+    """
+    root = Path(logdir)
+    if not root.is_dir():
+        raise ValueError(f"{logdir} is not a directory; pass the logging_dir that holds the rank<N> folders")
+    by_rank: dict[int, list[str]] = {}
+    launch_of: dict[int, Path] = {}
+    for path in root.rglob("*tfevents*"):
+        if not path.is_file():
+            continue
+        rel = path.relative_to(root).parts[:-1]
+        idx = next((i for i in range(len(rel) - 1, -1, -1) if _RANK_DIR.match(rel[i])), None)
+        if idx is None:
+            continue
+        rank = int(_RANK_DIR.match(rel[idx]).group(1))
+        launch = Path(*rel[:idx]) if idx else Path(".")
+        if launch_of.setdefault(rank, launch) != launch:
+            raise ValueError(f"{logdir} holds rank{rank} twice ({launch_of[rank]} and {launch}): several launches; "
+                             f"pass the directory of one launch")
+        by_rank.setdefault(rank, []).append(str(path))
+    if not by_rank:
+        raise ValueError(f"no event files in rank<N> directories under {logdir}; pass the run's logging_dir")
+    return dict(sorted(by_rank.items()))
