@@ -4,8 +4,8 @@
     python benchmarks/logs_summarize.py --ranks 64 --steps 20000
 
 Files: written by torch's SummaryWriter (one event per add_scalar, as our callback writes them), RANKS x STEPS x 5
-tags, into a temporary directory (generation spread over processes, not timed). Timed, each from a cold process
-state (page cache warm for both: the files were just written and tbparse goes second):
+tags, into a temporary directory (generation spread over processes, not timed). Timed after the imports (both sides),
+page cache warm for both (the files were just written):
 - ours: `summarize_logs(dir, workers=W)`: reading, cross-rank per-step statistics, stragglers and divergence (not
   the writing of the aggregate run or the report), for W = 1 and W = all CPUs;
 - tbparse: `SummaryReader(dir, extra_columns={"dir_name"}).scalars` (dir_name: without it the ranks are lost),
@@ -48,6 +48,10 @@ def main() -> int:
     args = parser.parse_args()
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    # Imports before any timing, for both sides (tbparse imports tensorboard's event loader when imported).
+    import tensorboard.compat.proto.event_pb2  # noqa: F401
+    from tbparse import SummaryReader
+
     from hf_dist_recipes.monitoring.aggregate import summarize_logs
 
     records = args.ranks * args.steps * len(TAGS)
@@ -66,8 +70,6 @@ def main() -> int:
             results[f"ours, {workers} worker(s)"] = time.perf_counter() - t
             assert summary.stats["train/loss"].count.sum() == args.ranks * args.steps, "not every value was read"
         if not args.skip_tbparse:
-            from tbparse import SummaryReader
-
             t = time.perf_counter()
             df = SummaryReader(root, extra_columns={"dir_name"}).scalars
             results["tbparse"] = time.perf_counter() - t

@@ -85,59 +85,68 @@ def _text_of(value) -> str:
     return vals[0].decode("utf-8", "replace") if vals else ""
 
 
+def _tensor_value(v, out: RankEvents) -> float | None:
+    """The scalar of a tensor-valued summary (tf.summary's scalars plugin); a text one only updates `out.host`."""
+    if v.WhichOneof("value") != "tensor":
+        return None
+    if v.metadata.plugin_data.plugin_name == "text":
+        text = _text_of(v)
+        m = _HOST_IN_TEXT.search(text)
+        if m:
+            out.host = m.group(1)
+        elif "host" in v.tag.lower() and text.strip():
+            out.host = text.strip().split()[0]
+        return None
+    t = v.tensor
+    if t.tensor_shape.dim:
+        return None  # not a scalar
+    if t.float_val:
+        return t.float_val[0]
+    if t.double_val:
+        return t.double_val[0]
+    if t.tensor_content and t.dtype in (1, 2):  # DT_FLOAT, DT_DOUBLE
+        return float(np.frombuffer(t.tensor_content, np.float32 if t.dtype == 1 else np.float64)[0])
+    return None
+
+
 def read_rank(rank: int, files: list[str]) -> RankEvents:
     """Read every event file of one rank (in name order: TensorBoard names them by creation time)."""
     from tensorboard.compat.proto.event_pb2 import Event
 
     steps: dict[str, list[int]] = {}
     values: dict[str, list[float]] = {}
+    appenders: dict[str, tuple] = {}  # tag -> (steps.append, values.append): the hot loop does no lookups
     out = RankEvents(rank=rank)
     decode = Event.FromString
     for path in sorted(files):
+        n = 0
         try:
             for data in iter_records(path):
-                out.records += 1
+                n += 1
                 event = decode(data)
-                if not event.HasField("summary"):
+                vals = event.summary.value  # empty for the other kinds of event (file_version, graph, ...)
+                if not vals:
                     continue
                 step = event.step
-                for v in event.summary.value:
-                    kind = v.WhichOneof("value")
-                    if kind == "simple_value":
-                        x = v.simple_value
-                    elif kind == "tensor":
-                        plugin = v.metadata.plugin_data.plugin_name
-                        if plugin == "text":
-                            text = _text_of(v)
-                            m = _HOST_IN_TEXT.search(text)
-                            if m:
-                                out.host = m.group(1)
-                            elif "host" in v.tag.lower() and text.strip():
-                                out.host = text.strip().split()[0]
+                for v in vals:
+                    x = v.simple_value
+                    # 0.0 is also what an unset simple_value reads as: only then look at which field is set.
+                    if x == 0.0 and v.WhichOneof("value") != "simple_value":
+                        x = _tensor_value(v, out)
+                        if x is None:
                             continue
-                        t = v.tensor
-                        if t.tensor_shape.dim:
-                            continue  # not a scalar
-                        if t.float_val:
-                            x = t.float_val[0]
-                        elif t.double_val:
-                            x = t.double_val[0]
-                        elif t.tensor_content and t.dtype in (1, 2):  # DT_FLOAT, DT_DOUBLE
-                            x = float(np.frombuffer(t.tensor_content, np.float32 if t.dtype == 1 else np.float64)[0])
-                        else:
-                            continue
-                    else:
-                        continue
-                    s = steps.get(v.tag)
-                    if s is None:
-                        s = steps[v.tag] = []
-                        values[v.tag] = []
-                    s.append(step)
-                    values[v.tag].append(x)
+                    tag = v.tag
+                    app = appenders.get(tag)
+                    if app is None:
+                        steps[tag], values[tag] = [], []
+                        app = appenders[tag] = (steps[tag].append, values[tag].append)
+                    app[0](step)
+                    app[1](x)
         except CorruptRecordError as err:
-            out.warnings.append(f"{path}: {err}; kept the {out.records} record(s) read before it")
+            out.warnings.append(f"{path}: {err}; kept the {n} record(s) read before it")
         except Exception as err:  # a damaged payload: protobuf's DecodeError, or a file that vanished
             out.warnings.append(f"{path}: unreadable ({type(err).__name__}: {err}); kept what was read before it")
+        out.records += n
     for tag, s in steps.items():
         st = np.asarray(s, dtype=np.int64)
         va = np.asarray(values[tag], dtype=np.float64)
