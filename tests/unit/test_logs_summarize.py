@@ -133,7 +133,7 @@ def test_damaged_length_is_caught_by_its_checksum(tmp_path):
     pos = 0
     for _ in range(3):
         pos += 12 + int.from_bytes(data[pos:pos + 8], "little") + 4
-    data[pos + 5] ^= 0xFF  # a huge length: without the checksum it would be trusted
+    data[pos] ^= 0x01  # one byte longer: without the checksum the framing would slip silently
     Path(path).write_bytes(bytes(data))
     summary = summarize_logs(tmp_path, workers=1)
     assert n_good == 6 and "checksum" in summary.warnings[0] and path in summary.warnings[0]
