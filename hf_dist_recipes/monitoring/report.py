@@ -74,7 +74,9 @@ def plot_step_time_heatmap(summary: LogSummary, path: str) -> bool:
     extent = (0, m.shape[1] * summary.block_width, len(summary.ranks) - 0.5, -0.5)
     im = ax.imshow(m, aspect="auto", interpolation="nearest", cmap="viridis", extent=extent)
     ax.set_xlabel("step")
-    ax.set_ylabel("rank (row index)")
+    ax.set_ylabel("rank")
+    if len(summary.ranks) <= 32:
+        ax.set_yticks(range(len(summary.ranks)), [str(r) for r in summary.ranks])
     ax.set_title(f"{STEP_TIME_TAG} per rank (mean over blocks of {summary.block_width} step(s))")
     fig.colorbar(im, ax=ax, label="seconds")
     fig.tight_layout()

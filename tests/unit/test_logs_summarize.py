@@ -177,3 +177,22 @@ def test_bad_logdirs(tmp_path):
         summarize_logs(tmp_path)
     with pytest.raises(ValueError, match="--tp must be >= 1"):
         summarize_logs(tmp_path, tp=0)
+
+
+def test_tensor_scalars_as_tf_summary_writes_them(tmp_path):
+    # tf.summary.scalar (TensorFlow 2) stores a rank-0 float tensor tagged with the scalars plugin, not
+    # simple_value; TensorFlow is not installed, so the same Event is built from tensorboard's protos.
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+    from tensorboard.compat.proto.tensor_pb2 import TensorProto
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    meta = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="scalars"))
+    for r, scale in ((0, 1.0), (1, 3.0)):
+        w = EventFileWriter(str(tmp_path / f"rank{r}"))
+        for s in range(3):
+            value = Summary.Value(tag="loss", metadata=meta, tensor=TensorProto(dtype=1, float_val=[scale * s]))
+            w.add_event(Event(step=s, summary=Summary(value=[value])))
+        w.close()
+    s = summarize_logs(tmp_path, workers=1).stats["loss"]
+    assert s.mean.tolist() == [0.0, 2.0, 4.0] and s.spread.tolist() == [0.0, 2.0, 4.0]
