@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import struct
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,8 +118,9 @@ def read_rank(rank: int, files: list[str]) -> RankEvents:
     """Read every event file of one rank (in name order: TensorBoard names them by creation time)."""
     from tensorboard.compat.proto.event_pb2 import Event
 
-    steps: dict[str, list[int]] = {}
-    values: dict[str, list[float]] = {}
+    # array, not list: 8 B per step and per value while a rank is read, instead of a Python object each.
+    steps: dict[str, array] = {}
+    values: dict[str, array] = {}
     appenders: dict[str, tuple] = {}  # tag -> (steps.append, values.append): the hot loop does no lookups
     out = RankEvents(rank=rank)
     decode = Event.FromString
@@ -142,7 +144,7 @@ def read_rank(rank: int, files: list[str]) -> RankEvents:
                     tag = v.tag
                     app = appenders.get(tag)
                     if app is None:
-                        steps[tag], values[tag] = [], []
+                        steps[tag], values[tag] = array("q"), array("d")
                         app = appenders[tag] = (steps[tag].append, values[tag].append)
                     app[0](step)
                     app[1](x)
