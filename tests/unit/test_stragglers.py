@@ -1,5 +1,5 @@
 """Straggler detection logic by hand: busy-time ratios, the threshold, M windows in a row, recovery; and the
-arguments' checks. The cross-rank run is tests/distributed/test_stragglers.py."""
+arguments' checks. The cross-rank run is tests/distributed/test_straggler_ranks.py."""
 
 from __future__ import annotations
 

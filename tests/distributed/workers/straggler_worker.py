@@ -1,4 +1,4 @@
-"""Run on every rank by tests/distributed/test_stragglers.py (and benchmarks/stragglers.py) under `accelerate
+"""Run on every rank by tests/distributed/test_straggler_ranks.py (and benchmarks/stragglers.py) under `accelerate
 launch` (CPU ranks, DeepSpeed ZeRO-3).
 
     straggler_worker.py OUTPUT_DIR STEPS [--slow-rank R --delay-s S [--slow-until G]] [--check-steps K]
