@@ -1,8 +1,9 @@
 """Read TensorBoard event files fast: our own TFRecord framing, tensorboard's compiled `Event` proto.
 
 A TFRecord is `length: u64 | masked crc32c(length): u32 | data | masked crc32c(data): u32` (little endian). Every
-length is checked against its CRC (a wrong length would derail every later record); the data CRC is not, because crc32c in pure
-Python costs more than decoding the record, and a damaged payload is caught by the proto decoder instead. A file
+length is checked against its CRC (a wrong length would derail every later record); the data CRC is not, because
+crc32c in pure Python costs more than decoding the record, and a damaged payload is caught by the proto decoder
+instead (a flipped bit inside a float goes unnoticed). A file
 cut short (a rank killed mid-write) or a damaged record ends the reading of that file with a warning naming it;
 what was read before stays.
 
@@ -38,39 +39,46 @@ def _masked_crc32c(data: bytes) -> int:
     return masked_crc32c(data)
 
 
-def iter_records(path: str | os.PathLike):
-    """Yield the data of each TFRecord in `path`, streaming. Raises CorruptRecordError (after yielding every good
-    record before it) on a truncated record or one whose length fails its checksum."""
+def iter_record_batches(path: str | os.PathLike):
+    """Yield lists of the data of consecutive TFRecords in `path`, one list per chunk read (streaming: at most a
+    chunk and one record are held). Raises CorruptRecordError, after yielding every good record before it, on a
+    truncated record or one whose length fails its checksum."""
     # Headers already verified: records of one writer have few distinct lengths, so the pure-Python CRC runs a
     # handful of times per file instead of once per record.
     good_headers: set[bytes] = set()
+    unpack_length = _LENGTH.unpack_from
     with open(path, "rb") as f:
         buf = b""
-        pos = 0
         while True:
-            if len(buf) - pos < 12:
-                buf = buf[pos:] + f.read(CHUNK_BYTES)
-                pos = 0
-                if not buf:
-                    return
-                if len(buf) < 12:
-                    raise CorruptRecordError(f"truncated record header ({len(buf)} bytes at the end)")
-            header = buf[pos:pos + 12]
-            if header not in good_headers:
-                length, length_crc = _HEADER.unpack(header)
-                if _masked_crc32c(header[:8]) != length_crc:
-                    raise CorruptRecordError("record length fails its checksum")
-                good_headers.add(header)
-            length = _LENGTH.unpack_from(buf, pos)[0]
-            end = pos + 12 + length + 4
-            if end > len(buf):
-                buf = buf[pos:] + f.read(max(end - len(buf), CHUNK_BYTES))
-                end -= pos
-                pos = 0
-                if end > len(buf):
-                    raise CorruptRecordError(f"truncated record ({len(buf)} of {end} bytes)")
-            yield buf[pos + 12:end - 4]
-            pos = end
+            more = f.read(CHUNK_BYTES)
+            buf = buf + more if buf else more
+            if not more:
+                if buf:
+                    raise CorruptRecordError(f"truncated record ({len(buf)} bytes at the end of the file)")
+                return
+            batch = []
+            pos, n = 0, len(buf)
+            while n - pos >= 12:
+                header = buf[pos:pos + 12]
+                if header not in good_headers:
+                    length, length_crc = _HEADER.unpack(header)
+                    if _masked_crc32c(header[:8]) != length_crc:
+                        yield batch
+                        raise CorruptRecordError("record length fails its checksum")
+                    good_headers.add(header)
+                end = pos + 16 + unpack_length(buf, pos)[0]
+                if end > n:
+                    break
+                batch.append(buf[pos + 12:end - 4])
+                pos = end
+            buf = buf[pos:]
+            yield batch
+
+
+def iter_records(path: str | os.PathLike):
+    """Yield the data of each TFRecord in `path` (see `iter_record_batches`)."""
+    for batch in iter_record_batches(path):
+        yield from batch
 
 
 @dataclass
@@ -127,27 +135,28 @@ def read_rank(rank: int, files: list[str]) -> RankEvents:
     for path in sorted(files):
         n = 0
         try:
-            for data in iter_records(path):
-                n += 1
-                event = decode(data)
-                vals = event.summary.value  # empty for the other kinds of event (file_version, graph, ...)
-                if not vals:
-                    continue
-                step = event.step
-                for v in vals:
-                    x = v.simple_value
-                    # 0.0 is also what an unset simple_value reads as: only then look at which field is set.
-                    if x == 0.0 and v.WhichOneof("value") != "simple_value":
-                        x = _tensor_value(v, out)
-                        if x is None:
-                            continue
-                    tag = v.tag
-                    app = appenders.get(tag)
-                    if app is None:
-                        steps[tag], values[tag] = array("q"), array("d")
-                        app = appenders[tag] = (steps[tag].append, values[tag].append)
-                    app[0](step)
-                    app[1](x)
+            for batch in iter_record_batches(path):
+                for data in batch:
+                    n += 1
+                    event = decode(data)
+                    vals = event.summary.value  # empty for the other kinds of event (file_version, graph, ...)
+                    if not vals:
+                        continue
+                    step = event.step
+                    for v in vals:
+                        x = v.simple_value
+                        # 0.0 is also what an unset simple_value reads as: only then look at which field is set.
+                        if x == 0.0 and v.WhichOneof("value") != "simple_value":
+                            x = _tensor_value(v, out)
+                            if x is None:
+                                continue
+                        tag = v.tag
+                        app = appenders.get(tag)
+                        if app is None:
+                            steps[tag], values[tag] = array("q"), array("d")
+                            app = appenders[tag] = (steps[tag].append, values[tag].append)
+                        app[0](step)
+                        app[1](x)
         except CorruptRecordError as err:
             out.warnings.append(f"{path}: {err}; kept the {n} record(s) read before it")
         except Exception as err:  # a damaged payload: protobuf's DecodeError, or a file that vanished
