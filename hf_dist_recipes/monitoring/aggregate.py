@@ -132,6 +132,7 @@ class _AgreeGroup:
     ref_steps: np.ndarray
     ref_values: np.ndarray
     parted: dict[int, tuple[int, float, float]] = field(default_factory=dict)  # rank -> (step, value, ref value)
+    seen: int = 1  # ranks that logged the tag, the reference included (a rank that did not cannot agree)
 
 
 def _first_disagreement(ref_steps, ref_values, steps, values) -> tuple[int, float, float] | None:
@@ -220,6 +221,7 @@ class _Folder:
             if group is None:
                 self.groups[key] = _AgreeGroup(members, ev.rank, steps, values)
                 continue
+            group.seen += 1
             parted = _first_disagreement(group.ref_steps, group.ref_values, steps, values)
             if parted is not None:
                 group.parted[ev.rank] = parted
@@ -229,7 +231,7 @@ class _Folder:
         for (tag, _), g in sorted(self.groups.items()):
             if not g.parted:
                 continue
-            agree = len(g.ranks) - len(g.parted)  # including the reference
+            agree = g.seen - len(g.parted)  # including the reference
             first = min(step for step, _, _ in g.parted.values())
             if agree > len(g.parted):
                 odd = sorted(g.parted)

@@ -205,3 +205,18 @@ def test_records_split_across_read_chunks(run_dir, monkeypatch):
     summary = summarize_logs(root, workers=1)
     assert summary.warnings == []
     np.testing.assert_allclose(summary.stats["rank/loss"].mean, values["rank/loss"].mean(axis=0), rtol=1e-12)
+
+
+def test_a_rank_without_the_tag_does_not_vote(tmp_path):
+    # rank 2 logs no learning rate: ranks 0 and 1 disagree and nothing breaks the tie, so both are named.
+    from torch.utils.tensorboard import SummaryWriter
+
+    for r in range(3):
+        w = SummaryWriter(str(tmp_path / f"rank{r}"))
+        for s in range(5):
+            if r < 2:
+                w.add_scalar("train/learning_rate", 0.2 if (r == 1 and s >= 3) else 0.1, s)
+            w.add_scalar("rank/step_time_s", 1.0, s)
+        w.close()
+    (d,) = summarize_logs(tmp_path, workers=1).divergences
+    assert (d.ranks, d.first_step) == ([0, 1], 3)
