@@ -51,6 +51,7 @@ from hf_dist_recipes.monitoring.expert_load import ExpertLoadCallback, has_route
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
 from hf_dist_recipes.monitoring.stragglers import StragglerCallback
 from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
+from hf_dist_recipes.monitoring.system_metrics import SystemMetricsCallback
 from hf_dist_recipes.monitoring.tensorboard import PerRankTensorBoardCallback
 from hf_dist_recipes.parallel.batch import tensor_parallel_size
 from hf_dist_recipes.parallel.plan_record import PlanConformanceCallback
@@ -125,6 +126,8 @@ class RecipeTrainer(Trainer):
         # Before the TensorBoard callback too: it writes the straggler keys this one adds to each log.
         self.add_callback(StragglerCallback(args.straggler_check_steps, args.straggler_threshold,
                                             args.straggler_windows))
+        # Before the TensorBoard callback too: it writes the system/* and gpu/* keys this one adds to each log.
+        self.add_callback(SystemMetricsCallback())
         if args.per_rank_tensorboard:
             # The stock callback writes rank 0 only, into the same root: ours covers it.
             self.remove_callback(TensorBoardCallback)
@@ -157,7 +160,14 @@ class RecipeTrainer(Trainer):
             checkpoint = get_last_checkpoint(self.args.output_dir)
         if checkpoint:  # the per-rank counters continue where the checkpoint left them
             self.rank_metrics.load(checkpoint, self.args.process_index)
-        return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
+        try:
+            return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
+        except BaseException:
+            # on_train_end is not called after an exception: write out what each rank logged before it.
+            for callback in self.callback_handler.callbacks:
+                if isinstance(callback, PerRankTensorBoardCallback):
+                    callback.close()
+            raise
 
     def evaluate(self, *args, **kwargs):
         with self._evaluation_engine_without_model_parallelism():
@@ -233,7 +243,7 @@ class RecipeTrainer(Trainer):
         """The stock log, with the scalars our callbacks prepared for it (tokens per expert) added first, so that
         `log_history` and every `report_to` integration get them, not only the callbacks after ours."""
         for callback in self.callback_handler.callbacks:
-            if isinstance(callback, (ExpertLoadCallback, StragglerCallback)):
+            if isinstance(callback, (ExpertLoadCallback, StragglerCallback, SystemMetricsCallback)):
                 logs.update(callback.pop_pending())
         logs.update(self.rank_agreement.pop_pending())  # rank_check/*: what the ranks were found to agree on
         logs.update(self.gradient_health.pop_pending())  # skipped_steps, spikes and their events

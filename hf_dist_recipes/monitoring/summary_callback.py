@@ -4,7 +4,8 @@ Fields (units in the names): rank, world_size, steps, tokens, train_seconds (tim
 tokens_per_s, param_elements (all parameters' elements), param_elements_local (what this rank holds: its ZeRO-3
 partitions, or everything without ZeRO-3), first_rank_loss / last_rank_loss (this rank's own loss at its first and
 last log), first_loss / last_loss (the Trainer's cross-rank loss, from the log history), seed, rng_fingerprint,
-logging_dir. `hf_dist_recipes.monitoring.summary` reads them back.
+logging_dir, host, local_rank, run_id (the `train()` call's id, shared by all its ranks and recorded in the
+TensorBoard run too). `hf_dist_recipes.monitoring.summary` reads them back.
 
 This callback also keeps the books it reports: it times every optimizer step (`RankMetrics.step_begin/step_end`)
 and closes the loss window at each log, so `per_rank_tensorboard=False` still gives full summaries.
@@ -23,6 +24,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
 from hf_dist_recipes.monitoring.summary import SUMMARY_DIRNAME
+from hf_dist_recipes.monitoring.system_metrics import launch_identity
 from hf_dist_recipes.seeding import SeedReport
 
 
@@ -31,6 +33,9 @@ class RankSummaryCallback(TrainerCallback):
         self.metrics = metrics
         self.logging_dir = logging_dir
         self.seed_report = seed_report
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._identity = launch_identity(args, state)  # collective, so taken at train begin on every rank
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.metrics.step_begin()
@@ -68,6 +73,9 @@ class RankSummaryCallback(TrainerCallback):
             "rng_fingerprint": self.seed_report.fingerprint if self.seed_report else None,
             "logging_dir": self.logging_dir,
         }
+        identity = getattr(self, "_identity", None)
+        summary.update(host=identity.host if identity else None, local_rank=identity.local_rank if identity else None,
+                       run_id=identity.run_id if identity else None)
         out = Path(args.output_dir) / SUMMARY_DIRNAME
         out.mkdir(parents=True, exist_ok=True)
         (out / f"rank{args.process_index}.json").write_text(json.dumps(summary, indent=2))

@@ -8,19 +8,32 @@ Keys, at each logging step (x axis: optimizer step):
 - `rank/loss`: this rank's own mean loss since the previous log;
 - `rank/step_time_s`, `rank/tokens_per_s`: this rank's mean optimizer-step time and token throughput.
 The step timing is done by `RankSummaryCallback` (registered with or without this one); this callback only writes.
-Once, at the start: text `seed` with the rank's seed and RNG fingerprint. A run resumed at step k purges what an
-earlier attempt logged after step k (TensorBoard's `purge_step`), so a step never shows twice.
+Once, at the start: text `seed` with the rank's seed and RNG fingerprint, and text `run` with host, rank, local
+rank and the launch's run id (`system_metrics.launch_identity`, also in `rank<N>/run.json`). A run resumed at step k
+purges what an earlier attempt logged after step k (TensorBoard's `purge_step`), so a step never shows twice.
+A new (not resumed) launch into a `rank<N>` that holds event files of another run is refused (ValueError): its
+curves would mix with the old ones.
+
+Crash safety: the writer is flushed at every logging step (the only steps it writes at, so a killed rank loses at
+most what it did since its last log), closed by RecipeTrainer.train on an exception, and flushed on SIGTERM (the
+handler flushes, then hands the signal to the handler that was there before, by default ending the process).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import threading
 from numbers import Number
 
 from transformers import TrainerCallback
 
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
+from hf_dist_recipes.monitoring.system_metrics import RunIdentity, launch_identity
 from hf_dist_recipes.seeding import SeedReport
+
+RUN_FILENAME = "run.json"
 
 
 def rank_log_dir(logging_dir: str | os.PathLike, rank: int) -> str:
@@ -35,18 +48,29 @@ class PerRankTensorBoardCallback(TrainerCallback):
         self.seed_report = seed_report
         self.writer = None
         self._rank_scalars_step: int | None = None  # an evaluation log at the same step must not repeat them
+        self._previous_sigterm = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         from torch.utils.tensorboard import SummaryWriter
 
+        identity = launch_identity(args, state)  # collective: before anything that may raise on one rank only
         if self.writer is None:
+            run_dir = rank_log_dir(self.logging_dir, args.process_index)
+            resumed = state.global_step > 0
+            if not resumed:
+                check_fresh_run_dir(run_dir, identity)
             # Resumed at step k: hide what a previous attempt logged after k (purge_step hides steps >= its value),
             # so each step shows once.
-            purge = state.global_step + 1 if state.global_step > 0 else None
-            self.writer = SummaryWriter(log_dir=rank_log_dir(self.logging_dir, args.process_index), purge_step=purge)
+            purge = state.global_step + 1 if resumed else None
+            self.writer = SummaryWriter(log_dir=run_dir, purge_step=purge)
+            with open(os.path.join(run_dir, RUN_FILENAME), "w", encoding="utf-8") as f:
+                json.dump(identity.as_dict(), f)
+            self._install_sigterm_flush()
+        self.writer.add_text("run", identity.describe(), state.global_step)
         if self.seed_report is not None:
             r = self.seed_report
             self.writer.add_text("seed", f"rank {args.process_index}: seed {r.seed}, rng fingerprint {r.fingerprint}")
+        self.writer.flush()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.writer is None:
@@ -63,9 +87,56 @@ class PerRankTensorBoardCallback(TrainerCallback):
         self.writer.flush()
 
     def on_train_end(self, args, state, control, **kwargs):
+        self.close()
+
+    def close(self) -> None:
+        """Write out and close the writer, and restore the SIGTERM handler (the next train() opens a new one)."""
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+        if self._previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
+
+    def _install_sigterm_flush(self) -> None:
+        # Signal handlers can only be set from the main thread; a trainer driven from another thread goes without.
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self._previous_sigterm = signal.getsignal(signal.SIGTERM)
+
+        def flush_then_terminate(signum, frame):
+            previous = self._previous_sigterm
+            if self.writer is not None:
+                self.writer.flush()
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+            self._previous_sigterm = None
+            if callable(previous):
+                previous(signum, frame)
+            else:  # SIG_DFL (or SIG_IGN, then nothing happens): the process ends as it would have without us
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, flush_then_terminate)
+
+
+def check_fresh_run_dir(run_dir: str | os.PathLike, identity: RunIdentity) -> None:
+    """ValueError when `run_dir` holds event files of another run: a new launch's curves would mix with them."""
+    run_dir = os.fspath(run_dir)
+    if not os.path.isdir(run_dir) or not any(n.startswith("events.out.tfevents") for n in os.listdir(run_dir)):
+        return
+    previous = "an unknown run"
+    try:
+        with open(os.path.join(run_dir, RUN_FILENAME), encoding="utf-8") as f:
+            previous_id = json.load(f)["run_id"]
+        if previous_id == identity.run_id:
+            return
+        previous = f"run {previous_id}"
+    except (OSError, ValueError, KeyError):
+        pass
+    raise ValueError(
+        f"{run_dir} already holds TensorBoard event files of {previous}; this launch (run {identity.run_id}) would "
+        f"mix its curves into them. Use a new output_dir / logging_dir, delete {run_dir}, or resume with "
+        f"trainer.train(resume_from_checkpoint=...)."
+    )
 
 
 def read_texts(run_dir: str | os.PathLike) -> dict[str, list[tuple[int, str]]]:

@@ -1,0 +1,166 @@
+"""SystemMetricsCallback: what the machine and process look like on this rank, sampled at each logging step.
+
+Keys it adds to the log of each logging step (so the per-rank TensorBoard run shows them as `train/<key>`; the
+sampling cost is bounded by the logging frequency, and measured in benchmarks/system_metrics.py):
+- `system/rss_gib`: this process's resident memory (psutil), GiB;
+- `system/cpu_percent`: this process's CPU use since the previous sample (psutil; 100 = one core busy, so it can
+  exceed 100 with several threads);
+- with CUDA: `gpu/max_allocated_gib`, `gpu/max_reserved_gib`: torch's peak allocated / reserved memory on this
+  rank's device since the start (torch.cuda), GiB;
+- with NVML (`pip install hf-dist-recipes[nvml]`, i.e. nvidia-ml-py, and a driver): `gpu/utilization_percent`
+  (busy time over the driver's last sample period), `gpu/memory_used_gib` (the whole device, every process), GiB,
+  `gpu/power_w`, watts.
+When NVML cannot be used (not installed, no driver) the first log carries the text `system/nvml` saying why, and a
+warning is logged once; the GPU keys from NVML are then absent. Never an error.
+
+Why keys go through the log (RecipeTrainer.log pops them, like ExpertLoadCallback's) rather than straight to the
+rank's writer: `log_history` and every `report_to` integration get them too, and the TensorBoard callback needs no
+knowledge of this one.
+
+`RunIdentity` / `launch_identity`: host name, rank, local rank and a run id agreed by all ranks of one `train()` call
+(rank 0 draws it and broadcasts it), recorded in each rank's TensorBoard run and summary.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import asdict, dataclass
+
+import torch
+from transformers import TrainerCallback
+
+logger = logging.getLogger(__name__)
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    host: str
+    rank: int
+    local_rank: int
+    run_id: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        return f"host {self.host}, rank {self.rank}, local rank {self.local_rank}, run id {self.run_id}"
+
+
+_last_identity: tuple[object, RunIdentity] | None = None
+
+
+def new_run_id() -> str:
+    """UTC time of the launch plus 8 random hex digits: sorts by time, unique across hosts."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
+
+
+def launch_identity(args, state) -> RunIdentity:
+    """This rank's identity for the `train()` call that owns `state` (a new TrainerState per call). Collective the
+    first time per call when torch.distributed runs with several ranks: every rank must call it at train begin."""
+    global _last_identity
+    if _last_identity is not None and _last_identity[0] is state:
+        return _last_identity[1]
+    run_id = [new_run_id()]
+    if torch.distributed.is_available() and torch.distributed.is_initialized() \
+            and torch.distributed.get_world_size() > 1:
+        torch.distributed.broadcast_object_list(run_id, src=0)
+    local_rank = args.local_process_index if getattr(args, "local_process_index", None) is not None else 0
+    identity = RunIdentity(socket.gethostname(), int(args.process_index), int(local_rank), run_id[0])
+    _last_identity = (state, identity)
+    return identity
+
+
+class SystemMetricsCallback(TrainerCallback):
+    """See the module docstring for the keys. `nvml`: the pynvml module to use (None: import `pynvml`); tests pass
+    a fake one to cover GPU hosts on a machine without them."""
+
+    def __init__(self, nvml=None):
+        self._nvml_module = nvml
+        self._nvml = None  # the module once initialised
+        self._nvml_handle = None
+        self._nvml_note: str | None = None  # why NVML is unavailable, reported once
+        self._nvml_tried = False
+        self._process = None
+        self._pending: dict[str, float | str] = {}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        import psutil
+
+        if self._process is None:
+            self._process = psutil.Process()
+        self._process.cpu_percent(None)  # starts the interval the first sample measures
+        if not self._nvml_tried:
+            self._nvml_tried = True
+            self._init_nvml(args)
+
+    def _init_nvml(self, args) -> None:
+        try:
+            nvml = self._nvml_module
+            if nvml is None:
+                import pynvml as nvml
+            nvml.nvmlInit()
+            self._nvml_handle = nvml.nvmlDeviceGetHandleByIndex(_device_index(args))
+            self._nvml = nvml
+        except Exception as e:  # ImportError, NVMLError (no driver, no device): GPU keys absent, never a crash
+            self._nvml_note = f"NVML unavailable, no gpu/utilization_percent, gpu/memory_used_gib, gpu/power_w: " \
+                              f"{type(e).__name__}: {e}"
+            logger.warning("rank %s: %s", args.process_index, self._nvml_note)
+
+    def sample(self) -> dict[str, float]:
+        """One sample of every available key (see the module docstring)."""
+        out: dict[str, float] = {}
+        if self._process is not None:
+            with self._process.oneshot():
+                out["system/rss_gib"] = self._process.memory_info().rss / GIB
+                out["system/cpu_percent"] = self._process.cpu_percent(None)
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            out["gpu/max_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
+            out["gpu/max_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
+        if self._nvml is not None:
+            try:
+                out["gpu/utilization_percent"] = float(self._nvml.nvmlDeviceGetUtilizationRates(self._nvml_handle).gpu)
+                out["gpu/memory_used_gib"] = self._nvml.nvmlDeviceGetMemoryInfo(self._nvml_handle).used / GIB
+                out["gpu/power_w"] = self._nvml.nvmlDeviceGetPowerUsage(self._nvml_handle) / 1000.0  # milliwatts
+            except Exception as e:  # a device that stops answering mid-run: stop asking, say so once
+                self._nvml = None
+                self._nvml_note = f"NVML stopped answering: {type(e).__name__}: {e}"
+                logger.warning(self._nvml_note)
+        return out
+
+    def on_step_end(self, args, state, control, **kwargs):
+        # DefaultFlowCallback (first in the list) has decided by now whether this step logs: sample only then.
+        if control.should_log:
+            self._pending.update(self.sample())
+            if self._nvml_note is not None:
+                self._pending["system/nvml"] = self._nvml_note
+                self._nvml_note = None
+
+    def pop_pending(self) -> dict[str, float | str]:
+        """The keys prepared for the next log, once ({} when none); RecipeTrainer.log adds them to the log."""
+        pending, self._pending = self._pending, {}
+        return pending
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        # With a plain Trainer (no RecipeTrainer.log): callbacks after this one still get the keys.
+        if logs is not None:
+            logs.update(self.pop_pending())
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._pending = {}
+
+
+def _device_index(args) -> int:
+    """NVML index of this rank's GPU. NVML numbers every device of the host and ignores CUDA_VISIBLE_DEVICES, so
+    the visible device is mapped back through that list when it names plain indices."""
+    index = torch.cuda.current_device() if torch.cuda.is_available() else int(getattr(args, "local_process_index", 0))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    names = [v.strip() for v in visible.split(",") if v.strip()]
+    if names and all(n.isdigit() for n in names) and index < len(names):
+        return int(names[index])
+    return index

@@ -1,0 +1,147 @@
+"""SystemMetricsCallback (RSS, CPU, CUDA and NVML keys) and the run identity / refusal of the per-rank TensorBoard
+callback, through a real RecipeTrainer on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from types import SimpleNamespace
+
+import psutil
+import pytest
+import torch
+
+from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
+from hf_dist_recipes.demo.data import stdlib_dataset
+from hf_dist_recipes.demo.model import build_tiny_deepseek
+from hf_dist_recipes.monitoring import SystemMetricsCallback, read_scalars, read_texts
+
+SMALL = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2, q_lora_rank=16,
+             kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
+STEPS, BATCH, SEQ = 4, 2, 16
+GIB = 1024**3
+
+
+def _trainer(out, **overrides) -> RecipeTrainer:
+    kw = dict(output_dir=str(out), max_steps=STEPS, per_device_train_batch_size=BATCH, learning_rate=1e-3,
+              logging_steps=2, save_strategy="no", disable_tqdm=True, report_to="none")
+    kw.update(overrides)
+    return RecipeTrainer(model_init=lambda: build_tiny_deepseek(**SMALL), args=RecipeTrainingArguments(**kw),
+                         train_dataset=stdlib_dataset(seq_len=SEQ, max_bytes=4_000))
+
+
+def _system(trainer) -> SystemMetricsCallback:
+    return next(c for c in trainer.callback_handler.callbacks if isinstance(c, SystemMetricsCallback))
+
+
+def test_system_keys_reach_the_log_and_the_rank_run_and_missing_nvml_is_said_once(tmp_path, caplog):
+    # This machine has no NVIDIA driver: the real pynvml import (or nvmlInit) fails. On a GPU host it succeeds and
+    # the NVML keys are asserted instead.
+    trainer = _trainer(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="hf_dist_recipes.monitoring.system_metrics"):
+        trainer.train()
+    logs = [e for e in trainer.state.log_history if "loss" in e]
+    assert [e["step"] for e in logs] == [2, 4]
+    rss_now = psutil.Process().memory_info().rss / GIB
+    for entry in logs:
+        # Independent bound: this very process's RSS read here, after training (RSS moves a little between).
+        assert 0.05 < entry["system/rss_gib"] <= rss_now * 1.5
+        assert entry["system/cpu_percent"] >= 0
+    scalars = read_scalars(tmp_path / "tensorboard" / "rank0")
+    assert [s for s, _ in scalars["train/system/rss_gib"]] == [2, 4]
+    nvml_ok = torch.cuda.is_available() and "system/nvml" not in logs[0]
+    if nvml_ok:
+        assert 0 <= logs[0]["gpu/utilization_percent"] <= 100 and logs[0]["gpu/power_w"] > 0
+    else:
+        assert logs[0]["system/nvml"].startswith("NVML unavailable")
+        assert "system/nvml" not in logs[1]  # once
+        assert "gpu/power_w" not in logs[0]
+        texts = read_texts(tmp_path / "tensorboard" / "rank0")
+        assert [step for step, _ in texts["train/system/nvml/text_summary"]] == [2]
+        assert sum("NVML unavailable" in r.getMessage() for r in caplog.records) == 1
+    assert ("gpu/max_allocated_gib" in logs[0]) is (torch.cuda.is_available() and torch.cuda.is_initialized())
+
+
+class FakeNvml:
+    """Fakes NVML (hardware this machine lacks: an NVIDIA GPU and its driver) with the pynvml calls the callback
+    makes; values in pynvml's units (bytes, milliwatts)."""
+
+    def __init__(self):
+        self.indices = []
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        self.indices.append(index)
+        return f"handle{index}"
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return SimpleNamespace(gpu=87, memory=40)
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return SimpleNamespace(used=3 * GIB + GIB // 2, total=80 * GIB, free=0)
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return 251_500  # mW
+
+
+def test_nvml_values_are_converted_to_the_units_in_the_key_names(monkeypatch):
+    # Rank with local index 1 and CUDA_VISIBLE_DEVICES=4,5: NVML ignores that variable, so the handle is of device 5.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # fakes a host without torch CUDA but with NVML
+    fake = FakeNvml()
+    cb = SystemMetricsCallback(nvml=fake)
+    args = SimpleNamespace(process_index=1, local_process_index=1)
+    cb.on_train_begin(args, None, None)
+    sample = cb.sample()
+    assert fake.indices == [5]
+    assert sample["gpu/utilization_percent"] == 87.0
+    assert sample["gpu/memory_used_gib"] == 3.5
+    assert sample["gpu/power_w"] == 251.5
+    assert cb.pop_pending() == {}  # nothing to report: NVML worked
+
+
+def test_nvml_that_fails_mid_run_is_reported_and_dropped():
+    class Dying(FakeNvml):
+        def nvmlDeviceGetPowerUsage(self, handle):
+            raise RuntimeError("GPU is lost")  # fakes a driver error we cannot cause without a GPU
+
+    cb = SystemMetricsCallback(nvml=Dying())
+    cb.on_train_begin(SimpleNamespace(process_index=0, local_process_index=0), None, None)
+    assert "gpu/power_w" not in cb.sample()
+    assert "gpu/utilization_percent" not in cb.sample()  # not asked again
+    assert "system/rss_gib" in cb.sample()
+
+
+def test_run_identity_is_recorded_and_a_second_launch_into_the_same_dir_is_refused(tmp_path):
+    first = _trainer(tmp_path)
+    first.train()
+    run_dir = tmp_path / "tensorboard" / "rank0"
+    identity = json.loads((run_dir / "run.json").read_text())
+    summary = json.loads((tmp_path / "rank_summaries" / "rank0.json").read_text())
+    assert identity == {"host": socket.gethostname(), "rank": 0, "local_rank": 0, "run_id": identity["run_id"]}
+    assert summary["run_id"] == identity["run_id"] and summary["host"] == socket.gethostname()
+    assert summary["local_rank"] == 0
+    (step, text), = read_texts(run_dir)["run/text_summary"]
+    assert step == 0 and f"run id {identity['run_id']}" in text and "rank 0, local rank 0" in text
+
+    events_before = sorted(os.listdir(run_dir))
+    with pytest.raises(ValueError, match=f"run {identity['run_id']}.*new output_dir / logging_dir"):
+        _trainer(tmp_path).train()
+    assert sorted(os.listdir(run_dir)) == events_before  # nothing written by the refused launch
+
+    # Another logging_dir is the fix the message names.
+    _trainer(tmp_path, logging_dir=str(tmp_path / "tb2")).train()
+    assert (tmp_path / "tb2" / "rank0" / "run.json").is_file()
+
+
+def test_events_written_by_someone_else_are_refused_too(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(tmp_path / "tensorboard" / "rank0")) as w:  # no run.json: an unknown run
+        w.add_scalar("x", 1.0, 0)
+    with pytest.raises(ValueError, match="an unknown run"):
+        _trainer(tmp_path).train()
