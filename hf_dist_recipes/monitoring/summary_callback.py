@@ -4,7 +4,7 @@ Fields (units in the names): rank, world_size, steps, tokens, train_seconds (tim
 tokens_per_s, param_elements (all parameters' elements), param_elements_local (what this rank holds: its ZeRO-3
 partitions, or everything without ZeRO-3), first_rank_loss / last_rank_loss (this rank's own loss at its first and
 last log), first_loss / last_loss (the Trainer's cross-rank loss, from the log history), seed, rng_fingerprint,
-logging_dir, host, local_rank, run_id (the `train()` call's id, shared by all its ranks and recorded in the
+logging_dir, host, local_rank, run_id (the launch's id, shared by all its ranks and recorded in the
 TensorBoard run too). `hf_dist_recipes.monitoring.summary` reads them back.
 
 This callback also keeps the books it reports: it times every optimizer step (`RankMetrics.step_begin/step_end`)
@@ -35,7 +35,7 @@ class RankSummaryCallback(TrainerCallback):
         self.seed_report = seed_report
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self._identity = launch_identity(args, state)  # collective, so taken at train begin on every rank
+        self._identity = launch_identity(args)  # collective, so taken at train begin on every rank
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.metrics.step_begin()

@@ -17,7 +17,7 @@ Why keys go through the log (RecipeTrainer.log pops them, like ExpertLoadCallbac
 rank's writer: `log_history` and every `report_to` integration get them too, and the TensorBoard callback needs no
 knowledge of this one.
 
-`RunIdentity` / `launch_identity`: host name, rank, local rank and a run id agreed by all ranks of one `train()` call
+`RunIdentity` / `launch_identity`: host name, rank, local rank and a run id agreed by all ranks of one launch
 (rank 0 draws it and broadcasts it), recorded in each rank's TensorBoard run and summary.
 """
 
@@ -52,7 +52,7 @@ class RunIdentity:
         return f"host {self.host}, rank {self.rank}, local rank {self.local_rank}, run id {self.run_id}"
 
 
-_last_identity: tuple[object, RunIdentity] | None = None
+_run_id: str | None = None  # one per launch (process), drawn at its first train begin
 
 
 def new_run_id() -> str:
@@ -60,20 +60,19 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
 
 
-def launch_identity(args, state) -> RunIdentity:
-    """This rank's identity for the `train()` call that owns `state` (a new TrainerState per call). Collective the
-    first time per call when torch.distributed runs with several ranks: every rank must call it at train begin."""
-    global _last_identity
-    if _last_identity is not None and _last_identity[0] is state:
-        return _last_identity[1]
-    run_id = [new_run_id()]
-    if torch.distributed.is_available() and torch.distributed.is_initialized() \
-            and torch.distributed.get_world_size() > 1:
-        torch.distributed.broadcast_object_list(run_id, src=0)
+def launch_identity(args) -> RunIdentity:
+    """This rank's identity in this launch. The run id is drawn once per process, by rank 0, and broadcast when
+    torch.distributed runs with several ranks: collective the first time, so every rank calls it at train begin.
+    Several `train()` calls of one process (a script that trains twice) share it."""
+    global _run_id
+    if _run_id is None:
+        run_id = [new_run_id()]
+        if torch.distributed.is_available() and torch.distributed.is_initialized() \
+                and torch.distributed.get_world_size() > 1:
+            torch.distributed.broadcast_object_list(run_id, src=0)
+        _run_id = run_id[0]
     local_rank = args.local_process_index if getattr(args, "local_process_index", None) is not None else 0
-    identity = RunIdentity(socket.gethostname(), int(args.process_index), int(local_rank), run_id[0])
-    _last_identity = (state, identity)
-    return identity
+    return RunIdentity(socket.gethostname(), int(args.process_index), int(local_rank), _run_id)
 
 
 class SystemMetricsCallback(TrainerCallback):

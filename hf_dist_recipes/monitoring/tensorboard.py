@@ -11,8 +11,8 @@ The step timing is done by `RankSummaryCallback` (registered with or without thi
 Once, at the start: text `seed` with the rank's seed and RNG fingerprint, and text `run` with host, rank, local
 rank and the launch's run id (`system_metrics.launch_identity`, also in `rank<N>/run.json`). A run resumed at step k
 purges what an earlier attempt logged after step k (TensorBoard's `purge_step`), so a step never shows twice.
-A new (not resumed) launch into a `rank<N>` that holds event files of another run is refused (ValueError): its
-curves would mix with the old ones.
+A new (not resumed) launch into a `rank<N>` that holds event files of another launch is refused (ValueError): its
+curves would mix with the old ones. (Several `train()` calls in one process are one launch and share the run.)
 
 Crash safety: the writer is flushed at every logging step (the only steps it writes at, so a killed rank loses at
 most what it did since its last log), closed by RecipeTrainer.train on an exception, and flushed on SIGTERM (the
@@ -53,7 +53,7 @@ class PerRankTensorBoardCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         from torch.utils.tensorboard import SummaryWriter
 
-        identity = launch_identity(args, state)  # collective: before anything that may raise on one rank only
+        identity = launch_identity(args)  # collective: before anything that may raise on one rank only
         if self.writer is None:
             run_dir = rank_log_dir(self.logging_dir, args.process_index)
             resumed = state.global_step > 0

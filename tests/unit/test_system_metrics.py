@@ -116,7 +116,16 @@ def test_nvml_that_fails_mid_run_is_reported_and_dropped():
     assert "system/rss_gib" in cb.sample()
 
 
-def test_run_identity_is_recorded_and_a_second_launch_into_the_same_dir_is_refused(tmp_path):
+def _new_launch(monkeypatch):
+    """A new launch is a new process; here the process-wide run id is forgotten instead (a real second process is
+    launched in tests/distributed/test_crash_safe_logs.py)."""
+    from hf_dist_recipes.monitoring import system_metrics
+
+    monkeypatch.setattr(system_metrics, "_run_id", None)
+
+
+def test_run_identity_is_recorded_and_a_second_launch_into_the_same_dir_is_refused(tmp_path, monkeypatch):
+    _new_launch(monkeypatch)
     first = _trainer(tmp_path)
     first.train()
     run_dir = tmp_path / "tensorboard" / "rank0"
@@ -128,6 +137,11 @@ def test_run_identity_is_recorded_and_a_second_launch_into_the_same_dir_is_refus
     (step, text), = read_texts(run_dir)["run/text_summary"]
     assert step == 0 and f"run id {identity['run_id']}" in text and "rank 0, local rank 0" in text
 
+    # A second train() in the same process is the same launch: accepted, same run id.
+    _trainer(tmp_path).train()
+    assert json.loads((run_dir / "run.json").read_text())["run_id"] == identity["run_id"]
+
+    _new_launch(monkeypatch)
     events_before = sorted(os.listdir(run_dir))
     with pytest.raises(ValueError, match=f"run {identity['run_id']}.*new output_dir / logging_dir"):
         _trainer(tmp_path).train()
