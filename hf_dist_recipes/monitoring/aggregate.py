@@ -10,7 +10,8 @@ Plus the ranks being read or waiting to be folded in (at most 2 x `workers`), 16
 (100k steps x 5 tags: 8 MB a rank). So 256 ranks x 100k steps x 5 tags stays under ~100 MB
 (a per-rank copy of everything would be 256 x 100k x 5 x 4 B = 512 MB at float32).
 
-Stragglers: a rank whose block-mean `rank/step_time_s` exceeds the median of all ranks' by more than
+Stragglers: a rank whose block-mean busy time (`train/straggler/busy_s`, logged by the live straggler check;
+else `rank/step_time_s`, which differs between ranks only when they do not wait for each other) exceeds the median of all ranks' by more than
 `straggler_threshold` (default 0.2, i.e. 20 %) in at least STRAGGLER_BLOCKS consecutive blocks (all blocks if the
 run has fewer); its start step is the first step of that run of blocks, exact when the run has <= BLOCKS steps.
 Divergence: `train/learning_rate` must be equal on every rank; with `tp` given, `rank/loss` must be equal inside
@@ -31,6 +32,9 @@ from hf_dist_recipes.monitoring.events import RankEvents, find_rank_files, read_
 BLOCKS = 256
 STRAGGLER_BLOCKS = 2
 STEP_TIME_TAG = "rank/step_time_s"
+# RecipeTrainer's live straggler check logs each rank's busy time (step time minus its wait for the others) at each
+# check; in synchronous training raw step times are the same on every rank, so the busy time is preferred.
+BUSY_TAG = "train/straggler/busy_s"
 LR_TAG = "train/learning_rate"
 RANK_LOSS_TAGS = ("rank/loss", "train/loss")  # the first present is the per-rank loss curve
 RTOL = 1e-5
@@ -211,7 +215,7 @@ class _Folder:
             self.hosts[ev.rank] = ev.host
         for tag, (steps, values) in ev.scalars.items():
             self.stats.setdefault(tag, StepStats.empty()).add(steps, values)
-            if tag in (STEP_TIME_TAG, LR_TAG) or tag in RANK_LOSS_TAGS:
+            if tag in (STEP_TIME_TAG, BUSY_TAG, LR_TAG) or tag in RANK_LOSS_TAGS:
                 self.blocks.setdefault(tag, {})[ev.rank] = BlockSeries.of(steps, values)
             found = self._group_of(tag, ev.rank)
             if found is None:
@@ -333,8 +337,8 @@ def summarize_logs(logdir: str | os.PathLike, tp: int | None = None, workers: in
     return LogSummary(
         logdir=os.fspath(logdir), ranks=ranks, hosts=dict(sorted(folder.hosts.items())), stats=folder.stats,
         block_width=width, block_means=block_means,
-        stragglers=find_stragglers(block_means.get(STEP_TIME_TAG, {}), ranks, width, folder.hosts,
-                                   straggler_threshold),
+        stragglers=find_stragglers(block_means.get(BUSY_TAG) or block_means.get(STEP_TIME_TAG, {}), ranks, width,
+                                   folder.hosts, straggler_threshold),
         divergences=folder.divergences(), warnings=folder.warnings,
         files=sum(len(f) for f in rank_files.values()), records=folder.records,
         seconds=time.perf_counter() - start, loss_tag=loss_tag)

@@ -181,6 +181,10 @@ class StragglerCallback(TrainerCallback):
                   f"{step_list[r] - wait_list[r]:.4f} s vs median {median_busy:.4f} s)" for r in newly]
         events += [f"step {step}: rank {r} (host {self._host(r)}) recovered ({ratios[r] - 1:+.0%} from the median "
                    f"of ranks)" for r in recovered]
+        # This rank's own busy time: the one per-rank time that differs between ranks in synchronous training,
+        # so `logs summarize` finds stragglers offline from it (raw step times are everyone's).
+        me = dist.get_rank()
+        self._pending["straggler/busy_s"] = max(step_list[me] - wait_list[me], 0.0)
         self._pending["straggler/slowest_over_median"] = max(ratios)
         self._pending["straggler/flagged_ranks"] = len(self.detector.flagged)
         if events:

@@ -220,3 +220,21 @@ def test_a_rank_without_the_tag_does_not_vote(tmp_path):
         w.close()
     (d,) = summarize_logs(tmp_path, workers=1).divergences
     assert (d.ranks, d.first_step) == ([0, 1], 3)
+
+
+def test_busy_time_of_the_live_check_finds_the_straggler_that_equal_step_times_hide(tmp_path):
+    # In synchronous training every rank's step time is the slow rank's (the others wait for it in collectives):
+    # written here as equal step times. The live check's per-rank busy time (step time minus wait), logged every 10
+    # steps, is what differs: rank 1 busy 1.5x the others' from step 50.
+    from torch.utils.tensorboard import SummaryWriter
+
+    for r in range(RANKS):
+        w = SummaryWriter(str(tmp_path / f"rank{r}"))
+        for s in range(1, STEPS + 1):
+            w.add_scalar("rank/step_time_s", 1.0, s)
+            if s % 10 == 0:
+                w.add_scalar("train/straggler/busy_s", 0.6 * (1.5 if r == 1 and s >= 50 else 1.0), s)
+        w.close()
+    summary = summarize_logs(tmp_path, workers=1)
+    assert [(s.rank, s.from_step) for s in summary.stragglers] == [(1, 50)]
+    assert summary.stragglers[0].slower_by == pytest.approx(0.5, abs=0.01)
