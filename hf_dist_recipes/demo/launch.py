@@ -171,8 +171,10 @@ def run_demo(plan: DemoPlan, *, quiet: bool = False) -> DemoResult:
     env = dict(os.environ)
     # The ranks import this package from the same place as this process, even when it is not installed.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(hf_dist_recipes.__file__).parents[1]), env.get("PYTHONPATH")]))
-    # Summaries left by an earlier run in the same directory must not pass for this run's.
+    # Summaries left by an earlier run in the same directory must not pass for this run's, and the demo is a new job
+    # each time: its TensorBoard runs start over (RecipeTrainer refuses to mix a new launch into old rank<N> runs).
     shutil.rmtree(Path(plan.settings.output_dir) / SUMMARY_DIRNAME, ignore_errors=True)
+    shutil.rmtree(Path(plan.settings.output_dir) / "tensorboard", ignore_errors=True)
     start = time.perf_counter()
     out = subprocess.DEVNULL if quiet else None
     proc = subprocess.run(plan.command, cwd=plan.cwd, env=env, stdout=out, stderr=out)
