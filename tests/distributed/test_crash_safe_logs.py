@@ -1,0 +1,51 @@
+"""A rank that dies keeps what it logged: a real training process (RecipeTrainer, tiny model, logs every 2 steps) ends
+at step 5 by SIGTERM, SIGKILL or an exception; its TensorBoard run is read back with `read_scalars`. Each logging
+step is flushed, so steps 2 and 4 survive even SIGKILL; a probe scalar written (not flushed) at step 5 survives
+SIGTERM (the handler flushes, then the process still dies of SIGTERM) and the exception (train() closes the writer),
+and is lost to SIGKILL, which no handler sees. Then a second launch into the same directory is refused. Four
+single-rank processes, about 30 s."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from hf_dist_recipes.monitoring import read_scalars
+
+pytestmark = [pytest.mark.distributed]
+
+WORKER = str(REPO / "tests" / "distributed" / "workers" / "crash_log_worker.py")
+DIE_AT = 5  # logs at 2 and 4 (logging_steps=2), none at 5
+
+
+def _run(out, mode: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, WORKER, str(out), mode, str(DIE_AT)], capture_output=True, text=True,
+                          timeout=180, cwd=REPO)
+
+
+@pytest.mark.parametrize("mode, returncode, probe_survives", [
+    ("term", -signal.SIGTERM, True),
+    ("kill", -signal.SIGKILL, False),
+    ("raise", 1, True),
+])
+def test_a_dying_rank_keeps_its_flushed_steps(tmp_path, mode, returncode, probe_survives):
+    proc = _run(tmp_path, mode)
+    assert proc.returncode == returncode, proc.stderr[-3000:]
+    scalars = read_scalars(tmp_path / "tensorboard" / "rank0")
+    for tag in ("train/loss", "rank/step_time_s", "train/system/rss_gib"):
+        assert [step for step, _ in scalars[tag]] == [2, 4], tag
+    assert ("probe/unflushed" in scalars) is probe_survives
+    if mode == "raise":
+        assert f"worker dies at step {DIE_AT}" in proc.stderr
+
+
+def test_a_second_launch_into_the_dead_runs_dir_is_refused(tmp_path):
+    assert _run(tmp_path, "kill").returncode == -signal.SIGKILL
+    again = _run(tmp_path, "kill")
+    assert again.returncode == 1
+    assert "already holds TensorBoard event files of run " in again.stderr
+    assert "Use a new output_dir / logging_dir" in again.stderr

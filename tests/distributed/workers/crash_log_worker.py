@@ -1,0 +1,50 @@
+"""A rank that dies mid-run: RecipeTrainer on a tiny model logs every 2 steps; at step `die_at` (not a logging step)
+a callback writes one unflushed probe scalar straight to the rank's writer, then the process ends by `mode`:
+`term` (SIGTERM to itself), `kill` (SIGKILL to itself) or `raise` (an exception out of train()).
+
+Usage: crash_log_worker.py OUTPUT_DIR MODE DIE_AT
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from transformers import TrainerCallback
+
+from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
+from hf_dist_recipes.demo.data import stdlib_dataset
+from hf_dist_recipes.demo.model import build_tiny_deepseek
+from hf_dist_recipes.monitoring import PerRankTensorBoardCallback
+
+SMALL = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2, q_lora_rank=16,
+             kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
+
+
+class Die(TrainerCallback):
+    def __init__(self, trainer, mode: str, at: int):
+        self.trainer, self.mode, self.at = trainer, mode, at
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step != self.at:
+            return
+        tb = next(c for c in self.trainer.callback_handler.callbacks if isinstance(c, PerRankTensorBoardCallback))
+        tb.writer.add_scalar("probe/unflushed", 1.0, state.global_step)
+        if self.mode == "raise":
+            raise RuntimeError(f"worker dies at step {state.global_step}")
+        os.kill(os.getpid(), signal.SIGTERM if self.mode == "term" else signal.SIGKILL)
+
+
+def main(output_dir: str, mode: str, die_at: int) -> None:
+    args = RecipeTrainingArguments(output_dir=output_dir, max_steps=die_at + 10, per_device_train_batch_size=2,
+                                   learning_rate=1e-3, logging_steps=2, save_strategy="no", disable_tqdm=True,
+                                   report_to="none", seed_check="off")
+    trainer = RecipeTrainer(model_init=lambda: build_tiny_deepseek(**SMALL), args=args,
+                            train_dataset=stdlib_dataset(seq_len=16, max_bytes=8_000))
+    trainer.add_callback(Die(trainer, mode, die_at))
+    trainer.train()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
