@@ -57,8 +57,12 @@ class PerRankTensorBoardCallback(TrainerCallback):
         if self.writer is None:
             run_dir = rank_log_dir(self.logging_dir, args.process_index)
             resumed = state.global_step > 0
-            if not resumed:
-                check_fresh_run_dir(run_dir, identity)
+            # Every rank hears of any rank's refusal: a rank that went on alone would wait in its first collective.
+            refusals = _gather([None if resumed else mixing_refusal(run_dir, identity)])
+            if any(refusals):
+                first = next(r for r in refusals if r)
+                raise ValueError(first if len(refusals) == 1 else f"rank {refusals.index(first)} of "
+                                 f"{len(refusals)} ({sum(map(bool, refusals))} refusing): {first}")
             # Resumed at step k: hide what a previous attempt logged after k (purge_step hides steps >= its value),
             # so each step shows once.
             purge = state.global_step + 1 if resumed else None
@@ -118,21 +122,33 @@ class PerRankTensorBoardCallback(TrainerCallback):
         signal.signal(signal.SIGTERM, flush_then_terminate)
 
 
-def check_fresh_run_dir(run_dir: str | os.PathLike, identity: RunIdentity) -> None:
-    """ValueError when `run_dir` holds event files of another run: a new launch's curves would mix with them."""
+def _gather(local: list) -> list:
+    """`local` (one item) from every rank, in rank order; `local` itself without several ranks."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return local
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, local[0])
+    return out
+
+
+def mixing_refusal(run_dir: str | os.PathLike, identity: RunIdentity) -> str | None:
+    """Why a new launch may not write into `run_dir` (it holds event files of another run, whose curves would mix
+    with the new ones), naming the fixes; None when it may."""
     run_dir = os.fspath(run_dir)
     if not os.path.isdir(run_dir) or not any(n.startswith("events.out.tfevents") for n in os.listdir(run_dir)):
-        return
+        return None
     previous = "an unknown run"
     try:
         with open(os.path.join(run_dir, RUN_FILENAME), encoding="utf-8") as f:
             previous_id = json.load(f)["run_id"]
         if previous_id == identity.run_id:
-            return
+            return None
         previous = f"run {previous_id}"
     except (OSError, ValueError, KeyError):
         pass
-    raise ValueError(
+    return (
         f"{run_dir} already holds TensorBoard event files of {previous}; this launch (run {identity.run_id}) would "
         f"mix its curves into them. Use a new output_dir / logging_dir, delete {run_dir}, or resume with "
         f"trainer.train(resume_from_checkpoint=...)."

@@ -2,8 +2,8 @@
 at step 5 by SIGTERM, SIGKILL or an exception; its TensorBoard run is read back with `read_scalars`. Each logging
 step is flushed, so steps 2 and 4 survive even SIGKILL; a probe scalar written (not flushed) at step 5 survives
 SIGTERM (the handler flushes, then the process still dies of SIGTERM) and the exception (train() closes the writer),
-and is lost to SIGKILL, which no handler sees. Then a second launch into the same directory is refused. Four
-single-rank processes, about 30 s."""
+and is lost to SIGKILL, which no handler sees. Then a second launch into the same directory is refused, and a
+refusal on one rank of a 2-rank launch stops both. Five single-rank processes and one 2-rank launch, about 35 s."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, accelerate_launch
 from hf_dist_recipes.monitoring import read_scalars
 
 pytestmark = [pytest.mark.distributed]
@@ -49,3 +49,18 @@ def test_a_second_launch_into_the_dead_runs_dir_is_refused(tmp_path):
     assert again.returncode == 1
     assert "already holds TensorBoard event files of run " in again.stderr
     assert "Use a new output_dir / logging_dir" in again.stderr
+
+
+def test_a_refusal_on_one_rank_stops_every_rank(tmp_path):
+    # Two real ranks (ZeRO-3 on CPU); only rank 1's directory holds an old run (written by SummaryWriter directly),
+    # e.g. a job relaunched with more ranks into the same logging_dir. Rank 0 alone has nothing to refuse, yet
+    # must not go on into training and wait there for rank 1: both stop with the refusal naming rank 1.
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(tmp_path / "tensorboard" / "rank1")) as w:
+        w.add_scalar("train/loss", 1.0, 1)
+    zero3 = REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml"
+    proc = accelerate_launch(zero3, [WORKER, str(tmp_path), "kill", "3"], timeout=300)
+    assert proc.returncode != 0
+    assert proc.stderr.count("ValueError: rank 1 of 2 (1 refusing): ") == 2, proc.stderr[-4000:]
+    assert not (tmp_path / "tensorboard" / "rank0").exists()
