@@ -3,23 +3,26 @@ at step 5 by SIGTERM, SIGKILL or an exception; its TensorBoard run is read back 
 step is flushed, so steps 2 and 4 survive even SIGKILL; a probe scalar written (not flushed) at step 5 survives
 SIGTERM (the handler flushes, then the process still dies of SIGTERM) and the exception (train() closes the writer),
 and is lost to SIGKILL, which no handler sees. Then a second launch into the same directory is refused, and a
-refusal on one rank of a 2-rank launch stops both. Five single-rank processes and one 2-rank launch, about 35 s."""
+refusal on one rank of a 2-rank launch stops both; a 2-rank run that ends normally has each rank's system
+scalars and one run id. Five single-rank processes and two 2-rank launches, about 60 s."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, accelerate_launch
+from conftest import REPO, accelerate_launch, check_launch
 from hf_dist_recipes.monitoring import read_scalars
 
 pytestmark = [pytest.mark.distributed]
 
 WORKER = str(REPO / "tests" / "distributed" / "workers" / "crash_log_worker.py")
 DIE_AT = 5  # logs at 2 and 4 (logging_steps=2), none at 5
+ZERO3 = REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml"
 
 
 def _run(out, mode: str) -> subprocess.CompletedProcess:
@@ -59,8 +62,20 @@ def test_a_refusal_on_one_rank_stops_every_rank(tmp_path):
 
     with SummaryWriter(str(tmp_path / "tensorboard" / "rank1")) as w:
         w.add_scalar("train/loss", 1.0, 1)
-    zero3 = REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml"
-    proc = accelerate_launch(zero3, [WORKER, str(tmp_path), "kill", "3"], timeout=300)
+    proc = accelerate_launch(ZERO3, [WORKER, str(tmp_path), "kill", "3"], timeout=300)
     assert proc.returncode != 0
     assert proc.stderr.count("ValueError: rank 1 of 2 (1 refusing): ") == 2, proc.stderr[-4000:]
     assert not (tmp_path / "tensorboard" / "rank0").exists()
+
+
+def test_two_ranks_each_record_their_system_scalars_and_one_shared_run_id(tmp_path):
+    check_launch(accelerate_launch(ZERO3, [WORKER, str(tmp_path), "none", "4"], timeout=300))
+    runs = [json.loads((tmp_path / "tensorboard" / f"rank{r}" / "run.json").read_text()) for r in (0, 1)]
+    summaries = [json.loads((tmp_path / "rank_summaries" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [(r["rank"], r["local_rank"]) for r in runs] == [(0, 0), (1, 1)]  # one host: local rank = rank
+    assert runs[0]["run_id"] == runs[1]["run_id"] == summaries[0]["run_id"] == summaries[1]["run_id"]
+    for rank in (0, 1):
+        scalars = read_scalars(tmp_path / "tensorboard" / f"rank{rank}")
+        for tag in ("train/system/rss_gib", "train/system/cpu_percent", "rank/step_time_s", "train/loss"):
+            assert [step for step, _ in scalars[tag]] == [2, 4], (rank, tag)
+        assert all(value > 0.05 for _, value in scalars["train/system/rss_gib"])  # a python with torch: > 50 MiB

@@ -1,6 +1,7 @@
 """A rank that dies mid-run: RecipeTrainer on a tiny model logs every 2 steps; at step `die_at` (not a logging step)
 a callback writes one unflushed probe scalar straight to the rank's writer, then the process ends by `mode`:
-`term` (SIGTERM to itself), `kill` (SIGKILL to itself) or `raise` (an exception out of train()).
+`term` (SIGTERM to itself), `kill` (SIGKILL to itself) or `raise` (an exception out of train()). Mode `none`: no
+probe, no death; trains `die_at` steps and ends normally.
 
 Usage: crash_log_worker.py OUTPUT_DIR MODE DIE_AT
 """
@@ -27,7 +28,7 @@ class Die(TrainerCallback):
         self.trainer, self.mode, self.at = trainer, mode, at
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step != self.at:
+        if state.global_step != self.at or self.mode == "none":
             return
         tb = next(c for c in self.trainer.callback_handler.callbacks if isinstance(c, PerRankTensorBoardCallback))
         tb.writer.add_scalar("probe/unflushed", 1.0, state.global_step)
@@ -37,7 +38,7 @@ class Die(TrainerCallback):
 
 
 def main(output_dir: str, mode: str, die_at: int) -> None:
-    args = RecipeTrainingArguments(output_dir=output_dir, max_steps=die_at + 10, per_device_train_batch_size=2,
+    args = RecipeTrainingArguments(output_dir=output_dir, max_steps=die_at if mode == "none" else die_at + 10, per_device_train_batch_size=2,
                                    learning_rate=1e-3, logging_steps=2, save_strategy="no", disable_tqdm=True,
                                    report_to="none", seed_check="off")
     trainer = RecipeTrainer(model_init=lambda: build_tiny_deepseek(**SMALL), args=args,
