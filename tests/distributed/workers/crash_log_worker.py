@@ -38,7 +38,8 @@ class Die(TrainerCallback):
 
 
 def main(output_dir: str, mode: str, die_at: int) -> None:
-    args = RecipeTrainingArguments(output_dir=output_dir, max_steps=die_at if mode == "none" else die_at + 10, per_device_train_batch_size=2,
+    steps = die_at if mode == "none" else die_at + 10
+    args = RecipeTrainingArguments(output_dir=output_dir, max_steps=steps, per_device_train_batch_size=2,
                                    learning_rate=1e-3, logging_steps=2, save_strategy="no", disable_tqdm=True,
                                    report_to="none", seed_check="off")
     trainer = RecipeTrainer(model_init=lambda: build_tiny_deepseek(**SMALL), args=args,
