@@ -17,6 +17,8 @@ curves would mix with the old ones. (Several `train()` calls in one process are 
 Crash safety: the writer is flushed at every logging step (the only steps it writes at, so a killed rank loses at
 most what it did since its last log), closed by RecipeTrainer.train on an exception, and flushed on SIGTERM (the
 handler flushes, then hands the signal to the handler that was there before, by default ending the process).
+Python runs signal handlers between bytecodes of the main thread, so a rank blocked inside one C call (a hung
+collective) dies of SIGTERM only when the call returns, or of the SIGKILL launchers send after it (torchrun: 30 s).
 """
 
 from __future__ import annotations
