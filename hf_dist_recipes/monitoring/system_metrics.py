@@ -49,7 +49,8 @@ class RunIdentity:
         return asdict(self)
 
     def describe(self) -> str:
-        return f"host {self.host}, rank {self.rank}, local rank {self.local_rank}, run id {self.run_id}"
+        # key=value: `logs summarize` (monitoring/events.py) reads the host back from the `run` text
+        return f"host={self.host} rank={self.rank} local_rank={self.local_rank} run_id={self.run_id}"
 
 
 _run_id: str | None = None  # one per launch (process), drawn at its first train begin

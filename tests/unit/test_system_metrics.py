@@ -135,7 +135,7 @@ def test_run_identity_is_recorded_and_a_second_launch_into_the_same_dir_is_refus
     assert summary["run_id"] == identity["run_id"] and summary["host"] == socket.gethostname()
     assert summary["local_rank"] == 0
     (step, text), = read_texts(run_dir)["run/text_summary"]
-    assert step == 0 and f"run id {identity['run_id']}" in text and "rank 0, local rank 0" in text
+    assert step == 0 and f"run_id={identity['run_id']}" in text and "rank=0 local_rank=0" in text
 
     # A second train() in the same process is the same launch: accepted, same run id.
     _trainer(tmp_path).train()
