@@ -1,6 +1,7 @@
 """One contract for the per-rank callbacks RecipeTrainer registers (in the way composer tests its callbacks): the
-TensorBoard and summary callbacks, SystemMetricsCallback, and the ExpertLoad, GradientHealth and RankAgreement
-callbacks that come with them on a MoE model. Each scenario drives a real RecipeTrainer on a tiny model:
+TensorBoard and summary callbacks, SystemMetricsCallback, StragglerCallback (idle in one process: its contract here
+is to stay out of the way), and the ExpertLoad, GradientHealth and RankAgreement callbacks that come with them on a
+MoE model. Each scenario drives a real RecipeTrainer on a tiny model:
 train twice in one process, a run with no logging step, a run resumed from a checkpoint, and rank > 0."""
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from hf_dist_recipes.gradient_health import GradientHealthCallback
 from hf_dist_recipes.monitoring import (ExpertLoadCallback, PerRankTensorBoardCallback, RankSummaryCallback,
                                         SystemMetricsCallback, read_scalars, read_texts)
 from hf_dist_recipes.monitoring import system_metrics
+from hf_dist_recipes.monitoring.stragglers import StragglerCallback
 from hf_dist_recipes.rank_agreement import RankAgreementCallback
 
 SMALL = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2, q_lora_rank=16,
              kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
 CONTRACT = (PerRankTensorBoardCallback, RankSummaryCallback, SystemMetricsCallback, ExpertLoadCallback,
-            GradientHealthCallback, RankAgreementCallback)
+            GradientHealthCallback, RankAgreementCallback, StragglerCallback)
 
 
 def _trainer(out, **overrides) -> RecipeTrainer:
