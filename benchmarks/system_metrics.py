@@ -18,25 +18,13 @@ import tempfile
 import time
 import warnings
 
-from transformers import PrinterCallback, TrainerCallback
+from transformers import PrinterCallback
 
+from _timing import IterationTimer  # benchmarks/ is on sys.path when a benchmark runs as a script
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 from hf_dist_recipes.monitoring.system_metrics import SystemMetricsCallback
-
-
-class IterationTimer(TrainerCallback):
-    """Wall time from one `on_step_begin` to the next: everything a loop iteration does, callbacks included."""
-
-    def __init__(self):
-        self.times, self._t = [], None
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        now = time.perf_counter()
-        if self._t is not None:
-            self.times.append(now - self._t)
-        self._t = now
 
 
 def run_one(metrics_on: bool, steps: int, out: str) -> tuple[list[float], list[float], list[str]]:

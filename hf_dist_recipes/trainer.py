@@ -48,6 +48,7 @@ from hf_dist_recipes.backend import check_process_group_backend, destroy_gloo_gr
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.construction import check_partitioned
 from hf_dist_recipes.monitoring.expert_load import ExpertLoadCallback, has_routed_experts
+from hf_dist_recipes.monitoring.pending import PendingLogs
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
 from hf_dist_recipes.monitoring.stragglers import StragglerCallback
 from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
@@ -243,7 +244,7 @@ class RecipeTrainer(Trainer):
         """The stock log, with the scalars our callbacks prepared for it (tokens per expert) added first, so that
         `log_history` and every `report_to` integration get them, not only the callbacks after ours."""
         for callback in self.callback_handler.callbacks:
-            if isinstance(callback, (ExpertLoadCallback, StragglerCallback, SystemMetricsCallback)):
+            if isinstance(callback, PendingLogs):  # tokens per expert, stragglers, system metrics
                 logs.update(callback.pop_pending())
         logs.update(self.rank_agreement.pop_pending())  # rank_check/*: what the ranks were found to agree on
         logs.update(self.gradient_health.pop_pending())  # skipped_steps, spikes and their events

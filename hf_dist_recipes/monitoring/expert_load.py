@@ -36,6 +36,7 @@ from torch import nn
 from transformers import TrainerCallback
 
 from hf_dist_recipes import _compat
+from hf_dist_recipes.monitoring.pending import PendingLogs
 
 # Above this many (MoE layer, expert) pairs only the per-layer summaries are logged by default: DeepSeek-V3 would
 # otherwise add 14,848 scalars per log step to every rank's TensorBoard.
@@ -242,7 +243,7 @@ def load_scalars(tokens: torch.Tensor, layers: list[RoutedLayer], *, per_expert:
     return out
 
 
-class ExpertLoadCallback(TrainerCallback):
+class ExpertLoadCallback(PendingLogs, TrainerCallback):
     """Logs how evenly the routers spread tokens over the experts, through the Trainer's logs (RecipeTrainer adds
     it, before its per-rank TensorBoard callback, when the model has routed experts; each key then shows as
     `train/<key>` on every rank's TensorBoard, with identical values: the counts are summed over all ranks).
@@ -305,14 +306,3 @@ class ExpertLoadCallback(TrainerCallback):
             per_expert = len(layers) * layers[0].num_experts <= PER_EXPERT_SCALAR_LIMIT
         self._pending = load_scalars(tokens, layers, per_expert=per_expert)
         self._window, self._window_steps = None, 0
-
-    def pop_pending(self) -> dict[str, float]:
-        """The scalars prepared for the next log, once ({} when none). RecipeTrainer.log adds them before the stock
-        `log`, so `log_history` and every `report_to` integration see them too."""
-        pending, self._pending = self._pending or {}, None
-        return pending
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        # With a plain Trainer (no RecipeTrainer.log): callbacks after this one still get the keys.
-        if logs is not None:
-            logs.update(self.pop_pending())

@@ -39,6 +39,8 @@ from collections.abc import Sequence
 import torch
 from transformers import TrainerCallback
 
+from hf_dist_recipes.monitoring.pending import PendingLogs
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_STRAGGLER_CHECK_STEPS = 50
@@ -106,7 +108,7 @@ class StragglerDetector:
         return newly, recovered
 
 
-class StragglerCallback(TrainerCallback):
+class StragglerCallback(PendingLogs, TrainerCallback):
     """Finds ranks slower than the others while training runs (module docstring: what is measured, why, cost).
     RecipeTrainer registers it with `straggler_check_steps`, `straggler_threshold`, `straggler_windows`.
 
@@ -199,13 +201,3 @@ class StragglerCallback(TrainerCallback):
 
     def _host(self, rank: int) -> str:
         return self.hosts[rank] if rank < len(self.hosts) else "?"
-
-    def pop_pending(self) -> dict[str, float | str]:
-        """The keys prepared for the next log, once ({} when none); RecipeTrainer.log adds them to the log."""
-        pending, self._pending = self._pending, {}
-        return pending
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        # With a plain Trainer (no RecipeTrainer.log): callbacks after this one still get the keys.
-        if logs is not None:
-            logs.update(self.pop_pending())

@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers import TrainerCallback
 
+from hf_dist_recipes.monitoring.pending import PendingLogs
+
 logger = logging.getLogger(__name__)
 
 GIB = 1024**3
@@ -76,7 +78,7 @@ def launch_identity(args) -> RunIdentity:
     return RunIdentity(socket.gethostname(), int(args.process_index), int(local_rank), _run_id)
 
 
-class SystemMetricsCallback(TrainerCallback):
+class SystemMetricsCallback(PendingLogs, TrainerCallback):
     """See the module docstring for the keys. `nvml`: the pynvml module to use (None: import `pynvml`); tests pass
     a fake one to cover GPU hosts on a machine without them."""
 
@@ -140,16 +142,6 @@ class SystemMetricsCallback(TrainerCallback):
             if self._nvml_note is not None:
                 self._pending["system/nvml"] = self._nvml_note
                 self._nvml_note = None
-
-    def pop_pending(self) -> dict[str, float | str]:
-        """The keys prepared for the next log, once ({} when none); RecipeTrainer.log adds them to the log."""
-        pending, self._pending = self._pending, {}
-        return pending
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        # With a plain Trainer (no RecipeTrainer.log): callbacks after this one still get the keys.
-        if logs is not None:
-            logs.update(self.pop_pending())
 
     def on_train_end(self, args, state, control, **kwargs):
         self._pending = {}
