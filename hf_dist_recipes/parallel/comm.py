@@ -55,7 +55,6 @@ from dataclasses import asdict, dataclass, field
 
 from hf_dist_recipes.parallel.models import ModelShape, component_of
 from hf_dist_recipes.parallel.plan import ParallelPlan
-from hf_dist_recipes.parallel.tp_specs import partition_config, tp_split_dim
 
 GB = 1e9  # bandwidths in GB/s (10^9 bytes per second), as nccl-tests and NVIDIA's data sheets give them
 PERSISTENCE_THRESHOLD = 100_000  # DeepSpeed's stage3_param_persistence_threshold default: smaller tensors stay whole
@@ -163,28 +162,10 @@ def _spans(plan: ParallelPlan) -> dict[str, Span]:
 
 def zero_groups(plan: ParallelPlan, model: ModelShape) -> list[tuple[int, str]]:
     """(elements of the tensor as ZeRO sees it, after TP/EP splits; its ZeRO group: "dp", "edp" or "world") for
-    every parameter tensor, by the rules of `hf_dist_recipes.parallel.memory`."""
-    autotp = None
-    if plan.tp > 1:
-        from deepspeed.module_inject.autotp_config import AutoTPConfig
+    every parameter tensor (`memory.placements`)."""
+    from hf_dist_recipes.parallel.memory import placements
 
-        autotp = AutoTPConfig.from_dict(partition_config(model.model_type))
-    out = []
-    for name, shape in model.parameters:
-        numel = math.prod(shape)
-        component = component_of(name)
-        if component in ("routed_experts", "router") and plan.ep > 1:
-            if component == "routed_experts":
-                numel //= plan.ep
-                if name.endswith("gate_up_proj"):  # AutoEP stores the fused tensor as two (w1, w3)
-                    out += [(numel // 2, "edp"), (numel // 2, "edp")]
-                    continue
-            out.append((numel, "edp"))
-        elif autotp is not None and tp_split_dim(name, shape, autotp) is not None:
-            out.append((numel // plan.tp, "dp"))
-        else:
-            out.append((numel, "world" if plan.zero_init else "dp"))
-    return out
+    return [(piece, group) for _, _, pieces, group in placements(plan, model) for piece in pieces]
 
 
 def _shape_of(model: ModelShape, suffixes: tuple[str, ...]) -> tuple[int, ...] | None:

@@ -121,30 +121,43 @@ class RankElements:
     largest_partition: int = 0
 
 
-def rank_elements(plan: ParallelPlan, model: ModelShape) -> RankElements:
-    """Exact per-rank element counts of parameters, gradients and optimizer states for `plan` (rank 0; ranks
-    differ only by ZeRO padding, at most one element per tensor)."""
+def placements(plan: ParallelPlan, model: ModelShape) -> list[tuple[str, int, list[int], str]]:
+    """Where each parameter lands, by the rules of the module docstring: (name, elements on a rank after TP/EP,
+    the tensors ZeRO partitions them as, ZeRO group "dp" | "edp" | "world"). The one place these rules live:
+    `rank_elements` and the traffic model (`comm.zero_groups`) both read them."""
     autotp = None
     if plan.tp > 1:
         from deepspeed.module_inject.autotp_config import AutoTPConfig
 
         autotp = AutoTPConfig.from_dict(partition_config(model.model_type))
-    params = grads = optimizer = sharded = largest_tensor = largest_partition = 0
-    per_module: dict[str, int] = {}
+    out = []
     for name, shape in model.parameters:
         numel = math.prod(shape)
         component = component_of(name)
-        pieces, group = [numel], plan.dp_size
+        pieces, group = [numel], "dp"
         if component in ("routed_experts", "router") and plan.ep > 1:
-            group = plan.edp_size
+            group = "edp"
             if component == "routed_experts":
                 numel //= plan.ep
+                # AutoEP stores the fused gate_up_proj as two tensors (w1, w3)
                 pieces = [numel // 2, numel // 2] if name.endswith("gate_up_proj") else [numel]
         elif autotp is not None and tp_split_dim(name, shape, autotp) is not None:
             numel //= plan.tp
             pieces = [numel]
         elif plan.zero_init:
-            group = plan.world_size
+            group = "world"
+        out.append((name, numel, pieces, group))
+    return out
+
+
+def rank_elements(plan: ParallelPlan, model: ModelShape) -> RankElements:
+    """Exact per-rank element counts of parameters, gradients and optimizer states for `plan` (rank 0; ranks
+    differ only by ZeRO padding, at most one element per tensor)."""
+    group_sizes = {"dp": plan.dp_size, "edp": plan.edp_size, "world": plan.world_size}
+    params = grads = optimizer = sharded = largest_tensor = largest_partition = 0
+    per_module: dict[str, int] = {}
+    for name, numel, pieces, kind in placements(plan, model):
+        group = group_sizes[kind]
         sharded += numel
         module = name.rsplit(".", 1)[0]
         per_module[module] = per_module.get(module, 0) + numel
