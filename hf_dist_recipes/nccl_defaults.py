@@ -1,0 +1,83 @@
+"""Hang-proof NCCL environment defaults, applied only where the user (or the launcher) has not set them.
+
+PyTorch reads these variables once, when ProcessGroupNCCL is created, so they must be in the environment before the
+process group exists: `RecipeTrainingArguments.__post_init__` applies them before `TrainingArguments.__post_init__`
+(on GPU hosts accelerate's `PartialState` creates the group there). The Dockerfile written by `pin` bakes
+`NCCL_ENV_DEFAULTS` into the image. Names and defaults read from torch 2.13's
+`include/torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp`, `FlightRecorder.hpp` and `Utils.hpp` (`getCvar*`
+reads a list of names, the first the current one; a later, older name is still read, with a deprecation warning).
+
+- `TORCH_NCCL_ASYNC_ERROR_HANDLING=3` (old name `NCCL_ASYNC_ERROR_HANDLING`): a collective that fails or times out
+  tears the process down instead of leaving it blocked. 3 ("SkipCleanUp": tear down without `ncclCommAbort`) is
+  torch 2.13's own default; 1 also calls `ncclCommAbort` first, which the torch header names as a call that can
+  itself hang ("a last resort in case ncclCommAbort itself is hanging"). Setting the default explicitly changes
+  nothing on the pinned torch; it makes the value visible in the report and the same on a stack whose default
+  differs. Note that torchrun (and so `accelerate launch`) already exports 1 to its workers when unset; that
+  value then counts as the user's and is kept.
+- The flight recorder: `TORCH_FR_BUFFER_SIZE` / `TORCH_NCCL_TRACE_BUFFER_SIZE` (ring of the last collectives,
+  2000 entries, torch 2.13's default; 0 turns it off), `TORCH_NCCL_DUMP_ON_TIMEOUT=1` with
+  `TORCH_NCCL_ENABLE_MONITORING=1` (the header: the dump needs both), and the dump file prefix
+  `TORCH_FR_DUMP_TEMP_FILE` / `TORCH_NCCL_DEBUG_INFO_TEMP_FILE` (torch appends the rank; default
+  `/tmp/nccl_trace_rank_`, lost with the node) pointed into the run directory. Merge the dumps with
+  `python -m torch.distributed.flight_recorder.fr_trace <run_dir>/nccl_flight_recorder`, which names the first
+  collective the ranks disagree on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import MutableMapping
+
+logger = logging.getLogger(__name__)
+
+FLIGHT_RECORDER_DIR = "nccl_flight_recorder"
+FLIGHT_RECORDER_PREFIX = "rank_"
+
+# The defaults that do not depend on the run; the image written by `pin` sets these.
+NCCL_ENV_DEFAULTS: dict[str, str] = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+    "TORCH_FR_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    "TORCH_NCCL_ENABLE_MONITORING": "1",
+}
+
+# Each default with every name torch reads for the same setting: one of them set means the user chose.
+ALIASES: dict[str, tuple[str, ...]] = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"),
+    "TORCH_FR_BUFFER_SIZE": ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": ("TORCH_NCCL_DUMP_ON_TIMEOUT",),
+    "TORCH_NCCL_ENABLE_MONITORING": ("TORCH_NCCL_ENABLE_MONITORING",),
+    "TORCH_FR_DUMP_TEMP_FILE": ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"),
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"),
+}
+
+
+def flight_recorder_prefix(run_dir: str) -> str:
+    """The dump file prefix inside `run_dir`; torch appends the global rank (`.../rank_0`, `.../rank_1`)."""
+    return os.path.join(os.path.abspath(run_dir), FLIGHT_RECORDER_DIR, FLIGHT_RECORDER_PREFIX)
+
+
+def nccl_env_defaults(run_dir: str) -> dict[str, str]:
+    """`NCCL_ENV_DEFAULTS` plus the flight recorder's dump prefix under `run_dir` (both of torch's names)."""
+    prefix = flight_recorder_prefix(run_dir)
+    return {**NCCL_ENV_DEFAULTS, "TORCH_FR_DUMP_TEMP_FILE": prefix, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix}
+
+
+def apply_nccl_env_defaults(run_dir: str, environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Set each default of `nccl_env_defaults(run_dir)` whose setting no name in `environ` (default `os.environ`)
+    already carries; return what was set (empty when the user set everything). A setting torch reads under two
+    names is set under both or neither. Creates the dump directory when its prefix is applied. Logs the applied
+    values once, on global rank 0 (`RANK`)."""
+    env = os.environ if environ is None else environ
+    applied = {name: value for name, value in nccl_env_defaults(run_dir).items()
+               if not any(alias in env for alias in ALIASES[name])}
+    env.update(applied)
+    if "TORCH_FR_DUMP_TEMP_FILE" in applied:
+        os.makedirs(os.path.dirname(applied["TORCH_FR_DUMP_TEMP_FILE"]), exist_ok=True)
+    if applied and env.get("RANK", "0") == "0":
+        logger.info("NCCL defaults applied (unset before): %s",
+                    ", ".join(f"{name}={value}" for name, value in applied.items()))
+    return applied

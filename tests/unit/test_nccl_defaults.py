@@ -1,0 +1,60 @@
+"""The NCCL defaults are applied only where no name of the same setting is set, and their names are torch's."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from hf_dist_recipes.nccl_defaults import (ALIASES, NCCL_ENV_DEFAULTS, apply_nccl_env_defaults,
+                                           flight_recorder_prefix, nccl_env_defaults)
+
+TORCH_HEADERS = Path(torch.__file__).parent / "include" / "torch" / "csrc" / "distributed" / "c10d"
+
+
+def test_empty_environment_gets_every_default_and_the_dump_dir(tmp_path):
+    env: dict[str, str] = {}
+    applied = apply_nccl_env_defaults(str(tmp_path), env)
+    prefix = str(tmp_path / "nccl_flight_recorder" / "rank_")
+    assert applied == env
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == prefix
+    assert (tmp_path / "nccl_flight_recorder").is_dir()
+
+
+def test_user_values_and_old_names_are_kept(tmp_path):
+    env = {"NCCL_ASYNC_ERROR_HANDLING": "1",  # old name: the user chose
+           "TORCH_NCCL_TRACE_BUFFER_SIZE": "0",  # recorder off, under the older of its two names
+           "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/elsewhere/x_"}
+    before = dict(env)
+    applied = apply_nccl_env_defaults(str(tmp_path), env)
+    assert set(applied) == {"TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_ENABLE_MONITORING"}
+    assert {k: env[k] for k in before} == before
+    for name in ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE"):
+        assert name not in env
+    assert not (tmp_path / "nccl_flight_recorder").exists()
+
+
+def test_everything_set_applies_nothing(tmp_path):
+    env = {name: "x" for name in nccl_env_defaults(str(tmp_path))}
+    assert apply_nccl_env_defaults(str(tmp_path), env) == {}
+
+
+def test_static_dict_is_the_run_independent_part(tmp_path):
+    assert set(nccl_env_defaults(str(tmp_path))) - set(NCCL_ENV_DEFAULTS) == {
+        "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"}
+    assert flight_recorder_prefix("rel").startswith(os.path.abspath("rel"))
+
+
+def test_every_name_is_one_torch_reads():
+    """Fails when torch renames a variable: each name must appear in the installed torch's c10d headers or its
+    compiled library (the flight recorder's dump file names are only in the library)."""
+    text = "".join(p.read_text(errors="ignore") for p in TORCH_HEADERS.glob("*.hpp"))
+    libs = list((Path(torch.__file__).parent / "lib").glob("libtorch_cpu.so")) + list(
+        (Path(torch.__file__).parent / "lib").glob("libtorch_cuda.so"))
+    binary = b"".join(p.read_bytes() for p in libs)
+    names = {alias for aliases in ALIASES.values() for alias in aliases}
+    missing = [n for n in sorted(names) if n not in text and n.encode() not in binary]
+    assert not missing, f"torch {torch.__version__} no longer reads {missing}"
