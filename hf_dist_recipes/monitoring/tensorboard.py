@@ -23,10 +23,12 @@ collective) dies of SIGTERM only when the call returns, or of the SIGKILL launch
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import threading
+import time
 from numbers import Number
 
 from transformers import TrainerCallback
@@ -68,6 +70,7 @@ class PerRankTensorBoardCallback(TrainerCallback):
             # Resumed at step k: hide what a previous attempt logged after k (purge_step hides steps >= its value),
             # so each step shows once.
             purge = state.global_step + 1 if resumed else None
+            _after_existing_event_files(run_dir)
             self.writer = SummaryWriter(log_dir=run_dir, purge_step=purge)
             with open(os.path.join(run_dir, RUN_FILENAME), "w", encoding="utf-8") as f:
                 json.dump(identity.as_dict(), f)
@@ -167,6 +170,24 @@ def read_texts(run_dir: str | os.PathLike) -> dict[str, list[tuple[int, str]]]:
     for tag in acc.Tags()["tensors"]:
         out[tag] = [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(tag)]
     return out
+
+
+def _after_existing_event_files(run_dir: str, *, clock=time.time, sleep=time.sleep) -> None:
+    """Wait (at most 1 s) until a new event file's name sorts after every event file already in `run_dir`.
+
+    TensorBoard reads a run's event files in name order, and the name is `events.out.tfevents.<whole seconds>.<host>.
+    <pid>.<per-process counter>`, compared as text: a file opened in the same second as an earlier one can sort
+    before it (counter "10" < "9"), so a resume's purge is read before the steps it must hide and they show twice.
+    Only a relaunch within the same second meets this (notebooks, tests)."""
+    latest = -1
+    if os.path.isdir(run_dir):
+        for name in os.listdir(run_dir):
+            if name.startswith("events.out.tfevents."):
+                with contextlib.suppress(IndexError, ValueError):
+                    latest = max(latest, int(name.split(".")[3]))
+    now = clock()
+    if latest >= int(now):
+        sleep(latest + 1 - now)
 
 
 def read_scalars(run_dir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:

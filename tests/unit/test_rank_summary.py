@@ -35,3 +35,16 @@ def test_summary_has_time_and_losses_with_or_without_tensorboard(tmp_path, tenso
     assert summary["last_rank_loss"] == pytest.approx(logged[-1], rel=1e-4)
     assert summary["first_rank_loss"] != pytest.approx(summary["last_rank_loss"], rel=1e-4)
     assert (tmp_path / "tensorboard" / "rank0").is_dir() is tensorboard
+
+
+def test_new_event_file_waits_until_its_name_sorts_last(tmp_path):
+    # An event file opened in the same whole second as an existing one would sort before it ("...10" < "...9").
+    from hf_dist_recipes.monitoring.tensorboard import _after_existing_event_files
+
+    (tmp_path / "events.out.tfevents.0000001000.host.7.9").write_bytes(b"")
+    slept = []
+    _after_existing_event_files(str(tmp_path), clock=lambda: 1000.25, sleep=slept.append)
+    assert slept == [0.75]  # to second 1001, where the new name's time field is larger
+    slept.clear()
+    _after_existing_event_files(str(tmp_path), clock=lambda: 1001.0, sleep=slept.append)
+    assert slept == []
