@@ -22,7 +22,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "env"
 sys.path.insert(0, str(FIXTURES))
 
 import fake_env  # noqa: E402
-from fake_env import FakeNvml, FakeTorchCuda, recording  # noqa: E402
+from fake_env import FakeNvml, fake_host  # noqa: E402
 
 from hf_dist_recipes.environment.probe import RULE_FACT_KEYS, probe  # noqa: E402
 
@@ -31,16 +31,6 @@ BRIEF_KEYS = ["python", "torch", "cuda", "nccl", "nccl_compiled", "deepspeed", "
               "datasets", "driver", "driver_cuda", "nvcc_cuda", "arch", "gpu_count", "gpu_names",
               "compute_capabilities", "nvlink", "peer_access", "ib_active", "nic_names", "shm_bytes",
               "in_container", "env"]
-
-
-def fake_host(tmp_path, rec_name, *, visible=None, packages=None, environ=None, sysfs=None, nvcc="", **kw):
-    """probe() of a recorded GPU host: every hardware source faked, nothing read from this machine's GPUs."""
-    rec = recording(rec_name)
-    pkgs = packages or {}
-    return probe(nvml=kw.pop("nvml", FakeNvml(rec)), torch_cuda=FakeTorchCuda(rec, visible),
-                 sysfs_root=str(sysfs or tmp_path / "no_sys"), dev_dir=kw.pop("dev_dir", str(tmp_path)),
-                 nvidia_smi=kw.pop("nvidia_smi", str(tmp_path / "absent-nvidia-smi")), nvcc=nvcc,
-                 environ=environ or {}, package_version=pkgs.get, container_markers=(), **kw)
 
 
 @pytest.fixture

@@ -1,0 +1,70 @@
+"""`hf-dist-recipes doctor [--json] [--strict] [--lock FILE]`: is this environment sound for distributed training?
+
+Probes the environment (versions, torch's CUDA and NCCL, the NCCL installed, driver, GPUs, peer access and NVLink,
+InfiniBand ports, /dev/shm, NCCL_/TORCH_/CUDA_ variables; hf_dist_recipes/environment/probe.py) and prints one
+line per check, ok / warning / error, with the fix under each finding: the checks of environment/doctor.py and
+every known-bad combination of environment/rules.py that matches. --lock FILE adds an error for each package whose
+installed version differs from a lock written by `hf-dist-recipes pin`.
+
+Exit status: 0 when nothing is wrong, 2 on an error, 1 on a warning with --strict. --json prints
+{"facts": ..., "checks": [...], "exit_code": N} (schema: environment/doctor.py REPORT_SCHEMA). Imports no DeepSpeed
+(its version comes from the package metadata): answers in a few seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+MARK = {"ok": "ok", "warning": "WARNING", "error": "ERROR"}
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "doctor", help="check this environment for distributed training: versions, driver, NCCL, GPUs, links, "
+        "known-bad combinations", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example: hf-dist-recipes doctor --strict --lock pinned/requirements.lock",
+    )
+    parser.add_argument("--json", action="store_true", help="print facts, checks and exit code as JSON")
+    parser.add_argument("--strict", action="store_true", help="exit 1 on a warning (default: only errors fail, 2)")
+    parser.add_argument("--lock", metavar="FILE", help="a lock written by `hf-dist-recipes pin`: every package "
+                        "whose installed version differs is an error")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    # Imported here so that `hf-dist-recipes --help` and the other subcommands do not pay for them.
+    from hf_dist_recipes.environment import doctor
+    from hf_dist_recipes.environment import probe as probe_module
+
+    lock = None
+    if args.lock:
+        if not os.path.isfile(args.lock):
+            raise ValueError(f"--lock {args.lock}: no such file; write one with hf-dist-recipes pin --output DIR")
+        from hf_dist_recipes.environment.lock import read_lock
+
+        lock = read_lock(args.lock)
+    report = doctor.run_checks(probe_module.probe(), lock)
+    data = report.to_dict(strict=args.strict)
+    print(json.dumps(data, indent=2) if args.json else render(data))
+    return data["exit_code"]
+
+
+def render(data: dict) -> str:
+    """The table: status, check, detail, and the fix under every check that is not ok."""
+    facts = data["facts"]
+    checks = data["checks"]
+    width = max(len(c["name"]) for c in checks)
+    lines = [f"hf-dist-recipes doctor on {facts['host']} ({facts['arch']}, Python {facts['python']}"
+             + (", in a container" if facts["in_container"] else "") + ")"]
+    for c in checks:
+        lines.append(f"  {MARK[c['status']]:<7}  {c['name']:<{width}}  {c['detail']}")
+        if c["status"] != "ok":
+            lines.append(f"  {'':<7}  {'':<{width}}  fix: {c['fix']}")
+            if c["source"]:
+                lines.append(f"  {'':<7}  {'':<{width}}  source: {c['source']}")
+    counts = {s: sum(c["status"] == s for c in checks) for s in MARK}
+    lines.append(f"{counts['ok']} ok, {counts['warning']} warning(s), {counts['error']} error(s); "
+                 f"exit {data['exit_code']}")
+    return "\n".join(lines)

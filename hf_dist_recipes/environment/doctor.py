@@ -1,0 +1,371 @@
+"""The doctor's checks: each fact of `probe()` that can break distributed training, judged ok / warning / error.
+
+`run_checks(facts, lock=None)` returns a `DoctorReport` with, in order:
+- `versions`: the stack's versions (warning when one of deepspeed, transformers, accelerate, datasets is missing);
+- `torch sees the GPUs`: cuda_host.check_torch_sees_gpus's verdict, taken during the probe (error when the host
+  has NVIDIA GPUs and torch sees none, with cuda_host's reason and fix);
+- `driver`: the NVIDIA driver is at least the floor of torch's build CUDA (cuda_host.MIN_DRIVER_BY_CUDA_MAJOR,
+  NVIDIA's minor-version compatibility) and runs its CUDA major (error otherwise);
+- `nccl`: the NCCL torch was compiled against and the one installed are the same (warning otherwise:
+  NVIDIA/nccl 1212, pytorch 122571), and a single nvidia-nccl-* distribution is installed (pytorch 119072);
+- `infiniband`: an InfiniBand/RoCE port is ACTIVE (ok "not present" without any; warning when every port is down,
+  NCCL then falls back to TCP sockets);
+- `peer access`: with 2 or more GPUs, every pair can access each other (warning otherwise: NVIDIA/nccl 631);
+- `/dev/shm`: at least 512 MiB (DeepSpeed's ds_report threshold; NCCL's shared-memory transport lives there);
+- `debug variables`: NCCL_DEBUG=INFO/TRACE or TORCH_DISTRIBUTED_DEBUG=DETAIL left set (warning: NVIDIA's NCCL
+  docs, slower and floods the logs);
+- `declared minimums`: the versions the installed packages declare they need (error);
+- one `rule <id>` check per finding of the known-issues rules (`environment/rules.py`, `evaluate`);
+- with a lock (`environment/lock.py`), one `lock <package>` error per package whose installed version drifted.
+
+`DoctorReport.exit_code(strict)`: 2 with an error, 1 with a warning under `strict`, else 0.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from hf_dist_recipes import cuda_host
+from hf_dist_recipes.environment.probe import EnvironmentFacts
+
+STATUSES = ("ok", "warning", "error")
+SHM_MIN_BYTES = 512 * 1024**2  # deepspeed/env_report.py get_shm_size: below this ds_report warns
+STACK = ("deepspeed", "transformers", "accelerate", "datasets")
+
+# (package, its versions, needs package, needs versions, source): version-facts.md "Declared minimums", from the
+# packages' own metadata. A needed package that is absent is the `versions` check's business, not this one's.
+DECLARED_MINIMUMS: tuple[tuple[str, str, str, str, str], ...] = (
+    ("transformers", ">=5,<6", "accelerate", ">=1.1.0", "transformers 5.x package metadata (extras)"),
+    ("transformers", ">=5,<6", "deepspeed", ">=0.9.3", "transformers 5.x package metadata (extras)"),
+    ("transformers", ">=5.25", "torch", ">=2.6", "transformers 5.25 package metadata"),
+    ("transformers", ">=5.25", "python", ">=3.11", "transformers 5.25 package metadata (Requires-Python)"),
+    ("accelerate", ">=1.16", "torch", ">=2.6", "accelerate 1.16 package metadata"),
+    ("accelerate", ">=1.16", "python", ">=3.11", "accelerate 1.16 package metadata (Requires-Python)"),
+    ("deepspeed", ">=0.19.8", "torch", ">=2.0", "deepspeed 0.19.8 package metadata"),
+)
+# Rule severities from environment/rules.py mapped to check statuses; an unknown one is shown as a warning.
+SEVERITY_STATUS = {"error": "error", "warning": "warning", "info": "ok"}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the doctor's table. `status`: "ok", "warning" or "error"; `fix`: what to do (empty when ok);
+    `source`: where the rule behind the check comes from (release notes, issue numbers, a module)."""
+
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+    source: str = ""
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"Check status must be one of {STATUSES}, got {self.status!r}")
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    facts: EnvironmentFacts
+    checks: tuple[Check, ...]
+
+    def exit_code(self, strict: bool = False) -> int:
+        """2 when a check is an error; 1 when one is a warning and `strict`; else 0."""
+        statuses = {c.status for c in self.checks}
+        if "error" in statuses:
+            return 2
+        return 1 if strict and "warning" in statuses else 0
+
+    def to_dict(self, strict: bool = False) -> dict:
+        """{"facts": ..., "checks": [...], "exit_code": N}: the shape REPORT_SCHEMA describes."""
+        return {"facts": self.facts.to_dict(), "checks": [asdict(c) for c in self.checks],
+                "exit_code": self.exit_code(strict)}
+
+
+def _version(text: str | None) -> Version | None:
+    try:
+        return Version(text) if text else None
+    except InvalidVersion:
+        return None
+
+
+def _major(text: str | None) -> int | None:
+    v = _version(text)
+    return v.major if v else None
+
+
+def check_versions(facts: EnvironmentFacts) -> Check:
+    rf = facts.rule_facts()
+    torch_text = facts.torch.version + (f" (CUDA {rf['cuda']})" if rf["cuda"] else " (CPU build)")
+    shown = [f"python {rf['python']}", f"torch {torch_text}"] + [f"{p} {rf[p] or 'missing'}" for p in STACK]
+    if rf["nccl"]:
+        shown.append(f"nccl {rf['nccl']}")
+    if rf["driver"]:
+        shown.append(f"driver {rf['driver']}" + (f" (CUDA {rf['driver_cuda']})" if rf["driver_cuda"] else ""))
+    missing = [p for p in STACK if not rf[p]]
+    if missing:
+        return Check("versions", "warning", ", ".join(shown) + f"; not installed: {', '.join(missing)}",
+                     f"pip install {' '.join(missing)} at the versions requirements.lock pins "
+                     "(or: pip install hf-dist-recipes)", "pyproject.toml dependencies")
+    return Check("versions", "ok", ", ".join(shown), source="importlib.metadata, torch.version")
+
+
+def check_torch_sees_gpus(facts: EnvironmentFacts) -> Check:
+    source = "hf_dist_recipes.cuda_host.check_torch_sees_gpus"
+    if facts.torch.gpu_problem:
+        detail, _, fix = facts.torch.gpu_problem.partition(" Fix: ")
+        return Check("torch sees the GPUs", "error", detail, fix or "see the detail", source)
+    if facts.torch.device_count:
+        names = sorted({g.name for g in facts.gpus})
+        return Check("torch sees the GPUs", "ok", f"{facts.torch.device_count} GPU(s): {', '.join(names)}",
+                     source=source)
+    return Check("torch sees the GPUs", "ok", "no NVIDIA GPU on this host: training runs on the CPU", source=source)
+
+
+def check_driver(facts: EnvironmentFacts) -> Check:
+    name, source = "driver", "NVIDIA CUDA Compatibility guide (minor-version compatibility); cuda_host.py"
+    build, driver = facts.torch.cuda, facts.driver.version
+    if build is None:
+        seen = f"driver {driver}" if driver else "no NVIDIA driver"
+        return Check(name, "ok", f"{seen}; torch is a CPU build, it needs none", source=source)
+    if driver is None:
+        if not facts.gpus and not facts.nvidia_host.gpu_count:
+            return Check(name, "ok", f"no NVIDIA driver and no GPU; torch's CUDA {build} is unused", source=source)
+        return Check(name, "warning", f"the driver version could not be read ({facts.driver.nvml_unavailable})",
+                     "install nvidia-ml-py (pip install hf-dist-recipes[nvml]) or put nvidia-smi on PATH",
+                     source)
+    floor = cuda_host.min_driver_for_cuda(build)
+    if floor is None:
+        return Check(name, "ok", f"driver {driver}; no known floor for torch's CUDA {build}", source=source)
+    too_old = floor is not None and _version(driver) is not None and _version(driver) < Version(floor)
+    runs = facts.driver.cuda
+    major_short = runs is not None and _major(runs) is not None and _major(runs) < _major(build)
+    if too_old or major_short:
+        why = f"driver {driver}" + (f" runs CUDA <= {runs}" if runs else "")
+        return Check(name, "error", f"{why}, torch's build CUDA {build} needs driver >= {floor}",
+                     f"upgrade the driver to >= {floor}, or install the torch build for the CUDA this driver runs "
+                     "(hf-dist-recipes pin --cuda <that CUDA>)", source)
+    return Check(name, "ok", f"driver {driver}" + (f" (CUDA {runs})" if runs else "") +
+                 f" >= {floor} needed by torch's CUDA {build}", source=source)
+
+
+def check_nccl(facts: EnvironmentFacts) -> Check:
+    nccl, source = facts.nccl, "NVIDIA/nccl 1212; pytorch 122571, 119072"
+    if nccl.compiled is None and nccl.installed is None:
+        return Check("nccl", "ok", "no NCCL (torch without CUDA: Gloo only)", source=source)
+    if nccl.others:
+        return Check("nccl", "warning", f"several NCCL distributions installed: {nccl.installed_from} "
+                     f"{nccl.installed} and {', '.join(nccl.others)}; torch may load the wrong libnccl",
+                     f"pip uninstall {' '.join(o.split('==')[0] for o in nccl.others)}, keeping the one torch pins",
+                     source)
+    if nccl.compiled and nccl.installed and _version(nccl.compiled) != _version(nccl.installed):
+        dist = (nccl.installed_from or "nvidia-nccl").split()[0]
+        return Check("nccl", "warning", f"torch was compiled against NCCL {nccl.compiled} but {dist} "
+                     f"{nccl.installed} is installed (the library torch loads)",
+                     f"pip install {dist}=={nccl.compiled} (the version torch pins); NCCL_DEBUG=VERSION prints the "
+                     "NCCL actually loaded", source)
+    where = f" ({nccl.installed_from})" if nccl.installed_from else ""
+    return Check("nccl", "ok", f"NCCL {nccl.installed or nccl.compiled}{where}, compiled "
+                 f"{nccl.compiled or 'unknown'}", source=source)
+
+
+def check_infiniband(facts: EnvironmentFacts) -> Check:
+    source = "NCCL uses verbs ports whose state is ACTIVE (version-facts.md 'Reading the facts at run time')"
+    ports = facts.ib_ports
+    if not ports:
+        return Check("infiniband", "ok", "not present: fine on a single node; across nodes NCCL uses TCP "
+                     "sockets", source=source)
+    listed = ", ".join(f"{p.device}/{p.port} {p.state} ({p.link_layer or '?'})" for p in ports)
+    if not any(p.active for p in ports):
+        return Check("infiniband", "warning", f"no port ACTIVE: {listed}; NCCL falls back to TCP sockets "
+                     "between nodes", "bring a port up (cable, subnet manager; `ibstat` shows the state), or "
+                     "set NCCL_IB_DISABLE=1 to use sockets knowingly", source)
+    return Check("infiniband", "ok", f"usable: {listed}", source=source)
+
+
+def check_peer_access(facts: EnvironmentFacts) -> Check:
+    source = "torch.cuda.can_device_access_peer; NVIDIA/nccl 631, 2079; nccl-tests 117"
+    if not facts.peer_access:
+        return Check("peer access", "ok", f"not applicable: {facts.torch.device_count} GPU(s) visible to torch",
+                     source=source)
+    nvlink = facts.nvlink()
+    links = {True: "NVLink active", False: "no NVLink", None: "NVLink unknown (no NVML)"}[nvlink]
+    denied = [(i, j) for i, j, can in facts.peer_access if not can]
+    if denied:
+        shown = ", ".join(f"{i}->{j}" for i, j in denied[:8]) + (", ..." if len(denied) > 8 else "")
+        return Check("peer access", "warning", f"{len(denied)} of {len(facts.peer_access)} GPU pairs cannot "
+                     f"access each other ({shown}); {links}",
+                     "GeForce cards have no P2P (expected, NCCL goes through host memory); on data-center GPUs "
+                     "over PCIe disable ACS / boot with iommu=pt, or set NCCL_P2P_DISABLE=1 if all-reduce hangs",
+                     source)
+    return Check("peer access", "ok", f"all {len(facts.peer_access)} GPU pairs; {links}", source=source)
+
+
+def check_shm(facts: EnvironmentFacts) -> Check:
+    source = "DeepSpeed env_report.py (ds_report): /dev/shm under 512 MiB"
+    fix = "docker run --shm-size=1g or larger (or --ipc=host); Kubernetes: an emptyDir with medium: Memory at /dev/shm"
+    if facts.shm_bytes is None:
+        return Check("/dev/shm", "warning", f"size unknown ({facts.shm_error})", fix, source)
+    size = f"{facts.shm_bytes / 1024**2:,.0f} MiB"
+    if facts.shm_bytes < SHM_MIN_BYTES:
+        return Check("/dev/shm", "warning", f"{size}, under 512 MiB: NCCL's shared-memory transport and data "
+                     "loader workers run out of it", fix, source)
+    return Check("/dev/shm", "ok", size, source=source)
+
+
+def check_debug_variables(facts: EnvironmentFacts) -> Check:
+    source = "NVIDIA NCCL docs (debug variables are not for production); version-facts.md 'Environment variables'"
+    left = []
+    if facts.env.get("NCCL_DEBUG", "").upper() in ("INFO", "TRACE"):
+        left.append(f"NCCL_DEBUG={facts.env['NCCL_DEBUG']}")
+    if facts.env.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL":
+        left.append("TORCH_DISTRIBUTED_DEBUG=DETAIL")
+    if left:
+        return Check("debug variables", "warning", f"{', '.join(left)} set: every rank logs each collective "
+                     "(slower, floods the logs)", "unset them, or NCCL_DEBUG=WARN to keep the errors", source)
+    return Check("debug variables", "ok", "no NCCL/torch debug logging left on", source=source)
+
+
+def check_declared_minimums(facts: EnvironmentFacts) -> Check:
+    rf = facts.rule_facts()
+    broken, sources = [], []
+    for pkg, spec, needs, needs_spec, source in DECLARED_MINIMUMS:
+        have, need = _version(rf[pkg]), _version(rf[needs])
+        if have is None or need is None or not SpecifierSet(spec).contains(have, prereleases=True):
+            continue
+        if not SpecifierSet(needs_spec).contains(need, prereleases=True):
+            broken.append(f"{pkg} {rf[pkg]} needs {needs} {needs_spec}, found {rf[needs]}")
+            sources.append(source)
+    if broken:
+        return Check("declared minimums", "error", "; ".join(broken),
+                     "upgrade each named package to the version it needs (requirements.lock pins a set that fits)",
+                     "; ".join(dict.fromkeys(sources)))
+    return Check("declared minimums", "ok", "every installed package has the versions it declares it needs",
+                 source="package metadata (version-facts.md 'Declared minimums')")
+
+
+FACT_CHECKS: tuple[Callable[[EnvironmentFacts], Check], ...] = (
+    check_versions, check_torch_sees_gpus, check_driver, check_nccl, check_infiniband, check_peer_access,
+    check_shm, check_debug_variables, check_declared_minimums,
+)
+
+
+def rule_checks(facts: EnvironmentFacts, evaluate: Callable | None = None) -> list[Check]:
+    """One check per finding of the known-issues rules (`environment.rules.evaluate` unless given)."""
+    if evaluate is None:
+        try:
+            from hf_dist_recipes.environment.rules import evaluate
+        except ModuleNotFoundError as err:
+            if err.name != "hf_dist_recipes.environment.rules":
+                raise
+            return [Check("known issues", "warning", "the known-issues rules are not installed "
+                          "(hf_dist_recipes.environment.rules missing)", "reinstall hf-dist-recipes", "doctor.py")]
+    return [Check(f"rule {f.rule_id}", SEVERITY_STATUS.get(f.severity, "warning"), f.symptom, f.fix, f.source)
+            for f in evaluate(facts.rule_facts())]
+
+
+def installed_distributions() -> dict[str, str]:
+    """Every installed distribution, by canonical name (PEP 503), with its version."""
+    return {canonicalize_name(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()
+            if d.metadata["Name"]}
+
+
+def lock_checks(lock, installed: Mapping[str, str] | None = None, drift: Callable | None = None) -> list[Check]:
+    """One error per package whose installed version differs from `lock` (`environment.lock.lock_drift`)."""
+    if drift is None:
+        from hf_dist_recipes.environment.lock import lock_drift as drift
+    installed = installed_distributions() if installed is None else installed
+    found = drift(lock, installed)
+    if not found:
+        return [Check("lock", "ok", "every locked package has its locked version", source="--lock")]
+    return [Check(f"lock {d.package}", "error", f"{d.package}: locked {d.locked}, installed "
+                  f"{d.installed or 'nothing'}", f"pip install {d.package}=={d.locked}" if d.locked else
+                  f"pip uninstall {d.package}", "--lock") for d in found]
+
+
+def run_checks(facts: EnvironmentFacts, lock=None, *, evaluate: Callable | None = None,
+               installed: Mapping[str, str] | None = None) -> DoctorReport:
+    """Every check of the module docstring on `facts`; `lock` (a `environment.lock.Lock`) adds the drift errors.
+    `evaluate` / `installed` replace the rules and the installed distributions, for tests."""
+    checks = [check(facts) for check in FACT_CHECKS]
+    checks += rule_checks(facts, evaluate)
+    if lock is not None:
+        checks += lock_checks(lock, installed)
+    return DoctorReport(facts, tuple(checks))
+
+
+_STR = {"type": "string"}
+_NULLABLE_STR = {"type": ["string", "null"]}
+# JSON schema (draft 2020-12) of `hf-dist-recipes doctor --json`.
+REPORT_SCHEMA: dict = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["facts", "checks", "exit_code"],
+    "additionalProperties": False,
+    "properties": {
+        "exit_code": {"type": "integer", "enum": [0, 1, 2]},
+        "checks": {"type": "array", "items": {
+            "type": "object", "required": ["name", "status", "detail", "fix", "source"],
+            "additionalProperties": False,
+            "properties": {"name": _STR, "status": {"enum": list(STATUSES)}, "detail": _STR, "fix": _STR,
+                           "source": _STR},
+        }},
+        "facts": {
+            "type": "object",
+            "required": ["host", "python", "arch", "torch", "nccl", "driver", "gpus", "peer_access", "ib_ports",
+                         "nic_names", "shm_bytes", "in_container", "nvcc_cuda", "packages", "env", "rule_facts"],
+            "properties": {
+                "torch": {"type": "object", "required": ["version", "cuda", "nccl_compiled", "device_count"],
+                          "properties": {"version": _STR, "cuda": _NULLABLE_STR, "nccl_compiled": _NULLABLE_STR,
+                                         "device_count": {"type": "integer", "minimum": 0}}},
+                "nccl": {"type": "object", "required": ["compiled", "installed", "installed_from"]},
+                "driver": {"type": "object", "required": ["version", "cuda", "source", "nvml_unavailable"],
+                           "properties": {"version": _NULLABLE_STR, "cuda": _NULLABLE_STR,
+                                          "nvml_unavailable": _NULLABLE_STR}},
+                "gpus": {"type": "array", "items": {
+                    "type": "object", "required": ["index", "name", "compute_capability", "memory_bytes"],
+                    "properties": {"index": {"type": "integer"}, "name": _STR,
+                                   "compute_capability": _NULLABLE_STR,
+                                   "memory_bytes": {"type": ["integer", "null"]},
+                                   "nvlinks_active": {"type": ["integer", "null"]}}}},
+                "peer_access": {"type": "array", "items": {
+                    "type": "object", "required": ["from", "to", "can_access"],
+                    "properties": {"from": {"type": "integer"}, "to": {"type": "integer"},
+                                   "can_access": {"type": "boolean"}}}},
+                "ib_ports": {"type": "array", "items": {
+                    "type": "object", "required": ["device", "port", "state", "link_layer"],
+                    "properties": {"device": _STR, "port": {"type": "integer"}, "state": _STR,
+                                   "link_layer": _NULLABLE_STR}}},
+                "nic_names": {"type": "array", "items": _STR},
+                "shm_bytes": {"type": ["integer", "null"]},
+                "in_container": {"type": "boolean"},
+                "packages": {"type": "object", "additionalProperties": _NULLABLE_STR},
+                "env": {"type": "object", "additionalProperties": _STR},
+                "rule_facts": {
+                    "type": "object",
+                    "required": ["python", "torch", "cuda", "nccl", "nccl_compiled", "deepspeed", "transformers",
+                                 "accelerate", "datasets", "driver", "driver_cuda", "nvcc_cuda", "arch",
+                                 "gpu_count", "gpu_names", "compute_capabilities", "nvlink", "peer_access",
+                                 "ib_active", "nic_names", "shm_bytes", "in_container", "env"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "gpu_count": {"type": "integer", "minimum": 0},
+                        "gpu_names": {"type": "array", "items": _STR},
+                        "compute_capabilities": {"type": "array", "items": _STR},
+                        "nvlink": {"type": ["boolean", "null"]},
+                        "peer_access": {"type": ["boolean", "null"]},
+                        "ib_active": {"type": "boolean"},
+                        "in_container": {"type": "boolean"},
+                        "shm_bytes": {"type": ["integer", "null"]},
+                        "env": {"type": "object", "additionalProperties": _STR},
+                    },
+                },
+            },
+        },
+    },
+}

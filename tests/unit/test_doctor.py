@@ -1,0 +1,221 @@
+"""The doctor's checks, each once passing and once failing, on recorded hosts.
+
+Fakes: this machine has no NVIDIA GPU, driver, NVML, nvidia-smi or InfiniBand, so the GPU hosts are recordings
+replayed through the probe's injected sources (tests/fixtures/env/, fake_env.py), with `torch.version.cuda` set to
+the CUDA build the recorded host runs. A single fact is then changed with dataclasses.replace where a check needs
+the failing case of one fact only.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "env"
+sys.path.insert(0, str(FIXTURES))
+
+import fake_env  # noqa: E402
+from fake_env import fake_host  # noqa: E402
+
+from hf_dist_recipes.environment import doctor  # noqa: E402
+from hf_dist_recipes.environment.doctor import Check, run_checks  # noqa: E402
+
+STACK = {"deepspeed": "0.19.8", "transformers": "5.24.0", "accelerate": "1.16.0", "datasets": "5.2.0"}
+H100_PKGS = {**STACK, "nvidia-nccl-cu12": "2.21.5"}  # the NCCL a torch cu124 wheel pins, as torch compiled
+
+
+def no_rules(facts):
+    return []
+
+
+@pytest.fixture
+def cuda124(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", "12.4")  # a torch cu124 wheel; this host's is a CPU build
+    monkeypatch.setattr(torch.version, "hip", None)
+
+
+@pytest.fixture
+def h100(tmp_path, cuda124):
+    facts = fake_host(tmp_path, "nvml_h100x8.json", packages=H100_PKGS, sysfs=FIXTURES / "sysfs_ib")
+    return replace(facts, shm_bytes=16 * 1024**3)  # this machine's /dev/shm would otherwise decide the shm check
+
+
+def test_check_status_is_validated():
+    with pytest.raises(ValueError, match="ok.*warning.*error"):
+        Check("x", "fine", "detail")
+
+
+def test_sound_h100_node_passes_every_check(h100):
+    report = run_checks(h100, evaluate=no_rules)
+    assert [(c.name, c.status) for c in report.checks if c.status != "ok"] == []
+    assert report.exit_code() == 0 and report.exit_code(strict=True) == 0
+
+
+def test_versions(h100):
+    ok = doctor.check_versions(h100)
+    assert ok.status == "ok" and "deepspeed 0.19.8" in ok.detail and "torch 2.13.0" in ok.detail
+    missing = doctor.check_versions(replace(h100, packages={**STACK, "deepspeed": None}))
+    assert missing.status == "warning" and "not installed: deepspeed" in missing.detail
+    assert "pip install deepspeed" in missing.fix
+
+
+def test_torch_sees_the_gpus(tmp_path, h100, monkeypatch):
+    ok = doctor.check_torch_sees_gpus(h100)
+    assert ok.status == "ok" and ok.detail == "8 GPU(s): NVIDIA H100 80GB HBM3"
+    # The same node with a CPU-only wheel: cuda_host's reason and install fix, split into detail and fix.
+    monkeypatch.setattr(torch.version, "cuda", None)
+    blind = fake_host(tmp_path, "nvml_h100x8.json", visible=0, packages=STACK, dev_dir=fake_env.dev_dir(tmp_path, 8),
+                      nvidia_smi=fake_env.fake_nvidia_smi(tmp_path))
+    err = doctor.check_torch_sees_gpus(blind)
+    assert err.status == "error" and "8 NVIDIA GPU(s)" in err.detail and "CPU-only build" in err.detail
+    assert err.fix.startswith("install the CUDA build of the same torch, keeping")
+    assert f"pip install torch=={torch.__version__.split('+')[0]}" in err.fix
+    assert run_checks(blind, evaluate=no_rules).exit_code() == 2
+
+
+def test_driver_floor_of_the_torch_build(tmp_path, h100, monkeypatch):
+    ok = doctor.check_driver(h100)  # 550.54.14 >= 525.60.13, the CUDA 12.x floor
+    assert ok.status == "ok" and "550.54.14" in ok.detail and ">= 525.60.13" in ok.detail
+    # The same driver under a cu130 torch: CUDA 13.x needs >= 580 (NVIDIA CUDA Compatibility guide).
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    cu130 = fake_host(tmp_path, "nvml_h100x8.json", packages=H100_PKGS)
+    err = doctor.check_driver(cu130)
+    assert err.status == "error" and "driver 550.54.14 runs CUDA <= 12.4" in err.detail and ">= 580" in err.detail
+    assert "upgrade the driver to >= 580" in err.fix
+
+
+def test_driver_whose_cuda_major_is_short_even_above_the_floor(h100):
+    # A driver number above the 13.x floor reporting CUDA 12.8 cannot run a CUDA 13 build either.
+    facts = replace(h100, torch=replace(h100.torch, cuda="13.0"),
+                    driver=replace(h100.driver, version="580.65.06", cuda="12.8"))
+    assert doctor.check_driver(facts).status == "error"
+    assert doctor.check_driver(replace(facts, driver=replace(facts.driver, cuda="13.0"))).status == "ok"
+
+
+def test_driver_not_needed_by_a_cpu_build_and_unknown_on_a_gpu_host(h100):
+    cpu = replace(h100, torch=replace(h100.torch, cuda=None))
+    assert doctor.check_driver(cpu).status == "ok"
+    unknown = replace(h100, driver=replace(h100.driver, version=None, nvml_unavailable="NVMLError: x"))
+    check = doctor.check_driver(unknown)
+    assert check.status == "warning" and "NVMLError: x" in check.detail
+
+
+def test_nccl_compiled_vs_installed(tmp_path, cuda124, h100):
+    assert doctor.check_nccl(h100).status == "ok"
+    differ = fake_host(tmp_path, "nvml_h100x8.json", packages={**STACK, "nvidia-nccl-cu12": "2.18.1"})
+    warn = doctor.check_nccl(differ)
+    assert warn.status == "warning" and "compiled against NCCL 2.21.5" in warn.detail and "2.18.1" in warn.detail
+    assert warn.fix.startswith("pip install nvidia-nccl-cu12==2.21.5")
+    two = fake_host(tmp_path, "nvml_h100x8.json",
+                    packages={**STACK, "nvidia-nccl-cu12": "2.21.5", "nvidia-nccl-cu11": "2.14.3"})
+    several = doctor.check_nccl(two)
+    assert several.status == "warning" and "nvidia-nccl-cu11==2.14.3" in several.detail
+    assert several.fix == "pip uninstall nvidia-nccl-cu11, keeping the one torch pins"
+
+
+def test_infiniband(tmp_path, cuda124, h100):
+    ok = doctor.check_infiniband(h100)
+    assert ok.status == "ok" and "mlx5_0/1 ACTIVE (InfiniBand)" in ok.detail
+    down = fake_host(tmp_path, "nvml_h100x8.json", packages=H100_PKGS, sysfs=FIXTURES / "sysfs_ib_down")
+    warn = doctor.check_infiniband(down)
+    assert warn.status == "warning" and "no port ACTIVE" in warn.detail and "NCCL_IB_DISABLE=1" in warn.fix
+    absent = doctor.check_infiniband(replace(h100, ib_ports=()))
+    assert absent.status == "ok" and absent.detail.startswith("not present")
+
+
+def test_peer_access(tmp_path, cuda124, h100):
+    ok = doctor.check_peer_access(h100)
+    assert ok.status == "ok" and ok.detail == "all 56 GPU pairs; NVLink active"  # 8 * 7 ordered pairs
+    pair = fake_host(tmp_path, "nvml_rtx4090x2.json", packages=STACK)
+    warn = doctor.check_peer_access(pair)
+    assert warn.status == "warning" and warn.detail.startswith("2 of 2 GPU pairs cannot access each other (0->1, 1->0)")
+    assert "no NVLink" in warn.detail and "NCCL_P2P_DISABLE=1" in warn.fix
+    single = doctor.check_peer_access(replace(h100, peer_access=(), torch=replace(h100.torch, device_count=1)))
+    assert single.status == "ok" and single.detail.startswith("not applicable: 1 GPU")
+
+
+def test_shm_threshold(h100):
+    mib = 1024 * 1024
+    assert doctor.check_shm(replace(h100, shm_bytes=512 * mib)).status == "ok"  # DeepSpeed warns below 512 MiB
+    small = doctor.check_shm(replace(h100, shm_bytes=512 * mib - 1))
+    assert small.status == "warning" and "--shm-size" in small.fix
+    assert doctor.check_shm(replace(h100, shm_bytes=64 * mib)).detail.startswith("64 MiB, under 512 MiB")
+    unknown = doctor.check_shm(replace(h100, shm_bytes=None, shm_error="/dev/shm: No such file"))
+    assert unknown.status == "warning" and "No such file" in unknown.detail
+
+
+def test_debug_variables(tmp_path, cuda124):
+    quiet = fake_host(tmp_path, "nvml_h100x8.json", packages=H100_PKGS, environ={"NCCL_DEBUG": "WARN"})
+    assert doctor.check_debug_variables(quiet).status == "ok"
+    loud = fake_host(tmp_path, "nvml_h100x8.json", packages=H100_PKGS,
+                     environ={"NCCL_DEBUG": "info", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    warn = doctor.check_debug_variables(loud)
+    assert warn.status == "warning" and "NCCL_DEBUG=info, TORCH_DISTRIBUTED_DEBUG=DETAIL" in warn.detail
+    assert "NCCL_DEBUG=WARN" in warn.fix
+
+
+def test_declared_minimums(h100):
+    assert doctor.check_declared_minimums(h100).status == "ok"
+    # transformers 5.25 requires torch >= 2.6 (package metadata): an older torch under it is an error.
+    old_torch = replace(h100, torch=replace(h100.torch, version="2.5.1+cu124"),
+                        packages={**STACK, "transformers": "5.25.0"})
+    err = doctor.check_declared_minimums(old_torch)
+    assert err.status == "error" and "transformers 5.25.0 needs torch >=2.6, found 2.5.1" in err.detail
+    assert "accelerate 1.16.0 needs torch >=2.6, found 2.5.1" in err.detail
+    old_accelerate = replace(h100, packages={**STACK, "accelerate": "1.0.1"})
+    assert "transformers 5.24.0 needs accelerate >=1.1.0, found 1.0.1" in \
+        doctor.check_declared_minimums(old_accelerate).detail
+
+
+def test_rule_findings_become_checks(h100):
+    seen = {}
+
+    def evaluate(facts):
+        seen.update(facts)
+        return [SimpleNamespace(rule_id="nccl-2.18-internal-error", severity="warning", symptom="every network error "
+                                "is 'internal error'", fix="NCCL_DEBUG=WARN", source="NVIDIA/nccl 1092"),
+                SimpleNamespace(rule_id="x", severity="error", symptom="s", fix="f", source="src")]
+
+    report = run_checks(h100, evaluate=evaluate)
+    assert seen == h100.rule_facts()  # the rules see the flat mapping
+    rules = [c for c in report.checks if c.name.startswith("rule ")]
+    assert [(c.name, c.status, c.source) for c in rules] == [
+        ("rule nccl-2.18-internal-error", "warning", "NVIDIA/nccl 1092"), ("rule x", "error", "src")]
+    assert report.exit_code() == 2
+
+
+def test_exit_codes(h100):
+    warn = replace(h100, shm_bytes=1)
+    assert run_checks(warn, evaluate=no_rules).exit_code() == 0
+    assert run_checks(warn, evaluate=no_rules).exit_code(strict=True) == 1
+    err = replace(h100, torch=replace(h100.torch, cuda="13.0"))  # driver 550 under a CUDA 13 build
+    assert run_checks(err, evaluate=no_rules).exit_code() == 2
+
+
+def test_lock_drift_is_an_error_per_package_naming_both_versions(h100):
+    # lock_drift stands in for environment/lock.py's (same signature), to test the doctor's side alone.
+    def drift(lock, installed):
+        return [SimpleNamespace(package=p, locked=v, installed=installed.get(p)) for p, v in lock.items()
+                if installed.get(p) != v]
+
+    installed = {"torch": "2.13.0", "deepspeed": "0.19.7"}
+    checks = doctor.lock_checks({"torch": "2.13.0", "deepspeed": "0.19.8", "einops": "0.8.1"}, installed, drift)
+    assert [(c.name, c.status, c.detail) for c in checks] == [
+        ("lock deepspeed", "error", "deepspeed: locked 0.19.8, installed 0.19.7"),
+        ("lock einops", "error", "einops: locked 0.8.1, installed nothing")]
+    assert checks[0].fix == "pip install deepspeed==0.19.8"
+    same = doctor.lock_checks({"torch": "2.13.0"}, installed, drift)
+    assert [(c.name, c.status) for c in same] == [("lock", "ok")]
+
+
+def test_installed_distributions_match_importlib():
+    import importlib.metadata
+
+    found = doctor.installed_distributions()
+    assert found["torch"] == importlib.metadata.version("torch")
+    assert found["hf-dist-recipes"] == importlib.metadata.version("hf-dist-recipes")
