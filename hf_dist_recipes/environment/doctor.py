@@ -354,6 +354,11 @@ REPORT_SCHEMA: dict = {
                                  "ib_active", "nic_names", "shm_bytes", "in_container", "env"],
                     "additionalProperties": False,
                     "properties": {
+                        **{k: _NULLABLE_STR for k in ("python", "torch", "cuda", "nccl", "nccl_compiled", "deepspeed",
+                                                     "transformers", "accelerate", "datasets", "driver",
+                                                     "driver_cuda", "nvcc_cuda")},
+                        "arch": _STR,
+                        "nic_names": {"type": "array", "items": _STR},
                         "gpu_count": {"type": "integer", "minimum": 0},
                         "gpu_names": {"type": "array", "items": _STR},
                         "compute_capabilities": {"type": "array", "items": _STR},
