@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(data: dict) -> str:
-    """The table: status, check, detail, and the fix under every check that is not ok."""
+    """The table: status, check, detail, and the fix (with its source) under every finding."""
     facts = data["facts"]
     checks = data["checks"]
     width = max(len(c["name"]) for c in checks)
@@ -60,7 +60,7 @@ def render(data: dict) -> str:
              + (", in a container" if facts["in_container"] else "") + ")"]
     for c in checks:
         lines.append(f"  {MARK[c['status']]:<7}  {c['name']:<{width}}  {c['detail']}")
-        if c["status"] != "ok":
+        if c["fix"]:  # every finding has one; an "info" rule shows as ok with its advice
             lines.append(f"  {'':<7}  {'':<{width}}  fix: {c['fix']}")
             if c["source"]:
                 lines.append(f"  {'':<7}  {'':<{width}}  source: {c['source']}")

@@ -265,8 +265,13 @@ def rule_checks(facts: EnvironmentFacts, evaluate: Callable | None = None) -> li
                 raise
             return [Check("known issues", "warning", "the known-issues rules are not installed "
                           "(hf_dist_recipes.environment.rules missing)", "reinstall hf-dist-recipes", "doctor.py")]
-    return [Check(f"rule {f.rule_id}", SEVERITY_STATUS.get(f.severity, "warning"), f.symptom, f.fix, f.source)
-            for f in evaluate(facts.rule_facts())]
+    checks = []
+    for f in evaluate(facts.rule_facts()):
+        # The facts that matched each condition, so the user sees why the rule applies to this machine.
+        evidence = "; ".join(getattr(f, "evidence", ()) or ())
+        detail = f"{f.symptom} (because: {evidence})" if evidence else f.symptom
+        checks.append(Check(f"rule {f.rule_id}", SEVERITY_STATUS.get(f.severity, "warning"), detail, f.fix, f.source))
+    return checks
 
 
 def installed_distributions() -> dict[str, str]:

@@ -219,3 +219,19 @@ def test_installed_distributions_match_importlib():
     found = doctor.installed_distributions()
     assert found["torch"] == importlib.metadata.version("torch")
     assert found["hf-dist-recipes"] == importlib.metadata.version("hf-dist-recipes")
+
+
+def test_the_packaged_rules_are_wired_in(tmp_path, monkeypatch):
+    # helper B's rules: every finding of evaluate() on the facts is one check, with the finding's status and source.
+    rules = pytest.importorskip("hf_dist_recipes.environment.rules")
+    # torch 2.2 with its NCCL 2.19.3 on the recorded H100 node: cuMem all-to-all deadlock (NVIDIA/nccl 1116).
+    monkeypatch.setattr(torch.version, "cuda", "12.1")
+    facts = fake_host(tmp_path, "nvml_h100x8.json", packages={**STACK, "nvidia-nccl-cu12": "2.19.3"})
+    facts = replace(facts, torch=replace(facts.torch, version="2.2.2+cu121", nccl_compiled="2.19.3"),
+                    nccl=replace(facts.nccl, compiled="2.19.3"))
+    findings = rules.evaluate(facts.rule_facts())
+    assert any("1116" in f.source for f in findings)
+    checks = [c for c in run_checks(facts).checks if c.name.startswith("rule ")]
+    assert [c.name for c in checks] == [f"rule {f.rule_id}" for f in findings]
+    assert [c.status for c in checks] == [doctor.SEVERITY_STATUS[f.severity] for f in findings]
+    assert [c.source for c in checks] == [f.source for f in findings]
