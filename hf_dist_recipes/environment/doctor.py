@@ -6,8 +6,9 @@
   has NVIDIA GPUs and torch sees none, with cuda_host's reason and fix);
 - `driver`: the NVIDIA driver is at least the floor of torch's build CUDA (cuda_host.MIN_DRIVER_BY_CUDA_MAJOR,
   NVIDIA's minor-version compatibility) and runs its CUDA major (error otherwise);
-- `nccl`: the NCCL torch was compiled against and the one installed are the same (warning otherwise:
-  NVIDIA/nccl 1212, pytorch 122571), and a single nvidia-nccl-* distribution is installed (pytorch 119072);
+- `nccl`: the NCCL torch was compiled against and the one loaded (else installed) are the same (warning
+  otherwise: NVIDIA/nccl 1212, pytorch 122571); a single nvidia-nccl-* distribution is installed and the libnccl
+  loaded is its file, not one found through LD_LIBRARY_PATH (pytorch 119072);
 - `infiniband`: an InfiniBand/RoCE port is ACTIVE (ok "not present" without any; warning when every port is down,
   NCCL then falls back to TCP sockets);
 - `peer access`: with 2 or more GPUs, every pair can access each other (warning otherwise: NVIDIA/nccl 631);
@@ -24,6 +25,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
@@ -156,21 +158,26 @@ def check_driver(facts: EnvironmentFacts) -> Check:
 
 def check_nccl(facts: EnvironmentFacts) -> Check:
     nccl, source = facts.nccl, "NVIDIA/nccl 1212; pytorch 122571, 119072"
-    if nccl.compiled is None and nccl.installed is None:
+    if nccl.compiled is None and nccl.installed is None and nccl.loaded_path is None:
         return Check("nccl", "ok", "no NCCL (torch without CUDA: Gloo only)", source=source)
     if nccl.others:
         return Check("nccl", "warning", f"several NCCL distributions installed: {nccl.installed_from} "
                      f"{nccl.installed} and {', '.join(nccl.others)}; torch may load the wrong libnccl",
                      f"pip uninstall {' '.join(o.split('==')[0] for o in nccl.others)}, keeping the one torch pins",
                      source)
-    if nccl.compiled and nccl.installed and _version(nccl.compiled) != _version(nccl.installed):
-        dist = (nccl.installed_from or "nvidia-nccl").split()[0]
-        return Check("nccl", "warning", f"torch was compiled against NCCL {nccl.compiled} but {dist} "
-                     f"{nccl.installed} is installed (the library torch loads)",
+    dist = (nccl.installed_from or "nvidia-nccl").split()[0]
+    if nccl.loaded_path and nccl.installed_from and f"{os.sep}nvidia{os.sep}" not in nccl.loaded_path:
+        return Check("nccl", "warning", f"torch loaded {nccl.loaded_path} (NCCL {nccl.loaded or 'unknown'}), not the "
+                     f"library of {dist} {nccl.installed}", f"remove {os.path.dirname(nccl.loaded_path)} from "
+                     "LD_LIBRARY_PATH (or uninstall that libnccl) so torch loads the NCCL it pins", source)
+    effective, what = (nccl.loaded, "loaded") if nccl.loaded else (nccl.installed, "installed")
+    if nccl.compiled and effective and _version(nccl.compiled) != _version(effective):
+        return Check("nccl", "warning", f"torch was compiled against NCCL {nccl.compiled} but NCCL {effective} is "
+                     f"{what}" + (f" ({dist})" if nccl.installed_from else ""),
                      f"pip install {dist}=={nccl.compiled} (the version torch pins); NCCL_DEBUG=VERSION prints the "
                      "NCCL actually loaded", source)
     where = f" ({nccl.installed_from})" if nccl.installed_from else ""
-    return Check("nccl", "ok", f"NCCL {nccl.installed or nccl.compiled}{where}, compiled "
+    return Check("nccl", "ok", f"NCCL {nccl.loaded or nccl.installed or nccl.compiled}{where}, compiled "
                  f"{nccl.compiled or 'unknown'}", source=source)
 
 

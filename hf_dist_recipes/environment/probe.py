@@ -5,7 +5,8 @@ Collected (each source can be injected, so tests replay recorded GPU hosts on a 
 - torch: version, build CUDA (`torch.version.cuda`), cuDNN (`torch.backends.cudnn.version()`, torch's integer),
   the NCCL it was COMPILED against (`torch.cuda.nccl.version()`, CUDA builds only), what it sees of the GPUs;
 - the NCCL INSTALLED: the `nvidia-nccl-cu11/cu12/cu13` distribution, which is the library torch's wheel loads
-  (version-facts.md "Reading the facts at run time"; a mismatch: NVIDIA/nccl 1212, pytorch 122571);
+  (version-facts.md "Reading the facts at run time"; a mismatch: NVIDIA/nccl 1212, pytorch 122571), and the one
+  LOADED: the libnccl.so file in /proc/self/maps (a CUDA torch loads it at import) and its `ncclGetVersion`;
 - the NVIDIA driver and the highest CUDA it runs (NVML `nvmlSystemGetDriverVersion`,
   `nvmlSystemGetCudaDriverVersion_v2`; nvidia-smi's driver when NVML is missing), and the GPU device files and
   `nvidia-smi -L` (`cuda_host.inspect_host`);
@@ -25,7 +26,7 @@ A source that cannot be read is a fact ("unavailable: <why>"), never an exceptio
 `EnvironmentFacts.rule_facts()` flattens the facts for the known-issues rules (`environment/rules.py`), with
 exactly these keys (None when unknown):
     python, torch (base version, "+cpu"-style local tag stripped), cuda (torch's build CUDA, None for a CPU build),
-    nccl (the installed NCCL when known, else the compiled one), nccl_compiled, deepspeed, transformers,
+    nccl (the loaded NCCL, else the installed one, else the compiled one), nccl_compiled, deepspeed, transformers,
     accelerate, datasets (version strings), driver ("580.65.06"), driver_cuda ("13.0"), nvcc_cuda ("12.4"),
     arch ("x86_64", "aarch64"), gpu_count (int), gpu_names (list[str]), compute_capabilities (list like ["9.0"]),
     nvlink (bool | None: any NVLink active; None without NVML), peer_access (bool | None: every pair of GPUs can
@@ -87,12 +88,15 @@ class TorchFacts:
 class NcclFacts:
     """`compiled`: the NCCL torch was built against; `installed`: the version of `installed_from` (a
     nvidia-nccl-* distribution, the library torch loads); `others`: further nvidia-nccl-* distributions installed
-    next to it ("nvidia-nccl-cu12==2.18.1"), each a chance of loading the wrong libnccl (pytorch 119072)."""
+    next to it ("nvidia-nccl-cu12==2.18.1"), each a chance of loading the wrong libnccl (pytorch 119072);
+    `loaded` / `loaded_path`: the ncclGetVersion and file of the libnccl this process has loaded (None: none)."""
 
     compiled: str | None = None
     installed: str | None = None
     installed_from: str | None = None
     others: tuple[str, ...] = ()
+    loaded: str | None = None
+    loaded_path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -184,7 +188,7 @@ class EnvironmentFacts:
             "python": self.python,
             "torch": self.torch.base_version,
             "cuda": self.torch.cuda,
-            "nccl": self.nccl.installed or self.nccl.compiled,
+            "nccl": self.nccl.loaded or self.nccl.installed or self.nccl.compiled,
             "nccl_compiled": self.nccl.compiled,
             "deepspeed": self.packages.get("deepspeed"),
             "transformers": self.packages.get("transformers"),
@@ -312,12 +316,50 @@ def _merge_gpus(from_torch: list[Gpu], from_nvml: list[Gpu]) -> tuple[Gpu, ...]:
     return tuple(from_torch)
 
 
-def _probe_nccl(compiled: str | None, package_version: Callable[[str], str | None]) -> NcclFacts:
+def nccl_version_from_int(code: int) -> str:
+    """ncclGetVersion's integer as "x.y.z": 10000 * x + 100 * y + z since NCCL 2.9 (22105 -> "2.21.5"), 1000 * x
+    + 100 * y + z before (2804 -> "2.8.4"); nccl.h NCCL_VERSION."""
+    if code >= 10000:
+        return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+    return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
+
+
+def _nccl_get_version(path: str) -> int | None:
+    """ncclGetVersion of the library at `path` (already loaded, so dlopen returns that same copy)."""
+    import ctypes
+
+    version = ctypes.c_int()
+    if ctypes.CDLL(path).ncclGetVersion(ctypes.byref(version)) != 0:  # not ncclSuccess
+        return None
+    return version.value
+
+
+def loaded_nccl(maps: str = "/proc/self/maps",
+                get_version: Callable[[str], int | None] | None = None) -> tuple[str | None, str | None]:
+    """(path, version) of the libnccl.so this process has mapped, read from `maps`; (None, None) when none is."""
+    try:
+        with open(maps) as f:
+            paths = [parts[5].strip() for line in f if len(parts := line.split(None, 5)) == 6]
+    except OSError:
+        return None, None
+    found = next((p for p in paths if os.path.basename(p).startswith("libnccl.so")), None)
+    if found is None:
+        return None, None
+    try:
+        code = (get_version or _nccl_get_version)(found)
+    except (OSError, AttributeError):  # an unreadable file, or a library without the symbol
+        code = None
+    return found, nccl_version_from_int(code) if code else None
+
+
+def _probe_nccl(compiled: str | None, package_version: Callable[[str], str | None],
+                loaded: tuple[str | None, str | None]) -> NcclFacts:
+    path, version = loaded
     found = [(d, v) for d in NCCL_DISTRIBUTIONS if (v := package_version(d))]
     if not found:
-        return NcclFacts(compiled=compiled)
-    (name, version), rest = found[0], found[1:]
-    return NcclFacts(compiled, version, f"{name} distribution", tuple(f"{d}=={v}" for d, v in rest))
+        return NcclFacts(compiled=compiled, loaded=version, loaded_path=path)
+    (name, installed), rest = found[0], found[1:]
+    return NcclFacts(compiled, installed, f"{name} distribution", tuple(f"{d}=={v}" for d, v in rest), version, path)
 
 
 def _read(path: str) -> str | None:
@@ -364,14 +406,16 @@ def _probe_nvcc(nvcc: str | None, environ: Mapping[str, str]) -> tuple[str | Non
 def probe(*, nvml=None, torch_cuda=None, sysfs_root: str = "/sys", dev_shm: str = "/dev/shm",
           dev_dir: str | None = None, nvidia_smi: str | None = None, nvcc: str | None = None,
           environ: Mapping[str, str] | None = None, package_version: Callable[[str], str | None] | None = None,
-          container_markers: Sequence[str] = CONTAINER_MARKERS) -> EnvironmentFacts:
+          container_markers: Sequence[str] = CONTAINER_MARKERS, proc_maps: str = "/proc/self/maps",
+          nccl_get_version: Callable[[str], int | None] | None = None) -> EnvironmentFacts:
     """The facts of this environment (see the module docstring). Every argument replaces one source, for tests:
     `nvml`: a pynvml-like module (default: import pynvml); `torch_cuda`: a torch.cuda-like object (default
     torch.cuda); `sysfs_root` (default /sys); `dev_shm`: the directory whose size is measured (default /dev/shm);
     `dev_dir` / `nvidia_smi`: the /dev directory and nvidia-smi executable (cuda_host's defaults); `nvcc`: the nvcc
     to ask (default: PATH, then $CUDA_HOME/bin; "" for none); `environ` (default os.environ); `package_version`:
-    distribution name -> version or None (default importlib.metadata); `container_markers`: files whose presence means a
-    container."""
+    distribution name -> version or None (default importlib.metadata); `container_markers`: files whose presence
+    means a container; `proc_maps` (default /proc/self/maps) / `nccl_get_version` (path -> ncclGetVersion's
+    integer, default through ctypes): where the loaded libnccl is found and how its version is read."""
     environ = os.environ if environ is None else environ
     package_version = package_version or installed_version
     torch_facts, torch_gpus, pairs = _probe_torch(torch_cuda, dev_dir, nvidia_smi)
@@ -391,7 +435,7 @@ def probe(*, nvml=None, torch_cuda=None, sysfs_root: str = "/sys", dev_shm: str 
         python=platform.python_version(),
         arch=platform.machine(),
         torch=torch_facts,
-        nccl=_probe_nccl(torch_facts.nccl_compiled, package_version),
+        nccl=_probe_nccl(torch_facts.nccl_compiled, package_version, loaded_nccl(proc_maps, nccl_get_version)),
         driver=driver,
         nvidia_host=host,
         gpus=_merge_gpus(torch_gpus, nvml_gpus),

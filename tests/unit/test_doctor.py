@@ -235,3 +235,16 @@ def test_the_packaged_rules_are_wired_in(tmp_path, monkeypatch):
     assert [c.name for c in checks] == [f"rule {f.rule_id}" for f in findings]
     assert [c.status for c in checks] == [doctor.SEVERITY_STATUS[f.severity] for f in findings]
     assert [c.source for c in checks] == [f.source for f in findings]
+
+
+def test_nccl_loaded_from_outside_the_distribution_or_at_another_version(h100):
+    # The loaded libnccl as /proc/self/maps and ncclGetVersion would give it (faked: no libnccl on this host).
+    path = "/usr/lib/x86_64-linux-gnu/libnccl.so.2"
+    warn = doctor.check_nccl(replace(h100, nccl=replace(h100.nccl, loaded="2.18.1", loaded_path=path)))
+    assert warn.status == "warning" and f"torch loaded {path} (NCCL 2.18.1)" in warn.detail
+    assert warn.fix.startswith("remove /usr/lib/x86_64-linux-gnu from LD_LIBRARY_PATH")
+    lib = "/venv/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2"
+    other = doctor.check_nccl(replace(h100, nccl=replace(h100.nccl, loaded="2.18.1", loaded_path=lib)))
+    assert other.status == "warning" and "compiled against NCCL 2.21.5 but NCCL 2.18.1 is loaded" in other.detail
+    same = doctor.check_nccl(replace(h100, nccl=replace(h100.nccl, loaded="2.21.5", loaded_path=lib)))
+    assert same.status == "ok" and same.detail.startswith("NCCL 2.21.5")

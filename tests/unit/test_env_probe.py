@@ -179,3 +179,39 @@ def test_real_probe_of_this_host():
     if not torch.cuda.is_available() and not os.path.exists("/dev/nvidia0"):  # this project's CPU machine
         assert rf["gpu_count"] == 0 and rf["driver"] is None and rf["peer_access"] is None
         assert facts.driver.nvml_unavailable  # why NVML could not be read, e.g. "NVMLError_LibraryNotFound: ..."
+
+
+SITE = "/venv/lib/python3.11/site-packages"
+MAPS = f"""7f2a1c000000-7f2a1c200000 r-xp 00000000 08:01 1234 {SITE}/torch/lib/libtorch_cuda.so
+7f2a1e000000-7f2a1e100000 r--p 00000000 08:01 5678 {{nccl}}
+7f2a1f000000-7f2a1f001000 rw-p 00000000 00:00 0
+7ffd0000000-7ffd0021000 rw-p 00000000 00:00 0                          [stack]
+"""
+
+
+def test_loaded_nccl_from_proc_maps(tmp_path, cuda124):
+    # /proc/self/maps of a CUDA torch process (recorded layout); ncclGetVersion is faked: no libnccl on this host.
+    lib = f"{SITE}/nvidia/nccl/lib/libnccl.so.2"
+    maps = tmp_path / "maps"
+    maps.write_text(MAPS.format(nccl=lib))
+    asked = []
+    facts = fake_host(tmp_path, "nvml_h100x8.json", packages={"nvidia-nccl-cu12": "2.21.5"}, proc_maps=str(maps),
+                      nccl_get_version=lambda path: asked.append(path) or 21806)  # 2*10000 + 18*100 + 6
+    assert asked == [lib]
+    assert facts.nccl.loaded == "2.18.6" and facts.nccl.loaded_path == lib
+    assert facts.rule_facts()["nccl"] == "2.18.6"  # loaded beats installed (2.21.5) and compiled (2.21.5)
+
+
+def test_nccl_version_integers():
+    from hf_dist_recipes.environment.probe import nccl_version_from_int
+
+    assert nccl_version_from_int(22105) == "2.21.5"  # NCCL_VERSION(2,21,5) = 2*10000 + 21*100 + 5 (>= 2.9)
+    assert nccl_version_from_int(2804) == "2.8.4"  # before 2.9: 2*1000 + 8*100 + 4
+
+
+def test_no_libnccl_mapped_in_this_cpu_process():
+    from hf_dist_recipes.environment.probe import loaded_nccl
+
+    if torch.version.cuda is None:  # a CPU torch loads no NCCL
+        assert loaded_nccl() == (None, None)
+    assert loaded_nccl("/nonexistent/maps") == (None, None)
