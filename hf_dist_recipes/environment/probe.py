@@ -246,20 +246,24 @@ def _probe_torch(torch_cuda, dev_dir: str | None, nvidia_smi: str | None) -> tup
             compiled = None
     available = bool(cuda_mod.is_available())
     count = int(cuda_mod.device_count()) if available else 0
-    gpus, pairs = [], []
-    for i in range(count):
-        props = cuda_mod.get_device_properties(i)
-        major, minor = cuda_mod.get_device_capability(i)
-        gpus.append(Gpu(i, _text(cuda_mod.get_device_name(i)), f"{major}.{minor}", int(props.total_memory)))
-    for i in range(count):
-        for j in range(count):
-            if i != j:
-                pairs.append((i, j, bool(cuda_mod.can_device_access_peer(i, j))))
-    problem = None
+    gpus, pairs, problem = [], [], None
     try:
-        cuda_host.check_torch_sees_gpus(cuda_devices=count, dev_dir=dev_dir, nvidia_smi=nvidia_smi)
-    except ValueError as err:
-        problem = str(err)
+        for i in range(count):
+            props = cuda_mod.get_device_properties(i)
+            major, minor = cuda_mod.get_device_capability(i)
+            gpus.append(Gpu(i, _text(cuda_mod.get_device_name(i)), f"{major}.{minor}", int(props.total_memory)))
+        for i in range(count):
+            for j in range(count):
+                if i != j:
+                    pairs.append((i, j, bool(cuda_mod.can_device_access_peer(i, j))))
+    except Exception as e:  # a GPU that fails to initialise (ECC, fallen off the bus): a fact, not a crash
+        problem = f"torch counts {count} GPU(s) but cannot read them: {type(e).__name__}: {e}. Fix: run " \
+                  "nvidia-smi; a GPU it does not list or marks with errors needs a reset or the node drained"
+    if problem is None:
+        try:
+            cuda_host.check_torch_sees_gpus(cuda_devices=count, dev_dir=dev_dir, nvidia_smi=nvidia_smi)
+        except ValueError as err:
+            problem = str(err)
     facts = TorchFacts(torch.__version__, torch.version.cuda, cudnn, compiled, available, count, problem)
     return facts, gpus, pairs
 

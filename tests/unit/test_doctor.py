@@ -248,3 +248,10 @@ def test_nccl_loaded_from_outside_the_distribution_or_at_another_version(h100):
     assert other.status == "warning" and "compiled against NCCL 2.21.5 but NCCL 2.18.1 is loaded" in other.detail
     same = doctor.check_nccl(replace(h100, nccl=replace(h100.nccl, loaded="2.21.5", loaded_path=lib)))
     assert same.status == "ok" and same.detail.startswith("NCCL 2.21.5")
+
+
+def test_unreadable_gpu_is_an_error_with_a_fix(h100):
+    problem = "torch counts 8 GPU(s) but cannot read them: RuntimeError: ECC. Fix: run nvidia-smi"
+    err = doctor.check_torch_sees_gpus(replace(h100, torch=replace(h100.torch, gpu_problem=problem)))
+    assert (err.status, err.detail, err.fix) == ("error", "torch counts 8 GPU(s) but cannot read them: "
+                                                 "RuntimeError: ECC.", "run nvidia-smi")

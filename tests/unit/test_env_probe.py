@@ -215,3 +215,16 @@ def test_no_libnccl_mapped_in_this_cpu_process():
     if torch.version.cuda is None:  # a CPU torch loads no NCCL
         assert loaded_nccl() == (None, None)
     assert loaded_nccl("/nonexistent/maps") == (None, None)
+
+
+def test_a_gpu_torch_cannot_read_is_a_fact_not_a_crash(tmp_path, cuda124):
+    # Faked: a GPU that fails at initialisation, as torch reports it (RuntimeError from the CUDA runtime).
+    class Broken(fake_env.FakeTorchCuda):
+        def get_device_properties(self, i):
+            raise RuntimeError("CUDA error: uncorrectable ECC error encountered")
+
+    facts = probe(nvml=FakeNvml(init_error=RuntimeError("x")), sysfs_root=str(tmp_path), nvcc="", environ={},
+                  nvidia_smi=str(tmp_path / "absent"), dev_dir=str(tmp_path), proc_maps=str(tmp_path / "none"),
+                  torch_cuda=Broken(fake_env.recording("nvml_h100x8.json")))
+    assert facts.torch.device_count == 8 and facts.gpus == ()
+    assert "uncorrectable ECC error" in facts.torch.gpu_problem
