@@ -158,8 +158,8 @@ def _compile(rule_id: str, name: str, value: object) -> Condition:
         try:
             spec = SpecifierSet(str(value))
         except InvalidSpecifier:
-            raise ValueError(f"{_where(rule_id, name)}: {value!r} is not a packaging specifier (e.g. \">=2.19,<2.20\")") \
-                from None
+            raise ValueError(f"{_where(rule_id, name)}: {value!r} is not a packaging specifier "
+                             '(e.g. ">=2.19,<2.20")') from None
 
         def test(f, key=name, spec=spec):
             v = _version(f, key)
