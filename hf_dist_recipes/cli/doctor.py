@@ -18,6 +18,7 @@ import json
 import os
 
 MARK = {"ok": "ok", "warning": "WARNING", "error": "ERROR"}
+NAME_WIDTH = 20
 
 
 def register(subparsers) -> None:
@@ -55,7 +56,7 @@ def render(data: dict) -> str:
     """The table: status, check, detail, and the fix (with its source) under every finding."""
     facts = data["facts"]
     checks = data["checks"]
-    width = max(len(c["name"]) for c in checks)
+    width = min(max(len(c["name"]) for c in checks), NAME_WIDTH)  # a long rule id overflows rather than widen all
     lines = [f"hf-dist-recipes doctor on {facts['host']} ({facts['arch']}, Python {facts['python']}"
              + (", in a container" if facts["in_container"] else "") + ")"]
     for c in checks:

@@ -16,7 +16,8 @@
 - `debug variables`: NCCL_DEBUG=INFO/TRACE or TORCH_DISTRIBUTED_DEBUG=DETAIL left set (warning: NVIDIA's NCCL
   docs, slower and floods the logs);
 - `declared minimums`: the versions the installed packages declare they need (error);
-- one `rule <id>` check per finding of the known-issues rules (`environment/rules.py`, `evaluate`);
+- `known issues`: how many known-bad combinations (`environment/rules.py`) were checked, which could not be;
+  then one `rule <id>` check per finding, its status from the rule's severity (info shows as ok, with its fix);
 - with a lock (`environment/lock.py`), one `lock <package>` error per package whose installed version drifted.
 
 `DoctorReport.exit_code(strict)`: 2 with an error, 1 with a warning under `strict`, else 0.
@@ -263,17 +264,25 @@ FACT_CHECKS: tuple[Callable[[EnvironmentFacts], Check], ...] = (
 
 
 def rule_checks(facts: EnvironmentFacts, evaluate: Callable | None = None) -> list[Check]:
-    """One check per finding of the known-issues rules (`environment.rules.evaluate` unless given)."""
-    if evaluate is None:
-        try:
-            from hf_dist_recipes.environment.rules import evaluate
-        except ModuleNotFoundError as err:
-            if err.name != "hf_dist_recipes.environment.rules":
-                raise
-            return [Check("known issues", "warning", "the known-issues rules are not installed "
-                          "(hf_dist_recipes.environment.rules missing)", "reinstall hf-dist-recipes", "doctor.py")]
+    """One check per finding of the known-issues rules (`environment.rules.evaluate` unless given). With the
+    packaged rules, a first `known issues` check says how many were checked and which could not be for want of a
+    fact (a GPU rule on a host without NVML), so a clean table is not read as "every rule passed"."""
+    if evaluate is not None:
+        return _finding_checks(evaluate(facts.rule_facts()))
+    from hf_dist_recipes.environment import rules
+
+    rule_facts = facts.rule_facts()
+    fired, unknown = rules.evaluate(rule_facts), rules.not_checkable(rule_facts)
+    shown = ", ".join(unknown[:6]) + (", ..." if len(unknown) > 6 else "")
+    summary = Check("known issues", "ok", f"{len(rules.load_rules())} known-bad combinations checked, {len(fired)} "
+                    "apply" + (f"; {len(unknown)} not checkable here (a fact they need is unknown): {shown}"
+                               if unknown else ""), source="hf_dist_recipes/environment/known_issues.toml")
+    return [summary, *_finding_checks(fired)]
+
+
+def _finding_checks(findings) -> list[Check]:
     checks = []
-    for f in evaluate(facts.rule_facts()):
+    for f in findings:
         # The facts that matched each condition, so the user sees why the rule applies to this machine.
         evidence = "; ".join(getattr(f, "evidence", ()) or ())
         detail = f"{f.symptom} (because: {evidence})" if evidence else f.symptom

@@ -231,7 +231,13 @@ def test_the_packaged_rules_are_wired_in(tmp_path, monkeypatch):
                     nccl=replace(facts.nccl, compiled="2.19.3"))
     findings = rules.evaluate(facts.rule_facts())
     assert any("1116" in f.source for f in findings)
-    checks = [c for c in run_checks(facts).checks if c.name.startswith("rule ")]
+    all_checks = run_checks(facts).checks
+    summary = next(c for c in all_checks if c.name == "known issues")
+    unknown = rules.not_checkable(facts.rule_facts())
+    assert summary.status == "ok" and summary.detail.startswith(
+        f"{len(rules.load_rules())} known-bad combinations checked, {len(findings)} apply")
+    assert (f"; {len(unknown)} not checkable here" in summary.detail) == bool(unknown)
+    checks = [c for c in all_checks if c.name.startswith("rule ")]
     assert [c.name for c in checks] == [f"rule {f.rule_id}" for f in findings]
     assert [c.status for c in checks] == [doctor.SEVERITY_STATUS[f.severity] for f in findings]
     assert [c.source for c in checks] == [f.source for f in findings]
