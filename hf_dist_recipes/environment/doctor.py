@@ -18,20 +18,19 @@
 - `declared minimums`: the versions the installed packages declare they need (error);
 - `known issues`: how many known-bad combinations (`environment/rules.py`) were checked, which could not be;
   then one `rule <id>` check per finding, its status from the rule's severity (info shows as ok, with its fix);
-- with a lock (`environment/lock.py`), one `lock <package>` error per package whose installed version drifted.
+- with a lock (`environment/lock.py`), one `lock <package>` error per package whose installed version drifted
+  (and `lock python` when the interpreter differs), else one ok `lock` check.
 
 `DoctorReport.exit_code(strict)`: 2 with an error, 1 with a warning under `strict`, else 0.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
 from packaging.specifiers import SpecifierSet
-from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from hf_dist_recipes import cuda_host
@@ -290,23 +289,26 @@ def _finding_checks(findings) -> list[Check]:
     return checks
 
 
-def installed_distributions() -> dict[str, str]:
-    """Every installed distribution, by canonical name (PEP 503), with its version."""
-    return {canonicalize_name(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()
-            if d.metadata["Name"]}
+def lock_checks(lock, installed: Mapping[str, str] | None = None, drift: Callable | None = None,
+                python: str | None = None) -> list[Check]:
+    """One error per package whose installed version differs from `lock` (`environment.lock.lock_drift`, over
+    `installed`, default `lock.installed_versions()`), and one when `python` differs from the lock's Python."""
+    if drift is None or installed is None:
+        from hf_dist_recipes.environment import lock as lock_module
 
-
-def lock_checks(lock, installed: Mapping[str, str] | None = None, drift: Callable | None = None) -> list[Check]:
-    """One error per package whose installed version differs from `lock` (`environment.lock.lock_drift`)."""
-    if drift is None:
-        from hf_dist_recipes.environment.lock import lock_drift as drift
-    installed = installed_distributions() if installed is None else installed
-    found = drift(lock, installed)
-    if not found:
-        return [Check("lock", "ok", "every locked package has its locked version", source="--lock")]
-    return [Check(f"lock {d.package}", "error", f"{d.package}: locked {d.locked}, installed "
-                  f"{d.installed or 'nothing'}", f"pip install {d.package}=={d.locked}" if d.locked else
-                  f"pip uninstall {d.package}", "--lock") for d in found]
+        drift = drift or lock_module.lock_drift
+        installed = lock_module.installed_versions() if installed is None else installed
+    where = getattr(lock, "path", None) or "the lock"
+    checks = []
+    locked_python = getattr(lock, "python", None)
+    if locked_python and python and locked_python != python:
+        checks.append(Check("lock python", "error", f"python: locked {locked_python}, running {python}",
+                            f"run with Python {locked_python} (or write a new lock: hf-dist-recipes pin)", where))
+    for d in drift(lock, installed):
+        fix = f"pip install {d.package}=={d.locked}" if d.locked else f"pip uninstall {d.package} (not in the lock)"
+        checks.append(Check(f"lock {d.package}", "error", f"{d.package}: locked {d.locked or 'nothing'}, installed "
+                            f"{d.installed or 'nothing'}", fix, where))
+    return checks or [Check("lock", "ok", f"the environment matches {where}", source=where)]
 
 
 def run_checks(facts: EnvironmentFacts, lock=None, *, evaluate: Callable | None = None,
@@ -316,7 +318,7 @@ def run_checks(facts: EnvironmentFacts, lock=None, *, evaluate: Callable | None 
     checks = [check(facts) for check in FACT_CHECKS]
     checks += rule_checks(facts, evaluate)
     if lock is not None:
-        checks += lock_checks(lock, installed)
+        checks += lock_checks(lock, installed, python=facts.python)
     return DoctorReport(facts, tuple(checks))
 
 

@@ -115,3 +115,40 @@ def test_doctor_does_not_import_deepspeed():
     assert done.returncode in (0, 2), done.stderr
     assert "deepspeed imported" not in done.stderr
     assert json.loads(done.stdout)["facts"]["packages"]["deepspeed"] is not None
+
+
+def _lock_text(deepspeed: str) -> str:
+    """A lock in `pin`'s format (environment/lock.py docstring), written here from importlib.metadata: every
+    installed distribution pinned, torch without its local label, which goes to the torch-build header."""
+    import importlib.metadata
+    import platform
+
+    from packaging.utils import canonicalize_name
+
+    pins = {}
+    for dist in importlib.metadata.distributions():
+        if dist.metadata["Name"]:
+            pins.setdefault(canonicalize_name(dist.metadata["Name"]), dist.version)
+    torch_version, _, label = pins["torch"].partition("+")
+    pins["torch"], pins["deepspeed"] = torch_version, deepspeed
+    header = [f"# python: {platform.python_version()}", f"# torch-build: {label or 'none'}"]
+    return "\n".join(header + [f"{n}=={v}" for n, v in sorted(pins.items())]) + "\n"
+
+
+def test_lock_drift_names_the_package_and_both_versions(tmp_path, capsys):
+    pytest.importorskip("hf_dist_recipes.environment.lock")
+    import importlib.metadata
+
+    installed = importlib.metadata.version("deepspeed")
+    same = tmp_path / "same.lock"
+    same.write_text(_lock_text(installed))
+    main(["doctor", "--json", "--lock", str(same)])
+    checks = json.loads(capsys.readouterr().out)["checks"]
+    assert [c for c in checks if c["name"].startswith("lock")] == [
+        {"name": "lock", "status": "ok", "detail": f"the environment matches {same}", "fix": "", "source": str(same)}]
+    drifted = tmp_path / "drifted.lock"
+    drifted.write_text(_lock_text("0.9.3"))
+    assert main(["doctor", "--lock", str(drifted)]) == 2
+    out = capsys.readouterr().out
+    assert f"ERROR    lock deepspeed        deepspeed: locked 0.9.3, installed {installed}" in out
+    assert "fix: pip install deepspeed==0.9.3" in out
