@@ -7,14 +7,31 @@ import os
 from pathlib import Path
 
 
-def read_json_object(path: str | os.PathLike, what: str, hint: str) -> dict:
-    """The JSON object in `path`, or ValueError "<what> <path> ..." (missing: followed by `hint`; bad JSON with its
-    line; not an object)."""
+def read_text_file(path: str | os.PathLike, what: str, hint: str) -> str:
+    """The UTF-8 text of the user's file `path`, or ValueError "<what> <path> ..." in one line: missing (followed by
+    `hint`), a directory, unreadable, or not UTF-8 text."""
     p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{what} {p} is a directory, not a file; {hint}")
     if not p.is_file():
         raise ValueError(f"{what} {p} does not exist; {hint}")
     try:
-        data = json.loads(p.read_text())
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{what} {p} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except OSError as err:
+        raise ValueError(f"{what} {p} cannot be read: {err.strerror}") from None
+
+
+def read_json_object(path: str | os.PathLike, what: str, hint: str) -> dict:
+    """The JSON object in `path`, or ValueError "<what> <path> ..." (missing: followed by `hint`; a directory,
+    unreadable or not UTF-8 (see `read_text_file`); empty; bad JSON with its line; not an object)."""
+    p = Path(path)
+    text = read_text_file(p, what, hint)
+    if not text.strip():
+        raise ValueError(f"{what} {p} is empty; it must hold a JSON object")
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(f"{what} {p} is not valid JSON: {err.msg} at line {err.lineno}") from None
     if not isinstance(data, dict):

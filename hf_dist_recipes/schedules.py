@@ -28,10 +28,41 @@ from typing import Any
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
+from hf_dist_recipes.user_values import positive_int, setting
+
 DEFAULT_NUM_CYCLES = 3
 
 # The keys our schedule reads from `lr_scheduler_kwargs`; transformers' own function takes only `num_cycles`.
 SCHEDULE_KWARGS = ("num_cycles", "min_lr_ratio", "restart_warmup_steps")
+
+
+def validate_total_steps(value: object, name: str = "total_steps") -> int:
+    """Return `value`, or raise ValueError unless it is a whole number of optimizer steps >= 1. `name`: the setting
+    as the user wrote it (`total_steps`, `max_steps`, the demo's `--max-steps`)."""
+    return positive_int(value, name, 200, unit="optimizer steps")
+
+
+def validate_warmup_steps(warmup_steps: object, total_steps: int, names: tuple[str, str] = ("warmup_steps",
+                                                                                              "total_steps")) -> int:
+    """Return `warmup_steps` (optimizer steps), or raise ValueError unless it is a whole number between 0 and
+    `total_steps`: a warm-up longer than the run never reaches the peak learning rate. `names`: how the user wrote
+    the two settings (e.g. `("--warmup-steps", "--max-steps")`)."""
+    warm, total = names
+    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or not 0 <= warmup_steps <= total_steps:
+        raise ValueError(
+            f"{setting(warm, repr(warmup_steps))} must be a whole number of steps between 0 and "
+            f"{setting(total, total_steps)}; "
+            f"e.g. {setting(warm, total_steps // 10)}"
+        )
+    return warmup_steps
+
+
+def validate_learning_rate(value: object, name: str = "learning_rate") -> float:
+    """Return `value` as a float, or raise ValueError unless it is a finite number > 0 (the peak the schedule
+    multiplies; 0 or less trains nothing or climbs the loss)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
+        raise ValueError(f"{name} must be a number > 0, got {value!r}; e.g. {setting(name, 3e-3)}")
+    return float(value)
 
 
 def validate_min_lr_ratio(value: float) -> float:
@@ -81,13 +112,8 @@ class WarmupCosineRestarts:
     restart_warmup_steps: int = 0
 
     def __post_init__(self):
-        if self.total_steps < 1:
-            raise ValueError(f"total_steps must be at least 1, got {self.total_steps}; set max_steps or epochs")
-        if not 0 <= self.warmup_steps <= self.total_steps:
-            raise ValueError(
-                f"warmup_steps={self.warmup_steps} must be between 0 and total_steps={self.total_steps}; "
-                "lower warmup_steps (or give a ratio such as warmup_steps=0.05)"
-            )
+        validate_total_steps(self.total_steps)
+        validate_warmup_steps(self.warmup_steps, self.total_steps)
         validate_num_cycles(self.num_cycles)
         validate_min_lr_ratio(self.min_lr_ratio)
         validate_restart_warmup_steps(self.restart_warmup_steps)

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hf_dist_recipes.user_values import setting
+
 MAX_SEED = 2**32 - 1  # NumPy's legacy seeding refuses anything larger
 
 
@@ -53,12 +55,13 @@ def rng_fingerprint() -> str:
     return digest.hexdigest()[:16]
 
 
-def validate_seed(seed: object) -> int:
-    """Return `seed` as an int in [0, 2**32 - 1], or raise ValueError naming the fix."""
+def validate_seed(seed: object, name: str = "seed") -> int:
+    """Return `seed` as an int in [0, 2**32 - 1], or raise ValueError naming the fix. `name`: the setting as the
+    user wrote it (`seed` for the arguments, `--seed` for the demo's flag)."""
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an integer, got {seed!r} ({type(seed).__name__}); pass e.g. seed=42")
+        raise ValueError(f"{name} must be an integer, got {seed!r} ({type(seed).__name__}); e.g. {setting(name, 42)}")
     if not 0 <= seed <= MAX_SEED:
-        raise ValueError(f"seed must be between 0 and {MAX_SEED}, got {seed}; pick a seed in that range")
+        raise ValueError(f"{name} must be between 0 and {MAX_SEED}, got {seed}; e.g. {setting(name, 42)}")
     return seed
 
 

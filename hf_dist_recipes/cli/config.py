@@ -9,14 +9,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import shlex
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 
-from hf_dist_recipes.parallel.accelerate_config import DEFAULT_PORT, accelerate_config, render_yaml
-from hf_dist_recipes.parallel.plan import ENGINES, PRECISIONS, ParallelPlan
+from hf_dist_recipes.parallel.generate import (add_output_flags, add_plan_flags, generate_from_args, model_from,
+                                               plan_from)
+from hf_dist_recipes.parallel.plan import ParallelPlan
 
 
 def register(subparsers) -> None:
@@ -30,14 +29,8 @@ def register(subparsers) -> None:
                                      "and an expert_parallel section. Bad plans exit 2 with the fix.",
                          epilog="Example: hf-dist-recipes config generate --model deepseek-v3 --nodes 2 "
                                 "--gpus-per-node 8 --zero 3 --tp 2 --ep 8 --output my_configs")
-    _plan_flags(gen)
-    gen.add_argument("--output", required=True, help="directory for NAME.yaml and deepspeed/NAME.json")
-    gen.add_argument("--name", help="file name stem (default: from the plan)")
-    gen.add_argument("--auto", action="store_true",
-                     help='write "auto" where the Trainer fills values from its arguments (micro batch, '
-                          'accumulation, clipping, bf16/fp16): one config for jobs of any batch size')
-    gen.add_argument("--main-process-ip", default="127.0.0.1", help="multi-node: rank-0 machine's address")
-    gen.add_argument("--main-process-port", type=int, default=DEFAULT_PORT, help="multi-node: rendezvous port")
+    add_plan_flags(gen)
+    add_output_flags(gen)
     gen.add_argument("--json", action="store_true", help="print what was written as JSON")
     gen.set_defaults(run=run_generate)
 
@@ -61,7 +54,7 @@ def register(subparsers) -> None:
                                      "states the model).",
                          epilog="Example: hf-dist-recipes config estimate --model deepseek-v3 --nodes 8 "
                                 "--gpu-memory 80 --activation-checkpointing --suggest")
-    _plan_flags(est)
+    add_plan_flags(est)
     est.add_argument("--gpu-memory", type=float, help="memory of one GPU in GiB (needed for fits? and --suggest)")
     est.add_argument("--suggest", action="store_true",
                      help="try TP/EP/offload and pick the fastest plan that fits (by the stated traffic model)")
@@ -74,32 +67,14 @@ def register(subparsers) -> None:
 def _deepspeed_logs_to_stderr() -> None:
     """Import DeepSpeed with stdout pointed at stderr: its logger binds the stream it sees at import time and
     prints an accelerator notice, which would otherwise corrupt --json output."""
-    import contextlib
-
     if "deepspeed" not in sys.modules:
         with contextlib.redirect_stdout(sys.stderr):
             import deepspeed  # noqa: F401
 
 
-def _plan_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="family template (e.g. deepseek-v3, llama-3.1-8b) or a config.json path/dir")
-    parser.add_argument("--nodes", type=int, default=1, help="machines (%(default)s)")
-    parser.add_argument("--gpus-per-node", type=int, default=8, help="processes per machine (%(default)s)")
-    parser.add_argument("--cpu", action="store_true", help="CPU processes with Gloo instead of GPUs (tests)")
-    parser.add_argument("--zero", type=int, default=3, help="ZeRO stage 0-3 (%(default)s)")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (%(default)s)")
-    parser.add_argument("--ep", type=int, default=1, help="expert-parallel degree (%(default)s)")
-    parser.add_argument("--micro-batch", type=int, default=1, help="sequences per rank per micro step (%(default)s)")
-    parser.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps (%(default)s)")
-    parser.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (%(default)s)")
-    parser.add_argument("--precision", choices=PRECISIONS, help="bf16 on GPUs, fp32 on CPU by default")
-    parser.add_argument("--offload-optimizer", action="store_true", help="ZeRO optimizer offload to CPU")
-    parser.add_argument("--offload-params", action="store_true", help="ZeRO-3 parameter offload to CPU")
-    parser.add_argument("--activation-checkpointing", action="store_true", help="recompute activations")
-    parser.add_argument("--no-zero-init", dest="zero_init", action="store_false",
-                        help="the model is constructed directly, not under zero.Init / from_pretrained (estimate only)")
-    parser.add_argument("--engine", choices=ENGINES, default="deepspeed",
-                        help="deepspeed (default) or fsdp2: accelerate's FSDP2 + TP ParallelismConfig, GPUs only")
+def _check_gpu_memory(gib: float | None) -> None:
+    if gib is not None and not gib > 0:
+        raise ValueError(f"--gpu-memory must be a positive number of GiB, got {gib:g}; e.g. --gpu-memory 80")
 
 
 def _hardware_flags(parser: argparse.ArgumentParser) -> None:
@@ -130,99 +105,12 @@ def hardware_from(args: argparse.Namespace):
     return replace(HARDWARE[args.hardware], **changes)
 
 
-def plan_from(args: argparse.Namespace) -> ParallelPlan:
-    return ParallelPlan(
-        nodes=args.nodes, procs_per_node=args.gpus_per_node, device="cpu" if args.cpu else "cuda",
-        zero_stage=args.zero, offload_optimizer=args.offload_optimizer, offload_params=args.offload_params,
-        tp=args.tp, ep=args.ep, micro_batch=args.micro_batch, grad_accum=args.grad_accum, seq_len=args.seq_len,
-        precision=args.precision or ("fp32" if args.cpu else "bf16"),
-        activation_checkpointing=args.activation_checkpointing, engine=args.engine, zero_init=args.zero_init,
-    )
-
-
-def _model(args: argparse.Namespace, *, required: bool):
-    if not args.model:
-        if required:
-            raise ValueError("--model is needed here (a family template such as deepseek-v3, or a config.json)")
-        return None
-    from hf_dist_recipes.parallel.models import introspect
-
-    return introspect(args.model)
-
-
-@dataclass(frozen=True)
-class Generated:
-    plan: ParallelPlan
-    warnings: list[str]
-    yaml_file: Path
-    deepspeed_file: Path | None
-
-    def as_dict(self) -> dict:
-        return {"plan": self.plan.as_dict(), "warnings": self.warnings, "yaml_file": str(self.yaml_file),
-                "deepspeed_file": str(self.deepspeed_file) if self.deepspeed_file else None,
-                "global_batch": self.plan.global_batch}
-
-
-def default_name(plan: ParallelPlan, model_name: str | None) -> str:
-    parts = [model_name] if model_name else []
-    parts += [f"{plan.nodes}x{plan.procs_per_node}{plan.device}", f"z{plan.zero_stage}"]
-    parts += [f"tp{plan.tp}"] if plan.tp > 1 else []
-    parts += [f"ep{plan.ep}"] if plan.ep > 1 else []
-    parts += ["fsdp2"] if plan.engine == "fsdp2" else []
-    return "_".join(parts).replace("-", "_").replace(".", "_")
-
-
-def generate(args: argparse.Namespace, argv: list[str] | None = None) -> Generated:
-    """Validate the plan, then write the files. Data only; `run_generate` renders it."""
-    from hf_dist_recipes.parallel.deepspeed_config import deepspeed_config
-
-    plan = plan_from(args)
-    warnings = plan.validate()  # the model-free rules first: a refused plan fails before any model is built
-    model = _model(args, required=plan.engine == "deepspeed" and (plan.tp > 1 or plan.ep > 1))
-    if model is not None:
-        warnings = plan.validate(model)
-    if plan.nodes > 1 and args.main_process_ip.startswith("127.") and plan.device == "cuda":
-        warnings = warnings + [f"main_process_ip is {args.main_process_ip}: the other machines cannot reach it; pass "
-                               "--main-process-ip <rank-0 address> here or --main_process_ip at launch"]
-    name = args.name or default_name(plan, model.name if model else None)
-    out = Path(args.output)
-    ds_file = None
-    if plan.engine == "deepspeed":
-        ds_file = out / "deepspeed" / f"{name}.json"
-        ds_file.parent.mkdir(parents=True, exist_ok=True)
-        ds_file.write_text(json.dumps(deepspeed_config(plan, model, auto=args.auto, model_ref=args.model), indent=2) + "\n")
-    out.mkdir(parents=True, exist_ok=True)
-    config = accelerate_config(plan, deepspeed_file=str(ds_file) if ds_file else None,
-                               main_process_ip=args.main_process_ip, main_process_port=args.main_process_port)
-    command = "hf-dist-recipes config generate " + shlex.join(argv) if argv else "hf-dist-recipes config generate"
-    header = [f"Generated by: {command}",
-              f"{plan.nodes} machine(s) x {plan.procs_per_node} {plan.device} process(es); ZeRO-{plan.zero_stage}, "
-              f"TP {plan.tp}, EP {plan.ep}; data-parallel {plan.dp_size}; global batch "
-              + ("micro x accumulation x " + str(plan.dp_size) if args.auto else str(plan.global_batch)),
-              "Launch from the directory the DeepSpeed path is relative to:",
-              f"  accelerate launch --config_file {out / (name + '.yaml')} train.py"]
-    if plan.nodes > 1:
-        header.append("On machine N: add --machine_rank N (and --main_process_ip <rank-0 address> if not set here)")
-    from hf_dist_recipes.extensions import launch_header_lines
-    from hf_dist_recipes.parallel.zero_buffers import recommended_env, zero_buffer_notes
-
-    notes = zero_buffer_notes(plan, model) if plan.engine == "deepspeed" else []
-    if notes:
-        header += ["DeepSpeed settings sized to this plan:"] + [f"  {line}" for line in notes]
-    env = recommended_env(plan, model)
-    if env:
-        header.append("Before launching: " + " ".join(f"export {k}={v}" for k, v in env.items()))
-    header += launch_header_lines(plan)
-    header += [f"Warning: {w}" for w in warnings]
-    yaml_file = out / f"{name}.yaml"
-    yaml_file.write_text(render_yaml(config, "\n".join(header)))
-    return Generated(plan=plan, warnings=warnings, yaml_file=yaml_file, deepspeed_file=ds_file)
-
-
 def run_generate(args: argparse.Namespace) -> int:
-    _deepspeed_logs_to_stderr()
     argv = args.argv[args.argv.index("generate") + 1:] if "generate" in args.argv else None
-    result = generate(args, argv)
+    # DeepSpeed is imported only once every input was checked (its import notice would make a refusal two lines);
+    # its logger then binds stderr, keeping --json output clean.
+    with contextlib.redirect_stdout(sys.stderr):
+        result = generate_from_args(args, argv)
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
         return 0
@@ -235,11 +123,14 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    _deepspeed_logs_to_stderr()
-    from hf_dist_recipes.parallel.lint import ERROR, lint_file
+    _check_gpu_memory(args.gpu_memory)
+    model_from(args.model, required=False)  # an unknown --model is a usage error even when no file needs it
+    from hf_dist_recipes.parallel.lint import ERROR, check_readable, lint_file
 
-    if args.gpu_memory is not None and args.gpu_memory <= 0:
-        raise ValueError(f"--gpu-memory must be a positive number of GiB, got {args.gpu_memory:g}")
+    for path in args.files:  # a file that cannot be read: exit 2 in one line; findings in files read: exit 1
+        check_readable(path)
+    _deepspeed_logs_to_stderr()
+
     findings = [f for path in args.files for f in lint_file(path, gpu_memory_gib=args.gpu_memory, model=args.model)]
     if args.json:
         print(json.dumps([f.as_dict() for f in findings], indent=2))
@@ -252,18 +143,19 @@ def run_validate(args: argparse.Namespace) -> int:
 
 
 def run_estimate(args: argparse.Namespace) -> int:
-    _deepspeed_logs_to_stderr()
-    from hf_dist_recipes.parallel.suggest import compact_rows, evaluate, reasons, render_candidates, suggest
-
+    _check_gpu_memory(args.gpu_memory)
     plan = plan_from(args)
     hardware = hardware_from(args)
-    model = _model(args, required=True)
+    model = model_from(args.model, required=True)
+    if args.suggest and not args.gpu_memory:
+        raise ValueError("--suggest needs --gpu-memory (GiB per GPU), e.g. --gpu-memory 80")
+    warnings = [] if args.suggest else plan.validate(model)  # --suggest tries its own plans
+    _deepspeed_logs_to_stderr()  # after every check: its import notice would make a refusal two lines
+    from hf_dist_recipes.parallel.suggest import compact_rows, evaluate, reasons, render_candidates, suggest
+
     if args.suggest:
-        if not args.gpu_memory:
-            raise ValueError("--suggest needs --gpu-memory (GiB per GPU), e.g. --gpu-memory 80")
         chosen, rows = suggest(plan, model, args.gpu_memory, hardware)
     else:
-        warnings = plan.validate(model)
         for w in warnings:
             print(f"warning: {w}", file=sys.stderr)
         chosen, rows = None, [evaluate(plan, model, device_gib=args.gpu_memory, hardware=hardware)]

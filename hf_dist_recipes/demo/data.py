@@ -27,8 +27,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hf_dist_recipes.user_values import positive_int
+
 JSON_SUFFIXES = (".json", ".jsonl")
 SEPARATOR = b"\n"  # between rows of the source: lines of a text file, records of a JSON Lines file, whole files
+# A causal LM learns from next-token targets: a block of n tokens gives n - 1 of them (transformers' loss shifts the
+# labels by one). One token gives none, and the loss is 0/0 = NaN (measured: DeepseekV3ForCausalLM, seq_len 1).
+MIN_SEQ_LEN = 2
+
+
+def validate_seq_len(value: object, name: str = "seq_len") -> int:
+    """Return `value`, or raise ValueError unless it is at least MIN_SEQ_LEN tokens (bytes). `name`: the setting as
+    the user wrote it (`seq_len`, or the demo's `--seq-len`)."""
+    return positive_int(value, name, 128, minimum=MIN_SEQ_LEN, unit="tokens")
 
 
 def stdlib_source_files(root: str | Path | None = None) -> list[Path]:
@@ -70,8 +81,7 @@ def byte_blocks(texts, seq_len: int = 128, text_field: str = "text", max_blocks:
     `max_blocks` of them, formatted as torch tensors. `source` names the data in error messages."""
     import datasets
 
-    if seq_len < 2:
-        raise ValueError(f"seq_len must be at least 2, got {seq_len}")
+    validate_seq_len(seq_len)
     if text_field not in texts.column_names:
         raise ValueError(f"{source} has no field {text_field!r} (fields: {', '.join(texts.column_names) or 'none'}); "
                          f"pass --text-field with the field that holds the text")
@@ -141,7 +151,8 @@ def check_data_files(paths: Sequence[str | os.PathLike]) -> tuple[str, list[str]
     for path in paths:
         p = Path(path).expanduser().resolve()
         if not p.is_file():
-            raise ValueError(f"data file {path} does not exist (or is not a file)")
+            raise ValueError(f"data file {path} does not exist (or is not a file); pass existing files with "
+                             "--data-files PATH [PATH ...]")
         resolved.append(p)
     kinds = {"json" if p.suffix.lower() in JSON_SUFFIXES else "text" for p in resolved}
     if len(kinds) > 1:

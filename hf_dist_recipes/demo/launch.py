@@ -16,10 +16,11 @@ from pathlib import Path
 
 import hf_dist_recipes
 from hf_dist_recipes import backend
-from hf_dist_recipes.demo.settings import DemoSettings
+from hf_dist_recipes.demo.settings import DemoSettings, check_settings
 from hf_dist_recipes.extensions import check_no_stale_locks
 from hf_dist_recipes.monitoring.summary import SUMMARY_DIRNAME, RunSummary, read_rank_summaries, summarize_ranks
 from hf_dist_recipes.parallel.launch_config import check_launch_config, load_launch_config
+from hf_dist_recipes.user_values import positive_int, writable_dir
 
 CPU_CONFIG = "cpu_zero3_2proc.yaml"  # generated from accelerate_configs/manifest.json, like every shipped config
 GPU_CONFIG = "zero3_1node_8gpu.yaml"
@@ -66,6 +67,8 @@ def plan_demo(
 ) -> DemoPlan:
     """Choose and check the launch. On a CUDA host the GPU config with one process per GPU (NCCL); otherwise the
     CPU config (2 processes, Gloo). Raises ValueError, naming the fix, for any inconsistency."""
+    if num_processes is not None:
+        positive_int(num_processes, "--num-processes", 2, unit="processes")
     gpus = backend.cuda_device_count() if cuda_devices is None else cuda_devices
     root = configs_root() if config_file is None else Path.cwd()
     if config_file is None:
@@ -74,12 +77,15 @@ def plan_demo(
             num_processes = gpus
     cfg = load_launch_config(config_file, root=root)
     world = check_launch_config(cfg, num_processes=num_processes)
+    # Every setting before anything slow or anything launched: a bad value is one line here, not a traceback per rank.
+    check_settings(settings, world)
+    output_dir = writable_dir(settings.output_dir, "--output-dir", "runs/demo")
     if cfg.deepspeed is not None:
         check_no_stale_locks()
     requested = settings.backend or (backend.CPU_BACKEND if cfg.use_cpu else None)
     comm = backend.resolve_backend(requested, allow_gloo_on_cuda=settings.allow_gloo_on_cuda, cuda_devices=gpus)
     device = "cpu" if (cfg.use_cpu or not gpus) else "cuda"
-    settings = replace(settings, output_dir=str(Path(settings.output_dir).resolve()))
+    settings = replace(settings, output_dir=str(output_dir))
     if settings.data_files:
         settings = replace(settings, data_files=tuple(check_user_data(settings)))
     command = [

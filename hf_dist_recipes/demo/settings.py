@@ -53,6 +53,35 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-save", dest="save_final", action="store_false", help="skip saving the final model")
 
 
+def check_settings(s: DemoSettings, processes: int) -> None:
+    """Raise ValueError, naming the flag and a valid value, for the first setting the ranks would fail on (or
+    train nothing with); `processes` is the launch's world size. Cheap: no file is read. The rules are the ones
+    `RecipeTrainingArguments` and the data code apply, called with the flag names."""
+    from hf_dist_recipes.demo.data import validate_seq_len
+    from hf_dist_recipes.parallel.batch import validate_micro_batch
+    from hf_dist_recipes.schedules import validate_learning_rate, validate_total_steps, validate_warmup_steps
+    from hf_dist_recipes.seeding import validate_seed
+    from hf_dist_recipes.user_values import positive_int, setting
+
+    validate_total_steps(s.max_steps, "--max-steps")
+    validate_warmup_steps(s.warmup_steps, s.max_steps, ("--warmup-steps", "--max-steps"))
+    validate_micro_batch(s.micro_batch, "--micro-batch")
+    validate_seq_len(s.seq_len, "--seq-len")
+    validate_learning_rate(s.learning_rate, "--learning-rate")
+    positive_int(s.logging_steps, "--logging-steps", 20, unit="optimizer steps")
+    validate_seed(s.seed, "--seed")
+    if not s.data_files:
+        # Blocks are dropped unless a whole step's worth exists (dataloader_drop_last): fewer gives no step at all.
+        step_bytes = s.seq_len * s.micro_batch * processes
+        positive_int(s.max_bytes, "--max-bytes", max(step_bytes, 2_000_000), unit="bytes")
+        if s.max_bytes < step_bytes:
+            raise ValueError(
+                f"--max-bytes {s.max_bytes} gives {s.max_bytes // s.seq_len} block(s) of {s.seq_len} bytes, fewer "
+                f"than one step needs ({s.micro_batch} x {processes} processes); e.g. "
+                f"{setting('--max-bytes', step_bytes * 100)}"
+            )
+
+
 def settings_from(ns: argparse.Namespace) -> DemoSettings:
     values = {k: getattr(ns, k) for k in DemoSettings.__dataclass_fields__}
     values["data_files"] = tuple(values["data_files"] or ())  # argparse gives a list; the settings are frozen

@@ -12,6 +12,14 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+from hf_dist_recipes.user_values import positive_int
+
+
+def validate_micro_batch(value: object, name: str = "micro_batch") -> int:
+    """Return `value`, or raise ValueError unless it is a whole number of samples >= 1 per rank per micro step.
+    `name`: the setting as the user wrote it (`per_device_train_batch_size`, the demo's `--micro-batch`)."""
+    return positive_int(value, name, 8, unit="samples")
+
 
 def tensor_parallel_size(ds_config: dict) -> int:
     """DeepSpeed AutoTP degree of a config dict (1 when absent)."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from hf_dist_recipes.jsonfile import load_deepspeed_json
+from hf_dist_recipes.jsonfile import load_deepspeed_json, read_text_file
 from hf_dist_recipes.parallel.batch import data_parallel_size, tensor_parallel_size
 
 
@@ -34,10 +34,11 @@ def load_launch_config(path: str | Path, *, root: str | Path | None = None) -> L
     """Parse the accelerate YAML at `path`; a relative `deepspeed_config_file` is resolved against `root` (the
     directory `accelerate launch` will run in; default: the current directory). Raises ValueError naming the file."""
     p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"accelerate config {p} does not exist; pass an existing file with --config-file")
+    text = read_text_file(p, "accelerate config", "pass an existing file with --config-file")
+    if not text.strip():
+        raise ValueError(f"accelerate config {p} is empty; write one with hf-dist-recipes config generate")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         where = getattr(err, "problem_mark", None)
         line = f" at line {where.line + 1}" if where is not None else ""
@@ -70,7 +71,10 @@ def check_launch_config(cfg: LaunchConfig, *, num_processes: int | None = None) 
     """Check that the YAML and its DeepSpeed JSON describe the same job; return the world size.
 
     `num_processes` overrides the YAML's value (as `accelerate launch --num_processes` does)."""
-    world = num_processes or cfg.num_processes
+    world = cfg.num_processes if num_processes is None else num_processes
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        # 0 used to mean "the YAML's value" here: a typo'd --num-processes 0 then launched the YAML's count.
+        raise ValueError(f"num_processes must be a positive integer, got {world!r}; e.g. --num-processes 2")
     if cfg.num_machines > world:
         raise ValueError(
             f"{cfg.path}: num_machines={cfg.num_machines} but num_processes={world}; accelerate counts the processes "

@@ -46,6 +46,18 @@ def lint_file(path: str | Path, *, root: str | Path | None = None, gpu_memory_gi
     raise ValueError(f"{p}: expected a DeepSpeed .json or an accelerate .yaml file")
 
 
+def check_readable(path: str | Path, *, root: str | Path | None = None) -> None:
+    """Raise the ValueError `lint_file` would for a file it cannot read (missing, a directory, empty, not UTF-8, not
+    JSON / YAML, another suffix), without linting or importing DeepSpeed: cheap, for refusing bad input first."""
+    p = Path(path)
+    if p.suffix == ".json":
+        load_deepspeed_json(p)
+    elif p.suffix in (".yaml", ".yml"):
+        load_launch_config(p, root=root)
+    else:
+        raise ValueError(f"{p}: expected a DeepSpeed .json or an accelerate .yaml file")
+
+
 def lint_deepspeed(config: dict, name: str, *, world_size: int | None = None) -> list[Finding]:
     """Findings for a DeepSpeed config dict. `world_size` (all processes) enables the batch and EP rules."""
     out: list[Finding] = []

@@ -6,6 +6,7 @@ DeepSeek-V3's 671B), so every count here is what `model.parameters()` would hold
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,7 +87,14 @@ def load_model_config(model: str | Path | PretrainedConfig) -> tuple[str, Pretra
         return text, template_config(text)
     path = Path(text)
     if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"model directory {path} holds no config.json; give a directory or path of a "
+                             "transformers config.json, or a family template")
         path = path / "config.json"
+    elif path.suffix == ".json" or os.sep in text:  # meant as a file, not a template name
+        if not path.is_file():
+            raise ValueError(f"model config {path} does not exist; give an existing config.json, or a family "
+                             "template such as deepseek-v3")
     if path.is_file():
         values = read_json_object(path, "model config", "give a config.json path")
         if "model_type" not in values:

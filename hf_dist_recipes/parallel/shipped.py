@@ -1,9 +1,15 @@
-"""The configs shipped in accelerate_configs/: regenerated from accelerate_configs/manifest.json."""
+"""The configs shipped in accelerate_configs/: regenerated from accelerate_configs/manifest.json.
+
+Each manifest entry holds `config generate` flags; they are read by the same parser and written by the same
+function as the command line's (`hf_dist_recipes.parallel.generate`), without going through the command line.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from hf_dist_recipes.parallel.generate import generate_from_args, generate_parser
 
 
 def manifest(configs_dir: str | Path) -> list[dict]:
@@ -14,16 +20,15 @@ def manifest(configs_dir: str | Path) -> list[dict]:
 def regenerate(configs_dir: str | Path = "accelerate_configs") -> list[Path]:
     """Write every manifest entry into `configs_dir` (paths inside the YAMLs are as given: run from the repository
     root with the default). Returns the files written."""
-    from hf_dist_recipes.cli.main import main
-
+    parser = generate_parser()
     written = []
     for entry in manifest(configs_dir):
-        argv = ["config", "generate", *entry["args"], "--name", entry["name"], "--output", str(configs_dir)]
-        if main(argv) != 0:
-            raise ValueError(f"generating {entry['name']} failed")
-        written.append(Path(configs_dir) / f"{entry['name']}.yaml")
+        # The YAML header records these as the `config generate` command line that writes the same files.
+        argv = [*entry["args"], "--name", entry["name"], "--output", str(configs_dir)]
+        written.append(generate_from_args(parser.parse_args(argv), argv).yaml_file)
     return written
 
 
 if __name__ == "__main__":
-    regenerate()
+    for path in regenerate():
+        print(f"wrote {path}")

@@ -1,0 +1,163 @@
+"""Write the accelerate YAML and DeepSpeed JSON of a plan: what `hf-dist-recipes config generate` writes, and what
+`parallel.shipped` writes for each entry of accelerate_configs/manifest.json.
+
+The flags that describe a plan are defined here (`add_plan_flags`, `add_output_flags`), so that the command line and
+the manifest's argument lists are read by one parser; `write_configs` takes the plan itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from hf_dist_recipes.parallel.accelerate_config import DEFAULT_PORT, accelerate_config, render_yaml
+from hf_dist_recipes.parallel.plan import ENGINES, PRECISIONS, ParallelPlan
+from hf_dist_recipes.user_values import writable_dir
+
+
+def add_plan_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of a ParallelPlan and its model (`config generate` and `config estimate`)."""
+    parser.add_argument("--model", help="family template (e.g. deepseek-v3, llama-3.1-8b) or a config.json path/dir")
+    parser.add_argument("--nodes", type=int, default=1, help="machines (%(default)s)")
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="processes per machine (%(default)s)")
+    parser.add_argument("--cpu", action="store_true", help="CPU processes with Gloo instead of GPUs (tests)")
+    parser.add_argument("--zero", type=int, default=3, help="ZeRO stage 0-3 (%(default)s)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (%(default)s)")
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel degree (%(default)s)")
+    parser.add_argument("--micro-batch", type=int, default=1, help="sequences per rank per micro step (%(default)s)")
+    parser.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps (%(default)s)")
+    parser.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (%(default)s)")
+    parser.add_argument("--precision", choices=PRECISIONS, help="bf16 on GPUs, fp32 on CPU by default")
+    parser.add_argument("--offload-optimizer", action="store_true", help="ZeRO optimizer offload to CPU")
+    parser.add_argument("--offload-params", action="store_true", help="ZeRO-3 parameter offload to CPU")
+    parser.add_argument("--activation-checkpointing", action="store_true", help="recompute activations")
+    parser.add_argument("--no-zero-init", dest="zero_init", action="store_false",
+                        help="the model is constructed directly, not under zero.Init / from_pretrained (estimate only)")
+    parser.add_argument("--engine", choices=ENGINES, default="deepspeed",
+                        help="deepspeed (default) or fsdp2: accelerate's FSDP2 + TP ParallelismConfig, GPUs only")
+
+
+def add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of `config generate` beyond the plan: where and how the files are written."""
+    parser.add_argument("--output", required=True, help="directory for NAME.yaml and deepspeed/NAME.json")
+    parser.add_argument("--name", help="file name stem (default: from the plan)")
+    parser.add_argument("--auto", action="store_true",
+                        help='write "auto" where the Trainer fills values from its arguments (micro batch, '
+                             'accumulation, clipping, bf16/fp16): one config for jobs of any batch size')
+    parser.add_argument("--main-process-ip", default="127.0.0.1", help="multi-node: rank-0 machine's address")
+    parser.add_argument("--main-process-port", type=int, default=DEFAULT_PORT, help="multi-node: rendezvous port")
+
+
+def generate_parser() -> argparse.ArgumentParser:
+    """A parser of `config generate`'s plan and output flags (the argument lists of the shipped manifest)."""
+    parser = argparse.ArgumentParser(prog="hf-dist-recipes config generate", add_help=False)
+    add_plan_flags(parser)
+    add_output_flags(parser)
+    return parser
+
+
+def plan_from(args: argparse.Namespace) -> ParallelPlan:
+    """The ParallelPlan of parsed `add_plan_flags` flags."""
+    return ParallelPlan(
+        nodes=args.nodes, procs_per_node=args.gpus_per_node, device="cpu" if args.cpu else "cuda",
+        zero_stage=args.zero, offload_optimizer=args.offload_optimizer, offload_params=args.offload_params,
+        tp=args.tp, ep=args.ep, micro_batch=args.micro_batch, grad_accum=args.grad_accum, seq_len=args.seq_len,
+        precision=args.precision or ("fp32" if args.cpu else "bf16"),
+        activation_checkpointing=args.activation_checkpointing, engine=args.engine, zero_init=args.zero_init,
+    )
+
+
+def model_from(model_ref: str | None, *, required: bool):
+    """The ModelShape of `--model` (None when not given and not `required`), or ValueError naming the fix."""
+    if not model_ref:
+        if required:
+            raise ValueError("--model is needed here (a family template such as deepseek-v3, or a config.json)")
+        return None
+    from hf_dist_recipes.parallel.models import introspect
+
+    return introspect(model_ref)
+
+
+@dataclass(frozen=True)
+class Generated:
+    plan: ParallelPlan
+    warnings: list[str]
+    yaml_file: Path
+    deepspeed_file: Path | None
+
+    def as_dict(self) -> dict:
+        return {"plan": self.plan.as_dict(), "warnings": self.warnings, "yaml_file": str(self.yaml_file),
+                "deepspeed_file": str(self.deepspeed_file) if self.deepspeed_file else None,
+                "global_batch": self.plan.global_batch}
+
+
+def default_name(plan: ParallelPlan, model_name: str | None) -> str:
+    parts = [model_name] if model_name else []
+    parts += [f"{plan.nodes}x{plan.procs_per_node}{plan.device}", f"z{plan.zero_stage}"]
+    parts += [f"tp{plan.tp}"] if plan.tp > 1 else []
+    parts += [f"ep{plan.ep}"] if plan.ep > 1 else []
+    parts += ["fsdp2"] if plan.engine == "fsdp2" else []
+    return "_".join(parts).replace("-", "_").replace(".", "_")
+
+
+def generate_from_args(args: argparse.Namespace, argv: list[str] | None = None) -> Generated:
+    """`write_configs` for parsed `generate_parser` flags; `argv` (those flags as given) goes into the header."""
+    return write_configs(plan_from(args), args.output, model_ref=args.model, name=args.name, auto=args.auto,
+                         main_process_ip=args.main_process_ip, main_process_port=args.main_process_port,
+                         command_args=argv)
+
+
+def write_configs(plan: ParallelPlan, output: str | Path, *, model_ref: str | None = None, name: str | None = None,
+                  auto: bool = False, main_process_ip: str = "127.0.0.1", main_process_port: int = DEFAULT_PORT,
+                  command_args: list[str] | None = None) -> Generated:
+    """Validate the plan, then write `<output>/NAME.yaml` (and `<output>/deepspeed/NAME.json` for DeepSpeed).
+    `command_args`: the `config generate` arguments recorded in the YAML's header. Every check runs before the
+    first file is written: a refused plan or an unwritable `output` leaves nothing behind."""
+    writable_dir(output, "--output", "my_configs")
+    warnings = plan.validate()  # the model-free rules first: a refused plan fails before any model is built
+    model = model_from(model_ref, required=plan.engine == "deepspeed" and (plan.tp > 1 or plan.ep > 1))
+    if model is not None:
+        warnings = plan.validate(model)
+    # After the checks: this imports DeepSpeed, whose import prints a notice (a refusal stays one line).
+    from hf_dist_recipes.parallel.deepspeed_config import deepspeed_config
+
+    if plan.nodes > 1 and main_process_ip.startswith("127.") and plan.device == "cuda":
+        warnings = warnings + [f"main_process_ip is {main_process_ip}: the other machines cannot reach it; pass "
+                               "--main-process-ip <rank-0 address> here or --main_process_ip at launch"]
+    name = name or default_name(plan, model.name if model else None)
+    out = Path(output)
+    ds_file = None
+    if plan.engine == "deepspeed":
+        ds_file = out / "deepspeed" / f"{name}.json"
+        ds_file.parent.mkdir(parents=True, exist_ok=True)
+        ds_file.write_text(json.dumps(deepspeed_config(plan, model, auto=auto, model_ref=model_ref), indent=2) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    config = accelerate_config(plan, deepspeed_file=str(ds_file) if ds_file else None,
+                               main_process_ip=main_process_ip, main_process_port=main_process_port)
+    command = ("hf-dist-recipes config generate " + shlex.join(command_args) if command_args
+               else "hf-dist-recipes config generate")
+    header = [f"Generated by: {command}",
+              f"{plan.nodes} machine(s) x {plan.procs_per_node} {plan.device} process(es); ZeRO-{plan.zero_stage}, "
+              f"TP {plan.tp}, EP {plan.ep}; data-parallel {plan.dp_size}; global batch "
+              + ("micro x accumulation x " + str(plan.dp_size) if auto else str(plan.global_batch)),
+              "Launch from the directory the DeepSpeed path is relative to:",
+              f"  accelerate launch --config_file {out / (name + '.yaml')} train.py"]
+    if plan.nodes > 1:
+        header.append("On machine N: add --machine_rank N (and --main_process_ip <rank-0 address> if not set here)")
+    from hf_dist_recipes.extensions import launch_header_lines
+    from hf_dist_recipes.parallel.zero_buffers import recommended_env, zero_buffer_notes
+
+    notes = zero_buffer_notes(plan, model) if plan.engine == "deepspeed" else []
+    if notes:
+        header += ["DeepSpeed settings sized to this plan:"] + [f"  {line}" for line in notes]
+    env = recommended_env(plan, model)
+    if env:
+        header.append("Before launching: " + " ".join(f"export {k}={v}" for k, v in env.items()))
+    header += launch_header_lines(plan)
+    header += [f"Warning: {w}" for w in warnings]
+    yaml_file = out / f"{name}.yaml"
+    yaml_file.write_text(render_yaml(config, "\n".join(header)))
+    return Generated(plan=plan, warnings=warnings, yaml_file=yaml_file, deepspeed_file=ds_file)
