@@ -17,7 +17,8 @@
   docs, slower and floods the logs);
 - `declared minimums`: the versions the installed packages declare they need (error);
 - `known issues`: how many known-bad combinations (`environment/rules.py`) were checked, which could not be;
-  then one `rule <id>` check per finding, its status from the rule's severity (info shows as ok, with its fix);
+  then one `rule <id>` check per finding, its status from the rule's severity (info shows as ok, with its fix),
+  except a finding that restates a check above already as severe (COVERED_BY), named in that check's source;
 - with a lock (`environment/lock.py`), one `lock <package>` error per package whose installed version drifted
   (and `lock python` when the interpreter differs), else one ok `lock` check.
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -289,6 +290,35 @@ def _finding_checks(findings) -> list[Check]:
     return checks
 
 
+# Rules of known_issues.toml that restate one of the checks above. A finding of one is folded into that check
+# (named in its source) when the check already says so at the same or a worse status; otherwise both are shown,
+# so a rule whose conditions differ from the check's is never hidden.
+COVERED_BY = {
+    "driver-below-cuda13-floor": "driver", "driver-below-cuda12-floor": "driver", "driver-below-cuda11-floor": "driver",
+    "nccl-older-than-compiled": "nccl", "shm-below-512mb": "/dev/shm", "nccl-debug-verbose-left-on": "debug variables",
+    **{rule: "declared minimums" for rule in (
+        "transformers5-accelerate-below-1.1.0", "transformers5-deepspeed-below-0.9.3", "transformers-torch-below-2.6",
+        "transformers-python-below-3.11", "accelerate-torch-below-2.6", "accelerate-python-below-3.11",
+        "deepspeed-torch-below-2.0")},
+}
+
+
+def fold_duplicates(checks: list[Check], rules: list[Check]) -> list[Check]:
+    """`rules` without the findings that restate a check of `checks` already at least as severe (COVERED_BY);
+    the folded rule's id is appended to that check's source. `checks` is updated in place."""
+    by_name = {c.name: i for i, c in enumerate(checks)}
+    kept = []
+    for rule in rules:
+        rule_id = rule.name.removeprefix("rule ")
+        target = by_name.get(COVERED_BY.get(rule_id, ""))
+        rank = STATUSES.index(checks[target].status) if target is not None else 0
+        if rank > 0 and rank >= STATUSES.index(rule.status):  # the check flags it, at least as loudly
+            checks[target] = replace(checks[target], source=f"{checks[target].source}; known_issues.toml {rule_id}")
+        else:
+            kept.append(rule)
+    return kept
+
+
 def lock_checks(lock, installed: Mapping[str, str] | None = None, drift: Callable | None = None,
                 python: str | None = None) -> list[Check]:
     """One error per package whose installed version differs from `lock` (`environment.lock.lock_drift`, over
@@ -316,7 +346,7 @@ def run_checks(facts: EnvironmentFacts, lock=None, *, evaluate: Callable | None 
     """Every check of the module docstring on `facts`; `lock` (a `environment.lock.Lock`) adds the drift errors.
     `evaluate` / `installed` replace the rules and the installed distributions, for tests."""
     checks = [check(facts) for check in FACT_CHECKS]
-    checks += rule_checks(facts, evaluate)
+    checks += fold_duplicates(checks, rule_checks(facts, evaluate))
     if lock is not None:
         checks += lock_checks(lock, installed, python=facts.python)
     return DoctorReport(facts, tuple(checks))

@@ -235,10 +235,16 @@ def test_the_packaged_rules_are_wired_in(tmp_path, monkeypatch):
     assert summary.status == "ok" and summary.detail.startswith(
         f"{len(rules.load_rules())} known-bad combinations checked, {len(findings)} apply")
     assert (f"; {len(unknown)} not checkable here" in summary.detail) == bool(unknown)
-    checks = [c for c in all_checks if c.name.startswith("rule ")]
-    assert [c.name for c in checks] == [f"rule {f.rule_id}" for f in findings]
-    assert [c.status for c in checks] == [doctor.SEVERITY_STATUS[f.severity] for f in findings]
-    assert [c.source for c in checks] == [f.source for f in findings]
+    # Each finding is a check of its own, or (restating a fact check that already fails) named in that check.
+    checks = {c.name: c for c in all_checks if c.name.startswith("rule ")}
+    folded = [f for f in findings if f"rule {f.rule_id}" not in checks]
+    assert all(f.rule_id in doctor.COVERED_BY for f in folded)
+    for f in folded:
+        assert any(c.status != "ok" and f"known_issues.toml {f.rule_id}" in c.source for c in all_checks)
+    shown = [f for f in findings if f not in folded]
+    assert list(checks) == [f"rule {f.rule_id}" for f in shown] and len(shown) >= 1
+    assert [c.status for c in checks.values()] == [doctor.SEVERITY_STATUS[f.severity] for f in shown]
+    assert [c.source for c in checks.values()] == [f.source for f in shown]
 
 
 def test_nccl_loaded_from_outside_the_distribution_or_at_another_version(h100):
@@ -259,3 +265,24 @@ def test_unreadable_gpu_is_an_error_with_a_fix(h100):
     err = doctor.check_torch_sees_gpus(replace(h100, torch=replace(h100.torch, gpu_problem=problem)))
     assert (err.status, err.detail, err.fix) == ("error", "torch counts 8 GPU(s) but cannot read them: "
                                                  "RuntimeError: ECC.", "run nvidia-smi")
+
+
+def test_a_rule_restating_a_failing_check_is_folded_into_it():
+    checks = [Check("/dev/shm", "warning", "64 MiB", "bigger", "ds_report"), Check("driver", "ok", "fine")]
+    rules = [Check("rule shm-below-512mb", "warning", "small shm", "f", "s"),
+             Check("rule driver-below-cuda12-floor", "error", "old driver", "f", "s"),  # the check says ok: kept
+             Check("rule other", "warning", "x", "f", "s")]
+    kept = doctor.fold_duplicates(checks, rules)
+    assert [c.name for c in kept] == ["rule driver-below-cuda12-floor", "rule other"]
+    assert checks[0].source == "ds_report; known_issues.toml shm-below-512mb"
+    # A rule louder than the check that covers it is shown as well.
+    louder = doctor.fold_duplicates([Check("/dev/shm", "warning", "d")], [Check("rule shm-below-512mb", "error", "")])
+    assert [c.name for c in louder] == ["rule shm-below-512mb"]
+
+
+def test_small_shm_is_one_line_with_the_packaged_rules(h100):
+    pytest.importorskip("hf_dist_recipes.environment.rules")
+    checks = run_checks(replace(h100, shm_bytes=64 * 1024 * 1024)).checks
+    shm = [c for c in checks if "shm" in c.name]
+    assert [(c.name, c.status) for c in shm] == [("/dev/shm", "warning")]
+    assert "known_issues.toml shm-below-512mb" in shm[0].source
