@@ -162,3 +162,32 @@ def reset_nonfinite_running_loss(trainer) -> None:
     running = getattr(trainer, "_tr_loss", None)
     if isinstance(running, torch.Tensor) and not bool(running.isfinite().all()):
         running.zero_()
+
+
+# No silent hangs (hf_dist_recipes/watchdog.py). torch 2.13 `distributed_c10d._get_default_store()` returns the store
+# `init_process_group` rendezvoused through (a PrefixStore over the launcher's TCPStore); the heartbeats go there, so
+# they need no port or address of their own. `_set_pg_timeout(timeout, group)` calls `_set_default_timeout` on the
+# group's Gloo and NCCL backends: later collectives of that group use the new timeout (Gloo raises when it passes;
+# ProcessGroupNCCL's watchdog aborts, and with TORCH_NCCL_ASYNC_ERROR_HANDLING tears the process down). A group made
+# by `new_group` (DeepSpeed's ZeRO/TP/EP groups) keeps the timeout it was created with, so every group in
+# `_world.pg_map` is changed. Covered: torch 2.13.
+def default_store():
+    """The default process group's store (torch 2.13 `_get_default_store`)."""
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_store()
+
+
+def set_collective_timeout(seconds: float) -> int:
+    """Set the timeout of every process group this rank belongs to; returns how many groups were changed."""
+    from datetime import timedelta
+
+    from torch.distributed import distributed_c10d
+
+    changed = 0
+    for group in list(distributed_c10d._world.pg_map):
+        if distributed_c10d._rank_not_in_group(group):
+            continue
+        distributed_c10d._set_pg_timeout(timedelta(seconds=seconds), group)
+        changed += 1
+    return changed

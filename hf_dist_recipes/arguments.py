@@ -10,8 +10,8 @@ Changed defaults (everything else is the stock default):
   --activation-checkpointing`), else off (`hf_dist_recipes.parallel.plan_record`);
 - `ddp_timeout=7200` s instead of 1800: under ZeRO-3 rank 0 alone reads the checkpoint in `from_pretrained` while
   the other ranks wait in collectives, and the first run of a node JIT-builds DeepSpeed's ops while its other ranks
-  wait; 30 minutes is too short for a 1.3 TB checkpoint on network storage (about 45 minutes at 500 MB/s). A rank
-  that dies still ends the job at once (the launcher stops the others); the timeout only bounds a rank that hangs;
+  wait; 30 minutes is too short for a 1.3 TB checkpoint on network storage (about 45 minutes at 500 MB/s). It is the
+  start-up timeout: once the first optimizer step finished, `step_timeout` takes over (below);
 - `ddp_backend`: NCCL on a CUDA host, Gloo only without CUDA (an explicit "gloo" on a CUDA host is an error) --
   practice 2; `use_cpu=True` on hosts without CUDA, where the stock default miscounts the world size.
 
@@ -41,6 +41,13 @@ New fields, all at the end so positional use of TrainingArguments keeps working:
   ranks compare their busy time per step; `straggler_threshold` (default 0.2): fraction above the median rank's
   that counts as slow; `straggler_windows` (default 2): checks in a row before a rank is flagged, with its host, as
   a warning and a `straggler_event` in the logs (`hf_dist_recipes.monitoring.stragglers`);
+- hangs: `peer_timeout` (default 120 s; 0 off): a rank whose heartbeat stops for this long (killed, host down) ends
+  every other rank, naming it, its host and its last step (`hf_dist_recipes.watchdog`); `step_timeout` (default 600 s,
+  torch's NCCL default; 0 keeps `ddp_timeout`): the collective timeout once the first optimizer step finished, which
+  bounds a rank that is alive but stuck. On creation, where the backend is NCCL, the NCCL defaults of
+  `hf_dist_recipes.nccl_defaults` (async error handling, flight recorder dumped into
+  `<output_dir>/nccl_flight_recorder`) are set where the user has not set them, before the process group exists;
+  `nccl_env_applied` keeps what was set;
 - `allow_gloo_on_cuda`, `allow_unclipped_gradients`, `allow_cpu_with_gpus` (default False): explicit opt-outs. The
   last one is for a machine with NVIDIA GPUs that torch cannot use (CPU-only wheel, old driver, every GPU hidden),
   which otherwise stops with the reason and the fix instead of training on the CPU (`hf_dist_recipes.cuda_host`).
@@ -67,15 +74,18 @@ from hf_dist_recipes import backend, cuda_host, extensions, precision
 from hf_dist_recipes.gradients import validate_max_grad_norm
 from hf_dist_recipes.gradient_health import (validate_max_consecutive_skips, validate_nonfinite_policy,
                                              validate_spike_settings)
-from hf_dist_recipes.parallel.batch import fix_tp_batch_size, tensor_parallel_size
+from hf_dist_recipes.parallel.batch import fix_tp_batch_size, tensor_parallel_size, validate_micro_batch
 from hf_dist_recipes.parallel.plan_record import recorded_plan
 from hf_dist_recipes.precision import resolve_bf16
-from hf_dist_recipes.schedules import (DEFAULT_NUM_CYCLES, check_schedule_kwargs, validate_min_lr_ratio,
+from hf_dist_recipes.schedules import (DEFAULT_NUM_CYCLES, check_schedule_kwargs, validate_learning_rate,
+                                       validate_min_lr_ratio, validate_warmup_steps,
                                        validate_num_cycles, validate_restart_warmup_steps)
 from hf_dist_recipes.rank_agreement import validate_policy, validate_rank_check_steps
 from hf_dist_recipes.monitoring.stragglers import (DEFAULT_STRAGGLER_CHECK_STEPS, DEFAULT_STRAGGLER_THRESHOLD,
                                                    DEFAULT_STRAGGLER_WINDOWS, validate_straggler_settings)
 from hf_dist_recipes.seeding import seed_everything, validate_seed
+from hf_dist_recipes.nccl_defaults import apply_nccl_env_defaults
+from hf_dist_recipes.watchdog import validate_hang_settings
 
 logger = logging.getLogger(__name__)
 
@@ -109,8 +119,9 @@ class RecipeTrainingArguments(TrainingArguments):
     )
     ddp_timeout: int = field(
         default=7200,
-        metadata={"help": "Seconds a collective may wait (default 7200: rank 0 reads a large checkpoint alone under "
-                          "ZeRO-3 while the others wait)."},
+        metadata={"help": "Seconds a collective may wait during start-up (default 7200: rank 0 reads a large "
+                          "checkpoint alone under ZeRO-3 while the others wait); step_timeout applies once steps "
+                          "run."},
     )
     logging_dir: str | None = field(
         default=None,
@@ -183,6 +194,17 @@ class RecipeTrainingArguments(TrainingArguments):
         default=DEFAULT_STRAGGLER_WINDOWS,
         metadata={"help": "Checks in a row a rank must be slow in before it is flagged as a straggler."},
     )
+    # hangs
+    peer_timeout: float = field(
+        default=120.0,
+        metadata={"help": "Seconds without a heartbeat from a peer rank (killed, host down) before every other rank "
+                          "ends, naming it and its last step (default 120; 0: off)."},
+    )
+    step_timeout: float = field(
+        default=600.0,
+        metadata={"help": "Collective timeout in seconds once the first optimizer step finished; bounds a rank "
+                          "that is alive but stuck (default 600, torch's NCCL default; 0: keep ddp_timeout)."},
+    )
     allow_gloo_on_cuda: bool = field(
         default=False, metadata={"help": "Accept Gloo on a host with CUDA GPUs (normally an error)."}
     )
@@ -198,12 +220,18 @@ class RecipeTrainingArguments(TrainingArguments):
 
     def __post_init__(self):
         validate_seed(self.seed)
+        # The same rules as the demo's flags (one source: the concept's module), named as the arguments spell them.
+        validate_micro_batch(self.per_device_train_batch_size, "per_device_train_batch_size")
+        validate_learning_rate(self.learning_rate)
+        if self.max_steps > 0 and self.warmup_steps >= 1:  # steps; a ratio (< 1) fits any length of run
+            validate_warmup_steps(int(self.warmup_steps), self.max_steps, ("warmup_steps", "max_steps"))
         validate_policy(self.seed_check)
         validate_rank_check_steps(self.rank_check_steps)
         validate_nonfinite_policy(self.nonfinite_policy)
         validate_max_consecutive_skips(self.max_consecutive_skips)
         validate_spike_settings(self.spike_window, self.spike_threshold)
         validate_straggler_settings(self.straggler_check_steps, self.straggler_threshold, self.straggler_windows)
+        validate_hang_settings(self.peer_timeout, self.step_timeout)
         self.max_grad_norm = validate_max_grad_norm(self.max_grad_norm, allow_unclipped=self.allow_unclipped_gradients)
         validate_min_lr_ratio(self.min_lr_ratio)
         self.save_shard_bytes = _size_field("save_shard_size", self.save_shard_size)
@@ -215,15 +243,23 @@ class RecipeTrainingArguments(TrainingArguments):
         # Before DeepSpeed builds or loads any op: on GPU hosts super().__post_init__ already starts DeepSpeed's
         # comm (accelerate 1.16 PartialState -> deepspeed.init_distributed); the engine builds cpu_adam & co. later.
         extensions.use_node_local_extensions_dir()
-        gpus = backend.cuda_device_count()
+        # An explicit CPU request (use_cpu=True, a launch config's use_cpu: true) trains on the CPU even where GPUs
+        # are visible, so the backend and precision below are chosen for the CPU (Gloo, fp32).
+        cpu_asked = cuda_host.cpu_request(self.use_cpu)
+        gpus = 0 if cpu_asked else backend.cuda_device_count()
         if not gpus:
             # Without this, a GPU node whose torch cannot reach its GPUs would train on the CPU (use_cpu below).
-            cuda_host.check_torch_sees_gpus(cuda_devices=gpus, allow_cpu_with_gpus=self.allow_cpu_with_gpus)
+            cuda_host.check_torch_sees_gpus(cuda_devices=gpus, allow_cpu_with_gpus=self.allow_cpu_with_gpus,
+                                            cpu_requested_by=cpu_asked)
         if self.ddp_backend is not None or gpus:
             # Without CUDA and without a request, the launcher's Gloo default is right and left alone.
             self.ddp_backend = backend.resolve_backend(
                 self.ddp_backend, allow_gloo_on_cuda=self.allow_gloo_on_cuda, cuda_devices=gpus
             )
+        # Before super().__post_init__, where accelerate's PartialState creates the group on GPU hosts: torch reads
+        # these once, when ProcessGroupNCCL is built.
+        self.nccl_env_applied = (apply_nccl_env_defaults(self.output_dir or "trainer_output")
+                                 if self.ddp_backend == backend.GPU_BACKEND else {})
         self.bf16 = resolve_bf16(self.bf16, fp16=self.fp16, cuda_devices=gpus,
                                  bf16_supported=bool(gpus) and precision.cuda_bf16_supported())
         if not gpus and not self.use_cpu:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import sys
 from collections.abc import Mapping
 
 import torch
@@ -59,6 +60,7 @@ from hf_dist_recipes.parallel.plan_record import PlanConformanceCallback
 from hf_dist_recipes.schedules import DEFAULT_NUM_CYCLES, WarmupCosineRestarts, warmup_cosine_restarts_scheduler
 from hf_dist_recipes.rank_agreement import RankAgreementCallback, weights_checksum
 from hf_dist_recipes.gradient_health import GradientHealthCallback
+from hf_dist_recipes.watchdog import HangWatchdogCallback
 from hf_dist_recipes import _compat
 from hf_dist_recipes.seeding import seed_everything
 
@@ -101,8 +103,12 @@ class RecipeTrainer(Trainer):
             optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
             preprocess_logits_for_metrics=preprocess_logits_for_metrics,
         )
-        check_process_group_backend(allow_gloo_on_cuda=args.allow_gloo_on_cuda)
+        # use_cpu (asked for, or set by the arguments where torch sees no GPU) is a CPU run: Gloo is right there.
+        check_process_group_backend(allow_gloo_on_cuda=args.allow_gloo_on_cuda,
+                                    cuda_devices=0 if args.use_cpu else None)
         destroy_gloo_group_at_exit()
+        # A dead or stuck rank ends every rank within a bound instead of a silent wait in a collective.
+        self.add_callback(HangWatchdogCallback(args.peer_timeout, args.step_timeout, args.ddp_timeout))
         if self.is_deepspeed_enabled and self.model is not None and \
                 self.accelerator.state.deepspeed_plugin.hf_ds_config.is_zero3():
             check_partitioned(self.model, limit_bytes=args.max_unpartitioned_model_bytes, world_size=args.world_size)
@@ -168,6 +174,9 @@ class RecipeTrainer(Trainer):
             for callback in self.callback_handler.callbacks:
                 if isinstance(callback, PerRankTensorBoardCallback):
                     callback.close()
+            for callback in self.callback_handler.callbacks:
+                if isinstance(callback, HangWatchdogCallback):  # a lost peer: name it (ends the process)
+                    callback.explain_failure(sys.exc_info()[1])
             raise
 
     def evaluate(self, *args, **kwargs):

@@ -1,0 +1,280 @@
+"""No silent hangs: when a rank dies or stops, every other rank ends within a bound, naming it and its last step.
+
+Measured on this project's 2-core CPU machine (torch 2.13, Gloo, two `accelerate launch` machines on 127.0.0.1):
+- plain DDP, machine 1's rank killed with SIGKILL at step 5: machine 0's next all_gather raised "Connection closed
+  by peer" about 1 s later (the kernel closed the dead process's sockets), exit 1, but no word of which rank or step;
+- DeepSpeed ZeRO-3 on the same layout (shared/reference/verified-on-cpu.md): machine 0 still waited more than
+  200 s later; a rank that is alive but stuck, or a host that vanishes without closing its sockets, is the same:
+  the survivors wait for the collective timeout (`ddp_timeout`, 2 hours in the recipe, 30 minutes stock).
+
+Two bounds, one per failure:
+- a peer that is gone (process killed, host down, store unreachable): each rank runs one daemon thread that every
+  `interval_s` writes a heartbeat `(seq, step, host, state)` under `hf_dist_recipes/heartbeat/<rank>` in the
+  default process group's store and reads every peer's. A peer whose `seq` has not changed for `peer_timeout`
+  seconds of this rank's monotonic clock (no comparison of clocks across hosts) is lost: the thread prints which
+  rank, its host and its last step, and ends this process with exit code 3 (`LOST_PEER_EXIT_CODE`): the main
+  thread is blocked inside a C++ collective where no Python exception can reach it;
+- a peer alive but stuck in Python or CUDA (its heartbeat thread still beats): the collective timeout, which
+  `RecipeTrainingArguments.step_timeout` shortens once the first optimizer step finished (start-up keeps
+  `ddp_timeout`, which must cover rank 0 reading a large checkpoint alone under ZeRO-3).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from transformers import TrainerCallback
+
+from hf_dist_recipes import _compat
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_PREFIX = "hf_dist_recipes/heartbeat/"
+LOST_KEY = "hf_dist_recipes/lost"  # the first rank that finds a lost peer writes its message here for all others
+WATCH_FANOUT = 8  # peers each rank reads: the store serves world_size * 8 reads per interval, not world_size ** 2
+LOST_PEER_EXIT_CODE = 3
+RUNNING, DONE = "running", "done"
+
+
+def heartbeat_interval(peer_timeout: float) -> float:
+    """Seconds between beats: a tenth of the bound, within [0.5, 10] s, so a lost peer is found within about
+    `peer_timeout + interval` and a healthy one has beaten several times before it could look stale."""
+    return min(10.0, max(0.5, peer_timeout / 10))
+
+
+def watched_peers(rank: int, world_size: int, fanout: int = WATCH_FANOUT) -> list[int]:
+    """The ranks `rank` watches: the next `fanout` ranks, cyclically. Every rank is watched by `fanout` others, so
+    a lost rank is found as soon as by watching all, and the finder tells everyone through `LOST_KEY`."""
+    return [(rank + i) % world_size for i in range(1, min(fanout, world_size - 1) + 1)]
+
+
+def validate_hang_settings(peer_timeout: float, step_timeout: float) -> None:
+    """ValueError naming the fix for a bound that cannot work."""
+    if peer_timeout != 0 and peer_timeout < 5:
+        raise ValueError(f"peer_timeout={peer_timeout}: use at least 5 seconds (a loaded machine can pause a "
+                         "heartbeat for a few seconds), or 0 to turn the heartbeat off")
+    if step_timeout < 0:
+        raise ValueError(f"step_timeout={step_timeout}: use seconds > 0, or 0 to keep ddp_timeout for the whole run")
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One heartbeat: `seq` counts up with every beat; `step` is the last finished optimizer step."""
+
+    seq: int
+    step: int
+    host: str
+    state: str = RUNNING
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "Beat":
+        return cls(**json.loads(raw))
+
+
+class PeerWatch:
+    """Which peers have gone silent, from beats observed at times of this rank's own monotonic clock.
+
+    A peer counts as alive from `start` until it first beats, so a rank that starts late has `timeout_s` to do so.
+    A peer whose last beat says `done` finished normally and is never stale."""
+
+    def __init__(self, peers: list[int], timeout_s: float, start: float):
+        self.timeout_s = timeout_s
+        self.last_beat: dict[int, Beat | None] = {p: None for p in peers}
+        self.last_change: dict[int, float] = {p: start for p in peers}
+
+    def observe(self, peer: int, beat: Beat | None, now: float) -> None:
+        previous = self.last_beat[peer]
+        if beat is not None and (previous is None or beat.seq != previous.seq or beat.state != previous.state):
+            self.last_beat[peer], self.last_change[peer] = beat, now
+
+    def stale(self, now: float) -> list[int]:
+        return [p for p, t in self.last_change.items()
+                if now - t > self.timeout_s and not (self.last_beat[p] and self.last_beat[p].state == DONE)]
+
+
+def lost_peer_message(*, rank: int, host: str, step: int, peer: int, beat: Beat | None, silent_s: float,
+                      timeout_s: float) -> str:
+    where = f"rank {peer} (host {beat.host})" if beat else f"rank {peer} (host unknown: it never sent a heartbeat)"
+    last = f"its last step was {beat.step}" if beat else "it reached no step"
+    return (f"lost {where}: no heartbeat for {silent_s:.0f} s (peer_timeout={timeout_s:g} s); {last}, this rank "
+            f"{rank} on {host} is at step {step}. Ending rank {rank} with exit code {LOST_PEER_EXIT_CODE} instead of "
+            f"waiting in a collective. Look at rank {peer}'s log and host (killed, out of memory, hardware); "
+            "peer_timeout sets the bound (0: off).")
+
+
+def looks_like_lost_peer(error: BaseException) -> bool:
+    """An error a lost peer causes: torch's DistError family, or the RuntimeError Gloo raises when a peer's
+    connection closes or resets (torch 2.13 raises a plain RuntimeError from gloo/transport/tcp/pair.cc)."""
+    import torch.distributed as dist
+
+    if isinstance(error, getattr(dist, "DistError", ())):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(
+        marker in text for marker in ("connection closed by peer", "connection reset by peer", "gloo", "nccl"))
+
+
+def _end_process(message: str) -> None:
+    logger.error(message)
+    print(f"[hf_dist_recipes] {message}", file=sys.stderr, flush=True)
+    os._exit(LOST_PEER_EXIT_CODE)
+
+
+class HeartbeatWatchdog:
+    """Beats into `store` for `rank` and watches the other ranks; `on_lost(message)` when one goes silent (default:
+    print it and end the process with `LOST_PEER_EXIT_CODE`). `beat_once` and `check_once` are one round each; the
+    thread started by `start` runs them every `interval_s` seconds."""
+
+    def __init__(self, store, rank: int, world_size: int, timeout_s: float, *, interval_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic, host: str | None = None,
+                 on_lost: Callable[[str], None] = _end_process):
+        self.store, self.rank, self.timeout_s, self.clock, self.on_lost = store, rank, timeout_s, clock, on_lost
+        self.interval_s = heartbeat_interval(timeout_s) if interval_s is None else interval_s
+        self.host = host or socket.gethostname()
+        self.step, self.seq = 0, 0
+        self.watch = PeerWatch(watched_peers(rank, world_size), timeout_s, clock())
+        self._beat_lock = threading.Lock()  # beats come from the watching thread and from `set_step`
+        self.store_failing_since: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def beat_once(self, state: str = RUNNING) -> None:
+        with self._beat_lock:
+            self.seq += 1
+            self.store.set(f"{HEARTBEAT_PREFIX}{self.rank}", Beat(self.seq, self.step, self.host, state).encode())
+
+    def set_step(self, step: int) -> None:
+        """Record a finished optimizer step and beat at once, so a peer that dies right after it is reported with
+        it (one store write per step: about 0.1 ms on one host)."""
+        self.step = step
+        self.beat_once()
+
+    def check_once(self) -> str | None:
+        """The message naming the first silent peer (or the unreachable store), else None."""
+        if self.store.check([LOST_KEY]):
+            reported = self.store.get(LOST_KEY).decode()
+            return (f"{reported} [reported through the store; this rank {self.rank} on {self.host} is at step "
+                    f"{self.step}]")
+        now = self.clock()
+        for peer in self.watch.last_beat:
+            key = f"{HEARTBEAT_PREFIX}{peer}"
+            self.watch.observe(peer, Beat.decode(self.store.get(key)) if self.store.check([key]) else None, now)
+        for peer in self.watch.stale(now):
+            message = lost_peer_message(rank=self.rank, host=self.host, step=self.step, peer=peer,
+                                        beat=self.watch.last_beat[peer], silent_s=now - self.watch.last_change[peer],
+                                        timeout_s=self.timeout_s)
+            if not self.store.check([LOST_KEY]):
+                self.store.set(LOST_KEY, message)
+            return message
+        return None
+
+    def _round(self) -> str | None:
+        try:
+            self.beat_once()
+            message = self.check_once()
+        except Exception as err:  # the store's host (machine 0 under torchrun) is gone or unreachable
+            now = self.clock()
+            self.store_failing_since = self.store_failing_since or now
+            if now - self.store_failing_since <= self.timeout_s:
+                return None
+            return (f"the process group's store has been unreachable for {now - self.store_failing_since:.0f} s "
+                    f"(peer_timeout={self.timeout_s:g} s): {err}; the rank or machine hosting it (rank 0's machine "
+                    f"under torchrun) is likely lost. This rank {self.rank} on {self.host} is at step {self.step}; "
+                    f"ending it with exit code {LOST_PEER_EXIT_CODE}.")
+        self.store_failing_since = None
+        return message
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            message = self._round()
+            if message and not self._stop.is_set():
+                self.on_lost(message)
+                return
+
+    def start(self) -> None:
+        self.beat_once()
+        self._thread = threading.Thread(target=self._run, name="hf_dist_recipes-heartbeat", daemon=True)
+        self._thread.start()
+
+    def join(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for the watching thread to end (it ends the process when a peer is lost)."""
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+
+    def stop(self) -> None:
+        """Stop watching and tell the peers this rank finished (they stop expecting its beats)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval_s + 5)
+        try:
+            self.beat_once(DONE)
+        except Exception:  # the store may already be gone at the very end of a job: nothing left to tell
+            pass
+
+
+class HangWatchdogCallback(TrainerCallback):
+    """Starts the heartbeat watchdog when training begins (multi-rank runs, `peer_timeout` > 0), sets the
+    collective timeout to `step_timeout` once the first optimizer step finished and back to the start-up
+    `ddp_timeout` when training ends (a save or evaluation after `train()` may again wait on one rank's I/O)."""
+
+    def __init__(self, peer_timeout: float, step_timeout: float, startup_timeout: float):
+        self.peer_timeout, self.step_timeout, self.startup_timeout = peer_timeout, step_timeout, startup_timeout
+        self.watchdog: HeartbeatWatchdog | None = None
+        self.step_timeout_set = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return
+        if self.peer_timeout and self.watchdog is None:
+            self.watchdog = HeartbeatWatchdog(_compat.default_store(), dist.get_rank(), dist.get_world_size(),
+                                              self.peer_timeout)
+            self.watchdog.step = state.global_step
+            self.watchdog.start()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.watchdog is not None:
+            self.watchdog.set_step(state.global_step)
+        if self.step_timeout and not self.step_timeout_set and _distributed():
+            _compat.set_collective_timeout(self.step_timeout)
+            self.step_timeout_set = True
+            if state.is_world_process_zero:
+                logger.info("collective timeout now %g s (step_timeout) after %g s for start-up (ddp_timeout)",
+                            self.step_timeout, self.startup_timeout)
+
+    def explain_failure(self, error: BaseException) -> None:
+        """After `train()` raised a collective error ("Connection closed by peer": Gloo raises within about a
+        second when a peer's process dies, without naming it), give the heartbeat up to `peer_timeout` to find the
+        lost peer; when it does, the process ends with the message naming the rank and its last step. Returns (and
+        the caller re-raises `error`) when every peer still beats: then the error was not a lost peer."""
+        if self.watchdog is None or not looks_like_lost_peer(error):
+            return
+        logger.error("a collective failed (%s); waiting up to %g s for the heartbeats to name the lost rank",
+                     str(error).splitlines()[0][:200], self.peer_timeout)
+        self.watchdog.join(self.peer_timeout + 2 * self.watchdog.interval_s)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.watchdog is not None:
+            self.watchdog.stop()
+            self.watchdog = None
+        if self.step_timeout_set:
+            _compat.set_collective_timeout(self.startup_timeout)
+            self.step_timeout_set = False
+
+
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
