@@ -6,9 +6,9 @@ import argparse
 import sys
 
 from hf_dist_recipes import __version__
-from hf_dist_recipes.cli import checkpoint, config, demo, doctor, logs
+from hf_dist_recipes.cli import checkpoint, config, demo, doctor, logs, pin
 
-SUBCOMMANDS = (demo, config, checkpoint, logs, doctor)
+SUBCOMMANDS = (demo, config, checkpoint, logs, doctor, pin)
 USAGE_ERROR = 2
 
 

@@ -1,0 +1,49 @@
+"""`hf-dist-recipes pin`: files written, --json, refusals and an unwritable output as one line with exit 2."""
+
+from __future__ import annotations
+
+import json
+
+from hf_dist_recipes.cli.main import main
+from hf_dist_recipes.environment.lock import read_lock
+
+
+def test_pin_chosen_build_writes_lock_and_dockerfile_and_json(capsys, tmp_path):
+    out = tmp_path / "pinned"
+    assert main(["pin", "--output", str(out), "--torch", "2.13.0", "--cuda", "13.0", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["lock"] == str(out / "requirements.lock") and data["dockerfile"] == str(out / "Dockerfile")
+    # version-facts.md: 2.13.0 on CUDA 13.0 pins NCCL 2.29.7.
+    assert (data["torch"], data["torch_build"], data["cuda"], data["nccl"]) == ("2.13.0", "cu130", "13.0", "2.29.7")
+    assert data["index_url"] == "https://download.pytorch.org/whl/cu130"
+    assert data["image"].startswith("nvidia/cuda:13.0.")
+    assert read_lock(data["lock"]).packages["nvidia-nccl-cu13"] == "2.29.7"
+    assert f"FROM {data['image']}" in (out / "Dockerfile").read_text()
+
+
+def test_pin_this_environment_text(capsys, tmp_path):
+    assert main(["pin", "--output", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert f"wrote {tmp_path / 'requirements.lock'}" in text and f"wrote {tmp_path / 'Dockerfile'}" in text
+
+
+def test_known_bad_pair_is_one_line_naming_the_rule_exit_2(capsys, tmp_path):
+    assert main(["pin", "--output", str(tmp_path), "--torch", "2.1.0", "--cuda", "12.1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith("hf-dist-recipes pin: error: torch 2.1.0 cu121") and "nccl-cudamemcpyasync-lt-2.18.6" in err
+
+
+def test_unknown_pair_is_refused_exit_2(capsys, tmp_path):
+    assert main(["pin", "--output", str(tmp_path), "--torch", "2.13.0", "--cuda", "11.8"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "its builds: 12.6 (cu126), 13.0 (cu130), 13.2 (cu132)" in err
+
+
+def test_unwritable_output_is_one_line_exit_2(capsys, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # a file where a folder must go: fails even for root
+    assert main(["pin", "--output", str(blocker / "pinned")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"hf-dist-recipes pin: error: --output {blocker / 'pinned'}: cannot write there (Not a directory); " \
+                  "choose a folder you can write to\n"
