@@ -9,6 +9,10 @@ hundred times slower. The usual causes, each named with its fix by `check_torch_
 - a broken driver (`nvidia-smi` fails, e.g. "Driver/library version mismatch" after an upgrade without reboot);
 - anything else torch reports itself (its "CUDA initialization: ..." warning is repeated).
 
+Training on the CPU on such a machine is fine when it was asked for: `use_cpu=True`, or `ACCELERATE_USE_CPU`
+true (what `accelerate launch` sets from a config's `use_cpu: true`, and what transformers itself reads), is an
+explicit request (`cpu_request`); only a run that nothing asked to be on the CPU is stopped.
+
 The GPUs are found without torch: the device files `/dev/nvidia<N>` (not nvidiactl, nvidia-uvm, nvidia-modeset)
 and `nvidia-smi -L`. `DEV_DIR` and `NVIDIA_SMI` are module-level so tests can point them at fakes.
 """
@@ -33,6 +37,10 @@ NVIDIA_SMI = "nvidia-smi"
 SMI_TIMEOUT_S = 10.0  # nvidia-smi answers in well under a second; a hung driver must not hang the arguments
 PROBE_TIMEOUT_S = 120.0  # a fresh interpreter importing torch to replay its CUDA warning (seconds)
 DEVICE_FILE = re.compile(r"nvidia(\d+)")
+# Set by accelerate 1.16 `launch` from the config's use_cpu (utils/launch.py prepare_simple_launcher_cmd_env) and
+# read by transformers 5.24 TrainingArguments and accelerate's PartialState; true values as accelerate's str_to_bool.
+CPU_REQUEST_ENV = "ACCELERATE_USE_CPU"
+TRUE_VALUES = ("y", "yes", "t", "true", "on", "1")
 # Where the install fix points; `hf-dist-recipes pin` (issue 10) can replace this once it exists.
 PIN_HINT = "the versions requirements.lock pins"
 
@@ -184,16 +192,32 @@ def _reason_and_fix(host: NvidiaHost) -> tuple[str, str]:
             "python -c 'import torch; print(torch.cuda.device_count())' counts the GPUs")
 
 
-def check_torch_sees_gpus(*, cuda_devices: int, allow_cpu_with_gpus: bool = False, dev_dir: str | None = None,
-                          nvidia_smi: str | None = None) -> NvidiaHost | None:
+def cpu_request(use_cpu: bool, environ: dict[str, str] | None = None) -> str | None:
+    """Who explicitly asked to train on the CPU, in words ("use_cpu=True", "ACCELERATE_USE_CPU=true"), or None
+    when nothing did. `use_cpu`: the arguments' value as the user gave it; `environ` defaults to os.environ."""
+    if use_cpu:
+        return "use_cpu=True"
+    value = (os.environ if environ is None else environ).get(CPU_REQUEST_ENV)
+    if value is not None and value.strip().lower() in TRUE_VALUES:
+        return f"{CPU_REQUEST_ENV}={value} (accelerate launch with use_cpu: true)"
+    return None
+
+
+def check_torch_sees_gpus(*, cuda_devices: int, allow_cpu_with_gpus: bool = False, cpu_requested_by: str | None = None,
+                          dev_dir: str | None = None, nvidia_smi: str | None = None) -> NvidiaHost | None:
     """Raise ValueError with the reason and the fix when torch sees no GPU (`cuda_devices` == 0) on a machine
     that has NVIDIA GPUs. Returns what was found of them (None when torch sees GPUs, nothing is looked up then).
-    `allow_cpu_with_gpus`: training on the CPU is meant; only a warning is logged. `dev_dir` / `nvidia_smi`
-    default to `DEV_DIR` / `NVIDIA_SMI`."""
+    `allow_cpu_with_gpus`: training on the CPU is meant; only a warning is logged. `cpu_requested_by`: who asked
+    for the CPU explicitly (`cpu_request`), then it is only noted. `dev_dir` / `nvidia_smi` default to `DEV_DIR` /
+    `NVIDIA_SMI`."""
     if cuda_devices:
         return None
     host = inspect_host(dev_dir=dev_dir, nvidia_smi=nvidia_smi)
     if not host.gpu_count:  # nvidia-smi alone (a driver install on a CPU node) is no GPU to lose
+        return host
+    if cpu_requested_by:
+        logger.info("training on the CPU as %s asks, although this machine has %d NVIDIA GPU(s) (%s)",
+                    cpu_requested_by, host.gpu_count, host.evidence())
         return host
     if allow_cpu_with_gpus:
         logger.warning("training on the CPU although this machine has %d NVIDIA GPU(s) (%s): allow_cpu_with_gpus "
@@ -202,6 +226,7 @@ def check_torch_sees_gpus(*, cuda_devices: int, allow_cpu_with_gpus: bool = Fals
     reason, fix = _reason_and_fix(host)
     raise ValueError(
         f"this machine has {host.gpu_count} NVIDIA GPU(s) ({host.evidence()}) but torch sees none, so training "
-        f"would run on the CPU, about 100x slower: {reason}. Fix: {fix}. To train on the CPU on purpose pass "
-        "allow_cpu_with_gpus=True (--allow_cpu_with_gpus)."
+        f"would run on the CPU, about 100x slower: {reason}. Fix: {fix}. To train on the CPU on purpose ask for "
+        "it: use_cpu=True (or an accelerate config with use_cpu: true), or allow_cpu_with_gpus=True "
+        "(--allow_cpu_with_gpus)."
     )

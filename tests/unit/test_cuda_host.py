@@ -172,3 +172,56 @@ def test_the_arguments_stop_or_train_on_the_cpu_by_choice(tmp_path, monkeypatch)
         RecipeTrainingArguments(output_dir=str(tmp_path / "out"))
     args = RecipeTrainingArguments(output_dir=str(tmp_path / "out"), allow_cpu_with_gpus=True)
     assert args.use_cpu is True and args.allow_cpu_with_gpus is True
+
+
+@pytest.mark.parametrize("value", ["true", "True", "1", "yes", "false", "False", "0", "no", ""])
+def test_cpu_request_reads_use_cpu_and_accelerates_variable_as_accelerate_does(value):
+    from accelerate.utils import str_to_bool
+
+    assert cuda_host.cpu_request(True, {}) == "use_cpu=True"
+    assert cuda_host.cpu_request(False, {}) is None
+    # accelerate's own reading of the variable (launch sets it, PartialState reads it) is the reference.
+    expected = bool(str_to_bool(value)) if value else False
+    asked = cuda_host.cpu_request(False, {"ACCELERATE_USE_CPU": value})
+    assert (asked is not None) == expected
+    if asked:
+        assert asked.startswith(f"ACCELERATE_USE_CPU={value}")
+
+
+def test_an_explicit_cpu_request_on_a_gpu_machine_with_hidden_gpus_trains_on_the_cpu(tmp_path, cuda_wheel,
+                                                                                        monkeypatch, caplog):
+    """What the CPU launches of this suite do on a GPU host: CUDA_VISIBLE_DEVICES="" plus a use_cpu config."""
+    # Fakes: the 2-GPU node (dev folder, nvidia-smi script) and torch seeing none of them (device count 0).
+    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 0)
+    monkeypatch.setattr(cuda_host, "DEV_DIR", _dev_dir(tmp_path))
+    monkeypatch.setattr(cuda_host, "NVIDIA_SMI", _nvidia_smi(tmp_path))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ops"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    # Nothing asked for the CPU: the silent fallback is still stopped, naming the variable.
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES='' hides every GPU.*use_cpu=True"):
+        RecipeTrainingArguments(output_dir=str(tmp_path / "out"))
+    with caplog.at_level(logging.INFO, logger="hf_dist_recipes.cuda_host"):
+        args = RecipeTrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True)
+    assert args.use_cpu is True and args.ddp_backend is None and args.bf16 is False
+    assert "as use_cpu=True asks, although this machine has 2 NVIDIA GPU(s)" in caplog.text
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")  # what `accelerate launch` sets from use_cpu: true
+    args = RecipeTrainingArguments(output_dir=str(tmp_path / "out"))
+    assert args.use_cpu is True and args.bf16 is False
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "False")  # what it sets from a GPU config: no request
+    with pytest.raises(ValueError, match="hides every GPU"):
+        RecipeTrainingArguments(output_dir=str(tmp_path / "out"))
+
+
+def test_an_explicit_cpu_request_with_visible_gpus_chooses_gloo_and_fp32(tmp_path, monkeypatch):
+    # Fakes: 8 visible bf16 GPUs (device count and bf16 support replaced) on a faked 2-GPU dev folder; the stock
+    # __post_init__ is run, on the CPU this host has (use_cpu=True asks for nothing else).
+    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 8)
+    monkeypatch.setattr("hf_dist_recipes.precision.cuda_bf16_supported", lambda: True)
+    monkeypatch.setattr(cuda_host, "DEV_DIR", _dev_dir(tmp_path))
+    monkeypatch.setattr(cuda_host, "NVIDIA_SMI", _nvidia_smi(tmp_path))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ops"))
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    args = RecipeTrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True)
+    # Without the request the same host gets NCCL and bf16 (tests/unit/test_precision.py); asked, the CPU's choices.
+    assert args.use_cpu is True and args.ddp_backend is None and args.bf16 is False and args.nccl_env_applied == {}
