@@ -202,7 +202,8 @@ def check_peer_access(facts: EnvironmentFacts) -> Check:
         return Check("peer access", "ok", f"not applicable: {facts.torch.device_count} GPU(s) visible to torch",
                      source=source)
     nvlink = facts.nvlink()
-    links = {True: "NVLink active", False: "no NVLink", None: "NVLink unknown (no NVML)"}[nvlink]
+    links = {True: "NVLink active", False: "no NVLink",
+             None: "NVLink unknown (NVML unavailable, or its GPUs not matched to torch's)"}[nvlink]
     denied = [(i, j) for i, j, can in facts.peer_access if not can]
     if denied:
         shown = ", ".join(f"{i}->{j}" for i, j in denied[:8]) + (", ..." if len(denied) > 8 else "")

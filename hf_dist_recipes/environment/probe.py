@@ -308,16 +308,21 @@ def _probe_nvml(nvml) -> tuple[DriverFacts, list[Gpu]]:
             pass
 
 
-def _merge_gpus(from_torch: list[Gpu], from_nvml: list[Gpu]) -> tuple[Gpu, ...]:
+def _merge_gpus(from_torch: list[Gpu], from_nvml: list[Gpu], visible: str | None) -> tuple[Gpu, ...]:
     """torch's view (it honours CUDA_VISIBLE_DEVICES) with NVML's link counts; NVML's list when torch sees none.
-    NVML numbers every GPU of the host, so its link counts are matched to torch's by name and order only when
-    both see the same number of GPUs; otherwise they stay unknown."""
+    NVML numbers every GPU of the host: torch's GPU i is NVML's i when both see as many, else NVML's
+    CUDA_VISIBLE_DEVICES[i] when that lists plain indices; otherwise the link counts stay unknown."""
     if not from_torch:
         return tuple(from_nvml)
+    names = [v.strip() for v in (visible or "").split(",") if v.strip()]
     if len(from_nvml) == len(from_torch):
-        return tuple(Gpu(t.index, t.name, t.compute_capability, t.memory_bytes, n.nvlinks_active, "torch")
-                     for t, n in zip(from_torch, from_nvml))
-    return tuple(from_torch)
+        order = list(range(len(from_torch)))
+    elif len(names) >= len(from_torch) and all(n.isdigit() and int(n) < len(from_nvml) for n in names):
+        order = [int(n) for n in names[:len(from_torch)]]
+    else:
+        return tuple(from_torch)
+    return tuple(Gpu(t.index, t.name, t.compute_capability, t.memory_bytes, from_nvml[k].nvlinks_active, "torch")
+                 for t, k in zip(from_torch, order))
 
 
 def nccl_version_from_int(code: int) -> str:
@@ -442,7 +447,7 @@ def probe(*, nvml=None, torch_cuda=None, sysfs_root: str = "/sys", dev_shm: str 
         nccl=_probe_nccl(torch_facts.nccl_compiled, package_version, loaded_nccl(proc_maps, nccl_get_version)),
         driver=driver,
         nvidia_host=host,
-        gpus=_merge_gpus(torch_gpus, nvml_gpus),
+        gpus=_merge_gpus(torch_gpus, nvml_gpus, environ.get("CUDA_VISIBLE_DEVICES")),
         peer_access=tuple(pairs),
         ib_ports=_probe_ib(sysfs_root),
         nic_names=tuple(sorted(os.listdir(net))) if os.path.isdir(net) else (),

@@ -228,3 +228,19 @@ def test_a_gpu_torch_cannot_read_is_a_fact_not_a_crash(tmp_path, cuda124):
                   torch_cuda=Broken(fake_env.recording("nvml_h100x8.json")))
     assert facts.torch.device_count == 8 and facts.gpus == ()
     assert "uncorrectable ECC error" in facts.torch.gpu_problem
+
+
+def test_nvlinks_follow_cuda_visible_devices(tmp_path, cuda124):
+    # torch sees GPUs 6 and 3 of the recorded 8 (CUDA_VISIBLE_DEVICES=6,3); NVML numbers all 8. Link counts are
+    # made to differ per GPU so the mapping shows.
+    rec = fake_env.recording("nvml_h100x8.json")
+    for i, gpu in enumerate(rec["gpus"]):
+        gpu["nvlinks"] = i
+    facts = probe(nvml=FakeNvml(rec), torch_cuda=fake_env.FakeTorchCuda(rec, visible=2), sysfs_root=str(tmp_path),
+                  nvcc="", environ={"CUDA_VISIBLE_DEVICES": "6,3"}, nvidia_smi=str(tmp_path / "absent"),
+                  dev_dir=str(tmp_path), proc_maps=str(tmp_path / "none"))
+    assert [g.nvlinks_active for g in facts.gpus] == [6, 3]
+    uuids = probe(nvml=FakeNvml(rec), torch_cuda=fake_env.FakeTorchCuda(rec, visible=2), sysfs_root=str(tmp_path),
+                  nvcc="", environ={"CUDA_VISIBLE_DEVICES": "GPU-5f2c,GPU-0a9b"}, nvidia_smi=str(tmp_path / "x"),
+                  dev_dir=str(tmp_path), proc_maps=str(tmp_path / "none"))
+    assert [g.nvlinks_active for g in uuids.gpus] == [None, None] and uuids.rule_facts()["nvlink"] is None
