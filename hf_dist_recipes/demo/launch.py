@@ -111,11 +111,11 @@ def check_user_data(settings: DemoSettings) -> list[str]:
     """The absolute paths of `settings.data_files` (the ranks run in another directory), after building their byte
     blocks once here: a file that gives no training data fails now, in one line, not on every rank after the
     launch; and the ranks then load the blocks from datasets' cache."""
-    import datasets
-
     from hf_dist_recipes.demo.data import check_data_files, text_files_dataset
 
-    _, files = check_data_files(settings.data_files)
+    _, files = check_data_files(settings.data_files)  # before importing datasets (a second): a missing file is quick
+    import datasets
+
     # The CLI's own output stays the plan, or the one-line error; the ranks show datasets' progress if they build.
     was_enabled = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()

@@ -1,0 +1,234 @@
+"""Every bad input to `demo` and `config` stops before anything runs: exit 2, one line on stderr naming the flag or
+file (and, for a flag, a value that is accepted), no traceback, nothing launched or written. The arguments refuse
+the same values with the same rule."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO
+from hf_dist_recipes.arguments import RecipeTrainingArguments
+from hf_dist_recipes.cli.main import main
+
+# (bad flags, the flag the error must name). Each value here fails inside the ranks, or trains nothing, if launched.
+BAD_DEMO_FLAGS = [
+    (["--max-steps", "0"], "--max-steps"),
+    (["--max-steps", "-3"], "--max-steps"),
+    (["--micro-batch", "0"], "--micro-batch"),
+    (["--seq-len", "1"], "--seq-len"),  # one byte: no next-token target, the loss is NaN (test below)
+    (["--seed", "-1"], "--seed"),
+    (["--seed", str(2**32)], "--seed"),
+    (["--warmup-steps", "50", "--max-steps", "10"], "--warmup-steps"),
+    (["--warmup-steps", "-1"], "--warmup-steps"),
+    (["--learning-rate", "0"], "--learning-rate"),
+    (["--logging-steps", "0"], "--logging-steps"),
+    (["--max-bytes", "100"], "--max-bytes"),  # fewer bytes than one step's blocks: no step at all
+    (["--num-processes", "0"], "--num-processes"),  # used to fall back silently to the YAML's count
+]
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Fail the test if the demo starts any process: the checks must stop it first."""
+
+    def launched(*args, **kwargs):
+        raise AssertionError(f"a process was started: {args}")
+
+    monkeypatch.setattr("hf_dist_recipes.demo.launch.subprocess.run", launched)
+    monkeypatch.setattr("subprocess.Popen", launched)
+
+
+def _run(capsys, argv):
+    start = time.perf_counter()
+    code = main(argv)
+    seconds = time.perf_counter() - start
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err, seconds
+
+
+def _one_line_naming(err: str, name: str) -> str:
+    assert "Traceback" not in err
+    assert err.count("\n") == 1 and err.endswith("\n"), err
+    assert name in err, err
+    return err.strip()
+
+
+@pytest.mark.parametrize("flags, flag", BAD_DEMO_FLAGS, ids=lambda v: " ".join(v) if isinstance(v, list) else v)
+def test_bad_demo_flag_stops_before_launch(flags, flag, capsys, tmp_path, no_launch):
+    out_dir = tmp_path / "run"
+    # No --dry-run: a value that got through would reach run_demo, whose launch fails the test (no_launch).
+    code, out, err, seconds = _run(capsys, ["demo", *flags, "--output-dir", str(out_dir)])
+    line = _one_line_naming(err, flag)
+    assert code == 2 and out == "" and not out_dir.exists()
+    assert seconds < 1.0, f"{seconds:.2f} s to refuse {flags}"
+    # The value the message offers is accepted: the same flags with it pass the checks.
+    example = re.search(rf"e\.g\. {re.escape(flag)} (\S+)$", line)
+    assert example, line
+    fixed = list(flags)
+    fixed[fixed.index(flag) + 1] = example.group(1)
+    code, out, err, _ = _run(capsys, ["demo", *fixed, "--output-dir", str(out_dir), "--dry-run"])
+    assert code == 0 and err == "" and "launch" in out and not out_dir.exists(), err
+
+
+def test_unwritable_output_dir_is_refused_without_creating_anything(capsys, tmp_path, no_launch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    # A file where a parent directory should be: unwritable for every user, root included.
+    code, out, err, seconds = _run(capsys, ["demo", "--output-dir", str(blocker / "run")])
+    line = _one_line_naming(err, "--output-dir")
+    assert code == 2 and out == "" and "is a file, not a directory" in line and seconds < 1.0
+
+
+def test_missing_data_file_is_refused_before_launch(capsys, tmp_path, no_launch):
+    code, out, err, seconds = _run(capsys, ["demo", "--data-files", str(tmp_path / "none.txt"),
+                                            "--output-dir", str(tmp_path / "run")])
+    line = _one_line_naming(err, "--data-files")
+    assert code == 2 and str(tmp_path / "none.txt") in line and seconds < 1.0
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("content, problem", [
+    (None, "is a directory"),
+    ("", "is empty"),
+    ("   \n", "is empty"),
+    ("num_processes: [2\n", "not valid YAML at line"),
+    ("- 1\n- 2\n", "must be a YAML mapping"),
+    (b"\xff\xfe\x00", "is not UTF-8 text"),
+])
+def test_bad_config_yaml_names_the_file(content, problem, capsys, tmp_path, no_launch):
+    path = tmp_path / "acc.yaml"
+    if content is None:
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    for argv in (["demo", "--config-file", str(path)], ["config", "validate", str(path)]):
+        code, out, err, _ = _run(capsys, argv)
+        line = _one_line_naming(err, str(path))
+        assert code == 2 and problem in line, line
+
+
+def _config_cases(tmp_path):
+    """(argv, what the line must name, path that must not be created) for each bad `config` input."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    empty_json = tmp_path / "empty.json"
+    empty_json.write_text("")
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text("{bad")
+    no_config = tmp_path / "model_dir"
+    no_config.mkdir()
+    out = tmp_path / "out"
+    yaml = str(REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml")
+    return [
+        (["config", "generate", "--cpu", "--gpus-per-node", "2", "--output", str(blocker / "cfg")], "--output", None),
+        (["config", "generate", "--model", "no-such-model", "--tp", "2", "--output", str(out)], "no-such-model", out),
+        (["config", "generate", "--model", str(tmp_path / "gone.json"), "--tp", "2", "--output", str(out)],
+         "gone.json", out),
+        (["config", "generate", "--model", str(no_config), "--tp", "2", "--output", str(out)], "no config.json", out),
+        (["config", "generate", "--model", str(bad_json), "--tp", "2", "--output", str(out)], "bad.json", out),
+        (["config", "estimate", "--model", "deepseek-v3", "--gpu-memory", "-1"], "--gpu-memory", None),
+        (["config", "estimate", "--model", "deepseek-v3", "--gpu-memory", "0"], "--gpu-memory", None),
+        (["config", "estimate", "--model", "no-such-model"], "no-such-model", None),
+        (["config", "validate", yaml, "--gpu-memory", "0"], "--gpu-memory", None),
+        (["config", "validate", yaml, "--model", "no-such-model"], "no-such-model", None),
+        (["config", "validate", str(tmp_path / "gone.json")], "gone.json", None),
+        (["config", "validate", str(empty_json)], "empty.json", None),
+        (["config", "validate", str(bad_json)], "bad.json", None),
+        (["config", "validate", str(tmp_path / "notes.txt")], "notes.txt", None),
+    ]
+
+
+CONFIG_CASE_IDS = ["output-under-a-file", "unknown-model", "missing-model-file", "model-dir-without-config",
+                   "malformed-model-json", "estimate-negative-memory", "estimate-zero-memory", "estimate-unknown-model",
+                   "validate-zero-memory", "validate-unknown-model", "validate-missing", "validate-empty-json",
+                   "validate-malformed-json", "validate-other-suffix"]
+
+
+@pytest.mark.parametrize("index", range(len(CONFIG_CASE_IDS)), ids=CONFIG_CASE_IDS)
+def test_bad_config_input_is_one_line_exit_2(index, capsys, tmp_path):
+    argv, name, not_created = _config_cases(tmp_path)[index]
+    code, out, err, _ = _run(capsys, argv)
+    _one_line_naming(err, name)
+    assert code == 2 and out == ""
+    assert not_created is None or not not_created.exists()
+
+
+def test_validate_keeps_exit_1_for_findings_and_2_when_a_file_cannot_be_read(capsys, tmp_path):
+    finding = tmp_path / "tp.json"  # TP 2 with an explicit train_batch_size: trap 1, an error finding
+    finding.write_text('{"zero_optimization": {"stage": 3}, "tensor_parallel": {"autotp_size": 2}, '
+                       '"train_batch_size": 8}')
+    code, out, _, _ = _run(capsys, ["config", "validate", str(finding)])
+    assert code == 1 and "1 error(s)" in out
+    code, out, err, _ = _run(capsys, ["config", "validate", str(finding), str(tmp_path / "gone.yaml")])
+    assert code == 2 and out == "" and "gone.yaml" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, name", [
+    (["demo", "--seed", "-1", "--dry-run"], "--seed"),
+    (["config", "validate", "EMPTY"], "empty.yaml"),
+])
+def test_console_script_prints_one_line_and_no_traceback(argv, name, tmp_path):
+    """Through the installed entry point in a fresh process: nothing imported earlier (DeepSpeed's import notice,
+    logging set up by other tests) hides a second line."""
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    argv = [str(empty) if a == "EMPTY" else a for a in argv]
+    script = [sys.executable, "-c", "import sys; from hf_dist_recipes.cli.main import main; sys.exit(main())"]
+    proc = subprocess.run(script + argv, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    _one_line_naming(proc.stderr, name)
+
+
+# (RecipeTrainingArguments fields, the same value as demo flags, {argument name: flag name})
+SAME_RULE = [
+    (dict(seed=-1), ["--seed", "-1"], {"seed": "--seed"}),
+    (dict(per_device_train_batch_size=0), ["--micro-batch", "0"], {"per_device_train_batch_size": "--micro-batch"}),
+    (dict(learning_rate=-1.0), ["--learning-rate", "-1"], {"learning_rate": "--learning-rate"}),
+    (dict(warmup_steps=50, max_steps=10), ["--warmup-steps", "50", "--max-steps", "10"],
+     {"warmup_steps": "--warmup-steps", "max_steps": "--max-steps"}),
+]
+
+
+@pytest.mark.parametrize("fields, flags, names", SAME_RULE, ids=lambda v: str(v) if isinstance(v, dict) else None)
+def test_arguments_refuse_the_same_value_with_the_same_rule(fields, flags, names, capsys, tmp_path, no_launch):
+    with pytest.raises(ValueError) as refused:
+        RecipeTrainingArguments(output_dir=str(tmp_path / "args"), **fields)
+    code, _, err, _ = _run(capsys, ["demo", *flags, "--output-dir", str(tmp_path / "run")])
+    assert code == 2
+    # Spelled as flags ("seed=42" -> "--seed 42"), the arguments' message is the demo's, word for word.
+    as_flags = str(refused.value)
+    for arg_name, flag in names.items():
+        as_flags = re.sub(rf"\b{arg_name}=", f"{flag} ", as_flags)
+        as_flags = re.sub(rf"(?<![-\w]){arg_name}\b", flag, as_flags)
+    assert err.strip() == f"hf-dist-recipes demo: error: {as_flags}"
+
+
+def test_warmup_ratio_and_epoch_runs_stay_accepted(tmp_path):
+    """The warm-up rule applies to steps against max_steps only: a ratio, or a run sized by epochs, is not refused."""
+    RecipeTrainingArguments(output_dir=str(tmp_path), warmup_steps=0.5, max_steps=10)
+    RecipeTrainingArguments(output_dir=str(tmp_path), warmup_steps=50)  # max_steps -1: length from the epochs
+
+
+def test_seq_len_minimum_is_what_the_model_needs():
+    """Why --seq-len must be >= 2: the demo model's loss on one-token blocks has no target and is NaN; on two
+    tokens it is finite. Independent of our validator: the real model and transformers' own loss."""
+    import torch
+
+    from hf_dist_recipes.demo.data import MIN_SEQ_LEN
+    from hf_dist_recipes.demo.model import build_tiny_deepseek
+
+    torch.manual_seed(0)
+    model = build_tiny_deepseek()
+    losses = {}
+    for length in (MIN_SEQ_LEN - 1, MIN_SEQ_LEN):
+        ids = torch.randint(0, 256, (2, length))
+        losses[length] = model(input_ids=ids, labels=ids).loss.item()
+    assert torch.isnan(torch.tensor(losses[MIN_SEQ_LEN - 1]))
+    assert torch.isfinite(torch.tensor(losses[MIN_SEQ_LEN]))
