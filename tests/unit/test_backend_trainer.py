@@ -1,0 +1,58 @@
+"""Practice 2 through RecipeTrainer: a live Gloo process group on a host that looks like it has CUDA GPUs stops the
+trainer at construction with the fix; `allow_gloo_on_cuda=True` trains. The group is real (Gloo, one process, a
+FileStore); the GPUs are faked, because this machine has none: `backend.cuda_device_count` is patched only after the
+arguments are built (they resolve backend and precision for the real host), and `use_cpu` is set as a GPU host's
+arguments would have it. On a real GPU host the fake only repeats what is true."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments, backend
+from hf_dist_recipes.demo.data import stdlib_dataset
+from hf_dist_recipes.demo.model import build_tiny_deepseek
+
+SMALL = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2, q_lora_rank=16,
+             kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
+
+
+@pytest.fixture
+def gloo_group(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _args(tmp_path, **kw) -> RecipeTrainingArguments:
+    args = RecipeTrainingArguments(output_dir=str(tmp_path / "run"), max_steps=2, per_device_train_batch_size=2,
+                                   save_strategy="no", disable_tqdm=True, report_to="none", seed_check="off", **kw)
+    args.use_cpu = False  # what the arguments say on a host with GPUs
+    return args
+
+
+def _trainer(args) -> RecipeTrainer:
+    return RecipeTrainer(model_init=lambda: build_tiny_deepseek(**SMALL), args=args,
+                         train_dataset=stdlib_dataset(seq_len=16, max_bytes=4_000))
+
+
+def test_gloo_group_on_a_cuda_host_stops_the_trainer(tmp_path, gloo_group, monkeypatch):
+    args = _args(tmp_path)
+    assert str(dist.get_backend()) == "gloo"
+    monkeypatch.setattr(backend, "cuda_device_count", lambda: 2)  # faked: no GPU on this machine
+    with pytest.raises(ValueError, match=r"runs on 'gloo' although 2 CUDA GPU\(s\) are visible.*allow_gloo_on_cuda"):
+        _trainer(args)
+
+
+def test_allow_gloo_on_cuda_trains(tmp_path, gloo_group, monkeypatch):
+    args = _args(tmp_path, allow_gloo_on_cuda=True)
+    monkeypatch.setattr(backend, "cuda_device_count", lambda: 2)  # faked: no GPU on this machine
+    trainer = _trainer(args)
+    assert trainer.train().global_step == 2
+
+
+def test_the_same_group_without_gpus_trains(tmp_path, gloo_group):
+    """The control: without the fake, Gloo on this CPU host is right and nothing stops."""
+    assert _trainer(_args(tmp_path)).train().global_step == 2
