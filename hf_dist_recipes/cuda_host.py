@@ -216,7 +216,7 @@ def check_torch_sees_gpus(*, cuda_devices: int, allow_cpu_with_gpus: bool = Fals
     if not host.gpu_count:  # nvidia-smi alone (a driver install on a CPU node) is no GPU to lose
         return host
     if cpu_requested_by:
-        logger.info("training on the CPU as %s asks, although this machine has %d NVIDIA GPU(s) (%s)",
+        logger.warning("training on the CPU as %s asks, although this machine has %d NVIDIA GPU(s) (%s)",
                     cpu_requested_by, host.gpu_count, host.evidence())
         return host
     if allow_cpu_with_gpus:

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH_TIMEOUT_S = 420  # one run; the first also JIT-builds DeepSpeed's shm op (about 60 s on 2 cores)
@@ -40,7 +42,23 @@ def accelerate_launch(config_file: Path, script_and_args: list[str], *, cwd: Pat
     if num_processes:
         cmd += ["--num_processes", str(num_processes)]
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if (yaml.safe_load(Path(config_file).read_text()) or {}).get("use_cpu"):
+        env = cpu_only_env(env)
     return subprocess.run(cmd + script_and_args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def cpu_only_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a genuine CPU run on any host, GPU hosts included. CUDA_VISIBLE_DEVICES="" hides the GPUs from
+    torch and so from DeepSpeed (its accelerator detection falls back to "cpu"); ACCELERATE_USE_CPU=true is the
+    explicit CPU request (what `accelerate launch` sets from use_cpu: true) that lets RecipeTrainingArguments train
+    on the CPU of a machine with GPUs instead of stopping (hf_dist_recipes.cuda_host.cpu_request). On a CPU host both
+    change nothing."""
+    return dict(env, CUDA_VISIBLE_DEVICES="", ACCELERATE_USE_CPU="true")
+
+
+# For the NCCL variants of the CPU launches: counted in the parent, where no test hid the GPUs.
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+needs_two_gpus = pytest.mark.skipif(GPUS < 2, reason=f"NCCL variant: needs >= 2 CUDA GPUs, this host has {GPUS}")
 
 
 def check_launch(proc: subprocess.CompletedProcess) -> None:

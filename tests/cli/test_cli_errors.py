@@ -50,12 +50,14 @@ def test_gloo_forced_on_a_faked_cuda_host(capsys, monkeypatch):
 
 def test_cpu_config_on_a_faked_cuda_host_is_refused_too(capsys, monkeypatch):
     # use_cpu: true turns the run into Gloo: the same silent slowdown, through the config instead of a flag.
+    # Fake: no GPU here; only the device count that the backend policy reads is replaced.
     monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 2)
     code, _, err = _run(capsys, ["demo", "--dry-run", "--config-file", "accelerate_configs/cpu_zero3_2proc.yaml"])
     assert code == 2 and "Gloo" in err
 
 
 def test_faked_cuda_host_picks_gpu_config_and_nccl(capsys, monkeypatch):
+    # Fake: no GPU here; only the device count that the demo's choice reads is replaced.
     monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 4)
     code, out, _ = _run(capsys, ["demo", "--dry-run", "--json"])
     plan = json.loads(out)
@@ -64,11 +66,16 @@ def test_faked_cuda_host_picks_gpu_config_and_nccl(capsys, monkeypatch):
     assert plan["config_file"].endswith("zero3_1node_8gpu.yaml")
 
 
-def test_dry_run_on_this_cpu_host(capsys):
+def test_dry_run_on_this_host(capsys):
+    """Per host, nothing faked: the CPU config with 2 Gloo processes without CUDA, else one NCCL process per GPU."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     code, out, _ = _run(capsys, ["demo", "--dry-run", "--json"])
     plan = json.loads(out)
-    assert code == 0 and plan["backend"] == "gloo" and plan["num_processes"] == 2
-    assert plan["command"][plan["command"].index("--config_file") + 1].endswith("cpu_zero3_2proc.yaml")
+    expected = ("nccl", gpus, "zero3_1node_8gpu.yaml") if gpus else ("gloo", 2, "cpu_zero3_2proc.yaml")
+    assert code == 0 and (plan["backend"], plan["num_processes"]) == expected[:2]
+    assert plan["command"][plan["command"].index("--config_file") + 1].endswith(expected[2])
 
 
 def test_no_command_prints_help_and_exits_2(capsys):

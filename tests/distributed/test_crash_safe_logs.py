@@ -9,13 +9,14 @@ scalars and one run id. Five single-rank processes and two 2-rank launches, abou
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, accelerate_launch, check_launch
+from conftest import REPO, accelerate_launch, check_launch, cpu_only_env
 from hf_dist_recipes.monitoring import read_scalars
 
 pytestmark = [pytest.mark.distributed]
@@ -26,8 +27,9 @@ ZERO3 = REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml"
 
 
 def _run(out, mode: str) -> subprocess.CompletedProcess:
+    # A CPU run on any host, as the 2-rank launches below (conftest.cpu_only_env).
     return subprocess.run([sys.executable, WORKER, str(out), mode, str(DIE_AT)], capture_output=True, text=True,
-                          timeout=180, cwd=REPO)
+                          timeout=180, cwd=REPO, env=cpu_only_env(dict(os.environ)))
 
 
 @pytest.mark.parametrize("mode, returncode, probe_survives", [

@@ -1,4 +1,8 @@
-"""The main job end to end: `hf-dist-recipes demo` launches 2 real processes with DeepSpeed ZeRO-3 on CPU/Gloo."""
+"""The main job end to end: `hf-dist-recipes demo` launches 2 real processes with DeepSpeed ZeRO-3 on CPU/Gloo.
+
+On any host: the CPU runs hide the GPUs from their processes (conftest.cpu_only_env), so the demo picks its CPU
+config as on a CPU-only machine, and a GPU host trains on its CPU as asked. A host with >= 2 CUDA GPUs also runs
+the NCCL variant (the demo's GPU config on 2 GPUs); elsewhere it is skipped with the reason."""
 
 import json
 import os
@@ -7,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import LAUNCH_TIMEOUT_S, REPO
+from conftest import LAUNCH_TIMEOUT_S, REPO, cpu_only_env, needs_two_gpus
 from hf_dist_recipes.monitoring import read_rank_summaries, read_scalars
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -18,7 +22,7 @@ STEPS = 60
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env = cpu_only_env(dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
     proc = subprocess.run(
         [sys.executable, "-m", "hf_dist_recipes.cli.main", "demo", "--json", "--output-dir", str(out),
          "--max-steps", str(STEPS), "--logging-steps", "10", "--warmup-steps", "10"],
@@ -31,6 +35,7 @@ def demo_run(tmp_path_factory):
 def test_both_ranks_trained_with_the_same_seed(demo_run):
     result, out = demo_run
     s = result["summary"]
+    assert (result["plan"]["backend"], result["plan"]["device"]) == ("gloo", "cpu")  # the CPU config, on any host
     assert s["ranks"] == 2 and s["steps"] == STEPS
     assert s["seeds_agree"] is True
     rows = read_rank_summaries(out)
@@ -98,8 +103,8 @@ def test_demo_trains_on_the_users_text_file(tmp_path):
     book = tmp_path / "book.txt"
     book.write_text("the quick brown fox jumps over the lazy dog\n" * 400)
     steps = 20
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"))
+    env = cpu_only_env(dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+                            HF_DATASETS_CACHE=str(tmp_path / "datasets_cache")))
     proc = subprocess.run(
         [sys.executable, "-m", "hf_dist_recipes.cli.main", "demo", "--json", "--output-dir", str(tmp_path / "out"),
          "--data-files", str(book), "--max-steps", str(steps), "--logging-steps", "5", "--warmup-steps", "2",
@@ -110,3 +115,24 @@ def test_demo_trains_on_the_users_text_file(tmp_path):
     s = json.loads(proc.stdout)["summary"]
     assert s["ranks"] == 2 and s["steps"] == steps and s["tokens"] == 2 * steps * 4 * 64
     assert s["first_loss"] > 4.0 and s["last_loss"] < 2.0
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_demo_on_two_gpus_uses_nccl(tmp_path):
+    """The NCCL variant of the CPU demo above: the demo's own choice on a GPU host (its GPU config, ZeRO-3), on 2
+    GPUs; the same checks of ranks, seeds and a falling loss."""
+    steps = 20
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "hf_dist_recipes.cli.main", "demo", "--json", "--output-dir", str(tmp_path / "out"),
+         "--num-processes", "2", "--max-steps", str(steps), "--logging-steps", "5", "--warmup-steps", "2",
+         "--no-save"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    s = result["summary"]
+    assert (result["plan"]["backend"], result["plan"]["device"], result["plan"]["num_processes"]) == ("nccl", "cuda", 2)
+    assert s["ranks"] == 2 and s["steps"] == steps and s["seeds_agree"] is True
+    assert result["loss_fell"] is True

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import LAUNCH_TIMEOUT_S, REPO, free_port
+from conftest import LAUNCH_TIMEOUT_S, REPO, cpu_only_env, free_port
 from hf_dist_recipes.cli.main import main
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -24,7 +24,8 @@ def test_two_machines_train_together(tmp_path):
     text = config.read_text()
     assert "num_machines: 2" in text and f"main_process_port: {port}" in text and "main_process_ip: 127.0.0.1" in text
     out = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    # The generated --cpu config, as a CPU run on any host (conftest.cpu_only_env).
+    env = cpu_only_env(dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
     procs = [
         subprocess.Popen([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
                           "--machine_rank", str(rank), WORKER, str(out), "4", "recipe", "tiny-deepseek-v3"],

@@ -3,7 +3,7 @@ import json
 import pytest
 from transformers import TrainingArguments
 
-from hf_dist_recipes import RecipeTrainingArguments, _compat
+from hf_dist_recipes import RecipeTrainingArguments, _compat, backend
 
 
 def test_recipe_defaults(tmp_path):
@@ -15,7 +15,8 @@ def test_recipe_defaults(tmp_path):
     assert args.logging_nan_inf_filter is False
     assert args.logging_dir == str(tmp_path / "tensorboard")
     assert args.per_rank_tensorboard is True
-    assert args.use_cpu is True  # no CUDA on this host: the world-size trap of use_cpu=False is avoided
+    # Per host: without CUDA use_cpu=True avoids the world-size trap of use_cpu=False; with GPUs they are used.
+    assert args.use_cpu is (backend.cuda_device_count() == 0)
 
 
 def test_new_fields_come_after_every_trainingarguments_field():

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 from deepspeed.runtime.config import DeepSpeedConfig
 
 from hf_dist_recipes import RecipeTrainingArguments
@@ -23,9 +24,21 @@ def test_resolve_bf16(requested, fp16, gpus, supported, expected):
     assert resolve_bf16(requested, fp16=fp16, cuda_devices=gpus, bf16_supported=supported) is expected
 
 
-def test_arguments_on_this_cpu_host_train_in_fp32(tmp_path):
+def test_arguments_on_this_host_choose_its_precision_and_backend(tmp_path):
+    """Per host: a CPU host trains in fp32 with the launcher's Gloo; a GPU host with NCCL, bf16 where every GPU has
+    it (torch's own capability numbers, >= 8.0)."""
     args = RecipeTrainingArguments(output_dir=str(tmp_path))
-    assert args.bf16 is False and args.use_cpu is True
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus == 0:
+        assert args.bf16 is False and args.use_cpu is True and args.ddp_backend is None
+    else:
+        ampere = all(torch.cuda.get_device_capability(i)[0] >= 8 for i in range(gpus))
+        assert args.bf16 is ampere and args.use_cpu is False and args.ddp_backend == "nccl"
+
+
+def test_an_explicit_cpu_request_trains_in_fp32_on_any_host(tmp_path):
+    args = RecipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True)
+    assert args.bf16 is False and args.use_cpu is True and args.ddp_backend is None
 
 
 def test_arguments_turn_bf16_on_on_a_faked_bf16_gpu_host(tmp_path, monkeypatch):
