@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -175,13 +176,14 @@ def test_validate_keeps_exit_1_for_findings_and_2_when_a_file_cannot_be_read(cap
     (["config", "validate", "EMPTY"], "empty.yaml"),
 ])
 def test_console_script_prints_one_line_and_no_traceback(argv, name, tmp_path):
-    """Through the installed entry point in a fresh process: nothing imported earlier (DeepSpeed's import notice,
-    logging set up by other tests) hides a second line."""
+    """Through the installed console script (pyproject's [project.scripts]) in a fresh process: nothing imported
+    earlier (DeepSpeed's import notice, logging set up by other tests) hides a second line."""
+    script = Path(sys.executable).with_name("hf-dist-recipes")
+    assert script.is_file(), f"{script} missing: install the package (make install / pip install -e .)"
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
     argv = [str(empty) if a == "EMPTY" else a for a in argv]
-    script = [sys.executable, "-c", "import sys; from hf_dist_recipes.cli.main import main; sys.exit(main())"]
-    proc = subprocess.run(script + argv, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    proc = subprocess.run([str(script), *argv], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     _one_line_naming(proc.stderr, name)
 
