@@ -22,6 +22,7 @@ def _lock(root, age_s):
 
 
 def test_old_lock_without_a_build_is_stale(tmp_path, monkeypatch):
+    # Fake: the process scan's answer (no build runs); the real scan is tested with a stand-in compiler below.
     monkeypatch.setattr(extensions, "build_running", lambda: False)
     lock = _lock(tmp_path, 3600)
     assert stale_locks(tmp_path) == [lock]
@@ -30,10 +31,11 @@ def test_old_lock_without_a_build_is_stale(tmp_path, monkeypatch):
 
 
 def test_fresh_lock_or_running_build_is_not_stale(tmp_path, monkeypatch):
+    # Fake: the process scan's answer (no build runs); the real scan is tested with a stand-in compiler below.
     monkeypatch.setattr(extensions, "build_running", lambda: False)
     _lock(tmp_path, 10)
     assert stale_locks(tmp_path) == []
-    monkeypatch.setattr(extensions, "build_running", lambda: True)
+    monkeypatch.setattr(extensions, "build_running", lambda: True)  # Fake: a build runs
     assert stale_locks(tmp_path, older_than_s=0) == []
 
 
@@ -47,6 +49,7 @@ def test_the_demo_refuses_to_launch_into_a_stale_lock(tmp_path, monkeypatch, cap
     from hf_dist_recipes.cli.main import main
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    # Fake: the process scan's answer (no build runs); the real scan is tested with a stand-in compiler below.
     monkeypatch.setattr(extensions, "build_running", lambda: False)
     _lock(tmp_path, 3600)
     assert main(["demo", "--dry-run"]) == 2
@@ -90,6 +93,7 @@ def test_explicit_dir_is_kept(unset, monkeypatch):
 
 
 def test_stale_lock_check_looks_where_builds_now_go(unset, monkeypatch):
+    # Fake: the process scan's answer (no build runs); the real scan is tested with a stand-in compiler below.
     monkeypatch.setattr(extensions, "build_running", lambda: False)
     lock = _lock(extensions.node_local_extensions_dir(), 3600)
     assert stale_locks() == [lock]
@@ -139,3 +143,41 @@ def test_launch_header_names_the_ops_of_the_plan():
     assert extensions.launch_header_lines(ParallelPlan(engine="fsdp2", tp=2)) == []
     lines = extensions.launch_header_lines(None)
     assert 1 <= len(lines) <= 3 and all(len("# " + line) <= 120 for line in lines)
+
+
+def test_real_lock_and_real_process_scan_live_while_a_build_runs_stale_after(tmp_path):
+    """No fake in the check: a real lock file, made the way torch's JIT build makes it (cpp_extension._jit_compile
+    takes `FileBaton(<build dir>/lock)`), and the real process scan (psutil over every process of this machine).
+    What stands in: the building compiler is /usr/bin/sleep copied as `ninja` (the kernel names a process after the
+    file it executes, which is what the scan reads), and the lock's age of an hour is set with os.utime instead of
+    waited for."""
+    import shutil
+    import subprocess
+
+    from torch.utils.file_baton import FileBaton
+
+    if extensions.build_running():
+        pytest.skip("a real compiler or ninja runs on this machine now: a lock cannot be seen going stale")
+    build_dir = tmp_path / "py311_cpu" / "cpu_adam"
+    build_dir.mkdir(parents=True)
+    baton = FileBaton(str(build_dir / "lock"))
+    assert baton.try_acquire()
+    lock = build_dir / "lock"
+    old = time.time() - 3600
+    os.utime(lock, (old, old))
+    ninja = tmp_path / "bin" / "ninja"
+    ninja.parent.mkdir()
+    shutil.copy2(shutil.which("sleep"), ninja)
+    build = subprocess.Popen([str(ninja), "60"])
+    try:
+        assert extensions.build_running()
+        assert stale_locks(tmp_path) == []  # live: a build holds it
+        check_no_stale_locks(tmp_path)
+    finally:
+        build.kill()
+        build.wait(timeout=10)
+    assert stale_locks(tmp_path) == [lock]  # the build is gone, the lock stayed: what a killed run leaves
+    with pytest.raises(ValueError, match=f"rm {lock}"):
+        check_no_stale_locks(tmp_path)
+    baton.release()
+    assert stale_locks(tmp_path) == []
