@@ -35,13 +35,21 @@ BAD_DEMO_FLAGS = [
 
 @pytest.fixture
 def no_launch(monkeypatch):
-    """Fail the test if the demo starts any process: the checks must stop it first."""
+    """Fail the test if the demo launches its ranks: the checks must stop it first. Other processes (nvidia-smi on
+    a GPU host) still run."""
 
-    def launched(*args, **kwargs):
-        raise AssertionError(f"a process was started: {args}")
+    def run_demo(*args, **kwargs):
+        raise AssertionError("run_demo was called")
 
-    monkeypatch.setattr("hf_dist_recipes.demo.launch.subprocess.run", launched)
-    monkeypatch.setattr("subprocess.Popen", launched)
+    class NoLaunchPopen(subprocess.Popen):
+        def __init__(self, args, *rest, **kwargs):
+            words = args if isinstance(args, (list, tuple)) else [args]
+            if any("accelerate" in str(a) or "demo.train" in str(a) for a in words):
+                raise AssertionError(f"a launch was started: {args}")
+            super().__init__(args, *rest, **kwargs)
+
+    monkeypatch.setattr("hf_dist_recipes.cli.demo.run_demo", run_demo)
+    monkeypatch.setattr(subprocess, "Popen", NoLaunchPopen)
 
 
 def _run(capsys, argv):
