@@ -1,8 +1,25 @@
-"""The CUDA host is faked (no GPU here): only the device count is replaced, the policy code runs as shipped."""
+"""The CUDA host is faked (no GPU here) where a test passes `cuda_devices`: only the device count is replaced, the
+policy code runs as shipped. The tests "on this host" fake nothing: Gloo on a CPU host, NCCL on a GPU host."""
 
 import pytest
+import torch
 
 from hf_dist_recipes.backend import resolve_backend
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def test_this_hosts_default_backend():
+    from hf_dist_recipes.backend import cuda_device_count
+
+    assert cuda_device_count() == GPUS
+    assert resolve_backend(None) == ("nccl" if GPUS else "gloo")
+    if GPUS:  # the CPU's backend refused where GPUs are visible, unless asked for
+        with pytest.raises(ValueError, match=f"{GPUS} CUDA GPU"):
+            resolve_backend("gloo")
+    else:
+        with pytest.raises(ValueError, match="no CUDA GPU"):
+            resolve_backend("nccl")
 
 
 def test_default_is_nccl_with_gpus_and_gloo_without():
@@ -66,3 +83,19 @@ def test_a_gloo_group_is_destroyed_by_the_exit_handler(tmp_path):
     assert destroy_gloo_group() is False  # nothing to destroy
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     assert destroy_gloo_group() is True and not dist.is_initialized()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(GPUS < 1, reason=f"NCCL variant: needs a CUDA GPU, this host has {GPUS}")
+def test_live_nccl_group_on_this_gpu_host_passes(tmp_path):
+    """The NCCL variant of the Gloo check above, nothing faked: a real one-rank NCCL group on GPU 0."""
+    import torch.distributed as dist
+
+    from hf_dist_recipes.backend import check_process_group_backend
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        assert check_process_group_backend() == "nccl"
+    finally:
+        dist.destroy_process_group()
