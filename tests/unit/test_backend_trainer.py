@@ -29,7 +29,8 @@ def gloo_group(tmp_path):
 def _args(tmp_path, **kw) -> RecipeTrainingArguments:
     args = RecipeTrainingArguments(output_dir=str(tmp_path / "run"), max_steps=2, per_device_train_batch_size=2,
                                    save_strategy="no", disable_tqdm=True, report_to="none", seed_check="off", **kw)
-    args.use_cpu = False  # what the arguments say on a host with GPUs
+    if not kw.get("use_cpu"):
+        args.use_cpu = False  # what the arguments say on a host with GPUs
     return args
 
 
@@ -54,5 +55,7 @@ def test_allow_gloo_on_cuda_trains(tmp_path, gloo_group, monkeypatch):
 
 
 def test_the_same_group_without_gpus_trains(tmp_path, gloo_group):
-    """The control: without the fake, Gloo on this CPU host is right and nothing stops."""
-    assert _trainer(_args(tmp_path)).train().global_step == 2
+    """The control, nothing faked: Gloo is right for a CPU run and nothing stops -- on a CPU host as the arguments
+    leave it, on a GPU host when the run asks for the CPU (use_cpu=True: hf_dist_recipes.cuda_host.cpu_request)."""
+    args = _args(tmp_path, use_cpu=True) if backend.cuda_device_count() else _args(tmp_path)
+    assert _trainer(args).train().global_step == 2
