@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import REPO, free_port
+from conftest import REPO, cpu_only_env, free_port
 from hf_dist_recipes.cli.main import main
 from hf_dist_recipes.watchdog import LOST_PEER_EXIT_CODE, heartbeat_interval
 
@@ -54,7 +54,8 @@ def test_machine_0_ends_within_the_bound_naming_the_lost_rank_and_its_step(tmp_p
     port = free_port()
     assert main(["config", "generate", "--cpu", "--nodes", "2", "--gpus-per-node", "1", "--auto", "--name", "two",
                  "--main-process-ip", "127.0.0.1", "--main-process-port", str(port), "--output", str(tmp_path)]) == 0
-    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    # The generated --cpu config, as a CPU run on any host (conftest.cpu_only_env).
+    env = cpu_only_env(dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
     procs = [subprocess.Popen([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                                str(tmp_path / "two.yaml"), "--machine_rank", str(rank), WORKER, str(tmp_path / "out"),
                                mode, str(DIE_AT), f"peer_timeout={PEER_TIMEOUT}"],
