@@ -76,6 +76,7 @@ def test_unset_dir_is_set_to_a_private_node_local_folder(unset):
 
 
 def test_incompatible_builds_get_different_folders(unset, monkeypatch):
+    # Fake: the torch build's CUDA version (one CPU wheel is installed here), to name the folders of three builds.
     monkeypatch.setattr(torch.version, "hip", None)
     names = set()
     for cuda in (None, "12.8", "13.0"):
