@@ -48,6 +48,7 @@ from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
 from hf_dist_recipes.backend import check_process_group_backend, destroy_gloo_group_at_exit
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.construction import check_partitioned
+from hf_dist_recipes.environment.fingerprint import check_ranks_agree
 from hf_dist_recipes.monitoring.expert_load import ExpertLoadCallback, has_routed_experts
 from hf_dist_recipes.monitoring.pending import PendingLogs
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
@@ -107,6 +108,8 @@ class RecipeTrainer(Trainer):
         check_process_group_backend(allow_gloo_on_cuda=args.allow_gloo_on_cuda,
                                     cuda_devices=0 if args.use_cpu else None)
         destroy_gloo_group_at_exit()
+        # Every rank's versions, build, NCCL and driver agree, or every rank stops here, naming who differs.
+        check_ranks_agree()
         # A dead or stuck rank ends every rank within a bound instead of a silent wait in a collective.
         self.add_callback(HangWatchdogCallback(args.peer_timeout, args.step_timeout, args.ddp_timeout))
         if self.is_deepspeed_enabled and self.model is not None and \
