@@ -41,8 +41,9 @@ DEVICE_FILE = re.compile(r"nvidia(\d+)")
 # read by transformers 5.24 TrainingArguments and accelerate's PartialState; true values as accelerate's str_to_bool.
 CPU_REQUEST_ENV = "ACCELERATE_USE_CPU"
 TRUE_VALUES = ("y", "yes", "t", "true", "on", "1")
-# Where the install fix points; `hf-dist-recipes pin` (issue 10) can replace this once it exists.
-PIN_HINT = "the versions requirements.lock pins"
+# Where the install fix points: a lock of this environment, and an image of the CUDA build, from `pin`.
+PIN_HINT = ("the other versions exact (hf-dist-recipes pin --output DIR --torch <version> --cuda 13.0 writes a "
+            "lock and a Dockerfile for that build)")
 
 # Lowest Linux driver per CUDA major version under minor-version compatibility: NVIDIA "CUDA Compatibility"
 # guide, table "CUDA Toolkit and Minimum Required Driver Version for CUDA Minor Version Compatibility"
