@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 
 from hf_dist_recipes.environment.lock import Lock
@@ -22,6 +24,12 @@ from hf_dist_recipes.environment.lock import Lock
 LOCK_NAME = "requirements.lock"
 DOCKERFILE_NAME = "Dockerfile"
 VENV = "/opt/venv"
+
+
+def _env_value(value: str) -> str:
+    """`value` as a Dockerfile ENV value: bare when it is one plain word, else double-quoted (JSON escapes, which
+    the Dockerfile parser reads the same way for quotes and backslashes)."""
+    return value if re.fullmatch(r"[A-Za-z0-9_./:^,=+-]+", value) else json.dumps(value)
 
 
 def python_minor(python: str) -> str:
@@ -74,5 +82,5 @@ def render_dockerfile(lock: Lock, env: Mapping[str, str], *, image: str | None, 
                      "on no index: COPY it in and `pip install --no-deps` it.")
     if env:
         lines.append("# Hang-proof NCCL defaults (hf_dist_recipes.nccl_defaults); docker run -e overrides them.")
-        lines += [f"ENV {name}={value}" for name, value in env.items()]
+        lines += [f"ENV {name}={_env_value(value)}" for name, value in env.items()]
     return "\n".join(lines) + "\n"

@@ -162,3 +162,9 @@ def test_every_build_has_an_image_of_its_cuda_and_cuda13_needs_turing():
             build = torch_builds.lookup(release.versions[0] if release.versions else f"{release.series}.0", cuda)
             assert build.index_url == f"https://download.pytorch.org/whl/cu{cuda.replace('.', '')}"
             assert build.min_compute_capability == ("7.5" if cuda.startswith("13.") else None)
+
+
+def test_env_values_with_spaces_are_quoted(tmp_path):
+    pin(tmp_path, "2.13.0", "13.0", env={"NCCL_SOCKET_IFNAME": "^lo,docker", "NCCL_DEBUG_FILE": "/tmp/nccl %h.log"})
+    lines = (tmp_path / "Dockerfile").read_text().splitlines()
+    assert "ENV NCCL_SOCKET_IFNAME=^lo,docker" in lines and 'ENV NCCL_DEBUG_FILE="/tmp/nccl %h.log"' in lines
