@@ -47,3 +47,18 @@ def test_unwritable_output_is_one_line_exit_2(capsys, tmp_path):
     err = capsys.readouterr().err
     assert err == f"hf-dist-recipes pin: error: --output {blocker / 'pinned'}: cannot write there (Not a directory); " \
                   "choose a folder you can write to\n"
+
+
+def test_doctor_reads_the_lock_pin_wrote_and_names_a_drifted_package(capsys, tmp_path):
+    import importlib.metadata
+
+    assert main(["pin", "--output", str(tmp_path)]) == 0
+    lock = tmp_path / "requirements.lock"
+    capsys.readouterr()
+    assert main(["doctor", "--lock", str(lock), "--json"]) in (0, 1)  # this host's own warnings aside
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks["lock"]["status"] == "ok"
+    real = importlib.metadata.version("accelerate")
+    lock.write_text(lock.read_text().replace(f"\naccelerate=={real}\n", "\naccelerate==0.0.1\n"))
+    assert main(["doctor", "--lock", str(lock)]) == 2
+    assert f"accelerate: locked 0.0.1, installed {real}" in capsys.readouterr().out
