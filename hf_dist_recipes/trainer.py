@@ -14,6 +14,9 @@ What it adds:
   rank or halts with a report (`nonfinite_policy`), and names loss and grad-norm spikes; it sees each training
   loss through `compute_loss` and the clip call's pre-clip norm through `_clip_grad_norm`;
 - practice 2: after the process group exists, its backend is checked (Gloo on a CUDA host is an error);
+- practice 1: then every rank's environment fingerprint (Python, torch build, CUDA, NCCL, driver, the HF stack) is
+  all-gathered and the constructor stops on every rank, naming the rank and host that differ, when they do not
+  agree (`hf_dist_recipes.environment.fingerprint.check_ranks_agree`);
 - practice 6: `create_scheduler` builds the warm-up + cosine-with-restarts schedule (with `min_lr_ratio` and
   `restart_warmup_steps`), also when DeepSpeed owns the optimizer (the engine then steps it);
 - practice 7: TensorBoard from every rank (`<logging_dir>/rank<N>`) and a per-rank JSON summary at the end;
