@@ -6,9 +6,9 @@ import argparse
 import sys
 
 from hf_dist_recipes import __version__
-from hf_dist_recipes.cli import checkpoint, config, demo, doctor, logs, pin
+from hf_dist_recipes.cli import checkpoint, commbench, config, demo, doctor, logs, pin, preflight
 
-SUBCOMMANDS = (demo, config, checkpoint, logs, doctor, pin)
+SUBCOMMANDS = (demo, config, checkpoint, logs, doctor, pin, commbench, preflight)
 USAGE_ERROR = 2
 
 

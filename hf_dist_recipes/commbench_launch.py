@@ -1,0 +1,145 @@
+"""Launch `hf_dist_recipes.commbench` on N local processes (torchrun, a free port), read back rank 0's JSON, put a
+Gloo run side by side with NCCL, and render results as a table."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import hf_dist_recipes
+from hf_dist_recipes import backend as backends
+from hf_dist_recipes.commbench import BenchSettings, check_settings
+from hf_dist_recipes.user_values import positive_int
+
+
+@dataclass(frozen=True)
+class CommbenchPlan:
+    """Checked launch: `backends` is ("nccl",), ("gloo",) or ("nccl", "gloo") for the side-by-side on a GPU host."""
+
+    num_processes: int
+    backends: tuple[str, ...]
+    settings: BenchSettings
+
+
+def plan_commbench(settings: BenchSettings, *, num_processes: int | None = None, backend: str | None = None,
+                   cuda_devices: int | None = None) -> CommbenchPlan:
+    """Processes default to one per visible GPU, else 2. `backend` "gloo" on a GPU host means Gloo next to NCCL;
+    NCCL without a GPU is ValueError (backend.resolve_backend's message)."""
+    gpus = backends.cuda_device_count() if cuda_devices is None else cuda_devices
+    n = num_processes if num_processes is not None else (gpus if gpus >= 2 else 2)
+    positive_int(n, "--num-processes", 2, minimum=2, unit="processes")
+    if gpus and n > gpus:
+        raise ValueError(f"--num-processes {n} is more than the {gpus} visible GPU(s); e.g. --num-processes {gpus}")
+    check_settings(settings)
+    if backend == backends.CPU_BACKEND and gpus:
+        chosen = (backends.GPU_BACKEND, backends.CPU_BACKEND)
+    else:
+        chosen = (backends.resolve_backend(backend, cuda_devices=gpus),)
+    return CommbenchPlan(num_processes=n, backends=chosen, settings=settings)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_command(plan: CommbenchPlan, backend: str, output: str) -> list[str]:
+    s = plan.settings
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(plan.num_processes),
+           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+           "-m", "hf_dist_recipes.commbench", "--backend", backend, "--output", output,
+           "--sizes", ",".join(map(str, s.sizes)), "--iters", str(s.iters), "--warmup", str(s.warmup),
+           "--link-size", str(s.link_bytes), "--fraction", str(s.fraction)]
+    if backend == backends.CPU_BACKEND and backends.GPU_BACKEND in plan.backends:
+        cmd.append("--allow-gloo-on-cuda")  # asked for explicitly: the side-by-side with NCCL
+    return cmd
+
+
+def run_commbench(plan: CommbenchPlan) -> dict:
+    """Launch each backend of `plan` in turn; {"backend": ..., results...} for one, side_by_side() for two.
+    A failed launch is RuntimeError with its exit status (the ranks' output is already on stderr)."""
+    env = dict(os.environ)
+    # The ranks import this package from the same place as this process, even when it is not installed.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(hf_dist_recipes.__file__).parents[1]),
+                                                      env.get("PYTHONPATH")]))
+    env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default, set here so it does not warn about it
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="commbench-") as tmp:
+        for name in plan.backends:
+            out = os.path.join(tmp, f"{name}.json")
+            # Ranks write nothing to stdout with --output; their progress and errors go to stderr.
+            proc = subprocess.run(worker_command(plan, name, out), env=env, stdout=sys.stderr)
+            if proc.returncode != 0 or not os.path.exists(out):
+                raise RuntimeError(f"commbench on {name} failed (exit {proc.returncode}); the ranks' output is above")
+            with open(out, encoding="utf-8") as f:
+                runs.append(json.load(f))
+    return runs[0] if len(runs) == 1 else side_by_side(*runs)
+
+
+def side_by_side(nccl: dict, gloo: dict) -> dict:
+    """Both runs and, per op and size measured by both, the times and how many times slower Gloo is."""
+    theirs = {(r["op"], r["size_bytes"]): r for r in gloo["results"]}
+    rows = []
+    for r in nccl["results"]:
+        g = theirs.get((r["op"], r["size_bytes"]))
+        if g is None or r["time_us"] is None or g["time_us"] is None:
+            continue
+        rows.append({"op": r["op"], "size_bytes": r["size_bytes"], "nccl_time_us": r["time_us"],
+                     "gloo_time_us": g["time_us"], "gloo_slower_x": g["time_us"] / r["time_us"]})
+    return {"side_by_side": True, "world_size": nccl["world_size"], "runs": [nccl, gloo], "comparison": rows}
+
+
+def human_bytes(n: int) -> str:
+    for unit, scale in (("G", 1024**3), ("M", 1024**2), ("K", 1024)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return f"{n}B" if n < 1024 else f"{n / 1024:.1f}K"
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def render(result: dict) -> str:
+    """The table of one run (results, ring links, ranks, flags), or of a side-by-side (both runs, then the ratios)."""
+    if result.get("side_by_side"):
+        lines = [render(run) for run in result["runs"]]
+        lines.append("Gloo vs NCCL on this machine (time per op; the ratio is what a training falling back to Gloo "
+                     "pays on each collective):")
+        lines.append(f"  {'op':<15}{'size':>8}{'nccl us':>12}{'gloo us':>12}{'gloo/nccl':>11}")
+        for r in result["comparison"]:
+            lines.append(f"  {r['op']:<15}{human_bytes(r['size_bytes']):>8}{r['nccl_time_us']:>12.1f}"
+                         f"{r['gloo_time_us']:>12.1f}{r['gloo_slower_x']:>10.1f}x")
+        return "\n".join(lines)
+    lines = [f"commbench: {result['world_size']} ranks, {result['backend']} on {result['device']}, "
+             f"host(s) {', '.join(result['hosts'])}, {result['dtype']}, {result['iters']} timed iterations "
+             "(time = slowest rank's mean; bandwidths in GB/s as nccl-tests defines them)",
+             f"  {'op':<15}{'size':>8}{'time us':>12}{'algbw':>9}{'busbw':>9}  call"]
+    for r in result["results"]:
+        lines.append(f"  {r['op']:<15}{human_bytes(r['size_bytes']):>8}{_num(r['time_us'], '12.1f')}"
+                     f"{_num(r['algbw_GBps'], '9.3f')}{_num(r['busbw_GBps'], '9.3f')}  {r['call']} {r['note']}"
+                     .rstrip())
+    lines.append(f"ring links (each alone, {human_bytes(result['links'][0]['size_bytes'])} per send):"
+                 if result["links"] else "ring links: none")
+    for x in result["links"]:
+        flag = "  SLOW" if x["flagged"] else ""
+        lines.append(f"  rank {x['src']} ({x['src_host']}) -> rank {x['dst']} ({x['dst_host']}): "
+                     f"{x['GBps']:.3f} GB/s, {x['time_us']:.1f} us{flag}")
+    for x in result["ranks"]:
+        flag = "  SLOW" if x["flagged"] else ""
+        lines.append(f"  rank {x['rank']} ({x['host']}): own all_reduce {human_bytes(x['size_bytes'])} "
+                     f"{x['time_us']:.1f} us{flag}")
+    flagged = result["flagged"]
+    if flagged["links"] or flagged["ranks"]:
+        lines.append(f"flagged below {result['fraction']:g} x the median: links {flagged['links']}, "
+                     f"ranks {flagged['ranks']}")
+    else:
+        lines.append(f"no link or rank below {result['fraction']:g} x the median")
+    return "\n".join(lines)
