@@ -9,9 +9,11 @@ hundred times slower. The usual causes, each named with its fix by `check_torch_
 - a broken driver (`nvidia-smi` fails, e.g. "Driver/library version mismatch" after an upgrade without reboot);
 - anything else torch reports itself (its "CUDA initialization: ..." warning is repeated).
 
-Training on the CPU on such a machine is fine when it was asked for: `use_cpu=True`, or `ACCELERATE_USE_CPU`
-true (what `accelerate launch` sets from a config's `use_cpu: true`, and what transformers itself reads), is an
-explicit request (`cpu_request`); only a run that nothing asked to be on the CPU is stopped.
+Training on the CPU on such a machine is fine when it was asked for (`cpu_request`): `use_cpu=True`;
+`ACCELERATE_USE_CPU` true (what `accelerate launch` sets from a config's `use_cpu: true` for its plain launcher);
+or `HF_DIST_RECIPES_USE_CPU` true, for the ranks of a DeepSpeed config with `use_cpu: true`, to which accelerate
+1.16's DeepSpeed launcher passes nothing of it (and ACCELERATE_USE_CPU would turn DeepSpeed off in
+AcceleratorState). Only a run that nothing asked to be on the CPU is stopped.
 
 The GPUs are found without torch: the device files `/dev/nvidia<N>` (not nvidiactl, nvidia-uvm, nvidia-modeset)
 and `nvidia-smi -L`. `DEV_DIR` and `NVIDIA_SMI` are module-level so tests can point them at fakes.
@@ -40,6 +42,8 @@ DEVICE_FILE = re.compile(r"nvidia(\d+)")
 # Set by accelerate 1.16 `launch` from the config's use_cpu (utils/launch.py prepare_simple_launcher_cmd_env) and
 # read by transformers 5.24 TrainingArguments and accelerate's PartialState; true values as accelerate's str_to_bool.
 CPU_REQUEST_ENV = "ACCELERATE_USE_CPU"
+# This package's own request, read only here: accelerate 1.16 prepare_deepspeed_cmd_env does not pass use_cpu on.
+RECIPE_CPU_ENV = "HF_DIST_RECIPES_USE_CPU"
 TRUE_VALUES = ("y", "yes", "t", "true", "on", "1")
 # Where the install fix points: a lock of this environment, and an image of the CUDA build, from `pin`.
 PIN_HINT = ("the other versions exact (hf-dist-recipes pin --output DIR --torch <version> --cuda 13.0 writes a "
@@ -194,13 +198,16 @@ def _reason_and_fix(host: NvidiaHost) -> tuple[str, str]:
 
 
 def cpu_request(use_cpu: bool, environ: dict[str, str] | None = None) -> str | None:
-    """Who explicitly asked to train on the CPU, in words ("use_cpu=True", "ACCELERATE_USE_CPU=true"), or None
-    when nothing did. `use_cpu`: the arguments' value as the user gave it; `environ` defaults to os.environ."""
+    """Who explicitly asked to train on the CPU, in words ("use_cpu=True", "ACCELERATE_USE_CPU=true",
+    "HF_DIST_RECIPES_USE_CPU=1"), or None when nothing did. `use_cpu`: the arguments' value as the user gave it;
+    `environ` defaults to os.environ."""
     if use_cpu:
         return "use_cpu=True"
-    value = (os.environ if environ is None else environ).get(CPU_REQUEST_ENV)
-    if value is not None and value.strip().lower() in TRUE_VALUES:
-        return f"{CPU_REQUEST_ENV}={value} (accelerate launch with use_cpu: true)"
+    env = os.environ if environ is None else environ
+    for name in (CPU_REQUEST_ENV, RECIPE_CPU_ENV):
+        value = env.get(name)
+        if value is not None and value.strip().lower() in TRUE_VALUES:
+            return f"{name}={value}"
     return None
 
 

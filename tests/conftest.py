@@ -49,11 +49,12 @@ def accelerate_launch(config_file: Path, script_and_args: list[str], *, cwd: Pat
 
 def cpu_only_env(env: dict[str, str]) -> dict[str, str]:
     """`env` for a genuine CPU run on any host, GPU hosts included. CUDA_VISIBLE_DEVICES="" hides the GPUs from
-    torch and so from DeepSpeed (its accelerator detection falls back to "cpu"); ACCELERATE_USE_CPU=true is the
-    explicit CPU request (what `accelerate launch` sets from use_cpu: true) that lets RecipeTrainingArguments train
-    on the CPU of a machine with GPUs instead of stopping (hf_dist_recipes.cuda_host.cpu_request). On a CPU host both
-    change nothing."""
-    return dict(env, CUDA_VISIBLE_DEVICES="", ACCELERATE_USE_CPU="true")
+    torch and so from DeepSpeed (its accelerator detection falls back to "cpu"); HF_DIST_RECIPES_USE_CPU=1 is the
+    explicit CPU request that lets RecipeTrainingArguments train on the CPU of a machine with GPUs instead of
+    stopping (hf_dist_recipes.cuda_host.cpu_request). Not ACCELERATE_USE_CPU: accelerate's DeepSpeed launcher does
+    not pass use_cpu on, and that variable would turn DeepSpeed off in the ranks' AcceleratorState. On a CPU host
+    both change nothing."""
+    return dict(env, CUDA_VISIBLE_DEVICES="", HF_DIST_RECIPES_USE_CPU="1")
 
 
 # For the NCCL variants of the CPU launches: counted in the parent, where no test hid the GPUs.

@@ -29,7 +29,7 @@ def test_committed_without_outputs(path):
 def test_notebook_executes(path, tmp_path, monkeypatch):
     # The notebooks train 2 CPU processes; the kernel inherits this environment, so they do on a GPU host too.
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    monkeypatch.setenv("HF_DIST_RECIPES_USE_CPU", "1")  # the explicit CPU request (conftest.cpu_only_env)
     nb = nbformat.read(path, as_version=4)
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)

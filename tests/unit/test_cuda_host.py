@@ -174,18 +174,19 @@ def test_the_arguments_stop_or_train_on_the_cpu_by_choice(tmp_path, monkeypatch)
     assert args.use_cpu is True and args.allow_cpu_with_gpus is True
 
 
+@pytest.mark.parametrize("name", ["ACCELERATE_USE_CPU", "HF_DIST_RECIPES_USE_CPU"])
 @pytest.mark.parametrize("value", ["true", "True", "1", "yes", "false", "False", "0", "no", ""])
-def test_cpu_request_reads_use_cpu_and_accelerates_variable_as_accelerate_does(value):
+def test_cpu_request_reads_use_cpu_and_the_variables_as_accelerate_reads_its_own(name, value):
     from accelerate.utils import str_to_bool
 
     assert cuda_host.cpu_request(True, {}) == "use_cpu=True"
     assert cuda_host.cpu_request(False, {}) is None
-    # accelerate's own reading of the variable (launch sets it, PartialState reads it) is the reference.
+    # accelerate's own reading of ACCELERATE_USE_CPU (launch sets it, PartialState reads it) is the reference.
     expected = bool(str_to_bool(value)) if value else False
-    asked = cuda_host.cpu_request(False, {"ACCELERATE_USE_CPU": value})
+    asked = cuda_host.cpu_request(False, {name: value})
     assert (asked is not None) == expected
     if asked:
-        assert asked.startswith(f"ACCELERATE_USE_CPU={value}")
+        assert asked == f"{name}={value}"
 
 
 def test_an_explicit_cpu_request_on_a_gpu_machine_with_hidden_gpus_trains_on_the_cpu(tmp_path, cuda_wheel,
@@ -198,6 +199,7 @@ def test_an_explicit_cpu_request_on_a_gpu_machine_with_hidden_gpus_trains_on_the
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ops"))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    monkeypatch.delenv("HF_DIST_RECIPES_USE_CPU", raising=False)
     # Nothing asked for the CPU: the silent fallback is still stopped, naming the variable.
     with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES='' hides every GPU.*use_cpu=True"):
         RecipeTrainingArguments(output_dir=str(tmp_path / "out"))
@@ -205,10 +207,13 @@ def test_an_explicit_cpu_request_on_a_gpu_machine_with_hidden_gpus_trains_on_the
         args = RecipeTrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True)
     assert args.use_cpu is True and args.ddp_backend is None and args.bf16 is False
     assert "as use_cpu=True asks, although this machine has 2 NVIDIA GPU(s)" in caplog.text
-    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")  # what `accelerate launch` sets from use_cpu: true
-    args = RecipeTrainingArguments(output_dir=str(tmp_path / "out"))
-    assert args.use_cpu is True and args.bf16 is False
-    monkeypatch.setenv("ACCELERATE_USE_CPU", "False")  # what it sets from a GPU config: no request
+    for name, value in (("ACCELERATE_USE_CPU", "True"), ("HF_DIST_RECIPES_USE_CPU", "1")):
+        # accelerate's plain launcher sets the first from use_cpu: true; its DeepSpeed launcher passes nothing on,
+        # so a DeepSpeed CPU run (this suite's, conftest.cpu_only_env) sets the second.
+        monkeypatch.setenv(name, value)
+        args = RecipeTrainingArguments(output_dir=str(tmp_path / "out"))
+        assert args.use_cpu is True and args.bf16 is False
+        monkeypatch.setenv(name, "False")  # what accelerate sets from a GPU config: no request
     with pytest.raises(ValueError, match="hides every GPU"):
         RecipeTrainingArguments(output_dir=str(tmp_path / "out"))
 
@@ -222,6 +227,19 @@ def test_an_explicit_cpu_request_with_visible_gpus_chooses_gloo_and_fp32(tmp_pat
     monkeypatch.setattr(cuda_host, "NVIDIA_SMI", _nvidia_smi(tmp_path))
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ops"))
     monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    monkeypatch.delenv("HF_DIST_RECIPES_USE_CPU", raising=False)
     args = RecipeTrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True)
     # Without the request the same host gets NCCL and bf16 (tests/unit/test_precision.py); asked, the CPU's choices.
     assert args.use_cpu is True and args.ddp_backend is None and args.bf16 is False and args.nccl_env_applied == {}
+
+
+def test_accelerates_deepspeed_launcher_passes_no_use_cpu_on():
+    """Why HF_DIST_RECIPES_USE_CPU exists: accelerate 1.16 tells the ranks of its plain launcher about use_cpu
+    (ACCELERATE_USE_CPU) and those of its DeepSpeed launcher nothing. When this fails, the launch config's use_cpu
+    reaches DeepSpeed ranks and the recipe variable may go."""
+    import inspect
+
+    from accelerate.utils import launch
+
+    assert "ACCELERATE_USE_CPU" in inspect.getsource(launch.prepare_simple_launcher_cmd_env)
+    assert "USE_CPU" not in inspect.getsource(launch.prepare_deepspeed_cmd_env)
