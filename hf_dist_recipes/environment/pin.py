@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from packaging.utils import canonicalize_name
 
@@ -33,21 +33,20 @@ _NCCL_DIST = re.compile(r"^nvidia-nccl-cu\d+$")
 
 @dataclass(frozen=True)
 class PinResult:
-    """What `pin` wrote: the lock, the two files, the base image (None: python slim) and the rules consulted."""
+    """What `pin` wrote: the lock, the two files, the base image and the notes written into the Dockerfile."""
 
     lock: Lock
     lock_path: str
     dockerfile_path: str
     image: str
     notes: tuple[str, ...] = ()
-    warnings: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict:
         return {
             "lock": self.lock_path, "dockerfile": self.dockerfile_path, "image": self.image,
             "torch": self.lock.packages.get("torch"), "torch_build": self.lock.torch_build, "cuda": self.lock.cuda,
             "index_url": self.lock.index_url, "nccl": self.lock.nccl, "python": self.lock.python,
-            "packages": len(self.lock.packages), "notes": list(self.notes), "warnings": list(self.warnings),
+            "packages": len(self.lock.packages), "notes": list(self.notes),
         }
 
 
