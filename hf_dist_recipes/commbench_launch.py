@@ -35,8 +35,13 @@ def plan_commbench(settings: BenchSettings, *, num_processes: int | None = None,
     n = num_processes if num_processes is not None else (gpus if gpus >= 2 else 2)
     positive_int(n, "--num-processes", 2, minimum=2, unit="processes")
     if gpus and n > gpus:
-        raise ValueError(f"--num-processes {n} is more than the {gpus} visible GPU(s); e.g. --num-processes {gpus}")
+        fix = (f"e.g. --num-processes {gpus}" if gpus >= 2 else "one GPU has no GPU-to-GPU link to measure; "
+               "`CUDA_VISIBLE_DEVICES= hf-dist-recipes commbench` measures Gloo between CPU processes")
+        raise ValueError(f"--num-processes {n} needs {n} GPUs (one per NCCL rank), {gpus} visible; {fix}")
     check_settings(settings)
+    if backend == backends.GPU_BACKEND and not gpus:
+        raise ValueError("--backend nccl needs CUDA GPUs and this host has none visible (torch.cuda.is_available() "
+                         "is False); leave out --backend to measure Gloo here, or check CUDA_VISIBLE_DEVICES")
     if backend == backends.CPU_BACKEND and gpus:
         chosen = (backends.GPU_BACKEND, backends.CPU_BACKEND)
     else:

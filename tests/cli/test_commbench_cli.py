@@ -122,4 +122,4 @@ def test_nccl_without_a_gpu_is_refused_in_one_line(capsys, monkeypatch):
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("launched NCCL on a CPU host"))
     assert main(["commbench", "--backend", "nccl"]) == 2
     err = capsys.readouterr().err
-    assert "NCCL was requested but this host has no CUDA GPU" in err and err.count("\n") == 1
+    assert "--backend nccl needs CUDA GPUs and this host has none visible" in err and err.count("\n") == 1

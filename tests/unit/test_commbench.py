@@ -86,7 +86,7 @@ def test_flag_outliers_fraction_is_settable():
 def test_plan_on_a_cpu_host():
     plan = plan_commbench(BenchSettings(), cuda_devices=0)
     assert (plan.num_processes, plan.backends) == (2, ("gloo",))
-    with pytest.raises(ValueError, match="NCCL was requested but this host has no CUDA GPU"):
+    with pytest.raises(ValueError, match="--backend nccl needs CUDA GPUs and this host has none visible"):
         plan_commbench(BenchSettings(), backend="nccl", cuda_devices=0)
     with pytest.raises(ValueError, match="--num-processes must be a whole number of processes >= 2, got 1"):
         plan_commbench(BenchSettings(), num_processes=1, cuda_devices=0)
@@ -102,8 +102,10 @@ def test_plan_on_a_gpu_host_puts_gloo_next_to_nccl():
     assert plan.backends == ("nccl", "gloo")
     assert "--allow-gloo-on-cuda" in worker_command(plan, "gloo", "out.json")
     assert "--allow-gloo-on-cuda" not in worker_command(plan, "nccl", "out.json")
-    with pytest.raises(ValueError, match="more than the 8 visible GPU"):
+    with pytest.raises(ValueError, match="--num-processes 9 needs 9 GPUs .* 8 visible; e.g. --num-processes 8"):
         plan_commbench(BenchSettings(), num_processes=9, cuda_devices=8)
+    with pytest.raises(ValueError, match="2 needs 2 GPUs .* 1 visible; one GPU has no GPU-to-GPU link"):
+        plan_commbench(BenchSettings(), cuda_devices=1)
 
 
 def _run(backend, times):
@@ -115,10 +117,21 @@ def _run(backend, times):
 def test_side_by_side_ratio():
     nccl = _run("nccl", {("all_reduce", 1024): 20.0, ("all_reduce", 2048): 100.0, ("all_gather", 1024): 10.0})
     gloo = _run("gloo", {("all_reduce", 1024): 60.0, ("all_reduce", 2048): 250.0, ("all_gather", 1024): None})
-    rows = side_by_side(nccl, gloo)["comparison"]
+    both = side_by_side(nccl, gloo)
+    rows = both["comparison"]
     # 60 / 20 = 3x; 250 / 100 = 2.5x; all_gather unsupported on the Gloo side: no ratio
     assert [(r["op"], r["size_bytes"], r["gloo_slower_x"]) for r in rows] == [
         ("all_reduce", 1024, 3.0), ("all_reduce", 2048, 2.5)]
+    both["runs"] = [_full(run) for run in both["runs"]]
+    out = render(both)
+    assert "  all_reduce           1K        20.0        60.0       3.0x" in out
+    assert "  all_reduce           2K       100.0       250.0       2.5x" in out
+
+
+def _full(run: dict) -> dict:
+    """`run` with the fields render() needs besides the results (a run without links or ranks)."""
+    return {**run, "device": "cuda", "hosts": ["h"], "dtype": "float32", "iters": 3, "fraction": 0.5, "links": [],
+            "ranks": [], "flagged": {"links": [], "ranks": []}}
 
 
 def test_render_marks_the_slow_link():
