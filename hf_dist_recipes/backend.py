@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import atexit
 
-import torch
+# torch is imported inside the functions: the CLI imports this module for every subcommand, and doctor/pin/--help
+# must not pay torch's start-up.
 
 GPU_BACKEND = "nccl"
 CPU_BACKEND = "gloo"
@@ -18,6 +19,8 @@ KNOWN_BACKENDS = ("nccl", "gloo", "mpi", "xccl", "hccl", "cncl", "mccl")
 
 def cuda_device_count() -> int:
     """Number of CUDA devices this process can see (0 on a CPU-only host)."""
+    import torch
+
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
@@ -50,6 +53,8 @@ def check_process_group_backend(*, allow_gloo_on_cuda: bool = False, cuda_device
     """Check the backend of the initialised default process group against the policy; returns it (None if no
     process group). A launcher or engine that picked Gloo on a CUDA host is caught here even if the arguments
     never asked for it."""
+    import torch
+
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return None
     backend = str(torch.distributed.get_backend())
@@ -80,6 +85,8 @@ _EXIT_HANDLER_REGISTERED = False
 
 def destroy_gloo_group() -> bool:
     """Destroy the default process group (and DeepSpeed's subgroups with it) when it runs on Gloo; True if done."""
+    import torch
+
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()) or CPU_BACKEND not in str(dist.get_backend()):
         return False

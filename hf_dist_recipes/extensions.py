@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psutil
-import torch
 
 if TYPE_CHECKING:
     from hf_dist_recipes.parallel.plan import ParallelPlan
@@ -55,6 +54,8 @@ NETWORK_FILESYSTEMS = frozenset({
 
 def build_key() -> str:
     """Folder name that changes with everything a built op depends on: e.g. "py311_cu130_torch2.13.0"."""
+    import torch  # here, not at the top: the CLI imports this module, and doctor/pin must start without torch
+
     if torch.version.hip:
         accel = f"rocm{torch.version.hip}"
     elif torch.version.cuda:

@@ -10,8 +10,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch and transformers load in seconds: only the functions that build configs import them, so
+    from transformers import PretrainedConfig  # `hf-dist-recipes doctor/pin/--help` start fast
 
 from hf_dist_recipes.jsonfile import read_json_object
 
@@ -75,11 +77,15 @@ def template_config(name: str, **overrides) -> PretrainedConfig:
     if name not in TEMPLATES:
         raise ValueError(f"unknown template {name!r}; known: {', '.join(TEMPLATES)}")
     model_type, values = TEMPLATES[name]
+    from transformers import AutoConfig
+
     return AutoConfig.for_model(model_type, **{**values, **overrides})
 
 
 def load_model_config(model: str | Path | PretrainedConfig) -> tuple[str, PretrainedConfig]:
     """(name, config) for a template name, a local directory or config.json path, or a config object."""
+    from transformers import AutoConfig, PretrainedConfig
+
     if isinstance(model, PretrainedConfig):
         return model.model_type, model
     text = str(model)
@@ -188,6 +194,9 @@ def _get(config: PretrainedConfig, *names: str, default=0):
 
 def introspect(model: str | Path | PretrainedConfig) -> ModelShape:
     """Shape and exact parameter counts of `model` (see `load_model_config` for what it accepts)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     name, config = load_model_config(model)
     with torch.device("meta"):
         module = AutoModelForCausalLM.from_config(config)
