@@ -138,14 +138,14 @@ def _timed(fn: Callable[[], object], s: BenchSettings, device) -> float:
     return (time.perf_counter() - start) / s.iters
 
 
-def _per_rank(value: float, device) -> list[float]:
-    """`value` of every rank, in rank order."""
-    import torch
+def _per_rank(value: float) -> list[float]:
+    """`value` of every rank, in rank order. As objects: Gloo cannot all-gather CUDA tensors, and the
+    side-by-side runs Gloo with them."""
     import torch.distributed as dist
 
-    out = torch.zeros(dist.get_world_size(), dtype=torch.float64, device=device)
-    dist.all_gather_single(out, torch.tensor([value], dtype=torch.float64, device=device))
-    return out.tolist()
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
 
 
 def _collective(op: str, size: int, n: int, device) -> Callable[[], object]:
@@ -181,7 +181,7 @@ def measure_collectives(s: BenchSettings, device, progress: Callable[[str], None
                 row["note"] = f"unsupported by this backend on {device.type}: {str(err).splitlines()[0][:160]}"
                 rows.append(row)
                 continue
-            times = _per_rank(mine, device)
+            times = _per_rank(mine)
             own[op][size] = times
             algbw, busbw = bandwidths(op, size, max(times), n)
             row.update(time_us=max(times) * 1e6, algbw_GBps=algbw, busbw_GBps=busbw)
@@ -208,7 +208,7 @@ def measure_ring_links(s: BenchSettings, device, hosts: list[str]) -> list[dict]
             mine = _timed(lambda: dist.recv(buf, src), s, device)
         else:
             mine = _timed(lambda: None, s, device)  # joins the barrier inside
-        seconds = max(_per_rank(mine, device)[r] for r in (src, dst))
+        seconds = max(_per_rank(mine)[r] for r in (src, dst))
         links.append({"src": src, "dst": dst, "src_host": hosts[src], "dst_host": hosts[dst], "size_bytes": size,
                       "time_us": seconds * 1e6, "GBps": size / seconds / GB})
     return links
@@ -234,7 +234,12 @@ def run_benchmark(s: BenchSettings, device, backend: str, progress: Callable[[st
     hosts: list = [None] * n
     dist.all_gather_object(hosts, socket.gethostname())
     rows, own = measure_collectives(s, device, progress)
-    links = measure_ring_links(s, device, hosts)
+    links, links_note = [], ""
+    if backend == "gloo" and device.type == "cuda":
+        # Gloo's send/recv take CPU tensors only; a refused send would leave its peer waiting in recv.
+        links_note = "not measured: Gloo has no send/recv for CUDA tensors (the NCCL run measures the links)"
+    else:
+        links = measure_ring_links(s, device, hosts)
     progress(f"ring links: {len(links)} measured")
     ranks = rank_speeds(own, hosts)
     slow_links = flag_outliers({(x["src"], x["dst"]): x["GBps"] for x in links}, s.fraction)
@@ -246,7 +251,7 @@ def run_benchmark(s: BenchSettings, device, backend: str, progress: Callable[[st
     return {
         "world_size": n, "backend": backend, "device": device.type, "hosts": sorted(set(hosts)),
         "rank_hosts": hosts, "torch": torch.__version__, "dtype": "float32", "iters": s.iters, "warmup": s.warmup,
-        "fraction": s.fraction, "results": rows, "links": links, "ranks": ranks,
+        "fraction": s.fraction, "results": rows, "links": links, "links_note": links_note, "ranks": ranks,
         "flagged": {"links": [list(k) for k in slow_links], "ranks": slow_ranks},
     }
 

@@ -132,7 +132,7 @@ def render(result: dict) -> str:
                      f"{_num(r['algbw_GBps'], '9.3f')}{_num(r['busbw_GBps'], '9.3f')}  {r['call']} {r['note']}"
                      .rstrip())
     lines.append(f"ring links (each alone, {human_bytes(result['links'][0]['size_bytes'])} per send):"
-                 if result["links"] else "ring links: none")
+                 if result["links"] else f"ring links: {result.get('links_note') or 'none'}")
     for x in result["links"]:
         flag = "  SLOW" if x["flagged"] else ""
         lines.append(f"  rank {x['src']} ({x['src_host']}) -> rank {x['dst']} ({x['dst_host']}): "

@@ -35,7 +35,8 @@ LINK = {
 }
 SCHEMA = {
     "type": "object",
-    "required": ["world_size", "backend", "device", "hosts", "rank_hosts", "results", "links", "ranks", "flagged"],
+    "required": ["world_size", "backend", "device", "hosts", "rank_hosts", "results", "links", "links_note", "ranks",
+                 "flagged"],
     "properties": {
         "world_size": {"type": "integer", "minimum": 2},
         "backend": {"enum": ["nccl", "gloo"]},
@@ -78,7 +79,7 @@ def test_two_cpu_processes_json():
     assert [(x["src"], x["dst"]) for x in data["links"]] == [(0, 1), (1, 0)]
     assert all(x["size_bytes"] == 65536 and x["time_us"] > 0 for x in data["links"])
     assert [x["rank"] for x in data["ranks"]] == [0, 1]
-    assert data["rank_hosts"][0] == data["links"][0]["src_host"]
+    assert data["rank_hosts"][0] == data["links"][0]["src_host"] and data["links_note"] == ""
 
 
 def test_schema_rejects_what_it_must():
