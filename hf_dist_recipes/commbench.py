@@ -203,9 +203,9 @@ def measure_ring_links(s: BenchSettings, device, hosts: list[str]) -> list[dict]
     for src in range(n):
         dst = (src + 1) % n
         if rank == src:
-            mine = _timed(lambda: dist.send(buf, dst), s, device)
+            mine = _timed(lambda dst=dst: dist.send(buf, dst), s, device)
         elif rank == dst:
-            mine = _timed(lambda: dist.recv(buf, src), s, device)
+            mine = _timed(lambda src=src: dist.recv(buf, src), s, device)
         else:
             mine = _timed(lambda: None, s, device)  # joins the barrier inside
         seconds = max(_per_rank(mine)[r] for r in (src, dst))
