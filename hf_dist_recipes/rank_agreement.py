@@ -36,7 +36,9 @@ micro-step's loss, a checksum of its batch and the torch RNG state (dropout). Th
 the ranks and the step, and the last step at which they still agreed.
 
 Policy `seed_check` ("error" default: RuntimeError on every rank, the launch fails with the message; "warn": a
-warning line in every rank's log; "off": nothing gathered, only the dropout streams are set). Keys added to the
+warning line in every rank's log; "off": nothing gathered, only the dropout streams are set). Whatever the policy,
+every mismatch found is kept in `mismatches` as (step, or None at train begin, `Mismatch`), the same on every rank:
+what the preflight reports (`hf_dist_recipes.preflight.training`). Keys added to the
 next Trainer log by `RecipeTrainer.log` (so `log_history`, TensorBoard and `report_to` see them): after train begin
 `rank_check/seed_ok`, `rank_check/data_ok`, `rank_check/weights_ok` (1.0 agree, 0.0 mismatch, -1.0 not checkable:
 weights built under zero.Init); after each check step `rank_check/ok` (1.0 or 0.0). All ranks gather the same data
@@ -232,6 +234,9 @@ class RankAgreementCallback(TrainerCallback):
         self._loss: torch.Tensor | None = None
         self._ids: torch.Tensor | None = None
         self._pending: dict[str, float] = {}
+        # Every disagreement found, as (step, or None at train begin, Mismatch): the same list on every rank (all
+        # decide from the same gathered data), for callers that report instead of stopping (the preflight).
+        self.mismatches: list[tuple[int | None, Mismatch]] = []
 
     def observe(self, loss: torch.Tensor, inputs) -> None:
         """Called by `RecipeTrainer.training_step` with each micro step's loss and inputs: keeps references only."""
@@ -269,6 +274,7 @@ class RankAgreementCallback(TrainerCallback):
         self.begin_report = {"rank_check/seed_ok": float(not seed_bad), "rank_check/data_ok": float(not data_bad),
                              "rank_check/weights_ok": float(not weights_bad) if weights_known else -1.0}
         self._pending.update(self.begin_report)
+        self.mismatches += [(None, m) for m in seed_bad + data_bad + weights_bad]
         apply_policy(self.policy, seed_bad + data_bad + weights_bad)
 
     def on_step_end(self, args, state, control, optimizer=None, **kwargs):
@@ -300,6 +306,7 @@ class RankAgreementCallback(TrainerCallback):
         else:
             self.last_agreed_step = state.global_step
         self._pending["rank_check/ok"] = float(not bad)
+        self.mismatches += [(state.global_step, m) for m in bad]
         apply_policy(self.policy, bad, step=state.global_step)
 
     def pop_pending(self) -> dict[str, float]:

@@ -1,0 +1,181 @@
+"""Preflight checks 5 (training) and 6 (failure paths) on real CPU ranks under `accelerate launch`
+(hf_dist_recipes.preflight.training through tests/distributed/workers/preflight_training_worker.py):
+ZeRO-3 on 2 ranks passes every row with the numbers checked against independent references; two machines given
+different seeds get a finding naming the odd rank; the shipped ZeRO-3 + TP 2 + EP 2 config passes on 4 ranks.
+Each launch writes every rank's results; the ranks must return the same list."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import conftest
+from conftest import LAUNCH_TIMEOUT_S, REPO, accelerate_launch, check_launch, free_port
+from hf_dist_recipes.cli.main import main as cli_main
+from hf_dist_recipes.monitoring.tensorboard import rank_log_dir
+
+pytestmark = [pytest.mark.distributed]
+
+WORKER = str(REPO / "tests" / "distributed" / "workers" / "preflight_training_worker.py")
+ZERO3 = REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml"
+TP_EP = REPO / "accelerate_configs" / "cpu_zero3_tp2_ep2_4proc.yaml"
+STEPS, SAVE_AT, NAN_STEP, PEAK_LR = 20, 10, 2, 3e-3
+
+
+def _ranks(out, world: int) -> list[dict]:
+    return [json.loads((out / "preflight" / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def _rows(rank: dict) -> dict[str, dict]:
+    """Results by 'check/row' (the row is the detail's first word: loss, clipping, schedule, agreement, nan,
+    resume)."""
+    return {f"{r['name']}/{r['detail'].split(':')[0]}": r for r in rank["results"]}
+
+
+def _recipe_learning_rates(steps: int) -> list[float]:
+    """The learning rate each step applies under the recipe's defaults (warm-up 5% of 20 steps = 1 step, 3 hard
+    restarts, floor 0), from transformers' own schedule: step s applies the rate set after s - 1 scheduler steps."""
+    from transformers import get_cosine_with_hard_restarts_schedule_with_warmup
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=PEAK_LR)
+    schedule = get_cosine_with_hard_restarts_schedule_with_warmup(optimizer, 1, steps, num_cycles=3)
+    out = []
+    for _ in range(steps):
+        out.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    return out
+
+
+@pytest.fixture(scope="module")
+def zero3(tmp_path_factory):
+    out = tmp_path_factory.mktemp("preflight_zero3")
+    check_launch(accelerate_launch(ZERO3, [WORKER, str(out), "--steps", str(STEPS)]))
+    return out, _ranks(out, 2)
+
+
+def test_every_rank_returns_the_same_results(zero3):
+    _, ranks = zero3
+    assert ranks[0]["results"] == ranks[1]["results"]
+    assert [r["name"] for r in ranks[0]["results"]] == ["training"] * 4 + ["failure_paths"] * 2
+    assert all(r["status"] == "ok" and r["fix"] == "" for r in ranks[0]["results"]), ranks[0]["results"]
+    assert len(ranks[0]["progress"]) == 3
+
+
+def test_loss_falls_from_the_untrained_level(zero3):
+    loss = _rows(zero3[1][0])["training/loss"]["data"]
+    assert len(loss["losses"]) == STEPS and all(math.isfinite(x) for x in loss["losses"])
+    # An untrained model predicts about uniformly over its 128 tokens: ln 128 = 4.85 nats at the start (measured
+    # first quarter 4.58: the first steps already learn). Python source has far fewer likely bytes; the measured
+    # last quarter is 3.37, a drop of 1.2 nats: 0.5 is asked.
+    assert abs(loss["losses"][0] - math.log(128)) < 0.3
+    assert loss["first_quarter"] - loss["last_quarter"] > 0.5
+    assert loss["first_quarter"] == pytest.approx(sum(loss["losses"][:5]) / 5)
+    assert loss["last_quarter"] == pytest.approx(sum(loss["losses"][-5:]) / 5)
+
+
+def test_clipping_is_the_engines_at_one(zero3):
+    clip = _rows(zero3[1][0])["training/clipping"]["data"]
+    assert clip["source"] == "engine", "not a DeepSpeed run: the launch did not give the ranks DeepSpeed"
+    assert clip["expected"] == 1.0 and clip["applied"] == {"0": [1.0], "1": [1.0]}  # engine and ZeRO-3 optimizer
+    assert len(clip["pre_clip_norms"]) == STEPS and clip["steps_above_clip"] == sum(
+        n > 1.0 for n in clip["pre_clip_norms"])
+
+
+def test_learning_rates_are_transformers_cosine_with_restarts(zero3):
+    schedule = _rows(zero3[1][0])["training/schedule"]["data"]
+    assert schedule["learning_rates"] == pytest.approx(_recipe_learning_rates(STEPS), rel=1e-9, abs=1e-15)
+    assert schedule["mismatched_steps"] == []
+
+
+def test_ranks_agree_and_weights_were_compared(zero3):
+    agreement = _rows(zero3[1][0])["training/agreement"]["data"]
+    # Built whole on each rank (not under zero.Init), so the built weights were really compared: 1.0, not -1.0.
+    assert agreement["rank_check"] == {"rank_check/seed_ok": 1.0, "rank_check/data_ok": 1.0,
+                                       "rank_check/weights_ok": 1.0}
+    assert agreement["mismatches"] == []
+
+
+def test_nan_on_the_last_rank_is_skipped_on_both(zero3):
+    nan = _rows(zero3[1][0])["failure_paths/nan"]["data"]
+    assert nan["step"] == NAN_STEP and nan["rank"] == 1
+    for rank in ("0", "1"):
+        got = nan["ranks"][rank]
+        assert got["not_applied"] == [NAN_STEP] and got["skipped_steps"] == 1 and got["flagged_ranks"] == [1]
+        assert got["event"].startswith("step 2: non-finite value first on rank 1 (rank(s) 1); loss non-finite on "
+                                       "rank(s) 1")
+
+
+def test_resume_reproduces_the_next_step(zero3):
+    resume = _rows(zero3[1][0])["failure_paths/resume"]["data"]
+    assert resume["saved_at"] == SAVE_AT and resume["step"] == SAVE_AT + 1
+    for rank in resume["ranks"].values():
+        # fp32 on CPU, the same forward on the same restored state: equal (measured difference 0).
+        assert rank["loss"] == pytest.approx(rank["uninterrupted_loss"], abs=1e-6) and rank["same_batch"]
+    assert (zero3[0] / "training" / f"checkpoint-{SAVE_AT}").is_dir()
+
+
+def test_tensorboard_runs_are_left_for_the_logs_check(zero3):
+    out = zero3[0]
+    for rank in (0, 1):
+        assert list((out / "tensorboard" / f"rank{rank}").glob("events.out.tfevents.*"))
+        assert rank_log_dir(out / "tensorboard", rank) == str(out / "tensorboard" / f"rank{rank}")
+
+
+def test_machines_given_different_seeds_are_named(tmp_path):
+    """Two `accelerate launch` processes as machine 0 and 1 of a generated 2-machine CPU config (one rank each), the
+    preflight's --seed differing: rank 1 is named, with the seed, and the run still reports every row."""
+    port = free_port()
+    assert cli_main(["config", "generate", "--cpu", "--nodes", "2", "--gpus-per-node", "1", "--auto", "--name", "two",
+                     "--main-process-ip", "127.0.0.1", "--main-process-port", str(port),
+                     "--output", str(tmp_path)]) == 0
+    out = tmp_path / "run"
+    env = conftest.cpu_only_env(dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1",
+                                     TRANSFORMERS_OFFLINE="1"))
+    procs = [subprocess.Popen([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                               str(tmp_path / "two.yaml"), "--machine_rank", str(rank), WORKER, str(out),
+                               "--steps", "8", "--seed", str(seed)],
+                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank, seed in ((0, 0), (1, 1))]
+    try:
+        outputs = [p.communicate(timeout=LAUNCH_TIMEOUT_S)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    ranks = _ranks(out, 2)
+    assert ranks[0]["results"] == ranks[1]["results"]
+    rows = _rows(ranks[0])
+    agreement = rows["training/agreement"]
+    assert agreement["status"] == "error" and agreement["ranks"] == [1]
+    assert agreement["detail"].startswith("agreement: rank(s) 1 disagree with ranks [0, 1] on the seed at train "
+                                          "begin (rank 0: 0, rank 1: 1)")
+    assert "pass the same seed= on every rank" in agreement["fix"]
+    found = {m["what"] for m in agreement["data"]["mismatches"]}
+    assert {"the seed", "the weights they built"} <= found  # built from different RNG states
+    assert agreement["data"]["rank_check"]["rank_check/seed_ok"] == 0.0
+    assert {name: r["status"] for name, r in rows.items() if name != "training/agreement"} == {
+        "training/loss": "ok", "training/clipping": "ok", "training/schedule": "ok", "failure_paths/nan": "ok",
+        "failure_paths/resume": "ok"}
+
+
+@pytest.mark.slow
+def test_shipped_tp2_ep2_config_passes(tmp_path):
+    check_launch(accelerate_launch(TP_EP, [WORKER, str(tmp_path), "--steps", str(STEPS)]))
+    ranks = _ranks(tmp_path, 4)
+    assert all(r["results"] == ranks[0]["results"] for r in ranks)
+    rows = _rows(ranks[0])
+    assert all(r["status"] == "ok" for r in rows.values()), ranks[0]["results"]
+    assert rows["training/clipping"]["data"]["applied"] == {str(r): [1.0] for r in range(4)}
+    # The NaN is on rank 3; TP's backward all-reduce inside the TP group (2, 3) carries it to rank 2's gradients.
+    nan = rows["failure_paths/nan"]["data"]
+    assert nan["rank"] == 3 and nan["tp_group"] == [2, 3]
+    assert all(r["not_applied"] == [NAN_STEP] and 3 in r["flagged_ranks"] for r in nan["ranks"].values())
+    assert rows["training/schedule"]["data"]["learning_rates"] == pytest.approx(_recipe_learning_rates(STEPS),
+                                                                                rel=1e-9, abs=1e-15)
