@@ -16,6 +16,7 @@
 - `debug variables`: NCCL_DEBUG=INFO/TRACE or TORCH_DISTRIBUTED_DEBUG=DETAIL left set (warning: NVIDIA's NCCL
   docs, slower and floods the logs);
 - `declared minimums`: the versions the installed packages declare they need (error);
+- `build locks`: a stale DeepSpeed JIT build lock (error: every later run hangs on it; `extensions.stale_locks`);
 - `known issues`: how many known-bad combinations (`environment/rules.py`) were checked, which could not be;
   then one `rule <id>` check per finding, its status from the rule's severity (info shows as ok, with its fix),
   except a finding that restates a check above already as severe (COVERED_BY), named in that check's source;
@@ -240,6 +241,20 @@ def check_debug_variables(facts: EnvironmentFacts) -> Check:
     return Check("debug variables", "ok", "no NCCL/torch debug logging left on", source=source)
 
 
+def check_build_locks(facts: EnvironmentFacts, *, root=None) -> Check:
+    """Stale DeepSpeed JIT build locks under the extensions root (`root`, default where the next run builds)."""
+    from hf_dist_recipes import extensions
+
+    source = "known_issues.toml deepspeed-stale-jit-build-lock; hf_dist_recipes/extensions.py"
+    where = root if root is not None else extensions.extensions_root()
+    locks = extensions.stale_locks(where)
+    if locks:
+        return Check("build locks", "error", f"stale lock(s) {', '.join(map(str, locks))}: every DeepSpeed run that "
+                     "loads these ops hangs at engine creation", f"rm {' '.join(map(str, locks))} (no build is "
+                     "running now)", source)
+    return Check("build locks", "ok", f"no stale DeepSpeed build lock under {where}", source=source)
+
+
 def check_declared_minimums(facts: EnvironmentFacts) -> Check:
     rf = facts.rule_facts()
     broken, sources = [], []
@@ -260,7 +275,7 @@ def check_declared_minimums(facts: EnvironmentFacts) -> Check:
 
 FACT_CHECKS: tuple[Callable[[EnvironmentFacts], Check], ...] = (
     check_versions, check_torch_sees_gpus, check_driver, check_nccl, check_infiniband, check_peer_access,
-    check_shm, check_debug_variables, check_declared_minimums,
+    check_shm, check_debug_variables, check_declared_minimums, check_build_locks,
 )
 
 
@@ -296,7 +311,7 @@ def _finding_checks(findings) -> list[Check]:
 # so a rule whose conditions differ from the check's is never hidden.
 COVERED_BY = {
     "driver-below-cuda13-floor": "driver", "driver-below-cuda12-floor": "driver", "driver-below-cuda11-floor": "driver",
-    "nccl-older-than-compiled": "nccl", "shm-below-512mb": "/dev/shm", "nccl-debug-verbose-left-on": "debug variables",
+    "nccl-older-than-compiled": "nccl", "deepspeed-stale-jit-build-lock": "build locks", "shm-below-512mb": "/dev/shm", "nccl-debug-verbose-left-on": "debug variables",
     **{rule: "declared minimums" for rule in (
         "transformers5-accelerate-below-1.1.0", "transformers5-deepspeed-below-0.9.3", "transformers-torch-below-2.6",
         "transformers-python-below-3.11", "accelerate-torch-below-2.6", "accelerate-python-below-3.11",
@@ -313,7 +328,8 @@ def fold_duplicates(checks: list[Check], rules: list[Check]) -> list[Check]:
         rule_id = rule.name.removeprefix("rule ")
         target = by_name.get(COVERED_BY.get(rule_id, ""))
         rank = STATUSES.index(checks[target].status) if target is not None else 0
-        if rank > 0 and rank >= STATUSES.index(rule.status):  # the check flags it, at least as loudly
+        # The check flags it at least as loudly, or both are quiet (an info rule restating what the check measured).
+        if target is not None and rank >= STATUSES.index(rule.status):
             checks[target] = replace(checks[target], source=f"{checks[target].source}; known_issues.toml {rule_id}")
         else:
             kept.append(rule)
