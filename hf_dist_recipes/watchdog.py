@@ -125,6 +125,15 @@ def looks_like_lost_peer(error: BaseException) -> bool:
         marker in text for marker in ("connection closed by peer", "connection reset by peer", "gloo", "nccl"))
 
 
+def stuck_rank_message(watchdog: "HeartbeatWatchdog", timeout_s: float) -> str:
+    peers = "; ".join(f"rank {p} ({b.host}): step {b.step}" for p, b in sorted(watchdog.watch.last_beat.items()) if b)
+    return (f"a collective timed out after {timeout_s:g} s while the peers' heartbeats went on: a rank is alive but "
+            f"stuck (data loading, I/O, a deadlock, or a collective the others did not call). Last steps: this rank "
+            f"{watchdog.rank} ({watchdog.host}): step {watchdog.step}; {peers}. Look at the stuck rank's stack "
+            "(py-spy dump --pid PID) and, on GPUs, the NCCL flight recorder dumps in "
+            "<output_dir>/nccl_flight_recorder; step_timeout sets this bound once steps run, ddp_timeout before.")
+
+
 def _end_process(message: str) -> None:
     logger.error(message)
     print(f"[hf_dist_recipes] {message}", file=sys.stderr, flush=True)
@@ -207,6 +216,11 @@ class HeartbeatWatchdog:
         self._thread = threading.Thread(target=self._run, name="hf_dist_recipes-heartbeat", daemon=True)
         self._thread.start()
 
+    def longest_silence(self) -> float:
+        """Seconds since the most silent watched peer last beat (as this rank saw it)."""
+        now = self.clock()
+        return max((now - t for t in self.watch.last_change.values()), default=0.0)
+
     def join(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` for the watching thread to end (it ends the process when a peer is lost)."""
         if self._thread is not None:
@@ -260,6 +274,16 @@ class HangWatchdogCallback(TrainerCallback):
         lost peer; when it does, the process ends with the message naming the rank and its last step. Returns (and
         the caller re-raises `error`) when every peer still beats: then the error was not a lost peer."""
         if self.watchdog is None or not looks_like_lost_peer(error):
+            return
+        if "timed out" in str(error).lower():
+            # The collective waited its whole timeout while the heartbeats went on (a lost peer is found within
+            # peer_timeout, shorter by default): some rank is alive but stuck. Say so, with every rank's last step.
+            timeout = self.step_timeout if self.step_timeout_set else self.startup_timeout
+            if self.watchdog.longest_silence() > 3 * self.watchdog.interval_s:  # a peer may be gone: let it tell
+                self.watchdog.join(self.peer_timeout + 2 * self.watchdog.interval_s)
+            message = stuck_rank_message(self.watchdog, timeout)
+            logger.error(message)
+            print(f"[hf_dist_recipes] {message}", file=sys.stderr, flush=True)
             return
         logger.error("a collective failed (%s); waiting up to %g s for the heartbeats to name the lost rank",
                      str(error).splitlines()[0][:200], self.peer_timeout)

@@ -1,7 +1,8 @@
 """A job whose rank 1 is lost mid-run: RecipeTrainer on a tiny model for many steps; at optimizer step `die_at` the
 process of global rank 1 sends itself SIGKILL (MODE kill: no Python cleanup, no goodbye, as a crashed or OOM-killed
-machine) or SIGSTOP (MODE stop: frozen with its sockets open, as a hung host). Extra `name=value` arguments go to
-RecipeTrainingArguments (ints and floats parsed).
+machine) or SIGSTOP (MODE stop: frozen with its sockets open, as a hung host), or sleeps (MODE hang: alive, its
+heartbeat thread running, but never reaching the next collective). Rank 0 prints its collective timeout at that
+step. Extra `name=value` arguments go to RecipeTrainingArguments (ints and floats parsed).
 
 Usage: dead_rank_worker.py OUTPUT_DIR MODE DIE_AT [name=value ...]
 """
@@ -11,6 +12,9 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
+
+import torch
 
 from transformers import TrainerCallback
 
@@ -24,12 +28,23 @@ SMALL = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num
 
 class DieAt(TrainerCallback):
     def __init__(self, mode: str, at: int):
-        self.signal, self.at = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}[mode], at
+        self.mode, self.at = mode, at
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # torchrun starts each rank in a session of its own: the test ends a stopped rank by this pid
+        print(f"rank {args.process_index} pid {os.getpid()}", flush=True)
 
     def on_step_end(self, args, state, control, **kwargs):
         print(f"rank {args.process_index} finished step {state.global_step}", flush=True)
-        if args.process_index == 1 and state.global_step == self.at:
-            os.kill(os.getpid(), self.signal)
+        if state.global_step != self.at:
+            return
+        if args.process_index == 0:  # what RecipeTrainer made of step_timeout (torch 2.13 private, read-only here)
+            backend = torch.distributed.group.WORLD._get_backend(torch.device("cpu"))
+            print(f"rank 0 collective timeout {backend.options._timeout.total_seconds():g} s", flush=True)
+        elif self.mode == "hang":
+            time.sleep(3600)  # alive (its heartbeat goes on) but stuck
+        else:
+            os.kill(os.getpid(), signal.SIGKILL if self.mode == "kill" else signal.SIGSTOP)
 
 
 def _value(text: str):
