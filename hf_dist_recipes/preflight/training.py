@@ -273,6 +273,9 @@ def _build_model(config):
     """The model built whole on this rank from the seeded RNG (see the module docstring)."""
     from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
 
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise ValueError(f"transformers has no causal LM for model_type {config.model_type!r}; give --model a "
+                         "config of a causal LM family (e.g. a template: tiny-llama, tiny-deepseek-v3)")
     return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config)
 
 

@@ -122,3 +122,12 @@ def _big():
 
     name = next(n for n in TEMPLATES if not n.startswith(("tiny", "demo")))
     return template_config(name)
+
+
+def test_a_config_without_a_causal_lm_is_named():
+    from transformers import ViTConfig
+
+    from hf_dist_recipes.preflight.training import _build_model
+
+    with pytest.raises(ValueError, match="no causal LM for model_type 'vit'"):  # an image encoder
+        _build_model(ViTConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64))
