@@ -78,7 +78,7 @@ class Beat:
         return json.dumps(asdict(self)).encode()
 
     @classmethod
-    def decode(cls, raw: bytes) -> "Beat":
+    def decode(cls, raw: bytes) -> Beat:
         return cls(**json.loads(raw))
 
 
@@ -125,7 +125,7 @@ def looks_like_lost_peer(error: BaseException) -> bool:
         marker in text for marker in ("connection closed by peer", "connection reset by peer", "gloo", "nccl"))
 
 
-def stuck_rank_message(watchdog: "HeartbeatWatchdog", timeout_s: float) -> str:
+def stuck_rank_message(watchdog: HeartbeatWatchdog, timeout_s: float) -> str:
     peers = "; ".join(f"rank {p} ({b.host}): step {b.step}" for p, b in sorted(watchdog.watch.last_beat.items()) if b)
     return (f"a collective timed out after {timeout_s:g} s while the peers' heartbeats went on: a rank is alive but "
             f"stuck (data loading, I/O, a deadlock, or a collective the others did not call). Last steps: this rank "

@@ -134,7 +134,7 @@ def test_compat_store_and_collective_timeout_on_a_real_gloo_group(tmp_path):
         store = _compat.default_store()
         store.set("hf_dist_recipes/probe", b"1")
         assert store.get("hf_dist_recipes/probe") == b"1"
-        timeouts = lambda: [g._get_backend(torch.device("cpu")).options._timeout  # noqa: E731
+        timeouts = lambda: [g._get_backend(torch.device("cpu")).options._timeout
                             for g in (dist.group.WORLD, sub)]
         # new_group without a timeout takes torch's 30-minute default, not the default group's: DeepSpeed's groups
         # do not follow ddp_timeout, which is why every group is changed
