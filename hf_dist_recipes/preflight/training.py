@@ -47,7 +47,9 @@ Check 6, "failure_paths", one run resuming the training run from its checkpoint 
 When the training run failed, both rows are errors ("not run").
 
 Output folders under `output_dir`: `training/` (the main run and its checkpoint), `tensorboard/` (its per-rank
-TensorBoard runs), `failure_paths/` (the resumed run, its own logs).
+TensorBoard runs), `failure_paths/` (the resumed run, its own logs). Any of them already holding files (an earlier
+preflight, or a real job's output) stops the checks before they run, with a ValueError on every rank: nothing is
+deleted.
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ def run_training_checks(model_config, *, steps: int = DEFAULT_STEPS, output_dir:
                          f"than {MAX_PARAMS:,}: give a tiny config of the same family (the preflight's default)")
     say = on_progress or (lambda line: None)
     root = Path(output_dir)
+    _check_unused(root)
     save_at = steps // 2
     timeouts = {k: v for k, v in (("peer_timeout", peer_timeout), ("step_timeout", step_timeout)) if v is not None}
     warnings.filterwarnings("ignore", message=r".*is deprecated. Please use `torch.distributed", category=FutureWarning)
@@ -125,6 +128,21 @@ def run_training_checks(model_config, *, steps: int = DEFAULT_STEPS, output_dir:
     results.append(resume_result(main, resumed, save_at))
     results.append(nan_result(resumed, nan_step))
     return results
+
+
+OUTPUT_FOLDERS = ("training", "tensorboard", "failure_paths")
+
+
+def _check_unused(root: Path) -> None:
+    """ValueError on every rank when any rank finds the runs' folders already written (a run would refuse to mix
+    its TensorBoard curves into an earlier launch's, or resume from another run's checkpoint). Decided from
+    gathered data: on nodes with their own disks the ranks may see different files."""
+    found = sorted(str(root / name) for name in OUTPUT_FOLDERS
+                   if (root / name).is_dir() and any((root / name).iterdir()))
+    everywhere = sorted({path for paths in _gather(found) for path in paths})
+    if everywhere:
+        raise ValueError(f"{', '.join(everywhere)} already written by an earlier run; give the preflight a new "
+                         "--output-dir (it never deletes anything)")
 
 
 # ---------------------------------------------------------------------------------------------------------------

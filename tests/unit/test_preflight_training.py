@@ -9,24 +9,54 @@ import math
 
 import pytest
 
-from hf_dist_recipes.preflight.training import (MIN_STEPS, clip_result, expected_learning_rates, loss_result,
-                                                nan_result, quarter_means, resume_result, run_training_checks,
-                                                schedule_result, training_results)
+from hf_dist_recipes.preflight.training import (
+    MIN_STEPS,
+    clip_result,
+    expected_learning_rates,
+    loss_result,
+    nan_result,
+    quarter_means,
+    resume_result,
+    run_training_checks,
+    schedule_result,
+    training_results,
+)
 
-EXPECTED = {"clip": 1.0, "peak_lr": 1e-3, "scheduler_type": "cosine_with_restarts", "warmup_steps": 2,
-            "total_steps": 8, "num_cycles": 1, "min_lr_ratio": 0.0, "restart_warmup_steps": 0, "ds_scheduler": False,
-            "tp_size": 1, "deepspeed": True}
+EXPECTED = {
+    "clip": 1.0,
+    "peak_lr": 1e-3,
+    "scheduler_type": "cosine_with_restarts",
+    "warmup_steps": 2,
+    "total_steps": 8,
+    "num_cycles": 1,
+    "min_lr_ratio": 0.0,
+    "restart_warmup_steps": 0,
+    "ds_scheduler": False,
+    "tp_size": 1,
+    "deepspeed": True,
+}
 
 
 def _rank(lrs=None, clip=1.0, applied=None, losses=None, **extra) -> dict:
     lrs = lrs or expected_learning_rates(EXPECTED, [True] * 8)
     applied = applied or [True] * len(lrs)
-    steps = {s: {"lr": lr, "applied": a, "clip": clip, "zero_clip": clip}
-             for s, (lr, a) in enumerate(zip(lrs, applied), start=1)}
+    steps = {
+        s: {"lr": lr, "applied": a, "clip": clip, "zero_clip": clip}
+        for s, (lr, a) in enumerate(zip(lrs, applied), start=1)
+    }
     losses = losses or [4.8, 4.6, 4.3, 4.1, 3.9, 3.8, 3.6, 3.5]
-    facts = {"steps": steps, "loss": dict(enumerate(losses, start=1)), "grad_norm": {1: 1.5, 2: 0.5},
-             "events": {}, "batches": {s: f"b{s}" for s in steps}, "skipped_steps": 0, "skipped_at": [],
-             "mismatches": [], "rank_check": {"rank_check/seed_ok": 1.0}, "expected": dict(EXPECTED)}
+    facts = {
+        "steps": steps,
+        "loss": dict(enumerate(losses, start=1)),
+        "grad_norm": {1: 1.5, 2: 0.5},
+        "events": {},
+        "batches": {s: f"b{s}" for s in steps},
+        "skipped_steps": 0,
+        "skipped_at": [],
+        "mismatches": [],
+        "rank_check": {"rank_check/seed_ok": 1.0},
+        "expected": dict(EXPECTED),
+    }
     facts.update(extra)
     return facts
 
@@ -58,7 +88,7 @@ def test_loss_quarters():
 def test_clipping_at_another_value_on_one_rank_is_named():
     row = clip_result([_rank(), _rank(clip=0.5)])
     assert row.status == "error" and row.ranks == (1,) and "rank 1: [0.5]" in row.detail
-    assert "\"auto\"" in row.fix
+    assert '"auto"' in row.fix
     assert clip_result([_rank(), _rank()]).data["steps_above_clip"] == 1  # pre-clip norms 1.5 and 0.5
     off = _rank()
     off["expected"]["clip"] = 0.0
@@ -83,8 +113,13 @@ def test_agreement_names_the_odd_rank():
 def _nan_rank(applied_at_bad: bool = False, flagged=(1,)) -> dict:
     weights = ["w0", "w1", "w1" if not applied_at_bad else "w2", "w3"]
     steps = {s: {"applied": not (s == 2 and not applied_at_bad), "weights": weights[s]} for s in (1, 2, 3)}
-    return {"steps": steps, "skipped_steps": 1, "skipped_at": [[2, list(flagged)]], "expected": dict(EXPECTED),
-            "events": {2: "step 2: non-finite value first on rank 1 (rank(s) 1); loss non-finite on rank(s) 1; x"}}
+    return {
+        "steps": steps,
+        "skipped_steps": 1,
+        "skipped_at": [[2, list(flagged)]],
+        "expected": dict(EXPECTED),
+        "events": {2: "step 2: non-finite value first on rank 1 (rank(s) 1); loss non-finite on rank(s) 1; x"},
+    }
 
 
 def test_nan_skip_checked_on_every_rank():
@@ -99,8 +134,7 @@ def test_resume_must_reproduce_loss_batch_and_rate():
     main = [_rank(), _rank()]
     same = [_rank(steps={5: main[0]["steps"][5]}, loss={5: main[0]["loss"][5]}, batches={5: "b5"})] * 2
     assert resume_result(main, same, 4).status == "ok"
-    off = [same[0], _rank(steps={5: main[0]["steps"][5]}, loss={5: main[0]["loss"][5] * (1 + 1e-3)},
-                          batches={5: "b6"})]
+    off = [same[0], _rank(steps={5: main[0]["steps"][5]}, loss={5: main[0]["loss"][5] * (1 + 1e-3)}, batches={5: "b6"})]
     row = resume_result(main, off, 4)
     assert row.status == "error" and row.ranks == (1,) and "another batch" in row.detail and "loss" in row.detail
     failed = resume_result(main, [{"error": "RuntimeError: x"}] * 2, 4)
@@ -131,3 +165,13 @@ def test_a_config_without_a_causal_lm_is_named():
 
     with pytest.raises(ValueError, match="no causal LM for model_type 'vit'"):  # an image encoder
         _build_model(ViTConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64))
+
+
+def test_an_output_dir_holding_earlier_runs_is_refused(tmp_path):
+    from hf_dist_recipes.parallel.models import template_config
+
+    (tmp_path / "tensorboard" / "rank0").mkdir(parents=True)  # an earlier launch's per-rank run
+    with pytest.raises(ValueError, match=r"tensorboard already written by an earlier run; give the preflight a new "
+                                         r"--output-dir"):
+        run_training_checks(template_config("tiny-llama"), output_dir=tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["tensorboard"]  # nothing deleted, nothing written
