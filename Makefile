@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast configs lock clean
+.PHONY: install demo test test-fast lint format configs lock clean
 
 install: $(STAMP)
 
@@ -26,6 +26,15 @@ test: $(STAMP)
 # The unit tests only: seconds, no process launched.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not distributed and not notebook and not slow" $(PYTEST_ARGS)
+
+# ruff (settings in pyproject.toml): lint and format check, as .ci/run does before the tests; `make format` fixes.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
 
 # Regenerate accelerate_configs/ from its manifest (tests/unit/test_shipped_configs.py checks they match).
 configs: $(STAMP)

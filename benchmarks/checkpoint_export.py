@@ -31,8 +31,18 @@ REPO = Path(__file__).resolve().parents[1]
 MODELS = {
     "tiny": ("tiny-deepseek-v3", {}),
     "demo": ("demo-deepseek-v3", {}),
-    "wide": ("demo-deepseek-v3", dict(hidden_size=512, intermediate_size=1024, moe_intermediate_size=512,
-                                      n_routed_experts=16, num_hidden_layers=6, q_lora_rank=256, kv_lora_rank=128)),
+    "wide": (
+        "demo-deepseek-v3",
+        dict(
+            hidden_size=512,
+            intermediate_size=1024,
+            moe_intermediate_size=512,
+            n_routed_experts=16,
+            num_hidden_layers=6,
+            q_lora_rank=256,
+            kv_lora_rank=128,
+        ),
+    ),
 }
 LAYOUTS = {"zero3": "cpu_zero3_2proc.yaml", "tp2_ep2": "cpu_zero3_tp2_ep2_4proc.yaml"}
 SHARD = "16MB"
@@ -91,8 +101,11 @@ def model_sizes(model_key: str) -> dict:
     groups: dict[str, int] = {}
     for n, t in model.state_dict().items():
         groups[group_key(n)] = groups.get(group_key(n), 0) + t.numel() * 4
-    return {"parameters": sum(p.numel() for p in model.parameters()), "model_bytes": sum(groups.values()),
-            "largest_group_bytes": max(groups.values())}
+    return {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "model_bytes": sum(groups.values()),
+        "largest_group_bytes": max(groups.values()),
+    }
 
 
 def worker(out: str, model_key: str) -> None:
@@ -110,9 +123,16 @@ def worker(out: str, model_key: str) -> None:
     warnings.filterwarnings("ignore")
     name, overrides = MODELS[model_key]
     config = template_config(name, **overrides)
-    args = RecipeTrainingArguments(output_dir=out, max_steps=1, per_device_train_batch_size=2, save_strategy="no",
-                                   report_to="none", disable_tqdm=True, per_rank_tensorboard=False,
-                                   save_shard_size=SHARD)
+    args = RecipeTrainingArguments(
+        output_dir=out,
+        max_steps=1,
+        per_device_train_batch_size=2,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        per_rank_tensorboard=False,
+        save_shard_size=SHARD,
+    )
     model = AutoModelForCausalLM.from_config(config)
     data = stdlib_dataset(seq_len=32, max_bytes=20_000)
     data = token_blocks(data, config.vocab_size)
@@ -128,8 +148,9 @@ def worker(out: str, model_key: str) -> None:
     trainer.model_wrapped.save_checkpoint(ckpt)
     if dist.get_rank() == 0:
         shutil.copy(os.path.join(out, "final", "config.json"), ckpt)
-    Path(out, f"save_rank{dist.get_rank()}.json").write_text(json.dumps(
-        {"rank": dist.get_rank(), "seconds": seconds, **mem.extra()}))
+    Path(out, f"save_rank{dist.get_rank()}.json").write_text(
+        json.dumps({"rank": dist.get_rank(), "seconds": seconds, **mem.extra()})
+    )
 
 
 def offline(ckpt: str, out: str) -> None:
@@ -163,39 +184,65 @@ def measure(model_key: str, layout: str, tmp: Path) -> dict:
     # A fixed glibc mmap threshold: large freed tensors go back to the system at once, so RSS shows what is held,
     # not what glibc's growing heap kept after an earlier layer (measured without it: 50 to 115 MiB between runs).
     env = dict(os.environ, PYTHONPATH=str(REPO), MALLOC_MMAP_THRESHOLD_="1048576")
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-           str(REPO / "accelerate_configs" / LAYOUTS[layout]), "--main_process_port", str(_port()),
-           __file__, "--worker", str(out), model_key]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(REPO / "accelerate_configs" / LAYOUTS[layout]),
+        "--main_process_port",
+        str(_port()),
+        __file__,
+        "--worker",
+        str(out),
+        model_key,
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
     if proc.returncode != 0:
         raise RuntimeError(f"{model_key}/{layout} failed:\n{proc.stderr[-3000:]}")
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("save_rank*.json"))]
-    off = subprocess.run([sys.executable, __file__, "--offline", str(out / "ckpt"), str(out / "exported")], cwd=REPO,
-                         env=env, capture_output=True, text=True, timeout=1200)
+    off = subprocess.run(
+        [sys.executable, __file__, "--offline", str(out / "ckpt"), str(out / "exported")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     if off.returncode != 0:
         raise RuntimeError(f"offline export of {model_key}/{layout} failed:\n{off.stderr[-3000:]}")
     exported = json.loads(off.stdout.strip().splitlines()[-1])
     rank0 = next(r for r in ranks if r["rank"] == 0)
-    return {"save_s": rank0["seconds"], "save_rank0": rank0["rss"], "save_max": max(r["rss"] for r in ranks),
-            "export_s": exported["seconds"], "export_rss": exported["rss"], "export_anon": exported["anon"]}
+    return {
+        "save_s": rank0["seconds"],
+        "save_rank0": rank0["rss"],
+        "save_max": max(r["rss"] for r in ranks),
+        "export_s": exported["seconds"],
+        "export_rss": exported["rss"],
+        "export_anon": exported["anon"],
+    }
 
 
 def main() -> None:
     mib = 1024**2
-    print(f"{'model':6} {'layout':8} {'params':>11} {'model MiB':>9} {'layer MiB':>9} | {'save s':>6} "
-          f"{'rank0 +MiB':>10} {'max +MiB':>8} {'/layer':>6} | {'export s':>8} {'RSS +MiB':>8} {'anon +MiB':>9} "
-          f"{'/layer':>6}")
+    print(
+        f"{'model':6} {'layout':8} {'params':>11} {'model MiB':>9} {'layer MiB':>9} | {'save s':>6} "
+        f"{'rank0 +MiB':>10} {'max +MiB':>8} {'/layer':>6} | {'export s':>8} {'RSS +MiB':>8} {'anon +MiB':>9} "
+        f"{'/layer':>6}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for model_key in MODELS:
             sizes = model_sizes(model_key)
             layer = sizes["largest_group_bytes"]
             for layout in LAYOUTS:
                 r = measure(model_key, layout, Path(tmp))
-                print(f"{model_key:6} {layout:8} {sizes['parameters']:>11,} {sizes['model_bytes'] / mib:>9.1f} "
-                      f"{layer / mib:>9.2f} | {r['save_s']:>6.2f} {r['save_rank0'] / mib:>10.1f} "
-                      f"{r['save_max'] / mib:>8.1f} {r['save_max'] / layer:>6.2f} | {r['export_s']:>8.2f} "
-                      f"{r['export_rss'] / mib:>8.1f} {r['export_anon'] / mib:>9.1f} {r['export_anon'] / layer:>6.2f}",
-                      flush=True)
+                print(
+                    f"{model_key:6} {layout:8} {sizes['parameters']:>11,} {sizes['model_bytes'] / mib:>9.1f} "
+                    f"{layer / mib:>9.2f} | {r['save_s']:>6.2f} {r['save_rank0'] / mib:>10.1f} "
+                    f"{r['save_max'] / mib:>8.1f} {r['save_max'] / layer:>6.2f} | {r['export_s']:>8.2f} "
+                    f"{r['export_rss'] / mib:>8.1f} {r['export_anon'] / mib:>9.1f} {r['export_anon'] / layer:>6.2f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

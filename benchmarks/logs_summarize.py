@@ -60,8 +60,10 @@ def main() -> int:
         with ProcessPoolExecutor(os.cpu_count()) as pool:
             list(pool.map(_write_rank, [(root, r, args.steps) for r in range(args.ranks)]))
         size = sum(p.stat().st_size for p in Path(root).rglob("*tfevents*"))
-        print(f"{args.ranks} ranks x {args.steps:,} steps x {len(TAGS)} tags = {records:,} scalars, "
-              f"{size / 1024**2:.1f} MiB, written in {time.perf_counter() - t:.1f} s; {os.cpu_count()} CPU(s)")
+        print(
+            f"{args.ranks} ranks x {args.steps:,} steps x {len(TAGS)} tags = {records:,} scalars, "
+            f"{size / 1024**2:.1f} MiB, written in {time.perf_counter() - t:.1f} s; {os.cpu_count()} CPU(s)"
+        )
 
         results = {}
         for workers in sorted({1, os.cpu_count() or 1}):

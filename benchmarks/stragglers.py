@@ -20,8 +20,8 @@ import tempfile
 import time
 import warnings
 
-
 from _timing import IterationTimer  # benchmarks/ is on sys.path when a benchmark runs as a script
+
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
@@ -44,10 +44,20 @@ def timed_checks(trainer: RecipeTrainer) -> list[float]:
 
 
 def run_one(check_steps: int, steps: int, out: str) -> tuple[list[float], list[float], float, int]:
-    args = RecipeTrainingArguments(output_dir=out, max_steps=steps, per_device_train_batch_size=8, learning_rate=3e-3,
-                                   logging_steps=10, save_strategy="no", report_to="none", dataloader_drop_last=True,
-                                   disable_tqdm=True, seed=42, per_rank_tensorboard=False,
-                                   straggler_check_steps=check_steps)
+    args = RecipeTrainingArguments(
+        output_dir=out,
+        max_steps=steps,
+        per_device_train_batch_size=8,
+        learning_rate=3e-3,
+        logging_steps=10,
+        save_strategy="no",
+        report_to="none",
+        dataloader_drop_last=True,
+        disable_tqdm=True,
+        seed=42,
+        per_rank_tensorboard=False,
+        straggler_check_steps=check_steps,
+    )
     timer = IterationTimer()
     data = stdlib_dataset(seq_len=128, max_bytes=1_000_000)
     trainer = RecipeTrainer(model_init=lambda: build_tiny_deepseek(), args=args, callbacks=[timer], train_dataset=data)
@@ -73,7 +83,7 @@ def main() -> None:
         for setting, k in (("off", 0), ("on", opts.check_steps)):
             with tempfile.TemporaryDirectory() as out:
                 measured, checks, total, rank = run_one(k, opts.steps, out)
-            times[setting] += measured[opts.skip:]
+            times[setting] += measured[opts.skip :]
             totals[setting].append(total)
             check_s += checks
     if rank != 0:
@@ -82,18 +92,30 @@ def main() -> None:
     mean = {k: statistics.fmean(v) for k, v in times.items()}
     total = {k: statistics.fmean(v) for k, v in totals.items()}
     per_check = statistics.fmean(check_s) if check_s else float("nan")
-    print(json.dumps({"check_steps": opts.check_steps, "iterations_timed_each": len(times["off"]),
-                      "median_iteration_s": med, "mean_iteration_s": mean, "train_s": total,
-                      "checks": len(check_s), "mean_check_s": per_check,
-                      "median_check_s": statistics.median(check_s) if check_s else None,
-                      "check_cost_per_step_over_off_median": per_check / opts.check_steps / med["off"],
-                      "ratio_median": round(med["on"] / med["off"], 4),
-                      "ratio_mean": round(mean["on"] / mean["off"], 4),
-                      "ratio_train": round(total["on"] / total["off"], 4)}))
-    print(f"K={opts.check_steps}: median iteration off {med['off'] * 1e3:.1f} ms, on {med['on'] * 1e3:.1f} ms, ratio "
-          f"{med['on'] / med['off']:.4f}; mean ratio {mean['on'] / mean['off']:.4f}; train() ratio "
-          f"{total['on'] / total['off']:.4f}; one check {per_check * 1e3:.2f} ms (mean of {len(check_s)}) = "
-          f"{per_check / opts.check_steps / med['off']:.3%} of a step at K={opts.check_steps}")
+    print(
+        json.dumps(
+            {
+                "check_steps": opts.check_steps,
+                "iterations_timed_each": len(times["off"]),
+                "median_iteration_s": med,
+                "mean_iteration_s": mean,
+                "train_s": total,
+                "checks": len(check_s),
+                "mean_check_s": per_check,
+                "median_check_s": statistics.median(check_s) if check_s else None,
+                "check_cost_per_step_over_off_median": per_check / opts.check_steps / med["off"],
+                "ratio_median": round(med["on"] / med["off"], 4),
+                "ratio_mean": round(mean["on"] / mean["off"], 4),
+                "ratio_train": round(total["on"] / total["off"], 4),
+            }
+        )
+    )
+    print(
+        f"K={opts.check_steps}: median iteration off {med['off'] * 1e3:.1f} ms, on {med['on'] * 1e3:.1f} ms, ratio "
+        f"{med['on'] / med['off']:.4f}; mean ratio {mean['on'] / mean['off']:.4f}; train() ratio "
+        f"{total['on'] / total['off']:.4f}; one check {per_check * 1e3:.2f} ms (mean of {len(check_s)}) = "
+        f"{per_check / opts.check_steps / med['off']:.3%} of a step at K={opts.check_steps}"
+    )
 
 
 if __name__ == "__main__":

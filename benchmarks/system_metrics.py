@@ -18,9 +18,9 @@ import tempfile
 import time
 import warnings
 
+from _timing import IterationTimer  # benchmarks/ is on sys.path when a benchmark runs as a script
 from transformers import PrinterCallback
 
-from _timing import IterationTimer  # benchmarks/ is on sys.path when a benchmark runs as a script
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
@@ -28,9 +28,20 @@ from hf_dist_recipes.monitoring.system_metrics import SystemMetricsCallback
 
 
 def run_one(metrics_on: bool, steps: int, out: str) -> tuple[list[float], list[float], list[str]]:
-    args = RecipeTrainingArguments(output_dir=out, max_steps=steps, per_device_train_batch_size=8, learning_rate=3e-3,
-                                   logging_steps=1, save_strategy="no", report_to="none", dataloader_drop_last=True,
-                                   disable_tqdm=True, seed=42, per_rank_tensorboard=False, seed_check="off")
+    args = RecipeTrainingArguments(
+        output_dir=out,
+        max_steps=steps,
+        per_device_train_batch_size=8,
+        learning_rate=3e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        dataloader_drop_last=True,
+        disable_tqdm=True,
+        seed=42,
+        per_rank_tensorboard=False,
+        seed_check="off",
+    )
     timer = IterationTimer()
     data = stdlib_dataset(seq_len=128, max_bytes=1_000_000)
     trainer = RecipeTrainer(model_init=lambda: build_tiny_deepseek(), args=args, callbacks=[timer], train_dataset=data)
@@ -69,16 +80,20 @@ def main() -> None:
         for on in (False, True):
             with tempfile.TemporaryDirectory() as out:
                 iteration, sampled, names = run_one(on, opts.steps, out)
-            times[on] += iteration[opts.skip:]
+            times[on] += iteration[opts.skip :]
             samples += sampled
             keys = names or keys
     off, on = statistics.median(times[False]), statistics.median(times[True])
     per_sample = statistics.median(samples)
     print(f"keys sampled: {', '.join(keys)}")
-    print(f"step (iteration) median: off {off * 1e3:.2f} ms, on {on * 1e3:.2f} ms, on/off {on / off:.3f} "
-          f"({len(times[False])} + {len(times[True])} iterations, logging_steps=1)")
-    print(f"sample() median {per_sample * 1e6:.1f} us, mean {statistics.mean(samples) * 1e6:.1f} us, "
-          f"max {max(samples) * 1e6:.1f} us over {len(samples)} samples")
+    print(
+        f"step (iteration) median: off {off * 1e3:.2f} ms, on {on * 1e3:.2f} ms, on/off {on / off:.3f} "
+        f"({len(times[False])} + {len(times[True])} iterations, logging_steps=1)"
+    )
+    print(
+        f"sample() median {per_sample * 1e6:.1f} us, mean {statistics.mean(samples) * 1e6:.1f} us, "
+        f"max {max(samples) * 1e6:.1f} us over {len(samples)} samples"
+    )
     print(f"sample / step (off median): {per_sample / off * 100:.3f}% (goal <= 1%)")
 
 

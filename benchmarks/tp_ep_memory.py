@@ -35,8 +35,21 @@ def _port() -> int:
 
 
 def measure(config: Path, out: Path, build: str) -> list[int]:
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--main_process_port",
-           str(_port()), str(WORKER), str(out), "2", "recipe", MODEL, build]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(config),
+        "--main_process_port",
+        str(_port()),
+        str(WORKER),
+        str(out),
+        "2",
+        "recipe",
+        MODEL,
+        build,
+    ]
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode:
@@ -53,16 +66,34 @@ def main() -> None:
     model = introspect(MODEL)
     tmp = Path(tempfile.mkdtemp(prefix="tp-ep-memory-"))
     preset_json = tmp / "preset_v2.json"
-    preset_json.write_text(json.dumps({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto",
-                                       "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
-                                       "tensor_parallel": {"autotp_size": 2, "preset_model": "deepseek_v2"}}))
+    preset_json.write_text(
+        json.dumps(
+            {
+                "zero_optimization": {"stage": 3},
+                "train_micro_batch_size_per_gpu": "auto",
+                "gradient_accumulation_steps": "auto",
+                "gradient_clipping": "auto",
+                "tensor_parallel": {"autotp_size": 2, "preset_model": "deepseek_v2"},
+            }
+        )
+    )
     preset_yaml = tmp / "preset_v2.yaml"
-    preset_yaml.write_text((REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml").read_text().replace(
-        "accelerate_configs/deepspeed/cpu_zero3_2proc.json", str(preset_json)))
+    preset_yaml.write_text(
+        (REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml")
+        .read_text()
+        .replace("accelerate_configs/deepspeed/cpu_zero3_2proc.json", str(preset_json))
+    )
     layouts = [
-        ("zero3", REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml", ParallelPlan(procs_per_node=2, device="cpu", precision="fp32")),
-        ("tp2_ep2", REPO / "accelerate_configs" / "cpu_zero3_tp2_ep2_4proc.yaml",
-         ParallelPlan(procs_per_node=4, device="cpu", precision="fp32", tp=2, ep=2)),
+        (
+            "zero3",
+            REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml",
+            ParallelPlan(procs_per_node=2, device="cpu", precision="fp32"),
+        ),
+        (
+            "tp2_ep2",
+            REPO / "accelerate_configs" / "cpu_zero3_tp2_ep2_4proc.yaml",
+            ParallelPlan(procs_per_node=4, device="cpu", precision="fp32", tp=2, ep=2),
+        ),
         ("preset_v2", preset_yaml, None),
     ]
     rows = []
@@ -71,14 +102,24 @@ def main() -> None:
             measured = measure(config, tmp / f"{name}-{build}", build)
             ideal = model.total_params / len(measured)
             estimate = rank_elements(replace(plan, zero_init=build == "from_config"), model).params if plan else None
-            rows.append({"layout": name, "build": build, "ranks": len(measured), "measured_per_rank": max(measured),
-                         "ratio_to_ideal": round(max(measured) / ideal, 3), "estimate": estimate,
-                         "estimate_exact": estimate == max(measured) if estimate else None})
+            rows.append(
+                {
+                    "layout": name,
+                    "build": build,
+                    "ranks": len(measured),
+                    "measured_per_rank": max(measured),
+                    "ratio_to_ideal": round(max(measured) / ideal, 3),
+                    "estimate": estimate,
+                    "estimate_exact": estimate == max(measured) if estimate else None,
+                }
+            )
     print(f"{'layout':10} {'build':12} {'ranks':>5} {'per rank':>9} {'/ ideal':>8} {'estimate':>9} exact?")
     for r in rows:
-        print(f"{r['layout']:10} {r['build']:12} {r['ranks']:>5} {r['measured_per_rank']:>9,} "
-              f"{r['ratio_to_ideal']:>8.3f} {r['estimate'] or '-':>9} "
-              f"{r['estimate_exact'] if r['estimate_exact'] is not None else '-'}")
+        print(
+            f"{r['layout']:10} {r['build']:12} {r['ranks']:>5} {r['measured_per_rank']:>9,} "
+            f"{r['ratio_to_ideal']:>8.3f} {r['estimate'] or '-':>9} "
+            f"{r['estimate_exact'] if r['estimate_exact'] is not None else '-'}"
+        )
     print(json.dumps(rows))
 
 

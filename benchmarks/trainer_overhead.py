@@ -17,26 +17,42 @@ import statistics
 import tempfile
 import warnings
 
+from _timing import StepTimer  # benchmarks/ is on sys.path when a benchmark runs as a script
 from transformers import Trainer, TrainingArguments
 
-from _timing import StepTimer  # benchmarks/ is on sys.path when a benchmark runs as a script
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 
 
 def run_one(kind: str, steps: int, out: str) -> list[float]:
-    common = dict(output_dir=out, max_steps=steps, per_device_train_batch_size=8, learning_rate=3e-3, warmup_steps=10,
-                  logging_steps=10, save_strategy="no", report_to="none", dataloader_drop_last=True, disable_tqdm=True,
-                  lr_scheduler_type="cosine_with_restarts", lr_scheduler_kwargs={"num_cycles": 3}, max_grad_norm=1.0,
-                  seed=42)
+    common = dict(
+        output_dir=out,
+        max_steps=steps,
+        per_device_train_batch_size=8,
+        learning_rate=3e-3,
+        warmup_steps=10,
+        logging_steps=10,
+        save_strategy="no",
+        report_to="none",
+        dataloader_drop_last=True,
+        disable_tqdm=True,
+        lr_scheduler_type="cosine_with_restarts",
+        lr_scheduler_kwargs={"num_cycles": 3},
+        max_grad_norm=1.0,
+        seed=42,
+    )
     if kind == "recipe":
         cls, args = RecipeTrainer, RecipeTrainingArguments(**common)
     else:
         cls, args = Trainer, TrainingArguments(use_cpu=True, **common)
     timer = StepTimer()
-    trainer = cls(model_init=lambda: build_tiny_deepseek(), args=args, callbacks=[timer],
-                  train_dataset=stdlib_dataset(seq_len=128, max_bytes=1_000_000))
+    trainer = cls(
+        model_init=lambda: build_tiny_deepseek(),
+        args=args,
+        callbacks=[timer],
+        train_dataset=stdlib_dataset(seq_len=128, max_bytes=1_000_000),
+    )
     trainer.train()
     return timer.times, args.process_index
 
@@ -54,12 +70,20 @@ def main() -> None:
         for kind in ("trainer", "recipe"):
             with tempfile.TemporaryDirectory() as out:
                 measured, rank = run_one(kind, opts.steps, out)
-            times[kind] += measured[opts.skip:]
+            times[kind] += measured[opts.skip :]
     if rank != 0:
         return
     base, ours = statistics.median(times["trainer"]), statistics.median(times["recipe"])
-    print(json.dumps({"steps_timed_each": len(times["trainer"]), "trainer_median_step_s": round(base, 5),
-                      "recipe_median_step_s": round(ours, 5), "ratio_recipe_over_trainer": round(ours / base, 3)}))
+    print(
+        json.dumps(
+            {
+                "steps_timed_each": len(times["trainer"]),
+                "trainer_median_step_s": round(base, 5),
+                "recipe_median_step_s": round(ours, 5),
+                "ratio_recipe_over_trainer": round(ours / base, 3),
+            }
+        )
+    )
     print(f"median step: Trainer {base * 1e3:.1f} ms, RecipeTrainer {ours * 1e3:.1f} ms, ratio {ours / base:.3f}")
 
 

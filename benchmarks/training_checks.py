@@ -24,21 +24,31 @@ import tempfile
 import time
 import warnings
 
-
 from _timing import StepTimer  # benchmarks/ is on sys.path when a benchmark runs as a script
+
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
-
 
 OFF = {"seed_check": "off", "rank_check_steps": 0, "nonfinite_policy": "off"}
 
 
 def run_one(setting: str, steps: int, out: str) -> tuple[list[float], float, int]:
     checks = OFF if setting == "off" else {}
-    args = RecipeTrainingArguments(output_dir=out, max_steps=steps, per_device_train_batch_size=8, learning_rate=3e-3,
-                                   logging_steps=10, save_strategy="no", report_to="none", dataloader_drop_last=True,
-                                   disable_tqdm=True, seed=42, per_rank_tensorboard=False, **checks)
+    args = RecipeTrainingArguments(
+        output_dir=out,
+        max_steps=steps,
+        per_device_train_batch_size=8,
+        learning_rate=3e-3,
+        logging_steps=10,
+        save_strategy="no",
+        report_to="none",
+        dataloader_drop_last=True,
+        disable_tqdm=True,
+        seed=42,
+        per_rank_tensorboard=False,
+        **checks,
+    )
     timer = StepTimer()
     data = stdlib_dataset(seq_len=128, max_bytes=1_000_000)
     start = time.perf_counter()
@@ -61,20 +71,31 @@ def main() -> None:
         for setting in ("off", "defaults"):
             with tempfile.TemporaryDirectory() as out:
                 measured, total, rank = run_one(setting, opts.steps, out)
-            times[setting] += measured[opts.skip:]
+            times[setting] += measured[opts.skip :]
             totals[setting].append(total)
     if rank != 0:
         return
     med = {k: statistics.median(v) for k, v in times.items()}
     mean = {k: statistics.fmean(v) for k, v in times.items()}
     total = {k: statistics.fmean(v) for k, v in totals.items()}
-    print(json.dumps({"steps_timed_each": len(times["off"]), "median_step_s": med, "mean_step_s": mean,
-                      "run_s": total, "ratio_median": round(med["defaults"] / med["off"], 4),
-                      "ratio_mean": round(mean["defaults"] / mean["off"], 4),
-                      "ratio_run": round(total["defaults"] / total["off"], 4)}))
-    print(f"median step: off {med['off'] * 1e3:.1f} ms, defaults {med['defaults'] * 1e3:.1f} ms, "
-          f"ratio {med['defaults'] / med['off']:.4f}; mean ratio {mean['defaults'] / mean['off']:.4f}; "
-          f"whole run ratio {total['defaults'] / total['off']:.4f}")
+    print(
+        json.dumps(
+            {
+                "steps_timed_each": len(times["off"]),
+                "median_step_s": med,
+                "mean_step_s": mean,
+                "run_s": total,
+                "ratio_median": round(med["defaults"] / med["off"], 4),
+                "ratio_mean": round(mean["defaults"] / mean["off"], 4),
+                "ratio_run": round(total["defaults"] / total["off"], 4),
+            }
+        )
+    )
+    print(
+        f"median step: off {med['off'] * 1e3:.1f} ms, defaults {med['defaults'] * 1e3:.1f} ms, "
+        f"ratio {med['defaults'] / med['off']:.4f}; mean ratio {mean['defaults'] / mean['off']:.4f}; "
+        f"whole run ratio {total['defaults'] / total['off']:.4f}"
+    )
 
 
 if __name__ == "__main__":

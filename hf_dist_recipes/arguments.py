@@ -67,24 +67,36 @@ from dataclasses import dataclass, field
 from transformers import TrainingArguments
 from transformers.trainer_utils import SchedulerType
 
-from hf_dist_recipes import _compat
+from hf_dist_recipes import _compat, backend, cuda_host, extensions, precision
 from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_SIZE, parse_size
-from hf_dist_recipes.jsonfile import load_deepspeed_json
-from hf_dist_recipes import backend, cuda_host, extensions, precision
+from hf_dist_recipes.gradient_health import (
+    validate_max_consecutive_skips,
+    validate_nonfinite_policy,
+    validate_spike_settings,
+)
 from hf_dist_recipes.gradients import validate_max_grad_norm
-from hf_dist_recipes.gradient_health import (validate_max_consecutive_skips, validate_nonfinite_policy,
-                                             validate_spike_settings)
+from hf_dist_recipes.jsonfile import load_deepspeed_json
+from hf_dist_recipes.monitoring.stragglers import (
+    DEFAULT_STRAGGLER_CHECK_STEPS,
+    DEFAULT_STRAGGLER_THRESHOLD,
+    DEFAULT_STRAGGLER_WINDOWS,
+    validate_straggler_settings,
+)
+from hf_dist_recipes.nccl_defaults import apply_nccl_env_defaults
 from hf_dist_recipes.parallel.batch import fix_tp_batch_size, tensor_parallel_size, validate_micro_batch
 from hf_dist_recipes.parallel.plan_record import recorded_plan
 from hf_dist_recipes.precision import resolve_bf16
-from hf_dist_recipes.schedules import (DEFAULT_NUM_CYCLES, check_schedule_kwargs, validate_learning_rate,
-                                       validate_min_lr_ratio, validate_warmup_steps,
-                                       validate_num_cycles, validate_restart_warmup_steps)
 from hf_dist_recipes.rank_agreement import validate_policy, validate_rank_check_steps
-from hf_dist_recipes.monitoring.stragglers import (DEFAULT_STRAGGLER_CHECK_STEPS, DEFAULT_STRAGGLER_THRESHOLD,
-                                                   DEFAULT_STRAGGLER_WINDOWS, validate_straggler_settings)
+from hf_dist_recipes.schedules import (
+    DEFAULT_NUM_CYCLES,
+    check_schedule_kwargs,
+    validate_learning_rate,
+    validate_min_lr_ratio,
+    validate_num_cycles,
+    validate_restart_warmup_steps,
+    validate_warmup_steps,
+)
 from hf_dist_recipes.seeding import seed_everything, validate_seed
-from hf_dist_recipes.nccl_defaults import apply_nccl_env_defaults
 from hf_dist_recipes.watchdog import validate_hang_settings
 
 logger = logging.getLogger(__name__)
@@ -108,24 +120,35 @@ class RecipeTrainingArguments(TrainingArguments):
     )
     bf16: bool | None = field(
         default=None,
-        metadata={"help": "bf16 mixed precision. Default: on when every visible GPU supports bf16 (compute "
-                          "capability >= 8.0), off on CPU hosts. False trains in fp32.", "nargs": "?", "const": True},
+        metadata={
+            "help": "bf16 mixed precision. Default: on when every visible GPU supports bf16 (compute "
+            "capability >= 8.0), off on CPU hosts. False trains in fp32.",
+            "nargs": "?",
+            "const": True,
+        },
     )
     activation_checkpointing: bool | None = field(
         default=None,
-        metadata={"help": "Recompute activations in the backward pass. Default: what the launch config's plan "
-                          "assumed (config generate --activation-checkpointing), else off.",
-                  "nargs": "?", "const": True},
+        metadata={
+            "help": "Recompute activations in the backward pass. Default: what the launch config's plan "
+            "assumed (config generate --activation-checkpointing), else off.",
+            "nargs": "?",
+            "const": True,
+        },
     )
     ddp_timeout: int = field(
         default=7200,
-        metadata={"help": "Seconds a collective may wait during start-up (default 7200: rank 0 reads a large "
-                          "checkpoint alone under ZeRO-3 while the others wait); step_timeout applies once steps "
-                          "run."},
+        metadata={
+            "help": "Seconds a collective may wait during start-up (default 7200: rank 0 reads a large "
+            "checkpoint alone under ZeRO-3 while the others wait); step_timeout applies once steps "
+            "run."
+        },
     )
     logging_dir: str | None = field(
         default=None,
-        metadata={"help": "TensorBoard root; each rank writes <logging_dir>/rank<N>. Default <output_dir>/tensorboard."},
+        metadata={
+            "help": "TensorBoard root; each rank writes <logging_dir>/rank<N>. Default <output_dir>/tensorboard."
+        },
     )
     per_rank_tensorboard: bool = field(
         default=True, metadata={"help": "Write TensorBoard logs from every rank, not only rank 0."}
@@ -135,40 +158,52 @@ class RecipeTrainingArguments(TrainingArguments):
     )
     save_shard_size: str = field(
         default=DEFAULT_MAX_SHARD_SIZE,
-        metadata={"help": "Largest safetensors file save_model writes under DeepSpeed (e.g. 5GB, 500MB). The "
-                          "writing rank holds at most one shard plus one decoder layer (default 5GB)."},
+        metadata={
+            "help": "Largest safetensors file save_model writes under DeepSpeed (e.g. 5GB, 500MB). The "
+            "writing rank holds at most one shard plus one decoder layer (default 5GB)."
+        },
     )
     max_unpartitioned_model_size: str | None = field(
         default="2GB",
-        metadata={"help": "Under ZeRO-3, stop when a model larger than this was built without being partitioned "
-                          "(every rank holds a full copy). None: no check."},
+        metadata={
+            "help": "Under ZeRO-3, stop when a model larger than this was built without being partitioned "
+            "(every rank holds a full copy). None: no check."
+        },
     )
     # seeds
     seed_check: str = field(
         default="error",
-        metadata={"help": "Ranks that disagree on seeds, data order, built weights or (every rank_check_steps) the "
-                          "step, learning rate, TP-group loss: 'error' stops the job, 'warn' logs, 'off' skips."},
+        metadata={
+            "help": "Ranks that disagree on seeds, data order, built weights or (every rank_check_steps) the "
+            "step, learning rate, TP-group loss: 'error' stops the job, 'warn' logs, 'off' skips."
+        },
     )
     rank_check_steps: int = field(
         default=100, metadata={"help": "Optimizer steps between cross-rank agreement checks (0: only at start)."}
     )
     per_rank_dropout: bool = field(
         default=False,
-        metadata={"help": "Distinct dropout streams per data-parallel replica (TP ranks always share one); "
-                          "weights and data order stay identical."},
+        metadata={
+            "help": "Distinct dropout streams per data-parallel replica (TP ranks always share one); "
+            "weights and data order stay identical."
+        },
     )
     # schedule
     restart_warmup_steps: int = field(
         default=0,
-        metadata={"help": "Optimizer steps of linear re-warm-up from the floor to the peak at each restart of "
-                          "cosine_with_restarts (default 0: hard restarts, straight back to the peak)."},
+        metadata={
+            "help": "Optimizer steps of linear re-warm-up from the floor to the peak at each restart of "
+            "cosine_with_restarts (default 0: hard restarts, straight back to the peak)."
+        },
     )
     # gradient health
     nonfinite_policy: str = field(
         default="skip",
-        metadata={"help": "A non-finite loss or gradient on any rank: 'skip' the optimizer step on every rank "
-                          "(counted, logged), 'halt' (save the last good state, stop non-zero with a report), "
-                          "'off' (no checks)."},
+        metadata={
+            "help": "A non-finite loss or gradient on any rank: 'skip' the optimizer step on every rank "
+            "(counted, logged), 'halt' (save the last good state, stop non-zero with a report), "
+            "'off' (no checks)."
+        },
     )
     max_consecutive_skips: int = field(
         default=3, metadata={"help": "Under nonfinite_policy='skip', more skips in a row than this halt the job."}
@@ -182,13 +217,14 @@ class RecipeTrainingArguments(TrainingArguments):
     # straggler detection
     straggler_check_steps: int = field(
         default=DEFAULT_STRAGGLER_CHECK_STEPS,
-        metadata={"help": "Optimizer steps between cross-rank straggler checks (the same step on every rank; "
-                          "0: off)."},
+        metadata={"help": "Optimizer steps between cross-rank straggler checks (the same step on every rank; 0: off)."},
     )
     straggler_threshold: float = field(
         default=DEFAULT_STRAGGLER_THRESHOLD,
-        metadata={"help": "A rank whose busy time per step exceeds the median rank's by more than this fraction "
-                          "(0.2: 20%) is slow in that window."},
+        metadata={
+            "help": "A rank whose busy time per step exceeds the median rank's by more than this fraction "
+            "(0.2: 20%) is slow in that window."
+        },
     )
     straggler_windows: int = field(
         default=DEFAULT_STRAGGLER_WINDOWS,
@@ -197,13 +233,17 @@ class RecipeTrainingArguments(TrainingArguments):
     # hangs
     peer_timeout: float = field(
         default=120.0,
-        metadata={"help": "Seconds without a heartbeat from a peer rank (killed, host down) before every other rank "
-                          "ends, naming it and its last step (default 120; 0: off)."},
+        metadata={
+            "help": "Seconds without a heartbeat from a peer rank (killed, host down) before every other rank "
+            "ends, naming it and its last step (default 120; 0: off)."
+        },
     )
     step_timeout: float = field(
         default=600.0,
-        metadata={"help": "Collective timeout in seconds once the first optimizer step finished; bounds a rank "
-                          "that is alive but stuck (default 600, torch's NCCL default; 0: keep ddp_timeout)."},
+        metadata={
+            "help": "Collective timeout in seconds once the first optimizer step finished; bounds a rank "
+            "that is alive but stuck (default 600, torch's NCCL default; 0: keep ddp_timeout)."
+        },
     )
     allow_gloo_on_cuda: bool = field(
         default=False, metadata={"help": "Accept Gloo on a host with CUDA GPUs (normally an error)."}
@@ -213,9 +253,11 @@ class RecipeTrainingArguments(TrainingArguments):
     )
     allow_cpu_with_gpus: bool = field(
         default=False,
-        metadata={"help": "Train on the CPU although the machine has NVIDIA GPUs that torch cannot use (normally "
-                          "an error naming the reason: CPU-only torch, old driver, CUDA_VISIBLE_DEVICES hiding "
-                          "them)."},
+        metadata={
+            "help": "Train on the CPU although the machine has NVIDIA GPUs that torch cannot use (normally "
+            "an error naming the reason: CPU-only torch, old driver, CUDA_VISIBLE_DEVICES hiding "
+            "them)."
+        },
     )
 
     def __post_init__(self):
@@ -237,9 +279,11 @@ class RecipeTrainingArguments(TrainingArguments):
         self.save_shard_bytes = _size_field("save_shard_size", self.save_shard_size)
         if str(self.max_unpartitioned_model_size).lower() in ("none", "off"):  # None, or "none" from a command line
             self.max_unpartitioned_model_size = None
-        self.max_unpartitioned_model_bytes = (None if self.max_unpartitioned_model_size is None else
-                                              _size_field("max_unpartitioned_model_size",
-                                                          self.max_unpartitioned_model_size))
+        self.max_unpartitioned_model_bytes = (
+            None
+            if self.max_unpartitioned_model_size is None
+            else _size_field("max_unpartitioned_model_size", self.max_unpartitioned_model_size)
+        )
         # Before DeepSpeed builds or loads any op: on GPU hosts super().__post_init__ already starts DeepSpeed's
         # comm (accelerate 1.16 PartialState -> deepspeed.init_distributed); the engine builds cpu_adam & co. later.
         extensions.use_node_local_extensions_dir()
@@ -249,8 +293,9 @@ class RecipeTrainingArguments(TrainingArguments):
         gpus = 0 if cpu_asked else backend.cuda_device_count()
         if not gpus:
             # Without this, a GPU node whose torch cannot reach its GPUs would train on the CPU (use_cpu below).
-            cuda_host.check_torch_sees_gpus(cuda_devices=gpus, allow_cpu_with_gpus=self.allow_cpu_with_gpus,
-                                            cpu_requested_by=cpu_asked)
+            cuda_host.check_torch_sees_gpus(
+                cuda_devices=gpus, allow_cpu_with_gpus=self.allow_cpu_with_gpus, cpu_requested_by=cpu_asked
+            )
         if self.ddp_backend is not None or gpus:
             # Without CUDA and without a request, the launcher's Gloo default is right and left alone.
             self.ddp_backend = backend.resolve_backend(
@@ -258,10 +303,14 @@ class RecipeTrainingArguments(TrainingArguments):
             )
         # Before super().__post_init__, where accelerate's PartialState creates the group on GPU hosts: torch reads
         # these once, when ProcessGroupNCCL is built.
-        self.nccl_env_applied = (apply_nccl_env_defaults(self.output_dir or "trainer_output")
-                                 if self.ddp_backend == backend.GPU_BACKEND else {})
-        self.bf16 = resolve_bf16(self.bf16, fp16=self.fp16, cuda_devices=gpus,
-                                 bf16_supported=bool(gpus) and precision.cuda_bf16_supported())
+        self.nccl_env_applied = (
+            apply_nccl_env_defaults(self.output_dir or "trainer_output")
+            if self.ddp_backend == backend.GPU_BACKEND
+            else {}
+        )
+        self.bf16 = resolve_bf16(
+            self.bf16, fp16=self.fp16, cuda_devices=gpus, bf16_supported=bool(gpus) and precision.cuda_bf16_supported()
+        )
         if not gpus and not self.use_cpu:
             # Without use_cpu a CPU-only torchrun run counts world_size 1 and fills DeepSpeed's batch wrongly.
             self.use_cpu = True
@@ -314,7 +363,7 @@ class RecipeTrainingArguments(TrainingArguments):
         return fix.change
 
     @classmethod
-    def from_training_arguments(cls, args: TrainingArguments) -> "RecipeTrainingArguments":
+    def from_training_arguments(cls, args: TrainingArguments) -> RecipeTrainingArguments:
         """Upgrade a plain `TrainingArguments`: every field the user changed from the stock default is kept; fields
         left at the stock default take the recipe default."""
         if isinstance(args, cls):
@@ -329,8 +378,9 @@ class RecipeTrainingArguments(TrainingArguments):
                 kept[f.name] = value
         upgraded = cls(**kept)
         recipe_defaults = sorted(
-            f.name for f in dataclasses.fields(cls) if f.init and f.name not in kept
-            and getattr(upgraded, f.name) != getattr(args, f.name, None)
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.init and f.name not in kept and getattr(upgraded, f.name) != getattr(args, f.name, None)
         )
         if recipe_defaults:
             logger.info("RecipeTrainer upgraded TrainingArguments; recipe defaults for: %s", ", ".join(recipe_defaults))

@@ -33,8 +33,19 @@ DEFAULT_LINK_SIZE = "4M"
 DEFAULT_FRACTION = 0.5
 ELEMENT_BYTES = 4  # float32, like nccl-tests' default
 GB = 1e9  # nccl-tests' GB/s are 10^9 bytes per second
-_UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1024**2, "MB": 1024**2, "MIB": 1024**2,
-          "G": 1024**3, "GB": 1024**3, "GIB": 1024**3}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 1024,
+    "KB": 1024,
+    "KIB": 1024,
+    "M": 1024**2,
+    "MB": 1024**2,
+    "MIB": 1024**2,
+    "G": 1024**3,
+    "GB": 1024**3,
+    "GIB": 1024**3,
+}
 _SIZE = re.compile(r"^\s*(\d+)\s*([A-Za-z]*)\s*$")
 
 
@@ -43,8 +54,10 @@ def parse_size(text: str, name: str = "--sizes") -> int:
     m = _SIZE.match(str(text))
     unit = m.group(2).upper() if m else None
     if not m or unit not in _UNITS or int(m.group(1)) <= 0:
-        raise ValueError(f"{name}: {text!r} is not a size in bytes; use a positive number with an optional unit "
-                         "K, M or G (powers of 1024), e.g. {name} 1K,1M,64M".replace("{name}", name))
+        raise ValueError(
+            f"{name}: {text!r} is not a size in bytes; use a positive number with an optional unit "
+            "K, M or G (powers of 1024), e.g. {name} 1K,1M,64M".replace("{name}", name)
+        )
     return int(m.group(1)) * _UNITS[unit]
 
 
@@ -173,8 +186,15 @@ def measure_collectives(s: BenchSettings, device, progress: Callable[[str], None
         start = time.perf_counter()
         own[op] = {}
         for size in sorted({message_bytes(x, n) for x in s.sizes}):
-            row = {"op": op, "size_bytes": size, "time_us": None, "algbw_GBps": None, "busbw_GBps": None,
-                   "call": f"torch.distributed.{CALLS[op]}", "note": ""}
+            row = {
+                "op": op,
+                "size_bytes": size,
+                "time_us": None,
+                "algbw_GBps": None,
+                "busbw_GBps": None,
+                "call": f"torch.distributed.{CALLS[op]}",
+                "note": "",
+            }
             try:
                 mine = _timed(_collective(op, size, n, device), s, device)
             except (RuntimeError, NotImplementedError) as err:
@@ -209,8 +229,17 @@ def measure_ring_links(s: BenchSettings, device, hosts: list[str]) -> list[dict]
         else:
             mine = _timed(lambda: None, s, device)  # joins the barrier inside
         seconds = max(_per_rank(mine)[r] for r in (src, dst))
-        links.append({"src": src, "dst": dst, "src_host": hosts[src], "dst_host": hosts[dst], "size_bytes": size,
-                      "time_us": seconds * 1e6, "GBps": size / seconds / GB})
+        links.append(
+            {
+                "src": src,
+                "dst": dst,
+                "src_host": hosts[src],
+                "dst_host": hosts[dst],
+                "size_bytes": size,
+                "time_us": seconds * 1e6,
+                "GBps": size / seconds / GB,
+            }
+        )
     return links
 
 
@@ -221,8 +250,10 @@ def rank_speeds(own: dict, hosts: list[str]) -> list[dict]:
     if not sizes:
         return []
     size = max(sizes)
-    return [{"rank": r, "host": hosts[r], "size_bytes": size, "time_us": t * 1e6, "algbw_GBps": size / t / GB}
-            for r, t in enumerate(sizes[size])]
+    return [
+        {"rank": r, "host": hosts[r], "size_bytes": size, "time_us": t * 1e6, "algbw_GBps": size / t / GB}
+        for r, t in enumerate(sizes[size])
+    ]
 
 
 def run_benchmark(s: BenchSettings, device, backend: str, progress: Callable[[str], None] = lambda line: None) -> dict:
@@ -249,9 +280,20 @@ def run_benchmark(s: BenchSettings, device, backend: str, progress: Callable[[st
     for x in ranks:
         x["flagged"] = x["rank"] in slow_ranks
     return {
-        "world_size": n, "backend": backend, "device": device.type, "hosts": sorted(set(hosts)),
-        "rank_hosts": hosts, "torch": torch.__version__, "dtype": "float32", "iters": s.iters, "warmup": s.warmup,
-        "fraction": s.fraction, "results": rows, "links": links, "links_note": links_note, "ranks": ranks,
+        "world_size": n,
+        "backend": backend,
+        "device": device.type,
+        "hosts": sorted(set(hosts)),
+        "rank_hosts": hosts,
+        "torch": torch.__version__,
+        "dtype": "float32",
+        "iters": s.iters,
+        "warmup": s.warmup,
+        "fraction": s.fraction,
+        "results": rows,
+        "links": links,
+        "links_note": links_note,
+        "ranks": ranks,
         "flagged": {"links": [list(k) for k in slow_links], "ranks": slow_ranks},
     }
 
@@ -275,16 +317,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=DEFAULT_ITERS, help="timed iterations (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed iterations (default: %(default)s)")
     p.add_argument("--link-size", default=DEFAULT_LINK_SIZE, help="bytes per ring-link send (default: %(default)s)")
-    p.add_argument("--fraction", type=float, default=DEFAULT_FRACTION,
-                   help="flag a link or rank below this fraction of the median (default: %(default)s)")
+    p.add_argument(
+        "--fraction",
+        type=float,
+        default=DEFAULT_FRACTION,
+        help="flag a link or rank below this fraction of the median (default: %(default)s)",
+    )
     p.add_argument("--output", help="rank 0 writes the JSON result here (default: print it)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = p.parse_args(argv)
-    s = check_settings(BenchSettings(sizes=parse_sizes(args.sizes), iters=args.iters, warmup=args.warmup,
-                                     link_bytes=parse_size(args.link_size, "--link-size"), fraction=args.fraction))
+    s = check_settings(
+        BenchSettings(
+            sizes=parse_sizes(args.sizes),
+            iters=args.iters,
+            warmup=args.warmup,
+            link_bytes=parse_size(args.link_size, "--link-size"),
+            fraction=args.fraction,
+        )
+    )
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) < 2:
-        raise ValueError("run inside a launch of >= 2 processes (torchrun --nproc-per-node 2 -m "
-                         "hf_dist_recipes.commbench), or use: hf-dist-recipes commbench")
+        raise ValueError(
+            "run inside a launch of >= 2 processes (torchrun --nproc-per-node 2 -m "
+            "hf_dist_recipes.commbench), or use: hf-dist-recipes commbench"
+        )
     backend = resolve_backend(args.backend, allow_gloo_on_cuda=args.allow_gloo_on_cuda)
     use_cuda = torch.cuda.is_available()  # Gloo on a GPU host moves CUDA tensors, as DDP over Gloo would
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if use_cuda else torch.device("cpu")

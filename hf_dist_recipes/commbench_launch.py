@@ -27,21 +27,32 @@ class CommbenchPlan:
     settings: BenchSettings
 
 
-def plan_commbench(settings: BenchSettings, *, num_processes: int | None = None, backend: str | None = None,
-                   cuda_devices: int | None = None) -> CommbenchPlan:
+def plan_commbench(
+    settings: BenchSettings,
+    *,
+    num_processes: int | None = None,
+    backend: str | None = None,
+    cuda_devices: int | None = None,
+) -> CommbenchPlan:
     """Processes default to one per visible GPU, else 2. `backend` "gloo" on a GPU host means Gloo next to NCCL;
     NCCL without a GPU is ValueError (backend.resolve_backend's message)."""
     gpus = backends.cuda_device_count() if cuda_devices is None else cuda_devices
     n = num_processes if num_processes is not None else (gpus if gpus >= 2 else 2)
     positive_int(n, "--num-processes", 2, minimum=2, unit="processes")
     if gpus and n > gpus:
-        fix = (f"e.g. --num-processes {gpus}" if gpus >= 2 else "one GPU has no GPU-to-GPU link to measure; "
-               "`CUDA_VISIBLE_DEVICES= hf-dist-recipes commbench` measures Gloo between CPU processes")
+        fix = (
+            f"e.g. --num-processes {gpus}"
+            if gpus >= 2
+            else "one GPU has no GPU-to-GPU link to measure; "
+            "`CUDA_VISIBLE_DEVICES= hf-dist-recipes commbench` measures Gloo between CPU processes"
+        )
         raise ValueError(f"--num-processes {n} needs {n} GPUs (one per NCCL rank), {gpus} visible; {fix}")
     check_settings(settings)
     if backend == backends.GPU_BACKEND and not gpus:
-        raise ValueError("--backend nccl needs CUDA GPUs and this host has none visible (torch.cuda.is_available() "
-                         "is False); leave out --backend to measure Gloo here, or check CUDA_VISIBLE_DEVICES")
+        raise ValueError(
+            "--backend nccl needs CUDA GPUs and this host has none visible (torch.cuda.is_available() "
+            "is False); leave out --backend to measure Gloo here, or check CUDA_VISIBLE_DEVICES"
+        )
     if backend == backends.CPU_BACKEND and gpus:
         chosen = (backends.GPU_BACKEND, backends.CPU_BACKEND)
     else:
@@ -57,11 +68,33 @@ def _free_port() -> int:
 
 def worker_command(plan: CommbenchPlan, backend: str, output: str) -> list[str]:
     s = plan.settings
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(plan.num_processes),
-           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-           "-m", "hf_dist_recipes.commbench", "--backend", backend, "--output", output,
-           "--sizes", ",".join(map(str, s.sizes)), "--iters", str(s.iters), "--warmup", str(s.warmup),
-           "--link-size", str(s.link_bytes), "--fraction", str(s.fraction)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(plan.num_processes),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        "-m",
+        "hf_dist_recipes.commbench",
+        "--backend",
+        backend,
+        "--output",
+        output,
+        "--sizes",
+        ",".join(map(str, s.sizes)),
+        "--iters",
+        str(s.iters),
+        "--warmup",
+        str(s.warmup),
+        "--link-size",
+        str(s.link_bytes),
+        "--fraction",
+        str(s.fraction),
+    ]
     if backend == backends.CPU_BACKEND and backends.GPU_BACKEND in plan.backends:
         cmd.append("--allow-gloo-on-cuda")  # asked for explicitly: the side-by-side with NCCL
     return cmd
@@ -72,8 +105,9 @@ def run_commbench(plan: CommbenchPlan) -> dict:
     A failed launch is RuntimeError with its exit status (the ranks' output is already on stderr)."""
     env = dict(os.environ)
     # The ranks import this package from the same place as this process, even when it is not installed.
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(hf_dist_recipes.__file__).parents[1]),
-                                                      env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(Path(hf_dist_recipes.__file__).parents[1]), env.get("PYTHONPATH")])
+    )
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default, set here so it does not warn about it
     runs = []
     with tempfile.TemporaryDirectory(prefix="commbench-") as tmp:
@@ -96,8 +130,15 @@ def side_by_side(nccl: dict, gloo: dict) -> dict:
         g = theirs.get((r["op"], r["size_bytes"]))
         if g is None or r["time_us"] is None or g["time_us"] is None:
             continue
-        rows.append({"op": r["op"], "size_bytes": r["size_bytes"], "nccl_time_us": r["time_us"],
-                     "gloo_time_us": g["time_us"], "gloo_slower_x": g["time_us"] / r["time_us"]})
+        rows.append(
+            {
+                "op": r["op"],
+                "size_bytes": r["size_bytes"],
+                "nccl_time_us": r["time_us"],
+                "gloo_time_us": g["time_us"],
+                "gloo_slower_x": g["time_us"] / r["time_us"],
+            }
+        )
     return {"side_by_side": True, "world_size": nccl["world_size"], "runs": [nccl, gloo], "comparison": rows}
 
 
@@ -116,35 +157,50 @@ def render(result: dict) -> str:
     """The table of one run (results, ring links, ranks, flags), or of a side-by-side (both runs, then the ratios)."""
     if result.get("side_by_side"):
         lines = [render(run) for run in result["runs"]]
-        lines.append("Gloo vs NCCL on this machine (time per op; the ratio is what a training falling back to Gloo "
-                     "pays on each collective):")
+        lines.append(
+            "Gloo vs NCCL on this machine (time per op; the ratio is what a training falling back to Gloo "
+            "pays on each collective):"
+        )
         lines.append(f"  {'op':<15}{'size':>8}{'nccl us':>12}{'gloo us':>12}{'gloo/nccl':>11}")
         for r in result["comparison"]:
-            lines.append(f"  {r['op']:<15}{human_bytes(r['size_bytes']):>8}{r['nccl_time_us']:>12.1f}"
-                         f"{r['gloo_time_us']:>12.1f}{r['gloo_slower_x']:>10.1f}x")
+            lines.append(
+                f"  {r['op']:<15}{human_bytes(r['size_bytes']):>8}{r['nccl_time_us']:>12.1f}"
+                f"{r['gloo_time_us']:>12.1f}{r['gloo_slower_x']:>10.1f}x"
+            )
         return "\n".join(lines)
-    lines = [f"commbench: {result['world_size']} ranks, {result['backend']} on {result['device']}, "
-             f"host(s) {', '.join(result['hosts'])}, {result['dtype']}, {result['iters']} timed iterations "
-             "(time = slowest rank's mean; bandwidths in GB/s as nccl-tests defines them)",
-             f"  {'op':<15}{'size':>8}{'time us':>12}{'algbw':>9}{'busbw':>9}  call"]
+    lines = [
+        f"commbench: {result['world_size']} ranks, {result['backend']} on {result['device']}, "
+        f"host(s) {', '.join(result['hosts'])}, {result['dtype']}, {result['iters']} timed iterations "
+        "(time = slowest rank's mean; bandwidths in GB/s as nccl-tests defines them)",
+        f"  {'op':<15}{'size':>8}{'time us':>12}{'algbw':>9}{'busbw':>9}  call",
+    ]
     for r in result["results"]:
-        lines.append(f"  {r['op']:<15}{human_bytes(r['size_bytes']):>8}{_num(r['time_us'], '12.1f')}"
-                     f"{_num(r['algbw_GBps'], '9.3f')}{_num(r['busbw_GBps'], '9.3f')}  {r['call']} {r['note']}"
-                     .rstrip())
-    lines.append(f"ring links (each alone, {human_bytes(result['links'][0]['size_bytes'])} per send):"
-                 if result["links"] else f"ring links: {result.get('links_note') or 'none'}")
+        lines.append(
+            f"  {r['op']:<15}{human_bytes(r['size_bytes']):>8}{_num(r['time_us'], '12.1f')}"
+            f"{_num(r['algbw_GBps'], '9.3f')}{_num(r['busbw_GBps'], '9.3f')}  {r['call']} {r['note']}".rstrip()
+        )
+    lines.append(
+        f"ring links (each alone, {human_bytes(result['links'][0]['size_bytes'])} per send):"
+        if result["links"]
+        else f"ring links: {result.get('links_note') or 'none'}"
+    )
     for x in result["links"]:
         flag = "  SLOW" if x["flagged"] else ""
-        lines.append(f"  rank {x['src']} ({x['src_host']}) -> rank {x['dst']} ({x['dst_host']}): "
-                     f"{x['GBps']:.3f} GB/s, {x['time_us']:.1f} us{flag}")
+        lines.append(
+            f"  rank {x['src']} ({x['src_host']}) -> rank {x['dst']} ({x['dst_host']}): "
+            f"{x['GBps']:.3f} GB/s, {x['time_us']:.1f} us{flag}"
+        )
     for x in result["ranks"]:
         flag = "  SLOW" if x["flagged"] else ""
-        lines.append(f"  rank {x['rank']} ({x['host']}): own all_reduce {human_bytes(x['size_bytes'])} "
-                     f"{x['time_us']:.1f} us{flag}")
+        lines.append(
+            f"  rank {x['rank']} ({x['host']}): own all_reduce {human_bytes(x['size_bytes'])} "
+            f"{x['time_us']:.1f} us{flag}"
+        )
     flagged = result["flagged"]
     if flagged["links"] or flagged["ranks"]:
-        lines.append(f"flagged below {result['fraction']:g} x the median: links {flagged['links']}, "
-                     f"ranks {flagged['ranks']}")
+        lines.append(
+            f"flagged below {result['fraction']:g} x the median: links {flagged['links']}, ranks {flagged['ranks']}"
+        )
     else:
         lines.append(f"no link or rank below {result['fraction']:g} x the median")
     return "\n".join(lines)

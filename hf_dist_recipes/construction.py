@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import torch
 
-FIX = ("build the model after RecipeTrainingArguments(...) with from_pretrained / from_config (they partition it "
-       "under ZeRO-3 while loading), or pass model_init=... to RecipeTrainer; raise max_unpartitioned_model_size "
-       "(or set it to None) if a full copy per rank is really meant")
+FIX = (
+    "build the model after RecipeTrainingArguments(...) with from_pretrained / from_config (they partition it "
+    "under ZeRO-3 while loading), or pass model_init=... to RecipeTrainer; raise max_unpartitioned_model_size "
+    "(or set it to None) if a full copy per rank is really meant"
+)
 
 
 def unpartitioned_bytes(model: torch.nn.Module) -> int:
@@ -34,7 +36,8 @@ def check_partitioned(model: torch.nn.Module, *, limit_bytes: int | None, world_
         raise ValueError(
             f"{type(model).__name__} was built without ZeRO-3 partitioning: {_human(size)} of parameters "
             f"on every rank ({world_size} full copies, {_human(world_size * size)} over the job) before "
-            f"DeepSpeed starts. Fix: {FIX}.")
+            f"DeepSpeed starts. Fix: {FIX}."
+        )
     return size
 
 

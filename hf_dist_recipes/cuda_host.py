@@ -46,8 +46,10 @@ CPU_REQUEST_ENV = "ACCELERATE_USE_CPU"
 RECIPE_CPU_ENV = "HF_DIST_RECIPES_USE_CPU"
 TRUE_VALUES = ("y", "yes", "t", "true", "on", "1")
 # Where the install fix points: a lock of this environment, and an image of the CUDA build, from `pin`.
-PIN_HINT = ("the other versions exact (hf-dist-recipes pin --output DIR --torch <version> --cuda 13.0 writes a "
-            "lock and a Dockerfile for that build)")
+PIN_HINT = (
+    "the other versions exact (hf-dist-recipes pin --output DIR --torch <version> --cuda 13.0 writes a "
+    "lock and a Dockerfile for that build)"
+)
 
 # Lowest Linux driver per CUDA major version under minor-version compatibility: NVIDIA "CUDA Compatibility"
 # guide, table "CUDA Toolkit and Minimum Required Driver Version for CUDA Minor Version Compatibility"
@@ -157,9 +159,13 @@ def torch_cuda_warnings(python: str | None = None) -> list[str]:
     if found:
         return found
     try:
-        done = subprocess.run([python or sys.executable, "-W", "always", "-c",
-                               "import torch; torch.cuda.is_available()"],
-                              capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False)
+        done = subprocess.run(
+            [python or sys.executable, "-W", "always", "-c", "import torch; torch.cuda.is_available()"],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
     # "<file>:<line>: UserWarning: CUDA initialization: ..." (one line, or continued on the next ones)
@@ -170,31 +176,41 @@ def _reason_and_fix(host: NvidiaHost) -> tuple[str, str]:
     base_version = torch.__version__.split("+")[0]
     if torch.version.cuda is None:
         kind = f"a ROCm build (HIP {torch.version.hip})" if torch.version.hip else "a CPU-only build"
-        return (f"torch {torch.__version__} is {kind}",
-                f"install the CUDA build of the same torch, keeping {PIN_HINT}: pip install torch=={base_version} "
-                "--index-url https://download.pytorch.org/whl/cu130 (needs driver >= 580; whl/cu126 for drivers "
-                ">= 525.60.13)")
+        return (
+            f"torch {torch.__version__} is {kind}",
+            f"install the CUDA build of the same torch, keeping {PIN_HINT}: pip install torch=={base_version} "
+            "--index-url https://download.pytorch.org/whl/cu130 (needs driver >= 580; whl/cu126 for drivers "
+            ">= 525.60.13)",
+        )
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible_devices_hide_all(visible):
-        return (f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU",
-                "unset CUDA_VISIBLE_DEVICES or list the GPUs to use (e.g. 0,1,2,3); under SLURM request them "
-                "with --gpus-per-node")
+        return (
+            f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU",
+            "unset CUDA_VISIBLE_DEVICES or list the GPUs to use (e.g. 0,1,2,3); under SLURM request them "
+            "with --gpus-per-node",
+        )
     floor = min_driver_for_cuda(torch.version.cuda)
     if host.driver_version and floor and _version_tuple(host.driver_version) < _version_tuple(floor):
-        return (f"the NVIDIA driver {host.driver_version} is older than torch's CUDA {torch.version.cuda} needs "
-                f"(>= {floor})",
-                f"upgrade the driver to >= {floor}, or install a torch build for an older CUDA that this driver runs "
-                f"(pip install torch=={base_version} --index-url https://download.pytorch.org/whl/cu126 needs "
-                ">= 525.60.13)")
+        return (
+            f"the NVIDIA driver {host.driver_version} is older than torch's CUDA {torch.version.cuda} needs "
+            f"(>= {floor})",
+            f"upgrade the driver to >= {floor}, or install a torch build for an older CUDA that this driver runs "
+            f"(pip install torch=={base_version} --index-url https://download.pytorch.org/whl/cu126 needs "
+            ">= 525.60.13)",
+        )
     if host.smi_error:
-        return (f"the NVIDIA driver does not answer (nvidia-smi: {host.smi_error})",
-                "fix the driver install (after a driver upgrade, reboot the node) until nvidia-smi lists the GPUs")
+        return (
+            f"the NVIDIA driver does not answer (nvidia-smi: {host.smi_error})",
+            "fix the driver install (after a driver upgrade, reboot the node) until nvidia-smi lists the GPUs",
+        )
     said = torch_cuda_warnings()
     if said:
         return (f"torch says: {' / '.join(said)}", "fix what torch names, until torch.cuda.is_available() is True")
-    return ("torch.cuda.is_available() is False and torch gave no reason",
-            "check that this process may open the /dev/nvidia* files (containers: --gpus all) and that "
-            "python -c 'import torch; print(torch.cuda.device_count())' counts the GPUs")
+    return (
+        "torch.cuda.is_available() is False and torch gave no reason",
+        "check that this process may open the /dev/nvidia* files (containers: --gpus all) and that "
+        "python -c 'import torch; print(torch.cuda.device_count())' counts the GPUs",
+    )
 
 
 def cpu_request(use_cpu: bool, environ: dict[str, str] | None = None) -> str | None:
@@ -211,8 +227,14 @@ def cpu_request(use_cpu: bool, environ: dict[str, str] | None = None) -> str | N
     return None
 
 
-def check_torch_sees_gpus(*, cuda_devices: int, allow_cpu_with_gpus: bool = False, cpu_requested_by: str | None = None,
-                          dev_dir: str | None = None, nvidia_smi: str | None = None) -> NvidiaHost | None:
+def check_torch_sees_gpus(
+    *,
+    cuda_devices: int,
+    allow_cpu_with_gpus: bool = False,
+    cpu_requested_by: str | None = None,
+    dev_dir: str | None = None,
+    nvidia_smi: str | None = None,
+) -> NvidiaHost | None:
     """Raise ValueError with the reason and the fix when torch sees no GPU (`cuda_devices` == 0) on a machine
     that has NVIDIA GPUs. Returns what was found of them (None when torch sees GPUs, nothing is looked up then).
     `allow_cpu_with_gpus`: training on the CPU is meant; only a warning is logged. `cpu_requested_by`: who asked
@@ -224,12 +246,19 @@ def check_torch_sees_gpus(*, cuda_devices: int, allow_cpu_with_gpus: bool = Fals
     if not host.gpu_count:  # nvidia-smi alone (a driver install on a CPU node) is no GPU to lose
         return host
     if cpu_requested_by:
-        logger.warning("training on the CPU as %s asks, although this machine has %d NVIDIA GPU(s) (%s)",
-                    cpu_requested_by, host.gpu_count, host.evidence())
+        logger.warning(
+            "training on the CPU as %s asks, although this machine has %d NVIDIA GPU(s) (%s)",
+            cpu_requested_by,
+            host.gpu_count,
+            host.evidence(),
+        )
         return host
     if allow_cpu_with_gpus:
-        logger.warning("training on the CPU although this machine has %d NVIDIA GPU(s) (%s): allow_cpu_with_gpus "
-                       "is set", host.gpu_count, host.evidence())
+        logger.warning(
+            "training on the CPU although this machine has %d NVIDIA GPU(s) (%s): allow_cpu_with_gpus is set",
+            host.gpu_count,
+            host.evidence(),
+        )
         return host
     reason, fix = _reason_and_fix(host)
     raise ValueError(

@@ -57,24 +57,32 @@ class ExpertBiasBalancer(TrainerCallback):
 
     def __init__(self, gamma: float = 0.001):
         if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not gamma >= 0:
-            raise ValueError(f"ExpertBiasBalancer(gamma={gamma!r}): gamma must be a number >= 0 (0.001 in the "
-                             "DeepSeek-V3 report; 0 turns the update off)")
+            raise ValueError(
+                f"ExpertBiasBalancer(gamma={gamma!r}): gamma must be a number >= 0 (0.001 in the "
+                "DeepSeek-V3 report; 0 turns the update off)"
+            )
         self.gamma = float(gamma)
         self.tracker: ExpertLoadTracker | None = None
         self._master: list[torch.Tensor | None] = []
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        tracker = ExpertLoadTracker.for_model(model, tp_size=tensor_parallel_degree(args), device=args.device) \
-            if model is not None else None
+        tracker = (
+            ExpertLoadTracker.for_model(model, tp_size=tensor_parallel_degree(args), device=args.device)
+            if model is not None
+            else None
+        )
         if tracker is None:
-            raise ValueError("ExpertBiasBalancer: the model has no MoE router to balance (DeepSeek-V3 routers, or "
-                             "the AutoEP layers that replace them); remove ExpertBiasBalancer from callbacks")
+            raise ValueError(
+                "ExpertBiasBalancer: the model has no MoE router to balance (DeepSeek-V3 routers, or "
+                "the AutoEP layers that replace them); remove ExpertBiasBalancer from callbacks"
+            )
         missing = [f"{layer.name} ({type(layer.router).__name__})" for layer in tracker.layers if layer.bias is None]
         if missing:
             raise ValueError(
                 "ExpertBiasBalancer needs routers that choose experts with a correction bias (DeepSeek-V3's "
                 f"e_score_correction_bias); these have none: {', '.join(missing)}. DeepSeek-V2-style models balance "
-                "with auxiliary losses instead: remove ExpertBiasBalancer from callbacks")
+                "with auxiliary losses instead: remove ExpertBiasBalancer from callbacks"
+            )
         for layer in tracker.layers:
             _check_not_trained(layer)
         tracker.reset()
@@ -112,8 +120,10 @@ def _check_not_trained(layer: RoutedLayer) -> None:
     bias = layer.bias
     if isinstance(bias, torch.nn.Parameter) and bias.requires_grad:
         # The optimizer would also own it: its weight decay and moments would fight the rule every step.
-        raise ValueError(f"{layer.name}.e_score_correction_bias is a trainable parameter; ExpertBiasBalancer sets it "
-                         "by the load rule instead: call .requires_grad_(False) on it before training")
+        raise ValueError(
+            f"{layer.name}.e_score_correction_bias is a trainable parameter; ExpertBiasBalancer sets it "
+            "by the load rule instead: call .requires_grad_(False) on it before training"
+        )
 
 
 def _writable(bias: torch.Tensor, modify: bool = True):

@@ -46,10 +46,28 @@ MOUNTS = "/proc/self/mounts"
 STALE_AFTER_S = 300  # a CPU build of one op takes about 60 s on 2 cores
 BUILD_PROCESSES = ("ninja", "cc1plus", "c++", "g++", "nvcc")
 # Filesystems shared between nodes (types as /proc/self/mounts names them): never a node-local build folder.
-NETWORK_FILESYSTEMS = frozenset({
-    "nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs", "fuse.glusterfs",
-    "fuse.sshfs", "fuse.ceph-fuse", "afs", "panfs", "wekafs", "9p", "virtiofs",
-})
+NETWORK_FILESYSTEMS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "lustre",
+        "gpfs",
+        "beegfs",
+        "ceph",
+        "glusterfs",
+        "fuse.glusterfs",
+        "fuse.sshfs",
+        "fuse.ceph-fuse",
+        "afs",
+        "panfs",
+        "wekafs",
+        "9p",
+        "virtiofs",
+    }
+)
 
 
 def build_key() -> str:
@@ -126,12 +144,15 @@ def _private_dir(path: Path) -> None:
             pass  # judged below, a link included
         info = os.lstat(path)
     except OSError as err:
-        raise ValueError(f"cannot create the DeepSpeed ops folder {path} ({err}); set {ENV} to a folder of "
-                         "yours on a local disk") from None
+        raise ValueError(
+            f"cannot create the DeepSpeed ops folder {path} ({err}); set {ENV} to a folder of yours on a local disk"
+        ) from None
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
-        raise ValueError(f"{path} is not a folder of this user alone (a link, another owner, or writable by "
-                         f"others), so DeepSpeed's ops will not be built there: remove it, or set {ENV} to a folder "
-                         "of yours on a local disk")
+        raise ValueError(
+            f"{path} is not a folder of this user alone (a link, another owner, or writable by "
+            f"others), so DeepSpeed's ops will not be built there: remove it, or set {ENV} to a folder "
+            "of yours on a local disk"
+        )
 
 
 def use_node_local_extensions_dir(environ: dict | None = None) -> Path | None:
@@ -143,8 +164,11 @@ def use_node_local_extensions_dir(environ: dict | None = None) -> Path | None:
         return Path(env[ENV])
     target = node_local_extensions_dir(env)
     if target is None:
-        logger.warning("no local, executable temporary folder ($TMPDIR, /tmp): DeepSpeed's ops build in torch's "
-                       "default folder under the home directory; set %s to a local disk", ENV)
+        logger.warning(
+            "no local, executable temporary folder ($TMPDIR, /tmp): DeepSpeed's ops build in torch's "
+            "default folder under the home directory; set %s to a local disk",
+            ENV,
+        )
         return None
     _private_dir(target.parent)
     env[ENV] = str(target)
@@ -156,12 +180,20 @@ def launch_header_lines(plan: ParallelPlan | None = None) -> list[str]:
     device and offload say which ops; None: any DeepSpeed launch. No lines for a plan that does not use DeepSpeed."""
     if plan is not None and plan.engine != "deepspeed":
         return []
-    ops = [op for op, used in (("cpu_adam", plan is None or plan.offload_optimizer),
-                               ("deepspeed_shm_comm", plan is None or plan.device == "cpu")) if used]
+    ops = [
+        op
+        for op, used in (
+            ("cpu_adam", plan is None or plan.offload_optimizer),
+            ("deepspeed_shm_comm", plan is None or plan.device == "cpu"),
+        )
+        if used
+    ]
     what = f"its ops ({', '.join(ops)})" if ops else "its ops"
-    return [f"DeepSpeed JIT-builds {what} once per node: unless {ENV} is set,",
-            "RecipeTrainingArguments sets it to $TMPDIR (else /tmp)/torch_extensions-<user>/<python_cuda_torch>, not",
-            "~/.cache, which all nodes share behind one lock file that a node killed mid-build leaves to hang the rest"]
+    return [
+        f"DeepSpeed JIT-builds {what} once per node: unless {ENV} is set,",
+        "RecipeTrainingArguments sets it to $TMPDIR (else /tmp)/torch_extensions-<user>/<python_cuda_torch>, not",
+        "~/.cache, which all nodes share behind one lock file that a node killed mid-build leaves to hang the rest",
+    ]
 
 
 def extensions_root() -> Path:

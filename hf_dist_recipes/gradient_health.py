@@ -118,8 +118,12 @@ def validate_max_consecutive_skips(n: object) -> int:
 def validate_spike_settings(window: object, threshold: object) -> tuple[int, float]:
     if isinstance(window, bool) or not isinstance(window, int) or window < 3:
         raise ValueError(f"spike_window must be an integer >= 3 (steps), got {window!r}; use 50 (the default)")
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold > 0 \
-            or not math.isfinite(threshold):
+    if (
+        isinstance(threshold, bool)
+        or not isinstance(threshold, (int, float))
+        or not threshold > 0
+        or not math.isfinite(threshold)
+    ):
         raise ValueError(f"spike_threshold must be a positive finite robust z-score, got {threshold!r}; use 6.0")
     return window, float(threshold)
 
@@ -146,7 +150,7 @@ class SpikeDetector:
             return None
         z = robust_z(value, self.values) if len(self.values) >= self.window else None
         self.values.append(float(value))
-        del self.values[:-self.window]
+        del self.values[: -self.window]
         return z if z is not None and z > self.threshold else None
 
 
@@ -172,8 +176,9 @@ class NonFiniteReport:
 
     def message(self) -> str:
         if not self.ranks:
-            where = "the engine found a non-finite gradient norm after the reduction (no rank's own loss or " \
-                    "gradient was)"
+            where = (
+                "the engine found a non-finite gradient norm after the reduction (no rank's own loss or gradient was)"
+            )
         else:
             where = f"non-finite value first on rank {self.first_rank} (rank(s) {', '.join(map(str, self.ranks))})"
             if self.loss_ranks:
@@ -181,14 +186,22 @@ class NonFiniteReport:
             bad = {r: names for r, names in self.parameters.items() if names}
             if bad:
                 where += "; gradients non-finite: " + "; ".join(
-                    f"rank {r}: {_short(names)}" for r, names in sorted(bad.items()))
+                    f"rank {r}: {_short(names)}" for r, names in sorted(bad.items())
+                )
         verb = "optimizer step skipped on every rank" if self.action == "skip" else "training halted"
         return f"step {self.step}: {where}; {verb}{': ' + self.reason if self.reason else ''}"
 
     def to_dict(self) -> dict:
-        return {"step": self.step, "first_rank": self.first_rank, "ranks": self.ranks, "loss_ranks": self.loss_ranks,
-                "parameters": {str(r): n for r, n in self.parameters.items()}, "action": self.action,
-                "reason": self.reason, "message": self.message()}
+        return {
+            "step": self.step,
+            "first_rank": self.first_rank,
+            "ranks": self.ranks,
+            "loss_ranks": self.loss_ranks,
+            "parameters": {str(r): n for r, n in self.parameters.items()},
+            "action": self.action,
+            "reason": self.reason,
+            "message": self.message(),
+        }
 
 
 def _short(names: list[str], limit: int = 8) -> str:
@@ -214,8 +227,13 @@ def _distributed() -> bool:
 class GradientHealthCallback(TrainerCallback, ExportableState):
     """See the module docstring. Built by `RecipeTrainer` from the arguments' fields of the same names."""
 
-    def __init__(self, nonfinite_policy: str = "skip", max_consecutive_skips: int = DEFAULT_MAX_CONSECUTIVE_SKIPS,
-                 spike_window: int = DEFAULT_SPIKE_WINDOW, spike_threshold: float = DEFAULT_SPIKE_THRESHOLD):
+    def __init__(
+        self,
+        nonfinite_policy: str = "skip",
+        max_consecutive_skips: int = DEFAULT_MAX_CONSECUTIVE_SKIPS,
+        spike_window: int = DEFAULT_SPIKE_WINDOW,
+        spike_threshold: float = DEFAULT_SPIKE_THRESHOLD,
+    ):
         self.nonfinite_policy = validate_nonfinite_policy(nonfinite_policy)
         self.max_consecutive_skips = validate_max_consecutive_skips(max_consecutive_skips)
         self.spike_window, self.spike_threshold = validate_spike_settings(spike_window, spike_threshold)
@@ -245,12 +263,21 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
     # ExportableState
     def state(self) -> dict:
         return {
-            "args": {"nonfinite_policy": self.nonfinite_policy, "max_consecutive_skips": self.max_consecutive_skips,
-                     "spike_window": self.spike_window, "spike_threshold": self.spike_threshold},
-            "attributes": {"skipped_steps": self.skipped_steps, "consecutive_skips": self.consecutive_skips,
-                           "skipped_at": self.skipped_at, "loss_spikes": self.loss_spikes,
-                           "grad_norm_spikes": self.grad_norm_spikes, "loss_window": self.loss_window,
-                           "grad_norm_window": self.grad_norm_window},
+            "args": {
+                "nonfinite_policy": self.nonfinite_policy,
+                "max_consecutive_skips": self.max_consecutive_skips,
+                "spike_window": self.spike_window,
+                "spike_threshold": self.spike_threshold,
+            },
+            "attributes": {
+                "skipped_steps": self.skipped_steps,
+                "consecutive_skips": self.consecutive_skips,
+                "skipped_at": self.skipped_at,
+                "loss_spikes": self.loss_spikes,
+                "grad_norm_spikes": self.grad_norm_spikes,
+                "loss_window": self.loss_window,
+                "grad_norm_window": self.grad_norm_window,
+            },
         }
 
     @property
@@ -283,8 +310,11 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         """Keys for the next Trainer log (see the module docstring)."""
         if not self.active:
             return {}
-        logs: dict = {"skipped_steps": self.skipped_steps, "loss_spikes": self.loss_spikes,
-                      "grad_norm_spikes": self.grad_norm_spikes}
+        logs: dict = {
+            "skipped_steps": self.skipped_steps,
+            "loss_spikes": self.loss_spikes,
+            "grad_norm_spikes": self.grad_norm_spikes,
+        }
         for key, lines in self._events.items():
             logs[key] = " | ".join(lines)
         self._events = {}
@@ -312,6 +342,7 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         def hook(grad):
             self._sum_index.append(index)
             self._sum_values.append(grad.detach().sum(dtype=torch.float32))
+
         return hook
 
     def _collect_grad_sums(self) -> None:
@@ -334,11 +365,15 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         step = state.global_step + 1  # the step being taken now; global_step counts it after on_optimizer_step
         if self._grad_sums is not None:
             self._collect_grad_sums()
-        bad_params = (~torch.isfinite(self._grad_sums) if self._grad_sums is not None
-                      else torch.zeros(0, dtype=torch.bool))
+        bad_params = (
+            ~torch.isfinite(self._grad_sums) if self._grad_sums is not None else torch.zeros(0, dtype=torch.bool)
+        )
         device = self._grad_sums.device if self._grad_sums is not None else args.device
-        loss_bad = (self._loss_bad.to(device) if self._loss_bad is not None
-                    else torch.zeros((), dtype=torch.bool, device=device))
+        loss_bad = (
+            self._loss_bad.to(device)
+            if self._loss_bad is not None
+            else torch.zeros((), dtype=torch.bool, device=device)
+        )
         world = torch.distributed.get_world_size() if _distributed() else 1
         rank = torch.distributed.get_rank() if _distributed() else 0
         flags = torch.zeros(world + 1, dtype=torch.float64, device=device)
@@ -359,21 +394,24 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
             self._reset_step()
             return
         if ranks or engine_skipped:
-            self._nonfinite_step(args, state, control, optimizer, step, ranks, loss_ranks, bad_params,
-                                 engine_skipped)
+            self._nonfinite_step(args, state, control, optimizer, step, ranks, loss_ranks, bad_params, engine_skipped)
         else:
             self.consecutive_skips = 0
             self._check_spikes(step, values[world] / world if self._micro_steps else None)
         self._reset_step()
 
     def _nonfinite_step(self, args, state, control, optimizer, step, ranks, loss_ranks, bad_params, engine_skipped):
-        local = [n for n, bad in zip(self._names, bad_params.tolist()) if bad]
+        local = [n for n, bad in zip(self._names, bad_params.tolist(), strict=True) if bad]
         gathered = [local]
         if _distributed():
             gathered = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(gathered, local)
-        report = NonFiniteReport(step=step, ranks=ranks, loss_ranks=loss_ranks,
-                                 parameters={r: names for r, names in enumerate(gathered) if names})
+        report = NonFiniteReport(
+            step=step,
+            ranks=ranks,
+            loss_ranks=loss_ranks,
+            parameters={r: names for r, names in enumerate(gathered) if names},
+        )
         self.skipped_steps += 1
         self.consecutive_skips += 1
         self.skipped_at = (self.skipped_at + [[step, ranks]])[-_SKIPS_KEPT:]
@@ -385,9 +423,11 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         else:
             self._skip_optimizer_step(optimizer)
         if action == "halt" and not report.reason:
-            report.reason = ("nonfinite_policy='halt'" if self.nonfinite_policy == "halt" else
-                             f"{self.consecutive_skips} consecutive skips > max_consecutive_skips="
-                             f"{self.max_consecutive_skips}")
+            report.reason = (
+                "nonfinite_policy='halt'"
+                if self.nonfinite_policy == "halt"
+                else f"{self.consecutive_skips} consecutive skips > max_consecutive_skips={self.max_consecutive_skips}"
+            )
         report.action = action
         message = report.message()
         logger.warning("Non-finite loss or gradient: %s", message)
@@ -412,8 +452,10 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         self._skipping = True
 
     def _check_spikes(self, step: int, loss: float | None) -> None:
-        for what, value, window in (("loss", loss, self.loss_window), ("grad_norm", self._grad_norm,
-                                                                        self.grad_norm_window)):
+        for what, value, window in (
+            ("loss", loss, self.loss_window),
+            ("grad_norm", self._grad_norm, self.grad_norm_window),
+        ):
             if value is None:
                 continue
             detector = SpikeDetector(self.spike_window, self.spike_threshold, window)
@@ -429,8 +471,10 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
                 self.loss_spikes += 1
             else:
                 self.grad_norm_spikes += 1
-            message = (f"step {step}: {what} spike {value:.6g} against a median of {median:.6g} over the last "
-                       f"{self.spike_window} steps (robust z {z:.1f} > {self.spike_threshold:g})")
+            message = (
+                f"step {step}: {what} spike {value:.6g} against a median of {median:.6g} over the last "
+                f"{self.spike_window} steps (robust z {z:.1f} > {self.spike_threshold:g})"
+            )
             logger.warning("Spike: %s", message)
             self._events.setdefault("spike_event", []).append(message)
 
@@ -457,6 +501,8 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
             os.makedirs(args.output_dir, exist_ok=True)
             with open(path, "w") as f:
                 json.dump(dict(report.to_dict(), checkpoint=f"checkpoint-{state.global_step}"), f, indent=2)
-        raise NonFiniteHalt(f"{report.message()}. The last good state is saved in "
-                            f"{os.path.join(args.output_dir, f'checkpoint-{state.global_step}')} (weights after "
-                            f"the last applied step); report: {path}")
+        raise NonFiniteHalt(
+            f"{report.message()}. The last good state is saved in "
+            f"{os.path.join(args.output_dir, f'checkpoint-{state.global_step}')} (weights after "
+            f"the last applied step); report: {path}"
+        )

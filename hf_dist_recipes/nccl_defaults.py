@@ -72,12 +72,16 @@ def apply_nccl_env_defaults(run_dir: str, environ: MutableMapping[str, str] | No
     names is set under both or neither. Creates the dump directory when its prefix is applied. Logs the applied
     values once, on global rank 0 (`RANK`)."""
     env = os.environ if environ is None else environ
-    applied = {name: value for name, value in nccl_env_defaults(run_dir).items()
-               if not any(alias in env for alias in ALIASES[name])}
+    applied = {
+        name: value
+        for name, value in nccl_env_defaults(run_dir).items()
+        if not any(alias in env for alias in ALIASES[name])
+    }
     env.update(applied)
     if "TORCH_FR_DUMP_TEMP_FILE" in applied:
         os.makedirs(os.path.dirname(applied["TORCH_FR_DUMP_TEMP_FILE"]), exist_ok=True)
     if applied and env.get("RANK", "0") == "0":
-        logger.info("NCCL defaults applied (unset before): %s",
-                    ", ".join(f"{name}={value}" for name, value in applied.items()))
+        logger.info(
+            "NCCL defaults applied (unset before): %s", ", ".join(f"{name}={value}" for name, value in applied.items())
+        )
     return applied

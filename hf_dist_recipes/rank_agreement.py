@@ -145,8 +145,10 @@ class Mismatch:
     def message(self, step: int | None = None) -> str:
         where = "at train begin" if step is None else f"at step {step}"
         shown = ", ".join(f"rank {r}: {self.values[r]!r}" for r in self.group)
-        return (f"rank(s) {', '.join(map(str, self.ranks))} disagree with ranks {list(self.group)} on {self.what} "
-                f"{where} ({shown}); {self.fix}")
+        return (
+            f"rank(s) {', '.join(map(str, self.ranks))} disagree with ranks {list(self.group)} on {self.what} "
+            f"{where} ({shown}); {self.fix}"
+        )
 
 
 def find_mismatches(values: Sequence[object], groups: Sequence[Sequence[int]], what: str, fix: str) -> list[Mismatch]:
@@ -221,8 +223,16 @@ def _hex_to_float(text: str | None) -> float:
 class RankAgreementCallback(TrainerCallback):
     """See the module docstring. `weights`: this rank's `weights_checksum` at construction."""
 
-    def __init__(self, *, seed: int, policy: str = "error", rank_check_steps: int = 100, tp_size: int = 1,
-                 per_rank_dropout: bool = False, weights: tuple[float, float] | str | None = None):
+    def __init__(
+        self,
+        *,
+        seed: int,
+        policy: str = "error",
+        rank_check_steps: int = 100,
+        tp_size: int = 1,
+        per_rank_dropout: bool = False,
+        weights: tuple[float, float] | str | None = None,
+    ):
         self.seed = seed
         self.policy = validate_policy(policy)
         self.rank_check_steps = validate_rank_check_steps(rank_check_steps)
@@ -252,27 +262,59 @@ class RankAgreementCallback(TrainerCallback):
         if self.policy == "off":
             return
         global_first, own_first, sampler_seed = first_batches(train_dataloader)
-        record = {"seed": self.seed, "data_seed": sampler_seed, "global_first_batch": global_first,
-                  "first_batch": own_first, "weights": self.weights}
+        record = {
+            "seed": self.seed,
+            "data_seed": sampler_seed,
+            "global_first_batch": global_first,
+            "first_batch": own_first,
+            "weights": self.weights,
+        }
         records = _gather_objects(record)
         everyone = [list(range(world))]
         groups = tp_groups(world, self.tp_size)
         column = lambda key: [r[key] for r in records]  # noqa: E731
         seed_bad = find_mismatches(column("seed"), everyone, "the seed", "pass the same seed= on every rank")
-        data_bad = (find_mismatches(column("data_seed"), everyone, "the data sampler's seed",
-                                    "use the same data_seed on every rank (or seed before the trainer is built)")
-                    + find_mismatches(column("global_first_batch"), everyone, "the first step's sample order",
-                                      "use the same data_seed and the same dataset on every rank")
-                    + (find_mismatches(column("first_batch"), groups, "the first batch inside a TP group",
-                                       "tensor-parallel ranks must get the same batch: shard data by "
-                                       "data-parallel rank") if self.tp_size > 1 else []))
+        data_bad = (
+            find_mismatches(
+                column("data_seed"),
+                everyone,
+                "the data sampler's seed",
+                "use the same data_seed on every rank (or seed before the trainer is built)",
+            )
+            + find_mismatches(
+                column("global_first_batch"),
+                everyone,
+                "the first step's sample order",
+                "use the same data_seed and the same dataset on every rank",
+            )
+            + (
+                find_mismatches(
+                    column("first_batch"),
+                    groups,
+                    "the first batch inside a TP group",
+                    "tensor-parallel ranks must get the same batch: shard data by data-parallel rank",
+                )
+                if self.tp_size > 1
+                else []
+            )
+        )
         weights_known = all(w is not None and w != ZERO_INIT_BROADCAST for w in column("weights"))
-        weights_bad = (find_mismatches(column("weights"), everyone, "the weights they built",
-                                       "seed before building the model: build it after RecipeTrainingArguments "
-                                       "(which seeds every rank) or call seed_everything(seed) first")
-                       if weights_known else [])
-        self.begin_report = {"rank_check/seed_ok": float(not seed_bad), "rank_check/data_ok": float(not data_bad),
-                             "rank_check/weights_ok": float(not weights_bad) if weights_known else -1.0}
+        weights_bad = (
+            find_mismatches(
+                column("weights"),
+                everyone,
+                "the weights they built",
+                "seed before building the model: build it after RecipeTrainingArguments "
+                "(which seeds every rank) or call seed_everything(seed) first",
+            )
+            if weights_known
+            else []
+        )
+        self.begin_report = {
+            "rank_check/seed_ok": float(not seed_bad),
+            "rank_check/data_ok": float(not data_bad),
+            "rank_check/weights_ok": float(not weights_bad) if weights_known else -1.0,
+        }
         self._pending.update(self.begin_report)
         self.mismatches += [(None, m) for m in seed_bad + data_bad + weights_bad]
         apply_policy(self.policy, seed_bad + data_bad + weights_bad)
@@ -282,24 +324,46 @@ class RankAgreementCallback(TrainerCallback):
             return
         lr = float(optimizer.param_groups[0]["lr"]) if optimizer is not None and optimizer.param_groups else -1.0
         loss = float(self._loss.detach().float()) if self._loss is not None else float("nan")
-        ids = -1.0 if self._ids is None else float(torch.sum(self._ids.long() * (1 + torch.arange(
-            self._ids.numel(), device=self._ids.device).view_as(self._ids) % 997)))
-        rows = _gather_vector([float(state.global_step), lr, loss, ids, _hex_to_float(rng_checksum()),
-                               float(args.process_index)])
+        ids = (
+            -1.0
+            if self._ids is None
+            else float(
+                torch.sum(
+                    self._ids.long()
+                    * (1 + torch.arange(self._ids.numel(), device=self._ids.device).view_as(self._ids) % 997)
+                )
+            )
+        )
+        rows = _gather_vector(
+            [float(state.global_step), lr, loss, ids, _hex_to_float(rng_checksum()), float(args.process_index)]
+        )
         world = len(rows)
         everyone = [list(range(world))]
         groups = tp_groups(world, self.tp_size)
         col = lambda i: [row[i] for row in rows]  # noqa: E731
-        bad = (find_mismatches(col(0), everyone, "the global step", "every rank must run the same optimizer steps")
-               + find_mismatches(col(1), everyone, "the learning rate",
-                                 "every rank must use the same optimizer and schedule settings"))
+        bad = find_mismatches(
+            col(0), everyone, "the global step", "every rank must run the same optimizer steps"
+        ) + find_mismatches(
+            col(1), everyone, "the learning rate", "every rank must use the same optimizer and schedule settings"
+        )
         if self.tp_size > 1:
-            bad += (find_mismatches(col(2), groups, "the loss inside a TP group",
-                                    "TP ranks must compute the same loss: same batch, same dropout stream")
-                    + find_mismatches(col(3), groups, "the batch inside a TP group",
-                                      "tensor-parallel ranks must get the same batch")
-                    + find_mismatches(col(4), groups, "the dropout RNG state inside a TP group",
-                                      "TP ranks must draw the same random numbers (do not reseed one rank)"))
+            bad += (
+                find_mismatches(
+                    col(2),
+                    groups,
+                    "the loss inside a TP group",
+                    "TP ranks must compute the same loss: same batch, same dropout stream",
+                )
+                + find_mismatches(
+                    col(3), groups, "the batch inside a TP group", "tensor-parallel ranks must get the same batch"
+                )
+                + find_mismatches(
+                    col(4),
+                    groups,
+                    "the dropout RNG state inside a TP group",
+                    "TP ranks must draw the same random numbers (do not reseed one rank)",
+                )
+            )
         if bad:
             since = "" if self.last_agreed_step is None else f" (last agreement at step {self.last_agreed_step})"
             bad = [Mismatch(m.what + since, m.ranks, m.group, m.values, m.fix) for m in bad]

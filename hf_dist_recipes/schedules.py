@@ -42,8 +42,9 @@ def validate_total_steps(value: object, name: str = "total_steps") -> int:
     return positive_int(value, name, 200, unit="optimizer steps")
 
 
-def validate_warmup_steps(warmup_steps: object, total_steps: int, names: tuple[str, str] = ("warmup_steps",
-                                                                                              "total_steps")) -> int:
+def validate_warmup_steps(
+    warmup_steps: object, total_steps: int, names: tuple[str, str] = ("warmup_steps", "total_steps")
+) -> int:
     """Return `warmup_steps` (optimizer steps), or raise ValueError unless it is a whole number between 0 and
     `total_steps`: a warm-up longer than the run never reaches the peak learning rate. `names`: how the user wrote
     the two settings (e.g. `("--warmup-steps", "--max-steps")`)."""
@@ -162,7 +163,9 @@ def _multiplier(schedule: WarmupCosineRestarts, step: int) -> float:
     return schedule.multiplier(step)
 
 
-def warmup_cosine_restarts_scheduler(optimizer: Optimizer, schedule: WarmupCosineRestarts, last_epoch: int = -1) -> LambdaLR:
+def warmup_cosine_restarts_scheduler(
+    optimizer: Optimizer, schedule: WarmupCosineRestarts, last_epoch: int = -1
+) -> LambdaLR:
     """A `LambdaLR` following `schedule`. The lambda is a `partial` of a module-level function so the scheduler
     pickles (checkpoints) like the stock ones."""
     return LambdaLR(optimizer, partial(_multiplier, schedule), last_epoch)

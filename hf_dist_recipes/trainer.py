@@ -46,12 +46,14 @@ from transformers.integrations import TensorBoardCallback
 from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import get_last_checkpoint
 
+from hf_dist_recipes import _compat
 from hf_dist_recipes._compat import forget_zero_hpz_group
 from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
 from hf_dist_recipes.backend import check_process_group_backend, destroy_gloo_group_at_exit
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.construction import check_partitioned
 from hf_dist_recipes.environment.fingerprint import check_ranks_agree
+from hf_dist_recipes.gradient_health import GradientHealthCallback
 from hf_dist_recipes.monitoring.expert_load import ExpertLoadCallback, has_routed_experts
 from hf_dist_recipes.monitoring.pending import PendingLogs
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
@@ -61,12 +63,10 @@ from hf_dist_recipes.monitoring.system_metrics import SystemMetricsCallback
 from hf_dist_recipes.monitoring.tensorboard import PerRankTensorBoardCallback
 from hf_dist_recipes.parallel.batch import tensor_parallel_size
 from hf_dist_recipes.parallel.plan_record import PlanConformanceCallback
-from hf_dist_recipes.schedules import DEFAULT_NUM_CYCLES, WarmupCosineRestarts, warmup_cosine_restarts_scheduler
 from hf_dist_recipes.rank_agreement import RankAgreementCallback, weights_checksum
-from hf_dist_recipes.gradient_health import GradientHealthCallback
-from hf_dist_recipes.watchdog import HangWatchdogCallback
-from hf_dist_recipes import _compat
+from hf_dist_recipes.schedules import DEFAULT_NUM_CYCLES, WarmupCosineRestarts, warmup_cosine_restarts_scheduler
 from hf_dist_recipes.seeding import seed_everything
+from hf_dist_recipes.watchdog import HangWatchdogCallback
 
 
 class RecipeTrainer(Trainer):
@@ -108,37 +108,52 @@ class RecipeTrainer(Trainer):
             preprocess_logits_for_metrics=preprocess_logits_for_metrics,
         )
         # use_cpu (asked for, or set by the arguments where torch sees no GPU) is a CPU run: Gloo is right there.
-        check_process_group_backend(allow_gloo_on_cuda=args.allow_gloo_on_cuda,
-                                    cuda_devices=0 if args.use_cpu else None)
+        check_process_group_backend(
+            allow_gloo_on_cuda=args.allow_gloo_on_cuda, cuda_devices=0 if args.use_cpu else None
+        )
         destroy_gloo_group_at_exit()
         # Every rank's versions, build, NCCL and driver agree, or every rank stops here, naming who differs.
         check_ranks_agree()
         # A dead or stuck rank ends every rank within a bound instead of a silent wait in a collective.
         self.add_callback(HangWatchdogCallback(args.peer_timeout, args.step_timeout, args.ddp_timeout))
-        if self.is_deepspeed_enabled and self.model is not None and \
-                self.accelerator.state.deepspeed_plugin.hf_ds_config.is_zero3():
+        if (
+            self.is_deepspeed_enabled
+            and self.model is not None
+            and self.accelerator.state.deepspeed_plugin.hf_ds_config.is_zero3()
+        ):
             check_partitioned(self.model, limit_bytes=args.max_unpartitioned_model_bytes, world_size=args.world_size)
         self.plan_conformance = PlanConformanceCallback(getattr(args, "launch_plan", {}))
         self.add_callback(self.plan_conformance)
-        if has_routed_experts(self.model) and not any(isinstance(c, ExpertLoadCallback)
-                                                      for c in self.callback_handler.callbacks):
+        if has_routed_experts(self.model) and not any(
+            isinstance(c, ExpertLoadCallback) for c in self.callback_handler.callbacks
+        ):
             self.add_callback(ExpertLoadCallback())  # before the TensorBoard callback, which writes what it adds
         # The weights as this rank built them, before the engine's broadcast from rank 0 makes every rank agree.
         # Before the TensorBoard callback, which writes the keys it adds to the first log.
         self.rank_agreement = RankAgreementCallback(
-            seed=args.seed, policy=args.seed_check, rank_check_steps=args.rank_check_steps,
-            tp_size=tensor_parallel_size(self.accelerator.state.deepspeed_plugin.hf_ds_config.config
-                                         if self.is_deepspeed_enabled else {}),
+            seed=args.seed,
+            policy=args.seed_check,
+            rank_check_steps=args.rank_check_steps,
+            tp_size=tensor_parallel_size(
+                self.accelerator.state.deepspeed_plugin.hf_ds_config.config if self.is_deepspeed_enabled else {}
+            ),
             per_rank_dropout=args.per_rank_dropout,
-            weights=None if args.seed_check == "off" else weights_checksum(self.model))
+            weights=None if args.seed_check == "off" else weights_checksum(self.model),
+        )
         self.add_callback(self.rank_agreement)
         # Before the TensorBoard callback too: it writes the counters this one adds to each log.
-        self.add_callback(GradientHealthCallback(
-            nonfinite_policy=args.nonfinite_policy, max_consecutive_skips=args.max_consecutive_skips,
-            spike_window=args.spike_window, spike_threshold=args.spike_threshold))
+        self.add_callback(
+            GradientHealthCallback(
+                nonfinite_policy=args.nonfinite_policy,
+                max_consecutive_skips=args.max_consecutive_skips,
+                spike_window=args.spike_window,
+                spike_threshold=args.spike_threshold,
+            )
+        )
         # Before the TensorBoard callback too: it writes the straggler keys this one adds to each log.
-        self.add_callback(StragglerCallback(args.straggler_check_steps, args.straggler_threshold,
-                                            args.straggler_windows))
+        self.add_callback(
+            StragglerCallback(args.straggler_check_steps, args.straggler_threshold, args.straggler_windows)
+        )
         # Before the TensorBoard callback too: it writes the system/* and gpu/* keys this one adds to each log.
         self.add_callback(SystemMetricsCallback())
         if args.per_rank_tensorboard:
@@ -147,8 +162,11 @@ class RecipeTrainer(Trainer):
             self.add_callback(PerRankTensorBoardCallback(args.logging_dir, self.rank_metrics, self.seed_report))
         self.add_callback(RankSummaryCallback(self.rank_metrics, args.logging_dir, self.seed_report))
         # The DeepSpeed config as the arguments made it, before an evaluation can finalize it for inference.
-        self._deepspeed_config_at_init = (copy.deepcopy(self.accelerator.state.deepspeed_plugin.hf_ds_config.config)
-                                          if self.is_deepspeed_enabled else None)
+        self._deepspeed_config_at_init = (
+            copy.deepcopy(self.accelerator.state.deepspeed_plugin.hf_ds_config.config)
+            if self.is_deepspeed_enabled
+            else None
+        )
 
     def call_model_init(self, trial=None):
         """`Trainer.call_model_init`, which also rebuilds under ZeRO++ hpZ (`_compat.forget_zero_hpz_group`)."""
@@ -278,8 +296,9 @@ class RecipeTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The stock loss; while training, handed to the gradient-health check, which multiplies a non-finite
         loss by NaN so that no engine can apply its gradients (`hf_dist_recipes.gradient_health`)."""
-        result = super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                      num_items_in_batch=num_items_in_batch)
+        result = super().compute_loss(
+            model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+        )
         if not model.training:
             return result
         health = self.gradient_health

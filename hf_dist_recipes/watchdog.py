@@ -59,8 +59,10 @@ def watched_peers(rank: int, world_size: int, fanout: int = WATCH_FANOUT) -> lis
 def validate_hang_settings(peer_timeout: float, step_timeout: float) -> None:
     """ValueError naming the fix for a bound that cannot work."""
     if peer_timeout != 0 and peer_timeout < 5:
-        raise ValueError(f"peer_timeout={peer_timeout}: use at least 5 seconds (a loaded machine can pause a "
-                         "heartbeat for a few seconds), or 0 to turn the heartbeat off")
+        raise ValueError(
+            f"peer_timeout={peer_timeout}: use at least 5 seconds (a loaded machine can pause a "
+            "heartbeat for a few seconds), or 0 to turn the heartbeat off"
+        )
     if step_timeout < 0:
         raise ValueError(f"step_timeout={step_timeout}: use seconds > 0, or 0 to keep ddp_timeout for the whole run")
 
@@ -99,18 +101,24 @@ class PeerWatch:
             self.last_beat[peer], self.last_change[peer] = beat, now
 
     def stale(self, now: float) -> list[int]:
-        return [p for p, t in self.last_change.items()
-                if now - t > self.timeout_s and not (self.last_beat[p] and self.last_beat[p].state == DONE)]
+        return [
+            p
+            for p, t in self.last_change.items()
+            if now - t > self.timeout_s and not (self.last_beat[p] and self.last_beat[p].state == DONE)
+        ]
 
 
-def lost_peer_message(*, rank: int, host: str, step: int, peer: int, beat: Beat | None, silent_s: float,
-                      timeout_s: float) -> str:
+def lost_peer_message(
+    *, rank: int, host: str, step: int, peer: int, beat: Beat | None, silent_s: float, timeout_s: float
+) -> str:
     where = f"rank {peer} (host {beat.host})" if beat else f"rank {peer} (host unknown: it never sent a heartbeat)"
     last = f"its last step was {beat.step}" if beat else "it reached no step"
-    return (f"lost {where}: no heartbeat for {silent_s:.0f} s (peer_timeout={timeout_s:g} s); {last}, this rank "
-            f"{rank} on {host} is at step {step}. Ending rank {rank} with exit code {LOST_PEER_EXIT_CODE} instead of "
-            f"waiting in a collective. Look at rank {peer}'s log and host (killed, out of memory, hardware); "
-            "peer_timeout sets the bound (0: off).")
+    return (
+        f"lost {where}: no heartbeat for {silent_s:.0f} s (peer_timeout={timeout_s:g} s); {last}, this rank "
+        f"{rank} on {host} is at step {step}. Ending rank {rank} with exit code {LOST_PEER_EXIT_CODE} instead of "
+        f"waiting in a collective. Look at rank {peer}'s log and host (killed, out of memory, hardware); "
+        "peer_timeout sets the bound (0: off)."
+    )
 
 
 def looks_like_lost_peer(error: BaseException) -> bool:
@@ -122,16 +130,19 @@ def looks_like_lost_peer(error: BaseException) -> bool:
         return True
     text = str(error).lower()
     return isinstance(error, RuntimeError) and any(
-        marker in text for marker in ("connection closed by peer", "connection reset by peer", "gloo", "nccl"))
+        marker in text for marker in ("connection closed by peer", "connection reset by peer", "gloo", "nccl")
+    )
 
 
 def stuck_rank_message(watchdog: HeartbeatWatchdog, timeout_s: float) -> str:
     peers = "; ".join(f"rank {p} ({b.host}): step {b.step}" for p, b in sorted(watchdog.watch.last_beat.items()) if b)
-    return (f"a collective timed out after {timeout_s:g} s while the peers' heartbeats went on: a rank is alive but "
-            f"stuck (data loading, I/O, a deadlock, or a collective the others did not call). Last steps: this rank "
-            f"{watchdog.rank} ({watchdog.host}): step {watchdog.step}; {peers}. Look at the stuck rank's stack "
-            "(py-spy dump --pid PID) and, on GPUs, the NCCL flight recorder dumps in "
-            "<output_dir>/nccl_flight_recorder; step_timeout sets this bound once steps run, ddp_timeout before.")
+    return (
+        f"a collective timed out after {timeout_s:g} s while the peers' heartbeats went on: a rank is alive but "
+        f"stuck (data loading, I/O, a deadlock, or a collective the others did not call). Last steps: this rank "
+        f"{watchdog.rank} ({watchdog.host}): step {watchdog.step}; {peers}. Look at the stuck rank's stack "
+        "(py-spy dump --pid PID) and, on GPUs, the NCCL flight recorder dumps in "
+        "<output_dir>/nccl_flight_recorder; step_timeout sets this bound once steps run, ddp_timeout before."
+    )
 
 
 def _end_process(message: str) -> None:
@@ -145,9 +156,18 @@ class HeartbeatWatchdog:
     print it and end the process with `LOST_PEER_EXIT_CODE`). `beat_once` and `check_once` are one round each; the
     thread started by `start` runs them every `interval_s` seconds."""
 
-    def __init__(self, store, rank: int, world_size: int, timeout_s: float, *, interval_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic, host: str | None = None,
-                 on_lost: Callable[[str], None] = _end_process):
+    def __init__(
+        self,
+        store,
+        rank: int,
+        world_size: int,
+        timeout_s: float,
+        *,
+        interval_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        host: str | None = None,
+        on_lost: Callable[[str], None] = _end_process,
+    ):
         self.store, self.rank, self.timeout_s, self.clock, self.on_lost = store, rank, timeout_s, clock, on_lost
         self.interval_s = heartbeat_interval(timeout_s) if interval_s is None else interval_s
         self.host = host or socket.gethostname()
@@ -173,16 +193,23 @@ class HeartbeatWatchdog:
         """The message naming the first silent peer (or the unreachable store), else None."""
         if self.store.check([LOST_KEY]):
             reported = self.store.get(LOST_KEY).decode()
-            return (f"{reported} [reported through the store; this rank {self.rank} on {self.host} is at step "
-                    f"{self.step}]")
+            return (
+                f"{reported} [reported through the store; this rank {self.rank} on {self.host} is at step {self.step}]"
+            )
         now = self.clock()
         for peer in self.watch.last_beat:
             key = f"{HEARTBEAT_PREFIX}{peer}"
             self.watch.observe(peer, Beat.decode(self.store.get(key)) if self.store.check([key]) else None, now)
         for peer in self.watch.stale(now):
-            message = lost_peer_message(rank=self.rank, host=self.host, step=self.step, peer=peer,
-                                        beat=self.watch.last_beat[peer], silent_s=now - self.watch.last_change[peer],
-                                        timeout_s=self.timeout_s)
+            message = lost_peer_message(
+                rank=self.rank,
+                host=self.host,
+                step=self.step,
+                peer=peer,
+                beat=self.watch.last_beat[peer],
+                silent_s=now - self.watch.last_change[peer],
+                timeout_s=self.timeout_s,
+            )
             if not self.store.check([LOST_KEY]):
                 self.store.set(LOST_KEY, message)
             return message
@@ -197,10 +224,12 @@ class HeartbeatWatchdog:
             self.store_failing_since = self.store_failing_since or now
             if now - self.store_failing_since <= self.timeout_s:
                 return None
-            return (f"the process group's store has been unreachable for {now - self.store_failing_since:.0f} s "
-                    f"(peer_timeout={self.timeout_s:g} s): {err}; the rank or machine hosting it (rank 0's machine "
-                    f"under torchrun) is likely lost. This rank {self.rank} on {self.host} is at step {self.step}; "
-                    f"ending it with exit code {LOST_PEER_EXIT_CODE}.")
+            return (
+                f"the process group's store has been unreachable for {now - self.store_failing_since:.0f} s "
+                f"(peer_timeout={self.timeout_s:g} s): {err}; the rank or machine hosting it (rank 0's machine "
+                f"under torchrun) is likely lost. This rank {self.rank} on {self.host} is at step {self.step}; "
+                f"ending it with exit code {LOST_PEER_EXIT_CODE}."
+            )
         self.store_failing_since = None
         return message
 
@@ -253,8 +282,9 @@ class HangWatchdogCallback(TrainerCallback):
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
             return
         if self.peer_timeout and self.watchdog is None:
-            self.watchdog = HeartbeatWatchdog(_compat.default_store(), dist.get_rank(), dist.get_world_size(),
-                                              self.peer_timeout)
+            self.watchdog = HeartbeatWatchdog(
+                _compat.default_store(), dist.get_rank(), dist.get_world_size(), self.peer_timeout
+            )
             self.watchdog.step = state.global_step
             self.watchdog.start()
 
@@ -265,8 +295,11 @@ class HangWatchdogCallback(TrainerCallback):
             _compat.set_collective_timeout(self.step_timeout)
             self.step_timeout_set = True
             if state.is_world_process_zero:
-                logger.info("collective timeout now %g s (step_timeout) after %g s for start-up (ddp_timeout)",
-                            self.step_timeout, self.startup_timeout)
+                logger.info(
+                    "collective timeout now %g s (step_timeout) after %g s for start-up (ddp_timeout)",
+                    self.step_timeout,
+                    self.startup_timeout,
+                )
 
     def explain_failure(self, error: BaseException) -> None:
         """After `train()` raised a collective error ("Connection closed by peer": Gloo raises within about a
@@ -285,8 +318,11 @@ class HangWatchdogCallback(TrainerCallback):
             logger.error(message)
             print(f"[hf_dist_recipes] {message}", file=sys.stderr, flush=True)
             return
-        logger.error("a collective failed (%s); waiting up to %g s for the heartbeats to name the lost rank",
-                     str(error).splitlines()[0][:200], self.peer_timeout)
+        logger.error(
+            "a collective failed (%s); waiting up to %g s for the heartbeats to name the lost rank",
+            str(error).splitlines()[0][:200],
+            self.peer_timeout,
+        )
         self.watchdog.join(self.peer_timeout + 2 * self.watchdog.interval_s)
 
     def on_train_end(self, args, state, control, **kwargs):

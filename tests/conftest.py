@@ -34,11 +34,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def accelerate_launch(config_file: Path, script_and_args: list[str], *, cwd: Path = REPO, timeout: int = LAUNCH_TIMEOUT_S,
-                      num_processes: int | None = None) -> subprocess.CompletedProcess:
+def accelerate_launch(
+    config_file: Path,
+    script_and_args: list[str],
+    *,
+    cwd: Path = REPO,
+    timeout: int = LAUNCH_TIMEOUT_S,
+    num_processes: int | None = None,
+) -> subprocess.CompletedProcess:
     """Run `accelerate launch --config_file config_file ...` and return it with output captured."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file),
-           "--main_process_port", str(free_port())]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(config_file),
+        "--main_process_port",
+        str(free_port()),
+    ]
     if num_processes:
         cmd += ["--num_processes", str(num_processes)]
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")

@@ -37,8 +37,9 @@ def write_groups(groups, model: nn.Module, output_dir: str, max_shard_bytes: int
     return result
 
 
-def save_hf_checkpoint(model: nn.Module, output_dir: str, *, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
-                       ) -> ExportResult | None:
+def save_hf_checkpoint(
+    model: nn.Module, output_dir: str, *, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+) -> ExportResult | None:
     """Save the (unwrapped) `model` as a HuggingFace checkpoint in `output_dir`, from any mix of ZeRO-3, AutoTP and
     AutoEP. Call it on every rank; global rank 0 writes and gets the `ExportResult`, the others get None."""
     main = not dist.is_initialized() or dist.get_rank() == 0

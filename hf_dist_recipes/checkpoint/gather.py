@@ -56,8 +56,11 @@ def _tp_gather(params, module):
 
 def _own_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     tensors = [(n, p) for n, p in module.named_parameters(recurse=False) if p is not None]
-    tensors += [(n, b) for n, b in module.named_buffers(recurse=False)
-                if b is not None and n not in module._non_persistent_buffers_set]
+    tensors += [
+        (n, b)
+        for n, b in module.named_buffers(recurse=False)
+        if b is not None and n not in module._non_persistent_buffers_set
+    ]
     return tensors
 
 
@@ -84,15 +87,20 @@ def _gather_experts_into(out: torch.Tensor | None, local: torch.Tensor, layer: n
     dst = dist.get_global_rank(group, 0)
     receiving = dist.get_rank() == dst
     if out is not None and not receiving:
-        raise ValueError(f"the writing rank {dist.get_rank()} is not the first rank of its expert-parallel group "
-                         f"(that is rank {dst}): save from global rank 0")
+        raise ValueError(
+            f"the writing rank {dist.get_rank()} is not the first rank of its expert-parallel group "
+            f"(that is rank {dst}): save from global rank 0"
+        )
     owners = [autoep_experts_for_rank(layer.expert_placement_descriptor, r) for r in range(size)]
     direct = out is not None and local.device.type == "cpu"
     for j in range(local.shape[0]):
         parts = None
         if receiving:
-            parts = ([out[owners[r][j]] for r in range(size)] if direct
-                     else [torch.empty_like(local[j]) for _ in range(size)])
+            parts = (
+                [out[owners[r][j]] for r in range(size)]
+                if direct
+                else [torch.empty_like(local[j]) for _ in range(size)]
+            )
         dist.gather(local[j].contiguous(), parts, dst=dst, group=group)
         if receiving and out is not None and not direct:
             for r, part in enumerate(parts):
@@ -102,7 +110,6 @@ def _gather_experts_into(out: torch.Tensor | None, local: torch.Tensor, layer: n
 def _autoep_layer_tensors(layer: nn.Module, ref: nn.Module, main: bool) -> dict[str, torch.Tensor]:
     """An AutoEPMoELayer's tensors under the names of the HF MoE block it replaced (`ref`, on meta), relative."""
     import deepspeed
-
     from deepspeed.module_inject.auto_ep_presets.registry import get_preset, preset_name_for_hf_model_type
 
     preset = get_preset(preset_name_for_hf_model_type(layer.model_family) or layer.model_family)
@@ -127,15 +134,19 @@ def _autoep_layer_tensors(layer: nn.Module, ref: nn.Module, main: bool) -> dict[
         ref_experts = ref.get_submodule(ep)
         fused = preset.expert_w3 is None
         if fused and tuple(getattr(ref_experts, preset.expert_w1).shape)[1] != 2 * inter:
-            raise ValueError(f"{type(ref).__name__}.{ep}.{preset.expert_w1} is not [E, 2I, H]: the transposed fused "
-                             "expert layout is not exported by hf_dist_recipes.checkpoint.gather")
+            raise ValueError(
+                f"{type(ref).__name__}.{ep}.{preset.expert_w1} is not [E, 2I, H]: the transposed fused "
+                "expert layout is not exported by hf_dist_recipes.checkpoint.gather"
+            )
         if main and fused:
             gate_up = torch.empty((n, 2 * inter, w1.shape[2]), dtype=w1.dtype)
             targets = [(w1, gate_up[:, :inter]), (w3, gate_up[:, inter:])]
             out[f"{ep}.{preset.expert_w1}"] = gate_up
         elif main:
-            targets = [(w1, torch.empty((n, *w1.shape[1:]), dtype=w1.dtype)),
-                       (w3, torch.empty((n, *w3.shape[1:]), dtype=w3.dtype))]
+            targets = [
+                (w1, torch.empty((n, *w1.shape[1:]), dtype=w1.dtype)),
+                (w3, torch.empty((n, *w3.shape[1:]), dtype=w3.dtype)),
+            ]
             out[f"{ep}.{preset.expert_w1}"], out[f"{ep}.{preset.expert_w3}"] = targets[0][1], targets[1][1]
         else:
             targets = [(w1, None), (w3, None)]
@@ -185,9 +196,11 @@ def iter_module_groups(model: nn.Module, main: bool) -> Iterator[dict[str, torch
     current = None
     for name, tensor in _iter_tensors(model, ref, main, "", set()):
         if name not in expected or tuple(tensor.shape) != expected[name]:
-            raise ValueError(f"gathered {name!r} with shape {tuple(tensor.shape)}, which {type(model).__name__} "
-                             f"does not have ({expected.get(name, 'no such name')}): this sharding layout is not "
-                             "understood by hf_dist_recipes.checkpoint.gather")
+            raise ValueError(
+                f"gathered {name!r} with shape {tuple(tensor.shape)}, which {type(model).__name__} "
+                f"does not have ({expected.get(name, 'no such name')}): this sharding layout is not "
+                "understood by hf_dist_recipes.checkpoint.gather"
+            )
         key = group_key(name)
         if current is not None and key != current:
             yield group

@@ -44,8 +44,10 @@ def resolve_tag_dir(path: str) -> str:
         with open(latest, encoding="utf-8") as f:
             path = os.path.join(path, f.read().strip())
     if not any(_RANK_FILE.match(n) for n in os.listdir(path)):
-        raise ValueError(f"{path}: no DeepSpeed zero_pp_rank_*_mp_rank_*_states.pt files; pass a checkpoint-N "
-                         "folder written under DeepSpeed ZeRO-3")
+        raise ValueError(
+            f"{path}: no DeepSpeed zero_pp_rank_*_mp_rank_*_states.pt files; pass a checkpoint-N "
+            "folder written under DeepSpeed ZeRO-3"
+        )
     return path
 
 
@@ -68,7 +70,7 @@ class RankFiles:
     optim: dict[tuple[int, int], dict] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, tag_dir: str) -> "RankFiles":
+    def load(cls, tag_dir: str) -> RankFiles:
         found = {}
         for name in os.listdir(tag_dir):
             m = _RANK_FILE.match(name)
@@ -81,8 +83,10 @@ class RankFiles:
             for t in range(tp_size):
                 for kind, store in (("model", files.model), ("optim", files.optim)):
                     if (d, t, kind) not in found:
-                        raise ValueError(f"{tag_dir}: the {kind} states of data-parallel rank {d}, TP rank {t} are "
-                                         "missing; copy every rank's files into the checkpoint folder")
+                        raise ValueError(
+                            f"{tag_dir}: the {kind} states of data-parallel rank {d}, TP rank {t} are "
+                            "missing; copy every rank's files into the checkpoint folder"
+                        )
                     # weights_only=False: the pickles hold DeepSpeed's own classes (ZeroStageEnum, LossScaler).
                     store[(d, t)] = torch.load(found[(d, t, kind)], map_location="cpu", mmap=True, weights_only=False)
         return files
@@ -102,11 +106,15 @@ def _fragments(files: RankFiles, dtype_key: str = "fp32_flat_groups"):
         for i, shapes in enumerate(model["param_shapes"]):
             flat = osd[dtype_key][i]
             if i < len(groups):
-                size, prank, ranks = (groups[i]["partition_count"], groups[i]["partition_rank"],
-                                      tuple(groups[i]["partition_ranks"]))
+                size, prank, ranks = (
+                    groups[i]["partition_count"],
+                    groups[i]["partition_rank"],
+                    tuple(groups[i]["partition_ranks"]),
+                )
             else:
-                size = _partition_size(list(shapes.values()), flat.numel(),
-                                       sorted({files.dp_size, world, osd["partition_count"]}))
+                size = _partition_size(
+                    list(shapes.values()), flat.numel(), sorted({files.dp_size, world, osd["partition_count"]})
+                )
                 if size == world and world != files.dp_size:  # zero.Init's world group: rank = global rank
                     prank, ranks = global_rank, tuple(range(world))
                 else:  # the data-parallel group of this TP rank
@@ -119,8 +127,10 @@ def _fragments(files: RankFiles, dtype_key: str = "fp32_flat_groups"):
                 out[name][ranks][prank] = _Fragment(flat.narrow(0, offset, part), tuple(shape), t, ep)
                 offset += part
             if offset != flat.numel():
-                raise ValueError(f"{files.tag_dir}: rank (dp {d}, tp {t}) group {i} holds {flat.numel()} elements, "
-                                 f"its parameters {offset}: not a layout this exporter understands")
+                raise ValueError(
+                    f"{files.tag_dir}: rank (dp {d}, tp {t}) group {i} holds {flat.numel()} elements, "
+                    f"its parameters {offset}: not a layout this exporter understands"
+                )
     return out
 
 
@@ -182,8 +192,10 @@ class _Rebuilder:
         shards = [by_tp[r] for r in range(tp)]
         if _matches(self.uc.get("tp_replicated_parameter_patterns", []), name):
             if not all(torch.equal(shards[0], s) for s in shards[1:]):
-                raise ValueError(f"{name}: the TP ranks' copies of a replicated parameter differ (was the model "
-                                 "built on every rank from the same seed?)")
+                raise ValueError(
+                    f"{name}: the TP ranks' copies of a replicated parameter differ (was the model "
+                    "built on every rank from the same seed?)"
+                )
             full = shards[0]
         elif _matches(self.uc.get("parameter_with_row_parallelism_patterns", []), name):
             full = torch.cat(shards, dim=1)
@@ -218,9 +230,15 @@ def _to_hf_names(group: dict[str, torch.Tensor], autoep: dict, ref_shapes: dict,
     return out
 
 
-def export_checkpoint(checkpoint_dir: str, output_dir: str, *, config_dir: str | None = None,
-                      dtype: str = "auto", max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-                      progress=None) -> ExportResult:
+def export_checkpoint(
+    checkpoint_dir: str,
+    output_dir: str,
+    *,
+    config_dir: str | None = None,
+    dtype: str = "auto",
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    progress=None,
+) -> ExportResult:
     """Write the HuggingFace checkpoint of the DeepSpeed checkpoint in `checkpoint_dir` (a Trainer `checkpoint-N`)
     to `output_dir`. `config_dir` holds the model's config.json (default: `checkpoint_dir` itself, where the
     Trainer writes it). `dtype`: "auto" (the training dtype), "fp32", "bf16" or "fp16". `progress(done, total)` is
@@ -245,8 +263,9 @@ def export_checkpoint(checkpoint_dir: str, output_dir: str, *, config_dir: str |
 
         name = preset_name_for_hf_model_type(config.model_type)
         if name is None:
-            raise ValueError(f"model_type {config.model_type!r} has no DeepSpeed AutoEP preset: is config.json this "
-                             "model's?")
+            raise ValueError(
+                f"model_type {config.model_type!r} has no DeepSpeed AutoEP preset: is config.json this model's?"
+            )
         preset = get_preset(name)
     if dtype == "auto":  # the dtype of the module's (empty) ZeRO placeholders is the training dtype
         module = files.model[(0, 0)]["module"]
@@ -267,8 +286,10 @@ def export_checkpoint(checkpoint_dir: str, output_dir: str, *, config_dir: str |
             group = _to_hf_names({n: rebuilder.tensor(n) for n in by_group[key]}, rebuilder.autoep, ref_shapes, preset)
             for name, t in group.items():
                 if name not in ref_shapes or tuple(t.shape) != ref_shapes[name]:
-                    raise ValueError(f"rebuilt {name!r} {tuple(t.shape)}, which {type(ref).__name__} does not have "
-                                     f"({ref_shapes.get(name, 'no such name')}): is config.json this model's?")
+                    raise ValueError(
+                        f"rebuilt {name!r} {tuple(t.shape)}, which {type(ref).__name__} does not have "
+                        f"({ref_shapes.get(name, 'no such name')}): is config.json this model's?"
+                    )
             yield {n: (t.to(target) if t.is_floating_point() else t) for n, t in group.items()}
             del group
             if progress is not None:

@@ -28,7 +28,7 @@ _UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G"
 
 
 def parse_size(text: str | int) -> int:
-    """"5GB" -> bytes, in binary units as transformers' max_shard_size ("500MB", "64KB", or a plain byte count)."""
+    """ "5GB" -> bytes, in binary units as transformers' max_shard_size ("500MB", "64KB", or a plain byte count)."""
     m = _SIZE.match(str(text))
     if not m or float(m.group(1)) <= 0:
         raise ValueError(f"shard size {text!r}: give a positive size such as 5GB, 500MB or 1048576")
@@ -102,18 +102,30 @@ class ShardedSafetensorsWriter:
             self.result.files.append(final)
             weight_map.update(dict.fromkeys(names, final))
         if n > 1:
-            index = {"metadata": {"total_size": self.result.bytes, "total_parameters": self.result.parameters},
-                     "weight_map": dict(sorted(weight_map.items()))}
+            index = {
+                "metadata": {"total_size": self.result.bytes, "total_parameters": self.result.parameters},
+                "weight_map": dict(sorted(weight_map.items())),
+            }
             with open(os.path.join(self.output_dir, SAFE_WEIGHTS_INDEX_NAME), "w", encoding="utf-8") as f:
                 f.write(json.dumps(index, indent=2) + "\n")
         return self.result
 
 
-_ST_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64", "int64": "I64",
-              "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+_ST_DTYPES = {
+    "float32": "F32",
+    "bfloat16": "BF16",
+    "float16": "F16",
+    "float64": "F64",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+}
 
 
-def write_safetensors(path: str, tensors: dict[str, "torch.Tensor"], metadata: dict[str, str] | None = None) -> None:
+def write_safetensors(path: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
     """The safetensors format (8-byte header length, JSON header, raw little-endian data), written tensor by tensor
     from the tensors' own memory. `safetensors.torch.save_file` first copies every tensor into a bytes object,
     which doubles the writing rank's peak for a shard."""

@@ -33,10 +33,17 @@ def register(subparsers) -> None:
     export.add_argument("checkpoint", help="a Trainer checkpoint-N folder (or its global_stepN folder)")
     export.add_argument("--output", required=True, help="directory to write the HuggingFace checkpoint into")
     export.add_argument("--config", help="directory with the model's config.json (default: the checkpoint folder)")
-    export.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
-                        help="dtype of the written weights (default: auto, the training dtype)")
-    export.add_argument("--max-shard-size", default=DEFAULT_MAX_SHARD_SIZE,
-                        help="largest weight file, e.g. 5GB, 500MB; bounds the memory held (%(default)s)")
+    export.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "fp32", "bf16", "fp16"],
+        help="dtype of the written weights (default: auto, the training dtype)",
+    )
+    export.add_argument(
+        "--max-shard-size",
+        default=DEFAULT_MAX_SHARD_SIZE,
+        help="largest weight file, e.g. 5GB, 500MB; bounds the memory held (%(default)s)",
+    )
     export.add_argument("--json", action="store_true", help="print the result as JSON")
     export.set_defaults(run=run_export)
 
@@ -53,18 +60,27 @@ def run_export(args: argparse.Namespace) -> int:
     resolve_tag_dir(args.checkpoint)  # a wrong path is one line, before any progress bar
     start = time.perf_counter()
     with tqdm(desc="exporting", unit="group", disable=args.json) as bar:
+
         def progress(done, total):
             bar.total = total
             bar.update(done - bar.n)
 
-        result = export_checkpoint(args.checkpoint, args.output, config_dir=args.config, dtype=args.dtype,
-                                   max_shard_bytes=max_shard, progress=progress)
+        result = export_checkpoint(
+            args.checkpoint,
+            args.output,
+            config_dir=args.config,
+            dtype=args.dtype,
+            max_shard_bytes=max_shard,
+            progress=progress,
+        )
     data = {**asdict(result), "checkpoint": args.checkpoint, "seconds": round(time.perf_counter() - start, 3)}
     print(json.dumps(data, indent=2) if args.json else render(data))
     return 0
 
 
 def render(data: dict) -> str:
-    return (f"wrote {data['output_dir']}: {data['parameters']:,} parameters in {data['tensors']} tensors, "
-            f"{data['bytes'] / 1024**2:,.1f} MiB in {len(data['files'])} file(s), {data['seconds']:.1f} s\n"
-            f"  load it: AutoModelForCausalLM.from_pretrained({data['output_dir']!r})")
+    return (
+        f"wrote {data['output_dir']}: {data['parameters']:,} parameters in {data['tensors']} tensors, "
+        f"{data['bytes'] / 1024**2:,.1f} MiB in {len(data['files'])} file(s), {data['seconds']:.1f} s\n"
+        f"  load it: AutoModelForCausalLM.from_pretrained({data['output_dir']!r})"
+    )

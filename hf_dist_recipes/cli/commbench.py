@@ -12,31 +12,52 @@ import json
 import sys
 
 from hf_dist_recipes.commbench import (
-    DEFAULT_FRACTION, DEFAULT_ITERS, DEFAULT_LINK_SIZE, DEFAULT_SIZES, DEFAULT_WARMUP, BenchSettings, parse_size,
+    DEFAULT_FRACTION,
+    DEFAULT_ITERS,
+    DEFAULT_LINK_SIZE,
+    DEFAULT_SIZES,
+    DEFAULT_WARMUP,
+    BenchSettings,
+    parse_size,
     parse_sizes,
 )
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "commbench", help="measure collective bandwidth (all_reduce, all_gather, reduce_scatter) and ring links",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "commbench",
+        help="measure collective bandwidth (all_reduce, all_gather, reduce_scatter) and ring links",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: hf-dist-recipes commbench --sizes 1M,64M,256M --iters 50\n"
-               "On a GPU host: hf-dist-recipes commbench --backend gloo   (Gloo next to NCCL, with the ratio)",
+        "On a GPU host: hf-dist-recipes commbench --backend gloo   (Gloo next to NCCL, with the ratio)",
     )
     parser.add_argument("--num-processes", type=int, help="local processes (default: one per visible GPU, else 2)")
-    parser.add_argument("--backend", choices=("nccl", "gloo"),
-                        help="default: NCCL with GPUs, Gloo without; gloo on a GPU host: both, side by side")
-    parser.add_argument("--sizes", default=DEFAULT_SIZES,
-                        help="message sizes, comma-separated, units K/M/G = powers of 1024 (default: %(default)s)")
-    parser.add_argument("--iters", type=int, default=DEFAULT_ITERS, help="timed iterations per op and size "
-                        "(default: %(default)s)")
-    parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed iterations first "
-                        "(default: %(default)s)")
-    parser.add_argument("--link-size", default=DEFAULT_LINK_SIZE, help="bytes per ring-link send "
-                        "(default: %(default)s)")
-    parser.add_argument("--fraction", type=float, default=DEFAULT_FRACTION,
-                        help="flag a link or rank below this fraction of the median (default: %(default)s)")
+    parser.add_argument(
+        "--backend",
+        choices=("nccl", "gloo"),
+        help="default: NCCL with GPUs, Gloo without; gloo on a GPU host: both, side by side",
+    )
+    parser.add_argument(
+        "--sizes",
+        default=DEFAULT_SIZES,
+        help="message sizes, comma-separated, units K/M/G = powers of 1024 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--iters", type=int, default=DEFAULT_ITERS, help="timed iterations per op and size (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=DEFAULT_WARMUP, help="untimed iterations first (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--link-size", default=DEFAULT_LINK_SIZE, help="bytes per ring-link send (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--fraction",
+        type=float,
+        default=DEFAULT_FRACTION,
+        help="flag a link or rank below this fraction of the median (default: %(default)s)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(run=run)
 
@@ -44,8 +65,13 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from hf_dist_recipes.commbench_launch import plan_commbench, render, run_commbench
 
-    settings = BenchSettings(sizes=parse_sizes(args.sizes), iters=args.iters, warmup=args.warmup,
-                             link_bytes=parse_size(args.link_size, "--link-size"), fraction=args.fraction)
+    settings = BenchSettings(
+        sizes=parse_sizes(args.sizes),
+        iters=args.iters,
+        warmup=args.warmup,
+        link_bytes=parse_size(args.link_size, "--link-size"),
+        fraction=args.fraction,
+    )
     plan = plan_commbench(settings, num_processes=args.num_processes, backend=args.backend)
     try:
         result = run_commbench(plan)

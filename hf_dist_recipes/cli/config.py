@@ -1,9 +1,9 @@
 """`hf-dist-recipes config`: plan ZeRO-3 + tensor + expert parallelism, and write, check and size the configs.
 
-  generate   write an accelerate YAML and its DeepSpeed JSON (or an FSDP2 + TP YAML) for a plan
-  validate   lint existing DeepSpeed JSON / accelerate YAML files against the known traps and upstream's own
-             config classes (exit 1 when any error is found)
-  estimate   per-rank memory of a plan as a table; --suggest finds the smallest TP/EP/offload that fits
+generate   write an accelerate YAML and its DeepSpeed JSON (or an FSDP2 + TP YAML) for a plan
+validate   lint existing DeepSpeed JSON / accelerate YAML files against the known traps and upstream's own
+           config classes (exit 1 when any error is found)
+estimate   per-rank memory of a plan as a table; --suggest finds the smallest TP/EP/offload that fits
 """
 
 from __future__ import annotations
@@ -13,52 +13,76 @@ import contextlib
 import json
 import sys
 
-from hf_dist_recipes.parallel.generate import (add_output_flags, add_plan_flags, generate_from_args, model_from,
-                                               plan_from)
+from hf_dist_recipes.parallel.generate import (
+    add_output_flags,
+    add_plan_flags,
+    generate_from_args,
+    model_from,
+    plan_from,
+)
 from hf_dist_recipes.parallel.plan import ParallelPlan
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("config", help="plan, generate, validate and size ZeRO-3 + TP + EP configs",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        "config",
+        help="plan, generate, validate and size ZeRO-3 + TP + EP configs",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="config_command", metavar="SUBCOMMAND", required=True)
 
-    gen = sub.add_parser("generate", help="write accelerate YAML + DeepSpeed JSON for a plan",
-                         description="Check a plan, then write NAME.yaml (accelerate) and deepspeed/NAME.json. The JSON "
-                                     "never holds train_batch_size, and gives DeepSeek models explicit TP layer specs "
-                                     "and an expert_parallel section. Bad plans exit 2 with the fix.",
-                         epilog="Example: hf-dist-recipes config generate --model deepseek-v3 --nodes 2 "
-                                "--gpus-per-node 8 --zero 3 --tp 2 --ep 8 --output my_configs")
+    gen = sub.add_parser(
+        "generate",
+        help="write accelerate YAML + DeepSpeed JSON for a plan",
+        description="Check a plan, then write NAME.yaml (accelerate) and deepspeed/NAME.json. The JSON "
+        "never holds train_batch_size, and gives DeepSeek models explicit TP layer specs "
+        "and an expert_parallel section. Bad plans exit 2 with the fix.",
+        epilog="Example: hf-dist-recipes config generate --model deepseek-v3 --nodes 2 "
+        "--gpus-per-node 8 --zero 3 --tp 2 --ep 8 --output my_configs",
+    )
     add_plan_flags(gen)
     add_output_flags(gen)
     gen.add_argument("--json", action="store_true", help="print what was written as JSON")
     gen.set_defaults(run=run_generate)
 
-    val = sub.add_parser("validate", help="lint DeepSpeed JSON / accelerate YAML files",
-                         description="Lint files against the known traps, then parse them with accelerate's and "
-                                     "DeepSpeed's own config classes. Exit 0: clean or warnings only; 1: errors; "
-                                     "2: a file is missing or unreadable.")
+    val = sub.add_parser(
+        "validate",
+        help="lint DeepSpeed JSON / accelerate YAML files",
+        description="Lint files against the known traps, then parse them with accelerate's and "
+        "DeepSpeed's own config classes. Exit 0: clean or warnings only; 1: errors; "
+        "2: a file is missing or unreadable.",
+    )
     val.add_argument("files", nargs="+", metavar="FILE")
-    val.add_argument("--gpu-memory", type=float,
-                     help="GiB per GPU: also warn when a YAML's plan does not fit it by our estimate")
+    val.add_argument(
+        "--gpu-memory", type=float, help="GiB per GPU: also warn when a YAML's plan does not fit it by our estimate"
+    )
     val.add_argument("--model", help="the model, for files without the plan config generate records")
     val.add_argument("--json", action="store_true", help="print the findings as JSON")
     val.set_defaults(run=run_validate)
 
-    est = sub.add_parser("estimate", help="per-rank memory table for a plan (or --suggest one)",
-                         description="Per-rank GiB of parameters, gradients, optimizer states, the layer ZeRO-3 "
-                                     "gathers and activations (model states exact, activations estimated; see "
-                                     "hf_dist_recipes/parallel/memory.py), and whether it fits --gpu-memory; then "
-                                     "the bytes each rank sends per step inside the node and across nodes, and an "
-                                     "estimated step time on the given hardware (hf_dist_recipes/parallel/comm.py "
-                                     "states the model).",
-                         epilog="Example: hf-dist-recipes config estimate --model deepseek-v3 --nodes 8 "
-                                "--gpu-memory 80 --activation-checkpointing --suggest")
+    est = sub.add_parser(
+        "estimate",
+        help="per-rank memory table for a plan (or --suggest one)",
+        description="Per-rank GiB of parameters, gradients, optimizer states, the layer ZeRO-3 "
+        "gathers and activations (model states exact, activations estimated; see "
+        "hf_dist_recipes/parallel/memory.py), and whether it fits --gpu-memory; then "
+        "the bytes each rank sends per step inside the node and across nodes, and an "
+        "estimated step time on the given hardware (hf_dist_recipes/parallel/comm.py "
+        "states the model).",
+        epilog="Example: hf-dist-recipes config estimate --model deepseek-v3 --nodes 8 "
+        "--gpu-memory 80 --activation-checkpointing --suggest",
+    )
     add_plan_flags(est)
     est.add_argument("--gpu-memory", type=float, help="memory of one GPU in GiB (needed for fits? and --suggest)")
-    est.add_argument("--suggest", action="store_true",
-                     help="try TP/EP/offload and pick the fastest plan that fits (by the stated traffic model)")
-    est.add_argument("--all", action="store_true", help="with --suggest: show every candidate, not one or two EPs per TP")
+    est.add_argument(
+        "--suggest",
+        action="store_true",
+        help="try TP/EP/offload and pick the fastest plan that fits (by the stated traffic model)",
+    )
+    est.add_argument(
+        "--all", action="store_true", help="with --suggest: show every candidate, not one or two EPs per TP"
+    )
     est.add_argument("--json", action="store_true", help="print the estimates as JSON")
     _hardware_flags(est)
     est.set_defaults(run=run_estimate)
@@ -81,15 +105,20 @@ def _hardware_flags(parser: argparse.ArgumentParser) -> None:
     from hf_dist_recipes.parallel.comm import HARDWARE
 
     group = parser.add_argument_group("hardware (step-time model; defaults from --hardware)")
-    group.add_argument("--hardware", choices=sorted(HARDWARE), default="h100",
-                       help="GPU type whose defaults to use (%(default)s): H100/H200 SXM, A100 SXM; one NIC per GPU")
+    group.add_argument(
+        "--hardware",
+        choices=sorted(HARDWARE),
+        default="h100",
+        help="GPU type whose defaults to use (%(default)s): H100/H200 SXM, A100 SXM; one NIC per GPU",
+    )
     group.add_argument("--intra-node-gbps", type=float, help="NCCL bus bandwidth inside a node, GB/s per GPU")
     group.add_argument("--inter-node-gbps", type=float, help="network bandwidth per GPU across nodes, GB/s")
     group.add_argument("--gpu-tflops", type=float, help="dense bf16 peak of one GPU, TFLOP/s")
     group.add_argument("--compute-efficiency", type=float, help="fraction of the peak the matmuls reach (0-1]")
     group.add_argument("--pcie-gbps", type=float, help="host <-> GPU bandwidth for offload, GB/s")
-    group.add_argument("--cpu-adam-rate", type=float,
-                       help="parameters per second one node's CPUs update with CPU Adam (offload)")
+    group.add_argument(
+        "--cpu-adam-rate", type=float, help="parameters per second one node's CPUs update with CPU Adam (offload)"
+    )
 
 
 def hardware_from(args: argparse.Namespace):
@@ -98,15 +127,23 @@ def hardware_from(args: argparse.Namespace):
 
     from hf_dist_recipes.parallel.comm import HARDWARE
 
-    changes = {field: getattr(args, flag) for field, flag in (
-        ("intra_node_gbps", "intra_node_gbps"), ("inter_node_gbps", "inter_node_gbps"), ("gpu_tflops", "gpu_tflops"),
-        ("compute_efficiency", "compute_efficiency"), ("pcie_gbps", "pcie_gbps"),
-        ("cpu_adam_params_per_s", "cpu_adam_rate")) if getattr(args, flag) is not None}
+    changes = {
+        field: getattr(args, flag)
+        for field, flag in (
+            ("intra_node_gbps", "intra_node_gbps"),
+            ("inter_node_gbps", "inter_node_gbps"),
+            ("gpu_tflops", "gpu_tflops"),
+            ("compute_efficiency", "compute_efficiency"),
+            ("pcie_gbps", "pcie_gbps"),
+            ("cpu_adam_params_per_s", "cpu_adam_rate"),
+        )
+        if getattr(args, flag) is not None
+    }
     return replace(HARDWARE[args.hardware], **changes)
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    argv = args.argv[args.argv.index("generate") + 1:] if "generate" in args.argv else None
+    argv = args.argv[args.argv.index("generate") + 1 :] if "generate" in args.argv else None
     # DeepSpeed is imported only once every input was checked (its import notice would make a refusal two lines);
     # its logger then binds stderr, keeping --json output clean.
     with contextlib.redirect_stdout(sys.stderr):
@@ -117,8 +154,10 @@ def run_generate(args: argparse.Namespace) -> int:
     for w in result.warnings:
         print(f"warning: {w}")
     print(f"wrote {result.yaml_file}" + (f" and {result.deepspeed_file}" if result.deepspeed_file else ""))
-    print(f"  world {result.plan.world_size}, data-parallel {result.plan.dp_size}, TP {result.plan.tp}, "
-          f"EP {result.plan.ep}; launch: accelerate launch --config_file {result.yaml_file} train.py")
+    print(
+        f"  world {result.plan.world_size}, data-parallel {result.plan.dp_size}, TP {result.plan.tp}, "
+        f"EP {result.plan.ep}; launch: accelerate launch --config_file {result.yaml_file} train.py"
+    )
     return 0
 
 
@@ -160,15 +199,25 @@ def run_estimate(args: argparse.Namespace) -> int:
             print(f"warning: {w}", file=sys.stderr)
         chosen, rows = None, [evaluate(plan, model, device_gib=args.gpu_memory, hardware=hardware)]
     if args.json:
-        print(json.dumps({"model": model.name, "total_params": model.total_params,
-                          "params_by_component": model.params_by_component,
-                          "chosen": chosen.as_dict() if chosen else None,
-                          "why": reasons(chosen, rows) if chosen else [],
-                          "estimates": [r.as_dict() for r in rows]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "model": model.name,
+                    "total_params": model.total_params,
+                    "params_by_component": model.params_by_component,
+                    "chosen": chosen.as_dict() if chosen else None,
+                    "why": reasons(chosen, rows) if chosen else [],
+                    "estimates": [r.as_dict() for r in rows],
+                },
+                indent=2,
+            )
+        )
         return 0
-    print(f"{model.name}: {model.total_params / 1e9:.2f}B parameters; {plan.nodes} x {plan.procs_per_node} "
-          f"{plan.device}, seq {plan.seq_len}, micro batch {plan.micro_batch}, accumulation {plan.grad_accum}, "
-          f"{plan.precision}; GiB per rank, GB sent per rank per step, step time on {hardware.name}")
+    print(
+        f"{model.name}: {model.total_params / 1e9:.2f}B parameters; {plan.nodes} x {plan.procs_per_node} "
+        f"{plan.device}, seq {plan.seq_len}, micro batch {plan.micro_batch}, accumulation {plan.grad_accum}, "
+        f"{plan.precision}; GiB per rank, GB sent per rank per step, step time on {hardware.name}"
+    )
     print(render_candidates(rows if args.all or not args.suggest else compact_rows(rows, chosen), chosen=chosen))
     if args.suggest:
         print("suggested: " + (_describe(chosen.plan) if chosen else "nothing fits; add nodes or GPU memory"))
@@ -183,5 +232,6 @@ def run_estimate(args: argparse.Namespace) -> int:
 
 def _describe(plan: ParallelPlan) -> str:
     off = [k for k, on in (("optimizer", plan.offload_optimizer), ("parameters", plan.offload_params)) if on]
-    return (f"--zero {plan.zero_stage} --tp {plan.tp} --ep {plan.ep}"
-            + "".join(f" --offload-{'optimizer' if k == 'optimizer' else 'params'}" for k in off))
+    return f"--zero {plan.zero_stage} --tp {plan.tp} --ep {plan.ep}" + "".join(
+        f" --offload-{'optimizer' if k == 'optimizer' else 'params'}" for k in off
+    )

@@ -25,7 +25,9 @@ def register(subparsers) -> None:
         "--text-field content)\n"
         "Then: tensorboard --logdir runs/try1/tensorboard   (one run per rank)",
     )
-    parser.add_argument("--config-file", help="accelerate YAML to launch with (default: the shipped demo config for this host)")
+    parser.add_argument(
+        "--config-file", help="accelerate YAML to launch with (default: the shipped demo config for this host)"
+    )
     parser.add_argument("--num-processes", type=int, help="override the config's num_processes")
     parser.add_argument("--dry-run", action="store_true", help="check the launch and print the plan, train nothing")
     parser.add_argument("--json", action="store_true", help="print the result as JSON (ranks' output is hidden)")
@@ -71,7 +73,8 @@ def render_result(result: DemoResult) -> str:
     lines = [
         f"demo finished in {result.wall_seconds:.1f} s (wall: launch, op build on a first run, training, saving)",
         f"  steps        {s.steps} on {s.ranks} ranks",
-        f"  loss         {s.first_loss:.3f} -> {s.last_loss:.3f} ({'down' if result.loss_fell else 'NOT down'} {drop:.0f}%)",
+        f"  loss         {s.first_loss:.3f} -> {s.last_loss:.3f} "
+        f"({'down' if result.loss_fell else 'NOT down'} {drop:.0f}%)",
         f"  tokens/s     {s.tokens_per_s:,.0f} (all ranks)",
         f"  train time   {ranks}",
         f"  seeds        {'same RNG state on every rank' if s.seeds_agree else 'RNG states DIFFER between ranks'}",

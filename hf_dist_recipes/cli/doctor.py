@@ -23,14 +23,20 @@ NAME_WIDTH = 20
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "doctor", help="check this environment for distributed training: versions, driver, NCCL, GPUs, links, "
-        "known-bad combinations", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "doctor",
+        help="check this environment for distributed training: versions, driver, NCCL, GPUs, links, "
+        "known-bad combinations",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: hf-dist-recipes doctor --strict --lock pinned/requirements.lock",
     )
     parser.add_argument("--json", action="store_true", help="print facts, checks and exit code as JSON")
     parser.add_argument("--strict", action="store_true", help="exit 1 on a warning (default: only errors fail, 2)")
-    parser.add_argument("--lock", metavar="FILE", help="a lock written by `hf-dist-recipes pin`: every package "
-                        "whose installed version differs is an error")
+    parser.add_argument(
+        "--lock",
+        metavar="FILE",
+        help="a lock written by `hf-dist-recipes pin`: every package whose installed version differs is an error",
+    )
     parser.set_defaults(run=run)
 
 
@@ -57,8 +63,11 @@ def render(data: dict) -> str:
     facts = data["facts"]
     checks = data["checks"]
     width = min(max(len(c["name"]) for c in checks), NAME_WIDTH)  # a long rule id overflows rather than widen all
-    lines = [f"hf-dist-recipes doctor on {facts['host']} ({facts['arch']}, Python {facts['python']}"
-             + (", in a container" if facts["in_container"] else "") + ")"]
+    lines = [
+        f"hf-dist-recipes doctor on {facts['host']} ({facts['arch']}, Python {facts['python']}"
+        + (", in a container" if facts["in_container"] else "")
+        + ")"
+    ]
     for c in checks:
         lines.append(f"  {MARK[c['status']]:<7}  {c['name']:<{width}}  {c['detail']}")
         if c["fix"]:  # every finding has one; an "info" rule shows as ok with its advice
@@ -66,6 +75,7 @@ def render(data: dict) -> str:
             if c["source"]:
                 lines.append(f"  {'':<7}  {'':<{width}}  source: {c['source']}")
     counts = {s: sum(c["status"] == s for c in checks) for s in MARK}
-    lines.append(f"{counts['ok']} ok, {counts['warning']} warning(s), {counts['error']} error(s); "
-                 f"exit {data['exit_code']}")
+    lines.append(
+        f"{counts['ok']} ok, {counts['warning']} warning(s), {counts['error']} error(s); exit {data['exit_code']}"
+    )
     return "\n".join(lines)

@@ -16,23 +16,34 @@ import sys
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "logs", help="summarize every rank's TensorBoard logs: aggregate run, stragglers, divergence, report",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "logs",
+        help="summarize every rank's TensorBoard logs: aggregate run, stragglers, divergence, report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     summarize = sub.add_parser(
-        "summarize", help="aggregate the rank<N> runs under LOGDIR", description=__doc__,
+        "summarize",
+        help="aggregate the rank<N> runs under LOGDIR",
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: hf-dist-recipes logs summarize runs/job/logs --tp 2 && tensorboard --logdir "
-               "runs/job/logs/summary",
+        "runs/job/logs/summary",
     )
     summarize.add_argument("logdir", help="the run's logging_dir, holding rank<N> directories of event files")
     summarize.add_argument("--out", help="where to write the aggregate run and the report (default: LOGDIR/summary)")
-    summarize.add_argument("--tp", type=int, help="tensor-parallel size: the per-rank loss must agree inside each "
-                           "TP group of consecutive ranks (default: not checked)")
-    summarize.add_argument("--threshold", type=float, default=0.2,
-                           help="a straggler is slower than the median step time by more than this fraction "
-                           "(default: %(default)s)")
+    summarize.add_argument(
+        "--tp",
+        type=int,
+        help="tensor-parallel size: the per-rank loss must agree inside each "
+        "TP group of consecutive ranks (default: not checked)",
+    )
+    summarize.add_argument(
+        "--threshold",
+        type=float,
+        default=0.2,
+        help="a straggler is slower than the median step time by more than this fraction (default: %(default)s)",
+    )
     summarize.add_argument("--workers", type=int, help="processes reading ranks in parallel (default: one per CPU)")
     summarize.add_argument("--no-report", action="store_true", help="skip report.md and its plots")
     summarize.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -59,8 +70,10 @@ def run_summarize(args: argparse.Namespace) -> int:
 
 
 def render(data: dict) -> str:
-    lines = [f"{data['logdir']}: {data['ranks']} rank(s), {data['files']} file(s), {data['records']:,} records, "
-             f"{len(data['tags'])} tag(s) in {data['seconds']:.2f} s"]
+    lines = [
+        f"{data['logdir']}: {data['ranks']} rank(s), {data['files']} file(s), {data['records']:,} records, "
+        f"{len(data['tags'])} tag(s) in {data['seconds']:.2f} s"
+    ]
     if data["stragglers"]:
         lines.append("stragglers (step time vs the median of all ranks):")
         for s in data["stragglers"]:
@@ -72,8 +85,9 @@ def render(data: dict) -> str:
         lines.append("divergence (values that must agree across ranks):")
         for d in data["divergences"]:
             vals = ", ".join(f"rank {r}: {v:.6g}" for r, v in d["values"].items())
-            lines.append(f"  {d['tag']}: rank(s) {', '.join(map(str, d['ranks']))} part at step "
-                         f"{d['first_step']} ({vals})")
+            lines.append(
+                f"  {d['tag']}: rank(s) {', '.join(map(str, d['ranks']))} part at step {d['first_step']} ({vals})"
+            )
     else:
         lines.append("divergence: none")
     run = data["aggregate_run"]

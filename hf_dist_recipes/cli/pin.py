@@ -17,15 +17,24 @@ import json
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "pin", help="write requirements.lock and a Dockerfile reproducing this environment or a chosen torch build",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "pin",
+        help="write requirements.lock and a Dockerfile reproducing this environment or a chosen torch build",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: hf-dist-recipes pin --output pinned --torch 2.13.0 --cuda 13.0 && docker build -t job pinned",
     )
-    parser.add_argument("--output", required=True, metavar="DIR", help="folder to write requirements.lock and "
-                        "Dockerfile into (created if missing)")
+    parser.add_argument(
+        "--output",
+        required=True,
+        metavar="DIR",
+        help="folder to write requirements.lock and Dockerfile into (created if missing)",
+    )
     parser.add_argument("--torch", metavar="X", help="pin this torch release instead of the running one (e.g. 2.13.0)")
-    parser.add_argument("--cuda", metavar="Y", help="CUDA build of --torch: 13.0, 12.6 (or cu126), or cpu "
-                        "(default: the release's build on PyPI)")
+    parser.add_argument(
+        "--cuda",
+        metavar="Y",
+        help="CUDA build of --torch: 13.0, 12.6 (or cu126), or cpu (default: the release's build on PyPI)",
+    )
     parser.add_argument("--json", action="store_true", help="print what was written as JSON")
     parser.set_defaults(run=run)
 

@@ -75,20 +75,25 @@ def pack_bytes(batch: dict[str, list], seq_len: int, text_field: str) -> dict[st
     return {"input_ids": blocks, "labels": blocks}
 
 
-def byte_blocks(texts, seq_len: int = 128, text_field: str = "text", max_blocks: int | None = None,
-                source: str = "the data"):
+def byte_blocks(
+    texts, seq_len: int = 128, text_field: str = "text", max_blocks: int | None = None, source: str = "the data"
+):
     """`texts` (a `datasets.Dataset` with a string column `text_field`) as blocks of `seq_len` bytes, at most
     `max_blocks` of them, formatted as torch tensors. `source` names the data in error messages."""
     import datasets
 
     validate_seq_len(seq_len)
     if text_field not in texts.column_names:
-        raise ValueError(f"{source} has no field {text_field!r} (fields: {', '.join(texts.column_names) or 'none'}); "
-                         f"pass --text-field with the field that holds the text")
+        raise ValueError(
+            f"{source} has no field {text_field!r} (fields: {', '.join(texts.column_names) or 'none'}); "
+            f"pass --text-field with the field that holds the text"
+        )
     feature = texts.features[text_field]
     if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
-        raise ValueError(f"field {text_field!r} of {source} holds {feature}, not text; pass --text-field with the "
-                         f"field that holds the text")
+        raise ValueError(
+            f"field {text_field!r} of {source} holds {feature}, not text; pass --text-field with the "
+            f"field that holds the text"
+        )
     byte = datasets.Value("uint8")  # 1 byte per token on disk; the torch format hands them out as int64
     blocks = texts.map(
         pack_bytes,
@@ -105,8 +110,12 @@ def byte_blocks(texts, seq_len: int = 128, text_field: str = "text", max_blocks:
     return blocks.with_format("torch")
 
 
-def stdlib_dataset(seq_len: int = 128, max_bytes: int = 2_000_000, root: str | Path | None = None,
-                   cache_dir: str | os.PathLike | None = None):
+def stdlib_dataset(
+    seq_len: int = 128,
+    max_bytes: int = 2_000_000,
+    root: str | Path | None = None,
+    cache_dir: str | os.PathLike | None = None,
+):
     """The demo dataset: standard-library source (`root`, default this interpreter's) as `max_bytes // seq_len`
     byte blocks (about 15,600 blocks of 128 at the defaults). Each file is one row; `cache_dir` defaults to
     datasets' cache."""
@@ -114,8 +123,14 @@ def stdlib_dataset(seq_len: int = 128, max_bytes: int = 2_000_000, root: str | P
 
     files = files_up_to(stdlib_source_files(root), max_bytes)
     # Each file whole (sample_by="document"); "replace" because a source file is not obliged to be UTF-8.
-    texts = datasets.load_dataset("text", data_files=[str(p) for p in files], split="train", sample_by="document",
-                                  encoding_errors="replace", cache_dir=_path_or_none(cache_dir))
+    texts = datasets.load_dataset(
+        "text",
+        data_files=[str(p) for p in files],
+        split="train",
+        sample_by="document",
+        encoding_errors="replace",
+        cache_dir=_path_or_none(cache_dir),
+    )
     source = f"the standard library ({files[0].parent})"
     return byte_blocks(texts, seq_len, max_blocks=max_bytes // seq_len, source=source)
 
@@ -151,22 +166,32 @@ def check_data_files(paths: Sequence[str | os.PathLike]) -> tuple[str, list[str]
     for path in paths:
         p = Path(path).expanduser().resolve()
         if not p.is_file():
-            raise ValueError(f"data file {path} does not exist (or is not a file); pass existing files with "
-                             "--data-files PATH [PATH ...]")
+            raise ValueError(
+                f"data file {path} does not exist (or is not a file); pass existing files with "
+                "--data-files PATH [PATH ...]"
+            )
         resolved.append(p)
     kinds = {"json" if p.suffix.lower() in JSON_SUFFIXES else "text" for p in resolved}
     if len(kinds) > 1:
         suffixes = ", ".join(sorted({p.suffix or "(none)" for p in resolved}))
-        raise ValueError(f"data files mix JSON Lines and text ({suffixes}); pass files of one kind: all "
-                         f"{'/'.join(JSON_SUFFIXES)}, or all text")
+        raise ValueError(
+            f"data files mix JSON Lines and text ({suffixes}); pass files of one kind: all "
+            f"{'/'.join(JSON_SUFFIXES)}, or all text"
+        )
     if all(p.stat().st_size == 0 for p in resolved):
-        raise ValueError(f"data file{'s are' if len(resolved) > 1 else ' is'} empty: {', '.join(map(str, paths))}; "
-                         f"pass files that hold text")
+        raise ValueError(
+            f"data file{'s are' if len(resolved) > 1 else ' is'} empty: {', '.join(map(str, paths))}; "
+            f"pass files that hold text"
+        )
     return kinds.pop(), [str(p) for p in resolved]
 
 
-def text_files_dataset(paths: Sequence[str | os.PathLike], seq_len: int = 128, text_field: str = "text",
-                       cache_dir: str | os.PathLike | None = None):
+def text_files_dataset(
+    paths: Sequence[str | os.PathLike],
+    seq_len: int = 128,
+    text_field: str = "text",
+    cache_dir: str | os.PathLike | None = None,
+):
     """The user's local files as byte blocks of `seq_len`: text files line by line, JSON Lines files by the
     string field `text_field` (default "text"). ValueError, naming the fix, for files that give no training data."""
     import datasets
@@ -178,10 +203,13 @@ def text_files_dataset(paths: Sequence[str | os.PathLike], seq_len: int = 128, t
     except datasets.exceptions.DatasetGenerationError as err:
         cause = err.__cause__ or err
         if isinstance(cause, UnicodeDecodeError):
-            raise ValueError(f"{source} is not UTF-8 text ({cause.reason} at byte {cause.start}); save it as UTF-8") \
-                from err
-        raise ValueError(f"could not read {source} as {'JSON Lines' if builder == 'json' else 'text'}: "
-                         f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}") from err
+            raise ValueError(
+                f"{source} is not UTF-8 text ({cause.reason} at byte {cause.start}); save it as UTF-8"
+            ) from err
+        raise ValueError(
+            f"could not read {source} as {'JSON Lines' if builder == 'json' else 'text'}: "
+            f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+        ) from err
     if len(texts) == 0:
         raise ValueError(f"{source} holds no text; pass files with some")
     return byte_blocks(texts, seq_len, text_field=text_field, source=source)

@@ -89,10 +89,15 @@ def plan_demo(
     if settings.data_files:
         settings = replace(settings, data_files=tuple(check_user_data(settings)))
     command = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--config_file", str(Path(config_file).resolve()),
-        "--num_processes", str(world),
-        "-m", "hf_dist_recipes.demo.train",
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(Path(config_file).resolve()),
+        "--num_processes",
+        str(world),
+        "-m",
+        "hf_dist_recipes.demo.train",
         *settings_to_flags(settings),
     ]
     return DemoPlan(
@@ -130,10 +135,24 @@ def check_user_data(settings: DemoSettings) -> list[str]:
 def settings_to_flags(s: DemoSettings) -> list[str]:
     """The train script's flags for `s` (inverse of `demo.train.settings_from`)."""
     flags = [
-        "--output-dir", s.output_dir, "--max-steps", str(s.max_steps), "--seq-len", str(s.seq_len),
-        "--micro-batch", str(s.micro_batch), "--learning-rate", str(s.learning_rate),
-        "--warmup-steps", str(s.warmup_steps), "--logging-steps", str(s.logging_steps),
-        "--max-bytes", str(s.max_bytes), "--seed", str(s.seed),
+        "--output-dir",
+        s.output_dir,
+        "--max-steps",
+        str(s.max_steps),
+        "--seq-len",
+        str(s.seq_len),
+        "--micro-batch",
+        str(s.micro_batch),
+        "--learning-rate",
+        str(s.learning_rate),
+        "--warmup-steps",
+        str(s.warmup_steps),
+        "--logging-steps",
+        str(s.logging_steps),
+        "--max-bytes",
+        str(s.max_bytes),
+        "--seed",
+        str(s.seed),
     ]
     if s.data_files:
         flags += ["--data-files", *s.data_files, "--text-field", s.text_field]
@@ -168,7 +187,9 @@ class DemoResult:
             "wall_seconds": self.wall_seconds,
             "loss_fell": self.loss_fell,
             "summary": self.summary.as_dict() if self.summary else None,
-            "model_dir": os.path.join(self.plan.settings.output_dir, "final") if self.plan.settings.save_final else None,
+            "model_dir": os.path.join(self.plan.settings.output_dir, "final")
+            if self.plan.settings.save_final
+            else None,
         }
 
 
@@ -176,7 +197,9 @@ def run_demo(plan: DemoPlan, *, quiet: bool = False) -> DemoResult:
     """Launch `plan` and wait. The ranks' output (progress bar included) goes to this terminal unless `quiet`."""
     env = dict(os.environ)
     # The ranks import this package from the same place as this process, even when it is not installed.
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(hf_dist_recipes.__file__).parents[1]), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(Path(hf_dist_recipes.__file__).parents[1]), env.get("PYTHONPATH")])
+    )
     # Summaries left by an earlier run in the same directory must not pass for this run's, and the demo is a new job
     # each time: its TensorBoard runs start over (RecipeTrainer refuses to mix a new launch into old rank<N> runs).
     shutil.rmtree(Path(plan.settings.output_dir) / SUMMARY_DIRNAME, ignore_errors=True)

@@ -32,21 +32,35 @@ class DemoSettings:
 def add_training_flags(parser: argparse.ArgumentParser) -> None:
     """The flags shared by this script and `hf-dist-recipes demo`."""
     d = DemoSettings()
-    parser.add_argument("--output-dir", default=d.output_dir, help="where logs, summaries and the model go (%(default)s)")
+    parser.add_argument(
+        "--output-dir", default=d.output_dir, help="where logs, summaries and the model go (%(default)s)"
+    )
     parser.add_argument("--max-steps", type=int, default=d.max_steps, help="optimizer steps (%(default)s)")
     parser.add_argument("--seq-len", type=int, default=d.seq_len, help="bytes per sample (%(default)s)")
-    parser.add_argument("--micro-batch", type=int, default=d.micro_batch, help="samples per rank per step (%(default)s)")
+    parser.add_argument(
+        "--micro-batch", type=int, default=d.micro_batch, help="samples per rank per step (%(default)s)"
+    )
     parser.add_argument("--learning-rate", type=float, default=d.learning_rate, help="peak learning rate (%(default)s)")
     parser.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help="linear warm-up steps (%(default)s)")
     parser.add_argument("--logging-steps", type=int, default=d.logging_steps, help="log every N steps (%(default)s)")
-    parser.add_argument("--max-bytes", type=int, default=d.max_bytes,
-                        help="bytes of standard-library source to use without --data-files (%(default)s)")
-    parser.add_argument("--data-files", nargs="+", metavar="PATH", default=list(d.data_files),
-                        help="train on these local files instead of the standard library's source, byte-level (no "
-                        "tokenizer): text files (one row per line) or JSON Lines (.json/.jsonl, the text in "
-                        "--text-field), not mixed; read with datasets and cached by fingerprint in HF_DATASETS_CACHE")
-    parser.add_argument("--text-field", default=d.text_field,
-                        help="field of each JSON Lines record that holds the text (%(default)s)")
+    parser.add_argument(
+        "--max-bytes",
+        type=int,
+        default=d.max_bytes,
+        help="bytes of standard-library source to use without --data-files (%(default)s)",
+    )
+    parser.add_argument(
+        "--data-files",
+        nargs="+",
+        metavar="PATH",
+        default=list(d.data_files),
+        help="train on these local files instead of the standard library's source, byte-level (no "
+        "tokenizer): text files (one row per line) or JSON Lines (.json/.jsonl, the text in "
+        "--text-field), not mixed; read with datasets and cached by fingerprint in HF_DATASETS_CACHE",
+    )
+    parser.add_argument(
+        "--text-field", default=d.text_field, help="field of each JSON Lines record that holds the text (%(default)s)"
+    )
     parser.add_argument("--seed", type=int, default=d.seed, help="seed for every rank (%(default)s)")
     parser.add_argument("--backend", choices=["nccl", "gloo"], default=None, help="force a backend (default: by host)")
     parser.add_argument("--allow-gloo-on-cuda", action="store_true", help="accept Gloo on a CUDA host")

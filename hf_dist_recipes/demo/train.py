@@ -4,8 +4,9 @@
         --output-dir runs/demo
 
 Builds the tiny DeepSeek-V3-style model from a config (random init, no download), trains it byte-level on the
-standard library's source (or on `--data-files`) with RecipeTrainer, and saves the final model to `<output-dir>/final`. Each rank writes
-TensorBoard logs to `<output-dir>/tensorboard/rank<N>` and a summary to `<output-dir>/rank_summaries/rank<N>.json`.
+standard library's source (or on `--data-files`) with RecipeTrainer, and saves the final model to `<output-dir>/final`.
+Each rank writes TensorBoard logs to `<output-dir>/tensorboard/rank<N>` and a summary to
+`<output-dir>/rank_summaries/rank<N>.json`.
 """
 
 from __future__ import annotations

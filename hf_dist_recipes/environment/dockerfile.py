@@ -33,17 +33,19 @@ def _env_value(value: str) -> str:
 
 
 def python_minor(python: str) -> str:
-    """"3.11.7" -> "3.11"."""
+    """ "3.11.7" -> "3.11"."""
     return ".".join(python.split(".")[:2])
 
 
-def render_dockerfile(lock: Lock, env: Mapping[str, str], *, image: str | None, python: str,
-                      notes: tuple[str, ...] = ()) -> str:
+def render_dockerfile(
+    lock: Lock, env: Mapping[str, str], *, image: str | None, python: str, notes: tuple[str, ...] = ()
+) -> str:
     """The Dockerfile text for `lock`. `image`: the CUDA base image (None: a CPU build, python:<python>-slim);
     `python`: "3.11.7"; `env`: the ENV lines; `notes`: comment lines about the build (driver floor, GPUs)."""
     if not lock.index_url:
-        raise ValueError("the lock names no wheel index for its torch build (# index-url:); write it with "
-                         "hf-dist-recipes pin")
+        raise ValueError(
+            "the lock names no wheel index for its torch build (# index-url:); write it with hf-dist-recipes pin"
+        )
     minor = python_minor(python)
     torch = lock.packages.get("torch", "not locked")
     lines = [
@@ -53,10 +55,13 @@ def render_dockerfile(lock: Lock, env: Mapping[str, str], *, image: str | None, 
         *(f"# {note}" for note in notes),
     ]
     if image is None:
-        lines += [f"FROM python:{python}-slim", "ENV PYTHONUNBUFFERED=1",
-                  "# A C++ compiler: DeepSpeed JIT-builds its CPU ops (cpu_adam) on first use.",
-                  "RUN apt-get update && apt-get install -y --no-install-recommends build-essential \\",
-                  " && rm -rf /var/lib/apt/lists/*"]
+        lines += [
+            f"FROM python:{python}-slim",
+            "ENV PYTHONUNBUFFERED=1",
+            "# A C++ compiler: DeepSpeed JIT-builds its CPU ops (cpu_adam) on first use.",
+            "RUN apt-get update && apt-get install -y --no-install-recommends build-essential \\",
+            " && rm -rf /var/lib/apt/lists/*",
+        ]
     else:
         lines += [
             f"FROM {image}",
@@ -64,8 +69,7 @@ def render_dockerfile(lock: Lock, env: Mapping[str, str], *, image: str | None, 
             f"# Python {minor}, the lock's, from the deadsnakes PPA (-dev: DeepSpeed's op builds need the headers).",
             "RUN apt-get update && apt-get install -y --no-install-recommends software-properties-common gpg-agent \\",
             " && add-apt-repository -y ppa:deadsnakes/ppa && apt-get update \\",
-            f" && apt-get install -y --no-install-recommends python{minor} python{minor}-dev python{minor}-venv "
-            "git \\",
+            f" && apt-get install -y --no-install-recommends python{minor} python{minor}-dev python{minor}-venv git \\",
             " && rm -rf /var/lib/apt/lists/*",
             f"RUN python{minor} -m venv {VENV}",
             f"ENV PATH={VENV}/bin:$PATH",
@@ -78,8 +82,10 @@ def render_dockerfile(lock: Lock, env: Mapping[str, str], *, image: str | None, 
         f"RUN pip install --no-cache-dir -r /tmp/{LOCK_NAME} --extra-index-url {lock.index_url}",
     ]
     for name, url in sorted(lock.local.items()):
-        lines.append(f"# {name}=={lock.packages[name]} was installed from a local folder ({url or 'unknown'}), "
-                     "on no index: COPY it in and `pip install --no-deps` it.")
+        lines.append(
+            f"# {name}=={lock.packages[name]} was installed from a local folder ({url or 'unknown'}), "
+            "on no index: COPY it in and `pip install --no-deps` it."
+        )
     if env:
         lines.append("# Hang-proof NCCL defaults (hf_dist_recipes.nccl_defaults); docker run -e overrides them.")
         lines += [f"ENV {name}={_env_value(value)}" for name, value in env.items()]

@@ -87,8 +87,11 @@ class DoctorReport:
 
     def to_dict(self, strict: bool = False) -> dict:
         """{"facts": ..., "checks": [...], "exit_code": N}: the shape REPORT_SCHEMA describes."""
-        return {"facts": self.facts.to_dict(), "checks": [asdict(c) for c in self.checks],
-                "exit_code": self.exit_code(strict)}
+        return {
+            "facts": self.facts.to_dict(),
+            "checks": [asdict(c) for c in self.checks],
+            "exit_code": self.exit_code(strict),
+        }
 
 
 def _version(text: str | None) -> Version | None:
@@ -113,9 +116,13 @@ def check_versions(facts: EnvironmentFacts) -> Check:
         shown.append(f"driver {rf['driver']}" + (f" (CUDA {rf['driver_cuda']})" if rf["driver_cuda"] else ""))
     missing = [p for p in STACK if not rf[p]]
     if missing:
-        return Check("versions", "warning", ", ".join(shown) + f"; not installed: {', '.join(missing)}",
-                     f"pip install {' '.join(missing)} at the versions requirements.lock pins "
-                     "(or: pip install hf-dist-recipes)", "pyproject.toml dependencies")
+        return Check(
+            "versions",
+            "warning",
+            ", ".join(shown) + f"; not installed: {', '.join(missing)}",
+            f"pip install {' '.join(missing)} at the versions requirements.lock pins (or: pip install hf-dist-recipes)",
+            "pyproject.toml dependencies",
+        )
     return Check("versions", "ok", ", ".join(shown), source="importlib.metadata, torch.version")
 
 
@@ -126,8 +133,9 @@ def check_torch_sees_gpus(facts: EnvironmentFacts) -> Check:
         return Check("torch sees the GPUs", "error", detail, fix or "see the detail", source)
     if facts.torch.device_count:
         names = sorted({g.name for g in facts.gpus})
-        return Check("torch sees the GPUs", "ok", f"{facts.torch.device_count} GPU(s): {', '.join(names)}",
-                     source=source)
+        return Check(
+            "torch sees the GPUs", "ok", f"{facts.torch.device_count} GPU(s): {', '.join(names)}", source=source
+        )
     return Check("torch sees the GPUs", "ok", "no NVIDIA GPU on this host: training runs on the CPU", source=source)
 
 
@@ -140,9 +148,13 @@ def check_driver(facts: EnvironmentFacts) -> Check:
     if driver is None:
         if not facts.gpus and not facts.nvidia_host.gpu_count:
             return Check(name, "ok", f"no NVIDIA driver and no GPU; torch's CUDA {build} is unused", source=source)
-        return Check(name, "warning", f"the driver version could not be read ({facts.driver.nvml_unavailable})",
-                     "install nvidia-ml-py (pip install hf-dist-recipes[nvml]) or put nvidia-smi on PATH",
-                     source)
+        return Check(
+            name,
+            "warning",
+            f"the driver version could not be read ({facts.driver.nvml_unavailable})",
+            "install nvidia-ml-py (pip install hf-dist-recipes[nvml]) or put nvidia-smi on PATH",
+            source,
+        )
     floor = cuda_host.min_driver_for_cuda(build)
     if floor is None:
         return Check(name, "ok", f"driver {driver}; no known floor for torch's CUDA {build}", source=source)
@@ -151,11 +163,20 @@ def check_driver(facts: EnvironmentFacts) -> Check:
     major_short = runs is not None and _major(runs) is not None and _major(runs) < _major(build)
     if too_old or major_short:
         why = f"driver {driver}" + (f" runs CUDA <= {runs}" if runs else "")
-        return Check(name, "error", f"{why}, torch's build CUDA {build} needs driver >= {floor}",
-                     f"upgrade the driver to >= {floor}, or install the torch build for the CUDA this driver runs "
-                     "(hf-dist-recipes pin --cuda <that CUDA>)", source)
-    return Check(name, "ok", f"driver {driver}" + (f" (CUDA {runs})" if runs else "") +
-                 f" >= {floor} needed by torch's CUDA {build}", source=source)
+        return Check(
+            name,
+            "error",
+            f"{why}, torch's build CUDA {build} needs driver >= {floor}",
+            f"upgrade the driver to >= {floor}, or install the torch build for the CUDA this driver runs "
+            "(hf-dist-recipes pin --cuda <that CUDA>)",
+            source,
+        )
+    return Check(
+        name,
+        "ok",
+        f"driver {driver}" + (f" (CUDA {runs})" if runs else "") + f" >= {floor} needed by torch's CUDA {build}",
+        source=source,
+    )
 
 
 def check_nccl(facts: EnvironmentFacts) -> Check:
@@ -163,56 +184,88 @@ def check_nccl(facts: EnvironmentFacts) -> Check:
     if nccl.compiled is None and nccl.installed is None and nccl.loaded_path is None:
         return Check("nccl", "ok", "no NCCL (torch without CUDA: Gloo only)", source=source)
     if nccl.others:
-        return Check("nccl", "warning", f"several NCCL distributions installed: {nccl.installed_from} "
-                     f"{nccl.installed} and {', '.join(nccl.others)}; torch may load the wrong libnccl",
-                     f"pip uninstall {' '.join(o.split('==')[0] for o in nccl.others)}, keeping the one torch pins",
-                     source)
+        return Check(
+            "nccl",
+            "warning",
+            f"several NCCL distributions installed: {nccl.installed_from} "
+            f"{nccl.installed} and {', '.join(nccl.others)}; torch may load the wrong libnccl",
+            f"pip uninstall {' '.join(o.split('==')[0] for o in nccl.others)}, keeping the one torch pins",
+            source,
+        )
     dist = (nccl.installed_from or "nvidia-nccl").split()[0]
     if nccl.loaded_path and nccl.installed_from and f"{os.sep}nvidia{os.sep}" not in nccl.loaded_path:
-        return Check("nccl", "warning", f"torch loaded {nccl.loaded_path} (NCCL {nccl.loaded or 'unknown'}), not the "
-                     f"library of {dist} {nccl.installed}", f"remove {os.path.dirname(nccl.loaded_path)} from "
-                     "LD_LIBRARY_PATH (or uninstall that libnccl) so torch loads the NCCL it pins", source)
+        return Check(
+            "nccl",
+            "warning",
+            f"torch loaded {nccl.loaded_path} (NCCL {nccl.loaded or 'unknown'}), not the "
+            f"library of {dist} {nccl.installed}",
+            f"remove {os.path.dirname(nccl.loaded_path)} from "
+            "LD_LIBRARY_PATH (or uninstall that libnccl) so torch loads the NCCL it pins",
+            source,
+        )
     effective, what = (nccl.loaded, "loaded") if nccl.loaded else (nccl.installed, "installed")
     if nccl.compiled and effective and _version(nccl.compiled) != _version(effective):
-        return Check("nccl", "warning", f"torch was compiled against NCCL {nccl.compiled} but NCCL {effective} is "
-                     f"{what}" + (f" ({dist})" if nccl.installed_from else ""),
-                     f"pip install {dist}=={nccl.compiled} (the version torch pins); NCCL_DEBUG=VERSION prints the "
-                     "NCCL actually loaded", source)
+        return Check(
+            "nccl",
+            "warning",
+            f"torch was compiled against NCCL {nccl.compiled} but NCCL {effective} is "
+            f"{what}" + (f" ({dist})" if nccl.installed_from else ""),
+            f"pip install {dist}=={nccl.compiled} (the version torch pins); NCCL_DEBUG=VERSION prints the "
+            "NCCL actually loaded",
+            source,
+        )
     where = f" ({nccl.installed_from})" if nccl.installed_from else ""
-    return Check("nccl", "ok", f"NCCL {nccl.loaded or nccl.installed or nccl.compiled}{where}, compiled "
-                 f"{nccl.compiled or 'unknown'}", source=source)
+    return Check(
+        "nccl",
+        "ok",
+        f"NCCL {nccl.loaded or nccl.installed or nccl.compiled}{where}, compiled {nccl.compiled or 'unknown'}",
+        source=source,
+    )
 
 
 def check_infiniband(facts: EnvironmentFacts) -> Check:
     source = "NCCL uses verbs ports whose state is ACTIVE (version-facts.md 'Reading the facts at run time')"
     ports = facts.ib_ports
     if not ports:
-        return Check("infiniband", "ok", "not present: fine on a single node; across nodes NCCL uses TCP "
-                     "sockets", source=source)
+        return Check(
+            "infiniband", "ok", "not present: fine on a single node; across nodes NCCL uses TCP sockets", source=source
+        )
     listed = ", ".join(f"{p.device}/{p.port} {p.state} ({p.link_layer or '?'})" for p in ports)
     if not any(p.active for p in ports):
-        return Check("infiniband", "warning", f"no port ACTIVE: {listed}; NCCL falls back to TCP sockets "
-                     "between nodes", "bring a port up (cable, subnet manager; `ibstat` shows the state), or "
-                     "set NCCL_IB_DISABLE=1 to use sockets knowingly", source)
+        return Check(
+            "infiniband",
+            "warning",
+            f"no port ACTIVE: {listed}; NCCL falls back to TCP sockets between nodes",
+            "bring a port up (cable, subnet manager; `ibstat` shows the state), or "
+            "set NCCL_IB_DISABLE=1 to use sockets knowingly",
+            source,
+        )
     return Check("infiniband", "ok", f"usable: {listed}", source=source)
 
 
 def check_peer_access(facts: EnvironmentFacts) -> Check:
     source = "torch.cuda.can_device_access_peer; NVIDIA/nccl 631, 2079; nccl-tests 117"
     if not facts.peer_access:
-        return Check("peer access", "ok", f"not applicable: {facts.torch.device_count} GPU(s) visible to torch",
-                     source=source)
+        return Check(
+            "peer access", "ok", f"not applicable: {facts.torch.device_count} GPU(s) visible to torch", source=source
+        )
     nvlink = facts.nvlink()
-    links = {True: "NVLink active", False: "no NVLink",
-             None: "NVLink unknown (NVML unavailable, or its GPUs not matched to torch's)"}[nvlink]
+    links = {
+        True: "NVLink active",
+        False: "no NVLink",
+        None: "NVLink unknown (NVML unavailable, or its GPUs not matched to torch's)",
+    }[nvlink]
     denied = [(i, j) for i, j, can in facts.peer_access if not can]
     if denied:
         shown = ", ".join(f"{i}->{j}" for i, j in denied[:8]) + (", ..." if len(denied) > 8 else "")
-        return Check("peer access", "warning", f"{len(denied)} of {len(facts.peer_access)} GPU pairs cannot "
-                     f"access each other ({shown}); {links}",
-                     "GeForce cards have no P2P (expected, NCCL goes through host memory); on data-center GPUs "
-                     "over PCIe disable ACS / boot with iommu=pt, or set NCCL_P2P_DISABLE=1 if all-reduce hangs",
-                     source)
+        return Check(
+            "peer access",
+            "warning",
+            f"{len(denied)} of {len(facts.peer_access)} GPU pairs cannot access each other ({shown}); {links}",
+            "GeForce cards have no P2P (expected, NCCL goes through host memory); on data-center GPUs "
+            "over PCIe disable ACS / boot with iommu=pt, or set NCCL_P2P_DISABLE=1 if all-reduce hangs",
+            source,
+        )
     return Check("peer access", "ok", f"all {len(facts.peer_access)} GPU pairs; {links}", source=source)
 
 
@@ -223,8 +276,13 @@ def check_shm(facts: EnvironmentFacts) -> Check:
         return Check("/dev/shm", "warning", f"size unknown ({facts.shm_error})", fix, source)
     size = f"{facts.shm_bytes / 1024**2:,.0f} MiB"
     if facts.shm_bytes < SHM_MIN_BYTES:
-        return Check("/dev/shm", "warning", f"{size}, under 512 MiB: NCCL's shared-memory transport and data "
-                     "loader workers run out of it", fix, source)
+        return Check(
+            "/dev/shm",
+            "warning",
+            f"{size}, under 512 MiB: NCCL's shared-memory transport and data loader workers run out of it",
+            fix,
+            source,
+        )
     return Check("/dev/shm", "ok", size, source=source)
 
 
@@ -236,8 +294,13 @@ def check_debug_variables(facts: EnvironmentFacts) -> Check:
     if facts.env.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL":
         left.append("TORCH_DISTRIBUTED_DEBUG=DETAIL")
     if left:
-        return Check("debug variables", "warning", f"{', '.join(left)} set: every rank logs each collective "
-                     "(slower, floods the logs)", "unset them, or NCCL_DEBUG=WARN to keep the errors", source)
+        return Check(
+            "debug variables",
+            "warning",
+            f"{', '.join(left)} set: every rank logs each collective (slower, floods the logs)",
+            "unset them, or NCCL_DEBUG=WARN to keep the errors",
+            source,
+        )
     return Check("debug variables", "ok", "no NCCL/torch debug logging left on", source=source)
 
 
@@ -249,9 +312,14 @@ def check_build_locks(facts: EnvironmentFacts, *, root=None) -> Check:
     where = root if root is not None else extensions.extensions_root()
     locks = extensions.stale_locks(where)
     if locks:
-        return Check("build locks", "error", f"stale lock(s) {', '.join(map(str, locks))}: every DeepSpeed run that "
-                     "loads these ops hangs at engine creation", f"rm {' '.join(map(str, locks))} (no build is "
-                     "running now)", source)
+        return Check(
+            "build locks",
+            "error",
+            f"stale lock(s) {', '.join(map(str, locks))}: every DeepSpeed run that "
+            "loads these ops hangs at engine creation",
+            f"rm {' '.join(map(str, locks))} (no build is running now)",
+            source,
+        )
     return Check("build locks", "ok", f"no stale DeepSpeed build lock under {where}", source=source)
 
 
@@ -266,16 +334,32 @@ def check_declared_minimums(facts: EnvironmentFacts) -> Check:
             broken.append(f"{pkg} {rf[pkg]} needs {needs} {needs_spec}, found {rf[needs]}")
             sources.append(source)
     if broken:
-        return Check("declared minimums", "error", "; ".join(broken),
-                     "upgrade each named package to the version it needs (requirements.lock pins a set that fits)",
-                     "; ".join(dict.fromkeys(sources)))
-    return Check("declared minimums", "ok", "every installed package has the versions it declares it needs",
-                 source="package metadata (version-facts.md 'Declared minimums')")
+        return Check(
+            "declared minimums",
+            "error",
+            "; ".join(broken),
+            "upgrade each named package to the version it needs (requirements.lock pins a set that fits)",
+            "; ".join(dict.fromkeys(sources)),
+        )
+    return Check(
+        "declared minimums",
+        "ok",
+        "every installed package has the versions it declares it needs",
+        source="package metadata (version-facts.md 'Declared minimums')",
+    )
 
 
 FACT_CHECKS: tuple[Callable[[EnvironmentFacts], Check], ...] = (
-    check_versions, check_torch_sees_gpus, check_driver, check_nccl, check_infiniband, check_peer_access,
-    check_shm, check_debug_variables, check_declared_minimums, check_build_locks,
+    check_versions,
+    check_torch_sees_gpus,
+    check_driver,
+    check_nccl,
+    check_infiniband,
+    check_peer_access,
+    check_shm,
+    check_debug_variables,
+    check_declared_minimums,
+    check_build_locks,
 )
 
 
@@ -290,9 +374,13 @@ def rule_checks(facts: EnvironmentFacts, evaluate: Callable | None = None) -> li
     rule_facts = facts.rule_facts()
     fired, unknown = rules.evaluate(rule_facts), rules.not_checkable(rule_facts)
     shown = ", ".join(unknown[:6]) + (", ..." if len(unknown) > 6 else "")
-    summary = Check("known issues", "ok", f"{len(rules.load_rules())} known-bad combinations checked, {len(fired)} "
-                    "apply" + (f"; {len(unknown)} not checkable here (a fact they need is unknown): {shown}"
-                               if unknown else ""), source="hf_dist_recipes/environment/known_issues.toml")
+    summary = Check(
+        "known issues",
+        "ok",
+        f"{len(rules.load_rules())} known-bad combinations checked, {len(fired)} "
+        "apply" + (f"; {len(unknown)} not checkable here (a fact they need is unknown): {shown}" if unknown else ""),
+        source="hf_dist_recipes/environment/known_issues.toml",
+    )
     return [summary, *_finding_checks(fired)]
 
 
@@ -310,12 +398,25 @@ def _finding_checks(findings) -> list[Check]:
 # (named in its source) when the check already says so at the same or a worse status; otherwise both are shown,
 # so a rule whose conditions differ from the check's is never hidden.
 COVERED_BY = {
-    "driver-below-cuda13-floor": "driver", "driver-below-cuda12-floor": "driver", "driver-below-cuda11-floor": "driver",
-    "nccl-older-than-compiled": "nccl", "deepspeed-stale-jit-build-lock": "build locks", "shm-below-512mb": "/dev/shm", "nccl-debug-verbose-left-on": "debug variables",
-    **{rule: "declared minimums" for rule in (
-        "transformers5-accelerate-below-1.1.0", "transformers5-deepspeed-below-0.9.3", "transformers-torch-below-2.6",
-        "transformers-python-below-3.11", "accelerate-torch-below-2.6", "accelerate-python-below-3.11",
-        "deepspeed-torch-below-2.0")},
+    "driver-below-cuda13-floor": "driver",
+    "driver-below-cuda12-floor": "driver",
+    "driver-below-cuda11-floor": "driver",
+    "nccl-older-than-compiled": "nccl",
+    "deepspeed-stale-jit-build-lock": "build locks",
+    "shm-below-512mb": "/dev/shm",
+    "nccl-debug-verbose-left-on": "debug variables",
+    **{
+        rule: "declared minimums"
+        for rule in (
+            "transformers5-accelerate-below-1.1.0",
+            "transformers5-deepspeed-below-0.9.3",
+            "transformers-torch-below-2.6",
+            "transformers-python-below-3.11",
+            "accelerate-torch-below-2.6",
+            "accelerate-python-below-3.11",
+            "deepspeed-torch-below-2.0",
+        )
+    },
 }
 
 
@@ -336,8 +437,9 @@ def fold_duplicates(checks: list[Check], rules: list[Check]) -> list[Check]:
     return kept
 
 
-def lock_checks(lock, installed: Mapping[str, str] | None = None, drift: Callable | None = None,
-                python: str | None = None) -> list[Check]:
+def lock_checks(
+    lock, installed: Mapping[str, str] | None = None, drift: Callable | None = None, python: str | None = None
+) -> list[Check]:
     """One error per package whose installed version differs from `lock` (`environment.lock.lock_drift`, over
     `installed`, default `lock.installed_versions()`), and one when `python` differs from the lock's Python."""
     if drift is None or installed is None:
@@ -349,17 +451,32 @@ def lock_checks(lock, installed: Mapping[str, str] | None = None, drift: Callabl
     checks = []
     locked_python = getattr(lock, "python", None)
     if locked_python and python and locked_python != python:
-        checks.append(Check("lock python", "error", f"python: locked {locked_python}, running {python}",
-                            f"run with Python {locked_python} (or write a new lock: hf-dist-recipes pin)", where))
+        checks.append(
+            Check(
+                "lock python",
+                "error",
+                f"python: locked {locked_python}, running {python}",
+                f"run with Python {locked_python} (or write a new lock: hf-dist-recipes pin)",
+                where,
+            )
+        )
     for d in drift(lock, installed):
         fix = f"pip install {d.package}=={d.locked}" if d.locked else f"pip uninstall {d.package} (not in the lock)"
-        checks.append(Check(f"lock {d.package}", "error", f"{d.package}: locked {d.locked or 'nothing'}, installed "
-                            f"{d.installed or 'nothing'}", fix, where))
+        checks.append(
+            Check(
+                f"lock {d.package}",
+                "error",
+                f"{d.package}: locked {d.locked or 'nothing'}, installed {d.installed or 'nothing'}",
+                fix,
+                where,
+            )
+        )
     return checks or [Check("lock", "ok", f"the environment matches {where}", source=where)]
 
 
-def run_checks(facts: EnvironmentFacts, lock=None, *, evaluate: Callable | None = None,
-               installed: Mapping[str, str] | None = None) -> DoctorReport:
+def run_checks(
+    facts: EnvironmentFacts, lock=None, *, evaluate: Callable | None = None, installed: Mapping[str, str] | None = None
+) -> DoctorReport:
     """Every check of the module docstring on `facts`; `lock` (a `environment.lock.Lock`) adds the drift errors.
     `evaluate` / `installed` replace the rules and the installed distributions, for tests."""
     checks = [check(facts) for check in FACT_CHECKS]
@@ -379,38 +496,97 @@ REPORT_SCHEMA: dict = {
     "additionalProperties": False,
     "properties": {
         "exit_code": {"type": "integer", "enum": [0, 1, 2]},
-        "checks": {"type": "array", "items": {
-            "type": "object", "required": ["name", "status", "detail", "fix", "source"],
-            "additionalProperties": False,
-            "properties": {"name": _STR, "status": {"enum": list(STATUSES)}, "detail": _STR, "fix": _STR,
-                           "source": _STR},
-        }},
+        "checks": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "status", "detail", "fix", "source"],
+                "additionalProperties": False,
+                "properties": {
+                    "name": _STR,
+                    "status": {"enum": list(STATUSES)},
+                    "detail": _STR,
+                    "fix": _STR,
+                    "source": _STR,
+                },
+            },
+        },
         "facts": {
             "type": "object",
-            "required": ["host", "python", "arch", "torch", "nccl", "driver", "gpus", "peer_access", "ib_ports",
-                         "nic_names", "shm_bytes", "in_container", "nvcc_cuda", "packages", "env", "rule_facts"],
+            "required": [
+                "host",
+                "python",
+                "arch",
+                "torch",
+                "nccl",
+                "driver",
+                "gpus",
+                "peer_access",
+                "ib_ports",
+                "nic_names",
+                "shm_bytes",
+                "in_container",
+                "nvcc_cuda",
+                "packages",
+                "env",
+                "rule_facts",
+            ],
             "properties": {
-                "torch": {"type": "object", "required": ["version", "cuda", "nccl_compiled", "device_count"],
-                          "properties": {"version": _STR, "cuda": _NULLABLE_STR, "nccl_compiled": _NULLABLE_STR,
-                                         "device_count": {"type": "integer", "minimum": 0}}},
+                "torch": {
+                    "type": "object",
+                    "required": ["version", "cuda", "nccl_compiled", "device_count"],
+                    "properties": {
+                        "version": _STR,
+                        "cuda": _NULLABLE_STR,
+                        "nccl_compiled": _NULLABLE_STR,
+                        "device_count": {"type": "integer", "minimum": 0},
+                    },
+                },
                 "nccl": {"type": "object", "required": ["compiled", "installed", "installed_from"]},
-                "driver": {"type": "object", "required": ["version", "cuda", "source", "nvml_unavailable"],
-                           "properties": {"version": _NULLABLE_STR, "cuda": _NULLABLE_STR,
-                                          "nvml_unavailable": _NULLABLE_STR}},
-                "gpus": {"type": "array", "items": {
-                    "type": "object", "required": ["index", "name", "compute_capability", "memory_bytes"],
-                    "properties": {"index": {"type": "integer"}, "name": _STR,
-                                   "compute_capability": _NULLABLE_STR,
-                                   "memory_bytes": {"type": ["integer", "null"]},
-                                   "nvlinks_active": {"type": ["integer", "null"]}}}},
-                "peer_access": {"type": "array", "items": {
-                    "type": "object", "required": ["from", "to", "can_access"],
-                    "properties": {"from": {"type": "integer"}, "to": {"type": "integer"},
-                                   "can_access": {"type": "boolean"}}}},
-                "ib_ports": {"type": "array", "items": {
-                    "type": "object", "required": ["device", "port", "state", "link_layer"],
-                    "properties": {"device": _STR, "port": {"type": "integer"}, "state": _STR,
-                                   "link_layer": _NULLABLE_STR}}},
+                "driver": {
+                    "type": "object",
+                    "required": ["version", "cuda", "source", "nvml_unavailable"],
+                    "properties": {"version": _NULLABLE_STR, "cuda": _NULLABLE_STR, "nvml_unavailable": _NULLABLE_STR},
+                },
+                "gpus": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["index", "name", "compute_capability", "memory_bytes"],
+                        "properties": {
+                            "index": {"type": "integer"},
+                            "name": _STR,
+                            "compute_capability": _NULLABLE_STR,
+                            "memory_bytes": {"type": ["integer", "null"]},
+                            "nvlinks_active": {"type": ["integer", "null"]},
+                        },
+                    },
+                },
+                "peer_access": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["from", "to", "can_access"],
+                        "properties": {
+                            "from": {"type": "integer"},
+                            "to": {"type": "integer"},
+                            "can_access": {"type": "boolean"},
+                        },
+                    },
+                },
+                "ib_ports": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["device", "port", "state", "link_layer"],
+                        "properties": {
+                            "device": _STR,
+                            "port": {"type": "integer"},
+                            "state": _STR,
+                            "link_layer": _NULLABLE_STR,
+                        },
+                    },
+                },
                 "nic_names": {"type": "array", "items": _STR},
                 "shm_bytes": {"type": ["integer", "null"]},
                 "in_container": {"type": "boolean"},
@@ -418,15 +594,50 @@ REPORT_SCHEMA: dict = {
                 "env": {"type": "object", "additionalProperties": _STR},
                 "rule_facts": {
                     "type": "object",
-                    "required": ["python", "torch", "cuda", "nccl", "nccl_compiled", "deepspeed", "transformers",
-                                 "accelerate", "datasets", "driver", "driver_cuda", "nvcc_cuda", "arch",
-                                 "gpu_count", "gpu_names", "compute_capabilities", "nvlink", "peer_access",
-                                 "ib_active", "nic_names", "shm_bytes", "in_container", "env"],
+                    "required": [
+                        "python",
+                        "torch",
+                        "cuda",
+                        "nccl",
+                        "nccl_compiled",
+                        "deepspeed",
+                        "transformers",
+                        "accelerate",
+                        "datasets",
+                        "driver",
+                        "driver_cuda",
+                        "nvcc_cuda",
+                        "arch",
+                        "gpu_count",
+                        "gpu_names",
+                        "compute_capabilities",
+                        "nvlink",
+                        "peer_access",
+                        "ib_active",
+                        "nic_names",
+                        "shm_bytes",
+                        "in_container",
+                        "env",
+                    ],
                     "additionalProperties": False,
                     "properties": {
-                        **{k: _NULLABLE_STR for k in ("python", "torch", "cuda", "nccl", "nccl_compiled", "deepspeed",
-                                                     "transformers", "accelerate", "datasets", "driver",
-                                                     "driver_cuda", "nvcc_cuda")},
+                        **{
+                            k: _NULLABLE_STR
+                            for k in (
+                                "python",
+                                "torch",
+                                "cuda",
+                                "nccl",
+                                "nccl_compiled",
+                                "deepspeed",
+                                "transformers",
+                                "accelerate",
+                                "datasets",
+                                "driver",
+                                "driver_cuda",
+                                "nvcc_cuda",
+                            )
+                        },
                         "arch": _STR,
                         "nic_names": {"type": "array", "items": _STR},
                         "gpu_count": {"type": "integer", "minimum": 0},

@@ -89,16 +89,18 @@ def describe_differences(fingerprints: Sequence[Mapping[str, object]], diffs: Ma
     """The error message for `fingerprint_differences`: one clause per differing rank."""
     parts = []
     for rank, fields in diffs.items():
-        what = ", ".join(f"{name} {value} (the other ranks: {majority})"
-                         for name, (value, majority) in fields.items())
+        what = ", ".join(f"{name} {value} (the other ranks: {majority})" for name, (value, majority) in fields.items())
         parts.append(f"rank {rank} on host {fingerprints[rank].get('host')}: {what}")
-    return (f"the ranks' environments differ, so the job stops before training: {'; '.join(parts)}. Install the "
-            "same versions on every node: `hf-dist-recipes pin --output DIR` on a good node writes a lock and an "
-            "image, `hf-dist-recipes doctor --lock DIR/requirements.lock` on each node names what drifted")
+    return (
+        f"the ranks' environments differ, so the job stops before training: {'; '.join(parts)}. Install the "
+        "same versions on every node: `hf-dist-recipes pin --output DIR` on a good node writes a lock and an "
+        "image, `hf-dist-recipes doctor --lock DIR/requirements.lock` on each node names what drifted"
+    )
 
 
-def check_ranks_agree(fingerprint: Mapping[str, object] | None = None, *, gathered: Sequence[Mapping] | None = None
-                      ) -> list[dict]:
+def check_ranks_agree(
+    fingerprint: Mapping[str, object] | None = None, *, gathered: Sequence[Mapping] | None = None
+) -> list[dict]:
     """All-gather every rank's fingerprint (`environment_fingerprint()` unless given) and raise RuntimeError on
     every rank if they differ. `gathered`: the ranks' fingerprints already collected (no collective; for tests).
     Without an initialized process group (one process) there is nothing to compare. Returns the fingerprints."""

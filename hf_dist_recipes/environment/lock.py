@@ -67,7 +67,7 @@ class Drift:
 
 
 def split_local(version: str) -> tuple[str, str | None]:
-    """"2.13.0+cpu" -> ("2.13.0", "cpu"); "2.13.0" -> ("2.13.0", None)."""
+    """ "2.13.0+cpu" -> ("2.13.0", "cpu"); "2.13.0" -> ("2.13.0", None)."""
     public, sep, local = version.partition("+")
     return public, (local if sep else None)
 
@@ -117,9 +117,16 @@ def running_torch_build() -> tuple[str | None, str | None]:
     return (build_tag(normalize_cuda(cuda)), normalize_cuda(cuda)) if cuda else (CPU, None)
 
 
-def lock_of(installed: Mapping[str, str], *, torch_build: str | None = None, cuda: str | None = None,
-            index_url: str | None = None, nccl: str | None = None, python: str | None = None,
-            local: Mapping[str, str] | None = None) -> Lock:
+def lock_of(
+    installed: Mapping[str, str],
+    *,
+    torch_build: str | None = None,
+    cuda: str | None = None,
+    index_url: str | None = None,
+    nccl: str | None = None,
+    python: str | None = None,
+    local: Mapping[str, str] | None = None,
+) -> Lock:
     """A Lock of `installed` (name -> version as installed); torch's local label becomes `torch_build` unless one
     is given. `local`: name -> URL of the distributions installed from a folder (`local_distributions()`)."""
     packages = {canonicalize_name(k): v for k, v in installed.items()}
@@ -141,8 +148,10 @@ def render_lock(lock: Lock) -> str:
         f"# index-url: {lock.index_url or NONE}",
         f"# nccl: {lock.nccl or NONE}",
     ]
-    pins = [f"# local: {name}=={version} {lock.local[name]}".rstrip() if name in lock.local else f"{name}=={version}"
-            for name, version in sorted(lock.packages.items())]
+    pins = [
+        f"# local: {name}=={version} {lock.local[name]}".rstrip() if name in lock.local else f"{name}=={version}"
+        for name, version in sorted(lock.packages.items())
+    ]
     return "\n".join(header + pins) + "\n"
 
 
@@ -150,8 +159,9 @@ def write_lock(path: str | os.PathLike, lock: Lock) -> Lock:
     """Write `lock` to `path` (a file; its folder must exist). Returns the lock with its path."""
     with open(path, "w", encoding="utf-8") as f:
         f.write(render_lock(lock))
-    return Lock(lock.packages, lock.torch_build, lock.cuda, lock.index_url, lock.nccl, lock.python, lock.local,
-                os.fspath(path))
+    return Lock(
+        lock.packages, lock.torch_build, lock.cuda, lock.index_url, lock.nccl, lock.python, lock.local, os.fspath(path)
+    )
 
 
 def read_lock(path: str | os.PathLike) -> Lock:
@@ -180,8 +190,10 @@ def read_lock(path: str | os.PathLike) -> Lock:
             local_url = None
         m = _PIN.match(line)
         if m is None:
-            raise ValueError(f"{where}: {raw!r} is not an exact pin; each line of a lock is name==version, a "
-                             "'# ' comment or blank (write a lock with hf-dist-recipes pin --output DIR)")
+            raise ValueError(
+                f"{where}: {raw!r} is not an exact pin; each line of a lock is name==version, a "
+                "'# ' comment or blank (write a lock with hf-dist-recipes pin --output DIR)"
+            )
         name, version = canonicalize_name(m.group(1)), m.group(2)
         try:
             Version(version)
@@ -192,8 +204,16 @@ def read_lock(path: str | os.PathLike) -> Lock:
         packages[name] = version
         if local_url is not None:
             local[name] = local_url
-    return Lock(packages, header.get("torch-build"), header.get("cuda"), header.get("index-url"),
-                header.get("nccl"), header.get("python"), local, path)
+    return Lock(
+        packages,
+        header.get("torch-build"),
+        header.get("cuda"),
+        header.get("index-url"),
+        header.get("nccl"),
+        header.get("python"),
+        local,
+        path,
+    )
 
 
 def lock_drift(lock: Lock, installed: Mapping[str, str]) -> list[Drift]:

@@ -23,7 +23,13 @@ from packaging.utils import canonicalize_name
 from hf_dist_recipes import cuda_host
 from hf_dist_recipes.environment import dockerfile, torch_builds
 from hf_dist_recipes.environment.lock import (
-    Lock, installed_versions, local_distributions, lock_of, python_version, running_torch_build, write_lock,
+    Lock,
+    installed_versions,
+    local_distributions,
+    lock_of,
+    python_version,
+    running_torch_build,
+    write_lock,
 )
 
 # What a torch wheel pulls in for its CUDA build and pins itself: replaced along with torch.
@@ -43,10 +49,17 @@ class PinResult:
 
     def to_dict(self) -> dict:
         return {
-            "lock": self.lock_path, "dockerfile": self.dockerfile_path, "image": self.image,
-            "torch": self.lock.packages.get("torch"), "torch_build": self.lock.torch_build, "cuda": self.lock.cuda,
-            "index_url": self.lock.index_url, "nccl": self.lock.nccl, "python": self.lock.python,
-            "packages": len(self.lock.packages), "notes": list(self.notes),
+            "lock": self.lock_path,
+            "dockerfile": self.dockerfile_path,
+            "image": self.image,
+            "torch": self.lock.packages.get("torch"),
+            "torch_build": self.lock.torch_build,
+            "cuda": self.lock.cuda,
+            "index_url": self.lock.index_url,
+            "nccl": self.lock.nccl,
+            "python": self.lock.python,
+            "packages": len(self.lock.packages),
+            "notes": list(self.notes),
         }
 
 
@@ -57,21 +70,31 @@ def _nccl_installed(installed: Mapping[str, str]) -> str | None:
     return None
 
 
-def refusing_findings(build: torch_builds.TorchBuild, packages: Mapping[str, str], python: str,
-                      evaluate: Callable | None = None) -> list:
+def refusing_findings(
+    build: torch_builds.TorchBuild, packages: Mapping[str, str], python: str, evaluate: Callable | None = None
+) -> list:
     """The "error" findings of the known-issues rules on the facts a lock of `build` + `packages` produces."""
     if evaluate is None:
         from hf_dist_recipes.environment.rules import evaluate
     facts = {
-        "python": python, "torch": build.torch, "cuda": None if build.cuda == torch_builds.CPU else build.cuda,
-        "nccl": build.nccl, "nccl_compiled": build.nccl,
+        "python": python,
+        "torch": build.torch,
+        "cuda": None if build.cuda == torch_builds.CPU else build.cuda,
+        "nccl": build.nccl,
+        "nccl_compiled": build.nccl,
         **{k: packages.get(k) for k in ("deepspeed", "transformers", "accelerate", "datasets")},
     }
     return [f for f in evaluate(facts) if f.severity == "error"]
 
 
-def plan_lock(torch: str | None = None, cuda: str | None = None, *, installed: Mapping[str, str] | None = None,
-              python: str | None = None, evaluate: Callable | None = None) -> tuple[Lock, str | None, tuple[str, ...]]:
+def plan_lock(
+    torch: str | None = None,
+    cuda: str | None = None,
+    *,
+    installed: Mapping[str, str] | None = None,
+    python: str | None = None,
+    evaluate: Callable | None = None,
+) -> tuple[Lock, str | None, tuple[str, ...]]:
     """The lock to write, the CUDA base image (None: CPU) and notes for the Dockerfile; see the module docstring.
     ValueError for an unknown or known-bad pair, or `cuda` without `torch`."""
     installed = installed_versions() if installed is None else dict(installed)
@@ -79,48 +102,77 @@ def plan_lock(torch: str | None = None, cuda: str | None = None, *, installed: M
     local = local_distributions()
     if torch is None:
         if cuda is not None:
-            raise ValueError("--cuda needs --torch: name the torch release to pin with it (e.g. --torch 2.13.0 "
-                             "--cuda 13.0), or omit both to pin this environment")
+            raise ValueError(
+                "--cuda needs --torch: name the torch release to pin with it (e.g. --torch 2.13.0 "
+                "--cuda 13.0), or omit both to pin this environment"
+            )
         tag, build_cuda = running_torch_build()
         if "torch" in installed and tag is None:
             raise ValueError("cannot tell the running torch's build; pin a chosen one with --torch X --cuda Y")
         build_cuda = build_cuda or torch_builds.CPU
         nccl = _nccl_installed(installed)
-        lock = lock_of(installed, torch_build=tag, cuda=None if build_cuda == torch_builds.CPU else build_cuda,
-                       index_url=torch_builds.index_url(build_cuda), nccl=nccl, python=python, local=local)
+        lock = lock_of(
+            installed,
+            torch_build=tag,
+            cuda=None if build_cuda == torch_builds.CPU else build_cuda,
+            index_url=torch_builds.index_url(build_cuda),
+            nccl=nccl,
+            python=python,
+            local=local,
+        )
         build = torch_builds.TorchBuild(lock.packages.get("torch", ""), build_cuda, nccl)
     else:
         build = torch_builds.lookup(torch, cuda)
-        packages = {canonicalize_name(k): v for k, v in installed.items()
-                    if not _TORCH_RUNTIME.match(canonicalize_name(k))}
+        packages = {
+            canonicalize_name(k): v for k, v in installed.items() if not _TORCH_RUNTIME.match(canonicalize_name(k))
+        }
         refused = refusing_findings(build, packages, python, evaluate)
         if refused:
-            raise ValueError(f"torch {build.torch} {build.tag} (NCCL {build.nccl or 'unknown'}) is refused by "
-                             + "; ".join(f"rule {f.rule_id}: {f.symptom.rstrip('.')}; fix: {f.fix.rstrip('.')}"
-                                       for f in refused))
+            raise ValueError(
+                f"torch {build.torch} {build.tag} (NCCL {build.nccl or 'unknown'}) is refused by "
+                + "; ".join(f"rule {f.rule_id}: {f.symptom.rstrip('.')}; fix: {f.fix.rstrip('.')}" for f in refused)
+            )
         packages["torch"] = build.torch
         if build.nccl_distribution and build.nccl:
             packages[build.nccl_distribution] = build.nccl
-        lock = lock_of(packages, torch_build=build.tag, cuda=None if build.cuda == torch_builds.CPU else build.cuda,
-                       index_url=build.index_url, nccl=build.nccl, python=python, local=local)
+        lock = lock_of(
+            packages,
+            torch_build=build.tag,
+            cuda=None if build.cuda == torch_builds.CPU else build.cuda,
+            index_url=build.index_url,
+            nccl=build.nccl,
+            python=python,
+            local=local,
+        )
     notes = []
     if build.cuda != torch_builds.CPU:
         floor = cuda_host.min_driver_for_cuda(build.cuda)
         if floor:
-            notes.append(f"CUDA {build.cuda} needs an NVIDIA driver >= {floor} on the host (CUDA minor-version "
-                         "compatibility).")
+            notes.append(
+                f"CUDA {build.cuda} needs an NVIDIA driver >= {floor} on the host (CUDA minor-version compatibility)."
+            )
         if build.min_compute_capability:
-            notes.append(f"torch's CUDA {build.cuda} build runs on GPUs of compute capability >= "
-                         f"{build.min_compute_capability} only (pytorch RELEASE.md CUDA support matrix).")
+            notes.append(
+                f"torch's CUDA {build.cuda} build runs on GPUs of compute capability >= "
+                f"{build.min_compute_capability} only (pytorch RELEASE.md CUDA support matrix)."
+            )
         if build.image is None:
-            raise ValueError(f"no nvidia/cuda base image known for CUDA {build.cuda}; known: "
-                             f"{', '.join(torch_builds.CUDA_IMAGES)}")
+            raise ValueError(
+                f"no nvidia/cuda base image known for CUDA {build.cuda}; known: {', '.join(torch_builds.CUDA_IMAGES)}"
+            )
     return lock, build.image if build.cuda != torch_builds.CPU else None, tuple(notes)
 
 
-def pin(output: str | os.PathLike, torch: str | None = None, cuda: str | None = None, *,
-        installed: Mapping[str, str] | None = None, python: str | None = None, evaluate: Callable | None = None,
-        env: Mapping[str, str] | None = None) -> PinResult:
+def pin(
+    output: str | os.PathLike,
+    torch: str | None = None,
+    cuda: str | None = None,
+    *,
+    installed: Mapping[str, str] | None = None,
+    python: str | None = None,
+    evaluate: Callable | None = None,
+    env: Mapping[str, str] | None = None,
+) -> PinResult:
     """Write `output`/requirements.lock and `output`/Dockerfile (the folder is created). `env`: the ENV lines
     (default `nccl_defaults.NCCL_ENV_DEFAULTS`). ValueError for a refused pair or an output that cannot be written."""
     if env is None:
@@ -137,6 +189,7 @@ def pin(output: str | os.PathLike, torch: str | None = None, cuda: str | None = 
         with open(docker_path, "w", encoding="utf-8") as f:
             f.write(text)
     except OSError as err:
-        raise ValueError(f"--output {output}: cannot write there ({err.strerror or err}); choose a folder you can "
-                         "write to") from None
+        raise ValueError(
+            f"--output {output}: cannot write there ({err.strerror or err}); choose a folder you can write to"
+        ) from None
     return PinResult(written, lock_path, docker_path, image or f"python:{python}-slim", notes)

@@ -50,9 +50,29 @@ from dataclasses import asdict, dataclass, field
 from hf_dist_recipes import cuda_host
 
 RULE_FACT_KEYS = (
-    "python", "torch", "cuda", "nccl", "nccl_compiled", "deepspeed", "transformers", "accelerate", "datasets",
-    "driver", "driver_cuda", "nvcc_cuda", "arch", "gpu_count", "gpu_names", "compute_capabilities", "nvlink",
-    "peer_access", "ib_active", "nic_names", "shm_bytes", "in_container", "env",
+    "python",
+    "torch",
+    "cuda",
+    "nccl",
+    "nccl_compiled",
+    "deepspeed",
+    "transformers",
+    "accelerate",
+    "datasets",
+    "driver",
+    "driver_cuda",
+    "nvcc_cuda",
+    "arch",
+    "gpu_count",
+    "gpu_names",
+    "compute_capabilities",
+    "nvlink",
+    "peer_access",
+    "ib_active",
+    "nic_names",
+    "shm_bytes",
+    "in_container",
+    "env",
 )
 PACKAGES = ("deepspeed", "transformers", "accelerate", "datasets", "hf-dist-recipes")
 # The wheels torch depends on for its NCCL, newest CUDA first (version-facts.md, the wheels' Requires-Dist).
@@ -257,8 +277,10 @@ def _probe_torch(torch_cuda, dev_dir: str | None, nvidia_smi: str | None) -> tup
                 if i != j:
                     pairs.append((i, j, bool(cuda_mod.can_device_access_peer(i, j))))
     except Exception as e:  # a GPU that fails to initialise (ECC, fallen off the bus): a fact, not a crash
-        problem = f"torch counts {count} GPU(s) but cannot read them: {type(e).__name__}: {e}. Fix: run " \
-                  "nvidia-smi; a GPU it does not list or marks with errors needs a reset or the node drained"
+        problem = (
+            f"torch counts {count} GPU(s) but cannot read them: {type(e).__name__}: {e}. Fix: run "
+            "nvidia-smi; a GPU it does not list or marks with errors needs a reset or the node drained"
+        )
     if problem is None:
         try:
             cuda_host.check_torch_sees_gpus(cuda_devices=count, dev_dir=dev_dir, nvidia_smi=nvidia_smi)
@@ -296,8 +318,16 @@ def _probe_nvml(nvml) -> tuple[DriverFacts, list[Gpu]]:
                     active += nvml.nvmlDeviceGetNvLinkState(h, link) == NVML_FEATURE_ENABLED
                 except Exception:  # NVML raises for a link the GPU does not have (every link on PCIe cards)
                     continue
-            gpus.append(Gpu(i, _text(nvml.nvmlDeviceGetName(h)), f"{major}.{minor}",
-                            int(nvml.nvmlDeviceGetMemoryInfo(h).total), active, "nvml"))
+            gpus.append(
+                Gpu(
+                    i,
+                    _text(nvml.nvmlDeviceGetName(h)),
+                    f"{major}.{minor}",
+                    int(nvml.nvmlDeviceGetMemoryInfo(h).total),
+                    active,
+                    "nvml",
+                )
+            )
         return DriverFacts(driver, cuda, "nvml"), gpus
     except Exception as e:  # a driver that stops answering half-way
         return DriverFacts(nvml_unavailable=f"{type(e).__name__}: {e}"), []
@@ -318,11 +348,13 @@ def _merge_gpus(from_torch: list[Gpu], from_nvml: list[Gpu], visible: str | None
     if len(from_nvml) == len(from_torch):
         order = list(range(len(from_torch)))
     elif len(names) >= len(from_torch) and all(n.isdigit() and int(n) < len(from_nvml) for n in names):
-        order = [int(n) for n in names[:len(from_torch)]]
+        order = [int(n) for n in names[: len(from_torch)]]
     else:
         return tuple(from_torch)
-    return tuple(Gpu(t.index, t.name, t.compute_capability, t.memory_bytes, from_nvml[k].nvlinks_active, "torch")
-                 for t, k in zip(from_torch, order))
+    return tuple(
+        Gpu(t.index, t.name, t.compute_capability, t.memory_bytes, from_nvml[k].nvlinks_active, "torch")
+        for t, k in zip(from_torch, order, strict=True)
+    )
 
 
 def nccl_version_from_int(code: int) -> str:
@@ -343,8 +375,9 @@ def _nccl_get_version(path: str) -> int | None:
     return version.value
 
 
-def loaded_nccl(maps: str = "/proc/self/maps",
-                get_version: Callable[[str], int | None] | None = None) -> tuple[str | None, str | None]:
+def loaded_nccl(
+    maps: str = "/proc/self/maps", get_version: Callable[[str], int | None] | None = None
+) -> tuple[str | None, str | None]:
     """(path, version) of the libnccl.so this process has mapped, read from `maps`; (None, None) when none is."""
     try:
         with open(maps) as f:
@@ -361,8 +394,9 @@ def loaded_nccl(maps: str = "/proc/self/maps",
     return found, nccl_version_from_int(code) if code else None
 
 
-def _probe_nccl(compiled: str | None, package_version: Callable[[str], str | None],
-                loaded: tuple[str | None, str | None]) -> NcclFacts:
+def _probe_nccl(
+    compiled: str | None, package_version: Callable[[str], str | None], loaded: tuple[str | None, str | None]
+) -> NcclFacts:
     path, version = loaded
     found = [(d, v) for d in NCCL_DISTRIBUTIONS if (v := package_version(d))]
     if not found:
@@ -387,8 +421,11 @@ def _probe_ib(sysfs_root: str) -> tuple[IbPort, ...]:
         names = os.listdir(port_dir) if os.path.isdir(port_dir) else []
         for port in sorted((n for n in names if n.isdigit()), key=int):
             state = _read(os.path.join(port_dir, port, "state")) or "unknown"
-            ports.append(IbPort(dev, int(port), state.split(":", 1)[-1].strip(),
-                                _read(os.path.join(port_dir, port, "link_layer"))))
+            ports.append(
+                IbPort(
+                    dev, int(port), state.split(":", 1)[-1].strip(), _read(os.path.join(port_dir, port, "link_layer"))
+                )
+            )
     return tuple(ports)
 
 
@@ -403,8 +440,7 @@ def _probe_nvcc(nvcc: str | None, environ: Mapping[str, str]) -> tuple[str | Non
     if not path:
         return None, None
     try:
-        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=NVCC_TIMEOUT_S,
-                              check=False)
+        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=NVCC_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return path, None
     # "Cuda compilation tools, release 12.4, V12.4.131"
@@ -412,11 +448,21 @@ def _probe_nvcc(nvcc: str | None, environ: Mapping[str, str]) -> tuple[str | Non
     return path, found.group(1) if found else None
 
 
-def probe(*, nvml=None, torch_cuda=None, sysfs_root: str = "/sys", dev_shm: str = "/dev/shm",
-          dev_dir: str | None = None, nvidia_smi: str | None = None, nvcc: str | None = None,
-          environ: Mapping[str, str] | None = None, package_version: Callable[[str], str | None] | None = None,
-          container_markers: Sequence[str] = CONTAINER_MARKERS, proc_maps: str = "/proc/self/maps",
-          nccl_get_version: Callable[[str], int | None] | None = None) -> EnvironmentFacts:
+def probe(
+    *,
+    nvml=None,
+    torch_cuda=None,
+    sysfs_root: str = "/sys",
+    dev_shm: str = "/dev/shm",
+    dev_dir: str | None = None,
+    nvidia_smi: str | None = None,
+    nvcc: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    package_version: Callable[[str], str | None] | None = None,
+    container_markers: Sequence[str] = CONTAINER_MARKERS,
+    proc_maps: str = "/proc/self/maps",
+    nccl_get_version: Callable[[str], int | None] | None = None,
+) -> EnvironmentFacts:
     """The facts of this environment (see the module docstring). Every argument replaces one source, for tests:
     `nvml`: a pynvml-like module (default: import pynvml); `torch_cuda`: a torch.cuda-like object (default
     torch.cuda); `sysfs_root` (default /sys); `dev_shm`: the directory whose size is measured (default /dev/shm);

@@ -52,8 +52,18 @@ from packaging.version import InvalidVersion, Version
 RULES_FILE = "known_issues.toml"
 SEVERITIES = ("error", "warning", "info")  # also the order findings are returned in
 VERSION_FACTS = (
-    "python", "torch", "cuda", "nccl", "nccl_compiled", "deepspeed", "transformers", "accelerate", "datasets",
-    "driver", "driver_cuda", "nvcc_cuda",
+    "python",
+    "torch",
+    "cuda",
+    "nccl",
+    "nccl_compiled",
+    "deepspeed",
+    "transformers",
+    "accelerate",
+    "datasets",
+    "driver",
+    "driver_cuda",
+    "nvcc_cuda",
 )
 BOOL_FACTS = ("in_container", "ib_active", "nvlink", "peer_access")
 # The environment variables probe.py collects (its ENV_PREFIXES); a condition on any other name could never see it.
@@ -140,9 +150,13 @@ def _regex(rule_id: str, name: str, pattern: object) -> re.Pattern:
 
 
 def _env_name(rule_id: str, name: str, var: object) -> str:
-    _need(isinstance(var, str) and var.startswith(COLLECTED_ENV_PREFIXES), rule_id, name,
-          f"{var!r}: the probe only collects variables starting with {', '.join(COLLECTED_ENV_PREFIXES)}, so a "
-          "condition on any other name would never see it; drop the condition or extend probe.ENV_PREFIXES")
+    _need(
+        isinstance(var, str) and var.startswith(COLLECTED_ENV_PREFIXES),
+        rule_id,
+        name,
+        f"{var!r}: the probe only collects variables starting with {', '.join(COLLECTED_ENV_PREFIXES)}, so a "
+        "condition on any other name would never see it; drop the condition or extend probe.ENV_PREFIXES",
+    )
     return str(var)
 
 
@@ -158,8 +172,9 @@ def _compile(rule_id: str, name: str, value: object) -> Condition:
         try:
             spec = SpecifierSet(str(value))
         except InvalidSpecifier:
-            raise ValueError(f"{_where(rule_id, name)}: {value!r} is not a packaging specifier "
-                             '(e.g. ">=2.19,<2.20")') from None
+            raise ValueError(
+                f'{_where(rule_id, name)}: {value!r} is not a packaging specifier (e.g. ">=2.19,<2.20")'
+            ) from None
 
         def test(f, key=name, spec=spec):
             v = _version(f, key)
@@ -171,8 +186,12 @@ def _compile(rule_id: str, name: str, value: object) -> Condition:
     if name == "installed":
         _need(isinstance(value, list) and value, rule_id, name, 'write a non-empty list, e.g. ["deepspeed"]')
         keys = [_version_key(rule_id, name, k) for k in value]
-        return Condition(name, value, lambda f: all(f.get(k) is not None for k in keys),
-                         lambda f: ", ".join(f"{k} {f.get(k)}" for k in keys))
+        return Condition(
+            name,
+            value,
+            lambda f: all(f.get(k) is not None for k in keys),
+            lambda f: ", ".join(f"{k} {f.get(k)}" for k in keys),
+        )
 
     if name == "below":
         _need(isinstance(value, dict) and value, rule_id, name, 'write a table, e.g. {driver_cuda = "cuda"}')
@@ -185,12 +204,15 @@ def _compile(rule_id: str, name: str, value: object) -> Condition:
                 results.append(None if va is None or vb is None else va < vb)
             return _all3(results)
 
-        return Condition(name, value, below,
-                         lambda f: ", ".join(f"{a} {f.get(a)} < {b} {f.get(b)}" for a, b in pairs))
+        return Condition(name, value, below, lambda f: ", ".join(f"{a} {f.get(a)} < {b} {f.get(b)}" for a, b in pairs))
 
     if name == "major_differs":
-        _need(isinstance(value, list) and len(value) == 2, rule_id, name, 'write two version facts, e.g. '
-              '["nvcc_cuda", "cuda"]')
+        _need(
+            isinstance(value, list) and len(value) == 2,
+            rule_id,
+            name,
+            'write two version facts, e.g. ["nvcc_cuda", "cuda"]',
+        )
         a, b = (_version_key(rule_id, name, k) for k in value)
 
         def majors(f):
@@ -201,17 +223,29 @@ def _compile(rule_id: str, name: str, value: object) -> Condition:
 
     if name == "arch":
         _need(isinstance(value, str), rule_id, name, 'write the machine name as a string, e.g. "aarch64"')
-        return Condition(name, value, lambda f: None if f.get("arch") is None else f.get("arch") == value,
-                         lambda f: f"arch {f.get('arch')}")
+        return Condition(
+            name,
+            value,
+            lambda f: None if f.get("arch") is None else f.get("arch") == value,
+            lambda f: f"arch {f.get('arch')}",
+        )
 
     if name in BOOL_FACTS:
         _need(isinstance(value, bool), rule_id, name, "write true or false")
-        return Condition(name, value, lambda f, key=name: None if f.get(key) is None else bool(f.get(key)) is value,
-                         lambda f, key=name: f"{key} {f.get(key)}")
+        return Condition(
+            name,
+            value,
+            lambda f, key=name: None if f.get(key) is None else bool(f.get(key)) is value,
+            lambda f, key=name: f"{key} {f.get(key)}",
+        )
 
     if name in ("gpu_count_min", "shm_bytes_below"):
-        _need(isinstance(value, int) and not isinstance(value, bool) and value >= 0, rule_id, name,
-              "write a non-negative integer")
+        _need(
+            isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+            rule_id,
+            name,
+            "write a non-negative integer",
+        )
         key = "gpu_count" if name == "gpu_count_min" else "shm_bytes"
 
         def number(f, key=key):
@@ -230,8 +264,12 @@ def _compile(rule_id: str, name: str, value: object) -> Condition:
             names = f.get(key)
             return None if names is None else any(pattern.search(str(n)) for n in names)
 
-        return Condition(name, value, any_name,
-                         lambda f, key=key: f"{key} " + ", ".join(n for n in f.get(key) or () if pattern.search(n)))
+        return Condition(
+            name,
+            value,
+            any_name,
+            lambda f, key=key: f"{key} " + ", ".join(n for n in f.get(key) or () if pattern.search(n)),
+        )
 
     if name == "compute_capability":
         _need(isinstance(value, str), rule_id, name, 'write a specifier string, e.g. "<7.5"')
@@ -261,8 +299,7 @@ def _compile(rule_id: str, name: str, value: object) -> Condition:
                 return all(k in env and p.fullmatch(env[k]) is not None for k, p in patterns.items())
             return all(env.get(k) == v for k, v in wanted.items())
 
-        return Condition(name, value, env_test,
-                         lambda f: ", ".join(f"{k}={(_env(f) or {}).get(k)}" for k in wanted))
+        return Condition(name, value, env_test, lambda f: ", ".join(f"{k}={(_env(f) or {}).get(k)}" for k in wanted))
 
     if name == "env_unset":
         _need(isinstance(value, list) and value, rule_id, name, 'write a non-empty list, e.g. ["NCCL_CUMEM_ENABLE"]')
@@ -280,8 +317,20 @@ def _compile(rule_id: str, name: str, value: object) -> Condition:
 
 
 CONDITION_NAMES = (
-    *VERSION_FACTS, "installed", "below", "major_differs", "arch", *BOOL_FACTS, "gpu_count_min", "shm_bytes_below",
-    "gpu_name_matches", "nic_name_matches", "compute_capability", "env_set", "env_matches", "env_unset",
+    *VERSION_FACTS,
+    "installed",
+    "below",
+    "major_differs",
+    "arch",
+    *BOOL_FACTS,
+    "gpu_count_min",
+    "shm_bytes_below",
+    "gpu_name_matches",
+    "nic_name_matches",
+    "compute_capability",
+    "env_set",
+    "env_matches",
+    "env_unset",
 )
 
 
@@ -297,22 +346,27 @@ def _parse_rule(raw: object, index: int, seen: set[str]) -> Rule:
         raise ValueError(f"known-issues rule #{index}: each [[rule]] must be a table")
     rule_id = raw.get("id")
     if not isinstance(rule_id, str) or not _ID_RE.match(rule_id):
-        raise ValueError(f"known-issues rule #{index}: id {rule_id!r} must be kebab-case (lowercase letters, digits, "
-                         "dots, single dashes), e.g. \"nccl-cudamemcpyasync-lt-2.18.6\"")
+        raise ValueError(
+            f"known-issues rule #{index}: id {rule_id!r} must be kebab-case (lowercase letters, digits, "
+            'dots, single dashes), e.g. "nccl-cudamemcpyasync-lt-2.18.6"'
+        )
     if rule_id in seen:
         raise ValueError(f"known-issues rule {rule_id!r} is defined twice; ids must be unique")
     seen.add(rule_id)
     unknown = sorted(set(raw) - set(RULE_KEYS))
     if unknown:
-        raise ValueError(f"known-issues rule {rule_id!r}: unknown key(s) {', '.join(unknown)}; "
-                         f"a rule has exactly {', '.join(RULE_KEYS)}")
+        raise ValueError(
+            f"known-issues rule {rule_id!r}: unknown key(s) {', '.join(unknown)}; "
+            f"a rule has exactly {', '.join(RULE_KEYS)}"
+        )
     for key in ("symptom", "fix", "source"):
         text = raw.get(key)
         if not isinstance(text, str) or not text.strip():
             # The source is what lets a user (and a reviewer) check the rule: no source, no rule.
-            raise ValueError(f"known-issues rule {rule_id!r} has no {key}; every rule needs a non-empty {key} string"
-                             + (" naming where the fact comes from (release notes, issue, PR)" if key == "source"
-                                else ""))
+            raise ValueError(
+                f"known-issues rule {rule_id!r} has no {key}; every rule needs a non-empty {key} string"
+                + (" naming where the fact comes from (release notes, issue, PR)" if key == "source" else "")
+            )
     severity = raw.get("severity")
     if severity not in SEVERITIES:
         raise ValueError(f"known-issues rule {rule_id!r}: severity {severity!r} must be one of {', '.join(SEVERITIES)}")
@@ -360,7 +414,8 @@ def evaluate(facts: Mapping[str, object], rules: Sequence[Rule] | None = None) -
     rules = load_rules() if rules is None else rules
     fired = [
         Finding(r.id, r.severity, r.symptom, r.fix, r.source, tuple(c.evidence(facts) for c in r.conditions))
-        for r in rules if r.check(facts) is True
+        for r in rules
+        if r.check(facts) is True
     ]
     return sorted(fired, key=lambda f: SEVERITIES.index(f.severity))
 

@@ -125,7 +125,7 @@ def cuda_major(cuda: str) -> int:
 
 
 def normalize_cuda(cuda: str) -> str:
-    """"12.6", "12.6.3", "cu126", "CU126" -> "12.6"; "cpu" / "none" -> "cpu". ValueError on anything else."""
+    """ "12.6", "12.6.3", "cu126", "CU126" -> "12.6"; "cpu" / "none" -> "cpu". ValueError on anything else."""
     text = str(cuda).strip().lower()
     if text in (CPU, "none"):
         return CPU
@@ -138,7 +138,7 @@ def normalize_cuda(cuda: str) -> str:
 
 
 def build_tag(cuda: str) -> str:
-    """"13.0" -> "cu130", "cpu" -> "cpu": the wheel's local version label and the index's last path part."""
+    """ "13.0" -> "cu130", "cpu" -> "cpu": the wheel's local version label and the index's last path part."""
     return CPU if cuda == CPU else "cu" + cuda.replace(".", "")
 
 
@@ -174,16 +174,20 @@ def lookup(torch_version: str, cuda: str | None = None) -> TorchBuild:
     the builds that exist when the table has no such release or no such build of it."""
     release = release_of(torch_version)
     if release is None:
-        raise ValueError(f"no torch {torch_version} in the table of known builds; known: {'; '.join(known_builds())}"
-                         " (hf_dist_recipes/environment/torch_builds.py, from the wheels' metadata and pytorch "
-                         "RELEASE.md)")
+        raise ValueError(
+            f"no torch {torch_version} in the table of known builds; known: {'; '.join(known_builds())}"
+            " (hf_dist_recipes/environment/torch_builds.py, from the wheels' metadata and pytorch "
+            "RELEASE.md)"
+        )
     base = Version(torch_version).base_version
     cuda = release.default_cuda if cuda is None else normalize_cuda(cuda)
     if cuda == CPU:
         return TorchBuild(base, CPU, None)
     if cuda not in release.builds:
-        raise ValueError(f"torch {base} has no CUDA {cuda} build; its builds: "
-                         f"{', '.join(f'{c} ({build_tag(c)})' for c in release.builds)}, or cpu")
+        raise ValueError(
+            f"torch {base} has no CUDA {cuda} build; its builds: "
+            f"{', '.join(f'{c} ({build_tag(c)})' for c in release.builds)}, or cpu"
+        )
     return TorchBuild(base, cuda, release.builds[cuda])
 
 

@@ -11,9 +11,10 @@ Plus the ranks being read or waiting to be folded in (at most 2 x `workers`), 16
 (a per-rank copy of everything would be 256 x 100k x 5 x 4 B = 512 MB at float32).
 
 Stragglers: a rank whose block-mean busy time (`train/straggler/busy_s`, logged by the live straggler check;
-else `rank/step_time_s`, which differs between ranks only when they do not wait for each other) exceeds the median of all ranks' by more than
-`straggler_threshold` (default 0.2, i.e. 20 %) in at least STRAGGLER_BLOCKS consecutive blocks (all blocks if the
-run has fewer); its start step is the first step of that run of blocks, exact when the run has <= BLOCKS steps.
+else `rank/step_time_s`, which differs between ranks only when they do not wait for each other) exceeds the median of
+all ranks' by more than `straggler_threshold` (default 0.2, i.e. 20 %) in at least STRAGGLER_BLOCKS consecutive
+blocks (all blocks if the run has fewer); its start step is the first step of that run of blocks, exact when the run
+has <= BLOCKS steps.
 Divergence: `train/learning_rate` must be equal on every rank; with `tp` given, `rank/loss` must be equal inside
 each tensor-parallel group (ranks tp*g .. tp*g+tp-1). A value is equal when within rtol 1e-5.
 """
@@ -73,7 +74,12 @@ class StepStats:
             count, mean, m2 = np.zeros(n, np.int32), np.zeros(n), np.zeros(n)
             lo, hi = np.full(n, np.inf), np.full(n, -np.inf)
             count[where], mean[where], m2[where], lo[where], hi[where] = (
-                self.count, self.mean, self.m2, self.min, self.max)
+                self.count,
+                self.mean,
+                self.m2,
+                self.min,
+                self.max,
+            )
             self.steps, self.count, self.mean, self.m2, self.min, self.max = grid, count, mean, m2, lo, hi
         i = np.searchsorted(self.steps, steps)
         self.count[i] += 1
@@ -175,14 +181,20 @@ class LogSummary:
             "records": self.records,
             "seconds": round(self.seconds, 3),
             "tags": {
-                tag: {"steps": int(len(s.steps)), "first_step": int(s.steps[0]), "last_step": int(s.steps[-1]),
-                      "last_mean": float(s.mean[-1]), "last_min": float(s.min[-1]), "last_max": float(s.max[-1])}
-                for tag, s in sorted(self.stats.items()) if len(s.steps)
+                tag: {
+                    "steps": int(len(s.steps)),
+                    "first_step": int(s.steps[0]),
+                    "last_step": int(s.steps[-1]),
+                    "last_mean": float(s.mean[-1]),
+                    "last_min": float(s.min[-1]),
+                    "last_max": float(s.max[-1]),
+                }
+                for tag, s in sorted(self.stats.items())
+                if len(s.steps)
             },
             "block_width_steps": self.block_width,
             "stragglers": [vars(s) for s in self.stragglers],
-            "divergences": [{**vars(d), "values": {str(k): v for k, v in d.values.items()}}
-                            for d in self.divergences],
+            "divergences": [{**vars(d), "values": {str(k): v for k, v in d.values.items()}} for d in self.divergences],
             "warnings": list(self.warnings),
         }
 
@@ -260,8 +272,9 @@ def block_matrix(block_means: dict[int, np.ndarray], ranks: list[int]) -> np.nda
     return np.stack([block_means.get(r, np.full(BLOCKS, np.nan)) for r in ranks])
 
 
-def find_stragglers(block_means: dict[int, np.ndarray], ranks: list[int], width: int, hosts: dict[int, str],
-                    threshold: float) -> list[Straggler]:
+def find_stragglers(
+    block_means: dict[int, np.ndarray], ranks: list[int], width: int, hosts: dict[int, str], threshold: float
+) -> list[Straggler]:
     if not block_means:
         return []
     m = block_matrix(block_means, ranks)
@@ -282,8 +295,15 @@ def find_stragglers(block_means: dict[int, np.ndarray], ranks: list[int], width:
             if run == need:
                 start = j - need + 1
                 blocks = int(slow[start:].sum())
-                found.append(Straggler(rank, hosts.get(rank), float(np.median(ratio[i][start:][slow[start:]]) - 1),
-                                       int(block_index[start]) * width, blocks))
+                found.append(
+                    Straggler(
+                        rank,
+                        hosts.get(rank),
+                        float(np.median(ratio[i][start:][slow[start:]]) - 1),
+                        int(block_index[start]) * width,
+                        blocks,
+                    )
+                )
                 break
     return sorted(found, key=lambda s: -s.slower_by)
 
@@ -313,8 +333,9 @@ def _submit(pool: Executor, pending, running: set, n: int) -> None:
         running.add(pool.submit(read_rank, *item))
 
 
-def summarize_logs(logdir: str | os.PathLike, tp: int | None = None, workers: int | None = None,
-                   straggler_threshold: float = 0.2) -> LogSummary:
+def summarize_logs(
+    logdir: str | os.PathLike, tp: int | None = None, workers: int | None = None, straggler_threshold: float = 0.2
+) -> LogSummary:
     """Read and fold every rank's event files under `logdir` (see the module docstring).
 
     `workers`: processes reading ranks in parallel (default: one per CPU, at most one per rank; 1 reads inline).
@@ -323,8 +344,9 @@ def summarize_logs(logdir: str | os.PathLike, tp: int | None = None, workers: in
     if tp is not None and tp < 1:
         raise ValueError(f"--tp must be >= 1, got {tp}")
     if straggler_threshold <= 0:
-        raise ValueError(f"the straggler threshold must be > 0 (a fraction, 0.2 = 20 % slower), got "
-                         f"{straggler_threshold}")
+        raise ValueError(
+            f"the straggler threshold must be > 0 (a fraction, 0.2 = 20 % slower), got {straggler_threshold}"
+        )
     start = time.perf_counter()
     rank_files = find_rank_files(logdir)
     ranks = list(rank_files)
@@ -335,13 +357,26 @@ def summarize_logs(logdir: str | os.PathLike, tp: int | None = None, workers: in
     block_means = {tag: {r: b.at_width(width) for r, b in per_rank.items()} for tag, per_rank in folder.blocks.items()}
     loss_tag = next((t for t in RANK_LOSS_TAGS if t in folder.stats), None)
     return LogSummary(
-        logdir=os.fspath(logdir), ranks=ranks, hosts=dict(sorted(folder.hosts.items())), stats=folder.stats,
-        block_width=width, block_means=block_means,
-        stragglers=find_stragglers(block_means.get(BUSY_TAG) or block_means.get(STEP_TIME_TAG, {}), ranks, width,
-                                   folder.hosts, straggler_threshold),
-        divergences=folder.divergences(), warnings=folder.warnings,
-        files=sum(len(f) for f in rank_files.values()), records=folder.records,
-        seconds=time.perf_counter() - start, loss_tag=loss_tag)
+        logdir=os.fspath(logdir),
+        ranks=ranks,
+        hosts=dict(sorted(folder.hosts.items())),
+        stats=folder.stats,
+        block_width=width,
+        block_means=block_means,
+        stragglers=find_stragglers(
+            block_means.get(BUSY_TAG) or block_means.get(STEP_TIME_TAG, {}),
+            ranks,
+            width,
+            folder.hosts,
+            straggler_threshold,
+        ),
+        divergences=folder.divergences(),
+        warnings=folder.warnings,
+        files=sum(len(f) for f in rank_files.values()),
+        records=folder.records,
+        seconds=time.perf_counter() - start,
+        loss_tag=loss_tag,
+    )
 
 
 def write_aggregate_run(summary: LogSummary, run_dir: str | os.PathLike) -> str:
@@ -354,8 +389,10 @@ def write_aggregate_run(summary: LogSummary, run_dir: str | os.PathLike) -> str:
     os.makedirs(run_dir, exist_ok=True)
     writer = EventFileWriter(os.fspath(run_dir), filename_suffix=".aggregate")
     # Step by step over the union of all tags' steps: one event at a time, never all of them in memory.
-    cols = [(tag, s.steps, {"mean": s.mean, "min": s.min, "max": s.max, "spread": s.spread})
-            for tag, s in sorted(summary.stats.items())]
+    cols = [
+        (tag, s.steps, {"mean": s.mean, "min": s.min, "max": s.max, "spread": s.spread})
+        for tag, s in sorted(summary.stats.items())
+    ]
     pos = [0] * len(cols)
     grid = np.unique(np.concatenate([c[1] for c in cols])) if cols else np.zeros(0, np.int64)
     now = time.time()
@@ -364,8 +401,9 @@ def write_aggregate_run(summary: LogSummary, run_dir: str | os.PathLike) -> str:
         for k, (tag, steps, stats) in enumerate(cols):
             i = pos[k]
             if i < len(steps) and steps[i] == step:
-                values.extend(Summary.Value(tag=f"{tag}/{name}", simple_value=float(arr[i]))
-                              for name, arr in stats.items())
+                values.extend(
+                    Summary.Value(tag=f"{tag}/{name}", simple_value=float(arr[i])) for name, arr in stats.items()
+                )
                 pos[k] = i + 1
         writer.add_event(Event(wall_time=now, step=step, summary=Summary(value=values)))
     writer.close()

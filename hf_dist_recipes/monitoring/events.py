@@ -59,7 +59,7 @@ def iter_record_batches(path: str | os.PathLike):
             batch = []
             pos, n = 0, len(buf)
             while n - pos >= 12:
-                header = buf[pos:pos + 12]
+                header = buf[pos : pos + 12]
                 if header not in good_headers:
                     length, length_crc = _HEADER.unpack(header)
                     if _masked_crc32c(header[:8]) != length_crc:
@@ -69,7 +69,7 @@ def iter_record_batches(path: str | os.PathLike):
                 end = pos + 16 + unpack_length(buf, pos)[0]
                 if end > n:
                     break
-                batch.append(buf[pos + 12:end - 4])
+                batch.append(buf[pos + 12 : end - 4])
                 pos = end
             buf = buf[pos:]
             yield batch
@@ -195,8 +195,10 @@ def find_rank_files(logdir: str | os.PathLike) -> dict[int, list[str]]:
         rank = int(_RANK_DIR.match(rel[idx]).group(1))
         launch = Path(*rel[:idx]) if idx else Path(".")
         if launch_of.setdefault(rank, launch) != launch:
-            raise ValueError(f"{logdir} holds rank{rank} twice ({launch_of[rank]} and {launch}): several launches; "
-                             f"pass the directory of one launch")
+            raise ValueError(
+                f"{logdir} holds rank{rank} twice ({launch_of[rank]} and {launch}): several launches; "
+                f"pass the directory of one launch"
+            )
         by_rank.setdefault(rank, []).append(str(path))
     if not by_rank:
         raise ValueError(f"no event files in rank<N> directories under {logdir}; pass the run's logging_dir")

@@ -75,11 +75,17 @@ def find_routed_layers(model: nn.Module) -> list[RoutedLayer]:
         if at is None:
             continue
         found = _LAYER_INDEX.search(name)
-        layers.append(RoutedLayer(
-            name=name, index=int(found.group(1)) if found else len(layers), router=module,
-            num_experts=int(module.num_experts), top_k=int(module.top_k), ep_size=ep_sizes.get(id(module), 1),
-            indices_at=at,
-        ))
+        layers.append(
+            RoutedLayer(
+                name=name,
+                index=int(found.group(1)) if found else len(layers),
+                router=module,
+                num_experts=int(module.num_experts),
+                top_k=int(module.top_k),
+                ep_size=ep_sizes.get(id(module), 1),
+                indices_at=at,
+            )
+        )
     return layers
 
 
@@ -135,8 +141,9 @@ class ExpertLoadTracker:
     _by_model: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     @classmethod
-    def for_model(cls, model: nn.Module, *, tp_size: int = 1,
-                  device: torch.device | str | None = None) -> ExpertLoadTracker | None:
+    def for_model(
+        cls, model: nn.Module, *, tp_size: int = 1, device: torch.device | str | None = None
+    ) -> ExpertLoadTracker | None:
         """The model's tracker, hooks attached; None when it has no routed experts. Call it once the model has its
         final modules (after DeepSpeed AutoEP replaced the MoE blocks: `on_train_begin` is such a point). A model
         whose routers changed since the last call gets a new tracker, and the old one's hooks are removed."""
@@ -175,6 +182,7 @@ class ExpertLoadTracker:
             flat = output[indices_at].reshape(-1).to(self._micro.device, torch.int64)
             # scatter_add_ rather than bincount: bincount sizes its output from max+1, a device-to-host copy.
             self._micro[row].scatter_add_(0, flat, torch.ones_like(flat))
+
         return count
 
     def detach(self) -> None:
@@ -221,7 +229,7 @@ def load_scalars(tokens: torch.Tensor, layers: list[RoutedLayer], *, per_expert:
     out: dict[str, float] = {}
     ratios, ep_ratios, ep_total = [], [], None
     tokens = tokens.double().cpu()
-    for row, layer in zip(tokens, layers):
+    for row, layer in zip(tokens, layers, strict=True):
         prefix = f"experts/layer{layer.index}"
         ratios.append(max_over_mean(row))
         out[f"{prefix}/max_over_mean"] = ratios[-1]
@@ -238,8 +246,9 @@ def load_scalars(tokens: torch.Tensor, layers: list[RoutedLayer], *, per_expert:
     if ep_ratios:
         out["experts/ep_max_over_mean"] = max(ep_ratios)
         total = ep_total.sum().item()
-        out.update({f"experts/ep_rank{r}_share": (v / total if total else math.nan)
-                    for r, v in enumerate(ep_total.tolist())})
+        out.update(
+            {f"experts/ep_rank{r}_share": (v / total if total else math.nan) for r, v in enumerate(ep_total.tolist())}
+        )
     return out
 
 
@@ -279,8 +288,11 @@ class ExpertLoadCallback(PendingLogs, TrainerCallback):
         self._pending: dict[str, float] | None = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self.tracker = ExpertLoadTracker.for_model(model, tp_size=tensor_parallel_degree(args), device=args.device) \
-            if model is not None else None
+        self.tracker = (
+            ExpertLoadTracker.for_model(model, tp_size=tensor_parallel_degree(args), device=args.device)
+            if model is not None
+            else None
+        )
         if self.tracker is not None:
             self.tracker.reset()
         self._window, self._window_steps, self._pending = None, 0, None

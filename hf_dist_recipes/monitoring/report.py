@@ -89,30 +89,40 @@ def write_report(summary: LogSummary, out_dir: str | os.PathLike) -> str:
     """Write `<out_dir>/report.md` and its PNGs; returns the report's path."""
     out_dir = os.fspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
-    lines = [f"# Run summary: {summary.logdir}", "",
-             f"{len(summary.ranks)} rank(s), {summary.files} event file(s), {summary.records:,} records, "
-             f"{len(summary.stats)} scalar tag(s). Aggregate TensorBoard run: `aggregate/` "
-             f"(`tensorboard --logdir {out_dir}`).", ""]
+    lines = [
+        f"# Run summary: {summary.logdir}",
+        "",
+        f"{len(summary.ranks)} rank(s), {summary.files} event file(s), {summary.records:,} records, "
+        f"{len(summary.stats)} scalar tag(s). Aggregate TensorBoard run: `aggregate/` "
+        f"(`tensorboard --logdir {out_dir}`).",
+        "",
+    ]
     if summary.warnings:
         lines += ["## Warnings", ""] + [f"- {w}" for w in summary.warnings] + [""]
     lines += ["## Stragglers", ""]
     if summary.stragglers:
         lines += ["| rank | host | slower than the median | from step |", "|---|---|---|---|"]
-        lines += [f"| {s.rank} | {s.host or '-'} | {100 * s.slower_by:.0f}% | {s.from_step} |"
-                  for s in summary.stragglers]
+        lines += [
+            f"| {s.rank} | {s.host or '-'} | {100 * s.slower_by:.0f}% | {s.from_step} |" for s in summary.stragglers
+        ]
     else:
         lines.append("None (or no `rank/step_time_s` logged).")
     lines += ["", "## Divergence", ""]
     if summary.divergences:
         lines += ["| tag | ranks that part | first step | values there |", "|---|---|---|---|"]
-        lines += [f"| {d.tag} | {', '.join(map(str, d.ranks))} | {d.first_step} | "
-                  f"{', '.join(f'rank {r}: {v:.6g}' for r, v in d.values.items())} |" for d in summary.divergences]
+        lines += [
+            f"| {d.tag} | {', '.join(map(str, d.ranks))} | {d.first_step} | "
+            f"{', '.join(f'rank {r}: {v:.6g}' for r, v in d.values.items())} |"
+            for d in summary.divergences
+        ]
     else:
         lines.append("None: the learning rate (and, with --tp, the loss inside each TP group) agree on every rank.")
     lines += ["", "## Plots", ""]
-    for name, title, plot in (("loss_per_rank.png", "Loss per rank", plot_loss_per_rank),
-                              ("learning_rate.png", "Learning rate", plot_learning_rate),
-                              ("step_time_heatmap.png", "Step time, rank x time", plot_step_time_heatmap)):
+    for name, title, plot in (
+        ("loss_per_rank.png", "Loss per rank", plot_loss_per_rank),
+        ("learning_rate.png", "Learning rate", plot_learning_rate),
+        ("step_time_heatmap.png", "Step time, rank x time", plot_step_time_heatmap),
+    ):
         if plot(summary, os.path.join(out_dir, name)):
             lines += [f"### {title}", "", f"![{title}]({name})", ""]
     path = os.path.join(out_dir, "report.md")

@@ -51,14 +51,20 @@ DEFAULT_STRAGGLER_WINDOWS = 2
 def validate_straggler_settings(check_steps: object, threshold: object, windows: object) -> tuple[int, float, int]:
     """The three settings, checked; ValueError naming the fix otherwise."""
     if isinstance(check_steps, bool) or not isinstance(check_steps, int) or check_steps < 0:
-        raise ValueError(f"straggler_check_steps must be an integer >= 0 (optimizer steps; 0: off), got "
-                         f"{check_steps!r}; use {DEFAULT_STRAGGLER_CHECK_STEPS} (the default)")
+        raise ValueError(
+            f"straggler_check_steps must be an integer >= 0 (optimizer steps; 0: off), got "
+            f"{check_steps!r}; use {DEFAULT_STRAGGLER_CHECK_STEPS} (the default)"
+        )
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold > 0:
-        raise ValueError(f"straggler_threshold must be a number > 0 (0.2: 20% slower than the median), got "
-                         f"{threshold!r}; use {DEFAULT_STRAGGLER_THRESHOLD} (the default)")
+        raise ValueError(
+            f"straggler_threshold must be a number > 0 (0.2: 20% slower than the median), got "
+            f"{threshold!r}; use {DEFAULT_STRAGGLER_THRESHOLD} (the default)"
+        )
     if isinstance(windows, bool) or not isinstance(windows, int) or windows < 1:
-        raise ValueError(f"straggler_windows must be an integer >= 1 (checks in a row), got {windows!r}; use "
-                         f"{DEFAULT_STRAGGLER_WINDOWS} (the default)")
+        raise ValueError(
+            f"straggler_windows must be an integer >= 1 (checks in a row), got {windows!r}; use "
+            f"{DEFAULT_STRAGGLER_WINDOWS} (the default)"
+        )
     return check_steps, float(threshold), windows
 
 
@@ -67,7 +73,7 @@ def busy_ratios(step_s: Sequence[float], wait_s: Sequence[float]) -> list[float]
     1.0: as fast as the median rank; 1.3: 30% slower. All 1.0 when the median busy time is not positive."""
     if len(step_s) != len(wait_s):
         raise ValueError(f"one step time and one wait per rank: got {len(step_s)} and {len(wait_s)}")
-    busy = [max(s - w, 0.0) for s, w in zip(step_s, wait_s)]
+    busy = [max(s - w, 0.0) for s, w in zip(step_s, wait_s, strict=True)]
     median = statistics.median(busy)
     if median <= 0:
         return [1.0] * len(busy)
@@ -128,8 +134,12 @@ class StragglerCallback(PendingLogs, TrainerCallback):
     Each event is also a warning from rank 0 (one line per job, not one per rank). With one process or
     `check_steps=0` the callback does nothing."""
 
-    def __init__(self, check_steps: int = DEFAULT_STRAGGLER_CHECK_STEPS,
-                 threshold: float = DEFAULT_STRAGGLER_THRESHOLD, windows: int = DEFAULT_STRAGGLER_WINDOWS):
+    def __init__(
+        self,
+        check_steps: int = DEFAULT_STRAGGLER_CHECK_STEPS,
+        threshold: float = DEFAULT_STRAGGLER_THRESHOLD,
+        windows: int = DEFAULT_STRAGGLER_WINDOWS,
+    ):
         self.check_steps, self.threshold, self.windows = validate_straggler_settings(check_steps, threshold, windows)
         self.detector = StragglerDetector(self.threshold, self.windows)
         self.hosts: list[str] = []
@@ -141,8 +151,9 @@ class StragglerCallback(PendingLogs, TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         dist = torch.distributed
-        self._active = (self.check_steps > 0 and dist.is_available() and dist.is_initialized()
-                        and dist.get_world_size() > 1)
+        self._active = (
+            self.check_steps > 0 and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        )
         self.detector = StragglerDetector(self.threshold, self.windows)
         self._window_start, self._pending = None, {}
         if self._active:
@@ -177,12 +188,17 @@ class StragglerCallback(PendingLogs, TrainerCallback):
         wait_list = [t.item() for t in waits]
         ratios = busy_ratios(step_list, wait_list)
         newly, recovered = self.detector.update(ratios)
-        median_busy = statistics.median(max(s - w, 0.0) for s, w in zip(step_list, wait_list))
-        events = [f"step {step}: straggler rank {r} (host {self._host(r)}) {ratios[r] - 1:.0%} slower than the "
-                  f"median of ranks for {self.windows} window(s) of {self.check_steps} steps (busy time per step "
-                  f"{step_list[r] - wait_list[r]:.4f} s vs median {median_busy:.4f} s)" for r in newly]
-        events += [f"step {step}: rank {r} (host {self._host(r)}) recovered ({ratios[r] - 1:+.0%} from the median "
-                   f"of ranks)" for r in recovered]
+        median_busy = statistics.median(max(s - w, 0.0) for s, w in zip(step_list, wait_list, strict=True))
+        events = [
+            f"step {step}: straggler rank {r} (host {self._host(r)}) {ratios[r] - 1:.0%} slower than the "
+            f"median of ranks for {self.windows} window(s) of {self.check_steps} steps (busy time per step "
+            f"{step_list[r] - wait_list[r]:.4f} s vs median {median_busy:.4f} s)"
+            for r in newly
+        ]
+        events += [
+            f"step {step}: rank {r} (host {self._host(r)}) recovered ({ratios[r] - 1:+.0%} from the median of ranks)"
+            for r in recovered
+        ]
         # This rank's own busy time: the one per-rank time that differs between ranks in synchronous training,
         # so `logs summarize` finds stragglers offline from it (raw step times are everyone's).
         me = dist.get_rank()

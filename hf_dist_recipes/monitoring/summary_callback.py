@@ -74,8 +74,11 @@ class RankSummaryCallback(TrainerCallback):
             "logging_dir": self.logging_dir,
         }
         identity = getattr(self, "_identity", None)
-        summary.update(host=identity.host if identity else None, local_rank=identity.local_rank if identity else None,
-                       run_id=identity.run_id if identity else None)
+        summary.update(
+            host=identity.host if identity else None,
+            local_rank=identity.local_rank if identity else None,
+            run_id=identity.run_id if identity else None,
+        )
         out = Path(args.output_dir) / SUMMARY_DIRNAME
         out.mkdir(parents=True, exist_ok=True)
         (out / f"rank{args.process_index}.json").write_text(json.dumps(summary, indent=2))

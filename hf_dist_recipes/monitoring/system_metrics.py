@@ -70,8 +70,11 @@ def launch_identity(args) -> RunIdentity:
     global _run_id
     if _run_id is None:
         run_id = [new_run_id()]
-        if torch.distributed.is_available() and torch.distributed.is_initialized() \
-                and torch.distributed.get_world_size() > 1:
+        if (
+            torch.distributed.is_available()
+            and torch.distributed.is_initialized()
+            and torch.distributed.get_world_size() > 1
+        ):
             torch.distributed.broadcast_object_list(run_id, src=0)
         _run_id = run_id[0]
     local_rank = args.local_process_index if getattr(args, "local_process_index", None) is not None else 0
@@ -110,8 +113,10 @@ class SystemMetricsCallback(PendingLogs, TrainerCallback):
             self._nvml_handle = nvml.nvmlDeviceGetHandleByIndex(_device_index(args))
             self._nvml = nvml
         except Exception as e:  # ImportError, NVMLError (no driver, no device): GPU keys absent, never a crash
-            self._nvml_note = f"NVML unavailable, no gpu/utilization_percent, gpu/memory_used_gib, gpu/power_w: " \
-                              f"{type(e).__name__}: {e}"
+            self._nvml_note = (
+                f"NVML unavailable, no gpu/utilization_percent, gpu/memory_used_gib, gpu/power_w: "
+                f"{type(e).__name__}: {e}"
+            )
             logger.warning("rank %s: %s", args.process_index, self._nvml_note)
 
     def sample(self) -> dict[str, float]:

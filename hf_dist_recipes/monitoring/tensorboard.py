@@ -65,8 +65,12 @@ class PerRankTensorBoardCallback(TrainerCallback):
             refusals = _gather([None if resumed else mixing_refusal(run_dir, identity)])
             if any(refusals):
                 first = next(r for r in refusals if r)
-                raise ValueError(first if len(refusals) == 1 else f"rank {refusals.index(first)} of "
-                                 f"{len(refusals)} ({sum(map(bool, refusals))} refusing): {first}")
+                raise ValueError(
+                    first
+                    if len(refusals) == 1
+                    else f"rank {refusals.index(first)} of "
+                    f"{len(refusals)} ({sum(map(bool, refusals))} refusing): {first}"
+                )
             # Resumed at step k: hide what a previous attempt logged after k (purge_step hides steps >= its value),
             # so each step shows once.
             purge = state.global_step + 1 if resumed else None

@@ -10,8 +10,14 @@ DEFAULT_PORT = 29500
 MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 
 
-def accelerate_config(plan: ParallelPlan, *, deepspeed_file: str | None = None, main_process_ip: str = "127.0.0.1",
-                      main_process_port: int = DEFAULT_PORT, machine_rank: int = 0) -> dict:
+def accelerate_config(
+    plan: ParallelPlan,
+    *,
+    deepspeed_file: str | None = None,
+    main_process_ip: str = "127.0.0.1",
+    main_process_port: int = DEFAULT_PORT,
+    machine_rank: int = 0,
+) -> dict:
     """The accelerate config dict. DeepSpeed route: `deepspeed_file` is the JSON's path as written in the YAML
     (relative paths resolve against the directory `accelerate launch` runs in)."""
     config: dict = {"compute_environment": "LOCAL_MACHINE"}
@@ -45,15 +51,17 @@ def accelerate_config(plan: ParallelPlan, *, deepspeed_file: str | None = None, 
             "parallelism_config_tp_size": plan.tp,
             "parallelism_config_cp_size": 1,
         }
-    config.update({
-        "machine_rank": machine_rank,
-        "main_training_function": "main",
-        "num_machines": plan.nodes,
-        "num_processes": plan.world_size,
-        "rdzv_backend": "static",
-        "same_network": True,
-        "use_cpu": plan.device == "cpu",
-    })
+    config.update(
+        {
+            "machine_rank": machine_rank,
+            "main_training_function": "main",
+            "num_machines": plan.nodes,
+            "num_processes": plan.world_size,
+            "rdzv_backend": "static",
+            "same_network": True,
+            "use_cpu": plan.device == "cpu",
+        }
+    )
     if plan.nodes > 1:
         config["main_process_ip"] = main_process_ip
         config["main_process_port"] = main_process_port

@@ -87,5 +87,5 @@ def _resolve(ds_config: dict, key: str, trainer_value: int) -> int:
     if value == "auto":
         return trainer_value
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"DeepSpeed {key} must be a positive integer or \"auto\", got {value!r}")
+        raise ValueError(f'DeepSpeed {key} must be a positive integer or "auto", got {value!r}')
     return value

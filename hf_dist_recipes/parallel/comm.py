@@ -78,13 +78,20 @@ class Hardware:
     cpu_adam_params_per_s: float = 2e9
 
     def __post_init__(self):
-        for key in ("gpu_tflops", "intra_node_gbps", "inter_node_gbps", "memory_gib", "pcie_gbps",
-                    "cpu_adam_params_per_s"):
+        for key in (
+            "gpu_tflops",
+            "intra_node_gbps",
+            "inter_node_gbps",
+            "memory_gib",
+            "pcie_gbps",
+            "cpu_adam_params_per_s",
+        ):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be a positive number, got {getattr(self, key)!r}")
         if not 0 < self.compute_efficiency <= 1:
-            raise ValueError(f"compute_efficiency is a fraction of the GPU's peak in (0, 1], got "
-                             f"{self.compute_efficiency!r}")
+            raise ValueError(
+                f"compute_efficiency is a fraction of the GPU's peak in (0, 1], got {self.compute_efficiency!r}"
+            )
 
 
 # Defaults per GPU type. H100 and H200 SXM share the compute (989 dense bf16 TFLOP/s, NVIDIA H100/H200 data sheets)
@@ -146,7 +153,9 @@ class Traffic:
         self.inter[kind] = self.inter.get(kind, 0.0) + pair[1] * times
 
     def seconds(self, kind: str, hw: Hardware) -> float:
-        return self.intra.get(kind, 0.0) / (hw.intra_node_gbps * GB) + self.inter.get(kind, 0.0) / (hw.inter_node_gbps * GB)
+        return self.intra.get(kind, 0.0) / (hw.intra_node_gbps * GB) + self.inter.get(kind, 0.0) / (
+            hw.inter_node_gbps * GB
+        )
 
 
 def _spans(plan: ParallelPlan) -> dict[str, Span]:
@@ -246,13 +255,17 @@ def traffic(plan: ParallelPlan, model: ModelShape, *, hpz: int = 1, vocab_parall
     if plan.tp > 1:
         tp = spans["tp"]
         activation = s * b * h * width
-        mlp_layers = len({n.split(".mlp.")[0] for n, _ in model.parameters
-                          if component_of(n) in ("dense_mlp", "shared_experts")})
+        mlp_layers = len(
+            {n.split(".mlp.")[0] for n, _ in model.parameters if component_of(n) in ("dense_mlp", "shared_experts")}
+        )
         all_reduces = (2 + recompute) * (model.num_layers + mlp_layers)  # forward, backward, recomputation
         ar = all_gather_bytes(activation, tp)
         t.add("tp", ar, 2 * all_reduces * micro)
-        down = sum(_shape_of(model, (suffix,))[0] for suffix in ("q_a_proj.weight", "kv_a_proj_with_mqa.weight")
-                   if _shape_of(model, (suffix,)) is not None)
+        down = sum(
+            _shape_of(model, (suffix,))[0]
+            for suffix in ("q_a_proj.weight", "kv_a_proj_with_mqa.weight")
+            if _shape_of(model, (suffix,)) is not None
+        )
         if down:
             t.add("tp", all_gather_bytes(s * b * down * width, tp), model.num_layers * (1 + recompute) * micro)
         if not vocab_parallel:
@@ -289,10 +302,16 @@ class StepEstimate:
         return max(0.0, self.seconds_by_kind.get("zero", 0.0) - self.compute_s)
 
     def as_dict(self) -> dict:
-        return {"hardware": asdict(self.hardware), "comm_intra_bytes": self.comm_intra_bytes,
-                "comm_inter_bytes": self.comm_inter_bytes, "bytes_by_kind": self.bytes_by_kind,
-                "seconds_by_kind": self.seconds_by_kind, "compute_s": self.compute_s, "step_time_s": self.step_time_s,
-                "tokens_per_s": self.tokens_per_s}
+        return {
+            "hardware": asdict(self.hardware),
+            "comm_intra_bytes": self.comm_intra_bytes,
+            "comm_inter_bytes": self.comm_inter_bytes,
+            "bytes_by_kind": self.bytes_by_kind,
+            "seconds_by_kind": self.seconds_by_kind,
+            "compute_s": self.compute_s,
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+        }
 
 
 def offload_seconds(plan: ParallelPlan, optimizer_elements: int, param_elements: int, hw: Hardware) -> float:
@@ -308,8 +327,15 @@ def offload_seconds(plan: ParallelPlan, optimizer_elements: int, param_elements:
     return pcie / (hw.pcie_gbps * GB) + optimizer_elements * plan.procs_per_node / hw.cpu_adam_params_per_s
 
 
-def step_estimate(plan: ParallelPlan, model: ModelShape, hardware: Hardware | str = "h100", *, hpz: int = 1,
-                  vocab_parallel: bool = False, elements=None) -> StepEstimate:
+def step_estimate(
+    plan: ParallelPlan,
+    model: ModelShape,
+    hardware: Hardware | str = "h100",
+    *,
+    hpz: int = 1,
+    vocab_parallel: bool = False,
+    elements=None,
+) -> StepEstimate:
     """Traffic and step time of `plan` on `hardware` (a `Hardware` or a key of HARDWARE). `hpz`, `vocab_parallel`:
     as `traffic`. `elements`: the `memory.RankElements` of the plan, for the offload term (computed when not
     given)."""
@@ -323,23 +349,40 @@ def step_estimate(plan: ParallelPlan, model: ModelShape, hardware: Hardware | st
             elements = rank_elements(plan, model)
         seconds["offload"] = offload_seconds(plan, elements.optimizer, elements.params, hw)
     compute = compute_flops(plan, model) / (hw.gpu_tflops * 1e12 * hw.compute_efficiency)
-    step = (max(compute, seconds.get("zero", 0.0)) + seconds.get("tp", 0.0) + seconds.get("ep", 0.0)
-            + seconds.get("offload", 0.0))
+    step = (
+        max(compute, seconds.get("zero", 0.0))
+        + seconds.get("tp", 0.0)
+        + seconds.get("ep", 0.0)
+        + seconds.get("offload", 0.0)
+    )
     kinds = {"intra": dict(t.intra), "inter": dict(t.inter)}
-    return StepEstimate(plan=plan, hardware=hw, comm_intra_bytes=sum(t.intra.values()),
-                        comm_inter_bytes=sum(t.inter.values()), bytes_by_kind=kinds, seconds_by_kind=seconds,
-                        compute_s=compute, step_time_s=step)
+    return StepEstimate(
+        plan=plan,
+        hardware=hw,
+        comm_intra_bytes=sum(t.intra.values()),
+        comm_inter_bytes=sum(t.inter.values()),
+        bytes_by_kind=kinds,
+        seconds_by_kind=seconds,
+        compute_s=compute,
+        step_time_s=step,
+    )
 
 
 def describe(step: StepEstimate) -> str:
     """One line: step time and where it goes."""
     parts = [f"compute {step.compute_s:.2f} s"]
-    labels = {"zero": "ZeRO gathers/reduce-scatters", "tp": "TP all-reduces", "ep": "EP all-to-alls",
-              "offload": "optimizer offload"}
+    labels = {
+        "zero": "ZeRO gathers/reduce-scatters",
+        "tp": "TP all-reduces",
+        "ep": "EP all-to-alls",
+        "offload": "optimizer offload",
+    }
     for kind, label in labels.items():
         if kind in step.seconds_by_kind and step.seconds_by_kind[kind] > 0:
             hidden = " (hidden behind compute)" if kind == "zero" and step.exposed_zero_s == 0 else ""
             parts.append(f"{label} {step.seconds_by_kind[kind]:.2f} s{hidden}")
-    return (f"{step.step_time_s:.2f} s/step, {step.tokens_per_s:,.0f} tokens/s ({', '.join(parts)}; "
-            f"{step.comm_inter_bytes / 1e9:.1f} GB across nodes, {step.comm_intra_bytes / 1e9:.1f} GB inside the node "
-            "per rank)")
+    return (
+        f"{step.step_time_s:.2f} s/step, {step.tokens_per_s:,.0f} tokens/s ({', '.join(parts)}; "
+        f"{step.comm_inter_bytes / 1e9:.1f} GB across nodes, {step.comm_intra_bytes / 1e9:.1f} GB inside the node "
+        "per rank)"
+    )

@@ -21,8 +21,9 @@ from hf_dist_recipes.parallel.tp_specs import partition_config
 from hf_dist_recipes.parallel.zero_buffers import zero_buffers
 
 
-def deepspeed_config(plan: ParallelPlan, model: ModelShape | None = None, *, auto: bool = False,
-                     model_ref: str | None = None) -> dict:
+def deepspeed_config(
+    plan: ParallelPlan, model: ModelShape | None = None, *, auto: bool = False, model_ref: str | None = None
+) -> dict:
     """The DeepSpeed config dict for `plan`. `model` is needed when TP > 1 or EP > 1 (layer specs, EP preset).
     `auto` writes "auto" wherever the Trainer fills the value from its arguments (micro batch, accumulation,
     clipping, bf16/fp16: one config for jobs of different sizes); otherwise the plan's values, which the
@@ -71,8 +72,11 @@ def deepspeed_config(plan: ParallelPlan, model: ModelShape | None = None, *, aut
     if plan.ep > 1:
         if model is None or model.model_type not in EP_PRESETS:
             raise ValueError("EP > 1 needs a mixture-of-experts model with a DeepSpeed AutoEP preset (--model)")
-        config["expert_parallel"] = {"enabled": True, "autoep_size": plan.ep,
-                                     "preset_model": EP_PRESETS[model.model_type]}
+        config["expert_parallel"] = {
+            "enabled": True,
+            "autoep_size": plan.ep,
+            "preset_model": EP_PRESETS[model.model_type],
+        }
     config[PLAN_KEY] = plan_record(plan, model_ref or (model.name if model is not None else None))
     config["steps_per_print"] = 1_000_000  # the Trainer logs; DeepSpeed's own step prints would only duplicate it
     config["wall_clock_breakdown"] = False

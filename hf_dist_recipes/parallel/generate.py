@@ -34,19 +34,30 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offload-optimizer", action="store_true", help="ZeRO optimizer offload to CPU")
     parser.add_argument("--offload-params", action="store_true", help="ZeRO-3 parameter offload to CPU")
     parser.add_argument("--activation-checkpointing", action="store_true", help="recompute activations")
-    parser.add_argument("--no-zero-init", dest="zero_init", action="store_false",
-                        help="the model is constructed directly, not under zero.Init / from_pretrained (estimate only)")
-    parser.add_argument("--engine", choices=ENGINES, default="deepspeed",
-                        help="deepspeed (default) or fsdp2: accelerate's FSDP2 + TP ParallelismConfig, GPUs only")
+    parser.add_argument(
+        "--no-zero-init",
+        dest="zero_init",
+        action="store_false",
+        help="the model is constructed directly, not under zero.Init / from_pretrained (estimate only)",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="deepspeed",
+        help="deepspeed (default) or fsdp2: accelerate's FSDP2 + TP ParallelismConfig, GPUs only",
+    )
 
 
 def add_output_flags(parser: argparse.ArgumentParser) -> None:
     """The flags of `config generate` beyond the plan: where and how the files are written."""
     parser.add_argument("--output", required=True, help="directory for NAME.yaml and deepspeed/NAME.json")
     parser.add_argument("--name", help="file name stem (default: from the plan)")
-    parser.add_argument("--auto", action="store_true",
-                        help='write "auto" where the Trainer fills values from its arguments (micro batch, '
-                             'accumulation, clipping, bf16/fp16): one config for jobs of any batch size')
+    parser.add_argument(
+        "--auto",
+        action="store_true",
+        help='write "auto" where the Trainer fills values from its arguments (micro batch, '
+        "accumulation, clipping, bf16/fp16): one config for jobs of any batch size",
+    )
     parser.add_argument("--main-process-ip", default="127.0.0.1", help="multi-node: rank-0 machine's address")
     parser.add_argument("--main-process-port", type=int, default=DEFAULT_PORT, help="multi-node: rendezvous port")
 
@@ -62,11 +73,21 @@ def generate_parser() -> argparse.ArgumentParser:
 def plan_from(args: argparse.Namespace) -> ParallelPlan:
     """The ParallelPlan of parsed `add_plan_flags` flags."""
     return ParallelPlan(
-        nodes=args.nodes, procs_per_node=args.gpus_per_node, device="cpu" if args.cpu else "cuda",
-        zero_stage=args.zero, offload_optimizer=args.offload_optimizer, offload_params=args.offload_params,
-        tp=args.tp, ep=args.ep, micro_batch=args.micro_batch, grad_accum=args.grad_accum, seq_len=args.seq_len,
+        nodes=args.nodes,
+        procs_per_node=args.gpus_per_node,
+        device="cpu" if args.cpu else "cuda",
+        zero_stage=args.zero,
+        offload_optimizer=args.offload_optimizer,
+        offload_params=args.offload_params,
+        tp=args.tp,
+        ep=args.ep,
+        micro_batch=args.micro_batch,
+        grad_accum=args.grad_accum,
+        seq_len=args.seq_len,
         precision=args.precision or ("fp32" if args.cpu else "bf16"),
-        activation_checkpointing=args.activation_checkpointing, engine=args.engine, zero_init=args.zero_init,
+        activation_checkpointing=args.activation_checkpointing,
+        engine=args.engine,
+        zero_init=args.zero_init,
     )
 
 
@@ -89,9 +110,13 @@ class Generated:
     deepspeed_file: Path | None
 
     def as_dict(self) -> dict:
-        return {"plan": self.plan.as_dict(), "warnings": self.warnings, "yaml_file": str(self.yaml_file),
-                "deepspeed_file": str(self.deepspeed_file) if self.deepspeed_file else None,
-                "global_batch": self.plan.global_batch}
+        return {
+            "plan": self.plan.as_dict(),
+            "warnings": self.warnings,
+            "yaml_file": str(self.yaml_file),
+            "deepspeed_file": str(self.deepspeed_file) if self.deepspeed_file else None,
+            "global_batch": self.plan.global_batch,
+        }
 
 
 def default_name(plan: ParallelPlan, model_name: str | None) -> str:
@@ -105,14 +130,29 @@ def default_name(plan: ParallelPlan, model_name: str | None) -> str:
 
 def generate_from_args(args: argparse.Namespace, argv: list[str] | None = None) -> Generated:
     """`write_configs` for parsed `generate_parser` flags; `argv` (those flags as given) goes into the header."""
-    return write_configs(plan_from(args), args.output, model_ref=args.model, name=args.name, auto=args.auto,
-                         main_process_ip=args.main_process_ip, main_process_port=args.main_process_port,
-                         command_args=argv)
+    return write_configs(
+        plan_from(args),
+        args.output,
+        model_ref=args.model,
+        name=args.name,
+        auto=args.auto,
+        main_process_ip=args.main_process_ip,
+        main_process_port=args.main_process_port,
+        command_args=argv,
+    )
 
 
-def write_configs(plan: ParallelPlan, output: str | Path, *, model_ref: str | None = None, name: str | None = None,
-                  auto: bool = False, main_process_ip: str = "127.0.0.1", main_process_port: int = DEFAULT_PORT,
-                  command_args: list[str] | None = None) -> Generated:
+def write_configs(
+    plan: ParallelPlan,
+    output: str | Path,
+    *,
+    model_ref: str | None = None,
+    name: str | None = None,
+    auto: bool = False,
+    main_process_ip: str = "127.0.0.1",
+    main_process_port: int = DEFAULT_PORT,
+    command_args: list[str] | None = None,
+) -> Generated:
     """Validate the plan, then write `<output>/NAME.yaml` (and `<output>/deepspeed/NAME.json` for DeepSpeed).
     `command_args`: the `config generate` arguments recorded in the YAML's header. Every check runs before the
     first file is written: a refused plan or an unwritable `output` leaves nothing behind."""
@@ -125,8 +165,10 @@ def write_configs(plan: ParallelPlan, output: str | Path, *, model_ref: str | No
     from hf_dist_recipes.parallel.deepspeed_config import deepspeed_config
 
     if plan.nodes > 1 and main_process_ip.startswith("127.") and plan.device == "cuda":
-        warnings = warnings + [f"main_process_ip is {main_process_ip}: the other machines cannot reach it; pass "
-                               "--main-process-ip <rank-0 address> here or --main_process_ip at launch"]
+        warnings = warnings + [
+            f"main_process_ip is {main_process_ip}: the other machines cannot reach it; pass "
+            "--main-process-ip <rank-0 address> here or --main_process_ip at launch"
+        ]
     name = name or default_name(plan, model.name if model else None)
     out = Path(output)
     ds_file = None
@@ -135,16 +177,25 @@ def write_configs(plan: ParallelPlan, output: str | Path, *, model_ref: str | No
         ds_file.parent.mkdir(parents=True, exist_ok=True)
         ds_file.write_text(json.dumps(deepspeed_config(plan, model, auto=auto, model_ref=model_ref), indent=2) + "\n")
     out.mkdir(parents=True, exist_ok=True)
-    config = accelerate_config(plan, deepspeed_file=str(ds_file) if ds_file else None,
-                               main_process_ip=main_process_ip, main_process_port=main_process_port)
-    command = ("hf-dist-recipes config generate " + shlex.join(command_args) if command_args
-               else "hf-dist-recipes config generate")
-    header = [f"Generated by: {command}",
-              f"{plan.nodes} machine(s) x {plan.procs_per_node} {plan.device} process(es); ZeRO-{plan.zero_stage}, "
-              f"TP {plan.tp}, EP {plan.ep}; data-parallel {plan.dp_size}; global batch "
-              + ("micro x accumulation x " + str(plan.dp_size) if auto else str(plan.global_batch)),
-              "Launch from the directory the DeepSpeed path is relative to:",
-              f"  accelerate launch --config_file {out / (name + '.yaml')} train.py"]
+    config = accelerate_config(
+        plan,
+        deepspeed_file=str(ds_file) if ds_file else None,
+        main_process_ip=main_process_ip,
+        main_process_port=main_process_port,
+    )
+    command = (
+        "hf-dist-recipes config generate " + shlex.join(command_args)
+        if command_args
+        else "hf-dist-recipes config generate"
+    )
+    header = [
+        f"Generated by: {command}",
+        f"{plan.nodes} machine(s) x {plan.procs_per_node} {plan.device} process(es); ZeRO-{plan.zero_stage}, "
+        f"TP {plan.tp}, EP {plan.ep}; data-parallel {plan.dp_size}; global batch "
+        + ("micro x accumulation x " + str(plan.dp_size) if auto else str(plan.global_batch)),
+        "Launch from the directory the DeepSpeed path is relative to:",
+        f"  accelerate launch --config_file {out / (name + '.yaml')} train.py",
+    ]
     if plan.nodes > 1:
         header.append("On machine N: add --machine_rank N (and --main_process_ip <rank-0 address> if not set here)")
     from hf_dist_recipes.extensions import launch_header_lines

@@ -94,7 +94,10 @@ def check_launch_config(cfg: LaunchConfig, *, num_processes: int | None = None) 
         dp = data_parallel_size(world, tp)
     except ValueError as err:
         raise ValueError(f"{cfg.path} with {cfg.deepspeed_file}: {err}") from None
-    batch = [cfg.deepspeed.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")]
+    batch = [
+        cfg.deepspeed.get(k)
+        for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    ]
     if all(isinstance(v, int) and not isinstance(v, bool) for v in batch):
         total, micro, accum = batch
         if total != micro * accum * dp:
@@ -102,7 +105,7 @@ def check_launch_config(cfg: LaunchConfig, *, num_processes: int | None = None) 
                 f"{cfg.path} launches num_processes={world} (TP {tp}, so {dp} data-parallel ranks) but "
                 f"{cfg.deepspeed_file} says train_batch_size={total} = micro {micro} x accumulation {accum} x "
                 f"{total // (micro * accum) if total % (micro * accum) == 0 else '?'} ranks. Make num_processes "
-                f"match, or set train_batch_size to {micro * accum * dp} (or \"auto\")."
+                f'match, or set train_batch_size to {micro * accum * dp} (or "auto").'
             )
     return world
 

@@ -17,9 +17,17 @@ from hf_dist_recipes.parallel.launch_plan import is_loopback, plan_of_launch
 
 ERROR, WARNING = "error", "warning"
 # accelerate 1.16 (utils/dataclasses.py, DeepSpeedPlugin) refuses these YAML keys beside a deepspeed_config_file.
-IGNORED_WITH_DS_FILE = ("mixed_precision", "gradient_accumulation_steps", "gradient_clipping", "zero_stage",
-                        "offload_optimizer_device", "offload_param_device", "offload_param_nvme_path",
-                        "offload_optimizer_nvme_path", "zero3_save_16bit_model")
+IGNORED_WITH_DS_FILE = (
+    "mixed_precision",
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "zero_stage",
+    "offload_optimizer_device",
+    "offload_param_device",
+    "offload_param_nvme_path",
+    "offload_optimizer_nvme_path",
+    "zero3_save_16bit_model",
+)
 
 
 @dataclass(frozen=True)
@@ -32,8 +40,9 @@ class Finding:
         return asdict(self)
 
 
-def lint_file(path: str | Path, *, root: str | Path | None = None, gpu_memory_gib: float | None = None,
-              model: str | None = None) -> list[Finding]:
+def lint_file(
+    path: str | Path, *, root: str | Path | None = None, gpu_memory_gib: float | None = None, model: str | None = None
+) -> list[Finding]:
     """Findings for one file: `.json` is read as DeepSpeed config, `.yaml`/`.yml` as accelerate config (its
     DeepSpeed JSON is linted too, against the YAML's process count). With `gpu_memory_gib` (GiB per GPU) an
     accelerate config's plan is estimated and a warning given when it does not fit; `model` names the model for
@@ -75,31 +84,49 @@ def lint_deepspeed(config: dict, name: str, *, world_size: int | None = None) ->
     zero = config.get("zero_optimization") or {}
     ep_on = bool(ep_cfg.get("enabled", bool(ep_cfg))) and ep_cfg.get("autoep_size", 1) > 1
     if tp > 1 and "train_batch_size" in config:
-        add(ERROR, f"train_batch_size={config['train_batch_size']!r} with tensor_parallel.autotp_size={tp}: the "
-                   "Trainer fills it from the world size including TP ranks and DeepSpeed's batch check fails "
-                   "(DeepSpeed issue 7298); remove train_batch_size")
+        add(
+            ERROR,
+            f"train_batch_size={config['train_batch_size']!r} with tensor_parallel.autotp_size={tp}: the "
+            "Trainer fills it from the world size including TP ranks and DeepSpeed's batch check fails "
+            "(DeepSpeed issue 7298); remove train_batch_size",
+        )
     if isinstance(config.get("scheduler"), dict):
         # transformers 5.24 integrations/deepspeed.py deepspeed_optim_sched: a scheduler section wins over the
         # Trainer's lr_scheduler_type, so RecipeTrainer's warm-up + cosine with restarts would never run.
-        add(WARNING, f"a scheduler section ({config['scheduler'].get('type', '?')}) replaces the recipe's linear "
-                     "warm-up + cosine with hard restarts without a word; remove it and set lr_scheduler_type / "
-                     "warmup_steps in the training arguments")
+        add(
+            WARNING,
+            f"a scheduler section ({config['scheduler'].get('type', '?')}) replaces the recipe's linear "
+            "warm-up + cosine with hard restarts without a word; remove it and set lr_scheduler_type / "
+            "warmup_steps in the training arguments",
+        )
     if tp > 1 and not tp_cfg.get("partition_config") and not tp_cfg.get("preset_model"):
-        add(WARNING, "AutoTP without partition_config follows the model's own tp_plan, which DeepSpeed refuses for "
-                     "DeepSeek MLA/MoE models ('moe_tp_experts', 'packed_colwise'); write an explicit "
-                     "partition_config (hf-dist-recipes config generate does)")
+        add(
+            WARNING,
+            "AutoTP without partition_config follows the model's own tp_plan, which DeepSpeed refuses for "
+            "DeepSeek MLA/MoE models ('moe_tp_experts', 'packed_colwise'); write an explicit "
+            "partition_config (hf-dist-recipes config generate does)",
+        )
     if tp_cfg.get("preset_model") in ("deepseek_v2", "deepseek_v3") and not ep_on:
-        add(WARNING, f"tensor_parallel.preset_model={tp_cfg['preset_model']!r} leaves the fused expert weights "
-                     "whole on every TP rank (measured 1.79x the per-rank model states of ZeRO-3 alone); add "
-                     "expert_parallel")
+        add(
+            WARNING,
+            f"tensor_parallel.preset_model={tp_cfg['preset_model']!r} leaves the fused expert weights "
+            "whole on every TP rank (measured 1.79x the per-rank model states of ZeRO-3 alone); add "
+            "expert_parallel",
+        )
     tp_preset, ep_preset = tp_cfg.get("preset_model"), ep_cfg.get("preset_model")
     if tp_preset and ep_preset and tp_preset != ep_preset:
-        add(ERROR, f"tensor_parallel.preset_model={tp_preset!r} and expert_parallel.preset_model={ep_preset!r} must "
-                   "match when both are set (DeepSpeed refuses them); drop the TP preset and give partition_config")
+        add(
+            ERROR,
+            f"tensor_parallel.preset_model={tp_preset!r} and expert_parallel.preset_model={ep_preset!r} must "
+            "match when both are set (DeepSpeed refuses them); drop the TP preset and give partition_config",
+        )
     if ep_on and zero.get("stage") == 3 and zero.get("stage3_gather_16bit_weights_on_model_save"):
-        add(ERROR, "stage3_gather_16bit_weights_on_model_save with ZeRO-3 + AutoEP: DeepSpeed 0.19.8 refuses the "
-                   "consolidated save (NotImplementedError at the first checkpoint, in Trainer.save_model); set it "
-                   "to false. RecipeTrainer.save_model exports AutoEP models without it")
+        add(
+            ERROR,
+            "stage3_gather_16bit_weights_on_model_save with ZeRO-3 + AutoEP: DeepSpeed 0.19.8 refuses the "
+            "consolidated save (NotImplementedError at the first checkpoint, in Trainer.save_model); set it "
+            "to false. RecipeTrainer.save_model exports AutoEP models without it",
+        )
     offload = bool(zero.get("offload_optimizer")) or bool(zero.get("offload_param"))
     if tp > 1 and ep_on and offload:
         add(ERROR, "ZeRO offload with AutoEP + AutoTP is refused by DeepSpeed; remove offload_* or the TP")
@@ -127,17 +154,25 @@ def _deepspeed_own_checks(config: dict, name: str, tp: int, world_size: int | No
 
     zero = parsed.zero_config
     try:
-        validate_autoep_config(ep, world_size, 1, tp, 1, zero_stage=parsed.zero_optimization_stage,
-                               tp_preset_model=getattr(parsed.tensor_parallel_config, "preset_model", None),
-                               zero_offload_optimizer=zero.offload_optimizer is not None,
-                               zero_offload_param=zero.offload_param is not None)
+        validate_autoep_config(
+            ep,
+            world_size,
+            1,
+            tp,
+            1,
+            zero_stage=parsed.zero_optimization_stage,
+            tp_preset_model=getattr(parsed.tensor_parallel_config, "preset_model", None),
+            zero_offload_optimizer=zero.offload_optimizer is not None,
+            zero_offload_param=zero.offload_param is not None,
+        )
     except ValueError as err:
         return [Finding(name, ERROR, f"DeepSpeed AutoEP refuses it for {world_size} processes: {_first_line(err)}")]
     return []
 
 
-def lint_accelerate(path: Path, *, root: str | Path | None = None, gpu_memory_gib: float | None = None,
-                    model: str | None = None) -> list[Finding]:
+def lint_accelerate(
+    path: Path, *, root: str | Path | None = None, gpu_memory_gib: float | None = None, model: str | None = None
+) -> list[Finding]:
     """Findings for an accelerate YAML: accelerate's own loader, the launch consistency checks, the FSDP2 route's
     sizes, the rank-0 address of a multi-machine launch, the referenced DeepSpeed JSON and (with
     `gpu_memory_gib`) whether the plan fits the GPUs by our estimate."""
@@ -153,17 +188,29 @@ def lint_accelerate(path: Path, *, root: str | Path | None = None, gpu_memory_gi
     data = cfg.raw
     clashing = [k for k in IGNORED_WITH_DS_FILE if k in data or k in (data.get("deepspeed_config") or {})]
     if cfg.deepspeed is not None and clashing:
-        out.append(Finding(name, ERROR, f"{', '.join(clashing)} set next to deepspeed_config_file: accelerate stops at "
-                                        "launch ('will be ignored'); move them into the DeepSpeed JSON"))
+        out.append(
+            Finding(
+                name,
+                ERROR,
+                f"{', '.join(clashing)} set next to deepspeed_config_file: accelerate stops at "
+                "launch ('will be ignored'); move them into the DeepSpeed JSON",
+            )
+        )
     try:
         world = check_launch_config(cfg)
     except ValueError as err:
         return out + [Finding(name, ERROR, str(err))]
     if cfg.num_machines > 1 and is_loopback(data.get("main_process_ip")):
-        out.append(Finding(name, WARNING, f"main_process_ip is {data.get('main_process_ip')} on a "
-                                          f"{cfg.num_machines}-machine launch: the other machines cannot reach a "
-                                          "loopback address; set the rank-0 machine's address here or pass "
-                                          "--main_process_ip at launch"))
+        out.append(
+            Finding(
+                name,
+                WARNING,
+                f"main_process_ip is {data.get('main_process_ip')} on a "
+                f"{cfg.num_machines}-machine launch: the other machines cannot reach a "
+                "loopback address; set the rank-0 machine's address here or pass "
+                "--main_process_ip at launch",
+            )
+        )
     if cfg.distributed_type == "FSDP":
         out += _lint_fsdp2(data, name, world)
     if cfg.deepspeed is not None:
@@ -181,18 +228,30 @@ def _memory_findings(cfg, world: int, gpu_memory_gib: float, model_ref: str | No
     plan, recorded_model = plan_of_launch(cfg, world)
     model_ref = model_ref or recorded_model
     if not model_ref:
-        return [Finding(name, WARNING, "no model is recorded in the DeepSpeed JSON (config generate records the "
-                                       "--model it was given): pass --model to check memory against --gpu-memory")]
+        return [
+            Finding(
+                name,
+                WARNING,
+                "no model is recorded in the DeepSpeed JSON (config generate records the "
+                "--model it was given): pass --model to check memory against --gpu-memory",
+            )
+        ]
     est = estimate(plan, introspect(model_ref), device_gib=gpu_memory_gib)
     if est.fits:
         return []
-    return [Finding(name, WARNING, f"by our estimate {model_ref} needs {est.device_total / GIB:.1f} GiB per GPU with "
-                                   f"this plan (ZeRO-{plan.zero_stage}, TP {plan.tp}, EP {plan.ep}, seq {plan.seq_len}, "
-                                   f"micro batch {plan.micro_batch}; allowance for the CUDA context, NCCL and "
-                                   f"fragmentation included), more than {gpu_memory_gib:g} GiB GPUs hold. Find one "
-                                   "that fits with: "
-                                   f"hf-dist-recipes config estimate --model {model_ref} --nodes {plan.nodes} "
-                                   f"--gpus-per-node {plan.procs_per_node} --gpu-memory {gpu_memory_gib:g} --suggest")]
+    return [
+        Finding(
+            name,
+            WARNING,
+            f"by our estimate {model_ref} needs {est.device_total / GIB:.1f} GiB per GPU with "
+            f"this plan (ZeRO-{plan.zero_stage}, TP {plan.tp}, EP {plan.ep}, seq {plan.seq_len}, "
+            f"micro batch {plan.micro_batch}; allowance for the CUDA context, NCCL and "
+            f"fragmentation included), more than {gpu_memory_gib:g} GiB GPUs hold. Find one "
+            "that fits with: "
+            f"hf-dist-recipes config estimate --model {model_ref} --nodes {plan.nodes} "
+            f"--gpus-per-node {plan.procs_per_node} --gpu-memory {gpu_memory_gib:g} --suggest",
+        )
+    ]
 
 
 def _lint_fsdp2(data: dict, name: str, world: int) -> list[Finding]:
@@ -203,11 +262,23 @@ def _lint_fsdp2(data: dict, name: str, world: int) -> list[Finding]:
     out = []
     product = sizes["dp_replicate"] * sizes["dp_shard"] * sizes["tp"] * sizes["cp"]
     if product != world:
-        out.append(Finding(name, ERROR, f"parallelism_config sizes multiply to {product} ({sizes}) but num_processes "
-                                        f"is {world}; make dp_replicate x dp_shard x tp x cp equal num_processes"))
+        out.append(
+            Finding(
+                name,
+                ERROR,
+                f"parallelism_config sizes multiply to {product} ({sizes}) but num_processes "
+                f"is {world}; make dp_replicate x dp_shard x tp x cp equal num_processes",
+            )
+        )
     if data.get("use_cpu"):
-        out.append(Finding(name, ERROR, "use_cpu with parallelism_config: accelerate refuses ParallelismConfig on "
-                                        "MULTI_CPU; this route runs on GPUs only"))
+        out.append(
+            Finding(
+                name,
+                ERROR,
+                "use_cpu with parallelism_config: accelerate refuses ParallelismConfig on "
+                "MULTI_CPU; this route runs on GPUs only",
+            )
+        )
     if (data.get("fsdp_config") or {}).get("fsdp_version") != 2:
         out.append(Finding(name, ERROR, "parallelism_config needs fsdp_config.fsdp_version: 2"))
     return out
@@ -227,4 +298,3 @@ def _fill_autos(node, key: str | None = None):
 def _first_line(err: Exception) -> str:
     text = str(err).strip().splitlines()
     return " ".join(line.strip() for line in text[:3] if line.strip()) or type(err).__name__
-

@@ -166,12 +166,20 @@ def rank_elements(plan: ParallelPlan, model: ModelShape) -> RankElements:
         grads += partitioned if plan.zero_stage >= 2 else numel
         optimizer += partitioned if plan.zero_stage >= 1 else numel
         largest_tensor = max(largest_tensor, *pieces)
-        largest_partition = max(largest_partition, *(math.ceil(p / group) if plan.zero_stage >= 1 else p
-                                                      for p in pieces))
+        largest_partition = max(
+            largest_partition, *(math.ceil(p / group) if plan.zero_stage >= 1 else p for p in pieces)
+        )
     module = max(per_module, key=per_module.get) if plan.zero_stage == 3 else ""
-    return RankElements(params=params, grads=grads, optimizer=optimizer,
-                        gathered_layer=per_module[module] if module else 0, sharded=sharded, gathered_module=module,
-                        largest_tensor=largest_tensor, largest_partition=largest_partition)
+    return RankElements(
+        params=params,
+        grads=grads,
+        optimizer=optimizer,
+        gathered_layer=per_module[module] if module else 0,
+        sharded=sharded,
+        gathered_module=module,
+        largest_tensor=largest_tensor,
+        largest_partition=largest_partition,
+    )
 
 
 def _norm_bytes(c: int, width: int) -> int:
@@ -240,8 +248,12 @@ def activation_parts(plan: ParallelPlan, model: ModelShape) -> dict[str, int]:
         layers = n_dense * dense + n_moe * moe
         recomputed = 0
     dispatch = 2 * c * model.experts_per_token * model.hidden_size if plan.ep > 1 and n_moe else 0
-    return {"layers": int(tokens * layers), "recomputed_layer": int(tokens * recomputed),
-            "dispatch": int(tokens * dispatch), "logits": logits_bytes(plan, model)}
+    return {
+        "layers": int(tokens * layers),
+        "recomputed_layer": int(tokens * recomputed),
+        "dispatch": int(tokens * dispatch),
+        "logits": logits_bytes(plan, model),
+    }
 
 
 def activation_bytes(plan: ParallelPlan, model: ModelShape) -> int:
@@ -282,8 +294,9 @@ class MemoryEstimate:
         """Bytes of device_total beyond the model states on the GPU, `gathered` and `activations`: the buffers
         that fall in the peak phase and the allowance."""
         on_host = self.host_total_per_node // self.plan.procs_per_node
-        return self.device_total - (self.params + self.grads + self.optimizer - on_host + self.gathered
-                                    + self.activations)
+        return self.device_total - (
+            self.params + self.grads + self.optimizer - on_host + self.gathered + self.activations
+        )
 
     def as_dict(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k not in ("plan", "elements")}
@@ -336,17 +349,28 @@ def estimate(plan: ParallelPlan, model: ModelShape, *, device_gib: float | None 
     allowance = int(ALLOWANCE_FIXED_BYTES + FRAGMENTATION_FRACTION * transient) if plan.device == "cuda" else 0
     device_total = params + grads + optimizer - on_host + persistent + transient + allowance
     return MemoryEstimate(
-        plan=plan, params=params, grads=grads, optimizer=optimizer, gathered=gathered, activations=activations,
-        device_total=device_total, host_total_per_node=on_host * plan.procs_per_node,
-        device_bytes=int(device_gib * GIB) if device_gib else None, elements=el, buffers=buffers,
-        activation_parts=parts, allowance=allowance,
+        plan=plan,
+        params=params,
+        grads=grads,
+        optimizer=optimizer,
+        gathered=gathered,
+        activations=activations,
+        device_total=device_total,
+        host_total_per_node=on_host * plan.procs_per_node,
+        device_bytes=int(device_gib * GIB) if device_gib else None,
+        elements=el,
+        buffers=buffers,
+        activation_parts=parts,
+        allowance=allowance,
     )
 
 
 def render_table(estimates: list[MemoryEstimate], *, chosen: MemoryEstimate | None = None) -> str:
     """Plain-text table, GiB per rank; host RAM per node. `other`: ZeRO-3 buffers and the allowance."""
-    head = (f"{'plan':<28} {'params':>8} {'grads':>8} {'optim':>8} {'gather':>8} {'activ':>8} {'other':>8} "
-            f"{'total':>8} {'host/node':>10} {'fits?':>6}")
+    head = (
+        f"{'plan':<28} {'params':>8} {'grads':>8} {'optim':>8} {'gather':>8} {'activ':>8} {'other':>8} "
+        f"{'total':>8} {'host/node':>10} {'fits?':>6}"
+    )
     lines = [head, "-" * len(head)]
     for e in estimates:
         p = e.plan

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch and transformers load in seconds: only the functions that build configs import them, so
@@ -20,52 +19,187 @@ from hf_dist_recipes.jsonfile import read_json_object
 # model_type and config values of public checkpoints (their config.json). Names are what --model accepts.
 TEMPLATES: dict[str, tuple[str, dict]] = {
     "deepseek-v3": ("deepseek_v3", {}),  # DeepseekV3Config's defaults are DeepSeek-V3 (671B)
-    "deepseek-v2": ("deepseek_v2", dict(
-        vocab_size=102400, hidden_size=5120, intermediate_size=12288, moe_intermediate_size=1536, num_hidden_layers=60,
-        num_attention_heads=128, num_key_value_heads=128, n_routed_experts=160, n_shared_experts=2,
-        num_experts_per_tok=6, first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64,
-        qk_nope_head_dim=128, v_head_dim=128, n_group=8, topk_group=3, topk_method="group_limited_greedy",
-        routed_scaling_factor=16.0)),
-    "deepseek-v2-lite": ("deepseek_v2", dict(
-        vocab_size=102400, hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408, num_hidden_layers=27,
-        num_attention_heads=16, num_key_value_heads=16, n_routed_experts=64, n_shared_experts=2,
-        num_experts_per_tok=6, first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
-        qk_nope_head_dim=128, v_head_dim=128, n_group=1, topk_group=1)),
-    "llama-3.1-8b": ("llama", dict(
-        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-        num_key_value_heads=8)),
-    "llama-3.1-70b": ("llama", dict(
-        vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
-        num_key_value_heads=8)),
-    "qwen2.5-7b": ("qwen2", dict(
-        vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-        num_key_value_heads=4)),
-    "qwen3-30b-a3b": ("qwen3_moe", dict(
-        vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48,
-        num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8)),
-    "qwen3-235b-a22b": ("qwen3_moe", dict(
-        vocab_size=151936, hidden_size=4096, intermediate_size=12288, moe_intermediate_size=1536,
-        num_hidden_layers=94, num_attention_heads=64, num_key_value_heads=4, head_dim=128, num_experts=128,
-        num_experts_per_tok=8)),
+    "deepseek-v2": (
+        "deepseek_v2",
+        dict(
+            vocab_size=102400,
+            hidden_size=5120,
+            intermediate_size=12288,
+            moe_intermediate_size=1536,
+            num_hidden_layers=60,
+            num_attention_heads=128,
+            num_key_value_heads=128,
+            n_routed_experts=160,
+            n_shared_experts=2,
+            num_experts_per_tok=6,
+            first_k_dense_replace=1,
+            kv_lora_rank=512,
+            q_lora_rank=1536,
+            qk_rope_head_dim=64,
+            qk_nope_head_dim=128,
+            v_head_dim=128,
+            n_group=8,
+            topk_group=3,
+            topk_method="group_limited_greedy",
+            routed_scaling_factor=16.0,
+        ),
+    ),
+    "deepseek-v2-lite": (
+        "deepseek_v2",
+        dict(
+            vocab_size=102400,
+            hidden_size=2048,
+            intermediate_size=10944,
+            moe_intermediate_size=1408,
+            num_hidden_layers=27,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            n_routed_experts=64,
+            n_shared_experts=2,
+            num_experts_per_tok=6,
+            first_k_dense_replace=1,
+            kv_lora_rank=512,
+            q_lora_rank=None,
+            qk_rope_head_dim=64,
+            qk_nope_head_dim=128,
+            v_head_dim=128,
+            n_group=1,
+            topk_group=1,
+        ),
+    ),
+    "llama-3.1-8b": (
+        "llama",
+        dict(
+            vocab_size=128256,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+        ),
+    ),
+    "llama-3.1-70b": (
+        "llama",
+        dict(
+            vocab_size=128256,
+            hidden_size=8192,
+            intermediate_size=28672,
+            num_hidden_layers=80,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+        ),
+    ),
+    "qwen2.5-7b": (
+        "qwen2",
+        dict(
+            vocab_size=152064,
+            hidden_size=3584,
+            intermediate_size=18944,
+            num_hidden_layers=28,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+        ),
+    ),
+    "qwen3-30b-a3b": (
+        "qwen3_moe",
+        dict(
+            vocab_size=151936,
+            hidden_size=2048,
+            intermediate_size=6144,
+            moe_intermediate_size=768,
+            num_hidden_layers=48,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            head_dim=128,
+            num_experts=128,
+            num_experts_per_tok=8,
+        ),
+    ),
+    "qwen3-235b-a22b": (
+        "qwen3_moe",
+        dict(
+            vocab_size=151936,
+            hidden_size=4096,
+            intermediate_size=12288,
+            moe_intermediate_size=1536,
+            num_hidden_layers=94,
+            num_attention_heads=64,
+            num_key_value_heads=4,
+            head_dim=128,
+            num_experts=128,
+            num_experts_per_tok=8,
+        ),
+    ),
     "mixtral-8x7b": ("mixtral", {}),  # MixtralConfig's defaults are Mixtral-8x7B
     # Small models that train on a CPU, for tests and demos. A tiny Llama (dense, plain multi-head attention):
-    "tiny-llama": ("llama", dict(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=64)),
+    "tiny-llama": (
+        "llama",
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=64,
+        ),
+    ),
     # Small DeepSeek-V3-style models: the 191,568-parameter one of verified-on-cpu.md, and
     # the demo's (hf_dist_recipes.demo.model, 1,012,224).
-    "tiny-deepseek-v3": ("deepseek_v3", dict(
-        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2,
-        n_group=2, topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
-        v_head_dim=16, qk_nope_head_dim=16, max_position_embeddings=64, use_cache=False, bos_token_id=None,
-        eos_token_id=None)),
-    "demo-deepseek-v3": ("deepseek_v3", dict(
-        vocab_size=256, hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2,
-        n_group=2, topk_group=1, first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=64, qk_rope_head_dim=16,
-        qk_nope_head_dim=16, v_head_dim=32, max_position_embeddings=512, use_cache=False, bos_token_id=None,
-        eos_token_id=None)),
+    "tiny-deepseek-v3": (
+        "deepseek_v3",
+        dict(
+            vocab_size=128,
+            hidden_size=64,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            n_shared_experts=1,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            first_k_dense_replace=1,
+            kv_lora_rank=16,
+            q_lora_rank=32,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            qk_nope_head_dim=16,
+            max_position_embeddings=64,
+            use_cache=False,
+            bos_token_id=None,
+            eos_token_id=None,
+        ),
+    ),
+    "demo-deepseek-v3": (
+        "deepseek_v3",
+        dict(
+            vocab_size=256,
+            hidden_size=128,
+            intermediate_size=256,
+            moe_intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            n_shared_experts=1,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            first_k_dense_replace=1,
+            kv_lora_rank=32,
+            q_lora_rank=64,
+            qk_rope_head_dim=16,
+            qk_nope_head_dim=16,
+            v_head_dim=32,
+            max_position_embeddings=512,
+            use_cache=False,
+            bos_token_id=None,
+            eos_token_id=None,
+        ),
+    ),
 }
 
 COMPONENTS = ("embeddings", "attention", "dense_mlp", "routed_experts", "shared_experts", "router", "norms", "lm_head")
@@ -94,20 +228,26 @@ def load_model_config(model: str | Path | PretrainedConfig) -> tuple[str, Pretra
     path = Path(text)
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ValueError(f"model directory {path} holds no config.json; give a directory or path of a "
-                             "transformers config.json, or a family template")
+            raise ValueError(
+                f"model directory {path} holds no config.json; give a directory or path of a "
+                "transformers config.json, or a family template"
+            )
         path = path / "config.json"
     elif path.suffix == ".json" or os.sep in text:  # meant as a file, not a template name
         if not path.is_file():
-            raise ValueError(f"model config {path} does not exist; give an existing config.json, or a family "
-                             "template such as deepseek-v3")
+            raise ValueError(
+                f"model config {path} does not exist; give an existing config.json, or a family "
+                "template such as deepseek-v3"
+            )
     if path.is_file():
         values = read_json_object(path, "model config", "give a config.json path")
         if "model_type" not in values:
             raise ValueError(f"{path} has no model_type; is it a transformers config.json?")
         return path.parent.name or str(path), AutoConfig.for_model(**values)
-    raise ValueError(f"unknown model {text!r}: give a family template ({', '.join(TEMPLATES)}), a directory "
-                     "holding config.json, or a config.json path")
+    raise ValueError(
+        f"unknown model {text!r}: give a family template ({', '.join(TEMPLATES)}), a directory "
+        "holding config.json, or a config.json path"
+    )
 
 
 def component_of(name: str) -> str:
@@ -247,5 +387,9 @@ def _mlp_widths(params: list[tuple[str, tuple[int, ...]]]) -> dict[str, int]:
             shared = shared or shape[-1]
         elif component == "dense_mlp":
             dense = dense or shape[-1]
-    return {"intermediate_size": dense, "moe_intermediate_size": routed, "shared_intermediate_size": shared,
-            "num_moe_layers": len(moe_layers)}
+    return {
+        "intermediate_size": dense,
+        "moe_intermediate_size": routed,
+        "shared_intermediate_size": shared,
+        "num_moe_layers": len(moe_layers),
+    }

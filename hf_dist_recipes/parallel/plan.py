@@ -24,7 +24,12 @@ PRECISIONS = ("bf16", "fp16", "fp32")
 ENGINES = ("deepspeed", "fsdp2")
 MIN_DEEPSPEED_ZERO3_AUTOTP = "0.19.4"  # DeepSpeed PRs 8167/8168: AutoTP training with ZeRO-3
 # DeepSpeed AutoEP presets (deepspeed/module_inject/auto_ep_presets) by transformers model_type.
-EP_PRESETS = {"deepseek_v2": "deepseek_v2", "deepseek_v3": "deepseek_v3", "qwen3_moe": "qwen3_moe", "mixtral": "mixtral"}
+EP_PRESETS = {
+    "deepseek_v2": "deepseek_v2",
+    "deepseek_v3": "deepseek_v3",
+    "qwen3_moe": "qwen3_moe",
+    "mixtral": "mixtral",
+}
 
 
 @dataclass(frozen=True)
@@ -67,8 +72,13 @@ class ParallelPlan:
         return self.micro_batch * self.grad_accum * self.dp_size
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "world_size": self.world_size, "dp_size": self.dp_size, "edp_size": self.edp_size,
-                "global_batch": self.global_batch}
+        return {
+            **asdict(self),
+            "world_size": self.world_size,
+            "dp_size": self.dp_size,
+            "edp_size": self.edp_size,
+            "global_batch": self.global_batch,
+        }
 
     def validate(self, model: ModelShape | None = None, *, deepspeed_version: str | None = None) -> list[str]:
         """Raise ValueError for the first rule broken; return warnings. `deepspeed_version` defaults to the
@@ -93,34 +103,46 @@ class ParallelPlan:
         if self.offload_params and self.zero_stage != 3:
             raise ValueError("parameter offload needs ZeRO stage 3; use --zero 3")
         if self.world_size % self.tp:
-            raise ValueError(f"world size {self.world_size} ({self.nodes} x {self.procs_per_node}) is not divisible "
-                             f"by TP {self.tp}; pick a TP that divides {self.world_size}")
+            raise ValueError(
+                f"world size {self.world_size} ({self.nodes} x {self.procs_per_node}) is not divisible "
+                f"by TP {self.tp}; pick a TP that divides {self.world_size}"
+            )
         if self.tp > self.procs_per_node or self.procs_per_node % self.tp:
-            warnings.append(f"TP {self.tp} spans nodes ({self.procs_per_node} processes per node): its per-layer "
-                            "all-reduces would cross the network; keep TP within a node")
+            warnings.append(
+                f"TP {self.tp} spans nodes ({self.procs_per_node} processes per node): its per-layer "
+                "all-reduces would cross the network; keep TP within a node"
+            )
         if self.world_size % self.ep:
-            raise ValueError(f"EP {self.ep} must divide the world size {self.world_size} (DeepSpeed lays expert "
-                             f"groups over consecutive ranks); pick EP from {_divisors(self.world_size)}")
+            raise ValueError(
+                f"EP {self.ep} must divide the world size {self.world_size} (DeepSpeed lays expert "
+                f"groups over consecutive ranks); pick EP from {_divisors(self.world_size)}"
+            )
         if self.engine == "fsdp2":
             self._validate_fsdp2()
         elif self.tp > 1 and self.zero_stage == 3:
             self._validate_deepspeed_version(deepspeed_version)
         if self.tp > 1 and self.ep > 1 and (self.offload_optimizer or self.offload_params):
-            raise ValueError("DeepSpeed refuses ZeRO offload together with AutoEP + AutoTP; drop --offload-* or use "
-                             "--tp 1 (EP with ZeRO-3 alone can offload)")
+            raise ValueError(
+                "DeepSpeed refuses ZeRO offload together with AutoEP + AutoTP; drop --offload-* or use "
+                "--tp 1 (EP with ZeRO-3 alone can offload)"
+            )
         if model is not None:
             warnings += self._validate_model(model)
         return warnings
 
     def _validate_fsdp2(self) -> None:
         if self.device == "cpu":
-            raise ValueError("accelerate refuses ParallelismConfig (FSDP2 + TP) on CPU (use_cpu makes the run "
-                             "MULTI_CPU); generate it for GPU hosts, or use --engine deepspeed on CPU")
+            raise ValueError(
+                "accelerate refuses ParallelismConfig (FSDP2 + TP) on CPU (use_cpu makes the run "
+                "MULTI_CPU); generate it for GPU hosts, or use --engine deepspeed on CPU"
+            )
         if self.ep > 1:
             raise ValueError("accelerate's ParallelismConfig has no expert parallelism; use --engine deepspeed for EP")
         if self.offload_optimizer:
-            raise ValueError("FSDP2 offloads parameters and optimizer together; use --offload-params, not "
-                             "--offload-optimizer, with --engine fsdp2")
+            raise ValueError(
+                "FSDP2 offloads parameters and optimizer together; use --offload-params, not "
+                "--offload-optimizer, with --engine fsdp2"
+            )
 
     def _validate_deepspeed_version(self, deepspeed_version: str | None) -> None:
         if deepspeed_version is None:
@@ -129,28 +151,38 @@ class ParallelPlan:
             except PackageNotFoundError:
                 return
         if Version(deepspeed_version) < Version(MIN_DEEPSPEED_ZERO3_AUTOTP):
-            raise ValueError(f"ZeRO-3 with AutoTP needs DeepSpeed >= {MIN_DEEPSPEED_ZERO3_AUTOTP} (DeepSpeed PRs "
-                             f"8167, 8168), this is {deepspeed_version}; upgrade DeepSpeed or use --zero 2")
+            raise ValueError(
+                f"ZeRO-3 with AutoTP needs DeepSpeed >= {MIN_DEEPSPEED_ZERO3_AUTOTP} (DeepSpeed PRs "
+                f"8167, 8168), this is {deepspeed_version}; upgrade DeepSpeed or use --zero 2"
+            )
 
     def _validate_model(self, model: ModelShape) -> list[str]:
         warnings = []
         if model.num_heads % self.tp:
-            raise ValueError(f"TP {self.tp} does not divide {model.name}'s {model.num_heads} attention heads; pick "
-                             f"TP from {[d for d in _divisors(model.num_heads) if d <= self.world_size]}")
+            raise ValueError(
+                f"TP {self.tp} does not divide {model.name}'s {model.num_heads} attention heads; pick "
+                f"TP from {[d for d in _divisors(model.num_heads) if d <= self.world_size]}"
+            )
         if self.tp > model.num_kv_heads:
-            warnings.append(f"TP {self.tp} exceeds {model.name}'s {model.num_kv_heads} KV heads: K/V projections "
-                            "cannot be split further, so TP ranks past the KV head count hold copies (idle work)")
+            warnings.append(
+                f"TP {self.tp} exceeds {model.name}'s {model.num_kv_heads} KV heads: K/V projections "
+                "cannot be split further, so TP ranks past the KV head count hold copies (idle work)"
+            )
         if self.ep > 1:
             if not model.is_moe:
                 raise ValueError(f"{model.name} has no routed experts; use --ep 1")
             if model.routed_experts % self.ep:
-                raise ValueError(f"EP {self.ep} does not divide {model.name}'s {model.routed_experts} routed experts; "
-                                 f"pick EP from {[d for d in _divisors(model.routed_experts) if self.world_size % d == 0]}")
+                raise ValueError(
+                    f"EP {self.ep} does not divide {model.name}'s {model.routed_experts} routed experts; "
+                    f"pick EP from {[d for d in _divisors(model.routed_experts) if self.world_size % d == 0]}"
+                )
             if self.engine == "deepspeed" and model.model_type not in EP_PRESETS:
                 raise ValueError(f"DeepSpeed AutoEP has no preset for model_type {model.model_type!r}; use --ep 1")
         if model.is_moe and self.tp > 1 and self.ep == 1 and self.engine == "deepspeed":
-            raise ValueError(f"TP {self.tp} without EP keeps every routed expert of {model.name} whole on each TP "
-                             f"rank (DeepSpeed's AutoEP + AutoTP also refuses it); add --ep (e.g. --ep {self.tp})")
+            raise ValueError(
+                f"TP {self.tp} without EP keeps every routed expert of {model.name} whole on each TP "
+                f"rank (DeepSpeed's AutoEP + AutoTP also refuses it); add --ep (e.g. --ep {self.tp})"
+            )
         return warnings
 
 

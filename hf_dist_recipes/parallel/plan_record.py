@@ -19,14 +19,28 @@ from hf_dist_recipes.parallel.plan import ParallelPlan
 logger = logging.getLogger(__name__)
 
 PLAN_KEY = "hf_dist_recipes"
-RECORDED = ("nodes", "procs_per_node", "zero_stage", "tp", "ep", "micro_batch", "grad_accum", "seq_len", "precision",
-            "activation_checkpointing", "offload_optimizer", "offload_params")
+RECORDED = (
+    "nodes",
+    "procs_per_node",
+    "zero_stage",
+    "tp",
+    "ep",
+    "micro_batch",
+    "grad_accum",
+    "seq_len",
+    "precision",
+    "activation_checkpointing",
+    "offload_optimizer",
+    "offload_params",
+)
 
 
 def plan_record(plan: ParallelPlan, model_name: str | None) -> dict:
     """The section written into a generated DeepSpeed JSON."""
-    return {"generated_for": {"model": model_name, **{k: getattr(plan, k) for k in RECORDED}},
-            "note": "written by hf-dist-recipes config generate; read by RecipeTrainingArguments; DeepSpeed ignores it"}
+    return {
+        "generated_for": {"model": model_name, **{k: getattr(plan, k) for k in RECORDED}},
+        "note": "written by hf-dist-recipes config generate; read by RecipeTrainingArguments; DeepSpeed ignores it",
+    }
 
 
 def recorded_plan(config: dict | None) -> dict:
@@ -44,11 +58,13 @@ def activation_checkpointing_warning(record: dict, model) -> str | None:
         return None
     if getattr(model, "is_activation_checkpointing", False):
         return None
-    return (f"the launch config was generated for a plan with activation checkpointing (its memory estimate assumes "
-            f"recomputation: seq_len {record.get('seq_len')}, micro batch {record.get('micro_batch')}), but "
-            f"{type(model).__name__} stores every activation: expect far more GPU memory than estimated, or an "
-            "out-of-memory error. Leave activation_checkpointing unset (the plan's value) or set it to True; or "
-            "regenerate the config without --activation-checkpointing")
+    return (
+        f"the launch config was generated for a plan with activation checkpointing (its memory estimate assumes "
+        f"recomputation: seq_len {record.get('seq_len')}, micro batch {record.get('micro_batch')}), but "
+        f"{type(model).__name__} stores every activation: expect far more GPU memory than estimated, or an "
+        "out-of-memory error. Leave activation_checkpointing unset (the plan's value) or set it to True; or "
+        "regenerate the config without --activation-checkpointing"
+    )
 
 
 class PlanConformanceCallback(TrainerCallback):

@@ -50,26 +50,39 @@ class Candidate:
         return self.memory.fits
 
     def as_dict(self) -> dict:
-        return {**self.memory.as_dict(), "comm_intra_bytes": self.step.comm_intra_bytes,
-                "comm_inter_bytes": self.step.comm_inter_bytes, "step_time_s": self.step.step_time_s,
-                "step": self.step.as_dict()}
+        return {
+            **self.memory.as_dict(),
+            "comm_intra_bytes": self.step.comm_intra_bytes,
+            "comm_inter_bytes": self.step.comm_inter_bytes,
+            "step_time_s": self.step.step_time_s,
+            "step": self.step.as_dict(),
+        }
 
 
-def evaluate(plan: ParallelPlan, model: ModelShape, *, device_gib: float | None = None,
-             hardware: Hardware | str = "h100") -> Candidate:
+def evaluate(
+    plan: ParallelPlan, model: ModelShape, *, device_gib: float | None = None, hardware: Hardware | str = "h100"
+) -> Candidate:
     """Memory, traffic and step time of one plan."""
     memory = estimate(plan, model, device_gib=device_gib)
     # The traffic of the DeepSpeed JSON `config generate` writes for this plan: hpZ and the vocabulary-parallel head
     # where parallel/zero_buffers.py turns them on.
-    step = step_estimate(plan, model, hardware, hpz=hpz_partition_size(plan, model), elements=memory.elements,
-                         vocab_parallel=use_vocab_parallel_lm_head(plan, model))
+    step = step_estimate(
+        plan,
+        model,
+        hardware,
+        hpz=hpz_partition_size(plan, model),
+        elements=memory.elements,
+        vocab_parallel=use_vocab_parallel_lm_head(plan, model),
+    )
     return Candidate(memory=memory, step=step)
 
 
-def suggest(base: ParallelPlan, model: ModelShape, device_gib: float,
-            hardware: Hardware | str = "h100") -> tuple[Candidate | None, list[Candidate]]:
+def suggest(
+    base: ParallelPlan, model: ModelShape, device_gib: float, hardware: Hardware | str = "h100"
+) -> tuple[Candidate | None, list[Candidate]]:
     """The fastest candidate (most tokens per second for the whole job; equal speeds: less offload, then less model
-    parallelism) that fits `device_gib` per GPU (None if none does), and every candidate for the table. The smallest plan that fits is often the slowest: for a
+    parallelism) that fits `device_gib` per GPU (None if none does), and every candidate for the table. The smallest
+    plan that fits is often the slowest: for a
     mixture-of-experts model it gathers every expert through ZeRO-3 three times per micro step."""
     candidates = [evaluate(p, model, device_gib=device_gib, hardware=hardware) for p in candidate_plans(base, model)]
     fitting = [c for c in candidates if c.fits]
@@ -95,8 +108,10 @@ def reasons(chosen: Candidate, candidates: list[Candidate]) -> list[str]:
     fitting = sorted((c for c in candidates if c.fits and c is not chosen), key=_speed_order)
     if fitting:
         runner = fitting[0]
-        lines.append(f"next fastest that fits: {label(runner.plan)}, {runner.step.tokens_per_s:,.0f} tokens/s "
-                     f"({runner.step.comm_inter_bytes / 1e9:.1f} GB across nodes per rank)")
+        lines.append(
+            f"next fastest that fits: {label(runner.plan)}, {runner.step.tokens_per_s:,.0f} tokens/s "
+            f"({runner.step.comm_inter_bytes / 1e9:.1f} GB across nodes per rank)"
+        )
     first = next((c for c in candidates if c.fits), None)
     if first is not None and first is not chosen:
         lines.append(f"the smallest plan that fits, {label(first.plan)}, would take {describe(first.step)}")
@@ -125,8 +140,10 @@ def render_candidates(candidates: list[Candidate], *, chosen: Candidate | None =
     lines = render_table([c.memory for c in candidates]).splitlines()
     extra = f" {'inter GB':>9} {'intra GB':>9} {'step s':>8} {'tokens/s':>10}"
     out = [lines[0] + extra, lines[1] + "-" * len(extra)]
-    for line, c in zip(lines[2:], candidates):
+    for line, c in zip(lines[2:], candidates, strict=True):
         mark = " <" if chosen is not None and c is chosen else ""
-        out.append(f"{line} {c.step.comm_inter_bytes / 1e9:9.1f} {c.step.comm_intra_bytes / 1e9:9.1f} "
-                   f"{c.step.step_time_s:8.2f} {c.step.tokens_per_s:10,.0f}{mark}")
+        out.append(
+            f"{line} {c.step.comm_inter_bytes / 1e9:9.1f} {c.step.comm_intra_bytes / 1e9:9.1f} "
+            f"{c.step.step_time_s:8.2f} {c.step.tokens_per_s:10,.0f}{mark}"
+        )
     return "\n".join(out)

@@ -114,8 +114,12 @@ def zero_buffers(plan: ParallelPlan, model: ModelShape | None) -> ZeroBuffers:
     return ZeroBuffers(
         prefetch_bucket_size=max(DEFAULT_PREFETCH_BUCKET, el.gathered_layer),
         max_live_parameters=max(DEFAULT_MAX_LIVE_PARAMETERS, 2 * el.gathered_layer),
-        hpz_partition_size=hpz, vocab_parallel_lm_head=vocab_parallel, gathered_module=el.gathered_module,
-        gathered_elements=el.gathered_layer, largest_tensor=el.largest_tensor, hpz_secondary_elements=secondary,
+        hpz_partition_size=hpz,
+        vocab_parallel_lm_head=vocab_parallel,
+        gathered_module=el.gathered_module,
+        gathered_elements=el.gathered_layer,
+        largest_tensor=el.largest_tensor,
+        hpz_secondary_elements=secondary,
         written=True,
     )
 
@@ -201,21 +205,29 @@ def zero_buffer_notes(plan: ParallelPlan, model: ModelShape | None) -> list[str]
             from hf_dist_recipes.parallel.memory import BYTES_PER_ELEMENT
 
             secondary = b.hpz_secondary_elements * BYTES_PER_ELEMENT[plan.precision][0]
-            lines.append(f"zero_hpz_partition_size {b.hpz_partition_size}: a node-local copy of the parameters "
-                         f"({secondary / GIB:.1f} GiB/GPU) keeps backward gathers in the node")
+            lines.append(
+                f"zero_hpz_partition_size {b.hpz_partition_size}: a node-local copy of the parameters "
+                f"({secondary / GIB:.1f} GiB/GPU) keeps backward gathers in the node"
+            )
         elif plan.nodes > 1:
             why = _hpz_refusal(plan) or f"its copy would take more than {HPZ_MAX_SECONDARY_BYTES / GIB:.0f} GiB per GPU"
             lines.append(f"no zero_hpz_partition_size: {why}")
     if plan.tp > 1 and model is not None:
         saving = vocab_parallel_saving_bytes(plan, model)
         if b.vocab_parallel_lm_head:
-            lines.append(f"vocab_parallel_lm_head: each TP rank keeps 1/{plan.tp} of the {model.vocab_size}-wide "
-                         f"logits, {saving / GIB:.1f} GiB less; outputs.logits is a shard")
+            lines.append(
+                f"vocab_parallel_lm_head: each TP rank keeps 1/{plan.tp} of the {model.vocab_size}-wide "
+                f"logits, {saving / GIB:.1f} GiB less; outputs.logits is a shard"
+            )
         else:
-            lines.append(f"no vocab_parallel_lm_head: it would save {saving / GIB:.2f} GiB per GPU "
-                         f"(< {VOCAB_PARALLEL_MIN_SAVING_BYTES / GIB:.0f} GiB), not worth sharded outputs.logits")
+            lines.append(
+                f"no vocab_parallel_lm_head: it would save {saving / GIB:.2f} GiB per GPU "
+                f"(< {VOCAB_PARALLEL_MIN_SAVING_BYTES / GIB:.0f} GiB), not worth sharded outputs.logits"
+            )
     env = recommended_env(plan, model)
     if env:
-        lines.append(f"PYTORCH_CUDA_ALLOC_CONF={env['PYTORCH_CUDA_ALLOC_CONF']}: gathers and expert batches vary in "
-                     "size and fragment memory")
+        lines.append(
+            f"PYTORCH_CUDA_ALLOC_CONF={env['PYTORCH_CUDA_ALLOC_CONF']}: gathers and expert batches vary in "
+            "size and fragment memory"
+        )
     return lines

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
+
 from hf_dist_recipes.arguments import RecipeTrainingArguments
 from hf_dist_recipes.cli.main import main
 
@@ -94,21 +94,25 @@ def test_unwritable_output_dir_is_refused_without_creating_anything(capsys, tmp_
 
 
 def test_missing_data_file_is_refused_before_launch(capsys, tmp_path, no_launch):
-    code, out, err, seconds = _run(capsys, ["demo", "--data-files", str(tmp_path / "none.txt"),
-                                            "--output-dir", str(tmp_path / "run")])
+    code, out, err, seconds = _run(
+        capsys, ["demo", "--data-files", str(tmp_path / "none.txt"), "--output-dir", str(tmp_path / "run")]
+    )
     line = _one_line_naming(err, "--data-files")
     assert code == 2 and str(tmp_path / "none.txt") in line and seconds < 1.0
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("content, problem", [
-    (None, "is a directory"),
-    ("", "is empty"),
-    ("   \n", "is empty"),
-    ("num_processes: [2\n", "not valid YAML at line"),
-    ("- 1\n- 2\n", "must be a YAML mapping"),
-    (b"\xff\xfe\x00", "is not UTF-8 text"),
-])
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (None, "is a directory"),
+        ("", "is empty"),
+        ("   \n", "is empty"),
+        ("num_processes: [2\n", "not valid YAML at line"),
+        ("- 1\n- 2\n", "must be a YAML mapping"),
+        (b"\xff\xfe\x00", "is not UTF-8 text"),
+    ],
+)
 def test_bad_config_yaml_names_the_file(content, problem, capsys, tmp_path, no_launch):
     path = tmp_path / "acc.yaml"
     if content is None:
@@ -138,8 +142,11 @@ def _config_cases(tmp_path):
     return [
         (["config", "generate", "--cpu", "--gpus-per-node", "2", "--output", str(blocker / "cfg")], "--output", None),
         (["config", "generate", "--model", "no-such-model", "--tp", "2", "--output", str(out)], "no-such-model", out),
-        (["config", "generate", "--model", str(tmp_path / "gone.json"), "--tp", "2", "--output", str(out)],
-         "gone.json", out),
+        (
+            ["config", "generate", "--model", str(tmp_path / "gone.json"), "--tp", "2", "--output", str(out)],
+            "gone.json",
+            out,
+        ),
         (["config", "generate", "--model", str(no_config), "--tp", "2", "--output", str(out)], "no config.json", out),
         (["config", "generate", "--model", str(bad_json), "--tp", "2", "--output", str(out)], "bad.json", out),
         (["config", "estimate", "--model", "deepseek-v3", "--gpu-memory", "-1"], "--gpu-memory", None),
@@ -154,10 +161,22 @@ def _config_cases(tmp_path):
     ]
 
 
-CONFIG_CASE_IDS = ["output-under-a-file", "unknown-model", "missing-model-file", "model-dir-without-config",
-                   "malformed-model-json", "estimate-negative-memory", "estimate-zero-memory", "estimate-unknown-model",
-                   "validate-zero-memory", "validate-unknown-model", "validate-missing", "validate-empty-json",
-                   "validate-malformed-json", "validate-other-suffix"]
+CONFIG_CASE_IDS = [
+    "output-under-a-file",
+    "unknown-model",
+    "missing-model-file",
+    "model-dir-without-config",
+    "malformed-model-json",
+    "estimate-negative-memory",
+    "estimate-zero-memory",
+    "estimate-unknown-model",
+    "validate-zero-memory",
+    "validate-unknown-model",
+    "validate-missing",
+    "validate-empty-json",
+    "validate-malformed-json",
+    "validate-other-suffix",
+]
 
 
 @pytest.mark.parametrize("index", range(len(CONFIG_CASE_IDS)), ids=CONFIG_CASE_IDS)
@@ -171,18 +190,22 @@ def test_bad_config_input_is_one_line_exit_2(index, capsys, tmp_path):
 
 def test_validate_keeps_exit_1_for_findings_and_2_when_a_file_cannot_be_read(capsys, tmp_path):
     finding = tmp_path / "tp.json"  # TP 2 with an explicit train_batch_size: trap 1, an error finding
-    finding.write_text('{"zero_optimization": {"stage": 3}, "tensor_parallel": {"autotp_size": 2}, '
-                       '"train_batch_size": 8}')
+    finding.write_text(
+        '{"zero_optimization": {"stage": 3}, "tensor_parallel": {"autotp_size": 2}, "train_batch_size": 8}'
+    )
     code, out, _, _ = _run(capsys, ["config", "validate", str(finding)])
     assert code == 1 and "1 error(s)" in out
     code, out, err, _ = _run(capsys, ["config", "validate", str(finding), str(tmp_path / "gone.yaml")])
     assert code == 2 and out == "" and "gone.yaml" in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("argv, name", [
-    (["demo", "--seed", "-1", "--dry-run"], "--seed"),
-    (["config", "validate", "EMPTY"], "empty.yaml"),
-])
+@pytest.mark.parametrize(
+    "argv, name",
+    [
+        (["demo", "--seed", "-1", "--dry-run"], "--seed"),
+        (["config", "validate", "EMPTY"], "empty.yaml"),
+    ],
+)
 def test_console_script_prints_one_line_and_no_traceback(argv, name, tmp_path):
     """Through the installed console script (pyproject's [project.scripts]) in a fresh process: nothing imported
     earlier (DeepSpeed's import notice, logging set up by other tests) hides a second line."""
@@ -201,8 +224,11 @@ SAME_RULE = [
     (dict(seed=-1), ["--seed", "-1"], {"seed": "--seed"}),
     (dict(per_device_train_batch_size=0), ["--micro-batch", "0"], {"per_device_train_batch_size": "--micro-batch"}),
     (dict(learning_rate=-1.0), ["--learning-rate", "-1"], {"learning_rate": "--learning-rate"}),
-    (dict(warmup_steps=50, max_steps=10), ["--warmup-steps", "50", "--max-steps", "10"],
-     {"warmup_steps": "--warmup-steps", "max_steps": "--max-steps"}),
+    (
+        dict(warmup_steps=50, max_steps=10),
+        ["--warmup-steps", "50", "--max-steps", "10"],
+        {"warmup_steps": "--warmup-steps", "max_steps": "--max-steps"},
+    ),
 ]
 
 

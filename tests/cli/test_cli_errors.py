@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
+
 from hf_dist_recipes.cli.main import main
 
 
@@ -31,12 +31,21 @@ def test_malformed_config_file(capsys, tmp_path):
 
 
 def test_num_processes_disagrees_with_deepspeed_json(capsys, tmp_path):
-    (tmp_path / "ds.json").write_text(json.dumps(
-        {"zero_optimization": {"stage": 3}, "train_batch_size": 64, "train_micro_batch_size_per_gpu": 8,
-         "gradient_accumulation_steps": 1}))
+    (tmp_path / "ds.json").write_text(
+        json.dumps(
+            {
+                "zero_optimization": {"stage": 3},
+                "train_batch_size": 64,
+                "train_micro_batch_size_per_gpu": 8,
+                "gradient_accumulation_steps": 1,
+            }
+        )
+    )
     cfg = tmp_path / "acc.yaml"
-    cfg.write_text(f"distributed_type: DEEPSPEED\nnum_processes: 2\nuse_cpu: true\n"
-                   f"deepspeed_config:\n  deepspeed_config_file: {tmp_path / 'ds.json'}\n")
+    cfg.write_text(
+        f"distributed_type: DEEPSPEED\nnum_processes: 2\nuse_cpu: true\n"
+        f"deepspeed_config:\n  deepspeed_config_file: {tmp_path / 'ds.json'}\n"
+    )
     code, _, err = _run(capsys, ["demo", "--dry-run", "--config-file", str(cfg)])
     assert code == 2 and "num_processes=2" in err and "train_batch_size=64" in err and err.count("\n") == 1
 
@@ -85,8 +94,14 @@ def test_no_command_prints_help_and_exits_2(capsys):
 
 def test_real_process_exit_code_and_no_traceback(tmp_path):
     env = dict(os.environ)
-    proc = subprocess.run([sys.executable, "-m", "hf_dist_recipes.cli.main", "demo", "--config-file",
-                           str(tmp_path / "nope.yaml")], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hf_dist_recipes.cli.main", "demo", "--config-file", str(tmp_path / "nope.yaml")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"hf-dist-recipes demo: error: accelerate config {tmp_path / 'nope.yaml'} does not exist; "
@@ -107,6 +122,7 @@ def test_checkpoint_export_of_a_folder_without_deepspeed_files(capsys, tmp_path)
 
 @pytest.mark.parametrize("size", ["0", "-5GB", "five", "5TB"])
 def test_checkpoint_export_bad_shard_size(capsys, tmp_path, size):
-    code, _, err = _run(capsys, ["checkpoint", "export", str(tmp_path), "--output", str(tmp_path / "o"),
-                                 f"--max-shard-size={size}"])
+    code, _, err = _run(
+        capsys, ["checkpoint", "export", str(tmp_path), "--output", str(tmp_path / "o"), f"--max-shard-size={size}"]
+    )
     assert code == 2 and "--max-shard-size" in err and err.count("\n") == 1

@@ -11,8 +11,8 @@ import sys
 
 import jsonschema  # installed with nbformat (the dev extra)
 import pytest
-
 from conftest import GPUS, REPO, cpu_only_env, free_port
+
 from hf_dist_recipes.cli.main import main
 
 NUMBER_OR_NULL = {"type": ["number", "null"]}
@@ -22,21 +22,39 @@ ROW = {
     "properties": {
         "op": {"enum": ["all_reduce", "all_gather", "reduce_scatter"]},
         "size_bytes": {"type": "integer", "minimum": 1},
-        "time_us": NUMBER_OR_NULL, "algbw_GBps": NUMBER_OR_NULL, "busbw_GBps": NUMBER_OR_NULL,
-        "call": {"type": "string"}, "note": {"type": "string"},
+        "time_us": NUMBER_OR_NULL,
+        "algbw_GBps": NUMBER_OR_NULL,
+        "busbw_GBps": NUMBER_OR_NULL,
+        "call": {"type": "string"},
+        "note": {"type": "string"},
     },
 }
 LINK = {
     "type": "object",
     "required": ["src", "dst", "src_host", "dst_host", "size_bytes", "time_us", "GBps", "flagged"],
-    "properties": {"src": {"type": "integer"}, "dst": {"type": "integer"}, "src_host": {"type": "string"},
-                   "dst_host": {"type": "string"}, "GBps": {"type": "number", "exclusiveMinimum": 0},
-                   "flagged": {"type": "boolean"}},
+    "properties": {
+        "src": {"type": "integer"},
+        "dst": {"type": "integer"},
+        "src_host": {"type": "string"},
+        "dst_host": {"type": "string"},
+        "GBps": {"type": "number", "exclusiveMinimum": 0},
+        "flagged": {"type": "boolean"},
+    },
 }
 SCHEMA = {
     "type": "object",
-    "required": ["world_size", "backend", "device", "hosts", "rank_hosts", "results", "links", "links_note", "ranks",
-                 "flagged"],
+    "required": [
+        "world_size",
+        "backend",
+        "device",
+        "hosts",
+        "rank_hosts",
+        "results",
+        "links",
+        "links_note",
+        "ranks",
+        "flagged",
+    ],
     "properties": {
         "world_size": {"type": "integer", "minimum": 2},
         "backend": {"enum": ["nccl", "gloo"]},
@@ -53,15 +71,21 @@ FACTOR_N2 = {"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5}
 
 
 def _cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hf_dist_recipes.cli.main", "commbench", *args], cwd=REPO,
-                          env=cpu_only_env(dict(os.environ, PYTHONPATH=str(REPO))),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "hf_dist_recipes.cli.main", "commbench", *args],
+        cwd=REPO,
+        env=cpu_only_env(dict(os.environ, PYTHONPATH=str(REPO))),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.distributed
 def test_two_cpu_processes_json():
-    proc = _cli("--num-processes", "2", "--sizes", "1K,64K,1M", "--iters", "3", "--warmup", "1",
-                "--link-size", "64K", "--json")
+    proc = _cli(
+        "--num-processes", "2", "--sizes", "1K,64K,1M", "--iters", "3", "--warmup", "1", "--link-size", "64K", "--json"
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     data = json.loads(proc.stdout)
     jsonschema.validate(data, SCHEMA)
@@ -83,8 +107,15 @@ def test_two_cpu_processes_json():
 
 
 def test_schema_rejects_what_it_must():
-    good = {"op": "all_reduce", "size_bytes": 1024, "time_us": 1.0, "algbw_GBps": 1.0, "busbw_GBps": 1.0,
-            "call": "x", "note": ""}
+    good = {
+        "op": "all_reduce",
+        "size_bytes": 1024,
+        "time_us": 1.0,
+        "algbw_GBps": 1.0,
+        "busbw_GBps": 1.0,
+        "call": "x",
+        "note": "",
+    }
     jsonschema.validate(good, ROW)
     no_time = {k: v for k, v in good.items() if k != "time_us"}
     for bad in ({**good, "op": "broadcast"}, {**good, "size_bytes": 0}, no_time):
@@ -94,9 +125,27 @@ def test_schema_rejects_what_it_must():
 
 @pytest.mark.distributed
 def test_inside_a_torchrun_launch_rank0_prints_the_table():
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), "-m", "hf_dist_recipes.commbench", "--sizes", "4K", "--iters", "2",
-           "--warmup", "1", "--link-size", "4K"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "hf_dist_recipes.commbench",
+        "--sizes",
+        "4K",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--link-size",
+        "4K",
+    ]
     env = cpu_only_env(dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"))
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -106,12 +155,15 @@ def test_inside_a_torchrun_launch_rank0_prints_the_table():
     assert "ring links (each alone, 4K per send):" in proc.stdout
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--sizes", "1X"], "--sizes: '1X' is not a size in bytes"),
-    (["--num-processes", "1"], "--num-processes must be a whole number of processes >= 2, got 1"),
-    (["--iters", "0"], "--iters must be a whole number of iterations >= 1"),
-    (["--fraction", "2"], "--fraction must be in (0, 1]"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--sizes", "1X"], "--sizes: '1X' is not a size in bytes"),
+        (["--num-processes", "1"], "--num-processes must be a whole number of processes >= 2, got 1"),
+        (["--iters", "0"], "--iters must be a whole number of iterations >= 1"),
+        (["--fraction", "2"], "--fraction must be in (0, 1]"),
+    ],
+)
 def test_bad_inputs_are_one_line_and_launch_nothing(args, message, capsys, monkeypatch):
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("launched despite a bad input"))
     assert main(["commbench", *args]) == 2

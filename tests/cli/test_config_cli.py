@@ -12,8 +12,28 @@ def _run(capsys, argv):
 
 
 def test_generate_json_and_files(capsys, tmp_path):
-    code, out, _ = _run(capsys, ["config", "generate", "--model", "deepseek-v3", "--nodes", "2", "--gpus-per-node", "8",
-                                 "--zero", "3", "--tp", "2", "--ep", "8", "--output", str(tmp_path), "--json"])
+    code, out, _ = _run(
+        capsys,
+        [
+            "config",
+            "generate",
+            "--model",
+            "deepseek-v3",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "8",
+            "--zero",
+            "3",
+            "--tp",
+            "2",
+            "--ep",
+            "8",
+            "--output",
+            str(tmp_path),
+            "--json",
+        ],
+    )
     result = json.loads(out)
     assert code == 0 and result["plan"]["dp_size"] == 8 and result["global_batch"] == 8
     assert json.loads(open(result["deepspeed_file"]).read())["expert_parallel"]["autoep_size"] == 8
@@ -23,14 +43,30 @@ def test_generate_json_and_files(capsys, tmp_path):
 
 
 def test_generate_refuses_a_bad_plan_with_exit_2(capsys, tmp_path):
-    code, _, err = _run(capsys, ["config", "generate", "--model", "deepseek-v3", "--tp", "2", "--output", str(tmp_path)])
+    code, _, err = _run(
+        capsys, ["config", "generate", "--model", "deepseek-v3", "--tp", "2", "--output", str(tmp_path)]
+    )
     assert code == 2 and "add --ep" in err and err.count("\n") == 1
     assert not any(tmp_path.iterdir())  # nothing written for a refused plan
 
 
 def test_generate_fsdp2_on_cpu_is_refused(capsys, tmp_path):
-    code, _, err = _run(capsys, ["config", "generate", "--engine", "fsdp2", "--cpu", "--tp", "2",
-                                 "--gpus-per-node", "2", "--output", str(tmp_path)])
+    code, _, err = _run(
+        capsys,
+        [
+            "config",
+            "generate",
+            "--engine",
+            "fsdp2",
+            "--cpu",
+            "--tp",
+            "2",
+            "--gpus-per-node",
+            "2",
+            "--output",
+            str(tmp_path),
+        ],
+    )
     assert code == 2 and "on CPU" in err
 
 
@@ -49,22 +85,66 @@ def test_validate_exit_codes(capsys, tmp_path):
 
 
 def test_estimate_table_and_suggest(capsys):
-    code, out, _ = _run(capsys, ["config", "estimate", "--model", "deepseek-v3", "--nodes", "8", "--gpu-memory", "80",
-                                 "--suggest", "--activation-checkpointing"])
+    code, out, _ = _run(
+        capsys,
+        [
+            "config",
+            "estimate",
+            "--model",
+            "deepseek-v3",
+            "--nodes",
+            "8",
+            "--gpu-memory",
+            "80",
+            "--suggest",
+            "--activation-checkpointing",
+        ],
+    )
     # The fastest plan that fits spreads the experts (EP > 1); the table carries traffic and step time.
     line = next(x for x in out.splitlines() if x.startswith("suggested: "))
     assert line.startswith("suggested: --zero 3 --tp 1 --ep ") and line.endswith("--offload-optimizer")
     assert int(line.split("--ep ")[1].split()[0]) > 1
     assert "params" in out and "fits?" in out and "inter GB" in out and "step s" in out
     assert "the smallest plan that fits, Z3 TP1 EP" in out
-    code, out, _ = _run(capsys, ["config", "estimate", "--model", "deepseek-v3", "--nodes", "8", "--gpu-memory", "80",
-                                 "--suggest", "--activation-checkpointing", "--json"])
+    code, out, _ = _run(
+        capsys,
+        [
+            "config",
+            "estimate",
+            "--model",
+            "deepseek-v3",
+            "--nodes",
+            "8",
+            "--gpu-memory",
+            "80",
+            "--suggest",
+            "--activation-checkpointing",
+            "--json",
+        ],
+    )
     data = json.loads(out)
-    assert data["chosen"]["step"]["tokens_per_s"] == max(r["step"]["tokens_per_s"] for r in data["estimates"] if r["fits"])
+    assert data["chosen"]["step"]["tokens_per_s"] == max(
+        r["step"]["tokens_per_s"] for r in data["estimates"] if r["fits"]
+    )
     assert all(r["comm_inter_bytes"] > 0 and r["comm_intra_bytes"] > 0 for r in data["estimates"])
     assert data["why"] and data["chosen"]["step"]["hardware"]["name"] == "h100"
-    code, out, _ = _run(capsys, ["config", "estimate", "--model", "tiny-deepseek-v3", "--cpu", "--gpus-per-node", "4",
-                                 "--tp", "2", "--ep", "2", "--json"])
+    code, out, _ = _run(
+        capsys,
+        [
+            "config",
+            "estimate",
+            "--model",
+            "tiny-deepseek-v3",
+            "--cpu",
+            "--gpus-per-node",
+            "4",
+            "--tp",
+            "2",
+            "--ep",
+            "2",
+            "--json",
+        ],
+    )
     data = json.loads(out)
     assert data["total_params"] == 191_568 and data["estimates"][0]["elements"]["params"] == 48_148
 
@@ -76,15 +156,19 @@ def test_estimate_hardware_flags_change_the_step_time(capsys):
     # Same bytes; the inter-node seconds of ZeRO traffic grow 10x with a 10x slower network.
     assert slow["comm_inter_bytes"] == base["comm_inter_bytes"]
     zero_inter_s = base["step"]["bytes_by_kind"]["inter"]["zero"] / 45e9
-    assert slow["step"]["seconds_by_kind"]["zero"] - base["step"]["seconds_by_kind"]["zero"] == \
-        pytest.approx(9 * zero_inter_s)
+    assert slow["step"]["seconds_by_kind"]["zero"] - base["step"]["seconds_by_kind"]["zero"] == pytest.approx(
+        9 * zero_inter_s
+    )
     code, _, err = _run(capsys, args + ["--compute-efficiency", "2"])
     assert code == 2 and "compute_efficiency" in err
 
 
 def test_estimate_needs_a_model_and_suggest_needs_memory(capsys):
     assert "--model is needed" in _run(capsys, ["config", "estimate"])[2]
-    assert "--suggest needs --gpu-memory" in _run(capsys, ["config", "estimate", "--model", "llama-3.1-8b", "--suggest"])[2]
+    assert (
+        "--suggest needs --gpu-memory"
+        in _run(capsys, ["config", "estimate", "--model", "llama-3.1-8b", "--suggest"])[2]
+    )
 
 
 def test_help_lists_the_subcommands(capsys):
@@ -98,8 +182,23 @@ def test_validate_warns_when_the_recorded_plan_does_not_fit_the_gpus(capsys, tmp
     # DeepSeek-V3 (671B parameters) on one node of 8 GPUs: ZeRO-3 spreads 16 bytes of model state per parameter
     # over 8 ranks, 671e9 x 16 / 8 = 1.3e12 bytes per GPU, far beyond 80 GiB. tiny-llama needs a few MiB.
     big = tmp_path / "big"
-    _run(capsys, ["config", "generate", "--model", "deepseek-v3", "--tp", "2", "--ep", "8", "--output", str(big),
-                  "--name", "v3"])
+    _run(
+        capsys,
+        [
+            "config",
+            "generate",
+            "--model",
+            "deepseek-v3",
+            "--tp",
+            "2",
+            "--ep",
+            "8",
+            "--output",
+            str(big),
+            "--name",
+            "v3",
+        ],
+    )
     code, out, _ = _run(capsys, ["config", "validate", str(big / "v3.yaml"), "--gpu-memory", "80"])
     assert code == 0 and "by our estimate deepseek-v3 needs" in out and "--suggest" in out
     small = tmp_path / "small"
@@ -116,8 +215,9 @@ def test_validate_needs_a_model_for_files_without_a_recorded_plan(capsys, tmp_pa
     _run(capsys, ["config", "generate", "--output", str(tmp_path), "--name", "plain"])
     code, out, _ = _run(capsys, ["config", "validate", str(tmp_path / "plain.yaml"), "--gpu-memory", "80"])
     assert "pass --model" in out
-    code, out, _ = _run(capsys, ["config", "validate", str(tmp_path / "plain.yaml"), "--gpu-memory", "80",
-                                 "--model", "deepseek-v3"])
+    code, out, _ = _run(
+        capsys, ["config", "validate", str(tmp_path / "plain.yaml"), "--gpu-memory", "80", "--model", "deepseek-v3"]
+    )
     assert "by our estimate deepseek-v3 needs" in out
 
 
@@ -125,7 +225,20 @@ def test_validate_warns_about_a_loopback_rank0_address_on_several_machines(capsy
     _run(capsys, ["config", "generate", "--nodes", "2", "--output", str(tmp_path), "--name", "two"])
     code, out, _ = _run(capsys, ["config", "validate", str(tmp_path / "two.yaml")])
     assert code == 0 and "main_process_ip is 127.0.0.1 on a 2-machine launch" in out
-    _run(capsys, ["config", "generate", "--nodes", "2", "--main-process-ip", "10.0.0.1", "--output", str(tmp_path),
-                  "--name", "two_ok"])
+    _run(
+        capsys,
+        [
+            "config",
+            "generate",
+            "--nodes",
+            "2",
+            "--main-process-ip",
+            "10.0.0.1",
+            "--output",
+            str(tmp_path),
+            "--name",
+            "two_ok",
+        ],
+    )
     code, out, _ = _run(capsys, ["config", "validate", str(tmp_path / "two_ok.yaml")])
     assert "main_process_ip" not in out

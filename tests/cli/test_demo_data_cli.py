@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
+
 from hf_dist_recipes.cli.main import main
 from hf_dist_recipes.demo.settings import add_training_flags, settings_from
 
@@ -20,13 +20,20 @@ def _run(capsys, argv):
     return code, captured.out, captured.err
 
 
-@pytest.mark.parametrize("files, argv, message", [
-    ({}, ["missing.txt"], "data file missing.txt does not exist"),
-    ({"a.jsonl": '{"body": "hi there"}\n'}, ["a.jsonl", "--text-field", "text"], "has no field 'text' (fields: body)"),
-    ({"a.txt": "some text\n", "b.jsonl": '{"text": "x"}\n'}, ["a.txt", "b.jsonl"], "mix JSON Lines and text"),
-    ({"empty.txt": ""}, ["empty.txt"], "is empty"),
-    ({"short.txt": "tiny\n"}, ["short.txt"], "gives no block of seq_len=128 bytes"),
-])
+@pytest.mark.parametrize(
+    "files, argv, message",
+    [
+        ({}, ["missing.txt"], "data file missing.txt does not exist"),
+        (
+            {"a.jsonl": '{"body": "hi there"}\n'},
+            ["a.jsonl", "--text-field", "text"],
+            "has no field 'text' (fields: body)",
+        ),
+        ({"a.txt": "some text\n", "b.jsonl": '{"text": "x"}\n'}, ["a.txt", "b.jsonl"], "mix JSON Lines and text"),
+        ({"empty.txt": ""}, ["empty.txt"], "is empty"),
+        ({"short.txt": "tiny\n"}, ["short.txt"], "gives no block of seq_len=128 bytes"),
+    ],
+)
 def test_bad_data_files_are_one_line_and_status_2(capsys, tmp_path, monkeypatch, files, argv, message):
     monkeypatch.chdir(tmp_path)
     for name, text in files.items():
@@ -44,7 +51,7 @@ def test_data_files_travel_to_the_ranks_as_absolute_paths(capsys, tmp_path, monk
     plan = json.loads(out)
     assert plan["settings"]["data_files"] == [str(tmp_path / "notes.jsonl")]
     # The per-rank script parses the launch command's flags back into the same settings.
-    train_argv = plan["command"][plan["command"].index("hf_dist_recipes.demo.train") + 1:]
+    train_argv = plan["command"][plan["command"].index("hf_dist_recipes.demo.train") + 1 :]
     parser = argparse.ArgumentParser()
     add_training_flags(parser)
     ranks = settings_from(parser.parse_args(train_argv))
@@ -59,13 +66,15 @@ def test_offline_real_process_with_its_own_datasets_cache(tmp_path):
     (tmp_path / "nofield.jsonl").write_text('{"body": "x"}\n')
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_DATASETS_CACHE=str(tmp_path / "cache"))
     cmd = [sys.executable, "-m", "hf_dist_recipes.cli.main", "demo", "--dry-run", "--data-files"]
-    ok = subprocess.run(cmd + [str(tmp_path / "book.txt")], cwd=REPO, env=env, capture_output=True, text=True,
-                        timeout=120)
+    ok = subprocess.run(
+        cmd + [str(tmp_path / "book.txt")], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert f"data    {tmp_path / 'book.txt'}" in ok.stdout
     assert list((tmp_path / "cache").rglob("cache-*.arrow"))  # the packed blocks, in HF_DATASETS_CACHE
-    bad = subprocess.run(cmd + [str(tmp_path / "nofield.jsonl")], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=120)
+    bad = subprocess.run(
+        cmd + [str(tmp_path / "nofield.jsonl")], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [
         f"hf-dist-recipes demo: error: {tmp_path / 'nofield.jsonl'} has no field 'text' (fields: body); "

@@ -27,8 +27,13 @@ from hf_dist_recipes.environment import doctor as doctor_module  # noqa: E402
 from hf_dist_recipes.environment import probe as probe_module  # noqa: E402
 from hf_dist_recipes.environment.doctor import REPORT_SCHEMA  # noqa: E402
 
-STACK = {"deepspeed": "0.19.8", "transformers": "5.24.0", "accelerate": "1.16.0", "datasets": "5.2.0",
-         "nvidia-nccl-cu12": "2.21.5"}
+STACK = {
+    "deepspeed": "0.19.8",
+    "transformers": "5.24.0",
+    "accelerate": "1.16.0",
+    "datasets": "5.2.0",
+    "nvidia-nccl-cu12": "2.21.5",
+}
 
 
 @pytest.fixture
@@ -72,8 +77,18 @@ def test_sound_recorded_host_exits_0_and_the_table_has_every_check(host, capsys)
     host("nvml_h100x8.json")
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
-    for name in ("versions", "torch sees the GPUs", "driver", "nccl", "infiniband", "peer access", "/dev/shm",
-                 "debug variables", "declared minimums", "build locks"):
+    for name in (
+        "versions",
+        "torch sees the GPUs",
+        "driver",
+        "nccl",
+        "infiniband",
+        "peer access",
+        "/dev/shm",
+        "debug variables",
+        "declared minimums",
+        "build locks",
+    ):
         assert f"ok       {name}" in out
     assert "fix:" not in out and out.rstrip().endswith("10 ok, 0 warning(s), 0 error(s); exit 0")
 
@@ -103,14 +118,18 @@ def test_error_exits_2(host, capsys, monkeypatch):
 def test_missing_lock_file_is_one_line_and_exit_2(capsys, tmp_path):
     assert main(["doctor", "--lock", str(tmp_path / "nope.lock")]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == (f"hf-dist-recipes doctor: error: --lock {tmp_path / 'nope.lock'}: no such file; write one "
-                           "with hf-dist-recipes pin --output DIR")
+    assert err.strip() == (
+        f"hf-dist-recipes doctor: error: --lock {tmp_path / 'nope.lock'}: no such file; write one "
+        "with hf-dist-recipes pin --output DIR"
+    )
 
 
 def test_doctor_does_not_import_deepspeed():
     # Importing deepspeed takes seconds; the doctor reads its version from the package metadata instead.
-    code = ("import sys; from hf_dist_recipes.cli.main import main; rc = main(['doctor', '--json']); "
-            "assert 'deepspeed' not in sys.modules, 'deepspeed imported'; sys.exit(rc)")
+    code = (
+        "import sys; from hf_dist_recipes.cli.main import main; rc = main(['doctor', '--json']); "
+        "assert 'deepspeed' not in sys.modules, 'deepspeed imported'; sys.exit(rc)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode in (0, 2), done.stderr
     assert "deepspeed imported" not in done.stderr
@@ -145,7 +164,8 @@ def test_lock_drift_names_the_package_and_both_versions(tmp_path, capsys):
     main(["doctor", "--json", "--lock", str(same)])
     checks = json.loads(capsys.readouterr().out)["checks"]
     assert [c for c in checks if c["name"].startswith("lock")] == [
-        {"name": "lock", "status": "ok", "detail": f"the environment matches {same}", "fix": "", "source": str(same)}]
+        {"name": "lock", "status": "ok", "detail": f"the environment matches {same}", "fix": "", "source": str(same)}
+    ]
     drifted = tmp_path / "drifted.lock"
     drifted.write_text(_lock_text("0.9.3"))
     assert main(["doctor", "--lock", str(drifted)]) == 2

@@ -45,8 +45,10 @@ def test_unwritable_output_is_one_line_exit_2(capsys, tmp_path):
     blocker.write_text("")  # a file where a folder must go: fails even for root
     assert main(["pin", "--output", str(blocker / "pinned")]) == 2
     err = capsys.readouterr().err
-    assert err == f"hf-dist-recipes pin: error: --output {blocker / 'pinned'}: cannot write there (Not a directory); " \
-                  "choose a folder you can write to\n"
+    assert (
+        err == f"hf-dist-recipes pin: error: --output {blocker / 'pinned'}: cannot write there (Not a directory); "
+        "choose a folder you can write to\n"
+    )
 
 
 def test_doctor_reads_the_lock_pin_wrote_and_names_a_drifted_package(capsys, tmp_path):

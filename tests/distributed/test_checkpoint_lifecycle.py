@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO, accelerate_launch, check_launch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from conftest import REPO, accelerate_launch, check_launch
-from hf_dist_recipes.cli.main import main as cli_main
 from hf_dist_recipes.checkpoint.offline import export_checkpoint
+from hf_dist_recipes.cli.main import main as cli_main
 from hf_dist_recipes.monitoring.tensorboard import rank_log_dir, read_scalars
 
 sys.path.insert(0, str(REPO / "tests" / "distributed" / "workers"))
@@ -79,8 +79,29 @@ def job(request, tmp_path_factory):
     model_name, config, procs = LAYOUTS[layout]
     root = tmp_path_factory.mktemp(layout)
     if config is None:
-        assert cli_main(["config", "generate", "--cpu", "--model", model_name, "--gpus-per-node", str(procs),
-                         "--zero", "3", "--tp", "2", "--auto", "--name", "tp2", "--output", str(root / "cfg")]) == 0
+        assert (
+            cli_main(
+                [
+                    "config",
+                    "generate",
+                    "--cpu",
+                    "--model",
+                    model_name,
+                    "--gpus-per-node",
+                    str(procs),
+                    "--zero",
+                    "3",
+                    "--tp",
+                    "2",
+                    "--auto",
+                    "--name",
+                    "tp2",
+                    "--output",
+                    str(root / "cfg"),
+                ]
+            )
+            == 0
+        )
         config = root / "cfg" / "tp2.yaml"
     pretrained = _pretrained(root / "pretrained", model_name)
     a, b = root / "a", root / "b"
@@ -88,11 +109,15 @@ def job(request, tmp_path_factory):
     b.mkdir()
     shutil.copytree(a / f"checkpoint-{SAVE_AT}", b / f"checkpoint-{SAVE_AT}")
     shutil.copytree(a / "tensorboard", b / "tensorboard")  # as if the job had died after step STEPS
-    check_launch(accelerate_launch(config, [WORKER, str(b), str(pretrained), str(STEPS), str(SAVE_AT),
-                                            str(b / f"checkpoint-{SAVE_AT}")]))
+    check_launch(
+        accelerate_launch(
+            config, [WORKER, str(b), str(pretrained), str(STEPS), str(SAVE_AT), str(b / f"checkpoint-{SAVE_AT}")]
+        )
+    )
     c = root / "c"
-    check_launch(accelerate_launch(config, [WORKER, str(c), str(pretrained), str(STEPS), str(STEPS), "-",
-                                            "no-eval-first"]))
+    check_launch(
+        accelerate_launch(config, [WORKER, str(c), str(pretrained), str(STEPS), str(STEPS), "-", "no-eval-first"])
+    )
     return {"layout": layout, "config": config, "pretrained": pretrained, "a": a, "b": b, "c": c, "procs": procs}
 
 
@@ -122,7 +147,7 @@ def test_checkpoints_are_written_during_training(job):
 
 
 def test_resume_continues_exactly(job):
-    for a, b in zip(_ranks(job["a"]), _ranks(job["b"])):
+    for a, b in zip(_ranks(job["a"]), _ranks(job["b"]), strict=True):
         later = [str(s) for s in range(SAVE_AT + 1, STEPS + 1)]
         assert sorted(b["batches"], key=int) == later  # B trained only the steps after the checkpoint
         assert [b["batches"][s] for s in later] == [a["batches"][s] for s in later]  # same data order
@@ -178,6 +203,6 @@ def test_offline_export_names_a_missing_rank_file(job, tmp_path):
 
 
 def test_evaluating_first_does_not_change_training(job):
-    for a, c in zip(_ranks(job["a"]), _ranks(job["c"])):
+    for a, c in zip(_ranks(job["a"]), _ranks(job["c"]), strict=True):
         assert c["eval_before"] is None
         assert c["loss"] == a["loss"] and c["batches"] == a["batches"]

@@ -15,8 +15,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, accelerate_launch, check_launch, cpu_only_env
+
 from hf_dist_recipes.monitoring import read_scalars
 
 pytestmark = [pytest.mark.distributed]
@@ -28,15 +28,24 @@ ZERO3 = REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml"
 
 def _run(out, mode: str) -> subprocess.CompletedProcess:
     # A CPU run on any host, as the 2-rank launches below (conftest.cpu_only_env).
-    return subprocess.run([sys.executable, WORKER, str(out), mode, str(DIE_AT)], capture_output=True, text=True,
-                          timeout=180, cwd=REPO, env=cpu_only_env(dict(os.environ)))
+    return subprocess.run(
+        [sys.executable, WORKER, str(out), mode, str(DIE_AT)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO,
+        env=cpu_only_env(dict(os.environ)),
+    )
 
 
-@pytest.mark.parametrize("mode, returncode, probe_survives", [
-    ("term", -signal.SIGTERM, True),
-    ("kill", -signal.SIGKILL, False),
-    ("raise", 1, True),
-])
+@pytest.mark.parametrize(
+    "mode, returncode, probe_survives",
+    [
+        ("term", -signal.SIGTERM, True),
+        ("kill", -signal.SIGKILL, False),
+        ("raise", 1, True),
+    ],
+)
 def test_a_dying_rank_keeps_its_flushed_steps(tmp_path, mode, returncode, probe_survives):
     proc = _run(tmp_path, mode)
     assert proc.returncode == returncode, proc.stderr[-3000:]

@@ -19,8 +19,8 @@ import threading
 import time
 
 import pytest
-
 from conftest import REPO, cpu_only_env, free_port
+
 from hf_dist_recipes.cli.main import main
 from hf_dist_recipes.watchdog import LOST_PEER_EXIT_CODE, heartbeat_interval
 
@@ -56,16 +56,57 @@ class Output(threading.Thread):
 
 def _run_two_machines(tmp_path, mode: str, step_timeout: float):
     port = free_port()
-    assert main(["config", "generate", "--cpu", "--nodes", "2", "--gpus-per-node", "1", "--auto", "--name", "two",
-                 "--main-process-ip", "127.0.0.1", "--main-process-port", str(port), "--output", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "config",
+                "generate",
+                "--cpu",
+                "--nodes",
+                "2",
+                "--gpus-per-node",
+                "1",
+                "--auto",
+                "--name",
+                "two",
+                "--main-process-ip",
+                "127.0.0.1",
+                "--main-process-port",
+                str(port),
+                "--output",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     # The generated --cpu config, as a CPU run on any host (conftest.cpu_only_env).
     env = cpu_only_env(dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
-    procs = [subprocess.Popen([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                               str(tmp_path / "two.yaml"), "--machine_rank", str(rank), WORKER, str(tmp_path / "out"),
-                               mode, str(DIE_AT), f"peer_timeout={PEER_TIMEOUT}", f"step_timeout={step_timeout}"],
-                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              start_new_session=True)  # a process group each, so a stopped rank can be cleaned up
-             for rank in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "accelerate.commands.launch",
+                "--config_file",
+                str(tmp_path / "two.yaml"),
+                "--machine_rank",
+                str(rank),
+                WORKER,
+                str(tmp_path / "out"),
+                mode,
+                str(DIE_AT),
+                f"peer_timeout={PEER_TIMEOUT}",
+                f"step_timeout={step_timeout}",
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )  # a process group each, so a stopped rank can be cleaned up
+        for rank in (0, 1)
+    ]
     outputs = [Output(p) for p in procs]
     for o in outputs:
         o.start()
@@ -74,8 +115,12 @@ def _run_two_machines(tmp_path, mode: str, step_timeout: float):
         ended = time.monotonic()
     finally:
         # torchrun starts the ranks in sessions of their own: end the launchers' groups and each rank by its pid
-        rank_pids = [int(pid) for o in outputs for _, line in o.lines
-                     for pid in re.findall(r"^rank \d+ pid (\d+)$", line.strip())]
+        rank_pids = [
+            int(pid)
+            for o in outputs
+            for _, line in o.lines
+            for pid in re.findall(r"^rank \d+ pid (\d+)$", line.strip())
+        ]
         for pid in [p.pid for p in procs] + rank_pids:
             for kill in (os.killpg, os.kill):
                 try:
@@ -99,15 +144,19 @@ def _run_two_machines(tmp_path, mode: str, step_timeout: float):
 def test_machine_0_ends_within_the_bound_naming_the_lost_rank_and_its_step(tmp_path, mode):
     text0, elapsed = _run_two_machines(tmp_path, mode, step_timeout=6 * PEER_TIMEOUT)
     assert f"exitcode  : {LOST_PEER_EXIT_CODE}" in text0, text0[-3000:]  # the watchdog ended it, not something else
-    assert re.search(rf"lost rank 1 \(host [^)]+\): no heartbeat for \d+ s .*its last step was {DIE_AT}", text0), \
-        text0[-3000:]
+    assert re.search(rf"lost rank 1 \(host [^)]+\): no heartbeat for \d+ s .*its last step was {DIE_AT}", text0), text0[
+        -3000:
+    ]
     assert elapsed <= BOUND_S, f"machine 0 ended {elapsed:.1f} s after rank 1 was lost; bound {BOUND_S} s"
     print(f"{mode}: machine 0 ended {elapsed:.1f} s after rank 1 was lost (bound {BOUND_S} s)")
 
 
 def test_a_rank_alive_but_stuck_ends_machine_0_within_the_step_timeout(tmp_path):
     text0, elapsed = _run_two_machines(tmp_path, "hang", step_timeout=STEP_TIMEOUT)
-    assert re.search(rf"a collective timed out after {STEP_TIMEOUT:g} s .*alive but stuck.*rank 1 \(\S+\): step "
-                     rf"{DIE_AT}", text0), text0[-3000:]
+    assert re.search(
+        rf"a collective timed out after {STEP_TIMEOUT:g} s .*alive but stuck.*rank 1 \(\S+\): step "
+        rf"{DIE_AT}",
+        text0,
+    ), text0[-3000:]
     assert elapsed <= STEP_BOUND_S, f"machine 0 ended {elapsed:.1f} s after rank 1 stopped; bound {STEP_BOUND_S} s"
     print(f"hang: machine 0 ended {elapsed:.1f} s after rank 1 got stuck (bound {STEP_BOUND_S} s)")

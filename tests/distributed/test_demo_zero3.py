@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import LAUNCH_TIMEOUT_S, REPO, cpu_only_env, needs_two_gpus
+
 from hf_dist_recipes.monitoring import read_rank_summaries, read_scalars
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -24,9 +24,26 @@ def demo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
     env = cpu_only_env(dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
     proc = subprocess.run(
-        [sys.executable, "-m", "hf_dist_recipes.cli.main", "demo", "--json", "--output-dir", str(out),
-         "--max-steps", str(STEPS), "--logging-steps", "10", "--warmup-steps", "10"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+        [
+            sys.executable,
+            "-m",
+            "hf_dist_recipes.cli.main",
+            "demo",
+            "--json",
+            "--output-dir",
+            str(out),
+            "--max-steps",
+            str(STEPS),
+            "--logging-steps",
+            "10",
+            "--warmup-steps",
+            "10",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=LAUNCH_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout), out
@@ -72,7 +89,7 @@ def test_every_rank_has_its_own_tensorboard_with_loss_and_lr(demo_run):
     # The logged loss is the mean over ranks; each rank's own loss differs (different data) but averages to it.
     logged = [v for _, v in read_scalars(out / "tensorboard" / "rank0")["train/loss"]]
     assert per_rank_loss[0] != per_rank_loss[1]
-    mean = [(a + b) / 2 for a, b in zip(per_rank_loss[0], per_rank_loss[1])]
+    mean = [(a + b) / 2 for a, b in zip(per_rank_loss[0], per_rank_loss[1], strict=True)]
     assert mean == pytest.approx(logged, rel=1e-3)
 
 
@@ -103,13 +120,43 @@ def test_demo_trains_on_the_users_text_file(tmp_path):
     book = tmp_path / "book.txt"
     book.write_text("the quick brown fox jumps over the lazy dog\n" * 400)
     steps = 20
-    env = cpu_only_env(dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-                            HF_DATASETS_CACHE=str(tmp_path / "datasets_cache")))
+    env = cpu_only_env(
+        dict(
+            os.environ,
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            HF_DATASETS_OFFLINE="1",
+            HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"),
+        )
+    )
     proc = subprocess.run(
-        [sys.executable, "-m", "hf_dist_recipes.cli.main", "demo", "--json", "--output-dir", str(tmp_path / "out"),
-         "--data-files", str(book), "--max-steps", str(steps), "--logging-steps", "5", "--warmup-steps", "2",
-         "--seq-len", "64", "--micro-batch", "4", "--no-save"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+        [
+            sys.executable,
+            "-m",
+            "hf_dist_recipes.cli.main",
+            "demo",
+            "--json",
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--data-files",
+            str(book),
+            "--max-steps",
+            str(steps),
+            "--logging-steps",
+            "5",
+            "--warmup-steps",
+            "2",
+            "--seq-len",
+            "64",
+            "--micro-batch",
+            "4",
+            "--no-save",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=LAUNCH_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     s = json.loads(proc.stdout)["summary"]
@@ -125,10 +172,29 @@ def test_demo_on_two_gpus_uses_nccl(tmp_path):
     steps = 20
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "hf_dist_recipes.cli.main", "demo", "--json", "--output-dir", str(tmp_path / "out"),
-         "--num-processes", "2", "--max-steps", str(steps), "--logging-steps", "5", "--warmup-steps", "2",
-         "--no-save"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+        [
+            sys.executable,
+            "-m",
+            "hf_dist_recipes.cli.main",
+            "demo",
+            "--json",
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--num-processes",
+            "2",
+            "--max-steps",
+            str(steps),
+            "--logging-steps",
+            "5",
+            "--warmup-steps",
+            "2",
+            "--no-save",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=LAUNCH_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout)

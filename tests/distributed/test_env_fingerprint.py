@@ -8,7 +8,6 @@ import importlib.metadata
 import json
 
 import pytest
-
 from conftest import REPO, accelerate_launch, check_launch
 
 pytestmark = [pytest.mark.distributed]
@@ -24,7 +23,7 @@ def test_rank_with_another_datasets_stops_before_step_1_named(tmp_path):
     assert proc.returncode != 0, text[-3000:]
     real = importlib.metadata.version("datasets")  # what rank 0 (and this process) sees
     assert "the ranks' environments differ" in text
-    assert f"rank 1 on host " in text and f"datasets 9.9.9 (the other ranks: {real})" in text
+    assert "rank 1 on host " in text and f"datasets 9.9.9 (the other ranks: {real})" in text
     assert "rank 0 on host" not in text  # rank 0 is the majority's value on a tie: only rank 1 is named
     assert not (tmp_path / "steps").exists()  # no rank finished a step
 
@@ -33,7 +32,11 @@ def test_same_environment_trains(tmp_path):
     check_launch(accelerate_launch(YAML, [WORKER, str(tmp_path), str(STEPS)]))
     ranks = [json.loads((tmp_path / "fingerprint" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["steps"] for r in ranks] == [STEPS, STEPS]
-    assert ranks[0]["fingerprint"]["datasets"] == ranks[1]["fingerprint"]["datasets"] == \
-        importlib.metadata.version("datasets")
-    assert sorted(p.name for p in (tmp_path / "steps").iterdir()) == \
-        [f"rank{r}-step{s}" for r in (0, 1) for s in range(1, STEPS + 1)]
+    assert (
+        ranks[0]["fingerprint"]["datasets"]
+        == ranks[1]["fingerprint"]["datasets"]
+        == importlib.metadata.version("datasets")
+    )
+    assert sorted(p.name for p in (tmp_path / "steps").iterdir()) == [
+        f"rank{r}-step{s}" for r in (0, 1) for s in range(1, STEPS + 1)
+    ]

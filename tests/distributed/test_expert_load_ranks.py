@@ -8,9 +8,9 @@ import sys
 
 import pytest
 import torch
+from conftest import REPO, accelerate_launch, check_launch
 from safetensors.torch import load_file
 
-from conftest import REPO, accelerate_launch, check_launch
 from hf_dist_recipes.cli.main import main as cli_main
 from hf_dist_recipes.expert_balance import bias_update
 from hf_dist_recipes.monitoring.tensorboard import rank_log_dir, read_scalars
@@ -27,20 +27,43 @@ STEPS, GAMMA, RANKS, EXPERTS, TOP_K, MOE_LAYERS = 4, 0.01, 2, 8, 2, (1, 2)
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     root = tmp_path_factory.mktemp("expert_load")
-    assert cli_main(["config", "generate", "--cpu", "--model", "tiny-deepseek-v3", "--gpus-per-node", str(RANKS),
-                     "--zero", "3", "--ep", "2", "--auto", "--name", "ep2", "--output", str(root / "cfg")]) == 0
+    assert (
+        cli_main(
+            [
+                "config",
+                "generate",
+                "--cpu",
+                "--model",
+                "tiny-deepseek-v3",
+                "--gpus-per-node",
+                str(RANKS),
+                "--zero",
+                "3",
+                "--ep",
+                "2",
+                "--auto",
+                "--name",
+                "ep2",
+                "--output",
+                str(root / "cfg"),
+            ]
+        )
+        == 0
+    )
     out = root / "run"
     check_launch(accelerate_launch(root / "cfg" / "ep2.yaml", [WORKER, str(out), str(STEPS), str(GAMMA)]))
-    ranks = sorted((json.loads(p.read_text()) for p in (out / "expert_load").glob("rank*.json")),
-                   key=lambda r: r["rank"])
+    ranks = sorted(
+        (json.loads(p.read_text()) for p in (out / "expert_load").glob("rank*.json")), key=lambda r: r["rank"]
+    )
     scalars = [read_scalars(rank_log_dir(out / "tensorboard", r)) for r in range(RANKS)]
     return out, ranks, scalars
 
 
 def _tokens(scalars, layer: int) -> torch.Tensor:
     """Logged tokens per expert, (steps x experts)."""
-    return torch.tensor([[v for _, v in scalars[f"train/experts/layer{layer}/expert{e}_tokens"]]
-                         for e in range(EXPERTS)]).T
+    return torch.tensor(
+        [[v for _, v in scalars[f"train/experts/layer{layer}/expert{e}_tokens"]] for e in range(EXPERTS)]
+    ).T
 
 
 def test_every_rank_logs_the_same_global_counts(job):
@@ -84,7 +107,7 @@ def test_ep_rank_tokens_are_the_contiguous_experts_each_rank_holds(job):
             logged = [v for _, v in s[f"train/experts/layer{layer}/ep_rank{ep_rank}_tokens"]]
             assert logged == tokens.tolist()
         shares.append([v for _, v in s[f"train/experts/ep_rank{ep_rank}_share"]])
-    assert [a + b for a, b in zip(*shares)] == pytest.approx([1.0] * STEPS)
+    assert [a + b for a, b in zip(*shares, strict=True)] == pytest.approx([1.0] * STEPS)
 
 
 def test_balancer_moves_the_autoep_routers_bias_identically_on_every_rank(job):
@@ -107,8 +130,11 @@ def test_tensor_parallel_peers_are_counted_once(tmp_path):
     """ZeRO-3 + TP 2 + EP 2 on 4 ranks (the shipped config): the two ranks of a TP group route the same tokens, so
     DeepSpeed's own counters sum to twice the data-parallel load; the logged counts are the data-parallel load."""
     out = tmp_path / "run"
-    check_launch(accelerate_launch(REPO / "accelerate_configs" / "cpu_zero3_tp2_ep2_4proc.yaml",
-                                   [WORKER, str(out), "2", str(GAMMA)]))
+    check_launch(
+        accelerate_launch(
+            REPO / "accelerate_configs" / "cpu_zero3_tp2_ep2_4proc.yaml", [WORKER, str(out), "2", str(GAMMA)]
+        )
+    )
     ranks = [json.loads((out / "expert_load" / f"rank{r}.json").read_text()) for r in range(4)]
     scalars = [read_scalars(rank_log_dir(out / "tensorboard", r)) for r in range(4)]
     data_parallel = 2

@@ -8,7 +8,6 @@ import json
 import math
 
 import pytest
-
 from conftest import REPO, accelerate_launch, check_launch, write_cpu_deepspeed_yaml
 
 pytestmark = [pytest.mark.distributed]

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import LAUNCH_TIMEOUT_S, REPO, cpu_only_env, free_port
+
 from hf_dist_recipes.cli.main import main
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -18,8 +18,29 @@ WORKER = str(REPO / "tests" / "distributed" / "workers" / "probe_worker.py")
 
 def test_two_machines_train_together(tmp_path):
     port = free_port()
-    assert main(["config", "generate", "--cpu", "--nodes", "2", "--gpus-per-node", "1", "--auto", "--name", "two",
-                 "--main-process-ip", "127.0.0.1", "--main-process-port", str(port), "--output", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "config",
+                "generate",
+                "--cpu",
+                "--nodes",
+                "2",
+                "--gpus-per-node",
+                "1",
+                "--auto",
+                "--name",
+                "two",
+                "--main-process-ip",
+                "127.0.0.1",
+                "--main-process-port",
+                str(port),
+                "--output",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     config = tmp_path / "two.yaml"
     text = config.read_text()
     assert "num_machines: 2" in text and f"main_process_port: {port}" in text and "main_process_ip: 127.0.0.1" in text
@@ -27,9 +48,27 @@ def test_two_machines_train_together(tmp_path):
     # The generated --cpu config, as a CPU run on any host (conftest.cpu_only_env).
     env = cpu_only_env(dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
     procs = [
-        subprocess.Popen([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
-                          "--machine_rank", str(rank), WORKER, str(out), "4", "recipe", "tiny-deepseek-v3"],
-                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "accelerate.commands.launch",
+                "--config_file",
+                str(config),
+                "--machine_rank",
+                str(rank),
+                WORKER,
+                str(out),
+                "4",
+                "recipe",
+                "tiny-deepseek-v3",
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for rank in (0, 1)
     ]
     try:

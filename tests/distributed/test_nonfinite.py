@@ -11,8 +11,8 @@ import json
 import math
 
 import pytest
-
 from conftest import REPO, accelerate_launch, check_launch
+
 from hf_dist_recipes.cli.main import main as cli_main
 
 pytestmark = [pytest.mark.distributed]
@@ -79,12 +79,15 @@ def test_zero3_clips_at_max_grad_norm_in_the_live_engine(skipped):
 
 
 def test_halt_stops_every_rank_with_the_report_and_its_checkpoint_resumes_exactly(skipped, tmp_path):
-    proc = _launch(ZERO3, tmp_path, STEPS, "--inject-rank", "1", "--inject-step", str(BAD), "--what", "grad",
-                   "--policy", "halt")
+    proc = _launch(
+        ZERO3, tmp_path, STEPS, "--inject-rank", "1", "--inject-step", str(BAD), "--what", "grad", "--policy", "halt"
+    )
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    expected = ("step 3: non-finite value first on rank 1 (rank(s) 1); gradients non-finite: rank 1: "
-                "model.layers.0.mlp.up_proj.weight; training halted: nonfinite_policy='halt'")
+    expected = (
+        "step 3: non-finite value first on rank 1 (rank(s) 1); gradients non-finite: rank 1: "
+        "model.layers.0.mlp.up_proj.weight; training halted: nonfinite_policy='halt'"
+    )
     assert text.count(f"NonFiniteHalt: {expected}") == 2  # raised on both ranks
     report = json.loads((tmp_path / "nonfinite_report.json").read_text())
     assert report["first_rank"] == 1 and report["step"] == 3 and report["checkpoint"] == "checkpoint-3"
@@ -94,7 +97,7 @@ def test_halt_stops_every_rank_with_the_report_and_its_checkpoint_resumes_exactl
     # skipped step 3 and never stopped, bit for bit; the skip count continues from the checkpoint.
     check_launch(_launch(ZERO3, tmp_path, STEPS, "--resume", str(tmp_path / "checkpoint-3")))
     resumed = _read(tmp_path)
-    for rank, reference in zip(resumed, skipped["ranks"]):
+    for rank, reference in zip(resumed, skipped["ranks"], strict=True):
         got, want = _by_step(rank), _by_step(reference)
         assert sorted(got) == [4, 5]
         assert [got[s]["weights"] for s in (4, 5)] == [want[s]["weights"] for s in (4, 5)]
@@ -102,11 +105,45 @@ def test_halt_stops_every_rank_with_the_report_and_its_checkpoint_resumes_exactl
 
 
 def test_zero3_tp2_skips_everywhere_and_clips_at_max_grad_norm(tmp_path):
-    assert cli_main(["config", "generate", "--cpu", "--model", "tiny-llama", "--gpus-per-node", "2", "--zero", "3",
-                     "--tp", "2", "--auto", "--name", "tp2", "--output", str(tmp_path / "cfg")]) == 0
+    assert (
+        cli_main(
+            [
+                "config",
+                "generate",
+                "--cpu",
+                "--model",
+                "tiny-llama",
+                "--gpus-per-node",
+                "2",
+                "--zero",
+                "3",
+                "--tp",
+                "2",
+                "--auto",
+                "--name",
+                "tp2",
+                "--output",
+                str(tmp_path / "cfg"),
+            ]
+        )
+        == 0
+    )
     out = tmp_path / "run"
-    check_launch(_launch(tmp_path / "cfg" / "tp2.yaml", out, 3, "--model", "tiny-llama", "--inject-rank", "0",
-                         "--inject-step", "2", "--what", "loss"))
+    check_launch(
+        _launch(
+            tmp_path / "cfg" / "tp2.yaml",
+            out,
+            3,
+            "--model",
+            "tiny-llama",
+            "--inject-rank",
+            "0",
+            "--inject-step",
+            "2",
+            "--what",
+            "loss",
+        )
+    )
     for rank in _read(out):
         steps = _by_step(rank)
         assert [steps[s]["applied"] for s in (1, 2, 3)] == [True, False, True]
@@ -117,4 +154,5 @@ def test_zero3_tp2_skips_everywhere_and_clips_at_max_grad_norm(tmp_path):
         # Rank 1's loss was finite, but TP's backward all-reduces activation gradients inside the TP group, so the
         # NaN reaches rank 1's own gradients too: both are named, the loss only on rank 0.
         assert logs[1]["nonfinite_event"].startswith(
-            "step 2: non-finite value first on rank 0 (rank(s) 0, 1); loss non-finite on rank(s) 0; gradients")
+            "step 2: non-finite value first on rank 0 (rank(s) 0, 1); loss non-finite on rank(s) 0; gradients"
+        )

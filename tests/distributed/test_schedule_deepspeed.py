@@ -9,7 +9,6 @@ import json
 import math
 
 import pytest
-
 from conftest import REPO, accelerate_launch, check_launch, write_cpu_deepspeed_yaml
 
 pytestmark = [pytest.mark.distributed]
@@ -24,10 +23,18 @@ def _expected() -> list[float]:
     m=0.3, re-warm-up R=2. Cosine part: m + (1 - m) * 0.5 * (1 + cos(pi * phase))."""
     cos = lambda phase: 0.3 + 0.35 * (1 + math.cos(math.pi * phase))  # noqa: E731
     multipliers = [
-        0 / 2, 1 / 2,                                      # warm-up t / W
-        cos(0 / 5), cos(1 / 5), cos(2 / 5), cos(3 / 5), cos(4 / 5),  # cycle 0: 5 cosine steps
-        0.3, 0.3 + 0.7 * 1 / 2,                            # restart at step 7: from the floor, + (1 - m) / R a step
-        cos(0 / 3), cos(1 / 3), cos(2 / 3),                # then cosine over the cycle's 5 - 2 = 3 steps left
+        0 / 2,
+        1 / 2,  # warm-up t / W
+        cos(0 / 5),
+        cos(1 / 5),
+        cos(2 / 5),
+        cos(3 / 5),
+        cos(4 / 5),  # cycle 0: 5 cosine steps
+        0.3,
+        0.3 + 0.7 * 1 / 2,  # restart at step 7: from the floor, + (1 - m) / R a step
+        cos(0 / 3),
+        cos(1 / 3),
+        cos(2 / 3),  # then cosine over the cycle's 5 - 2 = 3 steps left
     ]
     return [PEAK * m for m in multipliers]
 
@@ -36,8 +43,10 @@ def _run(tmp_path, name: str, deepspeed_optimizer: bool) -> list[dict]:
     ds = json.loads((REPO / "accelerate_configs" / "deepspeed" / "cpu_zero3_2proc.json").read_text())
     if deepspeed_optimizer:
         # torch_adam: DeepSpeed's torch.optim.AdamW; its FusedAdam would be JIT-built for the CPU first.
-        ds["optimizer"] = {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
-                                                       "weight_decay": "auto", "torch_adam": True}}
+        ds["optimizer"] = {
+            "type": "AdamW",
+            "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto", "torch_adam": True},
+        }
     ds_json = tmp_path / f"{name}.json"
     ds_json.write_text(json.dumps(ds))
     yaml = write_cpu_deepspeed_yaml(tmp_path / f"{name}.yaml", ds_json)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import REPO, accelerate_launch, check_launch
 
 pytestmark = [pytest.mark.distributed]
@@ -36,12 +35,16 @@ def seed42(tmp_path_factory):
 def test_same_seed_twice_is_bitwise_identical(seed42, tmp_path):
     check_launch(_launch(tmp_path, 42, "--rank-check-steps", "2"))
     again = _read(tmp_path)
-    for first, second in zip(seed42, again):
+    for first, second in zip(seed42, again, strict=True):
         assert len(first["losses"]) == len(first["grad_norms"]) == STEPS
         assert first["losses"] == second["losses"] and first["grad_norms"] == second["grad_norms"]  # exact
         # The checks ran and found agreement (weights built under zero.Init are rank 0's: not checkable, -1).
-        assert first["rank_check"] == {"rank_check/seed_ok": 1.0, "rank_check/data_ok": 1.0,
-                                       "rank_check/weights_ok": -1.0, "rank_check/ok": 1.0}
+        assert first["rank_check"] == {
+            "rank_check/seed_ok": 1.0,
+            "rank_check/data_ok": 1.0,
+            "rank_check/weights_ok": -1.0,
+            "rank_check/ok": 1.0,
+        }
 
 
 def test_another_seed_differs(seed42, tmp_path):

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, accelerate_launch, check_launch
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -18,9 +17,30 @@ WORKER = str(REPO / "tests" / "distributed" / "workers" / "setup_worker.py")
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     configs = tmp_path_factory.mktemp("configs")
-    subprocess.run([sys.executable, "-m", "hf_dist_recipes.cli.main", "config", "generate", "--cpu",
-                    "--gpus-per-node", "2", "--zero", "3", "--auto", "--activation-checkpointing", "--seq-len", "32",
-                    "--name", "ac", "--output", str(configs)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hf_dist_recipes.cli.main",
+            "config",
+            "generate",
+            "--cpu",
+            "--gpus-per-node",
+            "2",
+            "--zero",
+            "3",
+            "--auto",
+            "--activation-checkpointing",
+            "--seq-len",
+            "32",
+            "--name",
+            "ac",
+            "--output",
+            str(configs),
+        ],
+        check=True,
+        capture_output=True,
+    )
     out = tmp_path_factory.mktemp("setup")
     check_launch(accelerate_launch(configs / "ac.yaml", [WORKER, str(out)]))
     return [json.loads((out / "setup" / f"rank{r}.json").read_text()) for r in (0, 1)]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import REPO, accelerate_launch, check_launch
 
 pytestmark = [pytest.mark.distributed]
@@ -20,8 +19,21 @@ K, M, THRESHOLD, DELAY_S = 5, 2, 0.2, 0.1
 
 
 def _run(out, steps: int, *extra: str) -> dict:
-    proc = accelerate_launch(ZERO3, [WORKER, str(out), str(steps), "--check-steps", str(K), "--windows", str(M),
-                                     "--threshold", str(THRESHOLD), *extra])
+    proc = accelerate_launch(
+        ZERO3,
+        [
+            WORKER,
+            str(out),
+            str(steps),
+            "--check-steps",
+            str(K),
+            "--windows",
+            str(M),
+            "--threshold",
+            str(THRESHOLD),
+            *extra,
+        ],
+    )
     check_launch(proc)
     ranks = [json.loads((out / "stragglers" / f"rank{r}.json").read_text()) for r in (0, 1)]
     return {"ranks": ranks, "output": proc.stdout + proc.stderr}
@@ -37,8 +49,9 @@ def slow(tmp_path_factory):
     # Sleeps while global_step <= 10, i.e. in the checks at steps 5 and 10 (each check runs in on_step_begin after
     # the sleep); the check at step 15 sees none. Each check's keys reach the log of the step it begins (logs
     # every step): steps 6, 11, 16.
-    return _run(tmp_path_factory.mktemp("slow"), 16, "--slow-rank", "1", "--delay-s", str(DELAY_S),
-                "--slow-until", "10")
+    return _run(
+        tmp_path_factory.mktemp("slow"), 16, "--slow-rank", "1", "--delay-s", str(DELAY_S), "--slow-until", "10"
+    )
 
 
 def test_the_slow_rank_is_flagged_with_its_host_on_every_rank_then_recovers(slow):

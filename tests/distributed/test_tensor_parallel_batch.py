@@ -4,8 +4,8 @@ import json
 import math
 
 import pytest
-
 from conftest import REPO, accelerate_launch, check_launch, write_cpu_deepspeed_yaml
+
 from hf_dist_recipes.parallel.memory import rank_elements
 from hf_dist_recipes.parallel.models import introspect
 from hf_dist_recipes.parallel.plan import ParallelPlan

@@ -5,8 +5,8 @@ import math
 from dataclasses import replace
 
 import pytest
-
 from conftest import REPO, accelerate_launch, check_launch
+
 from hf_dist_recipes.parallel.memory import rank_elements
 from hf_dist_recipes.parallel.models import introspect
 from hf_dist_recipes.parallel.plan import ParallelPlan
@@ -22,8 +22,9 @@ LOSS_TOLERANCE = 1e-4
 
 def _run(tmp_path_factory, config: str, label: str, build: str = "from_config", steps: int = STEPS) -> list[dict]:
     out = tmp_path_factory.mktemp(label)
-    check_launch(accelerate_launch(REPO / "accelerate_configs" / config,
-                                   [WORKER, str(out), str(steps), "recipe", MODEL, build]))
+    check_launch(
+        accelerate_launch(REPO / "accelerate_configs" / config, [WORKER, str(out), str(steps), "recipe", MODEL, build])
+    )
     ranks = sorted((json.loads(p.read_text()) for p in (out / "probe").glob("rank*.json")), key=lambda r: r["rank"])
     return ranks
 
@@ -60,9 +61,11 @@ def test_mla_projections_are_tp_sharded_and_experts_ep_sharded(tp_ep):
 def test_per_rank_elements_equal_the_estimate_exactly(zero3, tp_ep, tp_ep_direct):
     model = introspect(MODEL)
     tp_ep_plan = ParallelPlan(procs_per_node=4, device="cpu", precision="fp32", tp=2, ep=2)
-    for ranks, plan in ((zero3, ParallelPlan(procs_per_node=2, device="cpu", precision="fp32")),
-                        (tp_ep, tp_ep_plan),
-                        (tp_ep_direct, replace(tp_ep_plan, zero_init=False))):
+    for ranks, plan in (
+        (zero3, ParallelPlan(procs_per_node=2, device="cpu", precision="fp32")),
+        (tp_ep, tp_ep_plan),
+        (tp_ep_direct, replace(tp_ep_plan, zero_init=False)),
+    ):
         expected = rank_elements(plan, model).params
         for r in ranks:
             assert sum(v["local"] for v in r["params"].values()) == expected

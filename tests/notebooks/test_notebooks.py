@@ -4,9 +4,8 @@ import json
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
-
 from conftest import REPO
+from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 

@@ -57,8 +57,16 @@ def test_gloo_on_faked_cuda_host(tmp_path, monkeypatch):
 
 def test_tp_batch_trap_fixed_in_a_deepspeed_file(tmp_path, monkeypatch):
     ds = tmp_path / "ds.json"
-    ds.write_text(json.dumps({"zero_optimization": {"stage": 3}, "tensor_parallel": {"autotp_size": 2},
-                              "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"}))
+    ds.write_text(
+        json.dumps(
+            {
+                "zero_optimization": {"stage": 3},
+                "tensor_parallel": {"autotp_size": 2},
+                "train_batch_size": "auto",
+                "train_micro_batch_size_per_gpu": "auto",
+            }
+        )
+    )
     monkeypatch.setenv("WORLD_SIZE", "4")
     # Only the config handling is exercised; no process group is created here.
     args = RecipeTrainingArguments.__new__(RecipeTrainingArguments)
@@ -86,16 +94,21 @@ def test_the_cpu_opt_out_flag_named_in_the_error_parses(tmp_path):
     from transformers import HfArgumentParser
 
     (args,) = HfArgumentParser(RecipeTrainingArguments).parse_args_into_dataclasses(
-        ["--output_dir", str(tmp_path), "--allow_cpu_with_gpus"])
+        ["--output_dir", str(tmp_path), "--allow_cpu_with_gpus"]
+    )
     assert args.allow_cpu_with_gpus is True
     assert RecipeTrainingArguments(output_dir=str(tmp_path)).allow_cpu_with_gpus is False
 
 
 # --- schedule: lr_scheduler_kwargs and the schedule fields ---
 
+
 def test_upgrade_honours_schedule_kwargs_of_a_plain_trainingarguments(tmp_path):
-    plain = TrainingArguments(output_dir=str(tmp_path), lr_scheduler_type="cosine_with_restarts",
-                              lr_scheduler_kwargs={"num_cycles": 2, "min_lr_ratio": 0.1, "restart_warmup_steps": 4})
+    plain = TrainingArguments(
+        output_dir=str(tmp_path),
+        lr_scheduler_type="cosine_with_restarts",
+        lr_scheduler_kwargs={"num_cycles": 2, "min_lr_ratio": 0.1, "restart_warmup_steps": 4},
+    )
     up = RecipeTrainingArguments.from_training_arguments(plain)
     assert (up.min_lr_ratio, up.restart_warmup_steps) == (0.1, 4)
     # Only the key transformers' own cosine_with_restarts accepts stays: the stock create_scheduler passes them on.
@@ -109,20 +122,30 @@ def test_schedule_kwargs_as_a_command_line_json_string(tmp_path):
 
 
 def test_schedule_value_given_twice(tmp_path):
-    with pytest.raises(ValueError, match=r"min_lr_ratio is given twice: min_lr_ratio=0.2 and lr_scheduler_kwargs="
-                                         r"\{'min_lr_ratio': 0.1\}; give it once"):
+    with pytest.raises(
+        ValueError,
+        match=r"min_lr_ratio is given twice: min_lr_ratio=0.2 and lr_scheduler_kwargs="
+        r"\{'min_lr_ratio': 0.1\}; give it once",
+    ):
         RecipeTrainingArguments(output_dir=str(tmp_path), min_lr_ratio=0.2, lr_scheduler_kwargs={"min_lr_ratio": 0.1})
-    same = RecipeTrainingArguments(output_dir=str(tmp_path), restart_warmup_steps=5,
-                                   lr_scheduler_kwargs={"restart_warmup_steps": 5})
+    same = RecipeTrainingArguments(
+        output_dir=str(tmp_path), restart_warmup_steps=5, lr_scheduler_kwargs={"restart_warmup_steps": 5}
+    )
     assert same.restart_warmup_steps == 5
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"min_lr": 0.1}, r"'min_lr', which cosine_with_restarts does not take; accepted keys: num_cycles, min_lr_ratio"),
-    ({"num_cycles": 0}, "num_cycles must be a positive integer"),
-    ({"restart_warmup_steps": 2.5}, "restart_warmup_steps must be a whole number"),
-    ({"min_lr_ratio": 1.0}, r"min_lr_ratio must be in \[0, 1\)"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            {"min_lr": 0.1},
+            r"'min_lr', which cosine_with_restarts does not take; accepted keys: num_cycles, min_lr_ratio",
+        ),
+        ({"num_cycles": 0}, "num_cycles must be a positive integer"),
+        ({"restart_warmup_steps": 2.5}, "restart_warmup_steps must be a whole number"),
+        ({"min_lr_ratio": 1.0}, r"min_lr_ratio must be in \[0, 1\)"),
+    ],
+)
 def test_bad_schedule_kwargs_name_the_fix(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
         RecipeTrainingArguments(output_dir=str(tmp_path), lr_scheduler_kwargs=kwargs)
@@ -131,7 +154,8 @@ def test_bad_schedule_kwargs_name_the_fix(tmp_path, kwargs, message):
 def test_schedule_options_with_another_scheduler_are_an_error(tmp_path):
     # The stock schedules would raise a TypeError only when training starts, or ignore the field silently.
     with pytest.raises(ValueError, match="only apply to lr_scheduler_type='cosine_with_restarts', not 'cosine'"):
-        RecipeTrainingArguments(output_dir=str(tmp_path), lr_scheduler_type="cosine",
-                                lr_scheduler_kwargs={"min_lr_ratio": 0.1})
+        RecipeTrainingArguments(
+            output_dir=str(tmp_path), lr_scheduler_type="cosine", lr_scheduler_kwargs={"min_lr_ratio": 0.1}
+        )
     with pytest.raises(ValueError, match="restart_warmup_steps=3 only apply"):
         RecipeTrainingArguments(output_dir=str(tmp_path), lr_scheduler_type="linear", restart_warmup_steps=3)

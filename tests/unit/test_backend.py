@@ -47,7 +47,6 @@ def test_unknown_backend():
         resolve_backend("tcp", cuda_devices=0)
 
 
-
 @pytest.fixture
 def gloo_group(tmp_path):
     """A real one-rank Gloo process group (no launcher needed)."""

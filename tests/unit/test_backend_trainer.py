@@ -13,8 +13,17 @@ from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments, backend
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 
-SMALL = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2, q_lora_rank=16,
-             kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
+SMALL = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    moe_intermediate_size=16,
+    num_hidden_layers=2,
+    q_lora_rank=16,
+    kv_lora_rank=16,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=8,
+    v_head_dim=8,
+)
 
 
 @pytest.fixture
@@ -27,16 +36,27 @@ def gloo_group(tmp_path):
 
 
 def _args(tmp_path, **kw) -> RecipeTrainingArguments:
-    args = RecipeTrainingArguments(output_dir=str(tmp_path / "run"), max_steps=2, per_device_train_batch_size=2,
-                                   save_strategy="no", disable_tqdm=True, report_to="none", seed_check="off", **kw)
+    args = RecipeTrainingArguments(
+        output_dir=str(tmp_path / "run"),
+        max_steps=2,
+        per_device_train_batch_size=2,
+        save_strategy="no",
+        disable_tqdm=True,
+        report_to="none",
+        seed_check="off",
+        **kw,
+    )
     if not kw.get("use_cpu"):
         args.use_cpu = False  # what the arguments say on a host with GPUs
     return args
 
 
 def _trainer(args) -> RecipeTrainer:
-    return RecipeTrainer(model_init=lambda: build_tiny_deepseek(**SMALL), args=args,
-                         train_dataset=stdlib_dataset(seq_len=16, max_bytes=4_000))
+    return RecipeTrainer(
+        model_init=lambda: build_tiny_deepseek(**SMALL),
+        args=args,
+        train_dataset=stdlib_dataset(seq_len=16, max_bytes=4_000),
+    )
 
 
 def test_gloo_group_on_a_cuda_host_stops_the_trainer(tmp_path, gloo_group, monkeypatch):

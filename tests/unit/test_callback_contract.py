@@ -17,24 +17,58 @@ from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 from hf_dist_recipes.gradient_health import GradientHealthCallback
-from hf_dist_recipes.monitoring import (ExpertLoadCallback, PerRankTensorBoardCallback, RankSummaryCallback,
-                                        SystemMetricsCallback, read_scalars, read_texts)
-from hf_dist_recipes.monitoring import system_metrics
+from hf_dist_recipes.monitoring import (
+    ExpertLoadCallback,
+    PerRankTensorBoardCallback,
+    RankSummaryCallback,
+    SystemMetricsCallback,
+    read_scalars,
+    read_texts,
+    system_metrics,
+)
 from hf_dist_recipes.monitoring.stragglers import StragglerCallback
 from hf_dist_recipes.rank_agreement import RankAgreementCallback
 
-SMALL = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2, q_lora_rank=16,
-             kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
-CONTRACT = (PerRankTensorBoardCallback, RankSummaryCallback, SystemMetricsCallback, ExpertLoadCallback,
-            GradientHealthCallback, RankAgreementCallback, StragglerCallback)
+SMALL = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    moe_intermediate_size=16,
+    num_hidden_layers=2,
+    q_lora_rank=16,
+    kv_lora_rank=16,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=8,
+    v_head_dim=8,
+)
+CONTRACT = (
+    PerRankTensorBoardCallback,
+    RankSummaryCallback,
+    SystemMetricsCallback,
+    ExpertLoadCallback,
+    GradientHealthCallback,
+    RankAgreementCallback,
+    StragglerCallback,
+)
 
 
 def _trainer(out, **overrides) -> RecipeTrainer:
-    kw = dict(output_dir=str(out), max_steps=4, per_device_train_batch_size=2, learning_rate=1e-3, logging_steps=2,
-              save_strategy="no", disable_tqdm=True, report_to="none", seed=7)
+    kw = dict(
+        output_dir=str(out),
+        max_steps=4,
+        per_device_train_batch_size=2,
+        learning_rate=1e-3,
+        logging_steps=2,
+        save_strategy="no",
+        disable_tqdm=True,
+        report_to="none",
+        seed=7,
+    )
     kw.update(overrides)
-    trainer = RecipeTrainer(model_init=lambda: build_tiny_deepseek(**SMALL), args=RecipeTrainingArguments(**kw),
-                            train_dataset=stdlib_dataset(seq_len=16, max_bytes=4_000))
+    trainer = RecipeTrainer(
+        model_init=lambda: build_tiny_deepseek(**SMALL),
+        args=RecipeTrainingArguments(**kw),
+        train_dataset=stdlib_dataset(seq_len=16, max_bytes=4_000),
+    )
     registered = {type(c) for c in trainer.callback_handler.callbacks}
     assert set(CONTRACT) <= registered, set(CONTRACT) - registered
     return trainer

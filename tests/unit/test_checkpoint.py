@@ -41,7 +41,12 @@ def test_writer_shards_at_the_limit_and_indexes_every_tensor(tmp_path):
     assert index["metadata"]["total_size"] == 5 * 1024
     first, second, third = result.files
     assert {n: index["weight_map"][n] for n in tensors} == {
-        "t0": first, "t1": first, "t2": second, "t3": second, "t4": third}
+        "t0": first,
+        "t1": first,
+        "t2": second,
+        "t3": second,
+        "t4": third,
+    }
     back = _weights(tmp_path)
     assert back.keys() == tensors.keys() and all(torch.equal(back[k], tensors[k]) for k in tensors)
 
@@ -69,9 +74,15 @@ def test_writer_refuses_a_name_twice_and_a_zero_limit(tmp_path):
 def test_our_safetensors_files_read_back_with_the_safetensors_library(tmp_path):
     from safetensors import safe_open
 
-    tensors = {"bf16": torch.randn(3, 5).to(torch.bfloat16), "f32": torch.randn(7), "i64": torch.arange(4),
-               "bool": torch.tensor([True, False, True]), "scalar": torch.tensor(2.5), "empty": torch.zeros(0, 3),
-               "strided": torch.randn(4, 6).t()}
+    tensors = {
+        "bf16": torch.randn(3, 5).to(torch.bfloat16),
+        "f32": torch.randn(7),
+        "i64": torch.arange(4),
+        "bool": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 3),
+        "strided": torch.randn(4, 6).t(),
+    }
     write_safetensors(str(tmp_path / "x.safetensors"), tensors, metadata={"format": "pt"})
     back = load_file(tmp_path / "x.safetensors")
     assert back.keys() == tensors.keys()

@@ -6,8 +6,16 @@ from dataclasses import replace
 import pytest
 
 from hf_dist_recipes.parallel.comm import (
-    HARDWARE, Hardware, Span, all_gather_bytes, all_to_all_bytes, compute_flops, group_span, moe_layer_count,
-    step_estimate, traffic,
+    HARDWARE,
+    Hardware,
+    Span,
+    all_gather_bytes,
+    all_to_all_bytes,
+    compute_flops,
+    group_span,
+    moe_layer_count,
+    step_estimate,
+    traffic,
 )
 from hf_dist_recipes.parallel.models import ModelShape, introspect, template_config
 from hf_dist_recipes.parallel.plan import ParallelPlan
@@ -18,10 +26,22 @@ MB = 1e6
 def _dense(n_tensors: int, rows: int, cols: int) -> ModelShape:
     """A model of `n_tensors` MLP matrices only: every tensor is above ZeRO-3's persistence threshold."""
     params = tuple((f"model.layers.{i}.mlp.up_proj.weight", (rows, cols)) for i in range(n_tensors))
-    return ModelShape(name="dense", model_type="llama", hidden_size=cols, num_layers=n_tensors, num_heads=1,
-                      num_kv_heads=1, vocab_size=1, routed_experts=0, shared_experts=0, experts_per_token=0,
-                      q_lora_rank=None, kv_lora_rank=None, parameters=params,
-                      params_by_component={"dense_mlp": n_tensors * rows * cols})
+    return ModelShape(
+        name="dense",
+        model_type="llama",
+        hidden_size=cols,
+        num_layers=n_tensors,
+        num_heads=1,
+        num_kv_heads=1,
+        vocab_size=1,
+        routed_experts=0,
+        shared_experts=0,
+        experts_per_token=0,
+        q_lora_rank=None,
+        kv_lora_rank=None,
+        parameters=params,
+        params_by_component={"dense_mlp": n_tensors * rows * cols},
+    )
 
 
 def test_group_spans_follow_rank_numbering_node_by_node():
@@ -108,7 +128,8 @@ def test_compute_flops_by_hand():
     plan = ParallelPlan(nodes=1, procs_per_node=1, seq_len=s)
     assert compute_flops(plan, model) == pytest.approx(3 * (matmul + attention))
     assert compute_flops(replace(plan, activation_checkpointing=True, tp=1), model) == pytest.approx(
-        4 * (matmul + attention))
+        4 * (matmul + attention)
+    )
 
 
 def test_hardware_rejects_impossible_values():

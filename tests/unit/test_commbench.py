@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 
 from hf_dist_recipes.commbench import (
-    BenchSettings, bandwidths, bus_factor, flag_outliers, message_bytes, parse_size, parse_sizes,
+    BenchSettings,
+    bandwidths,
+    bus_factor,
+    flag_outliers,
+    message_bytes,
+    parse_size,
+    parse_sizes,
 )
 from hf_dist_recipes.commbench_launch import plan_commbench, render, side_by_side, worker_command
 
@@ -33,10 +39,19 @@ def test_algbw_and_busbw_in_gb_per_s():
     assert (algbw, busbw) == (pytest.approx(1.0), pytest.approx(0.875))
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("4096", 4096), ("1K", 1024), ("1k", 1024), ("64M", 64 * 1024**2), ("2GiB", 2 * 1024**3), ("3MB", 3 * 1024**2),
-    (" 8 K ", 8192), ("16B", 16),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("4096", 4096),
+        ("1K", 1024),
+        ("1k", 1024),
+        ("64M", 64 * 1024**2),
+        ("2GiB", 2 * 1024**3),
+        ("3MB", 3 * 1024**2),
+        (" 8 K ", 8192),
+        ("16B", 16),
+    ],
+)
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
 
@@ -109,8 +124,10 @@ def test_plan_on_a_gpu_host_puts_gloo_next_to_nccl():
 
 
 def _run(backend, times):
-    rows = [{"op": op, "size_bytes": size, "time_us": t, "algbw_GBps": None, "busbw_GBps": None, "call": op,
-             "note": ""} for (op, size), t in times.items()]
+    rows = [
+        {"op": op, "size_bytes": size, "time_us": t, "algbw_GBps": None, "busbw_GBps": None, "call": op, "note": ""}
+        for (op, size), t in times.items()
+    ]
     return {"world_size": 2, "backend": backend, "results": rows}
 
 
@@ -121,7 +138,9 @@ def test_side_by_side_ratio():
     rows = both["comparison"]
     # 60 / 20 = 3x; 250 / 100 = 2.5x; all_gather unsupported on the Gloo side: no ratio
     assert [(r["op"], r["size_bytes"], r["gloo_slower_x"]) for r in rows] == [
-        ("all_reduce", 1024, 3.0), ("all_reduce", 2048, 2.5)]
+        ("all_reduce", 1024, 3.0),
+        ("all_reduce", 2048, 2.5),
+    ]
     both["runs"] = [_full(run) for run in both["runs"]]
     out = render(both)
     assert "  all_reduce           1K        20.0        60.0       3.0x" in out
@@ -130,20 +149,63 @@ def test_side_by_side_ratio():
 
 def _full(run: dict) -> dict:
     """`run` with the fields render() needs besides the results (a run without links or ranks)."""
-    return {**run, "device": "cuda", "hosts": ["h"], "dtype": "float32", "iters": 3, "fraction": 0.5, "links": [],
-            "ranks": [], "flagged": {"links": [], "ranks": []}}
+    return {
+        **run,
+        "device": "cuda",
+        "hosts": ["h"],
+        "dtype": "float32",
+        "iters": 3,
+        "fraction": 0.5,
+        "links": [],
+        "ranks": [],
+        "flagged": {"links": [], "ranks": []},
+    }
 
 
 def test_render_marks_the_slow_link():
     result = {
-        "world_size": 2, "backend": "gloo", "device": "cpu", "hosts": ["a", "b"], "dtype": "float32", "iters": 3,
-        "fraction": 0.5, "results": [{"op": "all_reduce", "size_bytes": 1024, "time_us": 10.0, "algbw_GBps": 0.1,
-                                      "busbw_GBps": 0.1, "call": "torch.distributed.all_reduce", "note": ""}],
-        "links": [{"src": 0, "dst": 1, "src_host": "a", "dst_host": "b", "size_bytes": 1024, "time_us": 9.0,
-                   "GBps": 0.1, "flagged": True},
-                  {"src": 1, "dst": 0, "src_host": "b", "dst_host": "a", "size_bytes": 1024, "time_us": 1.0,
-                   "GBps": 1.0, "flagged": False}],
-        "ranks": [], "flagged": {"links": [[0, 1]], "ranks": []},
+        "world_size": 2,
+        "backend": "gloo",
+        "device": "cpu",
+        "hosts": ["a", "b"],
+        "dtype": "float32",
+        "iters": 3,
+        "fraction": 0.5,
+        "results": [
+            {
+                "op": "all_reduce",
+                "size_bytes": 1024,
+                "time_us": 10.0,
+                "algbw_GBps": 0.1,
+                "busbw_GBps": 0.1,
+                "call": "torch.distributed.all_reduce",
+                "note": "",
+            }
+        ],
+        "links": [
+            {
+                "src": 0,
+                "dst": 1,
+                "src_host": "a",
+                "dst_host": "b",
+                "size_bytes": 1024,
+                "time_us": 9.0,
+                "GBps": 0.1,
+                "flagged": True,
+            },
+            {
+                "src": 1,
+                "dst": 0,
+                "src_host": "b",
+                "dst_host": "a",
+                "size_bytes": 1024,
+                "time_us": 1.0,
+                "GBps": 1.0,
+                "flagged": False,
+            },
+        ],
+        "ranks": [],
+        "flagged": {"links": [[0, 1]], "ranks": []},
     }
     out = render(result)
     assert "rank 0 (a) -> rank 1 (b): 0.100 GB/s, 9.0 us  SLOW" in out

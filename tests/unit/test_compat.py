@@ -3,11 +3,10 @@
 import inspect
 from importlib.metadata import version
 
-import pytest
-import torch
-
 import accelerate.utils.dataclasses as acc_dataclasses
 import accelerate.utils.launch as acc_launch
+import pytest
+import torch
 import transformers.training_args as hf_args
 
 from hf_dist_recipes import _compat
@@ -44,8 +43,11 @@ def test_accelerate_refuses_the_keys_lint_reports_beside_a_deepspeed_file():
     src = inspect.getsource(acc_dataclasses.DeepSpeedPlugin)
     assert "will be ignored" in src
     for key in IGNORED_WITH_DS_FILE:
-        env = "ACCELERATE_" + ("" if key in ("mixed_precision", "gradient_accumulation_steps", "gradient_clipping")
-                               else "DEEPSPEED_") + key.upper()
+        env = (
+            "ACCELERATE_"
+            + ("" if key in ("mixed_precision", "gradient_accumulation_steps", "gradient_clipping") else "DEEPSPEED_")
+            + key.upper()
+        )
         assert f'"{env}"' in src, env
 
 
@@ -53,11 +55,11 @@ def test_from_pretrained_still_refuses_weight_conversions_under_training_autotp(
     """_compat.allow_weight_conversions_under_training_autotp hides training TP from this guard. When this test
     fails, upstream changed the guard: re-check whether the wrapper is still needed."""
     import transformers.integrations.deepspeed as hf_ds
+    from transformers import AutoModelForCausalLM
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.integrations import HfDeepSpeedConfig
 
     from hf_dist_recipes.parallel.models import template_config
-    from transformers import AutoModelForCausalLM
 
     _compat.allow_weight_conversions_under_training_autotp()
     patched = hf_ds._apply_weight_conversions_to_state_dict
@@ -130,8 +132,9 @@ def test_deepspeed_still_refuses_a_second_hpz_group_in_one_process():
     from deepspeed.runtime.zero.partition_parameters import Init
 
     assert hasattr(groups, _compat._HPZ_GROUP)
-    assert "ZeRO parameter intra parallel group is already initialized" in \
-        inspect.getsource(groups._create_zero_param_parallel_group)
+    assert "ZeRO parameter intra parallel group is already initialized" in inspect.getsource(
+        groups._create_zero_param_parallel_group
+    )
     assert "groups._create_zero_param_parallel_group(" in inspect.getsource(Init.__init__)
     before = getattr(groups, _compat._HPZ_GROUP)
     try:
@@ -151,9 +154,12 @@ def test_gradient_health_upstream_assumptions():
 
     loop = inspect.getsource(Trainer._run_epoch)
     # the clip call returns the pre-clip norm and comes before on_pre_optimizer_step, then the scheduler guard
-    clip, pre, step, guard = (loop.index("grad_norm = self._clip_grad_norm(model)"),
-                              loop.index("on_pre_optimizer_step"), loop.index("self.optimizer.step()"),
-                              loop.index("if not self.accelerator.optimizer_step_was_skipped:"))
+    clip, pre, step, guard = (
+        loop.index("grad_norm = self._clip_grad_norm(model)"),
+        loop.index("on_pre_optimizer_step"),
+        loop.index("self.optimizer.step()"),
+        loop.index("if not self.accelerator.optimizer_step_was_skipped:"),
+    )
     assert clip < pre < step < guard
     assert "tr_loss -= tr_loss" in inspect.getsource(Trainer._maybe_log_save_evaluate)
     assert "self._tr_loss" in loop
@@ -174,13 +180,15 @@ def test_deepspeed_zero3_skips_a_step_with_a_non_finite_norm():
 
     module = inspect.getsource(stage3)  # step is under an nvtx wrapper without functools.wraps: read the module
     start = module.index("    def step(self, closure=None):")
-    src = module[start:module.index("\n    def ", start + 10)]
+    src = module[start : module.index("\n    def ", start + 10)]
     assert "is_invalid_grad_norm(scaled_global_grad_norm)" in src and "self.overflow = True" in src
     take = inspect.getsource(engine.DeepSpeedEngine._take_model_step)
     assert "self._step_applied = not overflow" in take and "self.skipped_steps += 1" in take
 
 
-@pytest.mark.filterwarnings("ignore:Detected call of:UserWarning")  # lr_scheduler.step() on a skipped step: the case under test
+@pytest.mark.filterwarnings(
+    "ignore:Detected call of:UserWarning"
+)  # lr_scheduler.step() on a skipped step: the case under test
 def test_mark_optimizer_step_skipped_makes_accelerate_skip_the_scheduler():
     from accelerate import Accelerator
 

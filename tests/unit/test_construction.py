@@ -17,7 +17,9 @@ def test_counts_the_bytes_of_parameters_zero_init_did_not_partition():
 
 def test_stops_above_the_limit_with_the_fix_and_passes_below():
     model = torch.nn.Linear(1000, 1000)  # 4,004,000 bytes
-    with pytest.raises(ValueError, match=r"without ZeRO-3 partitioning: 3.8 MiB .*\(8 full copies, 30.5 MiB.*model_init"):
+    with pytest.raises(
+        ValueError, match=r"without ZeRO-3 partitioning: 3.8 MiB .*\(8 full copies, 30.5 MiB.*model_init"
+    ):
         check_partitioned(model, limit_bytes=4_000_000, world_size=8)
     assert check_partitioned(model, limit_bytes=4_004_000, world_size=8) == 4_004_000
     assert check_partitioned(model, limit_bytes=None, world_size=8) == 4_004_000

@@ -19,8 +19,10 @@ from hf_dist_recipes.cuda_host import check_torch_sees_gpus
 
 H100_LIST = """GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-5f2c0d3e-8f3a-4b7e-9a1c-1d2e3f4a5b6c)
 GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-0a9b8c7d-6e5f-4a3b-2c1d-0e9f8a7b6c5d)"""
-SMI_NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the "
-                 "latest NVIDIA driver is installed and running.")
+SMI_NO_DRIVER = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the "
+    "latest NVIDIA driver is installed and running."
+)
 
 
 def _dev_dir(tmp_path, names=("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-modeset")):
@@ -37,8 +39,10 @@ def _nvidia_smi(tmp_path, driver="550.54.15", fail=False):
     if fail:
         body = f'echo "{SMI_NO_DRIVER}"\nexit 9\n'
     else:
-        body = (f'case "$1" in\n  -L) cat <<EOF\n{H100_LIST}\nEOF\n  ;;\n'
-                f'  --query-gpu=driver_version) printf "{driver}\\n{driver}\\n" ;;\n  *) exit 2 ;;\nesac\n')
+        body = (
+            f'case "$1" in\n  -L) cat <<EOF\n{H100_LIST}\nEOF\n  ;;\n'
+            f'  --query-gpu=driver_version) printf "{driver}\\n{driver}\\n" ;;\n  *) exit 2 ;;\nesac\n'
+        )
     script.write_text("#!/bin/sh\n" + body)
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return str(script)
@@ -53,8 +57,10 @@ def cuda_wheel(monkeypatch):
 
 
 def test_device_files_are_the_gpus_not_the_control_files(tmp_path):
-    dev = _dev_dir(tmp_path, names=("nvidia10", "nvidia2", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools",
-                                    "nvidia-modeset", "nvidia-caps"))
+    dev = _dev_dir(
+        tmp_path,
+        names=("nvidia10", "nvidia2", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", "nvidia-caps"),
+    )
     assert cuda_host.nvidia_device_files(dev) == [os.path.join(dev, "nvidia2"), os.path.join(dev, "nvidia10")]
 
 
@@ -79,8 +85,11 @@ def test_cpu_only_wheel_is_named_with_the_install_fix(tmp_path, monkeypatch):
 def test_driver_too_old_for_the_wheels_cuda(tmp_path, cuda_wheel):
     # 470.82.01 is a CUDA 11.4 driver; CUDA 12.x needs >= 525.60.13 (NVIDIA CUDA Compatibility guide).
     smi = _nvidia_smi(tmp_path, driver="470.82.01")
-    with pytest.raises(ValueError, match=r"driver 470\.82\.01 is older than torch's CUDA 12\.4 needs "
-                                         r"\(>= 525\.60\.13\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"driver 470\.82\.01 is older than torch's CUDA 12\.4 needs "
+        r"\(>= 525\.60\.13\)",
+    ):
         check_torch_sees_gpus(cuda_devices=0, dev_dir=_dev_dir(tmp_path), nvidia_smi=smi)
 
 
@@ -89,15 +98,21 @@ def test_driver_at_the_floor_is_not_blamed_and_torchs_own_words_are_repeated(tmp
     said = "CUDA initialization: Unexpected error from cudaGetDeviceCount(). Error 802: system not yet initialized"
     monkeypatch.setattr(cuda_host, "torch_cuda_warnings", lambda: [said])
     with pytest.raises(ValueError) as err:
-        check_torch_sees_gpus(cuda_devices=0, dev_dir=_dev_dir(tmp_path),
-                              nvidia_smi=_nvidia_smi(tmp_path, driver="525.60.13"))
+        check_torch_sees_gpus(
+            cuda_devices=0, dev_dir=_dev_dir(tmp_path), nvidia_smi=_nvidia_smi(tmp_path, driver="525.60.13")
+        )
     assert f"torch says: {said}" in str(err.value) and "older" not in str(err.value)
 
 
 def test_floors_per_cuda_major():
     # NVIDIA CUDA Compatibility guide, minor-version compatibility: 11.x 450.80.02, 12.x 525.60.13, 13.x 580.
-    assert [cuda_host.min_driver_for_cuda(v) for v in ("11.8", "12.0", "12.8", "13.0", "99.1")] == \
-        ["450.80.02", "525.60.13", "525.60.13", "580", None]
+    assert [cuda_host.min_driver_for_cuda(v) for v in ("11.8", "12.0", "12.8", "13.0", "99.1")] == [
+        "450.80.02",
+        "525.60.13",
+        "525.60.13",
+        "580",
+        None,
+    ]
 
 
 @pytest.mark.parametrize("value", ["", "-1", "NoDevFiles"])
@@ -107,8 +122,9 @@ def test_hidden_gpus_are_named(tmp_path, cuda_wheel, monkeypatch, value):
         check_torch_sees_gpus(cuda_devices=0, dev_dir=_dev_dir(tmp_path), nvidia_smi=_nvidia_smi(tmp_path))
 
 
-@pytest.mark.parametrize("value", ["", "-1", "NoDevFiles", "0", "1,0", "+1", "-0", "2gpu", "GPU-5f2c0d3e",
-                                   "MIG-0a9b", " 3", "a,0"])
+@pytest.mark.parametrize(
+    "value", ["", "-1", "NoDevFiles", "0", "1,0", "+1", "-0", "2gpu", "GPU-5f2c0d3e", "MIG-0a9b", " 3", "a,0"]
+)
 def test_hidden_gpus_agree_with_torchs_own_parser(monkeypatch, value):
     # The reference is torch's parser itself (private; read by the test only), for the non-ROCm reading.
     monkeypatch.setattr(torch.version, "hip", None)
@@ -145,7 +161,7 @@ def test_torchs_warning_is_caught_in_process_or_replayed_in_a_fresh_one(tmp_path
     said = "The NVIDIA driver on your system is too old (found version 11040)."
 
     def warns():
-        warnings.warn(said, UserWarning)
+        warnings.warn(said, UserWarning, stacklevel=2)
         return False
 
     monkeypatch.setattr(torch.cuda, "is_available", warns)
@@ -153,11 +169,14 @@ def test_torchs_warning_is_caught_in_process_or_replayed_in_a_fresh_one(tmp_path
     # torch warns once per process; a fresh interpreter says it again. This stand-in prints what torch prints.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     python = tmp_path / "python"
-    python.write_text(f"#!/bin/sh\necho '/opt/venv/torch/cuda/__init__.py:174: UserWarning: CUDA initialization: "
-                      f"{said} (Triggered internally at /pytorch/c10/cuda/CUDAFunctions.cpp:109.)' >&2\n")
+    python.write_text(
+        f"#!/bin/sh\necho '/opt/venv/torch/cuda/__init__.py:174: UserWarning: CUDA initialization: "
+        f"{said} (Triggered internally at /pytorch/c10/cuda/CUDAFunctions.cpp:109.)' >&2\n"
+    )
     python.chmod(0o755)
     assert cuda_host.torch_cuda_warnings(str(python)) == [
-        f"CUDA initialization: {said} (Triggered internally at /pytorch/c10/cuda/CUDAFunctions.cpp:109.)"]
+        f"CUDA initialization: {said} (Triggered internally at /pytorch/c10/cuda/CUDAFunctions.cpp:109.)"
+    ]
 
 
 def test_the_arguments_stop_or_train_on_the_cpu_by_choice(tmp_path, monkeypatch):
@@ -189,8 +208,9 @@ def test_cpu_request_reads_use_cpu_and_the_variables_as_accelerate_reads_its_own
         assert asked == f"{name}={value}"
 
 
-def test_an_explicit_cpu_request_on_a_gpu_machine_with_hidden_gpus_trains_on_the_cpu(tmp_path, cuda_wheel,
-                                                                                        monkeypatch, caplog):
+def test_an_explicit_cpu_request_on_a_gpu_machine_with_hidden_gpus_trains_on_the_cpu(
+    tmp_path, cuda_wheel, monkeypatch, caplog
+):
     """What the CPU launches of this suite do on a GPU host: CUDA_VISIBLE_DEVICES="" plus a use_cpu config."""
     # Fakes: the 2-GPU node (dev folder, nvidia-smi script) and torch seeing none of them (device count 0).
     monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 0)

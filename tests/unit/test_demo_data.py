@@ -63,14 +63,17 @@ def test_jsonl_text_field(tmp_path):
     assert [_bytes(r) for r in data] == [b"hello", "\nw\u00f6r".encode()]
 
 
-@pytest.mark.parametrize("name, content, field, message", [
-    ("no_field.jsonl", '{"body": "hello world"}\n', "text", "has no field 'text' (fields: body)"),
-    ("numbers.jsonl", '{"text": 3}\n', "text", "holds Value('int64'), not text"),
-    ("broken.jsonl", '{"text": "x"\n', "text", "could not read"),
-    ("empty.txt", "", "text", "is empty"),
-    ("blank.txt", "\n\n", "text", "gives no block of seq_len=8"),
-    ("latin1.txt", b"caf\xe9 au lait\n", "text", "is not UTF-8 text"),
-])
+@pytest.mark.parametrize(
+    "name, content, field, message",
+    [
+        ("no_field.jsonl", '{"body": "hello world"}\n', "text", "has no field 'text' (fields: body)"),
+        ("numbers.jsonl", '{"text": 3}\n', "text", "holds Value('int64'), not text"),
+        ("broken.jsonl", '{"text": "x"\n', "text", "could not read"),
+        ("empty.txt", "", "text", "is empty"),
+        ("blank.txt", "\n\n", "text", "gives no block of seq_len=8"),
+        ("latin1.txt", b"caf\xe9 au lait\n", "text", "is not UTF-8 text"),
+    ],
+)
 def test_bad_user_data_is_one_value_error(tmp_path, name, content, field, message):
     path = tmp_path / name
     path.write_bytes(content if isinstance(content, bytes) else content.encode())

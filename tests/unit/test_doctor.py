@@ -69,8 +69,14 @@ def test_torch_sees_the_gpus(tmp_path, h100, monkeypatch):
     assert ok.status == "ok" and ok.detail == "8 GPU(s): NVIDIA H100 80GB HBM3"
     # The same node with a CPU-only wheel: cuda_host's reason and install fix, split into detail and fix.
     monkeypatch.setattr(torch.version, "cuda", None)
-    blind = fake_host(tmp_path, "nvml_h100x8.json", visible=0, packages=STACK, dev_dir=fake_env.dev_dir(tmp_path, 8),
-                      nvidia_smi=fake_env.fake_nvidia_smi(tmp_path))
+    blind = fake_host(
+        tmp_path,
+        "nvml_h100x8.json",
+        visible=0,
+        packages=STACK,
+        dev_dir=fake_env.dev_dir(tmp_path, 8),
+        nvidia_smi=fake_env.fake_nvidia_smi(tmp_path),
+    )
     err = doctor.check_torch_sees_gpus(blind)
     assert err.status == "error" and "8 NVIDIA GPU(s)" in err.detail and "CPU-only build" in err.detail
     assert err.fix.startswith("install the CUDA build of the same torch, keeping")
@@ -91,8 +97,9 @@ def test_driver_floor_of_the_torch_build(tmp_path, h100, monkeypatch):
 
 def test_driver_whose_cuda_major_is_short_even_above_the_floor(h100):
     # A driver number above the 13.x floor reporting CUDA 12.8 cannot run a CUDA 13 build either.
-    facts = replace(h100, torch=replace(h100.torch, cuda="13.0"),
-                    driver=replace(h100.driver, version="580.65.06", cuda="12.8"))
+    facts = replace(
+        h100, torch=replace(h100.torch, cuda="13.0"), driver=replace(h100.driver, version="580.65.06", cuda="12.8")
+    )
     assert doctor.check_driver(facts).status == "error"
     assert doctor.check_driver(replace(facts, driver=replace(facts.driver, cuda="13.0"))).status == "ok"
 
@@ -111,8 +118,9 @@ def test_nccl_compiled_vs_installed(tmp_path, cuda124, h100):
     warn = doctor.check_nccl(differ)
     assert warn.status == "warning" and "compiled against NCCL 2.21.5" in warn.detail and "2.18.1" in warn.detail
     assert warn.fix.startswith("pip install nvidia-nccl-cu12==2.21.5")
-    two = fake_host(tmp_path, "nvml_h100x8.json",
-                    packages={**STACK, "nvidia-nccl-cu12": "2.21.5", "nvidia-nccl-cu11": "2.14.3"})
+    two = fake_host(
+        tmp_path, "nvml_h100x8.json", packages={**STACK, "nvidia-nccl-cu12": "2.21.5", "nvidia-nccl-cu11": "2.14.3"}
+    )
     several = doctor.check_nccl(two)
     assert several.status == "warning" and "nvidia-nccl-cu11==2.14.3" in several.detail
     assert several.fix == "pip uninstall nvidia-nccl-cu11, keeping the one torch pins"
@@ -152,8 +160,12 @@ def test_shm_threshold(h100):
 def test_debug_variables(tmp_path, cuda124):
     quiet = fake_host(tmp_path, "nvml_h100x8.json", packages=H100_PKGS, environ={"NCCL_DEBUG": "WARN"})
     assert doctor.check_debug_variables(quiet).status == "ok"
-    loud = fake_host(tmp_path, "nvml_h100x8.json", packages=H100_PKGS,
-                     environ={"NCCL_DEBUG": "info", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    loud = fake_host(
+        tmp_path,
+        "nvml_h100x8.json",
+        packages=H100_PKGS,
+        environ={"NCCL_DEBUG": "info", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
+    )
     warn = doctor.check_debug_variables(loud)
     assert warn.status == "warning" and "NCCL_DEBUG=info, TORCH_DISTRIBUTED_DEBUG=DETAIL" in warn.detail
     assert "NCCL_DEBUG=WARN" in warn.fix
@@ -162,14 +174,17 @@ def test_debug_variables(tmp_path, cuda124):
 def test_declared_minimums(h100):
     assert doctor.check_declared_minimums(h100).status == "ok"
     # transformers 5.25 requires torch >= 2.6 (package metadata): an older torch under it is an error.
-    old_torch = replace(h100, torch=replace(h100.torch, version="2.5.1+cu124"),
-                        packages={**STACK, "transformers": "5.25.0"})
+    old_torch = replace(
+        h100, torch=replace(h100.torch, version="2.5.1+cu124"), packages={**STACK, "transformers": "5.25.0"}
+    )
     err = doctor.check_declared_minimums(old_torch)
     assert err.status == "error" and "transformers 5.25.0 needs torch >=2.6, found 2.5.1" in err.detail
     assert "accelerate 1.16.0 needs torch >=2.6, found 2.5.1" in err.detail
     old_accelerate = replace(h100, packages={**STACK, "accelerate": "1.0.1"})
-    assert "transformers 5.24.0 needs accelerate >=1.1.0, found 1.0.1" in \
-        doctor.check_declared_minimums(old_accelerate).detail
+    assert (
+        "transformers 5.24.0 needs accelerate >=1.1.0, found 1.0.1"
+        in doctor.check_declared_minimums(old_accelerate).detail
+    )
 
 
 def test_rule_findings_become_checks(h100):
@@ -177,15 +192,24 @@ def test_rule_findings_become_checks(h100):
 
     def evaluate(facts):
         seen.update(facts)
-        return [SimpleNamespace(rule_id="nccl-2.18-internal-error", severity="warning", symptom="every network error "
-                                "is 'internal error'", fix="NCCL_DEBUG=WARN", source="NVIDIA/nccl 1092"),
-                SimpleNamespace(rule_id="x", severity="error", symptom="s", fix="f", source="src")]
+        return [
+            SimpleNamespace(
+                rule_id="nccl-2.18-internal-error",
+                severity="warning",
+                symptom="every network error is 'internal error'",
+                fix="NCCL_DEBUG=WARN",
+                source="NVIDIA/nccl 1092",
+            ),
+            SimpleNamespace(rule_id="x", severity="error", symptom="s", fix="f", source="src"),
+        ]
 
     report = run_checks(h100, evaluate=evaluate)
     assert seen == h100.rule_facts()  # the rules see the flat mapping
     rules = [c for c in report.checks if c.name.startswith("rule ")]
     assert [(c.name, c.status, c.source) for c in rules] == [
-        ("rule nccl-2.18-internal-error", "warning", "NVIDIA/nccl 1092"), ("rule x", "error", "src")]
+        ("rule nccl-2.18-internal-error", "warning", "NVIDIA/nccl 1092"),
+        ("rule x", "error", "src"),
+    ]
     assert report.exit_code() == 2
 
 
@@ -200,22 +224,33 @@ def test_exit_codes(h100):
 def test_lock_drift_is_an_error_per_package_naming_both_versions(h100):
     # lock_drift stands in for environment/lock.py's (same signature), to test the doctor's side alone.
     def drift(lock, installed):
-        return [SimpleNamespace(package=p, locked=lock.packages.get(p), installed=installed.get(p))
-                for p in sorted(set(lock.packages) | set(installed)) if installed.get(p) != lock.packages.get(p)]
+        return [
+            SimpleNamespace(package=p, locked=lock.packages.get(p), installed=installed.get(p))
+            for p in sorted(set(lock.packages) | set(installed))
+            if installed.get(p) != lock.packages.get(p)
+        ]
 
-    lock = SimpleNamespace(packages={"torch": "2.13.0", "deepspeed": "0.19.8", "einops": "0.8.1"}, python="3.11.7",
-                           path="run/requirements.lock")
+    lock = SimpleNamespace(
+        packages={"torch": "2.13.0", "deepspeed": "0.19.8", "einops": "0.8.1"},
+        python="3.11.7",
+        path="run/requirements.lock",
+    )
     installed = {"torch": "2.13.0", "deepspeed": "0.19.7", "ipython": "9.0.0"}
     checks = doctor.lock_checks(lock, installed, drift, python="3.12.1")
     assert [(c.name, c.status, c.detail) for c in checks] == [
         ("lock python", "error", "python: locked 3.11.7, running 3.12.1"),
         ("lock deepspeed", "error", "deepspeed: locked 0.19.8, installed 0.19.7"),
         ("lock einops", "error", "einops: locked 0.8.1, installed nothing"),
-        ("lock ipython", "error", "ipython: locked nothing, installed 9.0.0")]
+        ("lock ipython", "error", "ipython: locked nothing, installed 9.0.0"),
+    ]
     assert checks[1].fix == "pip install deepspeed==0.19.8" and checks[1].source == "run/requirements.lock"
     assert checks[3].fix.startswith("pip uninstall ipython")
-    same = doctor.lock_checks(SimpleNamespace(packages={"torch": "2.13.0"}, python="3.11.7", path="l"),
-                              {"torch": "2.13.0"}, drift, python="3.11.7")
+    same = doctor.lock_checks(
+        SimpleNamespace(packages={"torch": "2.13.0"}, python="3.11.7", path="l"),
+        {"torch": "2.13.0"},
+        drift,
+        python="3.11.7",
+    )
     assert [(c.name, c.status) for c in same] == [("lock", "ok")]
 
 
@@ -225,15 +260,19 @@ def test_the_packaged_rules_are_wired_in(tmp_path, monkeypatch):
     # torch 2.2 with its NCCL 2.19.3 on the recorded H100 node: cuMem all-to-all deadlock (NVIDIA/nccl 1116).
     monkeypatch.setattr(torch.version, "cuda", "12.1")
     facts = fake_host(tmp_path, "nvml_h100x8.json", packages={**STACK, "nvidia-nccl-cu12": "2.19.3"})
-    facts = replace(facts, torch=replace(facts.torch, version="2.2.2+cu121", nccl_compiled="2.19.3"),
-                    nccl=replace(facts.nccl, compiled="2.19.3"))
+    facts = replace(
+        facts,
+        torch=replace(facts.torch, version="2.2.2+cu121", nccl_compiled="2.19.3"),
+        nccl=replace(facts.nccl, compiled="2.19.3"),
+    )
     findings = rules.evaluate(facts.rule_facts())
     assert any("1116" in f.source for f in findings)
     all_checks = run_checks(facts).checks
     summary = next(c for c in all_checks if c.name == "known issues")
     unknown = rules.not_checkable(facts.rule_facts())
     assert summary.status == "ok" and summary.detail.startswith(
-        f"{len(rules.load_rules())} known-bad combinations checked, {len(findings)} apply")
+        f"{len(rules.load_rules())} known-bad combinations checked, {len(findings)} apply"
+    )
     assert (f"; {len(unknown)} not checkable here" in summary.detail) == bool(unknown)
     # Each finding is a check of its own, or (restating a fact check that already says it at least as loudly) named
     # in that check.
@@ -242,8 +281,9 @@ def test_the_packaged_rules_are_wired_in(tmp_path, monkeypatch):
     assert all(f.rule_id in doctor.COVERED_BY for f in folded)
     for f in folded:
         loud = doctor.STATUSES.index(doctor.SEVERITY_STATUS[f.severity])
-        assert any(doctor.STATUSES.index(c.status) >= loud and f"known_issues.toml {f.rule_id}" in c.source
-                   for c in all_checks)
+        assert any(
+            doctor.STATUSES.index(c.status) >= loud and f"known_issues.toml {f.rule_id}" in c.source for c in all_checks
+        )
     shown = [f for f in findings if f not in folded]
     assert list(checks) == [f"rule {f.rule_id}" for f in shown] and len(shown) >= 1
     assert [c.status for c in checks.values()] == [doctor.SEVERITY_STATUS[f.severity] for f in shown]
@@ -266,15 +306,20 @@ def test_nccl_loaded_from_outside_the_distribution_or_at_another_version(h100):
 def test_unreadable_gpu_is_an_error_with_a_fix(h100):
     problem = "torch counts 8 GPU(s) but cannot read them: RuntimeError: ECC. Fix: run nvidia-smi"
     err = doctor.check_torch_sees_gpus(replace(h100, torch=replace(h100.torch, gpu_problem=problem)))
-    assert (err.status, err.detail, err.fix) == ("error", "torch counts 8 GPU(s) but cannot read them: "
-                                                 "RuntimeError: ECC.", "run nvidia-smi")
+    assert (err.status, err.detail, err.fix) == (
+        "error",
+        "torch counts 8 GPU(s) but cannot read them: RuntimeError: ECC.",
+        "run nvidia-smi",
+    )
 
 
 def test_a_rule_restating_a_failing_check_is_folded_into_it():
     checks = [Check("/dev/shm", "warning", "64 MiB", "bigger", "ds_report"), Check("driver", "ok", "fine")]
-    rules = [Check("rule shm-below-512mb", "warning", "small shm", "f", "s"),
-             Check("rule driver-below-cuda12-floor", "error", "old driver", "f", "s"),  # the check says ok: kept
-             Check("rule other", "warning", "x", "f", "s")]
+    rules = [
+        Check("rule shm-below-512mb", "warning", "small shm", "f", "s"),
+        Check("rule driver-below-cuda12-floor", "error", "old driver", "f", "s"),  # the check says ok: kept
+        Check("rule other", "warning", "x", "f", "s"),
+    ]
     kept = doctor.fold_duplicates(checks, rules)
     assert [c.name for c in kept] == ["rule driver-below-cuda12-floor", "rule other"]
     assert checks[0].source == "ds_report; known_issues.toml shm-below-512mb"

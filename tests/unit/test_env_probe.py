@@ -27,10 +27,31 @@ from fake_env import FakeNvml, fake_host  # noqa: E402
 from hf_dist_recipes.environment.probe import RULE_FACT_KEYS, probe  # noqa: E402
 
 # The flat keys helper B's rules read, written out from the brief (not from the module).
-BRIEF_KEYS = ["python", "torch", "cuda", "nccl", "nccl_compiled", "deepspeed", "transformers", "accelerate",
-              "datasets", "driver", "driver_cuda", "nvcc_cuda", "arch", "gpu_count", "gpu_names",
-              "compute_capabilities", "nvlink", "peer_access", "ib_active", "nic_names", "shm_bytes",
-              "in_container", "env"]
+BRIEF_KEYS = [
+    "python",
+    "torch",
+    "cuda",
+    "nccl",
+    "nccl_compiled",
+    "deepspeed",
+    "transformers",
+    "accelerate",
+    "datasets",
+    "driver",
+    "driver_cuda",
+    "nvcc_cuda",
+    "arch",
+    "gpu_count",
+    "gpu_names",
+    "compute_capabilities",
+    "nvlink",
+    "peer_access",
+    "ib_active",
+    "nic_names",
+    "shm_bytes",
+    "in_container",
+    "env",
+]
 
 
 @pytest.fixture
@@ -45,8 +66,11 @@ def test_rule_fact_keys_are_the_briefs(tmp_path, cuda124):
 
 
 def test_h100_node_from_recorded_nvml(tmp_path, cuda124):
-    facts = fake_host(tmp_path, "nvml_h100x8.json",
-                      packages={"nvidia-nccl-cu12": "2.21.5", "deepspeed": "0.16.4", "transformers": "4.50.0"})
+    facts = fake_host(
+        tmp_path,
+        "nvml_h100x8.json",
+        packages={"nvidia-nccl-cu12": "2.21.5", "deepspeed": "0.16.4", "transformers": "4.50.0"},
+    )
     rf = facts.rule_facts()
     assert rf["driver"] == "550.54.14" and facts.driver.source == "nvml"
     assert rf["driver_cuda"] == "12.4"  # NVML's 12040 = 1000 * 12 + 10 * 4
@@ -69,8 +93,9 @@ def test_rtx4090_pair_has_no_nvlink_and_no_peer_access(tmp_path, cuda124):
 
 
 def test_installed_nccl_differs_from_compiled_and_extra_distributions_are_listed(tmp_path, cuda124):
-    facts = fake_host(tmp_path, "nvml_h100x8.json",
-                      packages={"nvidia-nccl-cu12": "2.18.1", "nvidia-nccl-cu11": "2.14.3"})
+    facts = fake_host(
+        tmp_path, "nvml_h100x8.json", packages={"nvidia-nccl-cu12": "2.18.1", "nvidia-nccl-cu11": "2.14.3"}
+    )
     assert facts.nccl.compiled == "2.21.5" and facts.nccl.installed == "2.18.1"
     assert facts.rule_facts()["nccl"] == "2.18.1"  # what is loaded wins over what was compiled
     assert facts.nccl.others == ("nvidia-nccl-cu11==2.14.3",)
@@ -83,8 +108,9 @@ def test_without_nccl_distribution_the_compiled_version_stands_in(tmp_path, cuda
 
 def test_nvml_failure_is_a_fact_and_nvidia_smi_gives_the_driver(tmp_path, cuda124):
     smi = fake_env.fake_nvidia_smi(tmp_path, driver="550.54.14")
-    facts = fake_host(tmp_path, "nvml_h100x8.json", nvml=FakeNvml(init_error=fake_env.NVMLError("Driver Not Loaded")),
-                      nvidia_smi=smi)
+    facts = fake_host(
+        tmp_path, "nvml_h100x8.json", nvml=FakeNvml(init_error=fake_env.NVMLError("Driver Not Loaded")), nvidia_smi=smi
+    )
     assert facts.driver.nvml_unavailable == "NVMLError: Driver Not Loaded"
     assert facts.driver.version == "550.54.14" and facts.driver.source == "nvidia-smi"
     assert facts.driver.cuda is None  # only NVML says which CUDA the driver runs
@@ -96,40 +122,74 @@ def test_torch_blind_on_a_gpu_host_keeps_nvmls_gpus_and_cuda_hosts_reason(tmp_pa
     # A CPU-only torch wheel on the recorded 8 x H100 node: torch sees nothing, the host has 8 GPUs.
     monkeypatch.setattr(torch.version, "cuda", None)
     monkeypatch.setattr(torch.version, "hip", None)
-    facts = fake_host(tmp_path, "nvml_h100x8.json", visible=0, dev_dir=fake_env.dev_dir(tmp_path, 8),
-                      nvidia_smi=fake_env.fake_nvidia_smi(tmp_path))
+    facts = fake_host(
+        tmp_path,
+        "nvml_h100x8.json",
+        visible=0,
+        dev_dir=fake_env.dev_dir(tmp_path, 8),
+        nvidia_smi=fake_env.fake_nvidia_smi(tmp_path),
+    )
     assert facts.torch.device_count == 0 and facts.torch.nccl_compiled is None
     assert "8 NVIDIA GPU(s)" in facts.torch.gpu_problem and "CPU-only build" in facts.torch.gpu_problem
     assert [g.source for g in facts.gpus] == ["nvml"] * 8 and facts.rule_facts()["gpu_count"] == 8
 
 
 def test_infiniband_ports_from_sysfs(tmp_path):
-    facts = probe(nvml=FakeNvml(init_error=RuntimeError("no driver")), sysfs_root=str(FIXTURES / "sysfs_ib"),
-                  nvidia_smi=str(tmp_path / "absent"), dev_dir=str(tmp_path), nvcc="", environ={})
+    facts = probe(
+        nvml=FakeNvml(init_error=RuntimeError("no driver")),
+        sysfs_root=str(FIXTURES / "sysfs_ib"),
+        nvidia_smi=str(tmp_path / "absent"),
+        dev_dir=str(tmp_path),
+        nvcc="",
+        environ={},
+    )
     ports = [(p.device, p.port, p.state, p.link_layer, p.active) for p in facts.ib_ports]
     assert ports == [("mlx5_0", 1, "ACTIVE", "InfiniBand", True), ("mlx5_1", 1, "DOWN", "Ethernet", False)]
     assert facts.rule_facts()["ib_active"] is True
     assert facts.rule_facts()["nic_names"] == ["eth0", "ib0", "lo"]
-    down = probe(nvml=FakeNvml(init_error=RuntimeError("no driver")), sysfs_root=str(FIXTURES / "sysfs_ib_down"),
-                 nvidia_smi=str(tmp_path / "absent"), dev_dir=str(tmp_path), nvcc="", environ={})
+    down = probe(
+        nvml=FakeNvml(init_error=RuntimeError("no driver")),
+        sysfs_root=str(FIXTURES / "sysfs_ib_down"),
+        nvidia_smi=str(tmp_path / "absent"),
+        dev_dir=str(tmp_path),
+        nvcc="",
+        environ={},
+    )
     assert [p.state for p in down.ib_ports] == ["DOWN"] and down.rule_facts()["ib_active"] is False
 
 
 def test_shm_size_and_a_missing_shm(tmp_path):
-    facts = probe(nvml=FakeNvml(init_error=RuntimeError("x")), dev_shm=str(tmp_path), sysfs_root=str(tmp_path),
-                  nvidia_smi=str(tmp_path / "absent"), dev_dir=str(tmp_path), nvcc="", environ={})
+    facts = probe(
+        nvml=FakeNvml(init_error=RuntimeError("x")),
+        dev_shm=str(tmp_path),
+        sysfs_root=str(tmp_path),
+        nvidia_smi=str(tmp_path / "absent"),
+        dev_dir=str(tmp_path),
+        nvcc="",
+        environ={},
+    )
     assert facts.shm_bytes == shutil.disk_usage(tmp_path).total and facts.shm_error is None
-    gone = probe(nvml=FakeNvml(init_error=RuntimeError("x")), dev_shm=str(tmp_path / "nope"),
-                 sysfs_root=str(tmp_path), nvidia_smi=str(tmp_path / "absent"), dev_dir=str(tmp_path), nvcc="",
-                 environ={})
+    gone = probe(
+        nvml=FakeNvml(init_error=RuntimeError("x")),
+        dev_shm=str(tmp_path / "nope"),
+        sysfs_root=str(tmp_path),
+        nvidia_smi=str(tmp_path / "absent"),
+        dev_dir=str(tmp_path),
+        nvcc="",
+        environ={},
+    )
     assert gone.shm_bytes is None and "No such file" in gone.shm_error
 
 
 def test_nvcc_from_path_or_cuda_home_and_its_release(tmp_path):
     # A recorded CUDA 12.4 toolkit's `nvcc --version`; this machine's toolkit (if any) is left out of PATH.
     nvcc = fake_env.fake_nvcc(tmp_path)
-    common = dict(nvml=FakeNvml(init_error=RuntimeError("x")), sysfs_root=str(tmp_path),
-                  nvidia_smi=str(tmp_path / "absent"), dev_dir=str(tmp_path))
+    common = dict(
+        nvml=FakeNvml(init_error=RuntimeError("x")),
+        sysfs_root=str(tmp_path),
+        nvidia_smi=str(tmp_path / "absent"),
+        dev_dir=str(tmp_path),
+    )
     on_path = probe(environ={"PATH": str(tmp_path / "bin")}, **common)
     assert on_path.nvcc == nvcc and on_path.rule_facts()["nvcc_cuda"] == "12.4"
     home = probe(environ={"PATH": str(tmp_path / "empty"), "CUDA_HOME": str(tmp_path)}, **common)
@@ -139,18 +199,40 @@ def test_nvcc_from_path_or_cuda_home_and_its_release(tmp_path):
 
 
 def test_only_nccl_torch_cuda_variables_are_kept(tmp_path):
-    env = {"NCCL_DEBUG": "INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "CUDA_VISIBLE_DEVICES": "0,1",
-           "HOME": "/root", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "XNCCL_X": "1"}
-    facts = probe(nvml=FakeNvml(init_error=RuntimeError("x")), sysfs_root=str(tmp_path), nvcc="", environ=env,
-                  nvidia_smi=str(tmp_path / "absent"), dev_dir=str(tmp_path))
-    assert facts.rule_facts()["env"] == {"CUDA_VISIBLE_DEVICES": "0,1", "NCCL_DEBUG": "INFO",
-                                         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+    env = {
+        "NCCL_DEBUG": "INFO",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "HOME": "/root",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "XNCCL_X": "1",
+    }
+    facts = probe(
+        nvml=FakeNvml(init_error=RuntimeError("x")),
+        sysfs_root=str(tmp_path),
+        nvcc="",
+        environ=env,
+        nvidia_smi=str(tmp_path / "absent"),
+        dev_dir=str(tmp_path),
+    )
+    assert facts.rule_facts()["env"] == {
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "NCCL_DEBUG": "INFO",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+    }
 
 
 def test_container_markers(tmp_path):
     marker = tmp_path / ".dockerenv"
-    common = dict(nvml=FakeNvml(init_error=RuntimeError("x")), sysfs_root=str(tmp_path), nvcc="", environ={},
-                  nvidia_smi=str(tmp_path / "absent"), dev_dir=str(tmp_path), container_markers=(str(marker),))
+    common = dict(
+        nvml=FakeNvml(init_error=RuntimeError("x")),
+        sysfs_root=str(tmp_path),
+        nvcc="",
+        environ={},
+        nvidia_smi=str(tmp_path / "absent"),
+        dev_dir=str(tmp_path),
+        container_markers=(str(marker),),
+    )
     assert probe(**common).in_container is False
     marker.write_text("")
     assert probe(**common).in_container is True
@@ -195,8 +277,13 @@ def test_loaded_nccl_from_proc_maps(tmp_path, cuda124):
     maps = tmp_path / "maps"
     maps.write_text(MAPS.format(nccl=lib))
     asked = []
-    facts = fake_host(tmp_path, "nvml_h100x8.json", packages={"nvidia-nccl-cu12": "2.21.5"}, proc_maps=str(maps),
-                      nccl_get_version=lambda path: asked.append(path) or 21806)  # 2*10000 + 18*100 + 6
+    facts = fake_host(
+        tmp_path,
+        "nvml_h100x8.json",
+        packages={"nvidia-nccl-cu12": "2.21.5"},
+        proc_maps=str(maps),
+        nccl_get_version=lambda path: asked.append(path) or 21806,
+    )  # 2*10000 + 18*100 + 6
     assert asked == [lib]
     assert facts.nccl.loaded == "2.18.6" and facts.nccl.loaded_path == lib
     assert facts.rule_facts()["nccl"] == "2.18.6"  # loaded beats installed (2.21.5) and compiled (2.21.5)
@@ -223,9 +310,16 @@ def test_a_gpu_torch_cannot_read_is_a_fact_not_a_crash(tmp_path, cuda124):
         def get_device_properties(self, i):
             raise RuntimeError("CUDA error: uncorrectable ECC error encountered")
 
-    facts = probe(nvml=FakeNvml(init_error=RuntimeError("x")), sysfs_root=str(tmp_path), nvcc="", environ={},
-                  nvidia_smi=str(tmp_path / "absent"), dev_dir=str(tmp_path), proc_maps=str(tmp_path / "none"),
-                  torch_cuda=Broken(fake_env.recording("nvml_h100x8.json")))
+    facts = probe(
+        nvml=FakeNvml(init_error=RuntimeError("x")),
+        sysfs_root=str(tmp_path),
+        nvcc="",
+        environ={},
+        nvidia_smi=str(tmp_path / "absent"),
+        dev_dir=str(tmp_path),
+        proc_maps=str(tmp_path / "none"),
+        torch_cuda=Broken(fake_env.recording("nvml_h100x8.json")),
+    )
     assert facts.torch.device_count == 8 and facts.gpus == ()
     assert "uncorrectable ECC error" in facts.torch.gpu_problem
 
@@ -236,11 +330,25 @@ def test_nvlinks_follow_cuda_visible_devices(tmp_path, cuda124):
     rec = fake_env.recording("nvml_h100x8.json")
     for i, gpu in enumerate(rec["gpus"]):
         gpu["nvlinks"] = i
-    facts = probe(nvml=FakeNvml(rec), torch_cuda=fake_env.FakeTorchCuda(rec, visible=2), sysfs_root=str(tmp_path),
-                  nvcc="", environ={"CUDA_VISIBLE_DEVICES": "6,3"}, nvidia_smi=str(tmp_path / "absent"),
-                  dev_dir=str(tmp_path), proc_maps=str(tmp_path / "none"))
+    facts = probe(
+        nvml=FakeNvml(rec),
+        torch_cuda=fake_env.FakeTorchCuda(rec, visible=2),
+        sysfs_root=str(tmp_path),
+        nvcc="",
+        environ={"CUDA_VISIBLE_DEVICES": "6,3"},
+        nvidia_smi=str(tmp_path / "absent"),
+        dev_dir=str(tmp_path),
+        proc_maps=str(tmp_path / "none"),
+    )
     assert [g.nvlinks_active for g in facts.gpus] == [6, 3]
-    uuids = probe(nvml=FakeNvml(rec), torch_cuda=fake_env.FakeTorchCuda(rec, visible=2), sysfs_root=str(tmp_path),
-                  nvcc="", environ={"CUDA_VISIBLE_DEVICES": "GPU-5f2c,GPU-0a9b"}, nvidia_smi=str(tmp_path / "x"),
-                  dev_dir=str(tmp_path), proc_maps=str(tmp_path / "none"))
+    uuids = probe(
+        nvml=FakeNvml(rec),
+        torch_cuda=fake_env.FakeTorchCuda(rec, visible=2),
+        sysfs_root=str(tmp_path),
+        nvcc="",
+        environ={"CUDA_VISIBLE_DEVICES": "GPU-5f2c,GPU-0a9b"},
+        nvidia_smi=str(tmp_path / "x"),
+        dev_dir=str(tmp_path),
+        proc_maps=str(tmp_path / "none"),
+    )
     assert [g.nvlinks_active for g in uuids.gpus] == [None, None] and uuids.rule_facts()["nvlink"] is None

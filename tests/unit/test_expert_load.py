@@ -28,8 +28,11 @@ TOP_K = 2  # tiny-deepseek-v3: 8 routed experts, 2 per token, MoE in decoder lay
 
 def _tiny(model_type: str = "deepseek_v3"):
     torch.manual_seed(0)
-    config = template_config("tiny-deepseek-v3") if model_type == "deepseek_v3" else \
-        AutoConfig.for_model(model_type, **TEMPLATES["tiny-deepseek-v3"][1])
+    config = (
+        template_config("tiny-deepseek-v3")
+        if model_type == "deepseek_v3"
+        else AutoConfig.for_model(model_type, **TEMPLATES["tiny-deepseek-v3"][1])
+    )
     model = AutoModelForCausalLM.from_config(config)
     with torch.no_grad():  # wider router weights than the 0.02 init, so that tokens choose differently
         for layer in find_routed_layers(model):
@@ -44,8 +47,10 @@ def _ids(seed: int = 1) -> torch.Tensor:
 def _routers_own_choices(model, ids) -> torch.Tensor:
     """Expected counts, independently: each router called again by hand on the hidden states it received."""
     inputs = {}
-    handles = [layer.router.register_forward_pre_hook(lambda m, a, i=i: inputs.__setitem__(i, a[0].detach()))
-               for i, layer in enumerate(find_routed_layers(model))]
+    handles = [
+        layer.router.register_forward_pre_hook(lambda m, a, i=i: inputs.__setitem__(i, a[0].detach()))
+        for i, layer in enumerate(find_routed_layers(model))
+    ]
     with torch.no_grad():
         model(input_ids=ids)
     for h in handles:
@@ -63,7 +68,9 @@ def test_counts_are_the_routers_choices(model_type):
     model = _tiny(model_type)
     layers = find_routed_layers(model)
     assert [(x.name, x.index, x.num_experts, x.top_k, x.ep_size) for x in layers] == [
-        ("model.layers.1.mlp.gate", 1, 8, TOP_K, 1), ("model.layers.2.mlp.gate", 2, 8, TOP_K, 1)]
+        ("model.layers.1.mlp.gate", 1, 8, TOP_K, 1),
+        ("model.layers.2.mlp.gate", 2, 8, TOP_K, 1),
+    ]
     tracker = ExpertLoadTracker.for_model(model)
     model.train()
     ids = _ids()
@@ -127,7 +134,9 @@ def test_autoep_layers_are_counted_like_deepspeed_counts_them():
     layers = find_routed_layers(model)
     # one router per layer, although AutoEP also exposes it as `gate`
     assert [(x.name, type(x.router).__name__) for x in layers] == [
-        ("model.layers.1.mlp.router", "TokenChoiceTopKRouter"), ("model.layers.2.mlp.router", "TokenChoiceTopKRouter")]
+        ("model.layers.1.mlp.router", "TokenChoiceTopKRouter"),
+        ("model.layers.2.mlp.router", "TokenChoiceTopKRouter"),
+    ]
     tracker = ExpertLoadTracker.for_model(model)
     moe = [m for m in model.modules() if isinstance(m, AutoEPMoELayer)]
     for m in moe:
@@ -162,8 +171,18 @@ def test_spread_and_ep_rank_sums_by_hand():
 
 
 def test_logged_scalars_by_hand_under_ep2():
-    layers = [RoutedLayer(name=f"model.layers.{i}.mlp.router", index=i, router=torch.nn.Identity(), num_experts=4,
-                          top_k=2, ep_size=2, indices_at=1) for i in (1, 3)]
+    layers = [
+        RoutedLayer(
+            name=f"model.layers.{i}.mlp.router",
+            index=i,
+            router=torch.nn.Identity(),
+            num_experts=4,
+            top_k=2,
+            ep_size=2,
+            indices_at=1,
+        )
+        for i in (1, 3)
+    ]
     tokens = torch.tensor([[6, 2, 0, 0], [1, 1, 1, 1]])
     out = load_scalars(tokens, layers, per_expert=True)
     assert out["experts/layer1/max_over_mean"] == 3.0 and out["experts/layer3/max_over_mean"] == 1.0
@@ -257,15 +276,26 @@ def _fixed_batch_spread(model) -> float:
 def _train(tmp_path, gamma, steps=30):
     # the model's vocabulary is 128: fold the byte ids into it (the dataset's torch format hands out tensors)
     data = stdlib_dataset(seq_len=32, max_bytes=100_000).map(
-        lambda batch: {key: batch[key] % 128 for key in ("input_ids", "labels")}, batched=True)
-    args = RecipeTrainingArguments(output_dir=str(tmp_path), max_steps=steps, per_device_train_batch_size=4,
-                                   learning_rate=1e-3, warmup_steps=1, logging_steps=5, save_strategy="no",
-                                   disable_tqdm=True, report_to="none",
-                                   # the trajectories below were measured in fp32 on a CPU: the same on a GPU host
-                                   use_cpu=True, bf16=False)
+        lambda batch: {key: batch[key] % 128 for key in ("input_ids", "labels")}, batched=True
+    )
+    args = RecipeTrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=steps,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        warmup_steps=1,
+        logging_steps=5,
+        save_strategy="no",
+        disable_tqdm=True,
+        report_to="none",
+        # the trajectories below were measured in fp32 on a CPU: the same on a GPU host
+        use_cpu=True,
+        bf16=False,
+    )
     recorder = _BiasSteps()
-    trainer = RecipeTrainer(model_init=_skewed_tiny, args=args, train_dataset=data,
-                            callbacks=[ExpertBiasBalancer(gamma), recorder])
+    trainer = RecipeTrainer(
+        model_init=_skewed_tiny, args=args, train_dataset=data, callbacks=[ExpertBiasBalancer(gamma), recorder]
+    )
     trainer.train()
     scalars = read_scalars(tmp_path / "tensorboard" / "rank0")
     return trainer, recorder.steps, [v for _, v in scalars["train/experts/max_over_mean"]], scalars

@@ -58,6 +58,7 @@ def test_the_demo_refuses_to_launch_into_a_stale_lock(tmp_path, monkeypatch, cap
 
 # Node-local build folder. TMPDIR points at tmp_path (a local disk on any host), so nothing lands in the real /tmp.
 
+
 @pytest.fixture
 def unset(tmp_path, monkeypatch):
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
@@ -126,8 +127,10 @@ def test_network_or_noexec_tmpdir_is_passed_over(unset, monkeypatch, caplog):
     mounts.write_text(f"/dev/sda1 / ext4 rw,relatime 0 0\nfiler:/scratch {unset} nfs4 rw,relatime 0 0\n")
     monkeypatch.setattr(extensions, "MOUNTS", str(mounts))
     assert extensions.node_local_base() == Path("/tmp")
-    mounts.write_text(f"/dev/sda1 / ext4 rw,relatime 0 0\ntmpfs /tmp tmpfs rw,nosuid,noexec 0 0\n"
-                      f"/dev/nvme0n1 {unset} xfs rw,noexec 0 0\n")
+    mounts.write_text(
+        f"/dev/sda1 / ext4 rw,relatime 0 0\ntmpfs /tmp tmpfs rw,nosuid,noexec 0 0\n"
+        f"/dev/nvme0n1 {unset} xfs rw,noexec 0 0\n"
+    )
     assert extensions.node_local_base() is None
     with caplog.at_level(logging.WARNING, logger=extensions.__name__):
         assert extensions.use_node_local_extensions_dir() is None

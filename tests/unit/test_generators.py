@@ -60,10 +60,15 @@ def test_yaml_single_and_multi_node():
     single = accelerate_config(ParallelPlan(), deepspeed_file="ds.json")
     assert "main_process_ip" not in single and single["num_processes"] == 8 and single["use_cpu"] is False
     assert "mixed_precision" not in single  # accelerate refuses it beside a deepspeed_config_file
-    multi = accelerate_config(ParallelPlan(nodes=2), deepspeed_file="ds.json", main_process_ip="10.1.2.3",
-                              main_process_port=29555)
-    assert (multi["num_machines"], multi["num_processes"], multi["main_process_ip"], multi["main_process_port"]) == \
-        (2, 16, "10.1.2.3", 29555)
+    multi = accelerate_config(
+        ParallelPlan(nodes=2), deepspeed_file="ds.json", main_process_ip="10.1.2.3", main_process_port=29555
+    )
+    assert (multi["num_machines"], multi["num_processes"], multi["main_process_ip"], multi["main_process_port"]) == (
+        2,
+        16,
+        "10.1.2.3",
+        29555,
+    )
     assert multi["deepspeed_config"]["deepspeed_multinode_launcher"] == "standard"
 
 

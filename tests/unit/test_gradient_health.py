@@ -14,14 +14,22 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
-from hf_dist_recipes.gradient_health import (GradientHealthCallback, NonFiniteHalt, NonFiniteReport, SpikeDetector,
-                                             next_action, robust_z, validate_nonfinite_policy,
-                                             validate_spike_settings)
+from hf_dist_recipes.gradient_health import (
+    GradientHealthCallback,
+    NonFiniteHalt,
+    NonFiniteReport,
+    SpikeDetector,
+    next_action,
+    robust_z,
+    validate_nonfinite_policy,
+    validate_spike_settings,
+)
 
 SEQ, SAMPLES, VOCAB = 8, 32, 64
 
 
 # ---- spike detector, by hand --------------------------------------------------------------------------------
+
 
 def test_robust_z_by_hand():
     # window 1..5: median 3, |deviations| 2,1,0,1,2 -> MAD 1, scale 1.4826; (10 - 3) / 1.4826 = 4.7214
@@ -54,6 +62,7 @@ def test_spike_settings_are_checked(window, threshold):
 
 
 # ---- policies and the report --------------------------------------------------------------------------------
+
 
 def test_skip_until_more_than_max_consecutive():
     assert [next_action("skip", n, 3) for n in (1, 2, 3, 4)] == ["skip", "skip", "skip", "halt"]
@@ -89,6 +98,7 @@ def test_state_round_trips_through_exportable_state():
 
 # ---- real single-process runs (no DeepSpeed) ----------------------------------------------------------------
 
+
 class Tokens(torch.utils.data.Dataset):
     def __init__(self):
         self.ids = torch.randint(0, VOCAB, (SAMPLES, SEQ), generator=torch.Generator().manual_seed(0))
@@ -102,9 +112,18 @@ class Tokens(torch.utils.data.Dataset):
 
 def tiny_model(initializer_range: float = 0.02) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=SEQ,
-                                        initializer_range=initializer_range))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=SEQ,
+            initializer_range=initializer_range,
+        )
+    )
 
 
 class Inject(TrainerCallback):
@@ -135,17 +154,29 @@ class Inject(TrainerCallback):
 
     def _snapshot(self, optimizer):
         inner = getattr(optimizer, "optimizer", optimizer)
-        return {"weights": {n: p.detach().clone() for n, p in self.model.named_parameters()},
-                "adam_steps": sorted({float(s["step"]) for s in inner.state.values()}) if inner else []}
+        return {
+            "weights": {n: p.detach().clone() for n, p in self.model.named_parameters()},
+            "adam_steps": sorted({float(s["step"]) for s in inner.state.values()}) if inner else [],
+        }
 
 
 def _train(tmp_path, what: str, step: int, steps: int = 5, **fields):
     warnings.filterwarnings("ignore", category=FutureWarning)
-    args = RecipeTrainingArguments(output_dir=str(tmp_path), max_steps=steps, per_device_train_batch_size=4,
-                                   learning_rate=1e-2, logging_steps=1, save_strategy="no", report_to="none",
-                                   disable_tqdm=True, per_rank_tensorboard=fields.pop("per_rank_tensorboard", False),
-                                   seed_check="off",
-                                   lr_scheduler_type="linear", warmup_steps=0, **fields)
+    args = RecipeTrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=steps,
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        per_rank_tensorboard=fields.pop("per_rank_tensorboard", False),
+        seed_check="off",
+        lr_scheduler_type="linear",
+        warmup_steps=0,
+        **fields,
+    )
     model = tiny_model()
     injector = Inject(model, step, what)
     trainer = RecipeTrainer(model=model, args=args, train_dataset=Tokens(), callbacks=[injector])
@@ -219,17 +250,27 @@ class ClipProbe(TrainerCallback):
 
 def test_single_process_clips_at_max_grad_norm(tmp_path):
     warnings.filterwarnings("ignore", category=FutureWarning)
-    args = RecipeTrainingArguments(output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=4,
-                                   learning_rate=1e-2, logging_steps=1, save_strategy="no", report_to="none",
-                                   disable_tqdm=True, per_rank_tensorboard=False, seed_check="off")
+    args = RecipeTrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=3,
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        per_rank_tensorboard=False,
+        seed_check="off",
+    )
     assert args.max_grad_norm == 1.0  # the recipe default, not set here
     probe = ClipProbe()
-    trainer = RecipeTrainer(model=tiny_model(initializer_range=0.5), args=args, train_dataset=Tokens(),
-                            callbacks=[probe])
+    trainer = RecipeTrainer(
+        model=tiny_model(initializer_range=0.5), args=args, train_dataset=Tokens(), callbacks=[probe]
+    )
     trainer.train()
     logged = [e["grad_norm"] for e in trainer.state.log_history if "grad_norm" in e]
     assert all(n > 2 for n in logged)  # the raw norm of large random weights: well above the clip
-    for raw, applied in zip(logged, probe.applied_norms):
+    for raw, applied in zip(logged, probe.applied_norms, strict=True):
         assert applied == pytest.approx(1.0, rel=1e-5)  # clipped to max_grad_norm, by torch's clip_grad_norm_
         assert applied < raw
 

@@ -1,8 +1,8 @@
 import json
 
 import pytest
-
 from conftest import REPO
+
 from hf_dist_recipes.parallel.launch_config import check_launch_config, load_launch_config
 
 
@@ -14,7 +14,10 @@ def _write(tmp_path, yaml_text, ds=None):
     return path
 
 
-DS_YAML = "distributed_type: DEEPSPEED\nnum_processes: {n}\nuse_cpu: true\ndeepspeed_config:\n  deepspeed_config_file: ds.json\n"
+DS_YAML = (
+    "distributed_type: DEEPSPEED\nnum_processes: {n}\nuse_cpu: true\n"
+    "deepspeed_config:\n  deepspeed_config_file: ds.json\n"
+)
 
 
 def test_demo_configs_are_consistent():

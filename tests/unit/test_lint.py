@@ -26,7 +26,9 @@ def test_a_deepspeed_scheduler_section_that_would_replace_the_recipe_schedule():
 
 
 def test_trap1_train_batch_size_under_tp():
-    found = lint_deepspeed({**Z3, "train_batch_size": "auto", "tensor_parallel": {"autotp_size": 2, "preset_model": "llama"}}, "x")
+    found = lint_deepspeed(
+        {**Z3, "train_batch_size": "auto", "tensor_parallel": {"autotp_size": 2, "preset_model": "llama"}}, "x"
+    )
     assert "remove train_batch_size" in _messages(found, ERROR)
 
 
@@ -41,15 +43,20 @@ def test_deepseek_preset_without_ep_keeps_experts_whole():
 
 
 def test_trap3_presets_must_agree():
-    cfg = {**Z3, "tensor_parallel": {"autotp_size": 2, "preset_model": "deepseek_v2"},
-           "expert_parallel": {"enabled": True, "autoep_size": 2, "preset_model": "deepseek_v3"}}
+    cfg = {
+        **Z3,
+        "tensor_parallel": {"autotp_size": 2, "preset_model": "deepseek_v2"},
+        "expert_parallel": {"enabled": True, "autoep_size": 2, "preset_model": "deepseek_v3"},
+    }
     assert "must match" in _messages(lint_deepspeed(cfg, "x"), ERROR)
 
 
 def test_tp_ep_offload():
-    cfg = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
-           "tensor_parallel": {"autotp_size": 2, "partition_config": {"use_default_specs": True}},
-           "expert_parallel": {"enabled": True, "autoep_size": 2, "preset_model": "deepseek_v3"}}
+    cfg = {
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+        "tensor_parallel": {"autotp_size": 2, "partition_config": {"use_default_specs": True}},
+        "expert_parallel": {"enabled": True, "autoep_size": 2, "preset_model": "deepseek_v3"},
+    }
     assert "offload" in _messages(lint_deepspeed(cfg, "x"), ERROR)
 
 
@@ -84,14 +91,20 @@ def _yaml(tmp_path, body: str, ds: dict | None = None):
 
 
 def test_mixed_precision_beside_a_deepspeed_file(tmp_path):
-    path = _yaml(tmp_path, "distributed_type: DEEPSPEED\nnum_processes: 2\nmixed_precision: bf16\n"
-                           "deepspeed_config:\n  deepspeed_config_file: DS\n", Z3)
+    path = _yaml(
+        tmp_path,
+        "distributed_type: DEEPSPEED\nnum_processes: 2\nmixed_precision: bf16\n"
+        "deepspeed_config:\n  deepspeed_config_file: DS\n",
+        Z3,
+    )
     assert "mixed_precision set next to deepspeed_config_file" in _messages(lint_file(path), ERROR)
 
 
 def test_yaml_lints_its_json_against_its_process_count(tmp_path):
     ds = {**Z3, "expert_parallel": {"enabled": True, "autoep_size": 4, "preset_model": "deepseek_v3"}}
-    path = _yaml(tmp_path, "distributed_type: DEEPSPEED\nnum_processes: 6\ndeepspeed_config:\n  deepspeed_config_file: DS\n", ds)
+    path = _yaml(
+        tmp_path, "distributed_type: DEEPSPEED\nnum_processes: 6\ndeepspeed_config:\n  deepspeed_config_file: DS\n", ds
+    )
     assert "AutoEP refuses it for 6 processes" in _messages(lint_file(path), ERROR)
 
 
@@ -101,8 +114,11 @@ def test_unknown_accelerate_keys(tmp_path):
 
 
 def test_fsdp2_sizes_and_cpu(tmp_path):
-    path = _yaml(tmp_path, "distributed_type: FSDP\nnum_processes: 8\nuse_cpu: true\nfsdp_config:\n  fsdp_version: 2\n"
-                           "parallelism_config:\n  parallelism_config_tp_size: 2\n  parallelism_config_dp_shard_size: 2\n")
+    path = _yaml(
+        tmp_path,
+        "distributed_type: FSDP\nnum_processes: 8\nuse_cpu: true\nfsdp_config:\n  fsdp_version: 2\n"
+        "parallelism_config:\n  parallelism_config_tp_size: 2\n  parallelism_config_dp_shard_size: 2\n",
+    )
     errors = _messages(lint_file(path), ERROR)
     assert "multiply to 4" in errors and "GPUs only" in errors
 

@@ -2,11 +2,10 @@
 
 import tomllib
 
+from conftest import REPO
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
-
-from conftest import REPO
 
 
 def _lock() -> dict[str, Version]:
@@ -34,7 +33,9 @@ def test_every_declared_dependency_is_pinned_inside_its_range():
     for req in _declared():
         name = canonicalize_name(req.name)
         assert name in pins, f"{req.name} is declared in pyproject.toml but not pinned in requirements.lock"
-        assert req.specifier.contains(pins[name], prereleases=True), f"lock pins {req.name}=={pins[name]}, outside {req}"
+        assert req.specifier.contains(pins[name], prereleases=True), (
+            f"lock pins {req.name}=={pins[name]}, outside {req}"
+        )
 
 
 def test_declared_ranges_are_bounded_above():

@@ -52,8 +52,9 @@ def test_finds_the_slow_rank_and_the_diverging_learning_rate(run_dir):
     assert [(s.rank, s.host, s.from_step) for s in summary.stragglers] == [(SLOW_RANK, "node1", SLOW_FROM)]
     # 1.5x the others' step time, whose median is ~1.0 with 2 % noise.
     assert summary.stragglers[0].slower_by == pytest.approx(0.5, abs=0.05)
-    assert [(d.tag, d.ranks, d.first_step) for d in summary.divergences] == [("train/learning_rate", [LR_RANK],
-                                                                              LR_FROM)]
+    assert [(d.tag, d.ranks, d.first_step) for d in summary.divergences] == [
+        ("train/learning_rate", [LR_RANK], LR_FROM)
+    ]
     assert summary.hosts == {0: "node0", 1: "node0", 2: "node1", 3: "node1"}
     assert summary.warnings == []
 
@@ -95,8 +96,7 @@ def test_aggregate_equals_numpy_across_ranks(run_dir, tmp_path):
     acc = EventAccumulator(str(tmp_path / "aggregate"), size_guidance={"scalars": 0})
     acc.Reload()
     v = values["rank/step_time_s"]
-    for name, expected in (("mean", v.mean(0)), ("min", v.min(0)), ("max", v.max(0)),
-                           ("spread", v.max(0) - v.min(0))):
+    for name, expected in (("mean", v.mean(0)), ("min", v.min(0)), ("max", v.max(0)), ("spread", v.max(0) - v.min(0))):
         got = acc.Scalars(f"rank/step_time_s/{name}")
         assert [e.step for e in got] == list(range(1, STEPS + 1))
         np.testing.assert_allclose([e.value for e in got], expected, rtol=1e-6)  # stored as float32
@@ -132,7 +132,7 @@ def test_damaged_length_is_caught_by_its_checksum(tmp_path):
     # Records: the file_version event, then one per scalar. Corrupt the length of the 4th record (step 2).
     pos = 0
     for _ in range(3):
-        pos += 12 + int.from_bytes(data[pos:pos + 8], "little") + 4
+        pos += 12 + int.from_bytes(data[pos : pos + 8], "little") + 4
     data[pos] ^= 0x01  # one byte longer: without the checksum the framing would slip silently
     Path(path).write_bytes(bytes(data))
     summary = summarize_logs(tmp_path, workers=1)

@@ -5,7 +5,11 @@ import pytest
 import torch
 
 from hf_dist_recipes.parallel.memory import (
-    GIB, activation_bytes, estimate, layer_bytes_per_token, rank_elements, render_table,
+    GIB,
+    activation_bytes,
+    estimate,
+    layer_bytes_per_token,
+    rank_elements,
 )
 from hf_dist_recipes.parallel.models import introspect, template_config
 from hf_dist_recipes.parallel.plan import ParallelPlan
@@ -30,9 +34,11 @@ def test_zero3_without_tp_matches_deepspeeds_own_estimate():
     for gpus in (2, 8):
         for opt_off, param_off in ((False, False), (True, False), (True, True)):
             _, ds_gpu, ds_layer = estimate_zero3_model_states_mem_needs(
-                total, largest, num_gpus_per_node=gpus, cpu_offload=opt_off, cpu_offload_params=param_off)
-            ours = estimate(ParallelPlan(procs_per_node=gpus, offload_optimizer=opt_off, offload_params=param_off),
-                            shape)
+                total, largest, num_gpus_per_node=gpus, cpu_offload=opt_off, cpu_offload_params=param_off
+            )
+            ours = estimate(
+                ParallelPlan(procs_per_node=gpus, offload_optimizer=opt_off, offload_params=param_off), shape
+            )
             assert ours.gathered + ours.buffers["gathered_grads"] == ds_layer == 4 * largest
             on_gpu = [ours.params * (not param_off), ours.grads * (not opt_off), ours.optimizer * (not opt_off)]
             gap = sum(on_gpu) + ds_layer - ds_gpu
@@ -168,8 +174,10 @@ def _saved_bytes_per_token(name: str, seq: int = 64, batch: int = 2) -> list[flo
     from transformers import AutoModelForCausalLM
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    ALL_ATTENTION_FUNCTIONS["hf_dist_recipes_saved_probe"] = (
-        lambda module, q, k, v, mask, scaling=None, **kw: (_FlashLike.apply(q, k, v, scaling), None))
+    ALL_ATTENTION_FUNCTIONS["hf_dist_recipes_saved_probe"] = lambda module, q, k, v, mask, scaling=None, **kw: (
+        _FlashLike.apply(q, k, v, scaling),
+        None,
+    )
     config = template_config(name)
     config._attn_implementation = "hf_dist_recipes_saved_probe"
     torch.manual_seed(0)
@@ -186,7 +194,7 @@ def _saved_bytes_per_token(name: str, seq: int = 64, batch: int = 2) -> list[flo
     for layer in model.model.layers:
         kept: dict[int, int] = {}
 
-        def pack(t):
+        def pack(t, kept=kept):  # the hook runs within this iteration
             storage = t.untyped_storage()
             if storage.data_ptr() not in skip:
                 kept[storage.data_ptr()] = storage.nbytes()

@@ -7,8 +7,13 @@ from pathlib import Path
 
 import torch
 
-from hf_dist_recipes.nccl_defaults import (ALIASES, NCCL_ENV_DEFAULTS, apply_nccl_env_defaults,
-                                           flight_recorder_prefix, nccl_env_defaults)
+from hf_dist_recipes.nccl_defaults import (
+    ALIASES,
+    NCCL_ENV_DEFAULTS,
+    apply_nccl_env_defaults,
+    flight_recorder_prefix,
+    nccl_env_defaults,
+)
 
 TORCH_HEADERS = Path(torch.__file__).parent / "include" / "torch" / "csrc" / "distributed" / "c10d"
 
@@ -25,9 +30,11 @@ def test_empty_environment_gets_every_default_and_the_dump_dir(tmp_path):
 
 
 def test_user_values_and_old_names_are_kept(tmp_path):
-    env = {"NCCL_ASYNC_ERROR_HANDLING": "1",  # old name: the user chose
-           "TORCH_NCCL_TRACE_BUFFER_SIZE": "0",  # recorder off, under the older of its two names
-           "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/elsewhere/x_"}
+    env = {
+        "NCCL_ASYNC_ERROR_HANDLING": "1",  # old name: the user chose
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "0",  # recorder off, under the older of its two names
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/elsewhere/x_",
+    }
     before = dict(env)
     applied = apply_nccl_env_defaults(str(tmp_path), env)
     assert set(applied) == {"TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_ENABLE_MONITORING"}
@@ -44,7 +51,9 @@ def test_everything_set_applies_nothing(tmp_path):
 
 def test_static_dict_is_the_run_independent_part(tmp_path):
     assert set(nccl_env_defaults(str(tmp_path))) - set(NCCL_ENV_DEFAULTS) == {
-        "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"}
+        "TORCH_FR_DUMP_TEMP_FILE",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+    }
     assert flight_recorder_prefix("rel").startswith(os.path.abspath("rel"))
 
 
@@ -53,7 +62,8 @@ def test_every_name_is_one_torch_reads():
     compiled library (the flight recorder's dump file names are only in the library)."""
     text = "".join(p.read_text(errors="ignore") for p in TORCH_HEADERS.glob("*.hpp"))
     libs = list((Path(torch.__file__).parent / "lib").glob("libtorch_cpu.so")) + list(
-        (Path(torch.__file__).parent / "lib").glob("libtorch_cuda.so"))
+        (Path(torch.__file__).parent / "lib").glob("libtorch_cuda.so")
+    )
     binary = b"".join(p.read_bytes() for p in libs)
     names = {alias for aliases in ALIASES.values() for alias in aliases}
     missing = [n for n in sorted(names) if n not in text and n.encode() not in binary]

@@ -55,7 +55,9 @@ def test_the_scan_finds_each_way_of_importing_cli():
     """The scan would catch the import `parallel/shipped.py` used to make, and the other spellings of it."""
     module = "hf_dist_recipes.parallel.shipped"
     assert cli_imports("def f():\n    from hf_dist_recipes.cli.main import main\n", module) == [
-        "hf_dist_recipes.cli.main", "hf_dist_recipes.cli.main.main"]
+        "hf_dist_recipes.cli.main",
+        "hf_dist_recipes.cli.main.main",
+    ]
     assert cli_imports("import hf_dist_recipes.cli.config\n", module) == ["hf_dist_recipes.cli.config"]
     assert cli_imports("from hf_dist_recipes import cli\n", module) == ["hf_dist_recipes.cli"]
     assert cli_imports("from ..cli import main\n", module) == ["hf_dist_recipes.cli", "hf_dist_recipes.cli.main"]

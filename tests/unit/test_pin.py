@@ -24,8 +24,12 @@ from hf_dist_recipes.nccl_defaults import NCCL_ENV_DEFAULTS
 def _pip_freeze() -> tuple[dict[str, str], set[str]]:
     """name -> version from `pip freeze --all` (an independent reader of the same site-packages), and the names
     pip lists as editable / local installs."""
-    out = subprocess.run([sys.executable, "-m", "pip", "freeze", "--all", "--disable-pip-version-check"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "freeze", "--all", "--disable-pip-version-check"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     pins, local = {}, set()
     for line in out.splitlines():
         m = re.match(r"^# Editable install with no version control \((.+)==(.+)\)$", line)
@@ -62,9 +66,15 @@ def test_lock_of_this_environment_lists_exactly_what_pip_freeze_lists(tmp_path):
 
 
 def test_lock_round_trips(tmp_path):
-    lock = Lock({"accelerate": "1.16.0", "hf-dist-recipes": "0.1.0", "nvidia-nccl-cu13": "2.29.7",
-                 "torch": "2.13.0"}, "cu130", "13.0", "https://download.pytorch.org/whl/cu130", "2.29.7", "3.11.7",
-                {"hf-dist-recipes": "file:///src"})
+    lock = Lock(
+        {"accelerate": "1.16.0", "hf-dist-recipes": "0.1.0", "nvidia-nccl-cu13": "2.29.7", "torch": "2.13.0"},
+        "cu130",
+        "13.0",
+        "https://download.pytorch.org/whl/cu130",
+        "2.29.7",
+        "3.11.7",
+        {"hf-dist-recipes": "file:///src"},
+    )
     back = read_lock(write_lock(tmp_path / "requirements.lock", lock).path)
     assert back == lock
     cpu = Lock({"torch": "2.13.0"}, "cpu", None, "https://download.pytorch.org/whl/cpu", None, "3.11.7")
@@ -74,8 +84,9 @@ def test_lock_round_trips(tmp_path):
     assert lines == ["accelerate==1.16.0", "nvidia-nccl-cu13==2.29.7", "torch==2.13.0"]
 
 
-@pytest.mark.parametrize("bad, line", [("numpy>=1.0", 3), ("torch==2.13.0\ntorch==2.12.1", 4),
-                                       ("torch==not.a.version!", 3)])
+@pytest.mark.parametrize(
+    "bad, line", [("numpy>=1.0", 3), ("torch==2.13.0\ntorch==2.12.1", 4), ("torch==not.a.version!", 3)]
+)
 def test_malformed_lock_names_file_and_line(tmp_path, bad, line):
     path = tmp_path / "requirements.lock"
     path.write_text(f"# torch-build: cpu\naccelerate==1.16.0\n{bad}\n")
@@ -86,18 +97,25 @@ def test_malformed_lock_names_file_and_line(tmp_path, bad, line):
 def test_drift_names_the_package_and_both_versions():
     lock = Lock({"accelerate": "1.16.0", "deepspeed": "0.19.8", "torch": "2.13.0"}, "cpu")
     installed = {"Accelerate": "1.15.0", "torch": "2.13.0+cpu", "einops": "0.8.2"}
-    assert lock_drift(lock, installed) == [Drift("accelerate", "1.16.0", "1.15.0"),
-                                           Drift("deepspeed", "0.19.8", None), Drift("einops", None, "0.8.2")]
+    assert lock_drift(lock, installed) == [
+        Drift("accelerate", "1.16.0", "1.15.0"),
+        Drift("deepspeed", "0.19.8", None),
+        Drift("einops", None, "0.8.2"),
+    ]
     # Same release, another build: drift, naming both builds.
     assert lock_drift(Lock({"torch": "2.13.0"}, "cpu"), {"torch": "2.13.0+cu126"}) == [
-        Drift("torch", "2.13.0+cpu", "2.13.0+cu126")]
+        Drift("torch", "2.13.0+cpu", "2.13.0+cu126")
+    ]
     # PyPI's unlabelled 2.13.0 wheel is the cu130 build (version-facts.md).
     assert lock_drift(Lock({"torch": "2.13.0"}, "cu130"), {"torch": "2.13.0"}) == []
     assert lock_drift(Lock({"torch": "2.13.0"}, "cpu"), {"torch": "2.13.0"}) != []
     # The doctor's check of the same drift: one error per package, naming both versions.
     checks = doctor.lock_checks(lock, installed)
     assert [(c.name, c.status, c.detail) for c in checks][0] == (
-        "lock accelerate", "error", "accelerate: locked 1.16.0, installed 1.15.0")
+        "lock accelerate",
+        "error",
+        "accelerate: locked 1.16.0, installed 1.15.0",
+    )
 
 
 def test_dockerfile_for_torch_2_13_cu130(tmp_path):
@@ -109,8 +127,10 @@ def test_dockerfile_for_torch_2_13_cu130(tmp_path):
     assert (lock.torch_build, lock.cuda, lock.nccl) == ("cu130", "13.0", "2.29.7")
     from_line = next(x for x in text.splitlines() if x.startswith("FROM "))
     assert re.fullmatch(r"FROM nvidia/cuda:13\.0\.\d+-cudnn-devel-ubuntu\d\d\.04", from_line)
-    assert ("RUN pip install --no-cache-dir -r /tmp/requirements.lock --extra-index-url "
-            "https://download.pytorch.org/whl/cu130") in text
+    assert (
+        "RUN pip install --no-cache-dir -r /tmp/requirements.lock --extra-index-url "
+        "https://download.pytorch.org/whl/cu130"
+    ) in text
     assert "ENV DS_BUILD_OPS=0" in text
     for name, value in NCCL_ENV_DEFAULTS.items():
         assert f"ENV {name}={value}" in text.splitlines()
@@ -122,8 +142,16 @@ def test_dockerfile_for_torch_2_13_cu130(tmp_path):
 
 def test_cu126_build_of_2_13_pins_its_own_nccl():
     # pytorch RELEASE.md's matrix: 2.13's CUDA 12.6 build carries NCCL 2.29.3, not the cu130 build's 2.29.7.
-    lock, image, _ = plan_lock("2.13.0", "cu126", installed={"torch": "2.13.0+cu130", "nvidia-nccl-cu13": "2.29.7",
-                                                             "nvidia-cublas": "13.1.0.3", "einops": "0.8.2"})
+    lock, image, _ = plan_lock(
+        "2.13.0",
+        "cu126",
+        installed={
+            "torch": "2.13.0+cu130",
+            "nvidia-nccl-cu13": "2.29.7",
+            "nvidia-cublas": "13.1.0.3",
+            "einops": "0.8.2",
+        },
+    )
     assert lock.packages == {"einops": "0.8.2", "nvidia-nccl-cu12": "2.29.3", "torch": "2.13.0"}
     assert image.startswith("nvidia/cuda:12.6.")
 
@@ -144,8 +172,11 @@ def test_known_bad_pair_is_refused_naming_the_rule(tmp_path):
 
 
 def test_unknown_pair_is_refused_naming_the_builds_that_exist(tmp_path):
-    with pytest.raises(ValueError, match=r"no CUDA 11\.8 build; its builds: 12\.6 \(cu126\), 13\.0 \(cu130\), "
-                                         r"13\.2 \(cu132\), or cpu"):
+    with pytest.raises(
+        ValueError,
+        match=r"no CUDA 11\.8 build; its builds: 12\.6 \(cu126\), 13\.0 \(cu130\), "
+        r"13\.2 \(cu132\), or cpu",
+    ):
         pin(tmp_path, "2.13.0", "11.8")
     with pytest.raises(ValueError, match="no torch 2.13.9 in the table"):
         pin(tmp_path, "2.13.9")

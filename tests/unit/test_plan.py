@@ -20,24 +20,28 @@ def test_derived_sizes_and_global_batch_from_data_parallel_ranks_only():
     assert plan.validate(V3) == []
 
 
-@pytest.mark.parametrize("field, value", [("micro_batch", 0), ("tp", 0), ("nodes", -1), ("grad_accum", 1.5),
-                                          ("seq_len", 0), ("ep", True)])
+@pytest.mark.parametrize(
+    "field, value", [("micro_batch", 0), ("tp", 0), ("nodes", -1), ("grad_accum", 1.5), ("seq_len", 0), ("ep", True)]
+)
 def test_sizes_must_be_positive_integers(field, value):
     with pytest.raises(ValueError, match=f"{field} must be an integer >= 1"):
         replace(BASE, **{field: value}).validate()
 
 
-@pytest.mark.parametrize("changes, message", [
-    (dict(device="tpu"), "device must be one of"),
-    (dict(precision="fp8"), "precision must be one of"),
-    (dict(device="cpu", precision="fp16"), "fp16 needs CUDA"),
-    (dict(zero_stage=4), "ZeRO stage must be 0, 1, 2 or 3"),
-    (dict(zero_stage=0, offload_optimizer=True), "optimizer offload needs ZeRO stage 1"),
-    (dict(zero_stage=2, offload_params=True), "parameter offload needs ZeRO stage 3"),
-    (dict(tp=3), "not divisible by TP 3; pick a TP that divides 16"),
-    (dict(ep=3), r"EP 3 must divide the world size 16 .* pick EP from \[1, 2, 4, 8, 16\]"),
-    (dict(engine="megatron"), "engine must be one of"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(device="tpu"), "device must be one of"),
+        (dict(precision="fp8"), "precision must be one of"),
+        (dict(device="cpu", precision="fp16"), "fp16 needs CUDA"),
+        (dict(zero_stage=4), "ZeRO stage must be 0, 1, 2 or 3"),
+        (dict(zero_stage=0, offload_optimizer=True), "optimizer offload needs ZeRO stage 1"),
+        (dict(zero_stage=2, offload_params=True), "parameter offload needs ZeRO stage 3"),
+        (dict(tp=3), "not divisible by TP 3; pick a TP that divides 16"),
+        (dict(ep=3), r"EP 3 must divide the world size 16 .* pick EP from \[1, 2, 4, 8, 16\]"),
+        (dict(engine="megatron"), "engine must be one of"),
+    ],
+)
 def test_plan_rules(changes, message):
     with pytest.raises(ValueError, match=message):
         replace(BASE, **changes).validate()
@@ -60,7 +64,9 @@ def test_tp_across_nodes_warns():
 
 def test_experts_must_divide_by_ep():
     plan = ParallelPlan(nodes=1, procs_per_node=6, ep=3)
-    with pytest.raises(ValueError, match=r"EP 3 does not divide tiny-deepseek-v3's 8 routed experts; pick EP from \[1, 2\]"):
+    with pytest.raises(
+        ValueError, match=r"EP 3 does not divide tiny-deepseek-v3's 8 routed experts; pick EP from \[1, 2\]"
+    ):
         plan.validate(TINY)
 
 
@@ -92,11 +98,14 @@ def test_tp_ep_offload_refused_like_deepspeed_does():
         replace(BASE, tp=2, ep=2, offload_optimizer=True).validate(V3)
 
 
-@pytest.mark.parametrize("changes, message", [
-    (dict(device="cpu", precision="fp32"), "refuses ParallelismConfig .* on CPU"),
-    (dict(ep=2), "has no expert parallelism"),
-    (dict(offload_optimizer=True), "use --offload-params"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(device="cpu", precision="fp32"), "refuses ParallelismConfig .* on CPU"),
+        (dict(ep=2), "has no expert parallelism"),
+        (dict(offload_optimizer=True), "use --offload-params"),
+    ],
+)
 def test_fsdp2_route_rules(changes, message):
     with pytest.raises(ValueError, match=message):
         replace(BASE, engine="fsdp2", **changes).validate()

@@ -31,8 +31,11 @@ def test_the_record_holds_what_the_estimate_assumed_and_deepspeed_accepts_it():
 
 
 def test_a_plan_with_activation_checkpointing_turns_it_on(tmp_path, monkeypatch):
-    _launch_with(tmp_path, monkeypatch, ParallelPlan(procs_per_node=2, device="cpu", precision="fp32",
-                                                     activation_checkpointing=True))
+    _launch_with(
+        tmp_path,
+        monkeypatch,
+        ParallelPlan(procs_per_node=2, device="cpu", precision="fp32", activation_checkpointing=True),
+    )
     args = RecipeTrainingArguments(output_dir=str(tmp_path / "out"))
     assert args.activation_checkpointing is True and args.gradient_checkpointing is True
     explicit = RecipeTrainingArguments(output_dir=str(tmp_path / "out"), activation_checkpointing=False)

@@ -12,14 +12,17 @@ from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.precision import resolve_bf16
 
 
-@pytest.mark.parametrize("requested, fp16, gpus, supported, expected", [
-    (None, False, 8, True, True),     # the recipe default on A100/H100/H200
-    (None, False, 8, False, False),   # V100/T4: no bf16, the stock default stays
-    (None, False, 0, False, False),   # CPU host
-    (None, True, 8, True, False),     # fp16 chosen
-    (False, False, 8, True, False),   # fp32 chosen explicitly
-    (True, False, 0, False, True),    # an explicit True is the user's (the stock check judges the hardware)
-])
+@pytest.mark.parametrize(
+    "requested, fp16, gpus, supported, expected",
+    [
+        (None, False, 8, True, True),  # the recipe default on A100/H100/H200
+        (None, False, 8, False, False),  # V100/T4: no bf16, the stock default stays
+        (None, False, 0, False, False),  # CPU host
+        (None, True, 8, True, False),  # fp16 chosen
+        (False, False, 8, True, False),  # fp32 chosen explicitly
+        (True, False, 0, False, True),  # an explicit True is the user's (the stock check judges the hardware)
+    ],
+)
 def test_resolve_bf16(requested, fp16, gpus, supported, expected):
     assert resolve_bf16(requested, fp16=fp16, cuda_devices=gpus, bf16_supported=supported) is expected
 

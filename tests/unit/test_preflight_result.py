@@ -11,8 +11,9 @@ def _report(*statuses):
     return PreflightReport("c.yaml", world_size=2, hosts=["a", "a"], results=results)
 
 
-@pytest.mark.parametrize(("statuses", "code"), [((), 0), (("ok", "ok"), 0), (("ok", "warning"), 1),
-                                                (("warning", "error", "ok"), 2)])
+@pytest.mark.parametrize(
+    ("statuses", "code"), [((), 0), (("ok", "ok"), 0), (("ok", "warning"), 1), (("warning", "error", "ok"), 2)]
+)
 def test_exit_code_is_the_worst_status(statuses, code):
     # doctor's convention: 0 passed, 1 warnings only, 2 any error.
     assert _report(*statuses).exit_code == code

@@ -11,8 +11,18 @@ from accelerate.data_loader import BatchSamplerShard, SeedableRandomSampler
 from torch.utils.data import BatchSampler
 
 from hf_dist_recipes.rank_agreement import (
-    ZERO_INIT_BROADCAST, Mismatch, RankAgreementCallback, apply_policy, checksum, dropout_seed, find_mismatches,
-    first_batches, tp_groups, validate_policy, validate_rank_check_steps, weights_checksum,
+    ZERO_INIT_BROADCAST,
+    Mismatch,
+    RankAgreementCallback,
+    apply_policy,
+    checksum,
+    dropout_seed,
+    find_mismatches,
+    first_batches,
+    tp_groups,
+    validate_policy,
+    validate_rank_check_steps,
+    weights_checksum,
 )
 
 
@@ -96,18 +106,23 @@ def test_first_batches_reads_the_sampler_without_consuming_it():
     n, batch, seed = 50, 4, 123
     data = list(range(n))
     sampler = SeedableRandomSampler(data, data_seed=seed)
-    shards = [BatchSamplerShard(BatchSampler(sampler, batch, drop_last=False), num_processes=2, process_index=r)
-              for r in (0, 1)]
+    shards = [
+        BatchSamplerShard(BatchSampler(sampler, batch, drop_last=False), num_processes=2, process_index=r)
+        for r in (0, 1)
+    ]
     # Independently: RandomSampler draws torch.randperm(n) from a generator seeded with the sampler's seed.
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
     g0, own0, s0 = first_batches(_Loader(shards[0]))
     g1, own1, s1 = first_batches(_Loader(shards[1]))
     assert s0 == s1 == seed
-    assert g0 == g1 == checksum(perm[:2 * batch])
-    assert own0 == checksum(perm[:batch]) and own1 == checksum(perm[batch:2 * batch])
+    assert g0 == g1 == checksum(perm[: 2 * batch])
+    assert own0 == checksum(perm[:batch]) and own1 == checksum(perm[batch : 2 * batch])
     assert sampler.epoch == 0 and next(iter(shards[0])) == perm[:batch]  # nothing consumed
-    other = BatchSamplerShard(BatchSampler(SeedableRandomSampler(data, data_seed=seed + 1), batch, drop_last=False),
-                              num_processes=2, process_index=0)
+    other = BatchSamplerShard(
+        BatchSampler(SeedableRandomSampler(data, data_seed=seed + 1), batch, drop_last=False),
+        num_processes=2,
+        process_index=0,
+    )
     assert first_batches(_Loader(other))[0] != g0
     assert first_batches(object()) == (None, None, None)
 

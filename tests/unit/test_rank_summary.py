@@ -9,18 +9,39 @@ from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 from hf_dist_recipes.monitoring import PerRankTensorBoardCallback
 
-SMALL = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2, q_lora_rank=16,
-             kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
+SMALL = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    moe_intermediate_size=16,
+    num_hidden_layers=2,
+    q_lora_rank=16,
+    kv_lora_rank=16,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=8,
+    v_head_dim=8,
+)
 STEPS, BATCH, SEQ = 6, 4, 32
 
 
 @pytest.mark.parametrize("tensorboard", [False, True])
 def test_summary_has_time_and_losses_with_or_without_tensorboard(tmp_path, tensorboard):
-    args = RecipeTrainingArguments(output_dir=str(tmp_path), max_steps=STEPS, per_device_train_batch_size=BATCH,
-                                   learning_rate=3e-3, warmup_steps=1, logging_steps=2, save_strategy="no",
-                                   disable_tqdm=True, report_to="none", per_rank_tensorboard=tensorboard)
-    trainer = RecipeTrainer(model_init=lambda: build_tiny_deepseek(**SMALL), args=args,
-                            train_dataset=stdlib_dataset(seq_len=SEQ, max_bytes=20_000))
+    args = RecipeTrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=STEPS,
+        per_device_train_batch_size=BATCH,
+        learning_rate=3e-3,
+        warmup_steps=1,
+        logging_steps=2,
+        save_strategy="no",
+        disable_tqdm=True,
+        report_to="none",
+        per_rank_tensorboard=tensorboard,
+    )
+    trainer = RecipeTrainer(
+        model_init=lambda: build_tiny_deepseek(**SMALL),
+        args=args,
+        train_dataset=stdlib_dataset(seq_len=SEQ, max_bytes=20_000),
+    )
     assert any(isinstance(c, PerRankTensorBoardCallback) for c in trainer.callback_handler.callbacks) is tensorboard
     trainer.train()
 

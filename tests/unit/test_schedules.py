@@ -1,7 +1,10 @@
+import itertools
 import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import get_cosine_with_hard_restarts_schedule_with_warmup
 
 from hf_dist_recipes.schedules import WarmupCosineRestarts, warmup_cosine_restarts_scheduler
@@ -70,9 +73,6 @@ def test_scheduler_pickles_for_checkpoints():
 # Bounds come from calculus, not from the code: 0.5 * (1 + cos(pi * x)) falls by at most pi / 2 per unit of x, and
 # stays within (pi * d) ** 2 / 4 of its end value at a distance d of phase from either end.
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 
 @st.composite
 def shapes(draw, rewarm=True):
@@ -82,15 +82,22 @@ def shapes(draw, rewarm=True):
     floor = draw(st.sampled_from([0.0, 0.05, 0.1, 0.5, 0.9]))
     cycle = span / cycles
     restart_warmup = draw(st.integers(0, max(0, math.ceil(cycle) - 1))) if rewarm and cycles > 1 else 0
-    return WarmupCosineRestarts(warmup, warmup + span, num_cycles=cycles, min_lr_ratio=floor,
-                                restart_warmup_steps=restart_warmup)
+    return WarmupCosineRestarts(
+        warmup, warmup + span, num_cycles=cycles, min_lr_ratio=floor, restart_warmup_steps=restart_warmup
+    )
 
 
 def _cycles(s):
     """Steps of each cycle after the warm-up, from first principles: cycle i covers real steps [W + iC, W + (i+1)C)."""
     span = s.total_steps - s.warmup_steps
-    return [[t for t in range(s.warmup_steps, s.total_steps) if i * span <= (t - s.warmup_steps) * s.num_cycles
-             < (i + 1) * span] for i in range(s.num_cycles)]
+    return [
+        [
+            t
+            for t in range(s.warmup_steps, s.total_steps)
+            if i * span <= (t - s.warmup_steps) * s.num_cycles < (i + 1) * span
+        ]
+        for i in range(s.num_cycles)
+    ]
 
 
 def _cosine_slope(s):
@@ -108,7 +115,7 @@ def _near_end(s):
 def test_property_warmup_rises_monotonically_to_the_peak(s):
     ramp = [s.multiplier(t) for t in range(s.warmup_steps + 1)]
     assert ramp[0] == pytest.approx(0.0 if s.warmup_steps else 1.0)
-    assert all(a < b for a, b in zip(ramp, ramp[1:]))
+    assert all(a < b for a, b in itertools.pairwise(ramp))
     assert ramp[-1] == pytest.approx(1.0, abs=1e-12)  # the peak, where the first cycle starts
 
 
@@ -132,8 +139,8 @@ def test_property_each_cycle_restarts_at_the_peak_or_rewarms_up_to_it(s):
             continue  # a cycle shorter than one step has none of its own
         top = values.index(max(values))
         # One peak: up (re-warm-up) then down (cosine), nowhere else.
-        assert all(a <= b + 1e-12 for a, b in zip(values[: top + 1], values[1: top + 1]))
-        assert all(a >= b - 1e-12 for a, b in zip(values[top:], values[top + 1:]))
+        assert all(a <= b + 1e-12 for a, b in itertools.pairwise(values[: top + 1]))
+        assert all(a >= b - 1e-12 for a, b in itertools.pairwise(values[top:]))
         assert max(values) >= 1 - _near_end(s) - 1e-12  # the cycle reaches the peak (within a step of phase)
         if i >= 1 and s.restart_warmup_steps == 0:
             assert values[0] >= 1 - _near_end(s) - 1e-12  # hard restart: the first step is back at the peak
@@ -149,7 +156,7 @@ def test_property_curve_is_continuous_inside_a_cycle(s):
     step_bound = max(_cosine_slope(s), (1 - m) / r if r else 0.0) + 1e-12
     for steps in _cycles(s):
         values = [s.multiplier(t) for t in steps]
-        assert all(abs(b - a) <= step_bound for a, b in zip(values, values[1:]))
+        assert all(abs(b - a) <= step_bound for a, b in itertools.pairwise(values))
     if r:
         # With re-warm-up there is no jump at a restart either: the last step of a cycle is near the floor, the
         # first of the next starts from it.
@@ -161,10 +168,12 @@ def test_property_curve_is_continuous_inside_a_cycle(s):
 @given(shapes(rewarm=False))
 def test_property_hard_restarts_without_floor_are_transformers_schedule(s):
     s = WarmupCosineRestarts(s.warmup_steps, s.total_steps, num_cycles=s.num_cycles)  # no floor
-    stock = get_cosine_with_hard_restarts_schedule_with_warmup(_optimizer(), s.warmup_steps, s.total_steps,
-                                                                num_cycles=s.num_cycles).lr_lambdas[0]
+    stock = get_cosine_with_hard_restarts_schedule_with_warmup(
+        _optimizer(), s.warmup_steps, s.total_steps, num_cycles=s.num_cycles
+    ).lr_lambdas[0]
     assert [s.multiplier(t) for t in range(s.total_steps + 2)] == pytest.approx(
-        [stock(t) for t in range(s.total_steps + 2)], abs=1e-9)
+        [stock(t) for t in range(s.total_steps + 2)], abs=1e-9
+    )
 
 
 def test_hard_restarts_jump_where_rewarmup_climbs():
@@ -197,9 +206,13 @@ def test_trainer_from_plain_arguments_follows_the_schedule_kwargs(tmp_path):
 
     from hf_dist_recipes import RecipeTrainer
 
-    plain = TrainingArguments(output_dir=str(tmp_path), report_to=[], warmup_steps=2,
-                              lr_scheduler_type="cosine_with_restarts",
-                              lr_scheduler_kwargs={"num_cycles": 2, "min_lr_ratio": 0.1, "restart_warmup_steps": 4})
+    plain = TrainingArguments(
+        output_dir=str(tmp_path),
+        report_to=[],
+        warmup_steps=2,
+        lr_scheduler_type="cosine_with_restarts",
+        lr_scheduler_kwargs={"num_cycles": 2, "min_lr_ratio": 0.1, "restart_warmup_steps": 4},
+    )
     model = torch.nn.Linear(2, 2)
     trainer = RecipeTrainer(model=model, args=plain)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)

@@ -4,8 +4,8 @@ with accelerate's own loader and DeepSpeed's own config class, and lints clean."
 import shutil
 
 import pytest
-
 from conftest import REPO
+
 from hf_dist_recipes.parallel.lint import ERROR, lint_file
 from hf_dist_recipes.parallel.shipped import manifest, regenerate
 
@@ -29,9 +29,15 @@ def test_regenerating_gives_the_committed_files(tmp_path, monkeypatch):
 
 def test_the_issue_list_is_shipped():
     names = {e["name"] for e in manifest(CONFIGS)}
-    assert names == {"zero3_1node_8gpu", "zero3_tp2_llama_1node_8gpu", "deepseek_v3_zero3_ep32_offload_8nodes_8gpu",
-                     "deepseek_v2_lite_zero3_ep2_1node_8gpu", "zero3_2nodes_8gpu", "cpu_zero3_2proc",
-                     "cpu_zero3_tp2_ep2_4proc"}
+    assert names == {
+        "zero3_1node_8gpu",
+        "zero3_tp2_llama_1node_8gpu",
+        "deepseek_v3_zero3_ep32_offload_8nodes_8gpu",
+        "deepseek_v2_lite_zero3_ep2_1node_8gpu",
+        "zero3_2nodes_8gpu",
+        "cpu_zero3_2proc",
+        "cpu_zero3_tp2_ep2_4proc",
+    }
 
 
 def _gpu_configs_with_a_model() -> list:
@@ -52,7 +58,10 @@ def _gpu_configs_with_a_model() -> list:
 
 def test_the_models_planned_for_are_the_expected_ones():
     assert {p.stem for p in _gpu_configs_with_a_model()} == {
-        "zero3_tp2_llama_1node_8gpu", "deepseek_v3_zero3_ep32_offload_8nodes_8gpu", "deepseek_v2_lite_zero3_ep2_1node_8gpu"}
+        "zero3_tp2_llama_1node_8gpu",
+        "deepseek_v3_zero3_ep32_offload_8nodes_8gpu",
+        "deepseek_v2_lite_zero3_ep2_1node_8gpu",
+    }
 
 
 @pytest.mark.parametrize("yaml_file", _gpu_configs_with_a_model(), ids=lambda p: p.name)
@@ -78,7 +87,13 @@ def test_every_shipped_file_loads_upstream_and_lints_clean(yaml_file, monkeypatc
     import json
 
     raw = json.loads(ds_path.read_text())
-    filled = {**raw, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
-              "bf16": {"enabled": False}, "fp16": {"enabled": False}}
+    filled = {
+        **raw,
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0,
+        "bf16": {"enabled": False},
+        "fp16": {"enabled": False},
+    }
     DeepSpeedConfig(filled)
     assert [f for f in lint_file(yaml_file, root=REPO) if f.level == ERROR] == []

@@ -6,8 +6,12 @@ from __future__ import annotations
 import pytest
 
 from hf_dist_recipes import RecipeTrainingArguments
-from hf_dist_recipes.monitoring.stragglers import (StragglerCallback, StragglerDetector, busy_ratios,
-                                                   validate_straggler_settings)
+from hf_dist_recipes.monitoring.stragglers import (
+    StragglerCallback,
+    StragglerDetector,
+    busy_ratios,
+    validate_straggler_settings,
+)
 
 
 def test_busy_ratios_subtract_each_ranks_wait():
@@ -56,13 +60,16 @@ def test_a_different_world_size_starts_the_books_again():
     assert det.flagged == set()
 
 
-@pytest.mark.parametrize("steps, threshold, windows, match", [
-    (-1, 0.2, 2, "straggler_check_steps must be an integer >= 0"),
-    (True, 0.2, 2, "straggler_check_steps"),
-    (50, 0.0, 2, "straggler_threshold must be a number > 0"),
-    (50, "0.2", 2, "straggler_threshold"),
-    (50, 0.2, 0, "straggler_windows must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "steps, threshold, windows, match",
+    [
+        (-1, 0.2, 2, "straggler_check_steps must be an integer >= 0"),
+        (True, 0.2, 2, "straggler_check_steps"),
+        (50, 0.0, 2, "straggler_threshold must be a number > 0"),
+        (50, "0.2", 2, "straggler_threshold"),
+        (50, 0.2, 0, "straggler_windows must be an integer >= 1"),
+    ],
+)
 def test_bad_settings_name_the_fix(steps, threshold, windows, match):
     with pytest.raises(ValueError, match=match):
         validate_straggler_settings(steps, threshold, windows)

@@ -18,18 +18,38 @@ from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 from hf_dist_recipes.monitoring import SystemMetricsCallback, read_scalars, read_texts
 
-SMALL = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2, q_lora_rank=16,
-             kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
+SMALL = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    moe_intermediate_size=16,
+    num_hidden_layers=2,
+    q_lora_rank=16,
+    kv_lora_rank=16,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=8,
+    v_head_dim=8,
+)
 STEPS, BATCH, SEQ = 4, 2, 16
 GIB = 1024**3
 
 
 def _trainer(out, **overrides) -> RecipeTrainer:
-    kw = dict(output_dir=str(out), max_steps=STEPS, per_device_train_batch_size=BATCH, learning_rate=1e-3,
-              logging_steps=2, save_strategy="no", disable_tqdm=True, report_to="none")
+    kw = dict(
+        output_dir=str(out),
+        max_steps=STEPS,
+        per_device_train_batch_size=BATCH,
+        learning_rate=1e-3,
+        logging_steps=2,
+        save_strategy="no",
+        disable_tqdm=True,
+        report_to="none",
+    )
     kw.update(overrides)
-    return RecipeTrainer(model_init=lambda: build_tiny_deepseek(**SMALL), args=RecipeTrainingArguments(**kw),
-                         train_dataset=stdlib_dataset(seq_len=SEQ, max_bytes=4_000))
+    return RecipeTrainer(
+        model_init=lambda: build_tiny_deepseek(**SMALL),
+        args=RecipeTrainingArguments(**kw),
+        train_dataset=stdlib_dataset(seq_len=SEQ, max_bytes=4_000),
+    )
 
 
 def _system(trainer) -> SystemMetricsCallback:
@@ -134,7 +154,7 @@ def test_run_identity_is_recorded_and_a_second_launch_into_the_same_dir_is_refus
     assert identity == {"host": socket.gethostname(), "rank": 0, "local_rank": 0, "run_id": identity["run_id"]}
     assert summary["run_id"] == identity["run_id"] and summary["host"] == socket.gethostname()
     assert summary["local_rank"] == 0
-    (step, text), = read_texts(run_dir)["run/text_summary"]
+    ((step, text),) = read_texts(run_dir)["run/text_summary"]
     assert step == 0 and f"run_id={identity['run_id']}" in text and "rank=0 local_rank=0" in text
 
     # A second train() in the same process is the same launch: accepted, same run id.

@@ -48,9 +48,22 @@ def test_aggregate_run_is_served_by_tensorboard(tmp_path):
     port = _free_port()
     log = open(tmp_path / "tensorboard.log", "w+")  # a file, not a pipe: a full pipe would block the server
     proc = subprocess.Popen(
-        [str(binary), "--logdir", str(out), "--host", "127.0.0.1", "--port", str(port), "--load_fast=false",
-         "--reload_interval", "1"],
-        stdout=log, stderr=subprocess.STDOUT, text=True)
+        [
+            str(binary),
+            "--logdir",
+            str(out),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--load_fast=false",
+            "--reload_interval",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         query = urllib.parse.urlencode({"run": "aggregate", "tag": "train/loss/mean"})
         url = f"http://127.0.0.1:{port}/data/plugin/scalars/scalars?{query}"

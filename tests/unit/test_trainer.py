@@ -12,17 +12,37 @@ from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 from hf_dist_recipes.monitoring import read_scalars
 
-SMALL = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2, q_lora_rank=16,
-             kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
+SMALL = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    moe_intermediate_size=16,
+    num_hidden_layers=2,
+    q_lora_rank=16,
+    kv_lora_rank=16,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=8,
+    v_head_dim=8,
+)
 
 
 def _trainer(tmp_path, args=None, **overrides):
     if args is None:
-        args = RecipeTrainingArguments(output_dir=str(tmp_path), max_steps=30, per_device_train_batch_size=4,
-                                       learning_rate=3e-3, warmup_steps=3, logging_steps=1, save_strategy="no",
-                                       disable_tqdm=True, **overrides)
-    return RecipeTrainer(model_init=lambda: build_tiny_deepseek(**SMALL), args=args,
-                         train_dataset=stdlib_dataset(seq_len=32, max_bytes=100_000))
+        args = RecipeTrainingArguments(
+            output_dir=str(tmp_path),
+            max_steps=30,
+            per_device_train_batch_size=4,
+            learning_rate=3e-3,
+            warmup_steps=3,
+            logging_steps=1,
+            save_strategy="no",
+            disable_tqdm=True,
+            **overrides,
+        )
+    return RecipeTrainer(
+        model_init=lambda: build_tiny_deepseek(**SMALL),
+        args=args,
+        train_dataset=stdlib_dataset(seq_len=32, max_bytes=100_000),
+    )
 
 
 def test_constructor_is_the_trainers_with_nothing_reordered():

@@ -7,8 +7,16 @@ import pytest
 import torch.distributed as dist
 
 from hf_dist_recipes.arguments import RecipeTrainingArguments
-from hf_dist_recipes.watchdog import (DONE, LOST_KEY, Beat, HeartbeatWatchdog, PeerWatch, looks_like_lost_peer,
-                                      validate_hang_settings, watched_peers)
+from hf_dist_recipes.watchdog import (
+    DONE,
+    LOST_KEY,
+    Beat,
+    HeartbeatWatchdog,
+    PeerWatch,
+    looks_like_lost_peer,
+    validate_hang_settings,
+    watched_peers,
+)
 
 
 class Clock:
@@ -20,8 +28,10 @@ class Clock:
 
 
 def _ranks(store, clock, world=3, timeout=20.0):
-    return [HeartbeatWatchdog(store, r, world, timeout, clock=clock, host=f"host{r}", on_lost=pytest.fail)
-            for r in range(world)]
+    return [
+        HeartbeatWatchdog(store, r, world, timeout, clock=clock, host=f"host{r}", on_lost=pytest.fail)
+        for r in range(world)
+    ]
 
 
 def test_a_peer_that_stops_beating_is_named_after_the_bound_with_its_host_and_last_step():
@@ -127,15 +137,18 @@ def test_compat_store_and_collective_timeout_on_a_real_gloo_group(tmp_path):
 
     from hf_dist_recipes import _compat
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
-                            timeout=timedelta(seconds=7200))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1, timeout=timedelta(seconds=7200)
+    )
     try:
         sub = dist.new_group([0])
         store = _compat.default_store()
         store.set("hf_dist_recipes/probe", b"1")
         assert store.get("hf_dist_recipes/probe") == b"1"
-        timeouts = lambda: [g._get_backend(torch.device("cpu")).options._timeout
-                            for g in (dist.group.WORLD, sub)]
+
+        def timeouts():
+            return [g._get_backend(torch.device("cpu")).options._timeout for g in (dist.group.WORLD, sub)]
+
         # new_group without a timeout takes torch's 30-minute default, not the default group's: DeepSpeed's groups
         # do not follow ddp_timeout, which is why every group is changed
         assert timeouts() == [timedelta(seconds=7200), timedelta(seconds=1800)]

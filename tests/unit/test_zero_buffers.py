@@ -8,7 +8,11 @@ from hf_dist_recipes.parallel.memory import GIB, estimate
 from hf_dist_recipes.parallel.models import introspect
 from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.parallel.zero_buffers import (
-    hpz_partition_size, recommended_env, use_vocab_parallel_lm_head, zero_buffer_notes, zero_buffers,
+    hpz_partition_size,
+    recommended_env,
+    use_vocab_parallel_lm_head,
+    zero_buffer_notes,
+    zero_buffers,
 )
 
 V3 = introspect("deepseek-v3")
@@ -35,8 +39,7 @@ def test_deepseek_v3_ep8_prefetch_and_live_limits_by_hand():
     assert b.prefetch_bucket_size == V3_EP8_EXPERTS and b.max_live_parameters == 2 * V3_EP8_EXPERTS
     assert b.largest_tensor == V3_EMBEDDING
     zero = deepspeed_config(plan, V3)["zero_optimization"]
-    assert (zero["stage3_prefetch_bucket_size"], zero["stage3_max_live_parameters"]) == \
-        (1_409_286_144, 2_818_572_288)
+    assert (zero["stage3_prefetch_bucket_size"], zero["stage3_max_live_parameters"]) == (1_409_286_144, 2_818_572_288)
     assert (zero["reduce_bucket_size"], zero["sub_group_size"]) == (500_000_000, 1_000_000_000)
     parsed = _parsed(deepspeed_config(plan, V3)).zero_config
     assert (parsed.prefetch_bucket_size, parsed.max_live_parameters) == (1_409_286_144, 2_818_572_288)
@@ -71,7 +74,8 @@ def test_hpz_for_multi_node_zero3_only_where_deepspeed_allows_it():
     v3_multi = ParallelPlan(nodes=8, ep=16, offload_optimizer=True)
     assert "zero_hpz_partition_size" not in deepspeed_config(v3_multi, V3)["zero_optimization"]
     assert "no zero_hpz_partition_size: DeepSpeed 0.19.8 refuses it with AutoEP" in "\n".join(
-        zero_buffer_notes(v3_multi, V3))
+        zero_buffer_notes(v3_multi, V3)
+    )
     assert hpz_partition_size(ParallelPlan(nodes=2, tp=2), LLAMA) == 1  # AutoTP: groups would mix TP shards
     assert hpz_partition_size(ParallelPlan(nodes=2, offload_optimizer=True, offload_params=True), LLAMA) == 1
     # Llama-3.1-70B's copy: 70,553,706,496 / 8 x 2 B = 17.6 GB per GPU, over the 8 GiB cap.
@@ -117,10 +121,13 @@ def test_notes_name_each_choice_and_fit_a_header():
         assert all(len(line) <= 116 for line in zero_buffer_notes(plan, model))
 
 
-@pytest.mark.parametrize("plan, env", [
-    (ParallelPlan(), {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
-    (ParallelPlan(device="cpu", precision="fp32"), {}),
-    (ParallelPlan(zero_stage=2), {}),  # a dense model's shapes repeat every step: the allocator reuses its blocks
-])
+@pytest.mark.parametrize(
+    "plan, env",
+    [
+        (ParallelPlan(), {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
+        (ParallelPlan(device="cpu", precision="fp32"), {}),
+        (ParallelPlan(zero_stage=2), {}),  # a dense model's shapes repeat every step: the allocator reuses its blocks
+    ],
+)
 def test_allocator_recommendation(plan, env):
     assert recommended_env(plan, LLAMA) == env

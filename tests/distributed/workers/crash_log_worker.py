@@ -19,8 +19,17 @@ from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 from hf_dist_recipes.monitoring import PerRankTensorBoardCallback
 
-SMALL = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2, q_lora_rank=16,
-             kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
+SMALL = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    moe_intermediate_size=16,
+    num_hidden_layers=2,
+    q_lora_rank=16,
+    kv_lora_rank=16,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=8,
+    v_head_dim=8,
+)
 
 
 class Die(TrainerCallback):
@@ -39,11 +48,22 @@ class Die(TrainerCallback):
 
 def main(output_dir: str, mode: str, die_at: int) -> None:
     steps = die_at if mode == "none" else die_at + 10
-    args = RecipeTrainingArguments(output_dir=output_dir, max_steps=steps, per_device_train_batch_size=2,
-                                   learning_rate=1e-3, logging_steps=2, save_strategy="no", disable_tqdm=True,
-                                   report_to="none", seed_check="off")
-    trainer = RecipeTrainer(model_init=lambda: build_tiny_deepseek(**SMALL), args=args,
-                            train_dataset=stdlib_dataset(seq_len=16, max_bytes=8_000))
+    args = RecipeTrainingArguments(
+        output_dir=output_dir,
+        max_steps=steps,
+        per_device_train_batch_size=2,
+        learning_rate=1e-3,
+        logging_steps=2,
+        save_strategy="no",
+        disable_tqdm=True,
+        report_to="none",
+        seed_check="off",
+    )
+    trainer = RecipeTrainer(
+        model_init=lambda: build_tiny_deepseek(**SMALL),
+        args=args,
+        train_dataset=stdlib_dataset(seq_len=16, max_bytes=8_000),
+    )
     trainer.add_callback(Die(trainer, mode, die_at))
     trainer.train()
 

@@ -15,15 +15,23 @@ import sys
 import time
 
 import torch
-
 from transformers import TrainerCallback
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 
-SMALL = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2, q_lora_rank=16,
-             kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
+SMALL = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    moe_intermediate_size=16,
+    num_hidden_layers=2,
+    q_lora_rank=16,
+    kv_lora_rank=16,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=8,
+    v_head_dim=8,
+)
 
 
 class DieAt(TrainerCallback):
@@ -58,11 +66,23 @@ def _value(text: str):
 
 def main(output_dir: str, mode: str, die_at: int, extra: list[str]) -> None:
     overrides = {name: _value(value) for name, value in (item.split("=", 1) for item in extra)}
-    args = RecipeTrainingArguments(output_dir=output_dir, max_steps=10_000, per_device_train_batch_size=2,
-                                   learning_rate=1e-3, logging_steps=1000, save_strategy="no", disable_tqdm=True,
-                                   report_to="none", seed_check="off", **overrides)
-    trainer = RecipeTrainer(model_init=lambda: build_tiny_deepseek(**SMALL), args=args,
-                            train_dataset=stdlib_dataset(seq_len=16, max_bytes=8_000))
+    args = RecipeTrainingArguments(
+        output_dir=output_dir,
+        max_steps=10_000,
+        per_device_train_batch_size=2,
+        learning_rate=1e-3,
+        logging_steps=1000,
+        save_strategy="no",
+        disable_tqdm=True,
+        report_to="none",
+        seed_check="off",
+        **overrides,
+    )
+    trainer = RecipeTrainer(
+        model_init=lambda: build_tiny_deepseek(**SMALL),
+        args=args,
+        train_dataset=stdlib_dataset(seq_len=16, max_bytes=8_000),
+    )
     trainer.add_callback(DieAt(mode, die_at))
     trainer.train()
 

@@ -57,9 +57,16 @@ def main() -> None:
     p.add_argument("--odd-rank", type=int, default=None)
     opts = p.parse_args()
     warnings.filterwarnings("ignore", category=FutureWarning)
-    args = RecipeTrainingArguments(output_dir=opts.output_dir, max_steps=opts.steps, per_device_train_batch_size=2,
-                                   learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to="none",
-                                   disable_tqdm=True)
+    args = RecipeTrainingArguments(
+        output_dir=opts.output_dir,
+        max_steps=opts.steps,
+        per_device_train_batch_size=2,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+    )
     config = tiny_deepseek_config(hidden_size=32, num_hidden_layers=2)
     model = AutoModelForCausalLM.from_config(config)
     data = TokenBlocks(torch.randint(0, config.vocab_size, (32, 16), generator=torch.Generator().manual_seed(0)))
@@ -68,8 +75,9 @@ def main() -> None:
     trainer.train()
     target = out / "fingerprint"
     target.mkdir(parents=True, exist_ok=True)
-    (target / f"rank{args.process_index}.json").write_text(json.dumps({"fingerprint": environment_fingerprint(),
-                                                                       "steps": trainer.state.global_step}))
+    (target / f"rank{args.process_index}.json").write_text(
+        json.dumps({"fingerprint": environment_fingerprint(), "steps": trainer.state.global_step})
+    )
 
 
 if __name__ == "__main__":

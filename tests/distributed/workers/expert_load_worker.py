@@ -28,9 +28,17 @@ MICRO_BATCH, SEQ_LEN, GRAD_ACCUM = 4, 32, 2
 def main(output_dir: str, steps: int, gamma: float) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     args = RecipeTrainingArguments(
-        output_dir=output_dir, max_steps=steps, per_device_train_batch_size=MICRO_BATCH,
-        gradient_accumulation_steps=GRAD_ACCUM, learning_rate=3e-3, warmup_steps=1, logging_steps=1,
-        save_strategy="no", report_to="none", dataloader_drop_last=True, disable_tqdm=True,
+        output_dir=output_dir,
+        max_steps=steps,
+        per_device_train_batch_size=MICRO_BATCH,
+        gradient_accumulation_steps=GRAD_ACCUM,
+        learning_rate=3e-3,
+        warmup_steps=1,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        dataloader_drop_last=True,
+        disable_tqdm=True,
     )
     config = template_config("tiny-deepseek-v3")
     data = stdlib_dataset(seq_len=SEQ_LEN, max_bytes=100_000)
@@ -61,15 +69,23 @@ def main(output_dir: str, steps: int, gamma: float) -> None:
         if isinstance(module, AutoEPMoELayer):
             layers[name] = {
                 "deepspeed_tokens_per_expert": module.tokens_per_expert.long().tolist(),
-                "ep_rank": module.ep_rank, "ep_size": module.ep_size, "num_local_experts": module.num_local_experts,
+                "ep_rank": module.ep_rank,
+                "ep_size": module.ep_size,
+                "num_local_experts": module.num_local_experts,
                 "bias": module.router.e_score_correction_bias.tolist(),
             }
     out = Path(output_dir) / "expert_load"
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"rank{args.process_index}.json").write_text(json.dumps({
-        "rank": args.process_index, "world_size": args.world_size, "layers": layers,
-        "routed": [x.name for x in find_routed_layers(trainer.model)],
-    }))
+    (out / f"rank{args.process_index}.json").write_text(
+        json.dumps(
+            {
+                "rank": args.process_index,
+                "world_size": args.world_size,
+                "layers": layers,
+                "routed": [x.name for x in find_routed_layers(trainer.model)],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

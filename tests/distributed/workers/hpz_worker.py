@@ -28,9 +28,17 @@ def main(output_dir: str, steps: int) -> None:
     config = template_config("tiny-llama")
     data = stdlib_dataset(seq_len=32, max_bytes=20_000)
     data = token_blocks(data, config.vocab_size)
-    args = RecipeTrainingArguments(output_dir=output_dir, per_device_train_batch_size=2, learning_rate=1e-3,
-                                   max_steps=steps, logging_steps=1, save_strategy="no", report_to="none",
-                                   disable_tqdm=True, seed=7)
+    args = RecipeTrainingArguments(
+        output_dir=output_dir,
+        per_device_train_batch_size=2,
+        learning_rate=1e-3,
+        max_steps=steps,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=7,
+    )
     builds = []
     secondary_seen = [0]
 
@@ -53,8 +61,9 @@ def main(output_dir: str, steps: int) -> None:
         "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
         "model_init_calls": len(builds),
         "secondary_partitions": secondary_seen[0],
-        "params_with_hpz_group": sum(getattr(p, "ds_zero_param_process_group", None) is not None
-                                     for p in trainer.model.parameters()),
+        "params_with_hpz_group": sum(
+            getattr(p, "ds_zero_param_process_group", None) is not None for p in trainer.model.parameters()
+        ),
         "params": sum(1 for _ in trainer.model.parameters()),
     }
     target = Path(output_dir) / "hpz"

@@ -32,13 +32,22 @@ def datasets(vocab_size: int):
     return TokenBlocks(tokens[:-EVAL_SAMPLES]), TokenBlocks(tokens[-EVAL_SAMPLES:])
 
 
-def main(output_dir: str, pretrained: str, steps: int, save_steps: int, resume: str | None = None,
-         eval_first: bool = True) -> None:
+def main(
+    output_dir: str, pretrained: str, steps: int, save_steps: int, resume: str | None = None, eval_first: bool = True
+) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     args = RecipeTrainingArguments(
-        output_dir=output_dir, max_steps=steps, per_device_train_batch_size=MICRO_BATCH,
-        per_device_eval_batch_size=MICRO_BATCH, learning_rate=3e-3, warmup_steps=2, logging_steps=1,
-        save_strategy="steps", save_steps=save_steps, report_to="none", dataloader_drop_last=True,
+        output_dir=output_dir,
+        max_steps=steps,
+        per_device_train_batch_size=MICRO_BATCH,
+        per_device_eval_batch_size=MICRO_BATCH,
+        learning_rate=3e-3,
+        warmup_steps=2,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=save_steps,
+        report_to="none",
+        dataloader_drop_last=True,
         disable_tqdm=True,
     )
     model = AutoModelForCausalLM.from_pretrained(pretrained)
@@ -59,17 +68,27 @@ def main(output_dir: str, pretrained: str, steps: int, save_steps: int, resume: 
     history = trainer.state.log_history
     out = Path(output_dir) / "lifecycle"
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"rank{args.process_index}.json").write_text(json.dumps({
-        "rank": args.process_index,
-        "eval_before": eval_before,
-        "eval_after": eval_after,
-        "loss": {e["step"]: e["loss"] for e in history if "loss" in e},
-        "lr": {e["step"]: e["learning_rate"] for e in history if "learning_rate" in e},
-        "batches": batches,
-    }))
+    (out / f"rank{args.process_index}.json").write_text(
+        json.dumps(
+            {
+                "rank": args.process_index,
+                "eval_before": eval_before,
+                "eval_after": eval_after,
+                "loss": {e["step"]: e["loss"] for e in history if "loss" in e},
+                "lr": {e["step"]: e["learning_rate"] for e in history if "learning_rate" in e},
+                "batches": batches,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":
     rest = sys.argv[5:]
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
-         resume=rest[0] if rest and rest[0] != "-" else None, eval_first="no-eval-first" not in rest)
+    main(
+        sys.argv[1],
+        sys.argv[2],
+        int(sys.argv[3]),
+        int(sys.argv[4]),
+        resume=rest[0] if rest and rest[0] != "-" else None,
+        eval_first="no-eval-first" not in rest,
+    )

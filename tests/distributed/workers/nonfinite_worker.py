@@ -43,7 +43,8 @@ class Inject(TrainerCallback):
         self.rank, self.step, self.what, self.active = rank, step, what, False
         model.register_forward_hook(self._loss)
         dict(model.named_parameters())[param].register_hook(
-            lambda g: g * math.nan if self.active and self.what == "grad" else g)
+            lambda g: g * math.nan if self.active and self.what == "grad" else g
+        )
 
     def _loss(self, module, inputs, output):
         if self.active and self.what == "loss" and module.training:
@@ -70,13 +71,18 @@ class Record(TrainerCallback):
             for p in params:
                 digest.update(p.detach().float().contiguous().numpy().tobytes())
                 finite = finite and bool(torch.isfinite(p).all())
-        self.steps.append({
-            "step": state.global_step, "applied": engine.was_step_applied(),
-            "gradient_clipping": engine.gradient_clipping(),
-            "zero_clip_grad": getattr(engine.optimizer, "clip_grad", None),
-            "lr": engine.optimizer.param_groups[0]["lr"], "weights": digest.hexdigest(), "finite": finite,
-            "engine_skipped_steps": engine.skipped_steps,
-        })
+        self.steps.append(
+            {
+                "step": state.global_step,
+                "applied": engine.was_step_applied(),
+                "gradient_clipping": engine.gradient_clipping(),
+                "zero_clip_grad": getattr(engine.optimizer, "clip_grad", None),
+                "lr": engine.optimizer.param_groups[0]["lr"],
+                "weights": digest.hexdigest(),
+                "finite": finite,
+                "engine_skipped_steps": engine.skipped_steps,
+            }
+        )
 
 
 def main() -> None:
@@ -91,11 +97,21 @@ def main() -> None:
     p.add_argument("--resume", default=None)
     opts = p.parse_args()
     warnings.filterwarnings("ignore", category=FutureWarning)
-    args = RecipeTrainingArguments(output_dir=opts.output_dir, seed=0, max_steps=opts.steps,
-                                   per_device_train_batch_size=2, learning_rate=3e-3, logging_steps=1,
-                                   save_strategy="no", report_to="none", disable_tqdm=True,
-                                   per_rank_tensorboard=False, lr_scheduler_type="linear", warmup_steps=0,
-                                   nonfinite_policy=opts.policy)
+    args = RecipeTrainingArguments(
+        output_dir=opts.output_dir,
+        seed=0,
+        max_steps=opts.steps,
+        per_device_train_batch_size=2,
+        learning_rate=3e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        per_rank_tensorboard=False,
+        lr_scheduler_type="linear",
+        warmup_steps=0,
+        nonfinite_policy=opts.policy,
+    )
     overrides = {"hidden_size": 32, "num_hidden_layers": 2} if opts.model == "tiny-deepseek-v3" else {}
     config = template_config(opts.model, **overrides)
     model = AutoModelForCausalLM.from_config(config)
@@ -104,8 +120,12 @@ def main() -> None:
     trainer = RecipeTrainer(model=model, args=args, train_dataset=token_data(config.vocab_size), callbacks=callbacks)
     record.trainer = trainer
     trainer.train(resume_from_checkpoint=opts.resume)
-    out = {"rank": args.process_index, "steps": record.steps, "log_history": trainer.state.log_history,
-           "health_state": trainer.gradient_health.state()}
+    out = {
+        "rank": args.process_index,
+        "steps": record.steps,
+        "log_history": trainer.state.log_history,
+        "health_state": trainer.gradient_health.state(),
+    }
     target = Path(opts.output_dir) / "health"
     target.mkdir(parents=True, exist_ok=True)
     (target / f"rank{args.process_index}.json").write_text(json.dumps(out))

@@ -27,9 +27,18 @@ MICRO_BATCH = 4
 
 def main(output_dir: str, steps: int, flavour: str, model_name: str, build: str = "from_config") -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
-    common = dict(output_dir=output_dir, max_steps=steps, per_device_train_batch_size=MICRO_BATCH,
-                  learning_rate=3e-3, warmup_steps=1, logging_steps=1, save_strategy="no", report_to="none",
-                  dataloader_drop_last=True, disable_tqdm=True)
+    common = dict(
+        output_dir=output_dir,
+        max_steps=steps,
+        per_device_train_batch_size=MICRO_BATCH,
+        learning_rate=3e-3,
+        warmup_steps=1,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        dataloader_drop_last=True,
+        disable_tqdm=True,
+    )
     if flavour == "recipe":
         base, args = RecipeTrainer, RecipeTrainingArguments(**common)
     else:
@@ -52,22 +61,28 @@ def main(output_dir: str, steps: int, flavour: str, model_name: str, build: str 
     trainer = Recorder(model_init=model_init, args=args, train_dataset=data)
     trainer.train()
     params = {
-        n: {"shape": list(getattr(p, "ds_shape", p.shape)),
-            "local": p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel()}
+        n: {
+            "shape": list(getattr(p, "ds_shape", p.shape)),
+            "local": p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel(),
+        }
         for n, p in trainer.model.named_parameters()
     }
     out = Path(output_dir) / "probe"
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"rank{args.process_index}.json").write_text(json.dumps({
-        "rank": args.process_index,
-        "world_size": args.world_size,
-        "trainer_total_batch": trainer.get_total_train_batch_size(args),
-        "deepspeed_counter_batch": trainer.model_wrapped.train_batch_size(),
-        "tp_batch_note": getattr(args, "tp_batch_note", None),
-        "params": params,
-        "batches": seen,
-        "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
-    }))
+    (out / f"rank{args.process_index}.json").write_text(
+        json.dumps(
+            {
+                "rank": args.process_index,
+                "world_size": args.world_size,
+                "trainer_total_batch": trainer.get_total_train_batch_size(args),
+                "deepspeed_counter_batch": trainer.model_wrapped.train_batch_size(),
+                "tp_batch_note": getattr(args, "tp_batch_note", None),
+                "params": params,
+                "batches": seen,
+                "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

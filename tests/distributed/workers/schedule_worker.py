@@ -41,14 +41,24 @@ def main(output_dir: str, steps: int) -> None:
     # Fixed random tokens: only the schedule is under test, and this keeps the worker off the demo's data code.
     tokens = torch.randint(0, config.vocab_size, (64, 32), generator=torch.Generator().manual_seed(0))
     data = [{"input_ids": row, "labels": row} for row in tokens]
-    args = RecipeTrainingArguments(output_dir=output_dir, per_device_train_batch_size=2, learning_rate=1e-2,
-                                   max_steps=steps, warmup_steps=2, lr_scheduler_type="cosine_with_restarts",
-                                   lr_scheduler_kwargs={"num_cycles": 2, "min_lr_ratio": 0.3,
-                                                        "restart_warmup_steps": 2},
-                                   logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, seed=7)
+    args = RecipeTrainingArguments(
+        output_dir=output_dir,
+        per_device_train_batch_size=2,
+        learning_rate=1e-2,
+        max_steps=steps,
+        warmup_steps=2,
+        lr_scheduler_type="cosine_with_restarts",
+        lr_scheduler_kwargs={"num_cycles": 2, "min_lr_ratio": 0.3, "restart_warmup_steps": 2},
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=7,
+    )
     probe = EngineLearningRates()
-    trainer = RecipeTrainer(model=AutoModelForCausalLM.from_config(config), args=args, train_dataset=data,
-                            callbacks=[probe])
+    trainer = RecipeTrainer(
+        model=AutoModelForCausalLM.from_config(config), args=args, train_dataset=data, callbacks=[probe]
+    )
     probe.trainer = trainer
     trainer.train()
     engine = trainer.model_wrapped

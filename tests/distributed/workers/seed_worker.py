@@ -8,8 +8,8 @@ template shrunk, attention dropout D, default 0.1), then RecipeTrainer. `--build
 `AutoModelForCausalLM.from_config` (under ZeRO-3 inside zero.Init: rank 0 initialises, DeepSpeed broadcasts);
 `class` calls the model class (built whole on every rank). `--skew-rank R`: rank R reseeds torch with SEED + 1
 just before building the model (a rank built from a different RNG state). `--perturb-lr-rank R`: at the end of
-optimizer step S, rank R's schedule is scaled by 1.5 (the learning rate differs from step S + 1 on). Writes OUTPUT_DIR/seed/rank<N>.json: the
-logged losses, grad norms and rank_check/* values.
+optimizer step S, rank R's schedule is scaled by 1.5 (the learning rate differs from step S + 1 on). Writes
+OUTPUT_DIR/seed/rank<N>.json: the logged losses, grad norms and rank_check/* values.
 """
 
 from __future__ import annotations
@@ -58,10 +58,19 @@ def main() -> None:
     p.add_argument("--dropout", type=float, default=0.1)
     opts = p.parse_args()
     warnings.filterwarnings("ignore", category=FutureWarning)
-    args = RecipeTrainingArguments(output_dir=opts.output_dir, seed=opts.seed, max_steps=opts.steps,
-                                   per_device_train_batch_size=2, learning_rate=3e-3, logging_steps=1,
-                                   save_strategy="no", report_to="none", disable_tqdm=True,
-                                   seed_check=opts.policy, rank_check_steps=opts.rank_check_steps)
+    args = RecipeTrainingArguments(
+        output_dir=opts.output_dir,
+        seed=opts.seed,
+        max_steps=opts.steps,
+        per_device_train_batch_size=2,
+        learning_rate=3e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed_check=opts.policy,
+        rank_check_steps=opts.rank_check_steps,
+    )
     config = tiny_deepseek_config(hidden_size=32, num_hidden_layers=2, attention_dropout=opts.dropout)
     if opts.skew_rank == args.process_index:
         torch.manual_seed(opts.seed + 1)
@@ -73,9 +82,11 @@ def main() -> None:
     trainer = RecipeTrainer(model=model, args=args, train_dataset=token_data(config.vocab_size), callbacks=callbacks)
     trainer.train()
     history = trainer.state.log_history
-    out = {"losses": [e["loss"] for e in history if "loss" in e],
-           "grad_norms": [e["grad_norm"] for e in history if "grad_norm" in e],
-           "rank_check": {k: v for e in history for k, v in e.items() if k.startswith("rank_check/")}}
+    out = {
+        "losses": [e["loss"] for e in history if "loss" in e],
+        "grad_norms": [e["grad_norm"] for e in history if "grad_norm" in e],
+        "rank_check": {k: v for e in history for k, v in e.items() if k.startswith("rank_check/")},
+    }
     target = Path(opts.output_dir) / "seed"
     target.mkdir(parents=True, exist_ok=True)
     (target / f"rank{args.process_index}.json").write_text(json.dumps(out))

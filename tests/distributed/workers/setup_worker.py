@@ -32,8 +32,16 @@ def main(output_dir: str) -> None:
     config = template_config("tiny-llama")
     data = stdlib_dataset(seq_len=32, max_bytes=50_000)
     data = token_blocks(data, config.vocab_size)
-    common = dict(output_dir=output_dir, per_device_train_batch_size=2, learning_rate=1e-3, logging_steps=1,
-                  save_strategy="no", report_to="none", disable_tqdm=True, max_unpartitioned_model_size=LIMIT)
+    common = dict(
+        output_dir=output_dir,
+        per_device_train_batch_size=2,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        max_unpartitioned_model_size=LIMIT,
+    )
     out: dict = {}
 
     early = AutoModelForCausalLM.from_config(config)  # before any arguments: a full copy on this rank
@@ -51,16 +59,21 @@ def main(output_dir: str) -> None:
     planned = RecipeTrainingArguments(max_steps=2, **common)
     trainer = RecipeTrainer(model=AutoModelForCausalLM.from_config(config), args=planned, train_dataset=data)
     trainer.train()
-    out["planned"] = {"activation_checkpointing": planned.activation_checkpointing,
-                      "model_recomputes": trainer.model.is_activation_checkpointing,
-                      "warnings": trainer.plan_conformance.warnings, "bf16": planned.bf16}
+    out["planned"] = {
+        "activation_checkpointing": planned.activation_checkpointing,
+        "model_recomputes": trainer.model.is_activation_checkpointing,
+        "warnings": trainer.plan_conformance.warnings,
+        "bf16": planned.bf16,
+    }
 
     refused = RecipeTrainingArguments(max_steps=1, activation_checkpointing=False, **common)
     trainer = RecipeTrainer(model=AutoModelForCausalLM.from_config(config), args=refused, train_dataset=data)
     trainer.train()
-    out["refused"] = {"activation_checkpointing": refused.activation_checkpointing,
-                      "model_recomputes": trainer.model.is_activation_checkpointing,
-                      "warnings": trainer.plan_conformance.warnings}
+    out["refused"] = {
+        "activation_checkpointing": refused.activation_checkpointing,
+        "model_recomputes": trainer.model.is_activation_checkpointing,
+        "warnings": trainer.plan_conformance.warnings,
+    }
 
     target = Path(output_dir) / "setup"
     target.mkdir(parents=True, exist_ok=True)

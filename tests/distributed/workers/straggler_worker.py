@@ -53,11 +53,21 @@ def main() -> None:
     p.add_argument("--windows", type=int, default=2)
     opts = p.parse_args()
     warnings.filterwarnings("ignore", category=FutureWarning)
-    args = RecipeTrainingArguments(output_dir=opts.output_dir, seed=0, max_steps=opts.steps,
-                                   per_device_train_batch_size=2, learning_rate=1e-3, logging_steps=1,
-                                   save_strategy="no", report_to="none", disable_tqdm=True,
-                                   per_rank_tensorboard=False, straggler_check_steps=opts.check_steps,
-                                   straggler_threshold=opts.threshold, straggler_windows=opts.windows)
+    args = RecipeTrainingArguments(
+        output_dir=opts.output_dir,
+        seed=0,
+        max_steps=opts.steps,
+        per_device_train_batch_size=2,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        per_rank_tensorboard=False,
+        straggler_check_steps=opts.check_steps,
+        straggler_threshold=opts.threshold,
+        straggler_windows=opts.windows,
+    )
     config = template_config("tiny-deepseek-v3", hidden_size=32, num_hidden_layers=2)
     model = AutoModelForCausalLM.from_config(config)
     data = TokenBlocks(torch.randint(0, config.vocab_size, (SAMPLES, SEQ), generator=torch.Generator().manual_seed(0)))
@@ -65,8 +75,14 @@ def main() -> None:
     trainer = RecipeTrainer(model=model, args=args, train_dataset=data, callbacks=[slow])
     result = trainer.train()
     straggler = next(c for c in trainer.callback_handler.callbacks if isinstance(c, StragglerCallback))
-    out = {"rank": args.process_index, "host": socket.gethostname(), "log_history": trainer.state.log_history,
-           "events": straggler.events, "hosts": straggler.hosts, "train_runtime": result.metrics["train_runtime"]}
+    out = {
+        "rank": args.process_index,
+        "host": socket.gethostname(),
+        "log_history": trainer.state.log_history,
+        "events": straggler.events,
+        "hosts": straggler.hosts,
+        "train_runtime": result.metrics["train_runtime"],
+    }
     target = Path(opts.output_dir) / "stragglers"
     target.mkdir(parents=True, exist_ok=True)
     (target / f"rank{args.process_index}.json").write_text(json.dumps(out))
