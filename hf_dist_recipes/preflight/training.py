@@ -57,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import logging
 import math
 import os
 import warnings
@@ -70,6 +71,8 @@ from transformers import TrainerCallback
 from hf_dist_recipes import _compat
 from hf_dist_recipes.parallel.batch import tensor_parallel_size
 from hf_dist_recipes.preflight.result import ERROR, OK, WARNING, CheckResult
+
+logger = logging.getLogger(__name__)
 
 TRAINING, FAILURE_PATHS = "training", "failure_paths"
 DEFAULT_STEPS = 20
@@ -241,6 +244,7 @@ def _run(model_config, output_dir: Path, *, steps: int, seed: int | None, loggin
             "expected": _expected_settings(trainer, ds),
         }
     except Exception as err:  # noqa: BLE001 - a run that fails is the finding; the next run still goes
+        logger.exception("preflight run in %s failed", output_dir)  # the traceback, for the launch log
         return {"error": f"{type(err).__name__}: {err}"}
     finally:
         if trainer is not None:
@@ -365,8 +369,8 @@ def _failed(name: str, what: str, ranks: list[dict], fix: str) -> CheckResult | 
 
 
 def training_results(ranks: list[dict], steps: int) -> list[CheckResult]:
-    failed = _failed(TRAINING, "training", ranks, "fix the error above (the same launch trains the real job); "
-                     "rerun with --steps to see whether it depends on the run's length")
+    failed = _failed(TRAINING, "training", ranks, "the real job would fail the same way under this launch config: "
+                     "fix what the error names (the launch log has the traceback)")
     if failed:
         return [failed]
     return [loss_result(ranks[0], steps), clip_result(ranks), schedule_result(ranks), agreement_result(ranks)]

@@ -1,8 +1,9 @@
 """Preflight checks 5 (training) and 6 (failure paths) on real CPU ranks under `accelerate launch`
 (hf_dist_recipes.preflight.training through tests/distributed/workers/preflight_training_worker.py):
-ZeRO-3 on 2 ranks passes every row with the numbers checked against independent references; two machines given
-different seeds get a finding naming the odd rank; the shipped ZeRO-3 + TP 2 + EP 2 config passes on 4 ranks.
-Each launch writes every rank's results; the ranks must return the same list."""
+ZeRO-3 on 2 ranks passes every row with the numbers checked against independent references (about 12 s a launch);
+a user JSON clipping at 0.5 with a DeepSpeed `scheduler` section is seen as such; two machines given different seeds
+get a finding naming the odd rank; the shipped ZeRO-3 + TP 2 + EP 2 config passes on 4 ranks (about 26 s). Each
+launch writes every rank's results; the ranks must return the same list."""
 
 from __future__ import annotations
 
@@ -38,13 +39,13 @@ def _rows(rank: dict) -> dict[str, dict]:
     return {f"{r['name']}/{r['detail'].split(':')[0]}": r for r in rank["results"]}
 
 
-def _recipe_learning_rates(steps: int) -> list[float]:
+def _recipe_learning_rates(steps: int, warmup: int = 1) -> list[float]:
     """The learning rate each step applies under the recipe's defaults (warm-up 5% of 20 steps = 1 step, 3 hard
     restarts, floor 0), from transformers' own schedule: step s applies the rate set after s - 1 scheduler steps."""
     from transformers import get_cosine_with_hard_restarts_schedule_with_warmup
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=PEAK_LR)
-    schedule = get_cosine_with_hard_restarts_schedule_with_warmup(optimizer, 1, steps, num_cycles=3)
+    schedule = get_cosine_with_hard_restarts_schedule_with_warmup(optimizer, warmup, steps, num_cycles=3)
     out = []
     for _ in range(steps):
         out.append(optimizer.param_groups[0]["lr"])
@@ -126,6 +127,25 @@ def test_tensorboard_runs_are_left_for_the_logs_check(zero3):
     for rank in (0, 1):
         assert list((out / "tensorboard" / f"rank{rank}").glob("events.out.tfevents.*"))
         assert rank_log_dir(out / "tensorboard", rank) == str(out / "tensorboard" / f"rank{rank}")
+
+
+def test_a_deepspeed_scheduler_section_and_another_clip_value_are_seen(tmp_path):
+    """The user's JSON clips at 0.5 and has a `scheduler` section (DeepSpeed's WarmupLR), which replaces the recipe's
+    schedule: clipping is reported at 0.5, read from the engine; the schedule row is an error naming the section."""
+    ds = json.loads((REPO / "accelerate_configs" / "deepspeed" / "cpu_zero3_2proc.json").read_text())
+    ds["gradient_clipping"] = 0.5
+    ds["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                      "warmup_num_steps": "auto"}}
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    config = conftest.write_cpu_deepspeed_yaml(tmp_path / "user.yaml", tmp_path / "ds.json")
+    check_launch(accelerate_launch(config, [WORKER, str(tmp_path / "out"), "--steps", "8"]))
+    rows = _rows(_ranks(tmp_path / "out", 2)[0])
+    clip = rows["training/clipping"]
+    assert clip["status"] == "ok" and clip["data"]["applied"] == {"0": [0.5], "1": [0.5]}
+    schedule = rows["training/schedule"]
+    assert schedule["status"] == "error" and "scheduler` section" in schedule["fix"]
+    assert schedule["data"]["learning_rates"] != pytest.approx(_recipe_learning_rates(8, warmup=1))
+    assert rows["training/loss"]["status"] == rows["failure_paths/resume"]["status"] == "ok"
 
 
 def test_machines_given_different_seeds_are_named(tmp_path):
