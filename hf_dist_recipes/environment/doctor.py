@@ -36,7 +36,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from hf_dist_recipes import cuda_host
-from hf_dist_recipes.environment.probe import EnvironmentFacts
+from hf_dist_recipes.environment.probe import RULE_FACT_KEYS, EnvironmentFacts
+from hf_dist_recipes.environment.rules import VERSION_FACTS
 
 STATUSES = ("ok", "warning", "error")
 SHM_MIN_BYTES = 512 * 1024**2  # deepspeed/env_report.py get_shm_size: below this ds_report warns
@@ -594,50 +595,10 @@ REPORT_SCHEMA: dict = {
                 "env": {"type": "object", "additionalProperties": _STR},
                 "rule_facts": {
                     "type": "object",
-                    "required": [
-                        "python",
-                        "torch",
-                        "cuda",
-                        "nccl",
-                        "nccl_compiled",
-                        "deepspeed",
-                        "transformers",
-                        "accelerate",
-                        "datasets",
-                        "driver",
-                        "driver_cuda",
-                        "nvcc_cuda",
-                        "arch",
-                        "gpu_count",
-                        "gpu_names",
-                        "compute_capabilities",
-                        "nvlink",
-                        "peer_access",
-                        "ib_active",
-                        "nic_names",
-                        "shm_bytes",
-                        "in_container",
-                        "env",
-                    ],
+                    "required": list(RULE_FACT_KEYS),
                     "additionalProperties": False,
                     "properties": {
-                        **{
-                            k: _NULLABLE_STR
-                            for k in (
-                                "python",
-                                "torch",
-                                "cuda",
-                                "nccl",
-                                "nccl_compiled",
-                                "deepspeed",
-                                "transformers",
-                                "accelerate",
-                                "datasets",
-                                "driver",
-                                "driver_cuda",
-                                "nvcc_cuda",
-                            )
-                        },
+                        **{k: _NULLABLE_STR for k in VERSION_FACTS},
                         "arch": _STR,
                         "nic_names": {"type": "array", "items": _STR},
                         "gpu_count": {"type": "integer", "minimum": 0},
