@@ -75,6 +75,29 @@ GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 needs_two_gpus = pytest.mark.skipif(GPUS < 2, reason=f"NCCL variant: needs >= 2 CUDA GPUs, this host has {GPUS}")
 
 
+def two_machine_config(out_dir: Path, name: str = "two") -> tuple[Path, int]:
+    """A generated 2-machine CPU config (one process per machine, ZeRO-3, `--auto`) on 127.0.0.1 with a free port:
+    two `accelerate launch` processes with machine_rank 0 and 1 then act as two machines. Returns (YAML, port)."""
+    from hf_dist_recipes.cli.main import main
+
+    port = free_port()
+    argv = ["config", "generate", "--cpu", "--nodes", "2", "--gpus-per-node", "1", "--auto", "--name", name]
+    argv += ["--main-process-ip", "127.0.0.1", "--main-process-port", str(port), "--output", str(out_dir)]
+    assert main(argv) == 0
+    return out_dir / f"{name}.yaml", port
+
+
+def launch_machine(
+    config: Path, machine_rank: int, script_and_args: list[str], *, cwd: Path, **popen
+) -> subprocess.Popen:
+    """Start machine `machine_rank` of a multi-machine `config` (`accelerate launch --machine_rank N ...`) as a CPU
+    run on any host (`cpu_only_env`), output merged into one text pipe; `popen` adds Popen arguments."""
+    env = cpu_only_env(dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
+    cmd += ["--machine_rank", str(machine_rank), *script_and_args]
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+
+
 def check_launch(proc: subprocess.CompletedProcess) -> None:
     """Fail with the ranks' last output when a launch did not succeed."""
     if proc.returncode != 0:

@@ -14,14 +14,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 
 import pytest
-from conftest import REPO, cpu_only_env, free_port
+from conftest import REPO, launch_machine, two_machine_config
 
-from hf_dist_recipes.cli.main import main
 from hf_dist_recipes.watchdog import LOST_PEER_EXIT_CODE, heartbeat_interval
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -55,58 +53,11 @@ class Output(threading.Thread):
 
 
 def _run_two_machines(tmp_path, mode: str, step_timeout: float):
-    port = free_port()
-    assert (
-        main(
-            [
-                "config",
-                "generate",
-                "--cpu",
-                "--nodes",
-                "2",
-                "--gpus-per-node",
-                "1",
-                "--auto",
-                "--name",
-                "two",
-                "--main-process-ip",
-                "127.0.0.1",
-                "--main-process-port",
-                str(port),
-                "--output",
-                str(tmp_path),
-            ]
-        )
-        == 0
-    )
-    # The generated --cpu config, as a CPU run on any host (conftest.cpu_only_env).
-    env = cpu_only_env(dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "accelerate.commands.launch",
-                "--config_file",
-                str(tmp_path / "two.yaml"),
-                "--machine_rank",
-                str(rank),
-                WORKER,
-                str(tmp_path / "out"),
-                mode,
-                str(DIE_AT),
-                f"peer_timeout={PEER_TIMEOUT}",
-                f"step_timeout={step_timeout}",
-            ],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )  # a process group each, so a stopped rank can be cleaned up
-        for rank in (0, 1)
-    ]
+    config, _ = two_machine_config(tmp_path)
+    args = [WORKER, str(tmp_path / "out"), mode, str(DIE_AT), f"peer_timeout={PEER_TIMEOUT}"]
+    args.append(f"step_timeout={step_timeout}")
+    # A process group each (start_new_session), so a stopped rank can be cleaned up.
+    procs = [launch_machine(config, rank, args, cwd=tmp_path, start_new_session=True) for rank in (0, 1)]
     outputs = [Output(p) for p in procs]
     for o in outputs:
         o.start()

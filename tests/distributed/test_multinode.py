@@ -2,14 +2,9 @@
 CPU config on 127.0.0.1 train together (one rank each, DeepSpeed ZeRO-3, Gloo)."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-from conftest import LAUNCH_TIMEOUT_S, REPO, cpu_only_env, free_port
-
-from hf_dist_recipes.cli.main import main
+from conftest import LAUNCH_TIMEOUT_S, REPO, launch_machine, two_machine_config
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -17,60 +12,12 @@ WORKER = str(REPO / "tests" / "distributed" / "workers" / "probe_worker.py")
 
 
 def test_two_machines_train_together(tmp_path):
-    port = free_port()
-    assert (
-        main(
-            [
-                "config",
-                "generate",
-                "--cpu",
-                "--nodes",
-                "2",
-                "--gpus-per-node",
-                "1",
-                "--auto",
-                "--name",
-                "two",
-                "--main-process-ip",
-                "127.0.0.1",
-                "--main-process-port",
-                str(port),
-                "--output",
-                str(tmp_path),
-            ]
-        )
-        == 0
-    )
-    config = tmp_path / "two.yaml"
+    config, port = two_machine_config(tmp_path)
     text = config.read_text()
     assert "num_machines: 2" in text and f"main_process_port: {port}" in text and "main_process_ip: 127.0.0.1" in text
     out = tmp_path / "run"
-    # The generated --cpu config, as a CPU run on any host (conftest.cpu_only_env).
-    env = cpu_only_env(dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "accelerate.commands.launch",
-                "--config_file",
-                str(config),
-                "--machine_rank",
-                str(rank),
-                WORKER,
-                str(out),
-                "4",
-                "recipe",
-                "tiny-deepseek-v3",
-            ],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
+    args = [WORKER, str(out), "4", "recipe", "tiny-deepseek-v3"]
+    procs = [launch_machine(config, rank, args, cwd=tmp_path) for rank in (0, 1)]
     try:
         outputs = [p.communicate(timeout=LAUNCH_TIMEOUT_S)[0] for p in procs]
     finally:
