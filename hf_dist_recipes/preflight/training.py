@@ -562,10 +562,10 @@ def resume_result(main: list[dict], resumed: list[dict], save_at: int) -> CheckR
     if problems:
         shown = "; ".join(f"rank {i}: {', '.join(v)}" for i, v in problems.items())
         return CheckResult(FAILURE_PATHS, ERROR, f"resume: the run resumed from step {save_at} does not reproduce "
-                           f"step {step}: {shown}", "the checkpoint does not hold the whole state (weights, "
-                           "optimizer, scheduler, data position, RNG): resume with RecipeTrainer.train("
-                           "resume_from_checkpoint=...) and keep the DeepSpeed config of the saving run",
-                           tuple(problems), data)
+                           f"step {step}: {shown}", "under this launch config a restarted job would not continue "
+                           "where it stopped: the checkpoint does not restore the whole state (weights, optimizer, "
+                           "scheduler, data position, RNG); look in the launch log for missing or unexpected keys "
+                           "when the checkpoint was loaded", tuple(problems), data)
     diff = max(abs(v["loss"] - v["uninterrupted_loss"]) for v in per_rank.values())
     data["max_loss_difference"] = diff
     return CheckResult(FAILURE_PATHS, OK, f"resume: saved at step {save_at}, resumed, step {step} reproduced on every "
