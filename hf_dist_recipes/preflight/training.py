@@ -87,9 +87,16 @@ MAX_PARAMS = 50_000_000  # the runs build the model whole on every rank, on what
 Progress = Callable[[str], None]
 
 
-def run_training_checks(model_config, *, steps: int = DEFAULT_STEPS, output_dir: str | os.PathLike,
-                        seed: int | None = None, on_progress: Progress | None = None,
-                        peer_timeout: float | None = None, step_timeout: float | None = None) -> list[CheckResult]:
+def run_training_checks(
+    model_config,
+    *,
+    steps: int = DEFAULT_STEPS,
+    output_dir: str | os.PathLike,
+    seed: int | None = None,
+    on_progress: Progress | None = None,
+    peer_timeout: float | None = None,
+    step_timeout: float | None = None,
+) -> list[CheckResult]:
     """Checks 5 and 6 on every rank of the running launch; the same list of results on every rank.
 
     `model_config`: a transformers config of a small causal LM (the preflight's tiny model of the user's family);
@@ -104,8 +111,10 @@ def run_training_checks(model_config, *, steps: int = DEFAULT_STEPS, output_dir:
         raise ValueError(f"steps must be a whole number >= {MIN_STEPS}, got {steps!r}; e.g. --steps {DEFAULT_STEPS}")
     params = _count_params(model_config)
     if params > MAX_PARAMS:
-        raise ValueError(f"the training checks build the model whole on every rank; {params:,} parameters is more "
-                         f"than {MAX_PARAMS:,}: give a tiny config of the same family (the preflight's default)")
+        raise ValueError(
+            f"the training checks build the model whole on every rank; {params:,} parameters is more "
+            f"than {MAX_PARAMS:,}: give a tiny config of the same family (the preflight's default)"
+        )
     say = on_progress or (lambda line: None)
     root = Path(output_dir)
     _check_unused(root)
@@ -114,20 +123,38 @@ def run_training_checks(model_config, *, steps: int = DEFAULT_STEPS, output_dir:
     warnings.filterwarnings("ignore", message=r".*is deprecated. Please use `torch.distributed", category=FutureWarning)
 
     say(f"training: {steps} steps with the launch's plan")
-    main = _gather(_run(model_config, root / "training", steps=steps, seed=seed, logging_dir=root / "tensorboard",
-                        save_at=save_at, timeouts=timeouts))
+    main = _gather(
+        _run(
+            model_config,
+            root / "training",
+            steps=steps,
+            seed=seed,
+            logging_dir=root / "tensorboard",
+            save_at=save_at,
+            timeouts=timeouts,
+        )
+    )
     results = training_results(main, steps)
     nan_step = save_at + 2
-    say(f"failure paths: resume from the checkpoint at step {save_at}, then a NaN on the last rank at step "
-        f"{nan_step}")
+    say(f"failure paths: resume from the checkpoint at step {save_at}, then a NaN on the last rank at step {nan_step}")
     if any(r.get("error") for r in main):  # decided from gathered data: every rank skips it alike
         resumed = [{"error": "not run: the training run, which writes the checkpoint, failed"}] * len(main)
     else:
         # One run for both failure paths: the resumed run's step save_at + 1 is compared with the uninterrupted
         # run's, then its step save_at + 2 gets the NaN (one engine build fewer: about 6 s on 2 CPU ranks).
-        resumed = _gather(_run(model_config, root / "failure_paths", steps=steps, seed=seed,
-                               resume=root / "training" / f"checkpoint-{save_at}", nan_step=nan_step,
-                               stop_after=nan_step + 1, digests=True, timeouts=timeouts))
+        resumed = _gather(
+            _run(
+                model_config,
+                root / "failure_paths",
+                steps=steps,
+                seed=seed,
+                resume=root / "training" / f"checkpoint-{save_at}",
+                nan_step=nan_step,
+                stop_after=nan_step + 1,
+                digests=True,
+                timeouts=timeouts,
+            )
+        )
     results.append(resume_result(main, resumed, save_at))
     results.append(nan_result(resumed, nan_step))
     return results
@@ -140,12 +167,15 @@ def _check_unused(root: Path) -> None:
     """ValueError on every rank when any rank finds the runs' folders already written (a run would refuse to mix
     its TensorBoard curves into an earlier launch's, or resume from another run's checkpoint). Decided from
     gathered data: on nodes with their own disks the ranks may see different files."""
-    found = sorted(str(root / name) for name in OUTPUT_FOLDERS
-                   if (root / name).is_dir() and any((root / name).iterdir()))
+    found = sorted(
+        str(root / name) for name in OUTPUT_FOLDERS if (root / name).is_dir() and any((root / name).iterdir())
+    )
     everywhere = sorted({path for paths in _gather(found) for path in paths})
     if everywhere:
-        raise ValueError(f"{', '.join(everywhere)} already written by an earlier run; give the preflight a new "
-                         "--output-dir (it never deletes anything)")
+        raise ValueError(
+            f"{', '.join(everywhere)} already written by an earlier run; give the preflight a new "
+            "--output-dir (it never deletes anything)"
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -193,15 +223,31 @@ class _NanLoss:
 
     def _hook(self, module, inputs, output):
         trainer = self.trainer
-        if (trainer is not None and module.training and trainer.args.process_index == self.rank
-                and trainer.state.global_step + 1 == self.step and getattr(output, "loss", None) is not None):
+        if (
+            trainer is not None
+            and module.training
+            and trainer.args.process_index == self.rank
+            and trainer.state.global_step + 1 == self.step
+            and getattr(output, "loss", None) is not None
+        ):
             output.loss = output.loss * math.nan
         return output
 
 
-def _run(model_config, output_dir: Path, *, steps: int, seed: int | None, logging_dir: Path | None = None,
-         save_at: int | None = None, nan_step: int | None = None, digests: bool = False,
-         resume: Path | None = None, stop_after: int | None = None, timeouts: dict | None = None) -> dict:
+def _run(
+    model_config,
+    output_dir: Path,
+    *,
+    steps: int,
+    seed: int | None,
+    logging_dir: Path | None = None,
+    save_at: int | None = None,
+    nan_step: int | None = None,
+    digests: bool = False,
+    resume: Path | None = None,
+    stop_after: int | None = None,
+    timeouts: dict | None = None,
+) -> dict:
     """One RecipeTrainer run; this rank's measurements, or {"error": ...} when it raised."""
     from hf_dist_recipes.arguments import RecipeTrainingArguments
     from hf_dist_recipes.trainer import RecipeTrainer
@@ -233,13 +279,18 @@ def _run(model_config, output_dir: Path, *, steps: int, seed: int | None, loggin
         history = trainer.state.log_history
         health = trainer.gradient_health
         return {
-            "rank": args.process_index, "world_size": args.world_size, "steps": record.steps,
+            "rank": args.process_index,
+            "world_size": args.world_size,
+            "steps": record.steps,
             "loss": {e["step"]: e["loss"] for e in history if "loss" in e},
             "grad_norm": {e["step"]: e["grad_norm"] for e in history if "grad_norm" in e},
             "events": {e["step"]: e["nonfinite_event"] for e in history if "nonfinite_event" in e},
-            "batches": batches, "skipped_steps": health.skipped_steps, "skipped_at": health.skipped_at,
-            "mismatches": [(step, m.what, list(m.ranks), m.message(step), m.fix)
-                           for step, m in trainer.rank_agreement.mismatches],
+            "batches": batches,
+            "skipped_steps": health.skipped_steps,
+            "skipped_at": health.skipped_at,
+            "mismatches": [
+                (step, m.what, list(m.ranks), m.message(step), m.fix) for step, m in trainer.rank_agreement.mismatches
+            ],
             "rank_check": dict(trainer.rank_agreement.begin_report),
             "expected": _expected_settings(trainer, ds),
         }
@@ -257,15 +308,26 @@ def _run(model_config, output_dir: Path, *, steps: int, seed: int | None, loggin
 def _argument_values(ds: dict, output_dir: Path, steps: int, seed: int | None, logging_dir: Path | None) -> dict:
     """The arguments of a preflight run: the recipe's defaults, the preflight's short-run values, and the DeepSpeed
     JSON's numbers where it fixes them (transformers refuses arguments that contradict them)."""
-    values = dict(output_dir=str(output_dir), max_steps=steps, per_device_train_batch_size=MICRO_BATCH,
-                  learning_rate=LEARNING_RATE, logging_steps=1, save_strategy="no", report_to="none",
-                  dataloader_drop_last=True, disable_tqdm=True, seed_check="warn", rank_check_steps=1)
+    values = dict(
+        output_dir=str(output_dir),
+        max_steps=steps,
+        per_device_train_batch_size=MICRO_BATCH,
+        learning_rate=LEARNING_RATE,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        dataloader_drop_last=True,
+        disable_tqdm=True,
+        seed_check="warn",
+        rank_check_steps=1,
+    )
     if seed is not None:
         values["seed"] = seed
     if logging_dir is not None:
         values["logging_dir"] = str(logging_dir)
-    micro, accum, clip = (ds.get(k) for k in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-                                              "gradient_clipping"))
+    micro, accum, clip = (
+        ds.get(k) for k in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping")
+    )
     lr = ((ds.get("optimizer") or {}).get("params") or {}).get("lr")
     if _number(micro):
         values["per_device_train_batch_size"] = int(micro)
@@ -296,8 +358,10 @@ def _build_model(config):
     from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
 
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
-        raise ValueError(f"transformers has no causal LM for model_type {config.model_type!r}; give --model a "
-                         "config of a causal LM family (e.g. a template: tiny-llama, tiny-deepseek-v3)")
+        raise ValueError(
+            f"transformers has no causal LM for model_type {config.model_type!r}; give --model a "
+            "config of a causal LM family (e.g. a template: tiny-llama, tiny-deepseek-v3)"
+        )
     return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config)
 
 
@@ -336,11 +400,15 @@ def _expected_settings(trainer, ds: dict) -> dict:
     args = trainer.args
     kwargs = dict(args.lr_scheduler_kwargs or {})
     return {
-        "clip": float(args.max_grad_norm), "peak_lr": float(args.learning_rate),
+        "clip": float(args.max_grad_norm),
+        "peak_lr": float(args.learning_rate),
         "scheduler_type": getattr(args.lr_scheduler_type, "value", str(args.lr_scheduler_type)),
-        "warmup_steps": args.get_warmup_steps(args.max_steps), "total_steps": args.max_steps,
-        "num_cycles": kwargs.get("num_cycles"), "min_lr_ratio": args.min_lr_ratio,
-        "restart_warmup_steps": args.restart_warmup_steps, "ds_scheduler": "scheduler" in ds,
+        "warmup_steps": args.get_warmup_steps(args.max_steps),
+        "total_steps": args.max_steps,
+        "num_cycles": kwargs.get("num_cycles"),
+        "min_lr_ratio": args.min_lr_ratio,
+        "restart_warmup_steps": args.restart_warmup_steps,
+        "ds_scheduler": "scheduler" in ds,
         "tp_size": tensor_parallel_size(ds),
         "deepspeed": trainer.is_deepspeed_enabled,
     }
@@ -364,13 +432,24 @@ def _failed(name: str, what: str, ranks: list[dict], fix: str) -> CheckResult | 
     if not bad:
         return None
     first = ranks[bad[0]]["error"]
-    return CheckResult(name, ERROR, f"{what}: the run failed on rank(s) {', '.join(map(str, bad))}: {first}",
-                       fix, tuple(bad), {"errors": {str(i): ranks[i]["error"] for i in bad}})
+    return CheckResult(
+        name,
+        ERROR,
+        f"{what}: the run failed on rank(s) {', '.join(map(str, bad))}: {first}",
+        fix,
+        tuple(bad),
+        {"errors": {str(i): ranks[i]["error"] for i in bad}},
+    )
 
 
 def training_results(ranks: list[dict], steps: int) -> list[CheckResult]:
-    failed = _failed(TRAINING, "training", ranks, "the real job would fail the same way under this launch config: "
-                     "fix what the error names (the launch log has the traceback)")
+    failed = _failed(
+        TRAINING,
+        "training",
+        ranks,
+        "the real job would fail the same way under this launch config: "
+        "fix what the error names (the launch log has the traceback)",
+    )
     if failed:
         return [failed]
     return [loss_result(ranks[0], steps), clip_result(ranks), schedule_result(ranks), agreement_result(ranks)]
@@ -387,20 +466,31 @@ def loss_result(rank0: dict, steps: int) -> CheckResult:
     data = {"losses": losses, "steps": steps}
     if len(losses) < 4 or not all(math.isfinite(x) for x in losses):
         bad = [s for s in sorted(rank0["loss"]) if not math.isfinite(rank0["loss"][s])]
-        return CheckResult(TRAINING, ERROR, f"loss: {len(losses)} losses logged over {steps} steps; non-finite at "
-                           f"step(s) {bad}", "a loss that is NaN or Inf from the start points at precision or "
-                           "the model config: try bf16=False, a smaller learning rate, or the shipped CPU config",
-                           data=data)
+        return CheckResult(
+            TRAINING,
+            ERROR,
+            f"loss: {len(losses)} losses logged over {steps} steps; non-finite at step(s) {bad}",
+            "a loss that is NaN or Inf from the start points at precision or "
+            "the model config: try bf16=False, a smaller learning rate, or the shipped CPU config",
+            data=data,
+        )
     first, last = quarter_means(losses)
     data.update(first_quarter=first, last_quarter=last, drop=first - last, relative_drop=(first - last) / first)
-    detail = (f"loss: mean of the last quarter {last:.4f} < first quarter {first:.4f} "
-              f"({100 * (first - last) / first:.1f}% lower over {steps} steps)")
+    detail = (
+        f"loss: mean of the last quarter {last:.4f} < first quarter {first:.4f} "
+        f"({100 * (first - last) / first:.1f}% lower over {steps} steps)"
+    )
     if last < first:
         return CheckResult(TRAINING, OK, detail, data=data)
-    return CheckResult(TRAINING, ERROR, detail.replace(" < ", " is not below "),
-                       "the model does not learn under this plan: compare with the shipped CPU config "
-                       "(accelerate_configs/cpu_zero3_2proc.yaml); check the learning rate and the optimizer in "
-                       "the DeepSpeed JSON", data=data)
+    return CheckResult(
+        TRAINING,
+        ERROR,
+        detail.replace(" < ", " is not below "),
+        "the model does not learn under this plan: compare with the shipped CPU config "
+        "(accelerate_configs/cpu_zero3_2proc.yaml); check the learning rate and the optimizer in "
+        "the DeepSpeed JSON",
+        data=data,
+    )
 
 
 def clip_result(ranks: list[dict]) -> CheckResult:
@@ -413,19 +503,39 @@ def clip_result(ranks: list[dict]) -> CheckResult:
         seen[i] = sorted(values)
     norms = [n for n in ranks[0]["grad_norm"].values() if math.isfinite(n)]
     engaged = sum(n > expected for n in norms) if expected > 0 else 0
-    data = {"expected": expected, "applied": {str(i): v for i, v in seen.items()}, "pre_clip_norms": norms,
-            "steps_above_clip": engaged, "source": "engine" if ranks[0]["expected"]["deepspeed"] else "Trainer"}
+    data = {
+        "expected": expected,
+        "applied": {str(i): v for i, v in seen.items()},
+        "pre_clip_norms": norms,
+        "steps_above_clip": engaged,
+        "source": "engine" if ranks[0]["expected"]["deepspeed"] else "Trainer",
+    }
     if expected <= 0:
-        return CheckResult(TRAINING, ERROR, "clipping: off (gradient_clipping 0)",
-                           "set gradient_clipping to 1.0 (or \"auto\") in the DeepSpeed JSON", data=data)
+        return CheckResult(
+            TRAINING,
+            ERROR,
+            "clipping: off (gradient_clipping 0)",
+            'set gradient_clipping to 1.0 (or "auto") in the DeepSpeed JSON',
+            data=data,
+        )
     odd = tuple(i for i, v in seen.items() if v != [expected])
     if odd:
         shown = "; ".join(f"rank {i}: {seen[i]}" for i in odd)
-        return CheckResult(TRAINING, ERROR, f"clipping: the engine applies another value than {expected:g} ({shown})",
-                           "set gradient_clipping to \"auto\" in the DeepSpeed JSON so the engine uses max_grad_norm",
-                           odd, data)
-    return CheckResult(TRAINING, OK, f"clipping: the {data['source']} clips at {expected:g} on every rank; pre-clip "
-                       f"norm above it at {engaged} of {len(norms)} steps", data=data)
+        return CheckResult(
+            TRAINING,
+            ERROR,
+            f"clipping: the engine applies another value than {expected:g} ({shown})",
+            'set gradient_clipping to "auto" in the DeepSpeed JSON so the engine uses max_grad_norm',
+            odd,
+            data,
+        )
+    return CheckResult(
+        TRAINING,
+        OK,
+        f"clipping: the {data['source']} clips at {expected:g} on every rank; pre-clip "
+        f"norm above it at {engaged} of {len(norms)} steps",
+        data=data,
+    )
 
 
 def expected_learning_rates(expected: dict, applied: list[bool]) -> list[float]:
@@ -433,9 +543,13 @@ def expected_learning_rates(expected: dict, applied: list[bool]) -> list[float]:
     the multiplier of the number of steps applied before it (the engine does not advance a skipped step)."""
     from hf_dist_recipes.schedules import WarmupCosineRestarts
 
-    schedule = WarmupCosineRestarts(warmup_steps=expected["warmup_steps"], total_steps=expected["total_steps"],
-                                    num_cycles=expected["num_cycles"], min_lr_ratio=expected["min_lr_ratio"],
-                                    restart_warmup_steps=expected["restart_warmup_steps"])
+    schedule = WarmupCosineRestarts(
+        warmup_steps=expected["warmup_steps"],
+        total_steps=expected["total_steps"],
+        num_cycles=expected["num_cycles"],
+        min_lr_ratio=expected["min_lr_ratio"],
+        restart_warmup_steps=expected["restart_warmup_steps"],
+    )
     out, done = [], 0
     for ok in applied:
         out.append(expected["peak_lr"] * schedule.multiplier(done))
@@ -448,38 +562,70 @@ def schedule_result(ranks: list[dict]) -> CheckResult:
     steps = sorted(ranks[0]["steps"])
     seen = [ranks[0]["steps"][s]["lr"] for s in steps]
     want = expected_learning_rates(expected, [ranks[0]["steps"][s].get("applied", True) for s in steps])
-    data = {"learning_rates": seen, "expected": want, "warmup_steps": expected["warmup_steps"],
-            "num_cycles": expected["num_cycles"], "min_lr_ratio": expected["min_lr_ratio"]}
-    bad = [s for s, got, exp in zip(steps, seen, want) if not math.isclose(got, exp, rel_tol=SCHEDULE_RTOL,
-                                                                            abs_tol=1e-12)]
+    data = {
+        "learning_rates": seen,
+        "expected": want,
+        "warmup_steps": expected["warmup_steps"],
+        "num_cycles": expected["num_cycles"],
+        "min_lr_ratio": expected["min_lr_ratio"],
+    }
+    bad = [
+        s
+        for s, got, exp in zip(steps, seen, want, strict=True)
+        if not math.isclose(got, exp, rel_tol=SCHEDULE_RTOL, abs_tol=1e-12)
+    ]
     data["mismatched_steps"] = bad
     if expected["scheduler_type"] != "cosine_with_restarts" and not bad:
-        return CheckResult(TRAINING, WARNING, f"schedule: {expected['scheduler_type']}, not the recipe's",
-                           "use lr_scheduler_type='cosine_with_restarts' (the default)", data=data)
+        return CheckResult(
+            TRAINING,
+            WARNING,
+            f"schedule: {expected['scheduler_type']}, not the recipe's",
+            "use lr_scheduler_type='cosine_with_restarts' (the default)",
+            data=data,
+        )
     if bad:
         s = bad[0]
-        fix = ("remove the `scheduler` section from the DeepSpeed JSON: it replaces the recipe's schedule"
-               if expected["ds_scheduler"] else
-               "the engine does not follow RecipeTrainer.create_scheduler: check the DeepSpeed JSON and the versions "
-               "(hf-dist-recipes doctor)")
-        return CheckResult(TRAINING, ERROR, f"schedule: step {s} applied lr {seen[steps.index(s)]:.6g}, the recipe's "
-                           f"warm-up + cosine with restarts gives {want[steps.index(s)]:.6g} ({len(bad)} of "
-                           f"{len(steps)} steps differ)", fix, data=data)
-    return CheckResult(TRAINING, OK, f"schedule: the {len(steps)} learning rates applied follow the recipe's warm-up "
-                       f"({expected['warmup_steps']} step(s)) + cosine with {expected['num_cycles']} cycle(s), "
-                       f"peak {expected['peak_lr']:g}", data=data)
+        fix = (
+            "remove the `scheduler` section from the DeepSpeed JSON: it replaces the recipe's schedule"
+            if expected["ds_scheduler"]
+            else "the engine does not follow RecipeTrainer.create_scheduler: check the DeepSpeed JSON and the versions "
+            "(hf-dist-recipes doctor)"
+        )
+        return CheckResult(
+            TRAINING,
+            ERROR,
+            f"schedule: step {s} applied lr {seen[steps.index(s)]:.6g}, the recipe's "
+            f"warm-up + cosine with restarts gives {want[steps.index(s)]:.6g} ({len(bad)} of "
+            f"{len(steps)} steps differ)",
+            fix,
+            data=data,
+        )
+    return CheckResult(
+        TRAINING,
+        OK,
+        f"schedule: the {len(steps)} learning rates applied follow the recipe's warm-up "
+        f"({expected['warmup_steps']} step(s)) + cosine with {expected['num_cycles']} cycle(s), "
+        f"peak {expected['peak_lr']:g}",
+        data=data,
+    )
 
 
 def agreement_result(ranks: list[dict]) -> CheckResult:
     mismatches = ranks[0]["mismatches"]  # decided from gathered data: the same on every rank
-    data = {"rank_check": ranks[0]["rank_check"],
-            "mismatches": [{"step": s, "what": w, "ranks": r, "message": m} for s, w, r, m, _ in mismatches]}
+    data = {
+        "rank_check": ranks[0]["rank_check"],
+        "mismatches": [{"step": s, "what": w, "ranks": r, "message": m} for s, w, r, m, _ in mismatches],
+    }
     if not mismatches:
         weights = ranks[0]["rank_check"].get("rank_check/weights_ok")
         how = "weights as built" if weights == 1.0 else "weights (broadcast at build)"
-        return CheckResult(TRAINING, OK, f"agreement: seeds, data order, {how}, and at every step the step and "
-                           "learning rate (and loss, batch, dropout inside TP groups) agree across the ranks",
-                           data=data)
+        return CheckResult(
+            TRAINING,
+            OK,
+            f"agreement: seeds, data order, {how}, and at every step the step and "
+            "learning rate (and loss, batch, dropout inside TP groups) agree across the ranks",
+            data=data,
+        )
     odd = tuple(sorted({r for _, _, rs, _, _ in mismatches for r in rs}))
     first = mismatches[0]
     fixes = list(dict.fromkeys(f for *_, f in mismatches))
@@ -488,8 +634,13 @@ def agreement_result(ranks: list[dict]) -> CheckResult:
 
 
 def nan_result(ranks: list[dict], step: int) -> CheckResult:
-    failed = _failed(FAILURE_PATHS, "nan", ranks, "the non-finite skip must work under this config before a long "
-                     "run: see the error; nonfinite_policy='halt' stops with a checkpoint instead")
+    failed = _failed(
+        FAILURE_PATHS,
+        "nan",
+        ranks,
+        "the non-finite skip must work under this config before a long "
+        "run: see the error; nonfinite_policy='halt' stops with a checkpoint instead",
+    )
     if failed:
         return failed
     world = len(ranks)
@@ -513,36 +664,56 @@ def nan_result(ranks: list[dict], step: int) -> CheckResult:
         # activation gradients inside the group): they may be flagged too, no rank outside the group.
         flagged = r["skipped_at"][0][1] if len(r["skipped_at"]) == 1 and r["skipped_at"][0][0] == step else None
         if r["skipped_steps"] != 1 or flagged is None or bad_rank not in flagged or not set(flagged) <= set(group):
-            issues.append(f"skip count {r['skipped_steps']}, skipped at {r['skipped_at']} (expected step {step}, "
-                          f"rank {bad_rank}, only ranks of {group})")
+            issues.append(
+                f"skip count {r['skipped_steps']}, skipped at {r['skipped_at']} (expected step {step}, "
+                f"rank {bad_rank}, only ranks of {group})"
+            )
         event = r["events"].get(step, "")
         if not event.startswith(f"step {step}:") or f"loss non-finite on rank(s) {bad_rank}" not in event:
             issues.append(f"no nonfinite_event naming step {step} and the loss of rank {bad_rank} (got {event!r})")
         if issues:
             problems[i] = issues
-        per_rank[str(i)] = {"not_applied": applied, "skipped_steps": r["skipped_steps"], "flagged_ranks": flagged,
-                            "event": event}
+        per_rank[str(i)] = {
+            "not_applied": applied,
+            "skipped_steps": r["skipped_steps"],
+            "flagged_ranks": flagged,
+            "event": event,
+        }
     data = {"step": step, "rank": bad_rank, "tp_group": group, "ranks": per_rank}
     if problems:
         shown = "; ".join(f"rank {i}: {', '.join(v)}" for i, v in problems.items())
-        return CheckResult(FAILURE_PATHS, ERROR, f"nan: a NaN loss on rank {bad_rank} at step {step} was not skipped "
-                           f"cleanly: {shown}", "a non-finite step must be refused on every rank: check the "
-                           "DeepSpeed version (hf-dist-recipes doctor) and that nonfinite_policy is not 'off'",
-                           tuple(problems), data)
-    return CheckResult(FAILURE_PATHS, OK, f"nan: a NaN loss on rank {bad_rank} at step {step} was skipped on all "
-                       f"{world} ranks (weights unchanged across it, 1 skip counted, the event names rank "
-                       f"{bad_rank})", data=data)
+        return CheckResult(
+            FAILURE_PATHS,
+            ERROR,
+            f"nan: a NaN loss on rank {bad_rank} at step {step} was not skipped cleanly: {shown}",
+            "a non-finite step must be refused on every rank: check the "
+            "DeepSpeed version (hf-dist-recipes doctor) and that nonfinite_policy is not 'off'",
+            tuple(problems),
+            data,
+        )
+    return CheckResult(
+        FAILURE_PATHS,
+        OK,
+        f"nan: a NaN loss on rank {bad_rank} at step {step} was skipped on all "
+        f"{world} ranks (weights unchanged across it, 1 skip counted, the event names rank "
+        f"{bad_rank})",
+        data=data,
+    )
 
 
 def resume_result(main: list[dict], resumed: list[dict], save_at: int) -> CheckResult:
-    failed = (_failed(FAILURE_PATHS, "resume", resumed, "a job that cannot resume loses everything since its "
-                      "start at the first failure: see the error"))
+    failed = _failed(
+        FAILURE_PATHS,
+        "resume",
+        resumed,
+        "a job that cannot resume loses everything since its start at the first failure: see the error",
+    )
     if failed:
         return failed
     step = save_at + 1
     problems: dict[int, list[str]] = {}
     per_rank = {}
-    for i, (a, b) in enumerate(zip(main, resumed)):
+    for i, (a, b) in enumerate(zip(main, resumed, strict=True)):
         issues = []
         la, lb = a["loss"].get(step), b["loss"].get(step)
         if min(b["steps"], default=None) != step:
@@ -556,17 +727,32 @@ def resume_result(main: list[dict], resumed: list[dict], save_at: int) -> CheckR
             issues.append(f"learning rate {lr_b} against {lr_a}")
         if issues:
             problems[i] = issues
-        per_rank[str(i)] = {"loss": lb, "uninterrupted_loss": la, "lr": lr_b, "same_batch":
-                            b["batches"].get(step) == a["batches"].get(step)}
+        per_rank[str(i)] = {
+            "loss": lb,
+            "uninterrupted_loss": la,
+            "lr": lr_b,
+            "same_batch": b["batches"].get(step) == a["batches"].get(step),
+        }
     data = {"saved_at": save_at, "step": step, "tolerance": RESUME_LOSS_RTOL, "ranks": per_rank}
     if problems:
         shown = "; ".join(f"rank {i}: {', '.join(v)}" for i, v in problems.items())
-        return CheckResult(FAILURE_PATHS, ERROR, f"resume: the run resumed from step {save_at} does not reproduce "
-                           f"step {step}: {shown}", "under this launch config a restarted job would not continue "
-                           "where it stopped: the checkpoint does not restore the whole state (weights, optimizer, "
-                           "scheduler, data position, RNG); look in the launch log for missing or unexpected keys "
-                           "when the checkpoint was loaded", tuple(problems), data)
+        return CheckResult(
+            FAILURE_PATHS,
+            ERROR,
+            f"resume: the run resumed from step {save_at} does not reproduce step {step}: {shown}",
+            "under this launch config a restarted job would not continue "
+            "where it stopped: the checkpoint does not restore the whole state (weights, optimizer, "
+            "scheduler, data position, RNG); look in the launch log for missing or unexpected keys "
+            "when the checkpoint was loaded",
+            tuple(problems),
+            data,
+        )
     diff = max(abs(v["loss"] - v["uninterrupted_loss"]) for v in per_rank.values())
     data["max_loss_difference"] = diff
-    return CheckResult(FAILURE_PATHS, OK, f"resume: saved at step {save_at}, resumed, step {step} reproduced on every "
-                       f"rank (same batch and learning rate, loss difference {diff:.2g})", data=data)
+    return CheckResult(
+        FAILURE_PATHS,
+        OK,
+        f"resume: saved at step {save_at}, resumed, step {step} reproduced on every "
+        f"rank (same batch and learning rate, loss difference {diff:.2g})",
+        data=data,
+    )

@@ -13,11 +13,11 @@ import os
 import subprocess
 import sys
 
+import conftest
 import pytest
 import torch
-
-import conftest
 from conftest import LAUNCH_TIMEOUT_S, REPO, accelerate_launch, check_launch, free_port
+
 from hf_dist_recipes.cli.main import main as cli_main
 from hf_dist_recipes.monitoring.tensorboard import rank_log_dir
 
@@ -86,7 +86,8 @@ def test_clipping_is_the_engines_at_one(zero3):
     assert clip["source"] == "engine", "not a DeepSpeed run: the launch did not give the ranks DeepSpeed"
     assert clip["expected"] == 1.0 and clip["applied"] == {"0": [1.0], "1": [1.0]}  # engine and ZeRO-3 optimizer
     assert len(clip["pre_clip_norms"]) == STEPS and clip["steps_above_clip"] == sum(
-        n > 1.0 for n in clip["pre_clip_norms"])
+        n > 1.0 for n in clip["pre_clip_norms"]
+    )
 
 
 def test_learning_rates_are_transformers_cosine_with_restarts(zero3):
@@ -98,8 +99,11 @@ def test_learning_rates_are_transformers_cosine_with_restarts(zero3):
 def test_ranks_agree_and_weights_were_compared(zero3):
     agreement = _rows(zero3[1][0])["training/agreement"]["data"]
     # Built whole on each rank (not under zero.Init), so the built weights were really compared: 1.0, not -1.0.
-    assert agreement["rank_check"] == {"rank_check/seed_ok": 1.0, "rank_check/data_ok": 1.0,
-                                       "rank_check/weights_ok": 1.0}
+    assert agreement["rank_check"] == {
+        "rank_check/seed_ok": 1.0,
+        "rank_check/data_ok": 1.0,
+        "rank_check/weights_ok": 1.0,
+    }
     assert agreement["mismatches"] == []
 
 
@@ -109,8 +113,9 @@ def test_nan_on_the_last_rank_is_skipped_on_both(zero3):
     for rank in ("0", "1"):
         got = nan["ranks"][rank]
         assert got["not_applied"] == [NAN_STEP] and got["skipped_steps"] == 1 and got["flagged_ranks"] == [1]
-        assert got["event"].startswith("step 12: non-finite value first on rank 1 (rank(s) 1); loss non-finite on "
-                                       "rank(s) 1")
+        assert got["event"].startswith(
+            "step 12: non-finite value first on rank 1 (rank(s) 1); loss non-finite on rank(s) 1"
+        )
 
 
 def test_resume_reproduces_the_next_step(zero3):
@@ -134,8 +139,10 @@ def test_a_deepspeed_scheduler_section_and_another_clip_value_are_seen(tmp_path)
     schedule: clipping is reported at 0.5, read from the engine; the schedule row is an error naming the section."""
     ds = json.loads((REPO / "accelerate_configs" / "deepspeed" / "cpu_zero3_2proc.json").read_text())
     ds["gradient_clipping"] = 0.5
-    ds["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
-                                                      "warmup_num_steps": "auto"}}
+    ds["scheduler"] = {
+        "type": "WarmupLR",
+        "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto"},
+    }
     (tmp_path / "ds.json").write_text(json.dumps(ds))
     config = conftest.write_cpu_deepspeed_yaml(tmp_path / "user.yaml", tmp_path / "ds.json")
     check_launch(accelerate_launch(config, [WORKER, str(tmp_path / "out"), "--steps", "8"]))
@@ -152,17 +159,56 @@ def test_machines_given_different_seeds_are_named(tmp_path):
     """Two `accelerate launch` processes as machine 0 and 1 of a generated 2-machine CPU config (one rank each), the
     preflight's --seed differing: rank 1 is named, with the seed, and the run still reports every row."""
     port = free_port()
-    assert cli_main(["config", "generate", "--cpu", "--nodes", "2", "--gpus-per-node", "1", "--auto", "--name", "two",
-                     "--main-process-ip", "127.0.0.1", "--main-process-port", str(port),
-                     "--output", str(tmp_path)]) == 0
+    assert (
+        cli_main(
+            [
+                "config",
+                "generate",
+                "--cpu",
+                "--nodes",
+                "2",
+                "--gpus-per-node",
+                "1",
+                "--auto",
+                "--name",
+                "two",
+                "--main-process-ip",
+                "127.0.0.1",
+                "--main-process-port",
+                str(port),
+                "--output",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     out = tmp_path / "run"
-    env = conftest.cpu_only_env(dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1",
-                                     TRANSFORMERS_OFFLINE="1"))
-    procs = [subprocess.Popen([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                               str(tmp_path / "two.yaml"), "--machine_rank", str(rank), WORKER, str(out),
-                               "--steps", "8", "--seed", str(seed)],
-                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for rank, seed in ((0, 0), (1, 1))]
+    env = conftest.cpu_only_env(dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "accelerate.commands.launch",
+                "--config_file",
+                str(tmp_path / "two.yaml"),
+                "--machine_rank",
+                str(rank),
+                WORKER,
+                str(out),
+                "--steps",
+                "8",
+                "--seed",
+                str(seed),
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank, seed in ((0, 0), (1, 1))
+    ]
     try:
         outputs = [p.communicate(timeout=LAUNCH_TIMEOUT_S)[0] for p in procs]
     finally:
@@ -174,15 +220,20 @@ def test_machines_given_different_seeds_are_named(tmp_path):
     rows = _rows(ranks[0])
     agreement = rows["training/agreement"]
     assert agreement["status"] == "error" and agreement["ranks"] == [1]
-    assert agreement["detail"].startswith("agreement: rank(s) 1 disagree with ranks [0, 1] on the seed at train "
-                                          "begin (rank 0: 0, rank 1: 1)")
+    assert agreement["detail"].startswith(
+        "agreement: rank(s) 1 disagree with ranks [0, 1] on the seed at train begin (rank 0: 0, rank 1: 1)"
+    )
     assert "pass the same seed= on every rank" in agreement["fix"]
     found = {m["what"] for m in agreement["data"]["mismatches"]}
     assert {"the seed", "the weights they built"} <= found  # built from different RNG states
     assert agreement["data"]["rank_check"]["rank_check/seed_ok"] == 0.0
     assert {name: r["status"] for name, r in rows.items() if name != "training/agreement"} == {
-        "training/loss": "ok", "training/clipping": "ok", "training/schedule": "ok", "failure_paths/nan": "ok",
-        "failure_paths/resume": "ok"}
+        "training/loss": "ok",
+        "training/clipping": "ok",
+        "training/schedule": "ok",
+        "failure_paths/nan": "ok",
+        "failure_paths/resume": "ok",
+    }
 
 
 @pytest.mark.slow
@@ -197,5 +248,6 @@ def test_shipped_tp2_ep2_config_passes(tmp_path):
     nan = rows["failure_paths/nan"]["data"]
     assert nan["rank"] == 3 and nan["tp_group"] == [2, 3]
     assert all(r["not_applied"] == [NAN_STEP] and 3 in r["flagged_ranks"] for r in nan["ranks"].values())
-    assert rows["training/schedule"]["data"]["learning_rates"] == pytest.approx(_recipe_learning_rates(STEPS),
-                                                                                rel=1e-9, abs=1e-15)
+    assert rows["training/schedule"]["data"]["learning_rates"] == pytest.approx(
+        _recipe_learning_rates(STEPS), rel=1e-9, abs=1e-15
+    )

@@ -42,7 +42,7 @@ def _rank(lrs=None, clip=1.0, applied=None, losses=None, **extra) -> dict:
     applied = applied or [True] * len(lrs)
     steps = {
         s: {"lr": lr, "applied": a, "clip": clip, "zero_clip": clip}
-        for s, (lr, a) in enumerate(zip(lrs, applied), start=1)
+        for s, (lr, a) in enumerate(zip(lrs, applied, strict=True), start=1)
     }
     losses = losses or [4.8, 4.6, 4.3, 4.1, 3.9, 3.8, 3.6, 3.5]
     facts = {
@@ -171,7 +171,10 @@ def test_an_output_dir_holding_earlier_runs_is_refused(tmp_path):
     from hf_dist_recipes.parallel.models import template_config
 
     (tmp_path / "tensorboard" / "rank0").mkdir(parents=True)  # an earlier launch's per-rank run
-    with pytest.raises(ValueError, match=r"tensorboard already written by an earlier run; give the preflight a new "
-                                         r"--output-dir"):
+    with pytest.raises(
+        ValueError,
+        match=r"tensorboard already written by an earlier run; give the preflight a new "
+        r"--output-dir",
+    ):
         run_training_checks(template_config("tiny-llama"), output_dir=tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["tensorboard"]  # nothing deleted, nothing written

@@ -28,15 +28,20 @@ def main() -> None:
     opts = p.parse_args()
     lines: list[str] = []
     start = time.perf_counter()
-    results = run_training_checks(template_config(opts.model), steps=opts.steps, output_dir=opts.output_dir,
-                                  seed=opts.seed,
-                                  on_progress=lambda line: lines.append(f"{time.perf_counter() - start:.1f}s {line}"))
+    results = run_training_checks(
+        template_config(opts.model),
+        steps=opts.steps,
+        output_dir=opts.output_dir,
+        seed=opts.seed,
+        on_progress=lambda line: lines.append(f"{time.perf_counter() - start:.1f}s {line}"),
+    )
     elapsed = time.perf_counter() - start
     rank = int(os.environ.get("RANK", "0"))
     target = Path(opts.output_dir) / "preflight"
     target.mkdir(parents=True, exist_ok=True)
-    (target / f"rank{rank}.json").write_text(json.dumps(
-        {"rank": rank, "results": [r.to_dict() for r in results], "progress": lines, "elapsed_s": elapsed}))
+    (target / f"rank{rank}.json").write_text(
+        json.dumps({"rank": rank, "results": [r.to_dict() for r in results], "progress": lines, "elapsed_s": elapsed})
+    )
 
 
 if __name__ == "__main__":
