@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import torch
 
 from hf_dist_recipes.nccl_defaults import (
@@ -68,3 +69,30 @@ def test_every_name_is_one_torch_reads():
     names = {alias for aliases in ALIASES.values() for alias in aliases}
     missing = [n for n in sorted(names) if n not in text and n.encode() not in binary]
     assert not missing, f"torch {torch.__version__} no longer reads {missing}"
+
+
+def test_the_arguments_apply_them_on_a_gpu_host_and_keep_what_the_user_set(tmp_path, monkeypatch):
+    # Fake: this host has no GPU; only the device count the backend policy reads is replaced, so the arguments take
+    # the NCCL path. The environment is real (os.environ, restored by monkeypatch).
+    from hf_dist_recipes import RecipeTrainingArguments
+
+    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 8)
+    for names in ALIASES.values():
+        for name in names:
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")  # the user's choice
+    # bf16=False: transformers itself checks bf16 against the real (absent) GPU. The arguments then go on to create
+    # the NCCL process group (accelerate's PartialState), which this CPU host cannot: that failure shows the defaults
+    # were in the environment BEFORE the group was attempted, which is when torch reads them.
+    with pytest.raises(ValueError, match="process group"):
+        RecipeTrainingArguments(output_dir=str(tmp_path), bf16=False)
+    assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0"  # kept
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == NCCL_ENV_DEFAULTS["TORCH_NCCL_ASYNC_ERROR_HANDLING"]
+    assert os.environ["TORCH_FR_DUMP_TEMP_FILE"].startswith(str(tmp_path))
+
+
+def test_a_cpu_host_gets_none_of_them(tmp_path, monkeypatch):
+    from hf_dist_recipes import RecipeTrainingArguments
+
+    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 0)
+    assert RecipeTrainingArguments(output_dir=str(tmp_path)).nccl_env_applied == {}
