@@ -191,3 +191,46 @@ def set_collective_timeout(seconds: float) -> int:
         distributed_c10d._set_pg_timeout(timedelta(seconds=seconds), group)
         changed += 1
     return changed
+
+
+# Resume of a model whose checkpoint layout differs from its parameters (MoE experts). transformers 5.24
+# `Trainer._load_from_checkpoint` (and `_load_best_model`), without DeepSpeed or FSDP, reads the checkpoint's
+# safetensors and calls `model.load_state_dict(state_dict, False)`: no weight conversion. `save_pretrained` writes
+# the hub layout (one tensor per expert, `experts.<i>.gate_proj.weight`), the model holds fused experts
+# (`experts.gate_up_proj`), so the experts keep their fresh values and only a warning says so (transformers issue
+# 48805; PR 48822, open). `from_pretrained` applies the conversion: a checkpoint whose tensor names are not the
+# model's is loaded through it and copied in, all names checked. Covered: transformers 5.24.
+def checkpoint_tensor_names(checkpoint_dir: str) -> set[str] | None:
+    """Tensor names of the safetensors weights in `checkpoint_dir` (single file or sharded index); None if none."""
+    import json
+
+    from safetensors import safe_open
+
+    index = os.path.join(checkpoint_dir, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            return set(json.load(f)["weight_map"])
+    single = os.path.join(checkpoint_dir, "model.safetensors")
+    if os.path.isfile(single):
+        with safe_open(single, framework="pt") as f:
+            return set(f.keys())
+    return None
+
+
+def resume_needs_conversion(trainer, checkpoint_dir: str, model) -> bool:
+    """True when the stock resume would load `checkpoint_dir` into `model` by names that do not match."""
+    from transformers import PreTrainedModel
+
+    if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled or not isinstance(model, PreTrainedModel):
+        return False
+    names = checkpoint_tensor_names(checkpoint_dir)
+    return names is not None and names != set(model.state_dict())
+
+
+def load_converted_checkpoint(model, checkpoint_dir: str) -> None:
+    """Load `checkpoint_dir`'s weights into `model` through `from_pretrained`'s conversions (strict: every
+    parameter and buffer must come from the checkpoint)."""
+    dtype = next(model.parameters()).dtype
+    loaded = type(model).from_pretrained(checkpoint_dir, config=model.config, dtype=dtype)
+    model.load_state_dict(loaded.state_dict(), strict=True)
+    del loaded

@@ -173,6 +173,16 @@ class RecipeTrainer(Trainer):
         forget_zero_hpz_group()
         return super().call_model_init(trial)
 
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        """`Trainer._load_from_checkpoint`, which also restores MoE experts without DeepSpeed: transformers 5.24 loads
+        the checkpoint by tensor name without the expert conversion, so experts silently kept their fresh values
+        (issue 48805; `_compat.load_converted_checkpoint`). Equal losses after resume: tests/unit/test_moe_resume.py."""
+        target = self.model if model is None else model
+        if _compat.resume_needs_conversion(self, resume_from_checkpoint, target):
+            _compat.load_converted_checkpoint(target, resume_from_checkpoint)
+            return
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None):
         """`Trainer.train`, which under DeepSpeed also works after `evaluate()` or `predict()`.
 
