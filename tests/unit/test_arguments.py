@@ -159,3 +159,24 @@ def test_schedule_options_with_another_scheduler_are_an_error(tmp_path):
         )
     with pytest.raises(ValueError, match="restart_warmup_steps=3 only apply"):
         RecipeTrainingArguments(output_dir=str(tmp_path), lr_scheduler_type="linear", restart_warmup_steps=3)
+
+
+def test_wrong_explicit_train_batch_size_is_refused_by_the_constructor(tmp_path, monkeypatch):
+    """Through RecipeTrainingArguments(...) itself, not only parallel/batch.py's helper. One process is enough:
+    the check reads the world size from WORLD_SIZE and runs before super().__post_init__ creates any process group.
+    Hand count: micro 4 x accumulation 2 x data-parallel (world 4 / TP 2 = 2) = 16; 32 is the world-size value
+    (4 x 2 x 4) the stock Trainer would have filled in."""
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    ds = {"zero_optimization": {"stage": 3}, "tensor_parallel": {"autotp_size": 2}, "train_batch_size": 32}
+    with pytest.raises(ValueError, match=r"train_batch_size=32 .* = 16\. Remove \"train_batch_size\""):
+        RecipeTrainingArguments(
+            output_dir=str(tmp_path), deepspeed=ds, per_device_train_batch_size=4, gradient_accumulation_steps=2
+        )
+    # The same through a JSON file (the accepted value is not built here: with WORLD_SIZE=4 the arguments would
+    # then wait for three peers; tests/distributed/test_tensor_parallel_batch.py trains it).
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(ds))
+    with pytest.raises(ValueError, match="set it to 16"):
+        RecipeTrainingArguments(
+            output_dir=str(tmp_path), deepspeed=str(path), per_device_train_batch_size=4, gradient_accumulation_steps=2
+        )
