@@ -1,0 +1,74 @@
+"""Preflight check 3, communication: a short commbench over the live process group (`hf_dist_recipes.commbench`).
+
+`commbench.run_benchmark` with PREFLIGHT_BENCH: all-reduce, all-gather and reduce-scatter at three sizes (4 KiB,
+256 KiB, 4 MiB), 5 timed iterations after 2 warm-up ones, and each ring link rank i -> i+1 alone with 1 MiB
+messages: a few seconds on CPU, well under one on GPUs. The ranks and links commbench flags (below half the median,
+`commbench.flag_outliers`) are warnings naming them and their hosts; an op the backend refuses is an error. The
+numbers are a smoke test of the fabric, not a benchmark: `hf-dist-recipes commbench` measures properly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from hf_dist_recipes.preflight.result import ERROR, OK, WARNING, CheckResult
+
+PREFLIGHT_SIZES = "4K,256K,4M"
+FIX_SLOW = ("run hf-dist-recipes commbench on these machines for the full picture; look at the flagged host's "
+            "network (ibstat, NCCL_DEBUG=INFO for the transport used) and load")
+
+
+def bench_settings():
+    from hf_dist_recipes.commbench import BenchSettings, parse_size, parse_sizes
+
+    return BenchSettings(sizes=parse_sizes(PREFLIGHT_SIZES), iters=5, warmup=2, link_bytes=parse_size("1M"))
+
+
+def communication_check(gather: Callable[[object], list], hosts: Sequence[str]) -> list[CheckResult]:
+    """Check 3 on every rank (the benchmark's collectives involve all); the same results on every rank."""
+    import torch
+    import torch.distributed as dist
+
+    from hf_dist_recipes.commbench import run_benchmark
+
+    if not dist.is_initialized() or dist.get_world_size() < 2:
+        return [CheckResult("communication", OK, "one process: no communication to measure")]
+    backend = str(dist.get_backend())
+    device = (torch.device("cuda", torch.cuda.current_device()) if "nccl" in backend and torch.cuda.is_available()
+              else torch.device("cpu"))
+    result = run_benchmark(bench_settings(), device, backend)
+    return interpret(result)
+
+
+def interpret(result: dict) -> list[CheckResult]:
+    """The findings in a `commbench.run_benchmark` result."""
+    out = []
+    refused = [r for r in result["results"] if r["time_us"] is None]
+    for r in refused:
+        out.append(CheckResult("communication", ERROR, f"{r['op']} of {r['size_bytes']} bytes: {r['note']}",
+                               fix="use the backend the policy picks for the host (NCCL on GPUs)"))
+    for link in result["links"]:
+        if link["flagged"]:
+            out.append(CheckResult(
+                "communication", WARNING, f"link rank {link['src']} ({link['src_host']}) -> rank {link['dst']} "
+                f"({link['dst_host']}): {link['GBps']:.3f} GB/s, below {result['fraction']:.0%} of the median link",
+                fix=FIX_SLOW, ranks=(link["src"], link["dst"])))
+    for rank in result["ranks"]:
+        if rank["flagged"]:
+            out.append(CheckResult(
+                "communication", WARNING, f"rank {rank['rank']} ({rank['host']}): all-reduce at "
+                f"{rank['algbw_GBps']:.3f} GB/s, below {result['fraction']:.0%} of the median rank",
+                fix=FIX_SLOW, ranks=(rank["rank"],)))
+    timed = [r for r in result["results"] if r["time_us"] is not None]
+    summary = {r["op"]: r for r in timed if r["size_bytes"] == max(x["size_bytes"] for x in timed if x["op"] == r["op"])}
+    data = {k: result[k] for k in ("backend", "device", "world_size", "results", "links", "ranks", "flagged")}
+    if not out:
+        what = ", ".join(f"{op} {r['size_bytes'] // 1024} KiB {r['busbw_GBps']:.3f} GB/s busbw"
+                         for op, r in summary.items())
+        links = [x["GBps"] for x in result["links"]]
+        out.append(CheckResult("communication", OK, f"{result['backend']} on {result['device']}, "
+                               f"{result['world_size']} ranks: {what}; {len(links)} ring links "
+                               f"{min(links):.3f}-{max(links):.3f} GB/s, none flagged", data=data))
+    else:
+        out[0] = CheckResult(out[0].name, out[0].status, out[0].detail, out[0].fix, out[0].ranks, data)
+    return out

@@ -1,0 +1,243 @@
+"""Plan, launch and collect the preflight: `accelerate launch` over `hf_dist_recipes.preflight.worker`.
+
+`plan_preflight` checks everything that needs no process (the YAML and its DeepSpeed JSON, the plan against the
+launch's processes and the model, the lint's errors) and raises ValueError, one line naming the fix, for a plan
+that cannot work: nothing is launched then. `run_preflight` launches the plan, relays the progress lines rank 0
+prints, and reads the report rank 0 writes; a launch that outlives `timeout_s` is killed (the launcher's process
+group, then every process it started) and each check that never finished is an error, as is each check missing
+from the report of a launch that ended early (naming the rank the launcher or the watchdog named, when one did).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hf_dist_recipes
+from hf_dist_recipes.preflight.result import CHECKS, ERROR, CheckResult, PreflightReport
+from hf_dist_recipes.preflight.worker import PROGRESS_PREFIX, REPORT_FILENAME
+
+LOG_FILENAME = "preflight_launch.log"
+DEFAULT_TIMEOUT_S = 600.0  # the whole launch, a first run's DeepSpeed op build included (about 60 s on 2 cores)
+KILL_GRACE_S = 15.0  # after SIGTERM, the launcher's time to end its ranks before everything is SIGKILLed
+_PROGRESS = re.compile(r"^preflight: \[(\d+)/\d+\] (\w+) \.\.\.(?: (ok|warning|error))?")
+# torch elastic's failure table ("rank      : 1 (local_rank: 1)") and the watchdog's "lost rank 1 (host h)"
+_FAILED_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank")
+_LOST_RANK = re.compile(r"lost rank (\d+) \(host ([^)]*)\)")
+
+
+@dataclass(frozen=True)
+class PreflightPlan:
+    config_file: Path
+    output_dir: Path
+    world_size: int
+    plan: object
+    models: object
+    lint_warnings: tuple[str, ...]
+    cwd: Path
+    command: list[str] = field(default_factory=list)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def plan_preflight(config_file: str | Path, *, model: str | None = None, steps: int = 20, seed: int = 42,
+                   output_dir: str | Path = "runs/preflight", machine_rank: int | None = None,
+                   cwd: str | Path | None = None) -> PreflightPlan:
+    """Check the launch without launching (module docstring); the returned plan carries the command."""
+    from hf_dist_recipes.parallel.lint import ERROR as LINT_ERROR
+    from hf_dist_recipes.parallel.lint import lint_accelerate
+    from hf_dist_recipes.preflight.plan_checks import launch_plan, resolve_models, validate_against_model
+    from hf_dist_recipes.user_values import positive_int, writable_dir
+
+    positive_int(steps, "--steps", 20, minimum=8, unit="optimizer steps")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"--seed must be an integer >= 0, got {seed!r}; e.g. --seed 42")
+    cwd = Path(cwd or Path.cwd()).resolve()
+    out = writable_dir(output_dir, "--output-dir", "runs/preflight")
+    cfg, plan, recorded = launch_plan(config_file, root=cwd)  # cheap: one line for a plan that cannot run
+    if machine_rank is not None:
+        positive_int(machine_rank, "--machine-rank", 1, minimum=0)
+        if machine_rank >= cfg.num_machines:
+            raise ValueError(f"--machine-rank {machine_rank}: {cfg.path} has num_machines={cfg.num_machines}, so the "
+                             f"machine ranks are 0..{cfg.num_machines - 1}")
+    if model and (os.sep in model or model.endswith(".json")):
+        model = str(Path(model).resolve())
+    models = resolve_models(plan, model, recorded, deepspeed_file=cfg.deepspeed_file)
+    try:
+        warnings = validate_against_model(plan, models)
+    except ValueError as err:
+        raise ValueError(f"{cfg.path} with {models.name} ({models.source}): {err}") from None
+    findings = lint_accelerate(Path(config_file), root=cwd)
+    errors = [f for f in findings if f.level == LINT_ERROR]
+    if errors:
+        raise ValueError(f"{errors[0].path}: {errors[0].message}"
+                         + (f" (and {len(errors) - 1} more: hf-dist-recipes config validate {config_file})"
+                            if len(errors) > 1 else ""))
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(Path(config_file).resolve())]
+    if machine_rank is not None:
+        command += ["--machine_rank", str(machine_rank)]
+    if cfg.num_machines == 1 and "main_process_port" not in cfg.raw:
+        # A job already training on this machine holds accelerate's default port 29500; the preflight must not
+        # collide with it (or with a second preflight).
+        command += ["--main_process_port", str(_free_port())]
+    command += ["-m", "hf_dist_recipes.preflight.worker", "--config-file", str(Path(config_file).resolve()),
+                "--output-dir", str(out), "--steps", str(steps), "--seed", str(seed)]
+    if model:
+        command += ["--model", model]
+    return PreflightPlan(config_file=Path(config_file), output_dir=out, world_size=plan.world_size, plan=plan,
+                         models=models, lint_warnings=tuple(w.message for w in findings if w.level != LINT_ERROR)
+                         + tuple(warnings), cwd=cwd, command=command)
+
+
+def _descendants(pid: int) -> list:
+    try:
+        import psutil
+
+        return psutil.Process(pid).children(recursive=True)
+    except Exception:  # psutil missing or the process already gone: the process group kill still applies
+        return []
+
+
+def _kill_launch(proc: subprocess.Popen) -> None:
+    """SIGTERM the launcher's process group (torch elastic then ends its ranks, each in its own session), and after
+    KILL_GRACE_S SIGKILL whatever the launcher started that is still there (a stopped or stuck rank)."""
+    children = _descendants(proc.pid)
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    for child in children:
+        try:
+            child.kill()
+        except Exception:  # already ended
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+class _Progress:
+    """What the launch's output said: the checks started and finished (from rank 0's progress lines), the rank the
+    launcher or the watchdog named as failed or lost."""
+
+    def __init__(self, on_line: Callable[[str], None]):
+        self.on_line = on_line
+        self.started: dict[str, int] = {}
+        self.finished: dict[str, str] = {}
+        self.failed_rank: int | None = None
+        self.lost: str | None = None
+
+    def feed(self, line: str) -> None:
+        if line.startswith(PROGRESS_PREFIX):
+            self.on_line(line)
+            m = _PROGRESS.match(line)
+            if m:
+                self.started[m.group(2)] = int(m.group(1))
+                if m.group(3):
+                    self.finished[m.group(2)] = m.group(3)
+        m = _LOST_RANK.search(line)
+        if m and self.lost is None:
+            self.lost = f"rank {m.group(1)} (host {m.group(2)})"
+        m = _FAILED_RANK.match(line)
+        if m and self.failed_rank is None:
+            self.failed_rank = int(m.group(1))
+
+
+def run_preflight(p: PreflightPlan, *, timeout_s: float = DEFAULT_TIMEOUT_S, on_line: Callable[[str], None] = print,
+                  env: dict[str, str] | None = None) -> PreflightReport:
+    """Launch `p`, relay its progress lines to `on_line`, and return the report (see the module docstring). The
+    ranks' whole output goes to `<output_dir>/preflight_launch.log`."""
+    start = time.perf_counter()
+    p.output_dir.mkdir(parents=True, exist_ok=True)
+    report_path = p.output_dir / REPORT_FILENAME
+    report_path.unlink(missing_ok=True)  # a report left by an earlier preflight must not pass for this one's
+    # The training checks start new TensorBoard runs: RecipeTrainer refuses to mix a new launch into old ones.
+    for sub in ("tensorboard", "training", "failure_paths", "rank_summaries"):
+        shutil.rmtree(p.output_dir / sub, ignore_errors=True)
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(hf_dist_recipes.__file__).parents[1]),
+                                                      env.get("PYTHONPATH")]))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    progress = _Progress(on_line)
+    log_path = p.output_dir / LOG_FILENAME
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(p.command, cwd=p.cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", start_new_session=True)
+
+        def pump():
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                progress.feed(line.rstrip("\n"))
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_launch(proc)
+        reader.join(timeout=10)
+    report = read_report(report_path, p)
+    report.results.extend(_unfinished(report, progress, proc.returncode, timed_out, timeout_s, log_path))
+    report.elapsed_s = time.perf_counter() - start
+    return report
+
+
+def read_report(path: Path, p: PreflightPlan) -> PreflightReport:
+    """The report rank 0 wrote (however far it got), or an empty one for the launch when there is none."""
+    if not path.is_file():
+        return PreflightReport(config_file=str(p.config_file), world_size=p.world_size)
+    data = json.loads(path.read_text())
+    results = [CheckResult(r["name"], r["status"], r["detail"], r["fix"], tuple(r["ranks"]), r["data"])
+               for r in data["results"]]
+    return PreflightReport(config_file=str(p.config_file), world_size=data["world_size"], hosts=list(data["hosts"]),
+                           results=results)
+
+
+def _unfinished(report: PreflightReport, progress: _Progress, returncode: int | None, timed_out: bool,
+                timeout_s: float, log_path: Path) -> list[CheckResult]:
+    """An error for every check the report lacks, saying why: the bound, or how the launch ended."""
+    done = report.by_check()
+    missing = [name for name in CHECKS if name not in done]
+    if not missing:
+        return []
+    who = progress.lost or (f"rank {progress.failed_rank}" if progress.failed_rank is not None else None)
+    ranks = tuple(int(x) for x in re.findall(r"rank (\d+)", who or ""))[:1]
+    if timed_out:
+        why = f"never finished: the preflight was stopped after --timeout-s {timeout_s:g} s"
+        fix = ("a rank is stuck (see the last lines of the launch log); a first run also builds DeepSpeed's ops, "
+               "give it a larger --timeout-s")
+    else:
+        why = f"never finished: the launch ended with exit code {returncode}"
+        fix = "the ranks' output is in the launch log; fix what it shows and rerun the preflight"
+    if who:
+        why += f"; {who} failed or was lost first"
+    out = []
+    for name in missing:
+        state = "was running" if name in progress.started else "did not start"
+        out.append(CheckResult(name, ERROR, f"{why} ({name} {state}); log: {log_path}", fix=fix, ranks=ranks))
+    return out
