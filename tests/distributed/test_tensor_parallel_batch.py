@@ -66,3 +66,34 @@ def test_stock_trainer_still_falls_into_the_trap(tp_config):
     proc = accelerate_launch(config, [WORKER, str(folder / "stock"), str(STEPS), "stock", "tiny-llama"])
     assert proc.returncode != 0
     assert "train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size" in proc.stderr
+
+
+def test_global_batch_under_tp_with_gradient_accumulation_is_counted_from_the_samples(tp_config):
+    """4 ranks, TP 2, accumulation 2: the samples the ranks really consumed per optimizer step are counted (hashes of
+    each sample, gathered over all ranks) instead of trusting the Trainer's formula. Hand count: micro 4 x
+    accumulation 2 x data-parallel (4 ranks / TP 2 = 2) = 16; each rank sees 4 x 2 = 8 of them, the same 8 as its TP
+    partner."""
+    config, folder = tp_config
+    out, steps, accum = folder / "accum", 3, 2
+    check_launch(
+        accelerate_launch(
+            config, [WORKER, str(out), str(steps), "recipe", "tiny-llama", "from_config", str(accum)], num_processes=4
+        )
+    )
+    ranks = [json.loads((out / "probe" / f"rank{r}.json").read_text()) for r in range(4)]
+    per_step = {}  # optimizer step -> rank -> samples it consumed for that step
+    for r in ranks:
+        # DeepSpeed's engine accepted the derived batch: its own micro batch and accumulation, and every step ran.
+        assert (r["engine_micro_batch"], r["engine_grad_accum"], r["optimizer_steps"]) == (4, accum, steps)
+        assert len(r["samples"]) == steps * accum  # accum micro steps per optimizer step
+        for step, hashes in r["samples"]:
+            per_step.setdefault(step, {}).setdefault(r["rank"], []).extend(hashes)
+    assert sorted(per_step) == list(range(steps))
+    for step, by_rank in per_step.items():
+        assert all(len(h) == 4 * accum for h in by_rank.values()), step
+        groups = {tuple(sorted(h)) for h in by_rank.values()}
+        assert len(groups) == 2, f"step {step}: 4 ranks should form 2 data-parallel groups of identical samples"
+        consumed = {h for hashes in by_rank.values() for h in hashes}
+        assert len(consumed) == 4 * accum * (4 // 2) == 16, step
+    # The Trainer's own figure agrees with the count (and is not the world-size value 4 x 2 x 4 = 32).
+    assert all(r["trainer_total_batch"] == 16 for r in ranks)

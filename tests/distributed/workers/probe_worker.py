@@ -1,13 +1,15 @@
 """Run on every rank by the distributed tests under `accelerate launch`.
 
-    probe_worker.py OUTPUT_DIR STEPS recipe|stock MODEL [from_config|direct]
+    probe_worker.py OUTPUT_DIR STEPS recipe|stock MODEL [from_config|direct] [GRAD_ACCUM]
 
 Trains MODEL (a template of hf_dist_recipes.parallel.models: tiny-llama, tiny-deepseek-v3) under the
 DeepSpeed config the launcher hands over, with RecipeTrainer or the stock Trainer (micro batch 4, sequences of 32
 bytes), and writes what this rank saw to OUTPUT_DIR/probe/rank<N>.json: its batches (hashes), losses, the global
 batch, and every parameter's per-rank shape (`ds_shape` after TP/EP) and local ZeRO partition size.
 The model is built by `AutoModelForCausalLM.from_config` (under ZeRO-3: inside `deepspeed.zero.Init`, as
-`from_pretrained` does), or with `direct` by calling the model class itself (no `zero.Init`).
+`from_pretrained` does), or with `direct` by calling the model class itself (no `zero.Init`). GRAD_ACCUM
+(default 1): gradient_accumulation_steps; `samples` then lists, per micro step, the optimizer step it belongs to and
+a hash of each sample, so a test can count the global batch from what the ranks consumed.
 """
 
 import hashlib
@@ -25,12 +27,15 @@ from hf_dist_recipes.parallel.models import template_config
 MICRO_BATCH = 4
 
 
-def main(output_dir: str, steps: int, flavour: str, model_name: str, build: str = "from_config") -> None:
+def main(
+    output_dir: str, steps: int, flavour: str, model_name: str, build: str = "from_config", grad_accum: str = "1"
+) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     common = dict(
         output_dir=output_dir,
         max_steps=steps,
         per_device_train_batch_size=MICRO_BATCH,
+        gradient_accumulation_steps=int(grad_accum),
         learning_rate=3e-3,
         warmup_steps=1,
         logging_steps=1,
@@ -45,10 +50,14 @@ def main(output_dir: str, steps: int, flavour: str, model_name: str, build: str 
         base, args = Trainer, TrainingArguments(use_cpu=True, **common)
     config = template_config(model_name)
     seen = []
+    samples = []  # (optimizer step this micro step counts towards, [hash of each sample])
 
     class Recorder(base):
         def training_step(self, model, inputs, num_items_in_batch=None):
-            seen.append(hashlib.sha256(inputs["input_ids"].cpu().numpy().tobytes()).hexdigest()[:12])
+            ids = inputs["input_ids"].cpu().numpy()
+            seen.append(hashlib.sha256(ids.tobytes()).hexdigest()[:12])
+            # global_step is still the count of finished optimizer steps while this micro step runs.
+            samples.append([self.state.global_step, [hashlib.sha256(row.tobytes()).hexdigest()[:12] for row in ids]])
             return super().training_step(model, inputs, num_items_in_batch)
 
     data = stdlib_dataset(seq_len=32, max_bytes=200_000)
@@ -79,6 +88,10 @@ def main(output_dir: str, steps: int, flavour: str, model_name: str, build: str 
                 "tp_batch_note": getattr(args, "tp_batch_note", None),
                 "params": params,
                 "batches": seen,
+                "samples": samples,
+                "engine_micro_batch": trainer.model_wrapped.train_micro_batch_size_per_gpu(),
+                "engine_grad_accum": trainer.model_wrapped.gradient_accumulation_steps(),
+                "optimizer_steps": trainer.state.global_step,
                 "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
             }
         )
@@ -86,4 +99,4 @@ def main(output_dir: str, steps: int, flavour: str, model_name: str, build: str 
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], *sys.argv[5:6])
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], *sys.argv[5:7])
