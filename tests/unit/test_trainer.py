@@ -114,3 +114,30 @@ def test_min_lr_ratio_floors_every_cycle(tmp_path):
     after_warmup = lrs[3:]
     assert min(after_warmup) >= 0.2 * 3e-3 * (1 - 1e-6)
     assert min(after_warmup) < 0.25 * 3e-3  # and the cycles do reach down to the floor
+
+
+def test_a_custom_logging_dir_holds_the_rank_runs_and_the_summary_stays_in_output_dir(tmp_path):
+    """README practice 7: TensorBoard into `<logging_dir>/rank<N>`, the JSON summary in
+    `<output_dir>/rank_summaries/rank<N>.json`, whatever logging_dir is (here outside output_dir)."""
+    from hf_dist_recipes.monitoring.tensorboard import RUN_FILENAME, read_texts
+
+    out, logs = tmp_path / "out", tmp_path / "elsewhere" / "tb"
+    args = RecipeTrainingArguments(
+        output_dir=str(out),
+        max_steps=3,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        logging_dir=str(logs),
+        seed=7,
+    )
+    trainer = _trainer(out, args=args)
+    trainer.train()
+    scalars = read_scalars(logs / "rank0")
+    assert [step for step, _ in scalars["rank/loss"]] == [1, 2, 3]
+    assert (logs / "rank0" / RUN_FILENAME).is_file()
+    ((_, seed_text),) = read_texts(logs / "rank0")["seed/text_summary"]
+    assert seed_text.startswith("rank 0: seed 7,")  # the seed given above, not the default 42
+    assert not (out / "tensorboard").exists()  # the default location is not written as well
+    summary = json.loads((out / "rank_summaries" / "rank0.json").read_text())
+    assert summary["logging_dir"] == str(logs) and summary["steps"] == 3
