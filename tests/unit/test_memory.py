@@ -16,6 +16,11 @@ from hf_dist_recipes.parallel.plan import ParallelPlan
 
 TINY = introspect("tiny-deepseek-v3")
 V3 = introspect("deepseek-v3")
+# tiny-deepseek-v3's parameters by hand (h 64, vocab 128, 4 heads, q/kv ranks 32/16, nope/rope/v 16/8/16, dense MLP
+# 128, 8 experts 32 wide + 1 shared, 3 layers of which 2 MoE, untied head); test_models.py checks the real model.
+_ATTN = 64 * 32 + 32 + 32 * 4 * 24 + 64 * (16 + 8) + 16 + 16 * 4 * (16 + 16) + 4 * 16 * 64  # 12,848
+_MOE = _ATTN + 2 * 64 + 8 * (2 * 32 * 64 + 64 * 32) + 8 * 64 + 3 * 64 * 32  # experts, router, shared: 68,784
+TINY_PARAMS = 2 * 128 * 64 + 64 + (_ATTN + 2 * 64 + 3 * 64 * 128) + 2 * _MOE  # 191,568
 
 
 def test_zero3_without_tp_matches_deepspeeds_own_estimate():
@@ -119,10 +124,10 @@ def test_each_term_of_a_tiny_deepseek_by_hand():
     experts = 8 * 64 * 64 + 8 * 64 * 32  # layer 1's experts module: gate_up_proj + down_proj = 49,152
     assert e.elements.gathered_layer == experts and e.gathered == 2 * experts
     # Live-parameter budget: max(1e9, 2 x 49,152) + the 32,768-element gate_up_proj, more than the whole model.
-    assert e.buffers["prefetched_params"] == (191_568 - experts) * 2
+    assert e.buffers["prefetched_params"] == (TINY_PARAMS - experts) * 2
     assert e.buffers["gathered_grads"] == experts * 2
     assert e.buffers["reduce_bucket"] == 500_000_000 * 2
-    assert e.buffers["reduce_copy"] == 191_568 * 2  # a bucket holds at most the model
+    assert e.buffers["reduce_copy"] == TINY_PARAMS * 2  # a bucket holds at most the model
     half = sum(math.ceil(math.prod(s) / 2) for _, s in TINY.parameters)
     assert e.buffers["subgroup_fp32_grads"] == half * 4  # one sub-group: the whole partition, < 1e9
     assert e.buffers["hpz_secondary"] == 0
@@ -136,7 +141,8 @@ def test_each_term_of_a_tiny_deepseek_by_hand():
     layers = tokens * (per_token["attention"] + per_token["dense"] + 2 * (per_token["attention"] + per_token["moe"]))
     assert e.activation_parts == {"layers": layers, "recomputed_layer": 0, "dispatch": 0, "logits": 128 * 128 * 12}
     states = half * (2 + 4 + 12)
-    backward = e.gathered + e.buffers["prefetched_params"] + e.buffers["gathered_grads"] + 191_568 * 2 + e.activations
+    b = e.buffers
+    backward = e.gathered + b["prefetched_params"] + b["gathered_grads"] + TINY_PARAMS * 2 + e.activations
     assert backward > e.buffers["subgroup_fp32_grads"]
     assert e.allowance == int(2 * GIB + 0.1 * backward)
     assert e.device_total == states + 500_000_000 * 2 + backward + e.allowance
@@ -211,8 +217,10 @@ def test_layer_formula_equals_what_autograd_keeps():
     formula. Dense layers match exactly; MoE layers keep the router's small E-wide scores and indices on top."""
     plan = ParallelPlan(precision="bf16")
     llama = _saved_bytes_per_token("tiny-llama")
+    # The independent figure is the autograd count (`llama`); 2,568 pins it so a change in either side shows.
     assert llama == [layer_bytes_per_token(plan, introspect("tiny-llama"), moe=False)] * 2 == [2568.0] * 2
     dense, *moe = _saved_bytes_per_token("tiny-deepseek-v3")
+    # 3,216 = attention 908 + 768 and dense MLP 516 + 1,024, by hand in test_each_term_of_a_tiny_deepseek_by_hand
     assert dense == layer_bytes_per_token(plan, TINY, moe=False) == 3216.0
     formula = layer_bytes_per_token(plan, TINY, moe=True)
     assert all(0 <= m - formula <= 0.05 * formula for m in moe), (moe, formula)
