@@ -17,6 +17,13 @@ from hf_dist_recipes.monitoring import read_rank_summaries, read_scalars
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 STEPS = 60
+SEED, MICRO, SEQ = 7, 8, 128  # given explicitly so the tests below count from the run's own settings
+# demo-deepseek-v3 by hand (parallel/models.py: h 128, vocab 256, 4 heads, q/kv ranks 64/32, nope/rope/v 16/16/32,
+# dense MLP 256, 8 experts 64 wide + 1 shared, 4 layers of which 3 MoE, untied head):
+_ATTN = 128 * 64 + 64 + 64 * 4 * 32 + 128 * (32 + 16) + 32 + 32 * 4 * (16 + 32) + 4 * 32 * 128  # 45,152
+_DENSE = _ATTN + 2 * 128 + 3 * 128 * 256  # + 2 RMSNorms + gate/up/down: 143,712
+_MOE = _ATTN + 2 * 128 + 8 * (2 * 64 * 128 + 128 * 64) + 8 * 128 + 3 * 128 * 64  # experts, router, shared: 267,616
+DEMO_PARAMS = 2 * 256 * 128 + 128 + _DENSE + 3 * _MOE  # embedding + head + final norm + layers = 1,012,224
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +45,12 @@ def demo_run(tmp_path_factory):
             "10",
             "--warmup-steps",
             "10",
+            "--seed",
+            str(SEED),
+            "--micro-batch",
+            str(MICRO),
+            "--seq-len",
+            str(SEQ),
         ],
         cwd=REPO,
         env=env,
@@ -57,14 +70,14 @@ def test_both_ranks_trained_with_the_same_seed(demo_run):
     assert s["seeds_agree"] is True
     rows = read_rank_summaries(out)
     assert [r["rank"] for r in rows] == [0, 1] and all(r["world_size"] == 2 for r in rows)
-    assert all(r["tokens"] == STEPS * 8 * 128 for r in rows)
+    assert all(r["tokens"] == STEPS * MICRO * SEQ for r in rows)
 
 
 def test_zero3_partitioned_the_parameters(demo_run):
     _, out = demo_run
     rows = read_rank_summaries(out)
     total = rows[0]["param_elements"]
-    assert total == 1_012_224  # ds_numel: the full model, seen from every rank
+    assert total == DEMO_PARAMS == 1_012_224  # ds_numel: the full model, seen from every rank
     for r in rows:
         # Each rank holds half, plus per-parameter padding to an even split (at most 1 element per parameter).
         assert total / 2 <= r["param_elements_local"] <= total / 2 + 200
@@ -93,6 +106,33 @@ def test_every_rank_has_its_own_tensorboard_with_loss_and_lr(demo_run):
     assert mean == pytest.approx(logged, rel=1e-3)
 
 
+def test_rank1_tokens_per_s_and_seed_text_read_back_from_its_tensorboard(demo_run):
+    """Rank 1's own run, read back: its throughput against a hand count of its tokens and the wall clock of the
+    TensorBoard events, and the seed text naming rank 1 and the seed the demo was given."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from hf_dist_recipes.monitoring.tensorboard import read_texts
+
+    _, out = demo_run
+    run = out / "tensorboard" / "rank1"
+    acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    acc.Reload()
+    tps = acc.Scalars("rank/tokens_per_s")
+    step_time = {e.step: e.value for e in acc.Scalars("rank/step_time_s")}
+    assert [e.step for e in tps] == list(range(10, STEPS + 1, 10))
+    # Hand count: one optimizer step on one rank = micro batch x sequence length x accumulation 1 tokens, so
+    # tokens/s x mean step time gives back 8 x 128 = 1024 for each 10-step window.
+    for e in tps:
+        assert e.value * step_time[e.step] == pytest.approx(MICRO * SEQ, rel=1e-6), e.step
+    # Independent clock: the events' wall times. From the step-10 log to the step-60 log 50 steps ran, so the
+    # logged step times of those 50 steps (10 x each window's mean) fit inside that span, and are most of it.
+    busy = sum(10 * step_time[e.step] for e in tps[1:])
+    span = tps[-1].wall_time - tps[0].wall_time
+    assert 0.5 * span <= busy <= span * 1.01 + 0.05, (busy, span)
+    ((_, seed_text),) = read_texts(run)["seed/text_summary"]
+    assert seed_text.startswith(f"rank 1: seed {SEED},"), seed_text
+
+
 def test_deepspeed_run_follows_the_recipe_schedule(demo_run):
     """Under DeepSpeed the scheduler is built through a copy of the trainer; it must still be ours."""
     from hf_dist_recipes.schedules import WarmupCosineRestarts
@@ -110,7 +150,7 @@ def test_final_checkpoint_loads(demo_run):
 
     result, out = demo_run
     model = DeepseekV3ForCausalLM.from_pretrained(result["model_dir"])
-    assert model.num_parameters() == 1_012_224
+    assert model.num_parameters() == DEMO_PARAMS
 
 
 def test_demo_trains_on_the_users_text_file(tmp_path):
