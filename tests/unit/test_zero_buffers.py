@@ -2,6 +2,7 @@ import inspect
 import math
 
 import pytest
+from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
 from hf_dist_recipes.parallel.deepspeed_config import deepspeed_config
 from hf_dist_recipes.parallel.memory import GIB, estimate
@@ -39,10 +40,13 @@ def test_deepseek_v3_ep8_prefetch_and_live_limits_by_hand():
     assert b.prefetch_bucket_size == V3_EP8_EXPERTS and b.max_live_parameters == 2 * V3_EP8_EXPERTS
     assert b.largest_tensor == V3_EMBEDDING
     zero = deepspeed_config(plan, V3)["zero_optimization"]
-    assert (zero["stage3_prefetch_bucket_size"], zero["stage3_max_live_parameters"]) == (1_409_286_144, 2_818_572_288)
-    assert (zero["reduce_bucket_size"], zero["sub_group_size"]) == (500_000_000, 1_000_000_000)
+    by_hand = (V3_EP8_EXPERTS, 2 * V3_EP8_EXPERTS)  # 1,409,286,144 and 2,818,572,288
+    assert (zero["stage3_prefetch_bucket_size"], zero["stage3_max_live_parameters"]) == by_hand
+    # DeepSpeed's own defaults (runtime/zero/config.py in 0.19.8: reduce_bucket_size 5e8, sub_group_size 1e9), kept.
+    ds = DeepSpeedZeroConfig()
+    assert (zero["reduce_bucket_size"], zero["sub_group_size"]) == (ds.reduce_bucket_size, ds.sub_group_size)
     parsed = _parsed(deepspeed_config(plan, V3)).zero_config
-    assert (parsed.prefetch_bucket_size, parsed.max_live_parameters) == (1_409_286_144, 2_818_572_288)
+    assert (parsed.prefetch_bucket_size, parsed.max_live_parameters) == by_hand
     # The estimate counts the same budget: 2 x experts + the embedding live at most, less the experts computing.
     e = estimate(plan, V3)
     assert e.buffers["prefetched_params"] == (V3_EP8_EXPERTS + V3_EMBEDDING) * 2
@@ -52,7 +56,9 @@ def test_tiny_model_keeps_deepspeeds_defaults():
     # tiny-deepseek-v3's largest module (8 experts: 8 x 64 x 64 + 8 x 64 x 32 = 49,152) is far below both defaults.
     b = zero_buffers(ParallelPlan(procs_per_node=2, device="cpu", precision="fp32"), TINY)
     assert b.gathered_elements == 49_152
-    assert (b.prefetch_bucket_size, b.max_live_parameters) == (50_000_000, 1_000_000_000)
+    # DeepSpeed's own defaults (runtime/zero/config.py in 0.19.8: 5e7 and 1e9).
+    ds = DeepSpeedZeroConfig()
+    assert (b.prefetch_bucket_size, b.max_live_parameters) == (ds.prefetch_bucket_size, ds.max_live_parameters)
 
 
 def test_no_sizes_below_zero3_or_without_a_model():
