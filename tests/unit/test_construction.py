@@ -16,7 +16,7 @@ def test_counts_the_bytes_of_parameters_zero_init_did_not_partition():
 
 
 def test_stops_above_the_limit_with_the_fix_and_passes_below():
-    model = torch.nn.Linear(1000, 1000)  # 4,004,000 bytes
+    model = torch.nn.Linear(1000, 1000)  # (1000 x 1000 weight + 1000 bias) x 4 B fp32 = 4,004,000 bytes
     with pytest.raises(
         ValueError, match=r"without ZeRO-3 partitioning: 3.8 MiB .*\(8 full copies, 30.5 MiB.*model_init"
     ):
