@@ -108,7 +108,8 @@ def test_activation_formula_and_checkpointing():
     dense, moe = attention + 57_348 + 73_728, attention + 57_348 + 28_672 + 360_448 + 8_192
     logits = 4096 * 64_640 * 14
     assert activation_bytes(plan, V3) == tokens * (3 * dense + 58 * moe) + logits
-    # At TP 1 the MLA attention is 2.9x the attention part of the dense formula s*b*h*(10 + 24/t) (13*h at t = 1).
+    # At TP 1 the MLA attention is 2.9x the attention part of the dense formula s*b*h*(10 + 24/t) (13*h at t = 1):
+    # the docstring's norms 57,348 + 12,292 + 4,100 = 73,740 and 2 x 128 x (2 x 192 + 256 + 128) = 196,608 unsplit.
     assert 73_740 + 196_608 == pytest.approx(2.9 * 13 * h, rel=0.01)
     ckpt = activation_bytes(replace(plan, activation_checkpointing=True), V3)
     assert ckpt == tokens * 61 * 2 * h + tokens * moe + logits
