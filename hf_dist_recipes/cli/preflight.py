@@ -13,7 +13,7 @@ with --machine-rank N, as with accelerate launch. Seven checks, one progress lin
   7 logs           every rank's TensorBoard run was written and `logs summarize` reads it
 A plan that cannot work (unreadable files, TP or EP not dividing the processes or the model) stops here, before
 anything is launched. Exit status: 0 all passed, 1 warnings only, 2 any error (a check that did not finish is an
-error). A dead or hung rank ends the preflight within the watchdog's bound (60 s), naming it; --timeout-s bounds the
+error). A dead or hung rank ends the preflight within --peer-timeout-s (60 s), naming it; --timeout-s bounds the
 whole launch. The ranks' output goes to <output-dir>/preflight_launch.log; the report to
 <output-dir>/preflight_report.json.
 """
@@ -45,6 +45,8 @@ def register(subparsers) -> None:
     parser.add_argument("--machine-rank", type=int, help="this machine's rank in a multi-machine launch")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="hard bound on the whole launch in seconds "
                         "(default 600: a first run builds DeepSpeed's ops)")
+    parser.add_argument("--peer-timeout-s", type=float, default=60.0, help="a rank whose heartbeat stops this long "
+                        "(dead, stopped, host down) ends the preflight, named (default 60, at least 5)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON (progress goes to stderr)")
     parser.set_defaults(run=run)
 
@@ -58,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     # DeepSpeed's import (the lint) logs to stdout; under --json stdout is the report alone.
     with contextlib.redirect_stdout(out):
         plan = plan_preflight(args.config_file, model=args.model, steps=args.steps, seed=args.seed,
-                              output_dir=args.output_dir, machine_rank=args.machine_rank)
+                              output_dir=args.output_dir, machine_rank=args.machine_rank,
+                              peer_timeout_s=args.peer_timeout_s)
     print(f"preflight: {plan.config_file}: {plan.world_size} process(es), plan checked against {plan.models.name}; "
           f"launching (log: {plan.output_dir}/preflight_launch.log)", file=out, flush=True)
     report = run_preflight(plan, timeout_s=args.timeout_s, on_line=lambda line: print(line, file=out, flush=True))

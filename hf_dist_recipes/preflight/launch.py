@@ -29,6 +29,7 @@ from hf_dist_recipes.preflight.worker import PROGRESS_PREFIX, REPORT_FILENAME
 
 LOG_FILENAME = "preflight_launch.log"
 DEFAULT_TIMEOUT_S = 600.0  # the whole launch, a first run's DeepSpeed op build included (about 60 s on 2 cores)
+LOST_GRACE_S = 5.0  # after the watchdog's verdict, rank 0's time to write the report and the launch to end
 KILL_GRACE_S = 15.0  # after SIGTERM, the launcher's time to end its ranks before everything is SIGKILLed
 _PROGRESS = re.compile(r"^preflight: \[(\d+)/\d+\] (\w+) \.\.\.(?: (ok|warning|error))?")
 # torch elastic's failure table ("rank      : 1 (local_rank: 1)") and the watchdog's "lost rank 1 (host h)"
@@ -58,7 +59,7 @@ def _free_port() -> int:
 
 def plan_preflight(config_file: str | Path, *, model: str | None = None, steps: int = 20, seed: int = 42,
                    output_dir: str | Path = "runs/preflight", machine_rank: int | None = None,
-                   cwd: str | Path | None = None) -> PreflightPlan:
+                   cwd: str | Path | None = None, peer_timeout_s: float = 60.0) -> PreflightPlan:
     """Check the launch without launching (module docstring); the returned plan carries the command."""
     from hf_dist_recipes.parallel.lint import ERROR as LINT_ERROR
     from hf_dist_recipes.parallel.lint import lint_accelerate
@@ -68,6 +69,11 @@ def plan_preflight(config_file: str | Path, *, model: str | None = None, steps: 
     positive_int(steps, "--steps", 20, minimum=8, unit="optimizer steps")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"--seed must be an integer >= 0, got {seed!r}; e.g. --seed 42")
+    from hf_dist_recipes.watchdog import validate_hang_settings
+
+    if not peer_timeout_s:
+        raise ValueError("--peer-timeout-s 0 would let a dead rank hang the preflight; e.g. --peer-timeout-s 60")
+    validate_hang_settings(peer_timeout_s, 0)
     cwd = Path(cwd or Path.cwd()).resolve()
     out = writable_dir(output_dir, "--output-dir", "runs/preflight")
     cfg, plan, recorded = launch_plan(config_file, root=cwd)  # cheap: one line for a plan that cannot run
@@ -97,7 +103,8 @@ def plan_preflight(config_file: str | Path, *, model: str | None = None, steps: 
         # collide with it (or with a second preflight).
         command += ["--main_process_port", str(_free_port())]
     command += ["-m", "hf_dist_recipes.preflight.worker", "--config-file", str(Path(config_file).resolve()),
-                "--output-dir", str(out), "--steps", str(steps), "--seed", str(seed)]
+                "--output-dir", str(out), "--steps", str(steps), "--seed", str(seed),
+                "--peer-timeout-s", str(peer_timeout_s)]
     if model:
         command += ["--model", model]
     return PreflightPlan(config_file=Path(config_file), output_dir=out, world_size=plan.world_size, plan=plan,
@@ -114,16 +121,16 @@ def _descendants(pid: int) -> list:
         return []
 
 
-def _kill_launch(proc: subprocess.Popen) -> None:
+def _kill_launch(proc: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
     """SIGTERM the launcher's process group (torch elastic then ends its ranks, each in its own session), and after
-    KILL_GRACE_S SIGKILL whatever the launcher started that is still there (a stopped or stuck rank)."""
+    `grace_s` SIGKILL whatever the launcher started that is still there (a stopped or stuck rank)."""
     children = _descendants(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
         pass
     try:
-        proc.wait(timeout=KILL_GRACE_S)
+        proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         pass
     for child in children:
@@ -148,6 +155,7 @@ class _Progress:
         self.finished: dict[str, str] = {}
         self.failed_rank: int | None = None
         self.lost: str | None = None
+        self.lost_at: float | None = None
 
     def feed(self, line: str) -> None:
         if line.startswith(PROGRESS_PREFIX):
@@ -159,7 +167,7 @@ class _Progress:
                     self.finished[m.group(2)] = m.group(3)
         m = _LOST_RANK.search(line)
         if m and self.lost is None:
-            self.lost = f"rank {m.group(1)} (host {m.group(2)})"
+            self.lost, self.lost_at = f"rank {m.group(1)} (host {m.group(2)})", time.perf_counter()
         m = _FAILED_RANK.match(line)
         if m and self.failed_rank is None:
             self.failed_rank = int(m.group(1))
@@ -194,17 +202,31 @@ def run_preflight(p: PreflightPlan, *, timeout_s: float = DEFAULT_TIMEOUT_S, on_
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_launch(proc)
+        timed_out = _wait(proc, progress, start + timeout_s)
         reader.join(timeout=10)
     report = read_report(report_path, p)
     report.results.extend(_unfinished(report, progress, proc.returncode, timed_out, timeout_s, log_path))
     report.elapsed_s = time.perf_counter() - start
     return report
+
+
+def _wait(proc: subprocess.Popen, progress: "_Progress", deadline: float) -> bool:
+    """Wait for the launch until `deadline` (perf_counter seconds); True when it had to be killed for it. Once the
+    watchdog has named a lost rank, the launch gets LOST_GRACE_S to end by itself: torch elastic gives a stopped
+    rank 30 s to answer SIGTERM before its SIGKILL, time the verdict no longer needs."""
+    while True:
+        now = time.perf_counter()
+        if progress.lost_at is not None and now - progress.lost_at > LOST_GRACE_S:
+            _kill_launch(proc, grace_s=2.0)  # the ranks had LOST_GRACE_S already
+            return False
+        if now >= deadline:
+            _kill_launch(proc)
+            return True
+        try:
+            proc.wait(timeout=min(1.0, deadline - now))
+            return False
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def read_report(path: Path, p: PreflightPlan) -> PreflightReport:
@@ -223,10 +245,17 @@ def _unfinished(report: PreflightReport, progress: _Progress, returncode: int | 
     """An error for every check the report lacks, saying why: the bound, or how the launch ended."""
     done = report.by_check()
     missing = [name for name in CHECKS if name not in done]
-    if not missing:
-        return []
     who = progress.lost or (f"rank {progress.failed_rank}" if progress.failed_rank is not None else None)
     ranks = tuple(int(x) for x in re.findall(r"rank (\d+)", who or ""))[:1]
+    if not missing:
+        if returncode == 0 and not timed_out:
+            return []
+        # Every check reported, but a rank failed or was lost at the end (the final synchronisation): a job on
+        # these machines would meet the same rank; the last check carries it, an exit 0 would hide it.
+        return [CheckResult(CHECKS[-1], ERROR, f"after the last check the launch ended with exit code {returncode}"
+                            + (f"; {who} failed or was lost" if who else "") + f"; log: {log_path}",
+                            fix="the ranks' output is in the launch log; fix what it shows and rerun the preflight",
+                            ranks=ranks)]
     if timed_out:
         why = f"never finished: the preflight was stopped after --timeout-s {timeout_s:g} s"
         fix = ("a rank is stuck (see the last lines of the launch log); a first run also builds DeepSpeed's ops, "

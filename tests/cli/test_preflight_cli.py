@@ -112,3 +112,104 @@ def test_shipped_tp2_ep2_config_passes(tmp_path):
     plan = next(r for r in report["results"] if r["name"] == "plan")
     assert plan["data"]["plan"]["tp"] == 2 and plan["data"]["plan"]["ep"] == 2
     assert seconds < 120, f"{seconds:.0f} s: the goal is under 2 minutes after the first op build"
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.skipif(_nvidia_host(), reason="a DeepSpeed CPU launch on a GPU host needs ACCELERATE_USE_CPU, which "
+                    "drops DeepSpeed (see the comment above)")
+def test_a_stopped_rank_ends_the_preflight_naming_it(tmp_path):
+    """Rank 1 is SIGSTOPped as the backend check starts (alive to the kernel, silent to its peers: the case no
+    socket error reveals). The preflight must end within the heartbeat bound, exit 2, and the report must name
+    rank 1 under the training check and list the checks that never ran."""
+    import signal
+    import threading
+
+    import psutil
+
+    env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}
+    env.update(PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    proc = subprocess.Popen([sys.executable, "-m", "hf_dist_recipes.cli.main", "preflight", "--config-file",
+                             "accelerate_configs/cpu_zero3_2proc.yaml", "--json", "--peer-timeout-s", "10",
+                             "--output-dir", str(tmp_path / "preflight")], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stopped: list = []
+    stopped_at: list[float] = []
+
+    def watch_progress():
+        for line in proc.stderr:
+            if "[2/7] backend ..." in line and not stopped:
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    try:
+                        if "preflight.worker" in " ".join(child.cmdline()) and child.environ().get("RANK") == "1":
+                            child.send_signal(signal.SIGSTOP)
+                            stopped.append(child)
+                            stopped_at.append(time.perf_counter())
+                    except psutil.Error:
+                        pass
+
+    watcher = threading.Thread(target=watch_progress, daemon=True)
+    watcher.start()
+    try:
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        for child in stopped:  # whatever happens, leave no stopped process behind
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+        if proc.poll() is None:
+            proc.kill()
+    ended = time.perf_counter()
+    assert stopped, "rank 1 was not found to stop"
+    print(f"stopped rank 1: the preflight ended {ended - stopped_at[0]:.1f} s later")
+    # Heartbeat bound 10 s + one interval (1 s) + LOST_GRACE_S (5 s) + 2 s before SIGKILL + start-up slack.
+    assert ended - stopped_at[0] < 30, f"{ended - stopped_at[0]:.0f} s after rank 1 stopped"
+    report = json.loads(out)
+    jsonschema.validate(report, REPORT_SCHEMA)
+    assert proc.returncode == 2 == report["exit_code"]
+    # The check running when the heartbeat verdict came (the one after backend, unless the stop landed late)
+    # carries it; every check after it never ran and is an error too.
+    lost = [r for r in report["results"] if r["status"] == "error" and "lost rank 1" in r["detail"]]
+    assert lost and lost[0]["ranks"] == [1], report["results"]
+    after = CHECKS[CHECKS.index(lost[0]["name"]) + 1:]
+    assert all(report["checks"][name] == "error" for name in after), report["checks"]
+    assert report["checks"]["logs"] == "error"
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(_nvidia_host(), reason="a DeepSpeed CPU launch on a GPU host needs ACCELERATE_USE_CPU, which "
+                    "drops DeepSpeed (see the comment above)")
+def test_the_outer_timeout_kills_the_launch_and_names_the_unfinished_checks(tmp_path):
+    import psutil
+
+    env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}
+    env.update(PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "hf_dist_recipes.cli.main", "preflight", "--config-file",
+                             "accelerate_configs/cpu_zero3_2proc.yaml", "--json", "--timeout-s", "8",
+                             "--output-dir", str(tmp_path / "preflight")], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = set()
+    try:
+        while proc.poll() is None and time.perf_counter() - start < 120:
+            try:
+                seen |= {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+            except psutil.Error:
+                pass
+            time.sleep(0.5)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    seconds = time.perf_counter() - start
+    # 8 s bound + KILL_GRACE_S (15 s) + the CLI's own start-up and plan check (a few seconds on 2 cores)
+    assert seconds < 45, f"{seconds:.0f} s"
+    report = json.loads(out)
+    jsonschema.validate(report, REPORT_SCHEMA)
+    assert proc.returncode == 2 == report["exit_code"]
+    unfinished = [r for r in report["results"] if "--timeout-s 8" in r["detail"]]
+    assert unfinished and {r["status"] for r in unfinished} == {"error"}
+    assert set(CHECKS) == set(report["checks"])
+    assert not [pid for pid in seen if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"], \
+        "processes of the launch outlived the preflight"
