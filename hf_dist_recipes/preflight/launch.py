@@ -47,6 +47,7 @@ class PreflightPlan:
     lint_warnings: tuple[str, ...]
     cwd: Path
     command: list[str] = field(default_factory=list)
+    machine_rank: int | None = None
 
 
 def _free_port() -> int:
@@ -109,7 +110,7 @@ def plan_preflight(config_file: str | Path, *, model: str | None = None, steps: 
         command += ["--model", model]
     return PreflightPlan(config_file=Path(config_file), output_dir=out, world_size=plan.world_size, plan=plan,
                          models=models, lint_warnings=tuple(w.message for w in findings if w.level != LINT_ERROR)
-                         + tuple(warnings), cwd=cwd, command=command)
+                         + tuple(warnings), cwd=cwd, command=command, machine_rank=machine_rank)
 
 
 def _descendants(pid: int) -> list:
@@ -180,16 +181,17 @@ def run_preflight(p: PreflightPlan, *, timeout_s: float = DEFAULT_TIMEOUT_S, on_
     start = time.perf_counter()
     p.output_dir.mkdir(parents=True, exist_ok=True)
     report_path = p.output_dir / REPORT_FILENAME
-    report_path.unlink(missing_ok=True)  # a report left by an earlier preflight must not pass for this one's
-    # The training checks start new TensorBoard runs: RecipeTrainer refuses to mix a new launch into old ones.
-    for sub in ("tensorboard", "training", "failure_paths", "rank_summaries"):
-        shutil.rmtree(p.output_dir / sub, ignore_errors=True)
+    if not p.machine_rank:  # machine 0 owns the output directory, which the machines may share
+        report_path.unlink(missing_ok=True)  # a report left by an earlier preflight must not pass for this one's
+        # The training checks start new TensorBoard runs: RecipeTrainer refuses to mix a new launch into old ones.
+        for sub in ("tensorboard", "training", "failure_paths", "rank_summaries"):
+            shutil.rmtree(p.output_dir / sub, ignore_errors=True)
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(hf_dist_recipes.__file__).parents[1]),
                                                       env.get("PYTHONPATH")]))
     env.setdefault("PYTHONUNBUFFERED", "1")
     progress = _Progress(on_line)
-    log_path = p.output_dir / LOG_FILENAME
+    log_path = p.output_dir / (LOG_FILENAME if not p.machine_rank else f"preflight_launch_machine{p.machine_rank}.log")
     with open(log_path, "w") as log:
         proc = subprocess.Popen(p.command, cwd=p.cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, errors="replace", start_new_session=True)
@@ -204,7 +206,12 @@ def run_preflight(p: PreflightPlan, *, timeout_s: float = DEFAULT_TIMEOUT_S, on_
         reader.start()
         timed_out = _wait(proc, progress, start + timeout_s)
         reader.join(timeout=10)
-    report = read_report(report_path, p)
+    report = read_report(report_path if not p.machine_rank else p.output_dir / "-", p)
+    if p.machine_rank and proc.returncode == 0 and not timed_out:
+        # Rank 0, on machine 0, writes the report; this machine's ranks took part in every check and ended well.
+        report.results = [CheckResult(name, "ok", f"machine {p.machine_rank}'s ranks took part and ended well; the "
+                                      f"findings are in the report on machine 0 ({REPORT_FILENAME} in its output "
+                                      "directory)") for name in CHECKS]
     report.results.extend(_unfinished(report, progress, proc.returncode, timed_out, timeout_s, log_path))
     report.elapsed_s = time.perf_counter() - start
     return report

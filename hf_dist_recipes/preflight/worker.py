@@ -213,9 +213,18 @@ def main(argv: list[str] | None = None) -> int:
     from hf_dist_recipes import _compat
     from hf_dist_recipes.watchdog import HeartbeatWatchdog
 
+    if dist.is_initialized():
+        # transformers 5.24 passes ddp_timeout to the group only on GPU / DeepSpeed hosts (training_args.py
+        # _setup_devices: not with use_cpu), so set it on every group: ranks stuck in mismatched collectives (alive,
+        # so the heartbeat cannot tell) end within it instead of Gloo's 30 minutes.
+        _compat.set_collective_timeout(args.collective_timeout_s)
+
     watchdog = None
     if dist.is_initialized() and dist.get_world_size() > 1 and args.peer_timeout_s:
-        watchdog = HeartbeatWatchdog(_compat.default_store(), dist.get_rank(), dist.get_world_size(),
+        # Its own key space: RecipeTrainer's watchdog (inside the training checks) beats under the same keys and
+        # marks each rank "done" at the end of each run, which would make a rank stopped after that look finished.
+        store = dist.PrefixStore("hf_dist_recipes/preflight/", _compat.default_store())
+        watchdog = HeartbeatWatchdog(store, dist.get_rank(), dist.get_world_size(),
                                      args.peer_timeout_s, on_lost=reporter.lost)
         watchdog.start()
     run_checks(args, reporter, rank, world)

@@ -213,3 +213,29 @@ def test_the_outer_timeout_kills_the_launch_and_names_the_unfinished_checks(tmp_
     assert set(CHECKS) == set(report["checks"])
     assert not [pid for pid in seen if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"], \
         "processes of the launch outlived the preflight"
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.skipif(_nvidia_host(), reason="a DeepSpeed CPU launch on a GPU host needs ACCELERATE_USE_CPU, which "
+                    "drops DeepSpeed (see the comment above)")
+def test_two_machines_each_run_the_same_command_with_their_machine_rank(tmp_path):
+    """Machines 0 and 1 on 127.0.0.1 (one process each) sharing the output directory (the resume check reads
+    the checkpoint rank 0 saved, as a job's resume would): machine 0 gets the report; machine 1 exits 0 saying so."""
+    from conftest import two_machine_config
+
+    config, _ = two_machine_config(tmp_path / "configs")
+    env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}
+    env.update(PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    procs = [subprocess.Popen([sys.executable, "-m", "hf_dist_recipes.cli.main", "preflight", "--config-file",
+                               str(config), "--json", "--machine-rank", str(m), "--timeout-s", "300",
+                               "--output-dir", str(tmp_path / "shared")], cwd=tmp_path / "configs", env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for m in (0, 1)]
+    outs = [p.communicate(timeout=400) for p in procs]
+    reports = [json.loads(out) for out, _ in outs]
+    for report in reports:
+        jsonschema.validate(report, REPORT_SCHEMA)
+    assert reports[0]["world_size"] == 2 and len(reports[0]["hosts"]) == 2
+    check_passes(type("P", (), {"returncode": procs[0].returncode, "stderr": outs[0][1]}), reports[0], 2)
+    assert procs[1].returncode == 0 and set(reports[1]["checks"]) == set(CHECKS)
+    assert all("report on machine 0" in r["detail"] for r in reports[1]["results"])
