@@ -30,23 +30,40 @@ MARK = {"ok": "ok", "warning": "WARNING", "error": "ERROR"}
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "preflight", help="prove a launch config on the machines it will run on: environment, backend, "
-        "communication, plan, training, failure paths, logs", description=__doc__,
+        "preflight",
+        help="prove a launch config on the machines it will run on: environment, backend, "
+        "communication, plan, training, failure paths, logs",
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: hf-dist-recipes preflight --config-file accelerate_configs/cpu_zero3_2proc.yaml",
     )
     parser.add_argument("--config-file", required=True, help="the accelerate YAML the job will be launched with")
-    parser.add_argument("--model", help="a template name (hf-dist-recipes config estimate --help lists them) or a "
-                        "local directory / config.json (default: the model the JSON records, else the demo's)")
+    parser.add_argument(
+        "--model",
+        help="a template name (hf-dist-recipes config estimate --help lists them) or a "
+        "local directory / config.json (default: the model the JSON records, else the demo's)",
+    )
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps of the training check (default 20)")
     parser.add_argument("--seed", type=int, default=42, help="seed of the training checks (default 42)")
-    parser.add_argument("--output-dir", default="runs/preflight", help="where the report, the launch log and the "
-                        "training checks' runs go (default runs/preflight)")
+    parser.add_argument(
+        "--output-dir",
+        default="runs/preflight",
+        help="where the report, the launch log and the training checks' runs go (default runs/preflight)",
+    )
     parser.add_argument("--machine-rank", type=int, help="this machine's rank in a multi-machine launch")
-    parser.add_argument("--timeout-s", type=float, default=600.0, help="hard bound on the whole launch in seconds "
-                        "(default 600: a first run builds DeepSpeed's ops)")
-    parser.add_argument("--peer-timeout-s", type=float, default=60.0, help="a rank whose heartbeat stops this long "
-                        "(dead, stopped, host down) ends the preflight, named (default 60, at least 5)")
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=600.0,
+        help="hard bound on the whole launch in seconds (default 600: a first run builds DeepSpeed's ops)",
+    )
+    parser.add_argument(
+        "--peer-timeout-s",
+        type=float,
+        default=60.0,
+        help="a rank whose heartbeat stops this long "
+        "(dead, stopped, host down) ends the preflight, named (default 60, at least 5)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON (progress goes to stderr)")
     parser.set_defaults(run=run)
 
@@ -59,11 +76,21 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stderr if args.json else sys.stdout
     # DeepSpeed's import (the lint) logs to stdout; under --json stdout is the report alone.
     with contextlib.redirect_stdout(out):
-        plan = plan_preflight(args.config_file, model=args.model, steps=args.steps, seed=args.seed,
-                              output_dir=args.output_dir, machine_rank=args.machine_rank,
-                              peer_timeout_s=args.peer_timeout_s)
-    print(f"preflight: {plan.config_file}: {plan.world_size} process(es), plan checked against {plan.models.name}; "
-          f"launching (log: {plan.output_dir}/preflight_launch.log)", file=out, flush=True)
+        plan = plan_preflight(
+            args.config_file,
+            model=args.model,
+            steps=args.steps,
+            seed=args.seed,
+            output_dir=args.output_dir,
+            machine_rank=args.machine_rank,
+            peer_timeout_s=args.peer_timeout_s,
+        )
+    print(
+        f"preflight: {plan.config_file}: {plan.world_size} process(es), plan checked against {plan.models.name}; "
+        f"launching (log: {plan.output_dir}/preflight_launch.log)",
+        file=out,
+        flush=True,
+    )
     report = run_preflight(plan, timeout_s=args.timeout_s, on_line=lambda line: print(line, file=out, flush=True))
     data = report.to_dict()
     print(json.dumps(data, indent=2) if args.json else render(data))
@@ -74,14 +101,18 @@ def render(data: dict) -> str:
     """One table: each result's status, check and detail, with the fix under every warning and error."""
     width = max(len(name) for name in [r["name"] for r in data["results"]] + ["check"])
     hosts = sorted(set(data["hosts"]))
-    lines = [f"hf-dist-recipes preflight of {data['config_file']}: {data['world_size']} rank(s)"
-             + (f" on {', '.join(hosts)}" if hosts else "")]
+    lines = [
+        f"hf-dist-recipes preflight of {data['config_file']}: {data['world_size']} rank(s)"
+        + (f" on {', '.join(hosts)}" if hosts else "")
+    ]
     for r in data["results"]:
         lines.append(f"  {MARK[r['status']]:<7}  {r['name']:<{width}}  {r['detail']}")
         if r["fix"]:
             lines.append(f"  {'':<7}  {'':<{width}}  fix: {r['fix']}")
     checks = data["checks"]
     counts = {s: sum(v == s for v in checks.values()) for s in MARK}
-    lines.append(f"{counts['ok']} check(s) ok, {counts['warning']} with warnings, {counts['error']} with errors, in "
-                 f"{data['elapsed_s']:.0f} s; exit {data['exit_code']}")
+    lines.append(
+        f"{counts['ok']} check(s) ok, {counts['warning']} with warnings, {counts['error']} with errors, in "
+        f"{data['elapsed_s']:.0f} s; exit {data['exit_code']}"
+    )
     return "\n".join(lines)

@@ -14,8 +14,10 @@ from collections.abc import Callable, Sequence
 from hf_dist_recipes.preflight.result import ERROR, OK, WARNING, CheckResult
 
 PREFLIGHT_SIZES = "4K,256K,4M"
-FIX_SLOW = ("run hf-dist-recipes commbench on these machines for the full picture; look at the flagged host's "
-            "network (ibstat, NCCL_DEBUG=INFO for the transport used) and load")
+FIX_SLOW = (
+    "run hf-dist-recipes commbench on these machines for the full picture; look at the flagged host's "
+    "network (ibstat, NCCL_DEBUG=INFO for the transport used) and load"
+)
 
 
 def bench_settings():
@@ -34,8 +36,11 @@ def communication_check(gather: Callable[[object], list], hosts: Sequence[str]) 
     if not dist.is_initialized() or dist.get_world_size() < 2:
         return [CheckResult("communication", OK, "one process: no communication to measure")]
     backend = str(dist.get_backend())
-    device = (torch.device("cuda", torch.cuda.current_device()) if "nccl" in backend and torch.cuda.is_available()
-              else torch.device("cpu"))
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if "nccl" in backend and torch.cuda.is_available()
+        else torch.device("cpu")
+    )
     result = run_benchmark(bench_settings(), device, backend)
     return interpret(result)
 
@@ -45,30 +50,58 @@ def interpret(result: dict) -> list[CheckResult]:
     out = []
     refused = [r for r in result["results"] if r["time_us"] is None]
     for r in refused:
-        out.append(CheckResult("communication", ERROR, f"{r['op']} of {r['size_bytes']} bytes: {r['note']}",
-                               fix="use the backend the policy picks for the host (NCCL on GPUs)"))
+        out.append(
+            CheckResult(
+                "communication",
+                ERROR,
+                f"{r['op']} of {r['size_bytes']} bytes: {r['note']}",
+                fix="use the backend the policy picks for the host (NCCL on GPUs)",
+            )
+        )
     for link in result["links"]:
         if link["flagged"]:
-            out.append(CheckResult(
-                "communication", WARNING, f"link rank {link['src']} ({link['src_host']}) -> rank {link['dst']} "
-                f"({link['dst_host']}): {link['GBps']:.3f} GB/s, below {result['fraction']:.0%} of the median link",
-                fix=FIX_SLOW, ranks=(link["src"], link["dst"])))
+            out.append(
+                CheckResult(
+                    "communication",
+                    WARNING,
+                    f"link rank {link['src']} ({link['src_host']}) -> rank {link['dst']} "
+                    f"({link['dst_host']}): {link['GBps']:.3f} GB/s, below {result['fraction']:.0%} of the median link",
+                    fix=FIX_SLOW,
+                    ranks=(link["src"], link["dst"]),
+                )
+            )
     for rank in result["ranks"]:
         if rank["flagged"]:
-            out.append(CheckResult(
-                "communication", WARNING, f"rank {rank['rank']} ({rank['host']}): all-reduce at "
-                f"{rank['algbw_GBps']:.3f} GB/s, below {result['fraction']:.0%} of the median rank",
-                fix=FIX_SLOW, ranks=(rank["rank"],)))
+            out.append(
+                CheckResult(
+                    "communication",
+                    WARNING,
+                    f"rank {rank['rank']} ({rank['host']}): all-reduce at "
+                    f"{rank['algbw_GBps']:.3f} GB/s, below {result['fraction']:.0%} of the median rank",
+                    fix=FIX_SLOW,
+                    ranks=(rank["rank"],),
+                )
+            )
     timed = [r for r in result["results"] if r["time_us"] is not None]
-    summary = {r["op"]: r for r in timed if r["size_bytes"] == max(x["size_bytes"] for x in timed if x["op"] == r["op"])}
+    summary = {
+        r["op"]: r for r in timed if r["size_bytes"] == max(x["size_bytes"] for x in timed if x["op"] == r["op"])
+    }
     data = {k: result[k] for k in ("backend", "device", "world_size", "results", "links", "ranks", "flagged")}
     if not out:
-        what = ", ".join(f"{op} {r['size_bytes'] // 1024} KiB {r['busbw_GBps']:.3f} GB/s busbw"
-                         for op, r in summary.items())
+        what = ", ".join(
+            f"{op} {r['size_bytes'] // 1024} KiB {r['busbw_GBps']:.3f} GB/s busbw" for op, r in summary.items()
+        )
         links = [x["GBps"] for x in result["links"]]
-        out.append(CheckResult("communication", OK, f"{result['backend']} on {result['device']}, "
-                               f"{result['world_size']} ranks: {what}; {len(links)} ring links "
-                               f"{min(links):.3f}-{max(links):.3f} GB/s, none flagged", data=data))
+        out.append(
+            CheckResult(
+                "communication",
+                OK,
+                f"{result['backend']} on {result['device']}, "
+                f"{result['world_size']} ranks: {what}; {len(links)} ring links "
+                f"{min(links):.3f}-{max(links):.3f} GB/s, none flagged",
+                data=data,
+            )
+        )
     else:
         out[0] = CheckResult(out[0].name, out[0].status, out[0].detail, out[0].fix, out[0].ranks, data)
     return out

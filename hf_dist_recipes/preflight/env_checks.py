@@ -40,10 +40,19 @@ def local_doctor() -> list[dict]:
     try:
         report = run_checks(probe())
     except Exception as err:  # a probe that fails on one node is that node's finding, not a crash of the launch
-        return [{"status": ERROR, "what": "doctor", "detail": f"the probe failed: {type(err).__name__}: {err}",
-                 "fix": "run hf-dist-recipes doctor on that host to see the failure"}]
-    return [{"status": c.status, "what": f"doctor: {c.name}", "detail": c.detail, "fix": c.fix or "see doctor"}
-            for c in report.checks if c.status != OK]
+        return [
+            {
+                "status": ERROR,
+                "what": "doctor",
+                "detail": f"the probe failed: {type(err).__name__}: {err}",
+                "fix": "run hf-dist-recipes doctor on that host to see the failure",
+            }
+        ]
+    return [
+        {"status": c.status, "what": f"doctor: {c.name}", "detail": c.detail, "fix": c.fix or "see doctor"}
+        for c in report.checks
+        if c.status != OK
+    ]
 
 
 def local_fingerprint() -> dict:
@@ -67,18 +76,31 @@ def environment_check(gather: Gather) -> tuple[list[CheckResult], list[str]]:
     results = merge_by_rank("environment", doctor, hosts)
     diffs = fingerprint_differences(fingerprints)
     if diffs:
-        results.append(CheckResult(
-            "environment", ERROR, describe_differences(fingerprints, diffs).split(". Install")[0],
-            fix="install the same versions on every node: `hf-dist-recipes pin --output DIR` on a good node writes a "
+        results.append(
+            CheckResult(
+                "environment",
+                ERROR,
+                describe_differences(fingerprints, diffs).split(". Install")[0],
+                fix="install the same versions on every node: `hf-dist-recipes pin --output DIR` on a good node "
+                "writes a "
                 "lock and an image, `hf-dist-recipes doctor --lock DIR/requirements.lock` on each node names what "
-                "drifted", ranks=tuple(diffs), data={"fingerprints": fingerprints}))
+                "drifted",
+                ranks=tuple(diffs),
+                data={"fingerprints": fingerprints},
+            )
+        )
     if not results:
         distinct = sorted(set(hosts))
-        results.append(CheckResult(
-            "environment", OK, f"the doctor's checks pass on all {len(fingerprints)} rank(s) on {len(distinct)} "
-            f"host(s) ({', '.join(distinct)}), and their environments agree (torch {fingerprints[0].get('torch')}, "
-            f"deepspeed {fingerprints[0].get('deepspeed')}, transformers {fingerprints[0].get('transformers')})",
-            data={"fingerprint": fingerprints[0]}))
+        results.append(
+            CheckResult(
+                "environment",
+                OK,
+                f"the doctor's checks pass on all {len(fingerprints)} rank(s) on {len(distinct)} "
+                f"host(s) ({', '.join(distinct)}), and their environments agree (torch {fingerprints[0].get('torch')}, "
+                f"deepspeed {fingerprints[0].get('deepspeed')}, transformers {fingerprints[0].get('transformers')})",
+                data={"fingerprint": fingerprints[0]},
+            )
+        )
     return results, hosts
 
 
@@ -91,14 +113,24 @@ def local_backend() -> dict:
     try:
         live = backend.check_process_group_backend(cuda_devices=gpus)
     except ValueError as err:
-        return {"status": ERROR, "backend": None, "gpus": gpus, "detail": str(err).split(". ")[0],
-                "fix": str(err).split(". ", 1)[-1]}
+        return {
+            "status": ERROR,
+            "backend": None,
+            "gpus": gpus,
+            "detail": str(err).split(". ")[0],
+            "fix": str(err).split(". ", 1)[-1],
+        }
     dropped = deepspeed_dropped()
     if dropped:
         return {"status": ERROR, "backend": live, "gpus": gpus, "detail": dropped[0], "fix": dropped[1]}
     if live is None:
-        return {"status": ERROR, "backend": None, "gpus": gpus, "detail": "no process group on this rank",
-                "fix": "launch with accelerate launch (the preflight does)"}
+        return {
+            "status": ERROR,
+            "backend": None,
+            "gpus": gpus,
+            "detail": "no process group on this rank",
+            "fix": "launch with accelerate launch (the preflight does)",
+        }
     return {"status": OK, "backend": live, "gpus": gpus, "detail": "", "fix": ""}
 
 
@@ -118,10 +150,12 @@ def deepspeed_dropped(environ=None) -> tuple[str, str] | None:
     cpu = env.get("ACCELERATE_USE_CPU", "").strip().lower() in TRUE_VALUES
     if not (wants_ds and cpu):
         return None
-    return (f"the launch config asks for DeepSpeed but ACCELERATE_USE_CPU={env['ACCELERATE_USE_CPU']} is set: "
-            "accelerate then drops DeepSpeed and the job trains without ZeRO/TP/EP, silently",
-            "unset ACCELERATE_USE_CPU in the launching shell (use_cpu: true in the YAML is how a DeepSpeed launch "
-            "asks for the CPU)")
+    return (
+        f"the launch config asks for DeepSpeed but ACCELERATE_USE_CPU={env['ACCELERATE_USE_CPU']} is set: "
+        "accelerate then drops DeepSpeed and the job trains without ZeRO/TP/EP, silently",
+        "unset ACCELERATE_USE_CPU in the launching shell (use_cpu: true in the YAML is how a DeepSpeed launch "
+        "asks for the CPU)",
+    )
 
 
 def backend_check(gather: Gather, hosts: Sequence[str]) -> list[CheckResult]:
@@ -129,13 +163,28 @@ def backend_check(gather: Gather, hosts: Sequence[str]) -> list[CheckResult]:
     rows = gather(local_backend())
     bad = [(r, row) for r, row in enumerate(rows) if row["status"] != OK]
     if bad:
-        return merge_by_rank("backend", [[{"status": row["status"], "what": "process group", "detail": row["detail"],
-                                           "fix": row["fix"]}] if row["status"] != OK else [] for row in rows], hosts)
+        return merge_by_rank(
+            "backend",
+            [
+                [{"status": row["status"], "what": "process group", "detail": row["detail"], "fix": row["fix"]}]
+                if row["status"] != OK
+                else []
+                for row in rows
+            ],
+            hosts,
+        )
     backends = sorted({row["backend"] for row in rows})
     gpus = sorted({row["gpus"] for row in rows})
     where = "CPU-only (use_cpu, or no GPU visible)" if gpus == [0] else f"{'/'.join(map(str, gpus))} GPU(s) per process"
     status, fix = OK, ""
     if len(backends) > 1:
         status, fix = WARNING, "launch every machine with the same accelerate config"
-    return [CheckResult("backend", status, f"process group backend {', '.join(backends)} on all {len(rows)} rank(s), "
-                        f"{where}: right for the host", fix=fix, data={"backends": backends, "gpus": gpus})]
+    return [
+        CheckResult(
+            "backend",
+            status,
+            f"process group backend {', '.join(backends)} on all {len(rows)} rank(s), {where}: right for the host",
+            fix=fix,
+            data={"backends": backends, "gpus": gpus},
+        )
+    ]

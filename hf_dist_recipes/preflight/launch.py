@@ -58,9 +58,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def plan_preflight(config_file: str | Path, *, model: str | None = None, steps: int = 20, seed: int = 42,
-                   output_dir: str | Path = "runs/preflight", machine_rank: int | None = None,
-                   cwd: str | Path | None = None, peer_timeout_s: float = 60.0) -> PreflightPlan:
+def plan_preflight(
+    config_file: str | Path,
+    *,
+    model: str | None = None,
+    steps: int = 20,
+    seed: int = 42,
+    output_dir: str | Path = "runs/preflight",
+    machine_rank: int | None = None,
+    cwd: str | Path | None = None,
+    peer_timeout_s: float = 60.0,
+) -> PreflightPlan:
     """Check the launch without launching (module docstring); the returned plan carries the command."""
     from hf_dist_recipes.parallel.lint import ERROR as LINT_ERROR
     from hf_dist_recipes.parallel.lint import lint_accelerate
@@ -81,8 +89,10 @@ def plan_preflight(config_file: str | Path, *, model: str | None = None, steps: 
     if machine_rank is not None:
         positive_int(machine_rank, "--machine-rank", 1, minimum=0)
         if machine_rank >= cfg.num_machines:
-            raise ValueError(f"--machine-rank {machine_rank}: {cfg.path} has num_machines={cfg.num_machines}, so the "
-                             f"machine ranks are 0..{cfg.num_machines - 1}")
+            raise ValueError(
+                f"--machine-rank {machine_rank}: {cfg.path} has num_machines={cfg.num_machines}, so the "
+                f"machine ranks are 0..{cfg.num_machines - 1}"
+            )
     if model and (os.sep in model or model.endswith(".json")):
         model = str(Path(model).resolve())
     models = resolve_models(plan, model, recorded, deepspeed_file=cfg.deepspeed_file)
@@ -93,9 +103,14 @@ def plan_preflight(config_file: str | Path, *, model: str | None = None, steps: 
     findings = lint_accelerate(Path(config_file), root=cwd)
     errors = [f for f in findings if f.level == LINT_ERROR]
     if errors:
-        raise ValueError(f"{errors[0].path}: {errors[0].message}"
-                         + (f" (and {len(errors) - 1} more: hf-dist-recipes config validate {config_file})"
-                            if len(errors) > 1 else ""))
+        raise ValueError(
+            f"{errors[0].path}: {errors[0].message}"
+            + (
+                f" (and {len(errors) - 1} more: hf-dist-recipes config validate {config_file})"
+                if len(errors) > 1
+                else ""
+            )
+        )
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(Path(config_file).resolve())]
     if machine_rank is not None:
         command += ["--machine_rank", str(machine_rank)]
@@ -103,14 +118,33 @@ def plan_preflight(config_file: str | Path, *, model: str | None = None, steps: 
         # A job already training on this machine holds accelerate's default port 29500; the preflight must not
         # collide with it (or with a second preflight).
         command += ["--main_process_port", str(_free_port())]
-    command += ["-m", "hf_dist_recipes.preflight.worker", "--config-file", str(Path(config_file).resolve()),
-                "--output-dir", str(out), "--steps", str(steps), "--seed", str(seed),
-                "--peer-timeout-s", str(peer_timeout_s)]
+    command += [
+        "-m",
+        "hf_dist_recipes.preflight.worker",
+        "--config-file",
+        str(Path(config_file).resolve()),
+        "--output-dir",
+        str(out),
+        "--steps",
+        str(steps),
+        "--seed",
+        str(seed),
+        "--peer-timeout-s",
+        str(peer_timeout_s),
+    ]
     if model:
         command += ["--model", model]
-    return PreflightPlan(config_file=Path(config_file), output_dir=out, world_size=plan.world_size, plan=plan,
-                         models=models, lint_warnings=tuple(w.message for w in findings if w.level != LINT_ERROR)
-                         + tuple(warnings), cwd=cwd, command=command, machine_rank=machine_rank)
+    return PreflightPlan(
+        config_file=Path(config_file),
+        output_dir=out,
+        world_size=plan.world_size,
+        plan=plan,
+        models=models,
+        lint_warnings=tuple(w.message for w in findings if w.level != LINT_ERROR) + tuple(warnings),
+        cwd=cwd,
+        command=command,
+        machine_rank=machine_rank,
+    )
 
 
 def _descendants(pid: int) -> list:
@@ -174,8 +208,13 @@ class _Progress:
             self.failed_rank = int(m.group(1))
 
 
-def run_preflight(p: PreflightPlan, *, timeout_s: float = DEFAULT_TIMEOUT_S, on_line: Callable[[str], None] = print,
-                  env: dict[str, str] | None = None) -> PreflightReport:
+def run_preflight(
+    p: PreflightPlan,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    on_line: Callable[[str], None] = print,
+    env: dict[str, str] | None = None,
+) -> PreflightReport:
     """Launch `p`, relay its progress lines to `on_line`, and return the report (see the module docstring). The
     ranks' whole output goes to `<output_dir>/preflight_launch.log`."""
     start = time.perf_counter()
@@ -187,14 +226,23 @@ def run_preflight(p: PreflightPlan, *, timeout_s: float = DEFAULT_TIMEOUT_S, on_
         for sub in ("tensorboard", "training", "failure_paths", "rank_summaries"):
             shutil.rmtree(p.output_dir / sub, ignore_errors=True)
     env = dict(os.environ if env is None else env)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(hf_dist_recipes.__file__).parents[1]),
-                                                      env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(Path(hf_dist_recipes.__file__).parents[1]), env.get("PYTHONPATH")])
+    )
     env.setdefault("PYTHONUNBUFFERED", "1")
     progress = _Progress(on_line)
     log_path = p.output_dir / (LOG_FILENAME if not p.machine_rank else f"preflight_launch_machine{p.machine_rank}.log")
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(p.command, cwd=p.cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, errors="replace", start_new_session=True)
+        proc = subprocess.Popen(
+            p.command,
+            cwd=p.cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
 
         def pump():
             for line in proc.stdout:
@@ -209,15 +257,22 @@ def run_preflight(p: PreflightPlan, *, timeout_s: float = DEFAULT_TIMEOUT_S, on_
     report = read_report(report_path if not p.machine_rank else p.output_dir / "-", p)
     if p.machine_rank and proc.returncode == 0 and not timed_out:
         # Rank 0, on machine 0, writes the report; this machine's ranks took part in every check and ended well.
-        report.results = [CheckResult(name, "ok", f"machine {p.machine_rank}'s ranks took part and ended well; the "
-                                      f"findings are in the report on machine 0 ({REPORT_FILENAME} in its output "
-                                      "directory)") for name in CHECKS]
+        report.results = [
+            CheckResult(
+                name,
+                "ok",
+                f"machine {p.machine_rank}'s ranks took part and ended well; the "
+                f"findings are in the report on machine 0 ({REPORT_FILENAME} in its output "
+                "directory)",
+            )
+            for name in CHECKS
+        ]
     report.results.extend(_unfinished(report, progress, proc.returncode, timed_out, timeout_s, log_path))
     report.elapsed_s = time.perf_counter() - start
     return report
 
 
-def _wait(proc: subprocess.Popen, progress: "_Progress", deadline: float) -> bool:
+def _wait(proc: subprocess.Popen, progress: _Progress, deadline: float) -> bool:
     """Wait for the launch until `deadline` (perf_counter seconds); True when it had to be killed for it. Once the
     watchdog has named a lost rank, the launch gets LOST_GRACE_S to end by itself: torch elastic gives a stopped
     rank 30 s to answer SIGTERM before its SIGKILL, time the verdict no longer needs."""
@@ -241,14 +296,23 @@ def read_report(path: Path, p: PreflightPlan) -> PreflightReport:
     if not path.is_file():
         return PreflightReport(config_file=str(p.config_file), world_size=p.world_size)
     data = json.loads(path.read_text())
-    results = [CheckResult(r["name"], r["status"], r["detail"], r["fix"], tuple(r["ranks"]), r["data"])
-               for r in data["results"]]
-    return PreflightReport(config_file=str(p.config_file), world_size=data["world_size"], hosts=list(data["hosts"]),
-                           results=results)
+    results = [
+        CheckResult(r["name"], r["status"], r["detail"], r["fix"], tuple(r["ranks"]), r["data"])
+        for r in data["results"]
+    ]
+    return PreflightReport(
+        config_file=str(p.config_file), world_size=data["world_size"], hosts=list(data["hosts"]), results=results
+    )
 
 
-def _unfinished(report: PreflightReport, progress: _Progress, returncode: int | None, timed_out: bool,
-                timeout_s: float, log_path: Path) -> list[CheckResult]:
+def _unfinished(
+    report: PreflightReport,
+    progress: _Progress,
+    returncode: int | None,
+    timed_out: bool,
+    timeout_s: float,
+    log_path: Path,
+) -> list[CheckResult]:
     """An error for every check the report lacks, saying why: the bound, or how the launch ended."""
     done = report.by_check()
     missing = [name for name in CHECKS if name not in done]
@@ -259,14 +323,23 @@ def _unfinished(report: PreflightReport, progress: _Progress, returncode: int | 
             return []
         # Every check reported, but a rank failed or was lost at the end (the final synchronisation): a job on
         # these machines would meet the same rank; the last check carries it, an exit 0 would hide it.
-        return [CheckResult(CHECKS[-1], ERROR, f"after the last check the launch ended with exit code {returncode}"
-                            + (f"; {who} failed or was lost" if who else "") + f"; log: {log_path}",
-                            fix="the ranks' output is in the launch log; fix what it shows and rerun the preflight",
-                            ranks=ranks)]
+        return [
+            CheckResult(
+                CHECKS[-1],
+                ERROR,
+                f"after the last check the launch ended with exit code {returncode}"
+                + (f"; {who} failed or was lost" if who else "")
+                + f"; log: {log_path}",
+                fix="the ranks' output is in the launch log; fix what it shows and rerun the preflight",
+                ranks=ranks,
+            )
+        ]
     if timed_out:
         why = f"never finished: the preflight was stopped after --timeout-s {timeout_s:g} s"
-        fix = ("a rank is stuck (see the last lines of the launch log); a first run also builds DeepSpeed's ops, "
-               "give it a larger --timeout-s")
+        fix = (
+            "a rank is stuck (see the last lines of the launch log); a first run also builds DeepSpeed's ops, "
+            "give it a larger --timeout-s"
+        )
     else:
         why = f"never finished: the launch ended with exit code {returncode}"
         fix = "the ranks' output is in the launch log; fix what it shows and rerun the preflight"

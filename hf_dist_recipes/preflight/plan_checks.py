@@ -31,8 +31,9 @@ WARN_FRACTION = 0.9  # an estimate above this fraction of the device's memory is
 GIB = 2**30
 
 
-def launch_plan(config_file: str | Path, *, root: str | Path | None = None) -> tuple[LaunchConfig, ParallelPlan,
-                                                                                     str | None]:
+def launch_plan(
+    config_file: str | Path, *, root: str | Path | None = None
+) -> tuple[LaunchConfig, ParallelPlan, str | None]:
     """(launch config, its plan, the model it records or None) of an accelerate YAML and its DeepSpeed JSON.
     Raises ValueError naming the fix when the files are unreadable, disagree, or the plan cannot run on the
     launch's processes (TP or EP not dividing them, offload rules); nothing is imported beyond the parsers."""
@@ -75,11 +76,14 @@ def stand_in_config(plan: ParallelPlan, model_type: str | None = None, base_conf
     if model_type is None or model_type in DEEPSEEK_TYPES:
         values = TEMPLATES[DEFAULT_MODEL][1]
         experts = _round_up(values["n_routed_experts"], ep)
-        wanted = dict(num_attention_heads=_heads(values["num_attention_heads"], tp),
-                      num_key_value_heads=_heads(values["num_key_value_heads"], tp), n_routed_experts=experts,
-                      vocab_size=_round_up(values["vocab_size"], tp),
-                      intermediate_size=_round_up(values["intermediate_size"], tp),
-                      moe_intermediate_size=_round_up(values["moe_intermediate_size"], tp))
+        wanted = dict(
+            num_attention_heads=_heads(values["num_attention_heads"], tp),
+            num_key_value_heads=_heads(values["num_key_value_heads"], tp),
+            n_routed_experts=experts,
+            vocab_size=_round_up(values["vocab_size"], tp),
+            intermediate_size=_round_up(values["intermediate_size"], tp),
+            moe_intermediate_size=_round_up(values["moe_intermediate_size"], tp),
+        )
         if experts % values["n_group"]:  # DeepSeek's group-limited routing needs groups dividing the experts
             wanted.update(n_group=1, topk_group=1)
         changed = {k: v for k, v in wanted.items() if values.get(k) != v}
@@ -88,26 +92,41 @@ def stand_in_config(plan: ParallelPlan, model_type: str | None = None, base_conf
     if model_type in ("llama", "qwen2"):
         values = TEMPLATES["tiny-llama"][1]
         heads = _heads(values["num_attention_heads"], tp)
-        changed = {k: v for k, v in dict(num_attention_heads=heads, num_key_value_heads=heads,
-                                         vocab_size=_round_up(values["vocab_size"], tp),
-                                         intermediate_size=_round_up(values["intermediate_size"], tp)).items()
-                   if values.get(k) != v}
+        changed = {
+            k: v
+            for k, v in dict(
+                num_attention_heads=heads,
+                num_key_value_heads=heads,
+                vocab_size=_round_up(values["vocab_size"], tp),
+                intermediate_size=_round_up(values["intermediate_size"], tp),
+            ).items()
+            if values.get(k) != v
+        }
         return "tiny-llama" + (f" (sized for TP {tp})" if changed else ""), template_config("tiny-llama", **changed)
     from transformers import AutoConfig
 
     heads = _heads(4, tp)
     experts = _round_up(8, ep)
-    small = dict(hidden_size=64, intermediate_size=_round_up(128, tp), moe_intermediate_size=_round_up(32, tp),
-                 num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=heads, head_dim=16,
-                 vocab_size=_round_up(256, tp), max_position_embeddings=512, num_experts_per_tok=2, use_cache=False)
+    small = dict(
+        hidden_size=64,
+        intermediate_size=_round_up(128, tp),
+        moe_intermediate_size=_round_up(32, tp),
+        num_hidden_layers=2,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        head_dim=16,
+        vocab_size=_round_up(256, tp),
+        max_position_embeddings=512,
+        num_experts_per_tok=2,
+        use_cache=False,
+    )
     for key in ("num_experts", "num_local_experts", "n_routed_experts"):
         if base_config is not None and getattr(base_config, key, None):
             small[key] = experts
     return f"tiny {model_type}", AutoConfig.for_model(model_type, **small)
 
 
-def resolve_models(plan: ParallelPlan, model: str | None, recorded: str | None, *, deepspeed_file=None
-                   ) -> PlanModels:
+def resolve_models(plan: ParallelPlan, model: str | None, recorded: str | None, *, deepspeed_file=None) -> PlanModels:
     """The models of the module docstring. Raises ValueError (from `parallel.models`) for an unknown --model."""
     from hf_dist_recipes.parallel.models import introspect, load_model_config
 
@@ -161,44 +180,75 @@ def device_memory_bytes(device: str, procs_per_node: int) -> tuple[int | None, s
     return total // max(1, procs_per_node), f"host RAM / {procs_per_node} process(es) per node"
 
 
-def check_plan(plan: ParallelPlan, models: PlanModels, *, device_bytes: int | None, device_what: str) -> list[CheckResult]:
+def check_plan(
+    plan: ParallelPlan, models: PlanModels, *, device_bytes: int | None, device_what: str
+) -> list[CheckResult]:
     """Check 4's findings: the plan against the model (error for a rule broken, warning per plan warning), and
     the per-rank memory estimate against `device_bytes` (the smallest any rank has; None: not known, a warning)."""
     from hf_dist_recipes.parallel.memory import estimate
     from hf_dist_recipes.parallel.models import introspect
 
-    what = (f"ZeRO-{plan.zero_stage}, TP {plan.tp}, EP {plan.ep}, {plan.world_size} process(es), seq "
-            f"{plan.seq_len}, micro batch {plan.micro_batch}, {plan.precision}")
+    what = (
+        f"ZeRO-{plan.zero_stage}, TP {plan.tp}, EP {plan.ep}, {plan.world_size} process(es), seq "
+        f"{plan.seq_len}, micro batch {plan.micro_batch}, {plan.precision}"
+    )
     out: list[CheckResult] = []
     try:
         warnings = validate_against_model(plan, models)
     except ValueError as err:
-        return [CheckResult("plan", ERROR, f"{models.name} ({models.source}) with {what}: {err}",
-                            fix="change the degrees in the launch config (hf-dist-recipes config generate --model "
-                                f"{models.name.split(' ')[0]} writes one that fits), or pass the intended --model")]
+        return [
+            CheckResult(
+                "plan",
+                ERROR,
+                f"{models.name} ({models.source}) with {what}: {err}",
+                fix="change the degrees in the launch config (hf-dist-recipes config generate --model "
+                f"{models.name.split(' ')[0]} writes one that fits), or pass the intended --model",
+            )
+        ]
     for w in warnings:
         out.append(CheckResult("plan", WARNING, f"{models.name}: {w}", fix=w.split("; ")[-1]))
     est = estimate(plan, introspect(models.config))
     need = est.device_total
-    data = {"model": models.name, "model_source": models.source, "train_model": models.train_name,
-            "plan": plan.as_dict(), "estimate_bytes": need, "device_bytes": device_bytes, "device": device_what}
+    data = {
+        "model": models.name,
+        "model_source": models.source,
+        "train_model": models.train_name,
+        "plan": plan.as_dict(),
+        "estimate_bytes": need,
+        "device_bytes": device_bytes,
+        "device": device_what,
+    }
     if device_bytes is None:
-        out.append(CheckResult("plan", WARNING, f"{models.name} with {what}: {need / GIB:.2f} GiB per rank by our "
-                               f"estimate; the device memory could not be read ({device_what})",
-                               fix="check the ranks see their devices (hf-dist-recipes doctor)", data=data))
+        out.append(
+            CheckResult(
+                "plan",
+                WARNING,
+                f"{models.name} with {what}: {need / GIB:.2f} GiB per rank by our "
+                f"estimate; the device memory could not be read ({device_what})",
+                fix="check the ranks see their devices (hf-dist-recipes doctor)",
+                data=data,
+            )
+        )
         return out
     share = need / device_bytes
-    detail = (f"{models.name} ({models.source}) with {what}: {need / GIB:.2f} GiB per rank by our estimate, "
-              f"{share:.0%} of {device_bytes / GIB:.1f} GiB ({device_what}, the smallest of the ranks)")
+    detail = (
+        f"{models.name} ({models.source}) with {what}: {need / GIB:.2f} GiB per rank by our estimate, "
+        f"{share:.0%} of {device_bytes / GIB:.1f} GiB ({device_what}, the smallest of the ranks)"
+    )
     if models.train_name != models.name:
         detail += f"; the training checks train {models.train_name}"
-    suggest = (f"hf-dist-recipes config estimate --model {models.name.split(' ')[0]} --nodes {plan.nodes} "
-               f"--gpus-per-node {plan.procs_per_node} --suggest finds a plan that fits")
+    suggest = (
+        f"hf-dist-recipes config estimate --model {models.name.split(' ')[0]} --nodes {plan.nodes} "
+        f"--gpus-per-node {plan.procs_per_node} --suggest finds a plan that fits"
+    )
     if share > 1:
         out.append(CheckResult("plan", ERROR, detail + ": it does not fit", fix=suggest, data=data))
     elif share > WARN_FRACTION:
-        out.append(CheckResult("plan", WARNING, detail + ": little headroom for what the estimate leaves out",
-                               fix=suggest, data=data))
+        out.append(
+            CheckResult(
+                "plan", WARNING, detail + ": little headroom for what the estimate leaves out", fix=suggest, data=data
+            )
+        )
     else:
         out.append(CheckResult("plan", OK, detail, data=data))
     return out

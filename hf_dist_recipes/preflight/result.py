@@ -74,9 +74,14 @@ class PreflightReport:
 
     def to_dict(self) -> dict:
         return {
-            "config_file": self.config_file, "world_size": self.world_size, "hosts": list(self.hosts),
-            "status": self.status, "exit_code": self.exit_code, "elapsed_s": round(self.elapsed_s, 3),
-            "checks": self.by_check(), "results": [r.to_dict() for r in self.results],
+            "config_file": self.config_file,
+            "world_size": self.world_size,
+            "hosts": list(self.hosts),
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "checks": self.by_check(),
+            "results": [r.to_dict() for r in self.results],
         }
 
 
@@ -90,15 +95,25 @@ REPORT_SCHEMA = {
         "status": {"enum": list(STATUSES)},
         "exit_code": {"enum": [0, 1, 2]},
         "elapsed_s": {"type": "number", "minimum": 0},
-        "checks": {"type": "object", "propertyNames": {"enum": list(CHECKS)},
-                   "additionalProperties": {"enum": list(STATUSES)}},
-        "results": {"type": "array", "items": {
-            "type": "object", "required": ["name", "status", "detail", "fix", "ranks", "data"],
-            "properties": {
-                "name": {"enum": list(CHECKS)}, "status": {"enum": list(STATUSES)}, "detail": {"type": "string"},
-                "fix": {"type": "string"}, "ranks": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-                "data": {"type": "object"},
+        "checks": {
+            "type": "object",
+            "propertyNames": {"enum": list(CHECKS)},
+            "additionalProperties": {"enum": list(STATUSES)},
+        },
+        "results": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "status", "detail", "fix", "ranks", "data"],
+                "properties": {
+                    "name": {"enum": list(CHECKS)},
+                    "status": {"enum": list(STATUSES)},
+                    "detail": {"type": "string"},
+                    "fix": {"type": "string"},
+                    "ranks": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                    "data": {"type": "object"},
+                },
             },
-        }},
+        },
     },
 }

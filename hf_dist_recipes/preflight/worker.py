@@ -80,10 +80,21 @@ class Reporter:
         if self.rank == 0 and self.current is not None:
             index, name = self.current
             found = re.search(r"lost rank (\d+)", message)
-            self.finish(index, name, [CheckResult(
-                name, ERROR, f"the preflight stopped during this check: {message.split('. Ending')[0]}",
-                fix="look at that rank's host and log (killed, out of memory, a hung device or a network fault); "
-                    "rerun the preflight once it is fixed", ranks=(int(found.group(1)),) if found else ())])
+            self.finish(
+                index,
+                name,
+                [
+                    CheckResult(
+                        name,
+                        ERROR,
+                        f"the preflight stopped during this check: {message.split('. Ending')[0]}",
+                        fix="look at that rank's host and log (killed, out of memory, a hung device "
+                        "or a network fault); "
+                        "rerun the preflight once it is fixed",
+                        ranks=(int(found.group(1)),) if found else (),
+                    )
+                ],
+            )
         os._exit(LOST_PEER_EXIT_CODE)
 
 
@@ -102,8 +113,13 @@ def create_process_group(output_dir: Path, collective_timeout_s: float, seed: in
     """The default process group, created the way RecipeTrainer's arguments create it."""
     from hf_dist_recipes.arguments import RecipeTrainingArguments
 
-    return RecipeTrainingArguments(output_dir=str(output_dir), report_to="none", ddp_timeout=int(collective_timeout_s),
-                                   seed=seed, per_rank_tensorboard=False)
+    return RecipeTrainingArguments(
+        output_dir=str(output_dir),
+        report_to="none",
+        ddp_timeout=int(collective_timeout_s),
+        seed=seed,
+        per_rank_tensorboard=False,
+    )
 
 
 def run_checks(args: argparse.Namespace, reporter: Reporter, rank: int, world: int) -> None:
@@ -131,11 +147,19 @@ def run_checks(args: argparse.Namespace, reporter: Reporter, rank: int, world: i
     memories = gather((device_bytes, device_what))
     if rank == 0:
         if models is None:
-            results = [CheckResult("plan", ERROR, f"the plan could not be read on rank 0: {device_what}",
-                                   fix="run the preflight from the directory the config's paths are relative to")]
+            results = [
+                CheckResult(
+                    "plan",
+                    ERROR,
+                    f"the plan could not be read on rank 0: {device_what}",
+                    fix="run the preflight from the directory the config's paths are relative to",
+                )
+            ]
         else:
             known = [m for m in memories if m[0] is not None]
-            smallest = min(known) if len(known) == len(memories) else (None, next(m[1] for m in memories if m[0] is None))
+            smallest = (
+                min(known) if len(known) == len(memories) else (None, next(m[1] for m in memories if m[0] is None))
+            )
             results = plan_checks.check_plan(plan, models, device_bytes=smallest[0], device_what=smallest[1])
         reporter.finish(4, "plan", results)
 
@@ -167,15 +191,28 @@ def _training_results(args, models, reporter: Reporter) -> list[CheckResult]:
         try:
             from hf_dist_recipes.preflight.training import run_training_checks
 
-            out = list(run_training_checks(models.train_config, steps=args.steps, output_dir=args.output_dir,
-                                           seed=args.seed, on_progress=lambda *a, **k: _relay(reporter, *a, **k)))
+            out = list(
+                run_training_checks(
+                    models.train_config,
+                    steps=args.steps,
+                    output_dir=args.output_dir,
+                    seed=args.seed,
+                    on_progress=lambda *a, **k: _relay(reporter, *a, **k),
+                )
+            )
             reason = "the training checks returned no result for it"
         except Exception as err:
             reason = f"the training checks raised {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
     for name in ("training", "failure_paths"):
         if not any(r.name == name for r in out):
-            out.append(CheckResult(name, ERROR, reason, fix="see the launch log in the output directory "
-                                   "(preflight_launch.log) for the traceback"))
+            out.append(
+                CheckResult(
+                    name,
+                    ERROR,
+                    reason,
+                    fix="see the launch log in the output directory (preflight_launch.log) for the traceback",
+                )
+            )
     return out
 
 
@@ -204,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         create_process_group(output_dir, args.collective_timeout_s, args.seed)
     except ValueError as err:  # the backend policy refuses the launch before a group exists: every rank alike
-        reporter.report.results.append(CheckResult("backend", ERROR, f"no process group: {err}",
-                                                   fix=str(err).split("; ")[-1]))
+        reporter.report.results.append(
+            CheckResult("backend", ERROR, f"no process group: {err}", fix=str(err).split("; ")[-1])
+        )
         reporter.write()
         return 2
     import torch.distributed as dist
@@ -224,8 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         # Its own key space: RecipeTrainer's watchdog (inside the training checks) beats under the same keys and
         # marks each rank "done" at the end of each run, which would make a rank stopped after that look finished.
         store = dist.PrefixStore("hf_dist_recipes/preflight/", _compat.default_store())
-        watchdog = HeartbeatWatchdog(store, dist.get_rank(), dist.get_world_size(),
-                                     args.peer_timeout_s, on_lost=reporter.lost)
+        watchdog = HeartbeatWatchdog(
+            store, dist.get_rank(), dist.get_world_size(), args.peer_timeout_s, on_lost=reporter.lost
+        )
         watchdog.start()
     run_checks(args, reporter, rank, world)
     gather(None)  # nobody leaves (and looks lost to the others' watchdogs) before everyone is done

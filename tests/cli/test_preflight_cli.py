@@ -11,8 +11,8 @@ import time
 
 import jsonschema
 import pytest
-
 from conftest import REPO, free_port  # noqa: F401  (free_port: the preflight picks its own port)
+
 from hf_dist_recipes.cli.main import main
 from hf_dist_recipes.parallel import models  # noqa: F401  (torch + transformers imported before timing)
 from hf_dist_recipes.preflight.result import CHECKS, REPORT_SCHEMA
@@ -66,14 +66,31 @@ def run_preflight_json(config: str, tmp_path) -> tuple[subprocess.CompletedProce
     env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}
     env.update(PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "hf_dist_recipes.cli.main", "preflight", "--config-file", config,
-                           "--json", "--output-dir", str(tmp_path / "preflight")], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hf_dist_recipes.cli.main",
+            "preflight",
+            "--config-file",
+            config,
+            "--json",
+            "--output-dir",
+            str(tmp_path / "preflight"),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     seconds = time.perf_counter() - start
     try:
         report = json.loads(proc.stdout)
     except json.JSONDecodeError:
-        pytest.fail(f"exit {proc.returncode}, stdout is not the JSON report:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+        pytest.fail(
+            f"exit {proc.returncode}, stdout is not the JSON report:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+        )
     return proc, report, seconds
 
 
@@ -92,8 +109,11 @@ def check_passes(proc, report: dict, world_size: int) -> None:
 
 
 @pytest.mark.distributed
-@pytest.mark.skipif(_nvidia_host(), reason="a DeepSpeed CPU launch on a GPU host needs ACCELERATE_USE_CPU, which "
-                    "drops DeepSpeed (see the comment above)")
+@pytest.mark.skipif(
+    _nvidia_host(),
+    reason="a DeepSpeed CPU launch on a GPU host needs ACCELERATE_USE_CPU, which "
+    "drops DeepSpeed (see the comment above)",
+)
 def test_shipped_two_process_config_passes(tmp_path):
     proc, report, seconds = run_preflight_json("accelerate_configs/cpu_zero3_2proc.yaml", tmp_path)
     print(f"preflight cpu_zero3_2proc: {seconds:.1f} s wall, report elapsed {report['elapsed_s']:.1f} s")
@@ -103,8 +123,11 @@ def test_shipped_two_process_config_passes(tmp_path):
 
 @pytest.mark.distributed
 @pytest.mark.slow
-@pytest.mark.skipif(_nvidia_host(), reason="a DeepSpeed CPU launch on a GPU host needs ACCELERATE_USE_CPU, which "
-                    "drops DeepSpeed (see the comment above)")
+@pytest.mark.skipif(
+    _nvidia_host(),
+    reason="a DeepSpeed CPU launch on a GPU host needs ACCELERATE_USE_CPU, which "
+    "drops DeepSpeed (see the comment above)",
+)
 def test_shipped_tp2_ep2_config_passes(tmp_path):
     proc, report, seconds = run_preflight_json("accelerate_configs/cpu_zero3_tp2_ep2_4proc.yaml", tmp_path)
     print(f"preflight cpu_zero3_tp2_ep2_4proc: {seconds:.1f} s wall, report elapsed {report['elapsed_s']:.1f} s")
@@ -116,8 +139,11 @@ def test_shipped_tp2_ep2_config_passes(tmp_path):
 
 @pytest.mark.distributed
 @pytest.mark.slow
-@pytest.mark.skipif(_nvidia_host(), reason="a DeepSpeed CPU launch on a GPU host needs ACCELERATE_USE_CPU, which "
-                    "drops DeepSpeed (see the comment above)")
+@pytest.mark.skipif(
+    _nvidia_host(),
+    reason="a DeepSpeed CPU launch on a GPU host needs ACCELERATE_USE_CPU, which "
+    "drops DeepSpeed (see the comment above)",
+)
 def test_a_stopped_rank_ends_the_preflight_naming_it(tmp_path):
     """Rank 1 is SIGSTOPped as the backend check starts (alive to the kernel, silent to its peers: the case no
     socket error reveals). The preflight must end within the heartbeat bound, exit 2, and the report must name
@@ -129,10 +155,26 @@ def test_a_stopped_rank_ends_the_preflight_naming_it(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}
     env.update(PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    proc = subprocess.Popen([sys.executable, "-m", "hf_dist_recipes.cli.main", "preflight", "--config-file",
-                             "accelerate_configs/cpu_zero3_2proc.yaml", "--json", "--peer-timeout-s", "10",
-                             "--output-dir", str(tmp_path / "preflight")], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hf_dist_recipes.cli.main",
+            "preflight",
+            "--config-file",
+            "accelerate_configs/cpu_zero3_2proc.yaml",
+            "--json",
+            "--peer-timeout-s",
+            "10",
+            "--output-dir",
+            str(tmp_path / "preflight"),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     stopped: list = []
     stopped_at: list[float] = []
 
@@ -173,24 +215,43 @@ def test_a_stopped_rank_ends_the_preflight_naming_it(tmp_path):
     # (A stop that lands after the last check is caught at the final synchronisation and carried by "logs".)
     lost = [r for r in report["results"] if r["status"] == "error" and r["ranks"] == [1]]
     assert lost and ("lost rank 1" in lost[0]["detail"] or "rank 1 (host" in lost[0]["detail"]), report["results"]
-    after = CHECKS[CHECKS.index(lost[0]["name"]) + 1:]
+    after = CHECKS[CHECKS.index(lost[0]["name"]) + 1 :]
     assert all(report["checks"][name] == "error" for name in after), report["checks"]
     assert report["checks"]["logs"] == "error"
 
 
 @pytest.mark.distributed
-@pytest.mark.skipif(_nvidia_host(), reason="a DeepSpeed CPU launch on a GPU host needs ACCELERATE_USE_CPU, which "
-                    "drops DeepSpeed (see the comment above)")
+@pytest.mark.skipif(
+    _nvidia_host(),
+    reason="a DeepSpeed CPU launch on a GPU host needs ACCELERATE_USE_CPU, which "
+    "drops DeepSpeed (see the comment above)",
+)
 def test_the_outer_timeout_kills_the_launch_and_names_the_unfinished_checks(tmp_path):
     import psutil
 
     env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}
     env.update(PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "hf_dist_recipes.cli.main", "preflight", "--config-file",
-                             "accelerate_configs/cpu_zero3_2proc.yaml", "--json", "--timeout-s", "8",
-                             "--output-dir", str(tmp_path / "preflight")], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hf_dist_recipes.cli.main",
+            "preflight",
+            "--config-file",
+            "accelerate_configs/cpu_zero3_2proc.yaml",
+            "--json",
+            "--timeout-s",
+            "8",
+            "--output-dir",
+            str(tmp_path / "preflight"),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seen = set()
     try:
         while proc.poll() is None and time.perf_counter() - start < 120:
@@ -212,14 +273,18 @@ def test_the_outer_timeout_kills_the_launch_and_names_the_unfinished_checks(tmp_
     unfinished = [r for r in report["results"] if "--timeout-s 8" in r["detail"]]
     assert unfinished and {r["status"] for r in unfinished} == {"error"}
     assert set(CHECKS) == set(report["checks"])
-    assert not [pid for pid in seen if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"], \
+    assert not [pid for pid in seen if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"], (
         "processes of the launch outlived the preflight"
+    )
 
 
 @pytest.mark.distributed
 @pytest.mark.slow
-@pytest.mark.skipif(_nvidia_host(), reason="a DeepSpeed CPU launch on a GPU host needs ACCELERATE_USE_CPU, which "
-                    "drops DeepSpeed (see the comment above)")
+@pytest.mark.skipif(
+    _nvidia_host(),
+    reason="a DeepSpeed CPU launch on a GPU host needs ACCELERATE_USE_CPU, which "
+    "drops DeepSpeed (see the comment above)",
+)
 def test_two_machines_each_run_the_same_command_with_their_machine_rank(tmp_path):
     """Machines 0 and 1 on 127.0.0.1 (one process each) sharing the output directory (the resume check reads
     the checkpoint rank 0 saved, as a job's resume would): machine 0 gets the report; machine 1 exits 0 saying so."""
@@ -228,10 +293,31 @@ def test_two_machines_each_run_the_same_command_with_their_machine_rank(tmp_path
     config, _ = two_machine_config(tmp_path / "configs")
     env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}
     env.update(PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    procs = [subprocess.Popen([sys.executable, "-m", "hf_dist_recipes.cli.main", "preflight", "--config-file",
-                               str(config), "--json", "--machine-rank", str(m), "--timeout-s", "300",
-                               "--output-dir", str(tmp_path / "shared")], cwd=tmp_path / "configs", env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for m in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "hf_dist_recipes.cli.main",
+                "preflight",
+                "--config-file",
+                str(config),
+                "--json",
+                "--machine-rank",
+                str(m),
+                "--timeout-s",
+                "300",
+                "--output-dir",
+                str(tmp_path / "shared"),
+            ],
+            cwd=tmp_path / "configs",
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for m in (0, 1)
+    ]
     outs = [p.communicate(timeout=400) for p in procs]
     reports = [json.loads(out) for out, _ in outs]
     for report in reports:

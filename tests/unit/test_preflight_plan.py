@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
+
 from hf_dist_recipes.parallel.memory import estimate
 from hf_dist_recipes.parallel.models import introspect
 from hf_dist_recipes.preflight import plan_checks
@@ -19,8 +19,12 @@ from hf_dist_recipes.preflight.result import ERROR, OK, WARNING
 
 def write_config(tmp_path: Path, *, processes: int, tp: int = 1, ep: int = 1, model: str | None = None) -> Path:
     """An accelerate YAML + DeepSpeed JSON pair like the generated ones, ZeRO-3 on CPU."""
-    ds = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto",
-          "gradient_accumulation_steps": "auto", "gradient_clipping": "auto"}
+    ds = {
+        "zero_optimization": {"stage": 3},
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+    }
     if tp > 1:
         ds["tensor_parallel"] = {"autotp_size": tp}
     if ep > 1:
@@ -29,9 +33,11 @@ def write_config(tmp_path: Path, *, processes: int, tp: int = 1, ep: int = 1, mo
         ds["hf_dist_recipes"] = {"generated_for": {"model": model}}
     (tmp_path / "ds.json").write_text(json.dumps(ds))
     yaml = tmp_path / "launch.yaml"
-    yaml.write_text(f"compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\ndeepspeed_config:\n"
-                    f"  deepspeed_config_file: {tmp_path / 'ds.json'}\nmachine_rank: 0\nnum_machines: 1\n"
-                    f"num_processes: {processes}\nuse_cpu: true\n")
+    yaml.write_text(
+        f"compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\ndeepspeed_config:\n"
+        f"  deepspeed_config_file: {tmp_path / 'ds.json'}\nmachine_rank: 0\nnum_machines: 1\n"
+        f"num_processes: {processes}\nuse_cpu: true\n"
+    )
     return yaml
 
 
@@ -112,10 +118,20 @@ def test_a_finding_on_one_rank_names_it_and_its_host():
 
 def test_commbench_flags_become_warnings_naming_the_link():
     rows = [{"op": "all_reduce", "size_bytes": 4096, "time_us": 10.0, "algbw_GBps": 0.4, "busbw_GBps": 0.4}]
-    links = [{"src": 0, "dst": 1, "src_host": "a", "dst_host": "b", "GBps": 0.1, "flagged": True},
-             {"src": 1, "dst": 0, "src_host": "b", "dst_host": "a", "GBps": 1.0, "flagged": False}]
-    result = {"backend": "gloo", "device": "cpu", "world_size": 2, "fraction": 0.5, "results": rows, "links": links,
-              "ranks": [], "flagged": {"links": [[0, 1]], "ranks": []}}
+    links = [
+        {"src": 0, "dst": 1, "src_host": "a", "dst_host": "b", "GBps": 0.1, "flagged": True},
+        {"src": 1, "dst": 0, "src_host": "b", "dst_host": "a", "GBps": 1.0, "flagged": False},
+    ]
+    result = {
+        "backend": "gloo",
+        "device": "cpu",
+        "world_size": 2,
+        "fraction": 0.5,
+        "results": rows,
+        "links": links,
+        "ranks": [],
+        "flagged": {"links": [[0, 1]], "ranks": []},
+    }
     [r] = interpret(result)
     assert r.status == WARNING and r.ranks == (0, 1) and "rank 0 (a) -> rank 1 (b)" in r.detail
     links[0]["flagged"] = False
