@@ -13,6 +13,7 @@ import sys
 import tomllib
 
 import pytest
+from conftest import REPO
 from packaging.utils import canonicalize_name
 
 from hf_dist_recipes.environment import doctor, torch_builds
@@ -44,6 +45,11 @@ def _pip_freeze() -> tuple[dict[str, str], set[str]]:
             project = tomllib.loads(open(os.path.join(line[3:], "pyproject.toml")).read())["project"]
             pins[canonicalize_name(project["name"])] = project["version"]
             local.add(canonicalize_name(project["name"]))
+        elif line.startswith("-e ") and "#egg=" in line:
+            # In a git checkout pip prints `-e git+file:///...@<commit>#egg=<name>`: the version is the checkout's.
+            project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+            pins[canonicalize_name(line.rsplit("#egg=", 1)[1])] = project["version"]
+            local.add(canonicalize_name(line.rsplit("#egg=", 1)[1]))
         elif " @ " in line:  # name @ file:///... (a local, non-editable install)
             local.add(canonicalize_name(line.split(" @ ")[0]))
     return pins, local
