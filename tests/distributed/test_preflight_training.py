@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import conftest
 import pytest
 import torch
-from conftest import LAUNCH_TIMEOUT_S, REPO, accelerate_launch, check_launch, free_port
+from conftest import LAUNCH_TIMEOUT_S, REPO, accelerate_launch, check_launch
 
-from hf_dist_recipes.cli.main import main as cli_main
 from hf_dist_recipes.monitoring.tensorboard import rank_log_dir
 
 pytestmark = [pytest.mark.distributed]
@@ -158,55 +154,10 @@ def test_a_deepspeed_scheduler_section_and_another_clip_value_are_seen(tmp_path)
 def test_machines_given_different_seeds_are_named(tmp_path):
     """Two `accelerate launch` processes as machine 0 and 1 of a generated 2-machine CPU config (one rank each), the
     preflight's --seed differing: rank 1 is named, with the seed, and the run still reports every row."""
-    port = free_port()
-    assert (
-        cli_main(
-            [
-                "config",
-                "generate",
-                "--cpu",
-                "--nodes",
-                "2",
-                "--gpus-per-node",
-                "1",
-                "--auto",
-                "--name",
-                "two",
-                "--main-process-ip",
-                "127.0.0.1",
-                "--main-process-port",
-                str(port),
-                "--output",
-                str(tmp_path),
-            ]
-        )
-        == 0
-    )
+    config, _ = conftest.two_machine_config(tmp_path)
     out = tmp_path / "run"
-    env = conftest.cpu_only_env(dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
     procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "accelerate.commands.launch",
-                "--config_file",
-                str(tmp_path / "two.yaml"),
-                "--machine_rank",
-                str(rank),
-                WORKER,
-                str(out),
-                "--steps",
-                "8",
-                "--seed",
-                str(seed),
-            ],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        conftest.launch_machine(config, rank, [WORKER, str(out), "--steps", "8", "--seed", str(seed)], cwd=tmp_path)
         for rank, seed in ((0, 0), (1, 1))
     ]
     try:
