@@ -17,6 +17,12 @@ Two bounds, one per failure:
 - a peer alive but stuck in Python or CUDA (its heartbeat thread still beats): the collective timeout, which
   `RecipeTrainingArguments.step_timeout` shortens once the first optimizer step finished (start-up keeps
   `ddp_timeout`, which must cover rank 0 reading a large checkpoint alone under ZeRO-3).
+
+A save is not a hang: `RecipeTrainer.save_model` calls `HangWatchdogCallback.begin_save` with a bound from the bytes
+the busiest rank writes (`hf_dist_recipes.parallel.checkpoint_bytes.save_timeout_s`: step timeout + bytes at an
+assumed 100 MiB/s per rank); the collective timeout is raised to it (never lowered) until the checkpoint is
+complete (`on_save`, after the engine's files) or `save_model` returns (a final save). The heartbeat thread beats on
+while the main thread writes, so the peer bound needs nothing.
 """
 
 from __future__ import annotations
@@ -275,6 +281,29 @@ class HangWatchdogCallback(TrainerCallback):
         self.peer_timeout, self.step_timeout, self.startup_timeout = peer_timeout, step_timeout, startup_timeout
         self.watchdog: HeartbeatWatchdog | None = None
         self.step_timeout_set = False
+        self.save_timeout: float | None = None  # the raised collective timeout while a save runs
+
+    def current_timeout(self) -> float:
+        """The collective timeout outside a save: step_timeout once steps run, else the start-up ddp_timeout."""
+        return self.step_timeout if self.step_timeout_set else self.startup_timeout
+
+    def begin_save(self, bound_s: float) -> float:
+        """Raise the collective timeout to `bound_s` seconds (when above the current one) until `end_save`; returns
+        the timeout in force during the save."""
+        timeout = max(self.current_timeout(), bound_s)
+        if _distributed() and timeout != self.current_timeout():
+            _compat.set_collective_timeout(timeout)
+            self.save_timeout = timeout
+            logger.info("collective timeout %g s while the checkpoint is written (save bound)", timeout)
+        return timeout
+
+    def end_save(self) -> None:
+        if self.save_timeout is not None:
+            _compat.set_collective_timeout(self.current_timeout())
+            self.save_timeout = None
+
+    def on_save(self, args, state, control, **kwargs):
+        self.end_save()  # the engine's files, RNG and trainer state are written: the checkpoint is complete
 
     def on_train_begin(self, args, state, control, **kwargs):
         import torch.distributed as dist
@@ -311,7 +340,7 @@ class HangWatchdogCallback(TrainerCallback):
         if "timed out" in str(error).lower():
             # The collective waited its whole timeout while the heartbeats went on (a lost peer is found within
             # peer_timeout, shorter by default): some rank is alive but stuck. Say so, with every rank's last step.
-            timeout = self.step_timeout if self.step_timeout_set else self.startup_timeout
+            timeout = self.save_timeout or self.current_timeout()
             if self.watchdog.longest_silence() > 3 * self.watchdog.interval_s:  # a peer may be gone: let it tell
                 self.watchdog.join(self.peer_timeout + 2 * self.watchdog.interval_s)
             message = stuck_rank_message(self.watchdog, timeout)

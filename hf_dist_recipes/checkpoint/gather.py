@@ -9,7 +9,10 @@ Three kinds of sharding are undone, in this order, for the parameters of one mod
   router's weights and score correction bias back under the MoE block's own names. DeepSpeed 0.19.8's
   consolidated save refuses AutoEP (`_raise_if_autoep_zero3_consolidated_export`); this is the gather it lacks.
 
-Every rank must call `iter_module_groups` (the gathers are collectives); only `main` ranks receive tensors.
+Every rank must call `iter_module_groups` (the gathers are collectives); only the ranks that `receivers` names for
+a group receive its tensors (default: global rank 0 receives every group). With `meta=True` no rank gathers
+anything: every rank gets every group as meta tensors of the written shapes and dtypes, from which the writers
+plan who writes which shard (`hf_dist_recipes.checkpoint.shard_plan`) before the real pass.
 The names and shapes produced are checked against the model class built on the meta device, so a layout this
 module does not understand stops with the offending names instead of writing a wrong checkpoint.
 """
@@ -17,12 +20,13 @@ module does not understand stops with the offending names instead of writing a w
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+Receivers = Callable[[str], Collection[int]]  # group key -> the global ranks that receive that group's tensors
 _GROUP_KEY = re.compile(r"^(.*?\.\d+)\.")  # "model.layers.3.mlp.gate.weight" -> "model.layers.3"
 
 
@@ -64,8 +68,20 @@ def _own_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     return tensors
 
 
-def _gathered_values(module: nn.Module, main: bool) -> dict[str, torch.Tensor]:
-    """This module's own parameters and persistent buffers, unsharded (ZeRO and TP), on the CPU of main ranks."""
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _placeholder(t: torch.Tensor) -> torch.Tensor:
+    """A meta tensor of `t`'s dtype; `iter_module_groups(meta=True)` gives it the written shape."""
+    return torch.empty(0, dtype=t.dtype, device="meta")
+
+
+def _gathered_values(module: nn.Module, main: bool, meta: bool = False) -> dict[str, torch.Tensor]:
+    """This module's own parameters and persistent buffers, unsharded (ZeRO and TP), on the CPU of main ranks;
+    `meta`: placeholders on every rank, nothing gathered."""
+    if meta:
+        return {name: _placeholder(t) for name, t in _own_tensors(module)}
     params = [p for p in module.parameters(recurse=False) if p is not None]
     out: dict[str, torch.Tensor] = {}
     with _zero_gather(params), _tp_gather(params, module):
@@ -75,48 +91,51 @@ def _gathered_values(module: nn.Module, main: bool) -> dict[str, torch.Tensor]:
     return out
 
 
-def _gather_experts_into(out: torch.Tensor | None, local: torch.Tensor, layer: nn.Module) -> None:
-    """Each EP rank's [E_local, ...] experts -> `out` ([E, ...] on the CPU, global expert order) on the first rank
-    of every expert-parallel group; `out` is None on ranks that do not write. One `gather` per local expert: on the
-    CPU (Gloo) straight into `out`'s views (each expert's block is contiguous); on a GPU (NCCL gathers device
-    tensors) through a buffer of one expert per EP rank. No rank allocates more than the experts it writes."""
+def _gather_experts_into(out: torch.Tensor | None, local: torch.Tensor, layer: nn.Module, receivers) -> None:
+    """Each EP rank's [E_local, ...] experts -> `out` ([E, ...] on the CPU, global expert order) on every receiving
+    rank: each expert-parallel group (a whole copy of the experts) gathers to the receivers among its ranks, one
+    after the other; a group without one does nothing. `out` is None on ranks that do not receive. One `gather`
+    per local expert: on the CPU (Gloo) straight into `out`'s views (each expert's block is contiguous); on a GPU
+    (NCCL gathers device tensors) through a buffer of one expert per EP rank. No rank allocates more than the
+    experts it writes."""
     from deepspeed.checkpoint.autoep_affine import autoep_experts_for_rank
 
     group = layer.ep_group
     size = dist.get_world_size(group=group)
-    dst = dist.get_global_rank(group, 0)
-    receiving = dist.get_rank() == dst
-    if out is not None and not receiving:
-        raise ValueError(
-            f"the writing rank {dist.get_rank()} is not the first rank of its expert-parallel group "
-            f"(that is rank {dst}): save from global rank 0"
-        )
+    members = dist.get_process_group_ranks(group)
     owners = [autoep_experts_for_rank(layer.expert_placement_descriptor, r) for r in range(size)]
-    direct = out is not None and local.device.type == "cpu"
-    for j in range(local.shape[0]):
-        parts = None
-        if receiving:
-            parts = (
-                [out[owners[r][j]] for r in range(size)]
-                if direct
-                else [torch.empty_like(local[j]) for _ in range(size)]
-            )
-        dist.gather(local[j].contiguous(), parts, dst=dst, group=group)
-        if receiving and out is not None and not direct:
-            for r, part in enumerate(parts):
-                out[owners[r][j]].copy_(part)
+    for dst in sorted(set(receivers) & set(members)):
+        receiving = dist.get_rank() == dst
+        if receiving and out is None:
+            raise ValueError(f"rank {dst} receives the experts but has no tensor to receive them into")
+        direct = receiving and local.device.type == "cpu"
+        for j in range(local.shape[0]):
+            parts = None
+            if receiving:
+                parts = (
+                    [out[owners[r][j]] for r in range(size)]
+                    if direct
+                    else [torch.empty_like(local[j]) for _ in range(size)]
+                )
+            dist.gather(local[j].contiguous(), parts, dst=dst, group=group)
+            if receiving and not direct:
+                for r, part in enumerate(parts):
+                    out[owners[r][j]].copy_(part)
 
 
-def _autoep_layer_tensors(layer: nn.Module, ref: nn.Module, main: bool) -> dict[str, torch.Tensor]:
+def _autoep_layer_tensors(
+    layer: nn.Module, ref: nn.Module, receivers: Collection[int], meta: bool = False
+) -> dict[str, torch.Tensor]:
     """An AutoEPMoELayer's tensors under the names of the HF MoE block it replaced (`ref`, on meta), relative."""
     import deepspeed
     from deepspeed.module_inject.auto_ep_presets.registry import get_preset, preset_name_for_hf_model_type
 
     preset = get_preset(preset_name_for_hf_model_type(layer.model_family) or layer.model_family)
+    main = meta or _rank() in receivers
     out: dict[str, torch.Tensor] = {}
     # Router: weight (and bias) under the block's router name, the score correction bias wherever the block keeps it.
-    router = {k: v for k, v in _gathered_values(layer.router, main).items()}
-    router.update({f"gate.{k}": v for k, v in _gathered_values(layer.router.gate, main).items()})
+    router = {k: v for k, v in _gathered_values(layer.router, main, meta).items()}
+    router.update({f"gate.{k}": v for k, v in _gathered_values(layer.router.gate, main, meta).items()})
     ref_names = {n for n, _ in ref.named_parameters()} | {n for n, _ in ref.named_buffers()}
     ecb = [n for n in ref_names if n.endswith("e_score_correction_bias")]
     if main:
@@ -128,11 +147,18 @@ def _autoep_layer_tensors(layer: nn.Module, ref: nn.Module, main: bool) -> dict[
     # Experts: gather ZeRO partitions (over the expert-data-parallel group), then the experts over the EP group,
     # directly into the block's own tensors (DeepSeek: gate_up_proj [E, 2I, H] = gate then up rows; down_proj).
     experts, ep = layer.experts, preset.experts_pattern
+    fused = preset.expert_w3 is None
+    if meta:  # names in the order the real pass inserts them; shapes come from the reference model
+        names = [preset.expert_w1] if fused else [preset.expert_w1, preset.expert_w3]
+        out.update({f"{ep}.{w}": _placeholder(experts.w1) for w in (*names, preset.expert_w2)})
+        if layer.shared_experts is not None:
+            for name, t in _iter_plain(layer.shared_experts, True, meta=True):
+                out[f"{preset.shared_experts_pattern}.{name}"] = t
+        return out
     with deepspeed.zero.GatheredParameters([experts.w1, experts.w2, experts.w3], modifier_rank=None):
         w1, w2, w3 = (p.detach() for p in (experts.w1, experts.w2, experts.w3))
         n, inter = layer.num_experts, w1.shape[1]
         ref_experts = ref.get_submodule(ep)
-        fused = preset.expert_w3 is None
         if fused and tuple(getattr(ref_experts, preset.expert_w1).shape)[1] != 2 * inter:
             raise ValueError(
                 f"{type(ref).__name__}.{ep}.{preset.expert_w1} is not [E, 2I, H]: the transposed fused "
@@ -152,7 +178,7 @@ def _autoep_layer_tensors(layer: nn.Module, ref: nn.Module, main: bool) -> dict[
             targets = [(w1, None), (w3, None)]
         down = torch.empty((n, *w2.shape[1:]), dtype=w2.dtype) if main else None
         for local, target in (*targets, (w2, down)):
-            _gather_experts_into(target, local, layer)
+            _gather_experts_into(target, local, layer, receivers)
         if main:
             out[f"{ep}.{preset.expert_w2}"] = down
     if layer.shared_experts is not None:
@@ -161,40 +187,52 @@ def _autoep_layer_tensors(layer: nn.Module, ref: nn.Module, main: bool) -> dict[
     return out
 
 
-def _iter_plain(module: nn.Module, main: bool, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
-    for name, t in _gathered_values(module, main).items():
+def _iter_plain(
+    module: nn.Module, main: bool, prefix: str = "", meta: bool = False
+) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, t in _gathered_values(module, main, meta).items():
         yield prefix + name, t
     for child_name, child in module.named_children():
-        yield from _iter_plain(child, main, f"{prefix}{child_name}.")
+        yield from _iter_plain(child, main, f"{prefix}{child_name}.", meta)
 
 
-def _iter_tensors(module: nn.Module, ref: nn.Module, main: bool, prefix: str, seen: set[int]):
+def _iter_tensors(module: nn.Module, ref: nn.Module, receivers: Receivers, meta: bool, prefix: str, seen: set[int]):
     if _is_autoep_layer(module):
-        for name, t in _autoep_layer_tensors(module, ref.get_submodule(prefix.rstrip(".")), main).items():
+        block = ref.get_submodule(prefix.rstrip("."))
+        for name, t in _autoep_layer_tensors(module, block, receivers(group_key(prefix + "_")), meta).items():
             yield prefix + name, t
         return
-    values = _gathered_values(module, main)
+    rank = _rank()
+    main = meta or any(rank in receivers(group_key(prefix + n)) for n, _ in _own_tensors(module))
+    values = _gathered_values(module, main, meta)
     for name, param in _own_tensors(module):
         key = getattr(param, "ds_id", None)
         key = id(param) if key is None else ("ds", key)
         if key in seen:  # a tied weight: safetensors stores it once, from_pretrained ties it again
             continue
         seen.add(key)
-        if main:
+        if name in values:
             yield prefix + name, values[name]
     for child_name, child in module.named_children():
-        yield from _iter_tensors(child, ref, main, f"{prefix}{child_name}.", seen)
+        yield from _iter_tensors(child, ref, receivers, meta, f"{prefix}{child_name}.", seen)
 
 
-def iter_module_groups(model: nn.Module, main: bool) -> Iterator[dict[str, torch.Tensor]]:
-    """Yield the model's full tensors group by group (see `group_key`), in-memory HF names, CPU, on main ranks;
-    other ranks take part in the collectives and receive empty groups. Raises ValueError when a produced name or
-    shape is not the model class's own."""
+def iter_module_groups(
+    model: nn.Module, *, receivers: Receivers | None = None, meta: bool = False
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Yield the model's full tensors group by group (see `group_key`), in-memory HF names, CPU, to the ranks in
+    `receivers(group_key)` (default: global rank 0 for every group); the other ranks take part in the collectives
+    and get only the groups they receive. `meta`: no collective at all, every group on every rank as meta tensors
+    of the written shapes and dtypes. Raises ValueError when a produced name or shape is not the model class's
+    own."""
     ref = reference_model(model)
     expected = {n: tuple(t.shape) for n, t in ref.state_dict().items()}
+    receivers = receivers or (lambda key: (0,))
     group: dict[str, torch.Tensor] = {}
     current = None
-    for name, tensor in _iter_tensors(model, ref, main, "", set()):
+    for name, tensor in _iter_tensors(model, ref, receivers, meta, "", set()):
+        if meta and name in expected:
+            tensor = torch.empty(expected[name], dtype=tensor.dtype, device="meta")
         if name not in expected or tuple(tensor.shape) != expected[name]:
             raise ValueError(
                 f"gathered {name!r} with shape {tuple(tensor.shape)}, which {type(model).__name__} "
@@ -207,5 +245,5 @@ def iter_module_groups(model: nn.Module, main: bool) -> Iterator[dict[str, torch
             group = {}
         current = key
         group[name] = tensor
-    if group or not main:
+    if group:
         yield group

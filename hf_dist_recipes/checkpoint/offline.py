@@ -16,6 +16,11 @@ from the flat size, because parameters that AutoTP keeps whole are partitioned b
 
 Files are memory-mapped and tensors are rebuilt one group (decoder layer) at a time, so the export reads each
 weight byte once and holds one layer plus the writer's shard buffer; the Adam moments are never read.
+
+`workers` > 1: the shard plan is made first from metadata alone (the same rebuild on meta tensors, nothing read),
+then `workers` forked processes each rebuild only the groups holding a tensor of their shards (`k % workers`) and
+write those files; the parent writes the index, the config and `shard_writers.json`. Same files, byte for byte, as
+one process; a group that spans two writers' shards is rebuilt by both.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import traceback
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -141,14 +147,23 @@ def _partition_size(shapes, flat_numel: int, candidates: list[int]) -> int:
     return fits[0]
 
 
-def _local_tensors(copies: dict) -> list[tuple[torch.Tensor, set[int], int | None]]:
-    """One TP/EP-local tensor per ZeRO copy (new memory, read from the mapped files), with the TP ranks and EP rank
-    that held it."""
+def _local_tensors(copies: dict, meta: bool = False) -> list[tuple[torch.Tensor, set[int], int | None]]:
+    """One TP/EP-local tensor per ZeRO copy (new memory, read from the mapped files; `meta`: nothing read), with
+    the TP ranks and EP rank that held it."""
     out = []
     for ranks, parts in copies.items():
         if sorted(parts) != list(range(len(ranks))):
             raise ValueError(f"partition ranks {sorted(parts)} of {len(ranks)}: some rank's files are missing")
         shape = parts[0].shape
+        if meta:
+            out.append(
+                (
+                    torch.empty(shape, dtype=parts[0].chunk.dtype, device="meta"),
+                    {p.tp for p in parts.values()},
+                    parts[0].ep,
+                )
+            )
+            continue
         flat = torch.cat([parts[r].chunk for r in range(len(ranks))])[: math.prod(shape)]
         out.append((flat.view(shape), {p.tp for p in parts.values()}, parts[0].ep))
     return out
@@ -173,15 +188,18 @@ class _Rebuilder:
     def names(self) -> list[str]:
         return [*self.fragments, *self.buffers]
 
-    def tensor(self, name: str) -> torch.Tensor:
+    def tensor(self, name: str, meta: bool = False) -> torch.Tensor:
+        """The full tensor `name`; `meta`: its shape and dtype only, nothing read."""
         if name in self.buffers:
-            return self.buffers[name].clone()
-        locals_ = _local_tensors(self.fragments[name])
+            return torch.empty_like(self.buffers[name], device="meta") if meta else self.buffers[name].clone()
+        locals_ = _local_tensors(self.fragments[name], meta)
         owner = name.rsplit(".", 1)[0]
         if owner in self.autoep:  # experts: [E_local, ...] per EP rank -> [E, ...] in global order
             layer = self.autoep[owner]
             by_ep = {ep: t for t, _, ep in locals_}
-            full = torch.empty((layer["num_experts"], *by_ep[0].shape[1:]), dtype=by_ep[0].dtype)
+            full = torch.empty(
+                (layer["num_experts"], *by_ep[0].shape[1:]), dtype=by_ep[0].dtype, device=by_ep[0].device
+            )
             for entry in layer["expert_placement"]["ranks"]:
                 full[torch.tensor(entry["experts"], dtype=torch.long)] = by_ep[entry["rank"]]
             return full
@@ -191,7 +209,7 @@ class _Rebuilder:
         by_tp = {next(iter(tps)): t for t, tps, _ in locals_}
         shards = [by_tp[r] for r in range(tp)]
         if _matches(self.uc.get("tp_replicated_parameter_patterns", []), name):
-            if not all(torch.equal(shards[0], s) for s in shards[1:]):
+            if not meta and not all(torch.equal(shards[0], s) for s in shards[1:]):
                 raise ValueError(
                     f"{name}: the TP ranks' copies of a replicated parameter differ (was the model "
                     "built on every rank from the same seed?)"
@@ -238,15 +256,19 @@ def export_checkpoint(
     dtype: str = "auto",
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     progress=None,
+    workers: int = 1,
 ) -> ExportResult:
     """Write the HuggingFace checkpoint of the DeepSpeed checkpoint in `checkpoint_dir` (a Trainer `checkpoint-N`)
     to `output_dir`. `config_dir` holds the model's config.json (default: `checkpoint_dir` itself, where the
     Trainer writes it). `dtype`: "auto" (the training dtype), "fp32", "bf16" or "fp16". `progress(done, total)` is
-    called after each group."""
+    called after each group (with `workers` > 1, once at the end). `workers`: processes writing the shard files
+    (default 1: this process writes every file)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from hf_dist_recipes.checkpoint.export import write_groups
 
+    if workers < 1:
+        raise ValueError(f"workers={workers}: use 1 or more writer processes")
     tag_dir = resolve_tag_dir(checkpoint_dir)
     config_dir = config_dir or checkpoint_dir
     if not os.path.isfile(os.path.join(config_dir, "config.json")):
@@ -280,22 +302,87 @@ def export_checkpoint(
             by_group[group_key(name)].append(name)
     order = sorted(by_group, key=_natural)
 
+    def build(key: str, meta: bool = False) -> dict[str, torch.Tensor]:
+        group = _to_hf_names(
+            {n: rebuilder.tensor(n, meta) for n in by_group[key]}, rebuilder.autoep, ref_shapes, preset
+        )
+        for name, t in group.items():
+            if name not in ref_shapes or tuple(t.shape) != ref_shapes[name]:
+                raise ValueError(
+                    f"rebuilt {name!r} {tuple(t.shape)}, which {type(ref).__name__} does not have "
+                    f"({ref_shapes.get(name, 'no such name')}): is config.json this model's?"
+                )
+        return {n: (t.to(target) if t.is_floating_point() else t) for n, t in group.items()}
+
+    if workers > 1:
+        result = _export_with_workers(build, order, ref, output_dir, max_shard_bytes, workers)
+        if progress is not None:
+            progress(len(order), len(order))
+        return result
+
     def groups():
         for i, key in enumerate(order, start=1):
             # One group alive at a time: the rebuilt tensors go straight into the renaming, nothing else holds them.
-            group = _to_hf_names({n: rebuilder.tensor(n) for n in by_group[key]}, rebuilder.autoep, ref_shapes, preset)
-            for name, t in group.items():
-                if name not in ref_shapes or tuple(t.shape) != ref_shapes[name]:
-                    raise ValueError(
-                        f"rebuilt {name!r} {tuple(t.shape)}, which {type(ref).__name__} does not have "
-                        f"({ref_shapes.get(name, 'no such name')}): is config.json this model's?"
-                    )
-            yield {n: (t.to(target) if t.is_floating_point() else t) for n, t in group.items()}
-            del group
+            yield build(key)
             if progress is not None:
                 progress(i, len(order))
 
     return write_groups(groups(), ref, output_dir, max_shard_bytes)
+
+
+def _export_with_workers(build, order: list[str], ref, output_dir: str, max_shard_bytes: int, workers: int):
+    """The shard plan from metadata, then `workers` forked processes writing their shards (see the docstring)."""
+    import multiprocessing
+
+    from hf_dist_recipes.checkpoint.export import to_disk_names
+    from hf_dist_recipes.checkpoint.shard_plan import PlannedShardWriter, plan_shards, write_index
+    from hf_dist_recipes.checkpoint.writer import remove_previous_weights, save_config_files
+
+    disk = {key: to_disk_names(ref, build(key, meta=True)) for key in order}
+    plan = plan_shards((disk[key] for key in order), max_shard_bytes)
+    owners = {key: plan.owners_of(disk[key], workers) for key in order}
+    os.makedirs(output_dir, exist_ok=True)
+    remove_previous_weights(output_dir)
+    threads = max(1, torch.get_num_threads() // workers)
+
+    def work(index: int, conn) -> None:
+        try:
+            torch.set_num_threads(threads)  # the workers share the cores instead of each using them all
+            writer = PlannedShardWriter(output_dir, plan, index, workers)
+            for key in order:
+                if index in owners[key]:
+                    writer.add(to_disk_names(ref, build(key)))
+            conn.send(("ok", writer.close()))
+        except BaseException:
+            conn.send(("error", traceback.format_exc()))
+        finally:
+            conn.close()
+
+    # fork: the children share the parent's memory-mapped rank files and imported modules (no re-import, no copy).
+    ctx = multiprocessing.get_context("fork")
+    procs = []
+    for index in range(workers):
+        parent, child = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=work, args=(index, child), name=f"export-writer-{index}")
+        proc.start()
+        child.close()
+        procs.append((proc, parent))
+    written, errors = {}, []
+    for index, (proc, conn) in enumerate(procs):
+        try:
+            status, value = conn.recv()
+        except EOFError:
+            status, value = "error", "the process ended without a result (killed, out of memory?)"
+        proc.join()
+        if status == "ok":
+            written[index] = value
+        else:
+            errors.append(f"writer {index}: {value}")
+    if errors:
+        raise RuntimeError("checkpoint export failed in a writer process:\n" + "\n".join(errors))
+    result = write_index(output_dir, plan, written)
+    save_config_files(ref.config, output_dir, getattr(ref, "generation_config", None))
+    return result
 
 
 def _natural(key: str):

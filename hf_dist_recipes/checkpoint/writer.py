@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # the CLI imports this module for --help: no torch at import 
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+WRITERS_RECORD = "shard_writers.json"  # which writer wrote which file, when several did (checkpoint.shard_plan)
 # The writing rank holds at most one shard plus one group, so the shard size bounds its memory: 5 GiB, where
 # save_pretrained's default is 50GB.
 DEFAULT_MAX_SHARD_SIZE = "5GB"
@@ -40,13 +41,15 @@ DEFAULT_MAX_SHARD_BYTES = parse_size(DEFAULT_MAX_SHARD_SIZE)
 
 @dataclass
 class ExportResult:
-    """What was written: the directory, its weight files, tensor and byte counts (bytes of tensor data)."""
+    """What was written: the directory, its weight files, tensor and byte counts (bytes of tensor data), and with
+    several writers which writer (rank or worker) wrote which file."""
 
     output_dir: str
     files: list[str] = field(default_factory=list)
     tensors: int = 0
     parameters: int = 0
     bytes: int = 0
+    written_by: dict[str, list[str]] = field(default_factory=dict)
 
 
 class ShardedSafetensorsWriter:
@@ -61,7 +64,7 @@ class ShardedSafetensorsWriter:
         if max_shard_bytes <= 0:
             raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
         os.makedirs(output_dir, exist_ok=True)
-        _remove_previous_weights(output_dir)
+        remove_previous_weights(output_dir)
         self.output_dir = output_dir
         self.max_shard_bytes = max_shard_bytes
         self._buffer: dict[str, torch.Tensor] = {}
@@ -150,10 +153,10 @@ def write_safetensors(path: str, tensors: dict[str, torch.Tensor], metadata: dic
                 f.write(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
 
 
-def _remove_previous_weights(output_dir: str) -> None:
+def remove_previous_weights(output_dir: str) -> None:
     """A second save into the same directory must not leave shards of the first one for from_pretrained to mix in."""
     for name in os.listdir(output_dir):
-        if name.endswith(".safetensors") or name == SAFE_WEIGHTS_INDEX_NAME:
+        if name.endswith(".safetensors") or name in (SAFE_WEIGHTS_INDEX_NAME, WRITERS_RECORD):
             os.remove(os.path.join(output_dir, name))
 
 

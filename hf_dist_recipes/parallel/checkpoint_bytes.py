@@ -1,0 +1,139 @@
+"""Checkpoint bytes per save, per rank and in total, and how long a save may keep the other ranks waiting.
+
+What a `save_steps` save writes under DeepSpeed (`checkpoint-N/global_stepN/`), every rank at once:
+- `*_optim_states.pt`: the rank's ZeRO partition of the fp32 master weights and Adam's two moments, 12 bytes per
+  partitioned element whatever the training precision (DeepSpeed writes the fp32 flat groups beside the moments);
+- `*_model_states.pt`: under ZeRO-3 placeholders and buffers (counted as 0 here); below stage 3 the data-parallel
+  rank 0 of each TP rank writes its whole TP-local weights in the training precision.
+The `from_pretrained` copy (`save_model`, `checkpoint export`, or each checkpoint with
+`hf_weights_in_checkpoints=True`): every parameter once in the training precision, in shards of `max_shard_bytes`
+that the ranks write round-robin (`hf_dist_recipes.checkpoint.shard_plan`), so the busiest rank writes
+ceil(shards / ranks) shards.
+
+DeepSeek-V3 (671B parameters, bf16) on 64 ranks: 8.05 TB of engine files (126 GB per rank), and 1.34 TB for the HF
+copy (21 GB per rank shared, the whole 1.34 TB on rank 0 before shared writing).
+
+The save bound: a save is not a hang. While ranks write, the others wait in the next collective (the save's final
+barrier, or the gathers of the HF copy between two shards), so the collective timeout during a save is raised to
+`save_timeout_s`: the step timeout plus the busiest rank's bytes at `ASSUMED_WRITE_BYTES_PER_S` per rank. A rank
+that writes slower than that for a whole save is reported as stuck, as a stuck step would be. The heartbeat needs no
+change: its thread beats while the main thread writes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hf_dist_recipes.parallel.models import ModelShape
+    from hf_dist_recipes.parallel.plan import ParallelPlan
+
+ENGINE_BYTES_PER_ELEMENT = 12  # fp32 master + Adam exp_avg + exp_avg_sq, per partitioned element
+# Per rank, sustained, to the checkpoint folder: a conservative figure for a shared parallel file system with 8 ranks
+# of a node writing at once (local NVMe gives GB/s). Only the timeout during a save depends on it.
+ASSUMED_WRITE_BYTES_PER_S = 100 * 1024**2
+PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+DEFAULT_SHARD_BYTES = 5 * 1024**3
+
+
+@dataclass(frozen=True)
+class SaveBytes:
+    """Bytes written by one save. `engine_*`: the engine's files of a `checkpoint-N` (the busiest rank's, all
+    ranks'); `hf_*`: the `from_pretrained` copy (the busiest rank's share with shared writing, the whole)."""
+
+    world_size: int
+    engine_per_rank: int
+    engine_total: int
+    hf_per_rank: int
+    hf_total: int
+
+    def checkpoint_per_rank(self, hf_copy: bool = False) -> int:
+        """The busiest rank's bytes in one `checkpoint-N` (with the HF copy inside when `hf_copy`)."""
+        return self.engine_per_rank + (self.hf_per_rank if hf_copy else 0)
+
+    def checkpoint_total(self, hf_copy: bool = False) -> int:
+        return self.engine_total + (self.hf_total if hf_copy else 0)
+
+    def as_dict(self) -> dict:
+        return {
+            **asdict(self),
+            "checkpoint_per_rank": self.checkpoint_per_rank(),
+            "checkpoint_total": self.checkpoint_total(),
+        }
+
+
+def hf_share_bytes(hf_total: int, world_size: int, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> int:
+    """The most one of `world_size` round-robin writers writes of an `hf_total`-byte checkpoint in shards of at most
+    `max_shard_bytes` (a shard may end early at a layer boundary: an upper bound of the shard count's share)."""
+    shards = max(1, math.ceil(hf_total / max_shard_bytes))
+    return min(hf_total, math.ceil(shards / world_size) * max_shard_bytes)
+
+
+def save_bytes(
+    total_params: int,
+    world_size: int,
+    *,
+    precision: str = "bf16",
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    engine_elements_per_rank: int | None = None,
+    model_states_per_rank: int = 0,
+) -> SaveBytes:
+    """Bytes per save for a model of `total_params` on `world_size` ranks. `engine_elements_per_rank`: the busiest
+    rank's partitioned elements (default: an even split, total_params / world_size, as ZeRO-3 partitions);
+    `model_states_per_rank`: bytes of weights in `*_model_states.pt` (0 under ZeRO-3)."""
+    if world_size < 1 or total_params < 0:
+        raise ValueError(f"world_size={world_size}, total_params={total_params}: need >= 1 rank and >= 0 parameters")
+    if precision not in PRECISION_BYTES:
+        raise ValueError(f"precision {precision!r}: use one of {sorted(PRECISION_BYTES)}")
+    elements = math.ceil(total_params / world_size) if engine_elements_per_rank is None else engine_elements_per_rank
+    engine_per_rank = elements * ENGINE_BYTES_PER_ELEMENT + model_states_per_rank
+    hf_total = total_params * PRECISION_BYTES[precision]
+    return SaveBytes(
+        world_size=world_size,
+        engine_per_rank=engine_per_rank,
+        engine_total=elements * ENGINE_BYTES_PER_ELEMENT * world_size + model_states_per_rank * world_size,
+        hf_per_rank=hf_share_bytes(hf_total, world_size, max_shard_bytes),
+        hf_total=hf_total,
+    )
+
+
+def plan_save_bytes(plan: ParallelPlan, model: ModelShape, *, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> SaveBytes:
+    """`save_bytes` for a parallel plan: the partition of the busiest rank from the memory model's exact counts
+    (`parallel.memory.rank_elements`); below ZeRO-3 the TP-local weights in `*_model_states.pt`."""
+    from hf_dist_recipes.parallel.memory import rank_elements
+
+    el = rank_elements(plan, model)
+    model_states = 0 if plan.zero_stage == 3 else el.sharded * PRECISION_BYTES[plan.precision]
+    # Below ZeRO-3 only data-parallel rank 0 of each TP rank writes model states: per rank the busiest, in total tp.
+    out = save_bytes(
+        model.total_params,
+        plan.world_size,
+        precision=plan.precision,
+        max_shard_bytes=max_shard_bytes,
+        engine_elements_per_rank=el.optimizer if plan.zero_stage >= 1 else el.sharded,
+        model_states_per_rank=model_states,
+    )
+    if model_states:
+        total = out.engine_total - model_states * plan.world_size + model_states * plan.tp
+        out = SaveBytes(out.world_size, out.engine_per_rank, total, out.hf_per_rank, out.hf_total)
+    return out
+
+
+def save_timeout_s(bytes_per_rank: int, base_s: float, write_bytes_per_s: float = ASSUMED_WRITE_BYTES_PER_S) -> float:
+    """The collective timeout while a save runs: `base_s` (the step timeout) plus the busiest rank's bytes at
+    `write_bytes_per_s`, in seconds."""
+    if write_bytes_per_s <= 0:
+        raise ValueError(f"write_bytes_per_s={write_bytes_per_s}: use a positive bandwidth in bytes per second")
+    return base_s + bytes_per_rank / write_bytes_per_s
+
+
+def render(b: SaveBytes) -> str:
+    """One line for `config estimate`."""
+    gb = 1e9
+    return (
+        f"checkpoint per save: {b.engine_per_rank / gb:,.1f} GB per rank, {b.engine_total / gb:,.1f} GB in all "
+        f"(engine files, every rank at once); HF copy (save_model) {b.hf_total / gb:,.1f} GB, "
+        f"at most {b.hf_per_rank / gb:,.1f} GB per rank"
+    )
