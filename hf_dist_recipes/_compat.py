@@ -22,6 +22,30 @@ COVERED = {"transformers": "5.24", "accelerate": "1.16", "deepspeed": "0.19"}
 # - accelerate 1.16 `DeepSpeedPlugin` refuses mixed_precision & co. beside a deepspeed_config_file
 #   -> parallel/accelerate_config.py never writes them, parallel/lint.py reports them.
 
+# transformers 5.24 `TrainingArguments.__post_init__` turns these fields' declared default None into this value, so
+# a plain TrainingArguments holds it whether or not the user chose it (`from_training_arguments` treats it as unset).
+STOCK_POST_INIT_DEFAULTS = {"activation_checkpointing": False, "gradient_checkpointing": False}
+
+
+def set_allocator_settings(settings: str) -> None:
+    """Hand `settings` (PYTORCH_CUDA_ALLOC_CONF syntax) to the running process's allocator config, which torch 2.13
+    may have parsed already: its caching allocator reads the variable once (`c10::CachingAllocator::
+    AcceleratorAllocatorConfig::instance()`), and other torch 2.x releases parse it while libc10_cuda loads, at
+    `import torch` (their `BackendStaticInitializer`), so a variable set later alone can go unread.
+    `torch._C._accelerator_setAllocatorSettings` (private; `torch.cuda.memory._set_allocator_settings` is its
+    deprecated alias) parses it now. Expandable segments may be switched on at any time, for allocations after it."""
+    import torch
+
+    torch._C._accelerator_setAllocatorSettings(settings)
+
+
+def allocator_settings() -> str:
+    """The allocator settings last parsed in this process (torch 2.13 `_accelerator_getAllocatorSettings`)."""
+    import torch
+
+    return torch._C._accelerator_getAllocatorSettings()
+
+
 # accelerate 1.16 `utils/launch.py` exports the YAML's deepspeed_config_file to the ranks under these names, and
 # `DeepSpeedPlugin.__post_init__` reads the file back from the second one. transformers 5.24
 # `TrainingArguments.__post_init__` builds its DeepSpeed plugin from them when `deepspeed=` is not given.

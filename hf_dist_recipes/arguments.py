@@ -7,7 +7,8 @@ Changed defaults (everything else is the stock default):
 - `bf16=None`: bf16 where every visible GPU supports it, fp32 on CPU hosts; `bf16=False` chooses fp32
   (`hf_dist_recipes.precision`);
 - `activation_checkpointing=None`: what the launch config's recorded plan assumed (`config generate
-  --activation-checkpointing`), else off (`hf_dist_recipes.parallel.plan_record`);
+  --activation-checkpointing`), else off (`hf_dist_recipes.parallel.plan_record`); a model that will not recompute
+  under such a plan then stops RecipeTrainer with the fix, unless `allow_no_recompute=True`;
 - `ddp_timeout=7200` s instead of 1800: under ZeRO-3 rank 0 alone reads the checkpoint in `from_pretrained` while
   the other ranks wait in collectives, and the first run of a node JIT-builds DeepSpeed's ops while its other ranks
   wait; 30 minutes is too short for a 1.3 TB checkpoint on network storage (about 45 minutes at 500 MB/s). It is the
@@ -47,10 +48,13 @@ New fields, all at the end so positional use of TrainingArguments keeps working:
   bounds a rank that is alive but stuck. On creation, where the backend is NCCL, the NCCL defaults of
   `hf_dist_recipes.nccl_defaults` (async error handling, flight recorder dumped into
   `<output_dir>/nccl_flight_recorder`) are set where the user has not set them, before the process group exists;
-  `nccl_env_applied` keeps what was set;
-- `allow_gloo_on_cuda`, `allow_unclipped_gradients`, `allow_cpu_with_gpus` (default False): explicit opt-outs. The
-  last one is for a machine with NVIDIA GPUs that torch cannot use (CPU-only wheel, old driver, every GPU hidden),
-  which otherwise stops with the reason and the fix instead of training on the CPU (`hf_dist_recipes.cuda_host`).
+  `nccl_env_applied` keeps what was set. Where CUDA is used, `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` is
+  set the same way, before CUDA initialises, unless the allocator was configured (`hf_dist_recipes.alloc_defaults`);
+  `env_applied` keeps every variable set (the NCCL defaults and this one);
+- `allow_gloo_on_cuda`, `allow_unclipped_gradients`, `allow_cpu_with_gpus`, `allow_no_recompute` (default False):
+  explicit opt-outs. `allow_cpu_with_gpus` is for a machine with NVIDIA GPUs that torch cannot use (CPU-only wheel,
+  old driver, every GPU hidden), which otherwise stops with the reason and the fix instead of training on the CPU
+  (`hf_dist_recipes.cuda_host`).
 
 On creation the arguments also point `TORCH_EXTENSIONS_DIR`, when it is unset, at a node-local folder, so that
 DeepSpeed's JIT-built ops are built once per node rather than by every node into one shared home folder
@@ -68,6 +72,7 @@ from transformers import TrainingArguments
 from transformers.trainer_utils import SchedulerType
 
 from hf_dist_recipes import _compat, backend, cuda_host, extensions, precision
+from hf_dist_recipes.alloc_defaults import apply_alloc_conf_default
 from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_SIZE, parse_size
 from hf_dist_recipes.gradient_health import (
     validate_max_consecutive_skips,
@@ -259,6 +264,13 @@ class RecipeTrainingArguments(TrainingArguments):
             "them)."
         },
     )
+    allow_no_recompute: bool = field(
+        default=False,
+        metadata={
+            "help": "Train without recomputation although the launch config's plan assumed activation checkpointing "
+            "(normally an error naming the fix: its memory estimate does not hold without it)."
+        },
+    )
 
     def __post_init__(self):
         validate_seed(self.seed)
@@ -308,6 +320,9 @@ class RecipeTrainingArguments(TrainingArguments):
             if self.ddp_backend == backend.GPU_BACKEND
             else {}
         )
+        # Also before CUDA initialises (resolve_bf16 below reads the GPUs' capability): the estimate's fragmentation
+        # allowance assumes expandable segments. Every environment default set here, NCCL's included: env_applied.
+        self.env_applied = {**self.nccl_env_applied, **(apply_alloc_conf_default() if gpus else {})}
         self.bf16 = resolve_bf16(
             self.bf16, fp16=self.fp16, cuda_devices=gpus, bf16_supported=bool(gpus) and precision.cuda_bf16_supported()
         )
@@ -315,8 +330,11 @@ class RecipeTrainingArguments(TrainingArguments):
             # Without use_cpu a CPU-only torchrun run counts world_size 1 and fills DeepSpeed's batch wrongly.
             self.use_cpu = True
         self.tp_batch_note = self._fix_deepspeed_batch()
+        # Whether the plan chose it: RecipeTrainer may turn such a value off under allow_no_recompute, never the user's.
+        self.activation_checkpointing_from_plan = False
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
             self.activation_checkpointing = bool(self.launch_plan.get("activation_checkpointing"))
+            self.activation_checkpointing_from_plan = self.activation_checkpointing
             if self.activation_checkpointing:
                 logger.info("activation_checkpointing on: the launch config's plan assumed it")
         super().__post_init__()
@@ -374,7 +392,9 @@ class RecipeTrainingArguments(TrainingArguments):
                 continue
             value = getattr(args, f.name)
             stock = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            if value != stock:
+            # Compared with the stock default after the stock post-init too: that turns activation_checkpointing's
+            # None into False, which is not the user's choice and must not override the launch plan's.
+            if value != stock and value != _compat.STOCK_POST_INIT_DEFAULTS.get(f.name, stock):
                 kept[f.name] = value
         upgraded = cls(**kept)
         recipe_defaults = sorted(

@@ -27,9 +27,9 @@ What it adds:
   continues the per-rank counters;
 - a Gloo process group is destroyed at exit (`backend.destroy_gloo_group_at_exit`);
 - under ZeRO-3, a model built whole on every rank (before the arguments, or by calling its class) above
-  `max_unpartitioned_model_size` stops the constructor with the fix (`hf_dist_recipes.construction`); a model that
-  does not recompute although the launch config's plan assumed activation checkpointing is warned about when
-  training starts (`hf_dist_recipes.parallel.plan_record`).
+  `max_unpartitioned_model_size` stops the constructor with the fix (`hf_dist_recipes.construction`); so does a model
+  that will not recompute although the launch config's plan assumed activation checkpointing (a warning under
+  `allow_no_recompute`; `hf_dist_recipes.parallel.plan_record`).
 """
 
 from __future__ import annotations
@@ -122,7 +122,9 @@ class RecipeTrainer(Trainer):
             and self.accelerator.state.deepspeed_plugin.hf_ds_config.is_zero3()
         ):
             check_partitioned(self.model, limit_bytes=args.max_unpartitioned_model_bytes, world_size=args.world_size)
-        self.plan_conformance = PlanConformanceCallback(getattr(args, "launch_plan", {}))
+        # Before any engine: a model that will not recompute under a plan that assumed it stops here with the fix.
+        self.plan_conformance = PlanConformanceCallback(getattr(args, "launch_plan", {}), allow=args.allow_no_recompute)
+        self.plan_conformance.check_before_training(self.model, args)
         self.add_callback(self.plan_conformance)
         if has_routed_experts(self.model) and not any(
             isinstance(c, ExpertLoadCallback) for c in self.callback_handler.callbacks

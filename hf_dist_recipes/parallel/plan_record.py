@@ -4,13 +4,17 @@
 ignore unknown top-level keys; `config validate` parses every generated file with DeepSpeed's own config class).
 It records what the memory estimate assumed: the layout, micro batch, sequence length, precision and activation
 checkpointing. `RecipeTrainingArguments` reads it from the launcher's config: a plan that assumed activation
-checkpointing turns `activation_checkpointing` on unless the arguments say otherwise, and `RecipeTrainer` warns at
-the start of training when the model does not recompute although the plan's memory figures assumed it.
+checkpointing turns `activation_checkpointing` on unless the arguments say otherwise, and `RecipeTrainer` stops, naming
+the fix, when the model will not recompute although the plan's memory figures assumed it: without recomputation the
+estimate no longer holds (the DeepSeek-V3 plan shipped in accelerate_configs/ needs about 223 GiB per GPU by the same
+estimate instead of 45), so a warning was followed by an out-of-memory error once the whole model had loaded. The
+argument `allow_no_recompute=True` turns the stop back into a warning; the message gives both figures for the model.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from transformers import TrainerCallback
 
@@ -51,33 +55,105 @@ def recorded_plan(config: dict | None) -> dict:
     return section["generated_for"]
 
 
-def activation_checkpointing_warning(record: dict, model) -> str | None:
-    """A warning when the plan assumed activation checkpointing and `model` does not recompute (None otherwise).
-    `model`: the module about to be trained (transformers' `is_activation_checkpointing` property)."""
-    if not record.get("activation_checkpointing"):
+def can_recompute(model) -> bool:
+    """Whether `model` can turn recomputation on: transformers' class flag `supports_gradient_checkpointing` where the
+    model has one (every `PreTrainedModel`; `activation_checkpointing_enable` raises without it), else whether it has
+    one of the enable methods the Trainer calls (`activation_checkpointing_enable`, `gradient_checkpointing_enable`)."""
+    supported = getattr(model, "supports_gradient_checkpointing", None)
+    if supported is not None:
+        return bool(supported)
+    return hasattr(model, "activation_checkpointing_enable") or hasattr(model, "gradient_checkpointing_enable")
+
+
+def recomputes(model) -> bool:
+    """Whether recomputation is on in `model` now (transformers' `is_activation_checkpointing`)."""
+    return bool(getattr(model, "is_activation_checkpointing", False))
+
+
+def _estimates_gib(record: dict, model) -> tuple[float, float] | None:
+    """(with, without recomputation) GiB per GPU of the recorded plan for `model`'s config by the recipe's estimate;
+    None when the record or the model does not allow one (the message then goes without the numbers)."""
+    from hf_dist_recipes.parallel.memory import GIB, estimate
+    from hf_dist_recipes.parallel.models import introspect
+
+    try:
+        plan = ParallelPlan(**{k: record[k] for k in RECORDED if k != "activation_checkpointing"})
+        shape = introspect(model.config)
+        with_ac, without = (
+            estimate(replace(plan, activation_checkpointing=ac), shape).device_total / GIB for ac in (True, False)
+        )
+    except Exception:  # an estimate is a courtesy in an error message: never a second error
         return None
-    if getattr(model, "is_activation_checkpointing", False):
+    return with_ac, without
+
+
+def activation_checkpointing_problem(record: dict, model, activation_checkpointing: bool | None = None) -> str | None:
+    """Why `model` will not recompute although the plan recorded in the launch config assumed it, with the fix; None
+    when the plan did not assume it or the model recomputes. `activation_checkpointing`: the arguments' value, for a
+    check before training (the Trainer then turns recomputation on when it is True and the model can); None judges
+    the model as it is (at the start of training, after the Trainer had its turn)."""
+    if not record.get("activation_checkpointing") or recomputes(model):
         return None
+    name = type(model).__name__
+    if activation_checkpointing and can_recompute(model):
+        return None
+    if activation_checkpointing is False:
+        why = f"activation_checkpointing=False, so {name} stores every activation"
+        fix = (
+            "leave activation_checkpointing unset (the plan's value) or set it to True, or regenerate the config "
+            "without --activation-checkpointing"
+        )
+    elif not can_recompute(model):
+        why = f"{name} cannot recompute activations (its class has no activation-checkpointing support)"
+        fix = (
+            "use a model class that supports it (transformers' supports_gradient_checkpointing), or regenerate the "
+            "config without --activation-checkpointing so that its plan and memory estimate assume none"
+        )
+    else:
+        why = f"recomputation is not on in {name} at the start of training"
+        fix = "set activation_checkpointing=True, or call model.activation_checkpointing_enable() before training"
+    figures = _estimates_gib(record, model)
+    cost = (
+        f" (about {figures[1]:,.0f} GiB per GPU instead of {figures[0]:,.0f} by the recipe's estimate)"
+        if figures
+        else ""
+    )
     return (
-        f"the launch config was generated for a plan with activation checkpointing (its memory estimate assumes "
-        f"recomputation: seq_len {record.get('seq_len')}, micro batch {record.get('micro_batch')}), but "
-        f"{type(model).__name__} stores every activation: expect far more GPU memory than estimated, or an "
-        "out-of-memory error. Leave activation_checkpointing unset (the plan's value) or set it to True; or "
-        "regenerate the config without --activation-checkpointing"
+        f"the launch config was generated for a plan with activation checkpointing (seq_len {record.get('seq_len')}, "
+        f"micro batch {record.get('micro_batch')}), but {why}: expect far more GPU memory than estimated{cost}, or "
+        f"an out-of-memory error. Fix: {fix}; or pass allow_no_recompute=True to train without recomputation anyway"
     )
 
 
 class PlanConformanceCallback(TrainerCallback):
-    """Warns once, at the start of training, when the model about to be trained breaks an assumption of the plan
-    recorded in the launch config (today: activation checkpointing). The warning goes to the log and to
-    `self.warnings` (for tests and reports)."""
+    """Stops (ValueError) or, with `allow=True` (`allow_no_recompute`), warns when the model about to be trained breaks
+    an assumption of the plan recorded in the launch config (today: activation checkpointing). `RecipeTrainer` calls
+    `check_before_training` in its constructor, before any engine is built; `on_train_begin` checks the model again
+    after the Trainer had its turn (a model built by `model_init`, a wrapper that ignored the request). Warnings go to
+    the log and to `self.warnings` (for tests and reports)."""
 
-    def __init__(self, record: dict):
+    def __init__(self, record: dict, allow: bool = False):
         self.record = record
+        self.allow = allow
         self.warnings: list[str] = []
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        message = activation_checkpointing_warning(self.record, model)
-        if message and message not in self.warnings:
+    def _report(self, message: str | None) -> None:
+        if message is None:
+            return
+        if not self.allow:
+            raise ValueError(message)
+        if not self.warnings:  # once: the constructor's and the start of training's say the same
             self.warnings.append(message)
             logger.warning(message)
+
+    def check_before_training(self, model, args) -> None:
+        """Judge `model` with the arguments' `activation_checkpointing`. Allowed, a model that cannot recompute has
+        the plan's `activation_checkpointing` (not one the user set) turned off, so that the Trainer trains it
+        without recomputation instead of stopping in `activation_checkpointing_enable`."""
+        message = activation_checkpointing_problem(self.record, model, bool(args.activation_checkpointing))
+        self._report(message)
+        if message and getattr(args, "activation_checkpointing_from_plan", False) and not can_recompute(model):
+            args.activation_checkpointing = args.gradient_checkpointing = False
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._report(activation_checkpointing_problem(self.record, model))

@@ -1,6 +1,7 @@
 """Through RecipeTrainer on 2 real ZeRO-3 CPU ranks with a generated config: a model built whole on every rank is
-stopped with the fix, one built after the arguments is not, and the plan's activation checkpointing is switched on
-(or, refused by the user, warned about)."""
+stopped with the fix, one built after the arguments is not, and the plan's activation checkpointing is switched on;
+a model that will not recompute under that plan (refused by the user, or a class without support) stops with the fix,
+or under allow_no_recompute trains without it and warns."""
 
 import json
 import subprocess
@@ -74,8 +75,26 @@ def test_the_plans_activation_checkpointing_is_switched_on(ranks):
         assert r["planned"]["bf16"] is False  # a CPU host: fp32
 
 
-def test_refusing_the_plans_activation_checkpointing_is_warned_about(ranks):
+def test_refusing_the_plans_activation_checkpointing_stops_with_the_fix(ranks):
     for r in ranks:
-        assert r["refused"]["activation_checkpointing"] is False
-        assert r["refused"]["model_recomputes"] is False
-        assert len(r["refused"]["warnings"]) == 1 and "stores every activation" in r["refused"]["warnings"][0]
+        error = r["refused"]["error"]
+        assert "activation_checkpointing=False" in error and "leave activation_checkpointing unset" in error
+        assert "allow_no_recompute=True" in error
+
+
+def test_a_model_that_cannot_recompute_stops_with_the_fix(ranks):
+    for r in ranks:
+        error = r["cannot"]["error"]
+        assert "NoRecomputeLlama cannot recompute" in error and "--activation-checkpointing" in error
+
+
+def test_allow_no_recompute_trains_without_recomputation_and_warns(ranks):
+    for r in ranks:
+        for case, why in (
+            ("refused_allowed", "activation_checkpointing=False"),
+            ("cannot_allowed", "cannot recompute"),
+        ):
+            got = r[case]
+            assert got["steps"] == 1 and got["model_recomputes"] is False
+            assert len(got["warnings"]) == 1 and why in got["warnings"][0]
+            assert got["activation_checkpointing"] is False  # the plan's True turned off for the class without it

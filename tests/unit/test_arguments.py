@@ -41,6 +41,35 @@ def test_upgrade_keeps_an_explicit_scheduler(tmp_path):
     assert RecipeTrainingArguments.from_training_arguments(plain).lr_scheduler_type == "constant"
 
 
+def test_upgrade_keeps_the_launch_plans_activation_checkpointing(tmp_path, monkeypatch):
+    """Issue 18 part 2: a plain TrainingArguments, upgraded by RecipeTrainer, lost the plan's recomputation."""
+    from pathlib import Path
+
+    generated = Path(__file__).resolve().parents[2] / "accelerate_configs" / "deepspeed"
+    # The generated DeepSeek-V2-Lite JSON (its recorded plan assumed activation checkpointing) as the launcher's.
+    monkeypatch.setenv(_compat.ACCELERATE_USE_DEEPSPEED, "true")
+    monkeypatch.setenv(
+        _compat.ACCELERATE_DEEPSPEED_CONFIG_FILE, str(generated / "deepseek_v2_lite_zero3_ep2_1node_8gpu.json")
+    )
+    assert RecipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True).activation_checkpointing is True
+    plain = TrainingArguments(output_dir=str(tmp_path), use_cpu=True)
+    # transformers' post-init turned the declared None into False (fails when upstream changes: see _compat).
+    assert TrainingArguments.__dataclass_fields__["activation_checkpointing"].default is None
+    assert {name: getattr(plain, name) for name in _compat.STOCK_POST_INIT_DEFAULTS} == _compat.STOCK_POST_INIT_DEFAULTS
+    up = RecipeTrainingArguments.from_training_arguments(plain)
+    assert up.activation_checkpointing is True and up.gradient_checkpointing is True
+    assert up.activation_checkpointing_from_plan is True
+
+
+def test_upgrade_keeps_a_plain_request_for_recomputation(tmp_path):
+    # No launch config: the plan says nothing, the user's True (under either name) stands.
+    for request in ({"activation_checkpointing": True}, {"gradient_checkpointing": True}):
+        up = RecipeTrainingArguments.from_training_arguments(TrainingArguments(output_dir=str(tmp_path), **request))
+        assert up.activation_checkpointing is True and up.activation_checkpointing_from_plan is False
+    plain = TrainingArguments(output_dir=str(tmp_path))
+    assert RecipeTrainingArguments.from_training_arguments(plain).activation_checkpointing is False
+
+
 def test_disabled_clipping_needs_opt_out(tmp_path):
     with pytest.raises(ValueError, match="allow_unclipped_gradients"):
         RecipeTrainingArguments(output_dir=str(tmp_path), max_grad_norm=0.0)

@@ -96,3 +96,72 @@ def test_a_cpu_host_gets_none_of_them(tmp_path, monkeypatch):
 
     monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 0)
     assert RecipeTrainingArguments(output_dir=str(tmp_path)).nccl_env_applied == {}
+
+
+# --- PYTORCH_CUDA_ALLOC_CONF (hf_dist_recipes.alloc_defaults): set beside the NCCL defaults, where CUDA is used ---
+
+
+def _unset(monkeypatch, names) -> None:
+    """Unset `names` so that monkeypatch removes at teardown what the code under test sets (delenv of an absent
+    variable records nothing), the NCCL defaults the faked GPU host also gets included."""
+    for name in (*names, *{alias for aliases in ALIASES.values() for alias in aliases}):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+
+
+def test_alloc_conf_is_set_where_unset_and_handed_to_the_running_allocator():
+    from hf_dist_recipes.alloc_defaults import ALLOC_CONF_NAMES, apply_alloc_conf_default
+
+    handed: list[str] = []
+    env: dict[str, str] = {}
+    assert apply_alloc_conf_default(env, apply=handed.append) == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} and handed == ["expandable_segments:True"]
+    for name in ALLOC_CONF_NAMES:  # any name torch reads the settings from: the user configured the allocator
+        env = {name: "max_split_size_mb:512"}
+        assert apply_alloc_conf_default(env, apply=handed.append) == {}
+        assert env == {name: "max_split_size_mb:512"} and len(handed) == 1
+
+
+def test_every_alloc_conf_name_is_one_torch_reads():
+    """Fails when torch renames them: each name must be in the installed torch's allocator config header."""
+    from hf_dist_recipes.alloc_defaults import ALLOC_CONF_NAMES
+
+    header = (Path(torch.__file__).parent / "include" / "c10" / "cuda" / "CUDAAllocatorConfig.h").read_text()
+    assert [n for n in ALLOC_CONF_NAMES if f'"{n}"' not in header] == []
+
+
+def test_the_arguments_set_expandable_segments_on_a_gpu_host_before_cuda(tmp_path, monkeypatch):
+    # Fake: this host has no GPU; only the device count the arguments read is replaced (8), so they take the CUDA
+    # path. The environment and the allocator config are real: os.environ (restored by monkeypatch) and this
+    # process's torch allocator settings, which a CPU build parses too (and ignores), reset before and after.
+    from hf_dist_recipes import RecipeTrainingArguments, _compat
+    from hf_dist_recipes.alloc_defaults import ALLOC_CONF_NAMES
+
+    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 8)
+    _unset(monkeypatch, ALLOC_CONF_NAMES)
+    _compat.set_allocator_settings("expandable_segments:False")
+    try:
+        # As in the NCCL test above: the arguments then go on to create the NCCL process group, which this CPU host
+        # cannot; the allocator setting was applied before (and before anything read the GPUs' capability).
+        with pytest.raises(ValueError, match="process group"):
+            RecipeTrainingArguments(output_dir=str(tmp_path), bf16=False)
+        assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+        assert _compat.allocator_settings() == "expandable_segments:True"  # the running process's allocator too
+    finally:
+        _compat.set_allocator_settings("expandable_segments:False")
+
+
+def test_a_user_alloc_conf_is_kept_and_a_cpu_host_gets_none(tmp_path, monkeypatch):
+    from hf_dist_recipes import RecipeTrainingArguments
+    from hf_dist_recipes.alloc_defaults import ALLOC_CONF_NAMES
+
+    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 8)  # fake, as above
+    _unset(monkeypatch, ALLOC_CONF_NAMES)
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:256")  # the user's, under torch's newer name
+    with pytest.raises(ValueError, match="process group"):
+        RecipeTrainingArguments(output_dir=str(tmp_path), bf16=False)
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ and os.environ["PYTORCH_ALLOC_CONF"] == "max_split_size_mb:256"
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF")
+    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 0)  # a CPU host: nothing set or listed
+    args = RecipeTrainingArguments(output_dir=str(tmp_path))
+    assert args.env_applied == {} and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ

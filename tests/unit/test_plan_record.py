@@ -3,13 +3,20 @@ when the plan's memory estimate assumed it."""
 
 import json
 
+import pytest
 import torch
 from deepspeed.runtime.config import DeepSpeedConfig
 
 from hf_dist_recipes import RecipeTrainingArguments, _compat
 from hf_dist_recipes.parallel.deepspeed_config import deepspeed_config
 from hf_dist_recipes.parallel.plan import ParallelPlan
-from hf_dist_recipes.parallel.plan_record import PLAN_KEY, activation_checkpointing_warning, recorded_plan
+from hf_dist_recipes.parallel.plan_record import (
+    PLAN_KEY,
+    PlanConformanceCallback,
+    activation_checkpointing_problem,
+    can_recompute,
+    recorded_plan,
+)
 
 
 def _launch_with(tmp_path, monkeypatch, plan: ParallelPlan):
@@ -39,7 +46,8 @@ def test_a_plan_with_activation_checkpointing_turns_it_on(tmp_path, monkeypatch)
     args = RecipeTrainingArguments(output_dir=str(tmp_path / "out"))
     assert args.activation_checkpointing is True and args.gradient_checkpointing is True
     explicit = RecipeTrainingArguments(output_dir=str(tmp_path / "out"), activation_checkpointing=False)
-    assert explicit.activation_checkpointing is False  # the user's choice stands (and is warned about at train)
+    assert explicit.activation_checkpointing is False  # the user's choice stands (RecipeTrainer stops on it)
+    assert args.activation_checkpointing_from_plan is True and explicit.activation_checkpointing_from_plan is False
 
 
 def test_a_plan_without_it_leaves_it_off(tmp_path, monkeypatch):
@@ -47,14 +55,76 @@ def test_a_plan_without_it_leaves_it_off(tmp_path, monkeypatch):
     assert RecipeTrainingArguments(output_dir=str(tmp_path / "out")).activation_checkpointing is False
 
 
-def test_warning_when_the_model_does_not_recompute():
+def _tiny_llama():
     from transformers import AutoModelForCausalLM
 
     from hf_dist_recipes.parallel.models import template_config
 
-    model = AutoModelForCausalLM.from_config(template_config("tiny-llama"))
-    record = {"activation_checkpointing": True, "seq_len": 4096, "micro_batch": 1}
-    assert "stores every activation" in activation_checkpointing_warning(record, model)
+    return AutoModelForCausalLM.from_config(template_config("tiny-llama"))
+
+
+def _without_recompute_support():
+    """tiny-llama under a class that, like many remote-code models, declares no activation-checkpointing support."""
+    from transformers import LlamaForCausalLM
+
+    from hf_dist_recipes.parallel.models import template_config
+
+    class NoRecomputeLlama(LlamaForCausalLM):
+        supports_gradient_checkpointing = False
+
+    return NoRecomputeLlama(template_config("tiny-llama"))
+
+
+PLANNED = {"activation_checkpointing": True, "seq_len": 4096, "micro_batch": 1}
+
+
+def test_each_way_a_model_does_not_recompute_names_its_fix():
+    model = _tiny_llama()
+    refused = activation_checkpointing_problem(PLANNED, model, activation_checkpointing=False)
+    assert "activation_checkpointing=False" in refused and "leave activation_checkpointing unset" in refused
+    assert "allow_no_recompute=True" in refused
+    assert activation_checkpointing_problem(PLANNED, model, activation_checkpointing=True) is None  # it will
+    assert "not on in LlamaForCausalLM" in activation_checkpointing_problem(PLANNED, model)  # judged as it is
     model.activation_checkpointing_enable()
-    assert activation_checkpointing_warning(record, model) is None
-    assert activation_checkpointing_warning({"activation_checkpointing": False}, torch.nn.Linear(2, 2)) is None
+    assert activation_checkpointing_problem(PLANNED, model) is None
+    cannot = activation_checkpointing_problem(PLANNED, _without_recompute_support(), activation_checkpointing=True)
+    assert "NoRecomputeLlama cannot recompute" in cannot and "supports_gradient_checkpointing" in cannot
+    assert can_recompute(model) and not can_recompute(_without_recompute_support())
+    assert not can_recompute(torch.nn.Linear(2, 2))  # no enable method the Trainer could call
+    assert activation_checkpointing_problem({"activation_checkpointing": False}, torch.nn.Linear(2, 2)) is None
+
+
+def test_the_message_gives_the_estimate_with_and_without_recomputation():
+    from hf_dist_recipes.parallel.memory import GIB, estimate
+    from hf_dist_recipes.parallel.models import introspect
+
+    plan = ParallelPlan(procs_per_node=2, seq_len=512, activation_checkpointing=True)
+    record = recorded_plan(deepspeed_config(plan))
+    model = _tiny_llama()
+    message = activation_checkpointing_problem(record, model, activation_checkpointing=False)
+    shape = introspect(model.config)
+    without = estimate(ParallelPlan(procs_per_node=2, seq_len=512), shape).device_total / GIB
+    assert f"about {without:,.0f} GiB per GPU instead of {estimate(plan, shape).device_total / GIB:,.0f}" in message
+
+
+def test_the_callback_stops_unless_allowed_and_then_trains_without_recomputation():
+    from types import SimpleNamespace
+
+    model = _without_recompute_support()
+    from_plan = SimpleNamespace(activation_checkpointing=True, gradient_checkpointing=True)
+    from_plan.activation_checkpointing_from_plan = True
+    with pytest.raises(ValueError, match="cannot recompute"):
+        PlanConformanceCallback(PLANNED).check_before_training(model, from_plan)
+    allowed = PlanConformanceCallback(PLANNED, allow=True)
+    allowed.check_before_training(model, from_plan)
+    assert len(allowed.warnings) == 1 and "cannot recompute" in allowed.warnings[0]
+    # The plan's True is turned off, so transformers does not stop in activation_checkpointing_enable...
+    assert from_plan.activation_checkpointing is False and from_plan.gradient_checkpointing is False
+    allowed.on_train_begin(from_plan, None, None, model=model)
+    assert len(allowed.warnings) == 1  # ...and the start of training does not say it twice
+    users = SimpleNamespace(activation_checkpointing=True, gradient_checkpointing=True)
+    users.activation_checkpointing_from_plan = False
+    PlanConformanceCallback(PLANNED, allow=True).check_before_training(model, users)
+    assert users.activation_checkpointing is True  # the user's own request is never changed
+    with pytest.raises(ValueError, match="not on in LlamaForCausalLM"):  # a model that was never switched on
+        PlanConformanceCallback(PLANNED).on_train_begin(users, None, None, model=_tiny_llama())

@@ -9,7 +9,11 @@ a process in which no arguments exist yet):
 2. built after the arguments with `from_config` (partitioned under zero.Init) -> accepted;
 3. built after the arguments by calling its class (not partitioned) -> the constructor's error;
 4. default arguments: activation checkpointing from the plan; 2 training steps;
-5. `activation_checkpointing=False` against that plan: 1 training step and the start-of-training warning.
+5. `activation_checkpointing=False` against that plan -> the constructor's error naming the fix; with
+   `allow_no_recompute=True`: 1 training step and the warning;
+6. a model class without activation-checkpointing support (`supports_gradient_checkpointing = False`) under that
+   plan -> the constructor's error naming the fix; with `allow_no_recompute=True`: 1 training step without
+   recomputation and the warning.
 """
 
 import json
@@ -17,7 +21,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.construction import unpartitioned_bytes
@@ -25,6 +29,12 @@ from hf_dist_recipes.demo.data import stdlib_dataset, token_blocks
 from hf_dist_recipes.parallel.models import template_config
 
 LIMIT = "1KB"  # far below tiny-llama's 0.4 MB, so only a partitioned model passes
+
+
+class NoRecomputeLlama(LlamaForCausalLM):
+    """tiny-llama under a class that, like many remote-code models, declares no activation-checkpointing support."""
+
+    supports_gradient_checkpointing = False
 
 
 def main(output_dir: str) -> None:
@@ -67,17 +77,29 @@ def main(output_dir: str) -> None:
     }
 
     refused = RecipeTrainingArguments(max_steps=1, activation_checkpointing=False, **common)
-    trainer = RecipeTrainer(model=AutoModelForCausalLM.from_config(config), args=refused, train_dataset=data)
-    trainer.train()
-    out["refused"] = {
-        "activation_checkpointing": refused.activation_checkpointing,
-        "model_recomputes": trainer.model.is_activation_checkpointing,
-        "warnings": trainer.plan_conformance.warnings,
-    }
+    out["refused"] = _construct(lambda: RecipeTrainer(model=AutoModelForCausalLM.from_config(config), args=refused))
+    refused = RecipeTrainingArguments(max_steps=1, activation_checkpointing=False, allow_no_recompute=True, **common)
+    out["refused_allowed"] = _train_one_step(AutoModelForCausalLM.from_config(config), refused, data)
+
+    args = RecipeTrainingArguments(max_steps=1, **common)
+    out["cannot"] = _construct(lambda: RecipeTrainer(model=NoRecomputeLlama._from_config(config), args=args))
+    allowed = RecipeTrainingArguments(max_steps=1, allow_no_recompute=True, **common)
+    out["cannot_allowed"] = _train_one_step(NoRecomputeLlama._from_config(config), allowed, data)
 
     target = Path(output_dir) / "setup"
     target.mkdir(parents=True, exist_ok=True)
     (target / f"rank{planned.process_index}.json").write_text(json.dumps(out))
+
+
+def _train_one_step(model, args, data) -> dict:
+    trainer = RecipeTrainer(model=model, args=args, train_dataset=data)
+    trainer.train()
+    return {
+        "activation_checkpointing": args.activation_checkpointing,
+        "model_recomputes": trainer.model.is_activation_checkpointing,
+        "warnings": trainer.plan_conformance.warnings,
+        "steps": trainer.state.global_step,
+    }
 
 
 def _construct(build) -> dict:

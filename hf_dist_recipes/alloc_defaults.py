@@ -1,0 +1,51 @@
+"""The CUDA caching allocator's expandable segments, set where the user has not configured the allocator.
+
+`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`: under ZeRO-3 and for mixture-of-experts models the gathered
+modules, the per-expert token batches and the all-to-all buffers change size from one allocation to the next, which
+fragments the caching allocator into blocks too small to reuse; expandable segments grow one mapping per stream
+instead (`parallel.zero_buffers.recommended_env`). The memory estimate's allowance (`parallel.memory`: 2 GiB plus
+10% of the transient peak) assumes it, so `RecipeTrainingArguments` sets it on hosts where CUDA is used (the same
+place and order as the NCCL defaults of `nccl_defaults`: before anything initialises CUDA) and lists it in
+`args.env_applied`.
+
+A user value is kept: torch 2.13 reads `PYTORCH_CUDA_ALLOC_CONF`, else `PYTORCH_ALLOC_CONF` (its newer, generic
+name), and on ROCm `PYTORCH_HIP_ALLOC_CONF` (`c10/cuda/CUDAAllocatorConfig.h`, `CUDAAllocatorConfig::instance`);
+any of them set means the allocator was configured by someone, and nothing is added to it.
+
+Setting the variable is not enough inside a process that has imported torch: the allocator reads it once, and some
+torch 2.x releases read it while `import torch` loads the CUDA library (their `BackendStaticInitializer` asks the
+allocator config which backend to use). So the value is also handed to the running allocator config
+(`_compat.set_allocator_settings`); the variable stays for the processes this one starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, MutableMapping
+
+from hf_dist_recipes import _compat
+from hf_dist_recipes.parallel.zero_buffers import ALLOC_CONF
+
+logger = logging.getLogger(__name__)
+
+ALLOC_CONF_VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
+# Every name torch reads the allocator settings from: one of them set means the user chose.
+ALLOC_CONF_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
+
+
+def apply_alloc_conf_default(
+    environ: MutableMapping[str, str] | None = None, *, apply: Callable[[str], None] | None = None
+) -> dict[str, str]:
+    """Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in `environ` (default `os.environ`) unless a name of
+    `ALLOC_CONF_NAMES` is set, and hand it to the running allocator through `apply` (default
+    `_compat.set_allocator_settings`). Returns what was set ({} when the user had configured the allocator); logs it
+    once, on global rank 0 (`RANK`). Call it only on hosts that train on CUDA."""
+    env = os.environ if environ is None else environ
+    if any(name in env for name in ALLOC_CONF_NAMES):
+        return {}
+    env[ALLOC_CONF_VARIABLE] = ALLOC_CONF
+    (apply or _compat.set_allocator_settings)(ALLOC_CONF)
+    if env.get("RANK", "0") == "0":
+        logger.info("CUDA allocator default applied (unset before): %s=%s", ALLOC_CONF_VARIABLE, ALLOC_CONF)
+    return {ALLOC_CONF_VARIABLE: ALLOC_CONF}
