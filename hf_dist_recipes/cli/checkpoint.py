@@ -3,7 +3,8 @@ to a HuggingFace checkpoint that `from_pretrained` loads, in one process on one 
 
 For the job that died between two saves: point it at the last `checkpoint-N` the Trainer wrote. The weights are
 the fp32 master copies DeepSpeed checkpointed, written in the training dtype (or --dtype), per-expert layout as
-`save_pretrained` writes it, in shards of at most --max-shard-size."""
+`save_pretrained` writes it, in shards of at most --max-shard-size; with --workers N, N processes write their share
+of the files (the same files)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,13 @@ def register(subparsers) -> None:
         default=DEFAULT_MAX_SHARD_SIZE,
         help="largest weight file, e.g. 5GB, 500MB; bounds the memory held (%(default)s)",
     )
+    export.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes writing the shard files, each its share (round-robin); the files are the same as with 1 "
+        "(default %(default)s)",
+    )
     export.add_argument("--json", action="store_true", help="print the result as JSON")
     export.set_defaults(run=run_export)
 
@@ -57,6 +65,8 @@ def run_export(args: argparse.Namespace) -> int:
         max_shard = parse_size(args.max_shard_size)
     except ValueError as err:
         raise ValueError(f"--max-shard-size: {err}") from None
+    if args.workers < 1:
+        raise ValueError(f"--workers {args.workers}: use 1 or more writer processes")
     resolve_tag_dir(args.checkpoint)  # a wrong path is one line, before any progress bar
     start = time.perf_counter()
     with tqdm(desc="exporting", unit="group", disable=args.json) as bar:
@@ -72,6 +82,7 @@ def run_export(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             max_shard_bytes=max_shard,
             progress=progress,
+            workers=args.workers,
         )
     data = {**asdict(result), "checkpoint": args.checkpoint, "seconds": round(time.perf_counter() - start, 3)}
     print(json.dumps(data, indent=2) if args.json else render(data))
@@ -81,6 +92,8 @@ def run_export(args: argparse.Namespace) -> int:
 def render(data: dict) -> str:
     return (
         f"wrote {data['output_dir']}: {data['parameters']:,} parameters in {data['tensors']} tensors, "
-        f"{data['bytes'] / 1024**2:,.1f} MiB in {len(data['files'])} file(s), {data['seconds']:.1f} s\n"
+        f"{data['bytes'] / 1024**2:,.1f} MiB in {len(data['files'])} file(s), {data['seconds']:.1f} s"
+        + (f" ({len(data['written_by'])} writers)" if data.get("written_by") else "")
+        + "\n"
         f"  load it: AutoModelForCausalLM.from_pretrained({data['output_dir']!r})"
     )
