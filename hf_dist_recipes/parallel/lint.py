@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hf_dist_recipes.jsonfile import load_deepspeed_json
 from hf_dist_recipes.parallel.batch import tensor_parallel_size
+from hf_dist_recipes.parallel.initialize_rules import initialize_refusals
 from hf_dist_recipes.parallel.launch_config import check_launch_config, load_launch_config
 from hf_dist_recipes.parallel.launch_plan import is_loopback, plan_of_launch
 
@@ -67,8 +68,12 @@ def check_readable(path: str | Path, *, root: str | Path | None = None) -> None:
         raise ValueError(f"{p}: expected a DeepSpeed .json or an accelerate .yaml file")
 
 
-def lint_deepspeed(config: dict, name: str, *, world_size: int | None = None) -> list[Finding]:
-    """Findings for a DeepSpeed config dict. `world_size` (all processes) enables the batch and EP rules."""
+def lint_deepspeed(
+    config: dict, name: str, *, world_size: int | None = None, use_cpu: bool | None = None
+) -> list[Finding]:
+    """Findings for a DeepSpeed config dict. `world_size` (all processes) enables the batch, EP and hpZ rules;
+    `use_cpu` (the launch's) the device rules. Then what `deepspeed.initialize` would refuse
+    (`initialize_rules`), then DeepSpeed's own config class."""
     out: list[Finding] = []
 
     def add(level, message):
@@ -130,6 +135,9 @@ def lint_deepspeed(config: dict, name: str, *, world_size: int | None = None) ->
     offload = bool(zero.get("offload_optimizer")) or bool(zero.get("offload_param"))
     if tp > 1 and ep_on and offload:
         add(ERROR, "ZeRO offload with AutoEP + AutoTP is refused by DeepSpeed; remove offload_* or the TP")
+    out += [
+        Finding(name, r.level, r.message) for r in initialize_refusals(config, world_size=world_size, use_cpu=use_cpu)
+    ]
     out += _deepspeed_own_checks(config, name, tp, world_size)
     return out
 
@@ -214,7 +222,7 @@ def lint_accelerate(
     if cfg.distributed_type == "FSDP":
         out += _lint_fsdp2(data, name, world)
     if cfg.deepspeed is not None:
-        out += lint_deepspeed(cfg.deepspeed, str(cfg.deepspeed_file), world_size=world)
+        out += lint_deepspeed(cfg.deepspeed, str(cfg.deepspeed_file), world_size=world, use_cpu=cfg.use_cpu)
         if gpu_memory_gib is not None:
             out += _memory_findings(cfg, world, gpu_memory_gib, model)
     return out
