@@ -72,8 +72,10 @@ class RankSummaryCallback(TrainerCallback):
             "seed": self.seed_report.seed if self.seed_report else None,
             "rng_fingerprint": self.seed_report.fingerprint if self.seed_report else None,
             "logging_dir": self.logging_dir,
-            # The NCCL defaults RecipeTrainingArguments set because nobody had (hf_dist_recipes.nccl_defaults).
+            # The NCCL defaults RecipeTrainingArguments set because nobody had (hf_dist_recipes.nccl_defaults), and
+            # every environment default it set, the CUDA allocator's included (hf_dist_recipes.alloc_defaults).
             "nccl_env_applied": dict(getattr(args, "nccl_env_applied", None) or {}),
+            "env_applied": dict(getattr(args, "env_applied", None) or {}),
         }
         identity = getattr(self, "_identity", None)
         summary.update(

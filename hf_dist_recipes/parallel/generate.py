@@ -206,7 +206,9 @@ def write_configs(
         header += ["DeepSpeed settings sized to this plan:"] + [f"  {line}" for line in notes]
     env = recommended_env(plan, model)
     if env:
-        header.append("Before launching: " + " ".join(f"export {k}={v}" for k, v in env.items()))
+        # hf_dist_recipes.alloc_defaults: the arguments set it in every rank, before CUDA initialises.
+        header.append("RecipeTrainingArguments sets this where unset; with the stock Trainer, before launching:")
+        header.append("  " + " ".join(f"export {k}={v}" for k, v in env.items()))
     header += launch_header_lines(plan)
     header += [f"Warning: {w}" for w in warnings]
     yaml_file = out / f"{name}.yaml"
