@@ -11,6 +11,10 @@
   loaded is its file, not one found through LD_LIBRARY_PATH (pytorch 119072);
 - `infiniband`: an InfiniBand/RoCE port is ACTIVE (ok "not present" without any; warning when every port is down,
   NCCL then falls back to TCP sockets);
+- `nccl network`: the InfiniBand/RoCE ports and the IP interfaces NCCL would use, by NCCL's documented selection
+  rules (`environment/nccl_net.py`); a warning naming the NCCL_IB_HCA / NCCL_SOCKET_IFNAME values that pin the choice
+  when it is ambiguous (several interfaces qualify, ports on two fabrics, a filter that is a prefix of more names) or
+  an NCCL_IB_HCA matches no port; an error when NCCL_SOCKET_IFNAME matches no interface (NCCL stops at init);
 - `peer access`: with 2 or more GPUs, every pair can access each other (warning otherwise: NVIDIA/nccl 631);
 - `/dev/shm`: at least 512 MiB (DeepSpeed's ds_report threshold; NCCL's shared-memory transport lives there);
 - `debug variables`: NCCL_DEBUG=INFO/TRACE or TORCH_DISTRIBUTED_DEBUG=DETAIL left set (warning: NVIDIA's NCCL
@@ -244,6 +248,34 @@ def check_infiniband(facts: EnvironmentFacts) -> Check:
     return Check("infiniband", "ok", f"usable: {listed}", source=source)
 
 
+def check_nccl_network(facts: EnvironmentFacts) -> Check:
+    """Which HCA ports and IP interfaces NCCL would use (`environment.nccl_net`, NCCL's documented rules) and, when
+    that choice is ambiguous, the NCCL_IB_HCA / NCCL_SOCKET_IFNAME values that pin it."""
+    from hf_dist_recipes.environment.nccl_net import nccl_net_choice
+
+    source = (
+        "NCCL user guide, Environment Variables: NCCL_SOCKET_IFNAME, NCCL_IB_HCA "
+        "(docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html); NCCL src/misc/socket.cc ncclFindInterfaces"
+    )
+    choice = nccl_net_choice(facts.ib_ports, facts.net_interfaces, facts.env)
+    ports = ", ".join(f"{p} ({layer})" for p, layer in zip(choice.hca_ports, choice.hca_link_layers, strict=True))
+    detail = (
+        f"HCA ports: {ports or 'none (TCP sockets between nodes)'} [{choice.hca_rule}]; IP interfaces: "
+        f"{', '.join(choice.sockets) or 'none'} [{choice.socket_rule}]"
+    )
+    pin = "; ".join(f"export {name}={value}" for name, value in choice.pins.items())
+    if choice.failures:
+        fix = "set NCCL_SOCKET_IFNAME to an interface that is up (`ip -br link`), or unset it"
+        return Check("nccl network", "error", f"{detail}; {'; '.join(choice.failures)}", fix, source)
+    if choice.ambiguities or choice.problems:
+        found = "; ".join((*choice.problems, *choice.ambiguities))
+        fix = (
+            f"pin NCCL's choice, the same on every node: {pin}" if pin else "fix NCCL_IB_HCA (`ibstat` lists the ports)"
+        )
+        return Check("nccl network", "warning", f"{detail}; across nodes: {found}", fix, source)
+    return Check("nccl network", "ok", detail, source=source)
+
+
 def check_peer_access(facts: EnvironmentFacts) -> Check:
     source = "torch.cuda.can_device_access_peer; NVIDIA/nccl 631, 2079; nccl-tests 117"
     if not facts.peer_access:
@@ -356,6 +388,7 @@ FACT_CHECKS: tuple[Callable[[EnvironmentFacts], Check], ...] = (
     check_driver,
     check_nccl,
     check_infiniband,
+    check_nccl_network,
     check_peer_access,
     check_shm,
     check_debug_variables,
@@ -589,6 +622,14 @@ REPORT_SCHEMA: dict = {
                     },
                 },
                 "nic_names": {"type": "array", "items": _STR},
+                "net_interfaces": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["name", "operstate", "ifindex"],
+                        "properties": {"name": _STR, "operstate": _STR, "ifindex": {"type": ["integer", "null"]}},
+                    },
+                },
                 "shm_bytes": {"type": ["integer", "null"]},
                 "in_container": {"type": "boolean"},
                 "packages": {"type": "object", "additionalProperties": _NULLABLE_STR},

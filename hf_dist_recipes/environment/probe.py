@@ -14,8 +14,8 @@ Collected (each source can be injected, so tests replay recorded GPU hosts on a 
   CUDA_VISIBLE_DEVICES); peer access between every pair (`torch.cuda.can_device_access_peer`); active NVLinks per
   GPU (`nvmlDeviceGetNvLinkState` per link; absent links raise and count as inactive);
 - InfiniBand / RoCE ports from sysfs (`<sysfs>/class/infiniband/<dev>/ports/<n>/state`, `link_layer`), network
-  interfaces (`<sysfs>/class/net`), the size of /dev/shm (`os.statvfs`), whether this is a container
-  (`/.dockerenv`, `/run/.containerenv`);
+  interfaces (`<sysfs>/class/net`, with each one's `operstate` and `ifindex`), the size of /dev/shm (`os.statvfs`),
+  whether this is a container (`/.dockerenv`, `/run/.containerenv`);
 - nvcc's CUDA release (`nvcc --version`, from PATH or `$CUDA_HOME/bin`), which DeepSpeed's op JIT build compares
   with torch's;
 - versions of deepspeed, transformers, accelerate, datasets and hf-dist-recipes from importlib.metadata: never
@@ -159,6 +159,17 @@ class IbPort:
 
 
 @dataclass(frozen=True)
+class NetInterface:
+    """One IP network interface from sysfs (`<sysfs>/class/net/<name>`). `operstate`: "up", "down", or "unknown" (lo
+    and some virtual interfaces); `ifindex`: the kernel's index, the order getifaddrs lists interfaces in (None when
+    unreadable)."""
+
+    name: str
+    operstate: str
+    ifindex: int | None = None
+
+
+@dataclass(frozen=True)
 class EnvironmentFacts:
     """Everything `probe()` found. `peer_access`: (i, j, can) for every ordered pair of GPUs torch sees;
     `nvcc_cuda`: nvcc's CUDA release ("12.4") or None, `nvcc`: its path; `shm_bytes`: size of /dev/shm in bytes,
@@ -176,6 +187,7 @@ class EnvironmentFacts:
     peer_access: tuple[tuple[int, int, bool], ...] = ()
     ib_ports: tuple[IbPort, ...] = ()
     nic_names: tuple[str, ...] = ()
+    net_interfaces: tuple[NetInterface, ...] = ()
     shm_bytes: int | None = None
     shm_error: str | None = None
     in_container: bool = False
@@ -429,6 +441,16 @@ def _probe_ib(sysfs_root: str) -> tuple[IbPort, ...]:
     return tuple(ports)
 
 
+def _probe_net(sysfs_root: str) -> tuple[NetInterface, ...]:
+    base = os.path.join(sysfs_root, "class", "net")
+    found = []
+    for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        index = _read(os.path.join(base, name, "ifindex"))
+        state = _read(os.path.join(base, name, "operstate")) or "unknown"
+        found.append(NetInterface(name, state, int(index) if index and index.isdigit() else None))
+    return tuple(found)
+
+
 def _probe_nvcc(nvcc: str | None, environ: Mapping[str, str]) -> tuple[str | None, str | None]:
     """(path, CUDA release) of nvcc: `nvcc` when given, else PATH, else $CUDA_HOME/bin/nvcc."""
     path = nvcc
@@ -497,6 +519,7 @@ def probe(
         peer_access=tuple(pairs),
         ib_ports=_probe_ib(sysfs_root),
         nic_names=tuple(sorted(os.listdir(net))) if os.path.isdir(net) else (),
+        net_interfaces=_probe_net(sysfs_root),
         shm_bytes=shm_bytes,
         shm_error=shm_error,
         in_container=any(os.path.exists(m) for m in container_markers),

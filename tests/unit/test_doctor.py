@@ -362,3 +362,65 @@ def test_an_info_rule_restating_a_quiet_check_is_folded_but_a_warning_is_not():
     assert kept == [] and "deepspeed-stale-jit-build-lock" in checks[0].source
     kept = doctor.fold_duplicates([Check("/dev/shm", "ok", "d")], [Check("rule shm-below-512mb", "warning", "")])
     assert [c.name for c in kept] == ["rule shm-below-512mb"]
+
+
+# --- nccl network: which HCA ports and IP interfaces NCCL would use (environment/nccl_net.py) ---
+# sysfs_multi_nic is a recorded multi-NIC host: IP interfaces lo (index 1), eno1 (2, management), ens1f0 (3, the
+# RoCE NIC's netdev), ens1f1 (4, down), docker0 (5); verbs ports mlx5_0, mlx5_1, mlx5_10 (InfiniBand, ACTIVE),
+# mlx5_2 (Ethernet = RoCE, ACTIVE), mlx5_3 (Ethernet, DOWN).
+
+
+def _multi_nic(tmp_path, **environ):
+    facts = fake_host(
+        tmp_path, "nvml_h100x8.json", packages=H100_PKGS, sysfs=FIXTURES / "sysfs_multi_nic", environ=environ
+    )
+    return doctor.check_nccl_network(facts)
+
+
+def test_nccl_network_on_a_sound_node_is_ipoib_and_its_active_port(h100):
+    check = doctor.check_nccl_network(h100)  # sysfs_ib: ib0, eth0, lo; mlx5_0 ACTIVE, mlx5_1 DOWN
+    # By hand: NCCL's search takes the ib* interfaces first (ib0 alone); every ACTIVE port is mlx5_0:1.
+    assert check.status == "ok"
+    assert (
+        "HCA ports: mlx5_0:1 (InfiniBand)" in check.detail
+        and "IP interfaces: ib0 [NCCL's search: IPoIB" in check.detail
+    )
+    assert "env.html" in check.source
+
+
+def test_nccl_network_on_a_multi_nic_host_names_the_pins(tmp_path, cuda124):
+    check = _multi_nic(tmp_path)
+    # By hand: no ib* interface, so all but docker*/lo that are up: eno1 (2) then ens1f0 (3); ens1f1 is down.
+    # Every ACTIVE port, in device-name order: mlx5_0, mlx5_1, mlx5_10 (InfiniBand) and mlx5_2 (RoCE).
+    assert check.status == "warning"
+    assert "HCA ports: mlx5_0:1 (InfiniBand), mlx5_1:1 (InfiniBand), mlx5_10:1 (InfiniBand), mlx5_2:1 (Ethernet)" in (
+        check.detail
+    )
+    assert "IP interfaces: eno1, ens1f0" in check.detail and "bootstraps over eno1" in check.detail
+    assert "two fabrics" in check.detail
+    assert "export NCCL_IB_HCA==mlx5_0:1,mlx5_1:1,mlx5_10:1" in check.fix
+    assert "export NCCL_SOCKET_IFNAME==<the one on the network the nodes share: eno1 or ens1f0>" in check.fix
+
+
+def test_nccl_network_pinned_is_ok_and_a_prefix_token_is_named(tmp_path, cuda124):
+    pinned = _multi_nic(tmp_path, NCCL_IB_HCA="=mlx5_0:1,mlx5_1:1", NCCL_SOCKET_IFNAME="=ens1f0")
+    assert pinned.status == "ok"
+    assert "HCA ports: mlx5_0:1 (InfiniBand), mlx5_1:1 (InfiniBand) [NCCL_IB_HCA==mlx5_0:1,mlx5_1:1]" in pinned.detail
+    assert "IP interfaces: ens1f0 [NCCL_SOCKET_IFNAME==ens1f0]" in pinned.detail
+    # Without '=', the guide's note: mlx5_1 is a prefix and also selects mlx5_10.
+    prefix = _multi_nic(tmp_path, NCCL_IB_HCA="mlx5_1", NCCL_SOCKET_IFNAME="=eno1")
+    assert prefix.status == "warning" and "HCA ports: mlx5_1:1 (InfiniBand), mlx5_10:1 (InfiniBand)" in prefix.detail
+    assert "'mlx5_1' is a prefix: it also selects mlx5_10" in prefix.detail
+    assert prefix.fix.endswith("export NCCL_IB_HCA==mlx5_1")
+    excluded = _multi_nic(tmp_path, NCCL_IB_HCA="^=mlx5_2", NCCL_SOCKET_IFNAME="=eno1")  # the RoCE port out
+    assert excluded.status == "ok"
+    assert "HCA ports: mlx5_0:1 (InfiniBand), mlx5_1:1 (InfiniBand), mlx5_10:1 (InfiniBand) [" in excluded.detail
+
+
+def test_nccl_network_filters_that_select_nothing(tmp_path, cuda124):
+    none = _multi_nic(tmp_path, NCCL_IB_HCA="mlx4", NCCL_SOCKET_IFNAME="=eno1")
+    assert none.status == "warning" and "matches no ACTIVE port: NCCL falls back to TCP sockets" in none.detail
+    down = _multi_nic(tmp_path, NCCL_IB_HCA="=mlx5_0", NCCL_SOCKET_IFNAME="=ens1f1")  # ens1f1 is down
+    assert down.status == "error" and "matches no interface that is up" in down.detail
+    off = _multi_nic(tmp_path, NCCL_IB_DISABLE="1", NCCL_SOCKET_IFNAME="=eno1")
+    assert off.status == "ok" and "HCA ports: none (TCP sockets between nodes) [none: NCCL_IB_DISABLE" in off.detail

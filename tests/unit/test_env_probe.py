@@ -352,3 +352,24 @@ def test_nvlinks_follow_cuda_visible_devices(tmp_path, cuda124):
         proc_maps=str(tmp_path / "none"),
     )
     assert [g.nvlinks_active for g in uuids.gpus] == [None, None] and uuids.rule_facts()["nvlink"] is None
+
+
+def test_network_interfaces_with_state_and_index_from_sysfs(tmp_path):
+    facts = probe(
+        nvml=FakeNvml(init_error=RuntimeError("no driver")),
+        sysfs_root=str(FIXTURES / "sysfs_multi_nic"),
+        nvidia_smi=str(tmp_path / "absent"),
+        dev_dir=str(tmp_path),
+        nvcc="",
+        environ={},
+    )
+    got = [(n.name, n.operstate, n.ifindex) for n in facts.net_interfaces]
+    assert got == [
+        ("docker0", "up", 5),
+        ("eno1", "up", 2),
+        ("ens1f0", "up", 3),
+        ("ens1f1", "down", 4),
+        ("lo", "unknown", 1),
+    ]
+    assert [p.device for p in facts.ib_ports] == ["mlx5_0", "mlx5_1", "mlx5_10", "mlx5_2", "mlx5_3"]
+    assert facts.to_dict()["net_interfaces"][1] == {"name": "eno1", "operstate": "up", "ifindex": 2}
