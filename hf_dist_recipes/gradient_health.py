@@ -8,18 +8,29 @@ Finding a non-finite value, per rank, without a host sync per micro-step:
   `~isfinite(loss)` into a device flag and returns the loss multiplied by 1 (finite: bit-for-bit the same loss)
   or by NaN (non-finite). The multiplication makes every gradient of that rank NaN, so a non-finite loss whose
   gradients happened to be finite can never be applied by an engine that only looks at gradients;
-- the gradients: a tensor hook on every trainable parameter (registered at train begin, after the engine built
-  and, under AutoTP, sliced the model) keeps `grad.sum(dtype=float32)`; once per step they are added into one
-  float32 slot per parameter. NaN
-  and Inf survive a sum, so a non-finite slot means that parameter's *local* gradient (before any reduction:
-  under ZeRO-3 the hook sees the rank's own full gradient before reduce-scatter) was non-finite on this rank.
-  One read pass over each gradient; a finite gradient whose float32 sum overflows (|sum| > 3.4e38) also counts.
+- the gradients, under DeepSpeed ZeRO-3: each bucket of the rank's own gradients, just before the engine
+  reduce-scatters it (`_compat.watch_zero3_gradients`), is summed per parameter in one kernel
+  (`_compat.segment_sums`) into one float32 slot per parameter: a few kernels per bucket, and DeepSpeed keeps one
+  bucket per backward at its default `reduce_bucket_size` (5e8 elements). A hook per parameter tensor instead
+  costs a Python call and a kernel per tensor per micro-step (1.2-2.0 ms per step for the demo model's 60 tensors
+  on a 2-core CPU machine, benchmarks/results/2026-12-03-training-checks-cpu.md);
+- the gradients, everywhere else (one process, DDP, ZeRO-1/2): a tensor hook on every trainable parameter
+  (registered at train begin, after the engine built the model) keeps `grad.sum(dtype=float32)`; once per step
+  they are added into the same slots.
+NaN and Inf survive a sum, so a non-finite slot means that parameter's *local* gradient (before any reduction) was
+non-finite on this rank. A finite gradient whose float32 sum overflows (|sum| > 3.4e38) also counts.
 
 Deciding, once per optimizer step, in `on_pre_optimizer_step` (after `_clip_grad_norm`, before
-`optimizer.step()`): one all-reduce (SUM) of `world_size + 1` float64 values, each rank writing its own flag in
-its slot and its mean micro-batch loss in the last, tells every rank which ranks saw a non-finite value and the
-mean loss over ranks (for the spike detector). Only when a flag is set, a second collective
-(`all_gather_object`) collects the names of the parameters whose gradients went bad, for the report.
+`optimizer.step()`):
+- DeepSpeed ZeRO-3: the engine has already decided, the same way on every rank: its `step` all-reduces the global
+  gradient norm, which is non-finite exactly when some rank's gradient is (a NaN survives the reduce-scatter), and
+  refuses the step when it is (see below). A healthy step (applied, norm finite) needs no collective of ours: the
+  mean loss over ranks for the spike detector is all-reduced asynchronously (`async_op=True`) and read at the next
+  log, the next step or train end, whichever comes first. Only a refused step gathers (`all_gather_object`) each
+  rank's loss flag and the names of the parameters whose slots are non-finite, for the report.
+- Elsewhere: one all-reduce (SUM) of `world_size + 1` float64 values, each rank writing its own flag in its slot
+  and its mean micro-batch loss in the last, tells every rank which ranks saw a non-finite value and the mean loss
+  over ranks. Only when a flag is set, a second collective (`all_gather_object`) collects the parameter names.
 
 Skipping the same step on every rank (`nonfinite_policy="skip"`, the default):
 - DeepSpeed: accelerate's `DeepSpeedEngineWrapper.backward` runs `engine.backward` *and* `engine.step` inside
@@ -32,7 +43,8 @@ Skipping the same step on every rank (`nonfinite_policy="skip"`, the default):
   from rank 0, nothing in the Trainer's logs, no rank, no parameter, no limit. Here the skip is verified
   with accelerate's public `optimizer.step_was_skipped` (the engine optimizer's `overflow`; the Trainer reads the
   same to leave its own scheduler alone), counted and reported. If the engine applied a step our flag called
-  non-finite, the weights can no longer be trusted and the job halts.
+  non-finite (or, under ZeRO-3, whose global norm was not finite), the weights can no longer be trusted and the
+  job halts.
 - Without DeepSpeed (one process, DDP): the decision comes before `optimizer.step()`. Every rank drops its
   gradients (`optimizer.zero_grad(set_to_none=True)`: torch optimizers leave parameters without a gradient and
   their state untouched) and marks the step skipped on accelerate's optimizer (`_compat.mark_optimizer_step_skipped`),
@@ -224,6 +236,15 @@ def _distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
+def _gather(local) -> list:
+    """Every rank's `local`, by rank (one all_gather_object; only on a step with a non-finite value)."""
+    if not _distributed():
+        return [local]
+    gathered = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, local)
+    return gathered
+
+
 class GradientHealthCallback(TrainerCallback, ExportableState):
     """See the module docstring. Built by `RecipeTrainer` from the arguments' fields of the same names."""
 
@@ -256,12 +277,18 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         self._loss_sum: torch.Tensor | None = None
         self._micro_steps = 0
         self._grad_norm: float | None = None
+        # DeepSpeed ZeRO-3: gradients watched per bucket (`_compat.watch_zero3_gradients`), the engine decides.
+        self._zero3 = False
+        self._optimizer = None
+        self._index: dict[int, int] = {}  # id(parameter) -> its slot in _grad_sums
+        self._pending = None  # (work, loss tensor, step, grad norm, world) of an in-flight loss all-reduce
         self._skipping = False  # this step's optimizer step is being skipped (non-DeepSpeed: undo the mark after)
         self._events: dict[str, list[str]] = {}
         self.halt_report: NonFiniteReport | None = None
 
     # ExportableState
     def state(self) -> dict:
+        self._finish_loss_mean()  # a checkpoint of this step holds this step's loss in the window
         return {
             "args": {
                 "nonfinite_policy": self.nonfinite_policy,
@@ -310,6 +337,7 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         """Keys for the next Trainer log (see the module docstring)."""
         if not self.active:
             return {}
+        self._finish_loss_mean()  # this step's loss spike, if its all-reduce is still in flight
         logs: dict = {
             "skipped_steps": self.skipped_steps,
             "loss_spikes": self.loss_spikes,
@@ -321,7 +349,7 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         return logs
 
     # TrainerCallback
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         # A resume loads the checkpoint's TrainerState, which holds what state() returned when it was saved; the
         # Trainer itself restores it only with restore_callback_states_from_checkpoint=True (default False).
         saved = (state.stateful_callbacks or {}).get(type(self).__name__)
@@ -334,8 +362,26 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self._names = [n for n, _ in params]
         self._grad_sums = torch.zeros(len(params), dtype=torch.float32, device=args.device)
+        if _compat.watch_zero3_gradients(optimizer, self._observe_bucket):
+            self._zero3, self._optimizer = True, optimizer
+            self._index = {id(p): i for i, (_, p) in enumerate(params)}
+            return
         for i, (_, p) in enumerate(params):
             self._hooks.append(p.register_hook(self._grad_hook(i)))
+
+    @torch.no_grad()
+    def _observe_bucket(self, params: list, flat: torch.Tensor | None) -> None:
+        # A few kernels per bucket (one bucket per backward at DeepSpeed's default 5e8 elements), not per tensor.
+        if flat is not None:
+            sums = _compat.segment_sums(flat, [p.grad.numel() for p in params])
+        else:
+            sums = torch.stack([p.grad.sum(dtype=torch.float32) for p in params])
+        index = [self._index.get(id(p), -1) for p in params]
+        if -1 in index:  # not a parameter of the model seen at train begin: nothing to name it by
+            keep = [k for k, i in enumerate(index) if i >= 0]
+            sums, index = sums[keep], [index[k] for k in keep]
+        where = torch.tensor(index, device=self._grad_sums.device)
+        self._grad_sums.index_add_(0, where, sums.to(self._grad_sums.device))
 
     def _grad_hook(self, index: int):
         # One reduction per gradient and nothing else on the hot path; the sums are placed once per step.
@@ -357,12 +403,20 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         self._hooks = []
 
     def on_train_end(self, args, state, control, **kwargs):
+        self._finish_loss_mean()
         self._remove_hooks()
+        if self._zero3:
+            _compat.unwatch_zero3_gradients(self._optimizer)
+            self._zero3, self._optimizer = False, None
 
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, model=None, **kwargs):
         if not self.active:
             return
         step = state.global_step + 1  # the step being taken now; global_step counts it after on_optimizer_step
+        if self._zero3:
+            self._zero3_step(args, state, control, optimizer, step)
+            self._reset_step()
+            return
         if self._grad_sums is not None:
             self._collect_grad_sums()
         bad_params = (
@@ -394,33 +448,70 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
             self._reset_step()
             return
         if ranks or engine_skipped:
-            self._nonfinite_step(args, state, control, optimizer, step, ranks, loss_ranks, bad_params, engine_skipped)
+            gathered = _gather([n for n, bad in zip(self._names, bad_params.tolist(), strict=True) if bad])
+            parameters = {r: names for r, names in enumerate(gathered) if names}
+            # Under DeepSpeed the step is already taken: one our flags call non-finite must have been refused.
+            applied = _under_deepspeed(optimizer) and bool(ranks) and not engine_skipped
+            self._nonfinite_step(args, control, optimizer, step, ranks, loss_ranks, parameters, applied)
         else:
             self.consecutive_skips = 0
-            self._check_spikes(step, values[world] / world if self._micro_steps else None)
+            self._check_spikes(step, values[world] / world if self._micro_steps else None, self._grad_norm)
         self._reset_step()
 
-    def _nonfinite_step(self, args, state, control, optimizer, step, ranks, loss_ranks, bad_params, engine_skipped):
-        local = [n for n, bad in zip(self._names, bad_params.tolist(), strict=True) if bad]
-        gathered = [local]
-        if _distributed():
-            gathered = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(gathered, local)
-        report = NonFiniteReport(
-            step=step,
-            ranks=ranks,
-            loss_ranks=loss_ranks,
-            parameters={r: names for r, names in enumerate(gathered) if names},
-        )
+    def _zero3_step(self, args, state, control, optimizer, step: int) -> None:
+        """DeepSpeed ZeRO-3 has taken or refused the step already: its `step` all-reduced the global gradient norm
+        and refused the step on every rank when it was not finite (the `_compat` test pins this). Both values are
+        the same on every rank, so a healthy step needs no collective of ours; only a refused one gathers who saw
+        what, from the flags each rank kept locally (loss; gradient sums per bucket before the reduce-scatter)."""
+        self._finish_loss_mean()  # the previous step's, if no log has waited for it
+        norm = self._grad_norm
+        skipped = optimizer is not None and bool(optimizer.step_was_skipped)
+        if not skipped and (norm is None or math.isfinite(norm)):
+            self.consecutive_skips = 0
+            self._start_loss_mean(step, norm)
+            return
+        loss_bad = self._loss_bad is not None and bool(self._loss_bad)
+        bad = (~torch.isfinite(self._grad_sums)).tolist()
+        gathered = _gather((loss_bad, [n for n, b in zip(self._names, bad, strict=True) if b]))
+        ranks = [r for r, (loss, names) in enumerate(gathered) if loss or names]
+        loss_ranks = [r for r, (loss, _) in enumerate(gathered) if loss]
+        if getattr(args, "fp16", False) and not loss_ranks:
+            self.loss_scale_overflows += 1  # the loss scaler's own skip (see on_pre_optimizer_step)
+            return
+        parameters = {r: names for r, (_, names) in enumerate(gathered) if names}
+        self._nonfinite_step(args, control, optimizer, step, ranks, loss_ranks, parameters, applied=not skipped)
+
+    def _start_loss_mean(self, step: int, norm: float | None) -> None:
+        """The spike check of this step: the mean loss over ranks comes from an all-reduce that runs while training
+        goes on; the check happens when it is needed (the next log, the next step, train end)."""
+        if not self._micro_steps:
+            self._check_spikes(step, None, norm)
+            return
+        loss = self._loss_sum / self._micro_steps  # a new tensor: _loss_sum is zeroed for the next step
+        world = torch.distributed.get_world_size() if _distributed() else 1
+        if world == 1:
+            self._check_spikes(step, float(loss), norm)
+            return
+        self._pending = (torch.distributed.all_reduce(loss, async_op=True), loss, step, norm, world)
+
+    def _finish_loss_mean(self) -> None:
+        if self._pending is None:
+            return
+        work, loss, step, norm, world = self._pending
+        self._pending = None
+        work.wait()
+        self._check_spikes(step, float(loss) / world, norm)
+
+    def _nonfinite_step(self, args, control, optimizer, step, ranks, loss_ranks, parameters, applied: bool):
+        report = NonFiniteReport(step=step, ranks=ranks, loss_ranks=loss_ranks, parameters=parameters)
         self.skipped_steps += 1
         self.consecutive_skips += 1
         self.skipped_at = (self.skipped_at + [[step, ranks]])[-_SKIPS_KEPT:]
         action = next_action(self.nonfinite_policy, self.consecutive_skips, self.max_consecutive_skips)
-        if _under_deepspeed(optimizer):
-            if ranks and not engine_skipped:
-                # The engine took a step with a gradient we know was not finite: nothing after it is trustworthy.
-                action, report.reason = "halt", "DeepSpeed applied this step although a value was non-finite"
-        else:
+        if applied:
+            # The engine took a step with a gradient we know was not finite: nothing after it is trustworthy.
+            action, report.reason = "halt", "DeepSpeed applied this step although a value was non-finite"
+        elif not _under_deepspeed(optimizer):
             self._skip_optimizer_step(optimizer)
         if action == "halt" and not report.reason:
             report.reason = (
@@ -451,10 +542,10 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         _compat.mark_optimizer_step_skipped(optimizer, True)
         self._skipping = True
 
-    def _check_spikes(self, step: int, loss: float | None) -> None:
+    def _check_spikes(self, step: int, loss: float | None, grad_norm: float | None) -> None:
         for what, value, window in (
             ("loss", loss, self.loss_window),
-            ("grad_norm", self._grad_norm, self.grad_norm_window),
+            ("grad_norm", grad_norm, self.grad_norm_window),
         ):
             if value is None:
                 continue

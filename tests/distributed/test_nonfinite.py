@@ -53,7 +53,19 @@ def test_nan_on_one_rank_skips_the_same_step_on_every_rank(skipped):
         assert steps[BAD + 1]["lr"] == pytest.approx(1.2e-3)
         assert steps[STEPS]["engine_skipped_steps"] == 1
         assert all(s["finite"] for s in steps.values())
+        # Under ZeRO-3 no hook per parameter tensor: the engine's norm decides, the buckets name (issue 18 part 6).
+        assert all(s["param_hooks"] == 0 and s["bucket_watch"] for s in steps.values())
     assert [r0[s]["weights"] for s in r0] == [r1[s]["weights"] for s in r1]  # the ranks agree at every step
+
+
+def test_the_spike_windows_hold_the_applied_steps_and_agree_across_ranks(skipped):
+    # The loss window holds the mean over ranks (all-reduced while training goes on), the grad-norm window the
+    # engine's global norm: the same numbers on both ranks, one per applied step (4 of 5), none for step 3.
+    states = [r["health_state"]["attributes"] for r in skipped["ranks"]]
+    for key in ("loss_window", "grad_norm_window"):
+        assert len(states[0][key]) == STEPS - 1 and states[0][key] == states[1][key], key
+    logged = [e["grad_norm"] for e in skipped["ranks"][0]["log_history"] if "grad_norm" in e]
+    assert states[0]["grad_norm_window"] == pytest.approx([n for n in logged if math.isfinite(n)])
 
 
 def test_the_skip_is_in_the_logs_with_the_rank_and_the_step(skipped):

@@ -186,6 +186,43 @@ def test_deepspeed_zero3_skips_a_step_with_a_non_finite_norm():
     assert "self._step_applied = not overflow" in take and "self.skipped_steps += 1" in take
 
 
+def _method_source(module_source: str, name: str) -> str:
+    start = module_source.index(f"    def {name}(")
+    return module_source[start : module_source.index("\n    def ", start + 10)]
+
+
+def test_deepspeed_zero3_gradient_buckets_as_watch_zero3_gradients_reads_them():
+    """_compat.watch_zero3_gradients (DeepSpeed 0.19.8): every gradient leaves through the name-mangled bucket
+    reduction, called when a bucket is full and at the end of each backward; a bucket within reduce_bucket_size
+    holds its gradients end to end in `buffer`, in the order of `params`."""
+    import dataclasses
+
+    from deepspeed.runtime.zero import stage3
+
+    assert hasattr(stage3.DeepSpeedZeroOptimizer_Stage3, _compat._ZERO3_REDUCE)
+    assert {f.name for f in dataclasses.fields(stage3.IPGBucketZ3)} >= {"buffer", "params", "elements"}
+    module = inspect.getsource(stage3)
+    reduce = _method_source(module, "reduce_independent_p_g_buckets_and_remove_grads")
+    assert reduce.count("self.__reduce_and_partition_ipg_grads(comm_dtype)") == 2
+    assert "self.__reduce_and_partition_ipg_grads(comm_dtype)" in _method_source(
+        module, "independent_gradient_partition_epilogue"
+    )
+    add = _method_source(module, "__add_grad_to_ipg_bucket")
+    assert "bucket.elements + param.grad.numel() <= self.reduce_bucket_size" in add
+    assert "bucket.buffer.narrow(0, bucket.elements, param.grad.numel())" in add
+    assert "bucket.params.append(param)" in add
+    # the only caller of reduce_independent_p_g_buckets_and_remove_grads skips nothing (the flag is never set)
+    assert module.count("self._coalesce_grad_reduction = True") == 0
+    assert not _compat.watch_zero3_gradients(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))]), print)
+
+
+def test_segment_sums_keep_a_non_finite_value_in_its_own_segment():
+    flat = torch.tensor([1.0, 2.0, 3.0, float("nan"), 5.0, float("inf"), -1.0])
+    sums = _compat.segment_sums(flat, [2, 1, 2, 2])  # by hand: 1+2, 3, nan+5, inf-1
+    assert sums.dtype == torch.float32
+    assert sums[:2].tolist() == [3.0, 3.0] and sums[2].isnan() and sums[3].item() == float("inf")
+
+
 @pytest.mark.filterwarnings(
     "ignore:Detected call of:UserWarning"
 )  # lr_scheduler.step() on a skipped step: the case under test

@@ -5,12 +5,13 @@
 
 RecipeTrainingArguments -> model (template shrunk, built with from_config: under ZeRO-3 inside zero.Init) ->
 RecipeTrainer. At optimizer step K (1-based) on rank R only, the model's own loss is made NaN (a forward hook) or
-the gradient of one parameter is (a tensor hook registered before the trainer's, so the trainer sees it). After
-every optimizer step each rank records, from the live DeepSpeed engine: `was_step_applied()`, the engine's
-`gradient_clipping()` and the clip value its ZeRO-3 optimizer applies (`clip_grad`), the learning rate in the
-engine optimizer's param_groups, a SHA-256 of the full weights (ZeRO partitions gathered with
-`GatheredParameters`: under TP each rank's TP shard) and whether they are finite. Writes OUTPUT_DIR/health/rank<N>.json
-(with the Trainer's log_history) unless the job halts.
+the gradient of one parameter is (a tensor hook registered before the engine's, so DeepSpeed's reduction and the
+trainer see it). After every optimizer step each rank records, from the live DeepSpeed engine:
+`was_step_applied()`, the engine's `gradient_clipping()` and the clip value its ZeRO-3 optimizer applies
+(`clip_grad`), the learning rate in the engine optimizer's param_groups, a SHA-256 of the full weights (ZeRO
+partitions gathered with `GatheredParameters`: under TP each rank's TP shard), whether they are finite, and how the
+gradient-health callback watches the gradients (hooks per parameter tensor, or DeepSpeed ZeRO-3's buckets). Writes
+OUTPUT_DIR/health/rank<N>.json (with the Trainer's log_history) unless the job halts.
 """
 
 from __future__ import annotations
@@ -81,6 +82,9 @@ class Record(TrainerCallback):
                 "weights": digest.hexdigest(),
                 "finite": finite,
                 "engine_skipped_steps": engine.skipped_steps,
+                # how the gradients are watched: hooks per parameter tensor, or ZeRO-3's buckets (issue 18 part 6)
+                "param_hooks": len(self.trainer.gradient_health._hooks),
+                "bucket_watch": self.trainer.gradient_health._zero3,
             }
         )
 
