@@ -81,8 +81,21 @@ def register(subparsers) -> None:
         help="try TP/EP/offload and pick the fastest plan that fits (by the stated traffic model)",
     )
     est.add_argument(
-        "--all", action="store_true", help="with --suggest: show every candidate, not one or two EPs per TP"
+        "--all",
+        action="store_true",
+        help="with --suggest: show every candidate (each micro batch tried), not one row per layout and one or two "
+        "EPs per TP",
     )
+    batch = est.add_mutually_exclusive_group()
+    batch.add_argument(
+        "--global-batch",
+        type=int,
+        metavar="SEQUENCES",
+        help="with --suggest: the most sequences per optimizer step; micro batch and accumulation are searched "
+        "within it (default: 4M tokens, 4,194,304 / --seq-len: the Llama 3 report's initial batch; DeepSeek-V3's "
+        "report ramps 3,072 -> 15,360 sequences of 4,096)",
+    )
+    batch.add_argument("--global-batch-tokens", type=int, metavar="TOKENS", help="the same target in tokens")
     est.add_argument("--json", action="store_true", help="print the estimates as JSON")
     _hardware_flags(est)
     est.set_defaults(run=run_estimate)
@@ -190,14 +203,27 @@ def run_estimate(args: argparse.Namespace) -> int:
         raise ValueError("--suggest needs --gpu-memory (GiB per GPU), e.g. --gpu-memory 80")
     warnings = [] if args.suggest else plan.validate(model)  # --suggest tries its own plans
     _deepspeed_logs_to_stderr()  # after every check: its import notice would make a refusal two lines
-    from hf_dist_recipes.parallel.suggest import compact_rows, evaluate, reasons, render_candidates, suggest
+    from hf_dist_recipes.parallel.suggest import (
+        compact_rows,
+        evaluate,
+        offload_warning,
+        reasons,
+        render_candidates,
+        suggest,
+    )
 
+    target = None
     if args.suggest:
-        chosen, rows = suggest(plan, model, args.gpu_memory, hardware)
+        from hf_dist_recipes.parallel.suggest import target_sequences
+
+        target = target_sequences(plan.seq_len, sequences=args.global_batch, tokens=args.global_batch_tokens)
+        chosen, rows = suggest(plan, model, args.gpu_memory, hardware, target=target)
     else:
         for w in warnings:
             print(f"warning: {w}", file=sys.stderr)
         chosen, rows = None, [evaluate(plan, model, device_gib=args.gpu_memory, hardware=hardware)]
+    shown = chosen if args.suggest else rows[0]  # the plan the offload warning is about
+    offload_warnings = [w for w in [offload_warning(shown) if shown else None] if w]
     if args.json:
         print(
             json.dumps(
@@ -205,8 +231,10 @@ def run_estimate(args: argparse.Namespace) -> int:
                     "model": model.name,
                     "total_params": model.total_params,
                     "params_by_component": model.params_by_component,
+                    "target_global_batch": target,
                     "chosen": chosen.as_dict() if chosen else None,
                     "why": reasons(chosen, rows) if chosen else [],
+                    "warnings": offload_warnings,
                     "estimates": [r.as_dict() for r in rows],
                 },
                 indent=2,
@@ -215,9 +243,16 @@ def run_estimate(args: argparse.Namespace) -> int:
         return 0
     print(
         f"{model.name}: {model.total_params / 1e9:.2f}B parameters; {plan.nodes} x {plan.procs_per_node} "
-        f"{plan.device}, seq {plan.seq_len}, micro batch {plan.micro_batch}, accumulation {plan.grad_accum}, "
-        f"{plan.precision}; GiB per rank, GB sent per rank per step, step time on {hardware.name}"
+        f"{plan.device}, seq {plan.seq_len}, "
+        + ("" if args.suggest else f"micro batch {plan.micro_batch}, accumulation {plan.grad_accum}, ")
+        + f"{plan.precision}, gradients reduced in {plan.grad_reduce_dtype}; GiB per rank, GB sent per rank per "
+        f"step, step time on {hardware.name}"
     )
+    if args.suggest:
+        print(
+            f"batch target: {target:,} sequences x {plan.seq_len} = {target * plan.seq_len / 1e6:.1f}M tokens per "
+            "step" + ("" if args.global_batch or args.global_batch_tokens else " (default 4M tokens; --global-batch)")
+        )
     print(render_candidates(rows if args.all or not args.suggest else compact_rows(rows, chosen), chosen=chosen))
     if args.suggest:
         print("suggested: " + (_describe(chosen.plan) if chosen else "nothing fits; add nodes or GPU memory"))
@@ -227,11 +262,15 @@ def run_estimate(args: argparse.Namespace) -> int:
         from hf_dist_recipes.parallel.comm import describe
 
         print(f"step: {describe(rows[0].step)}")
+    for warning in offload_warnings:
+        print(f"warning: {warning}")
     return 0
 
 
 def _describe(plan: ParallelPlan) -> str:
     off = [k for k, on in (("optimizer", plan.offload_optimizer), ("parameters", plan.offload_params)) if on]
-    return f"--zero {plan.zero_stage} --tp {plan.tp} --ep {plan.ep}" + "".join(
-        f" --offload-{'optimizer' if k == 'optimizer' else 'params'}" for k in off
+    return (
+        f"--zero {plan.zero_stage} --tp {plan.tp} --ep {plan.ep} --micro-batch {plan.micro_batch} "
+        + (f"--grad-accum {plan.grad_accum}")
+        + "".join(f" --offload-{'optimizer' if k == 'optimizer' else 'params'}" for k in off)
     )

@@ -17,11 +17,15 @@ consecutive ranks fills a node first and a group with stride s >= ranks per node
 - all-to-all of D bytes per rank spread evenly over G ranks: intra (m-1)/G x D, inter (G-m)/G x D.
 - ZeRO-3 (DeepSpeed 0.19.8 stage3): every parameter tensor at or above `stage3_param_persistence_threshold` (1e5
   elements) is all-gathered in the forward pass, again in the backward pass, and again in the recomputation when
-  activation checkpointing is on; gradients are reduce-scattered in `communication_data_type` (bf16/fp16 under
-  mixed precision: engine.communication_data_type) every micro step. Without recomputation that is 3 x the model's
-  bytes against 2 x for plain data parallelism, the ZeRO paper's "1.5x" (section 7.2.2). ZeRO-1/2 reduce-scatter
-  the gradients (ZeRO-2 every micro step, ZeRO-1 once per step) and all-gather the updated parameters once per step;
-  ZeRO-0 all-reduces once per step. Groups as `hf_dist_recipes.parallel.memory` states them (TP-split weights over
+  activation checkpointing is on; gradients are reduce-scattered every micro step in `communication_data_type`
+  (`plan.grad_reduce_dtype`, which the generated JSON writes: fp32 by default, 4 bytes per element, twice a bf16
+  gather's; stage3.py `__avg_scatter_grads` converts each gradient with `g.to(communication_data_type)` and
+  `reduce_scatter_coalesced` reduces that copy, so the collective itself runs in fp32; without the key DeepSpeed
+  uses the compute dtype, engine.py `communication_data_type`). Without recomputation and with a bf16 reduction
+  that is 3 x the model's bytes against 2 x for plain data parallelism, the ZeRO paper's "1.5x" (section 7.2.2).
+  ZeRO-1/2 reduce-scatter the gradients (ZeRO-2 every micro step, ZeRO-1 once per step) and all-gather the updated
+  parameters once per step; ZeRO-0 all-reduces the gradients once per step (both reductions in the same dtype).
+  Groups as `hf_dist_recipes.parallel.memory` states them (TP-split weights over
   world / TP ranks with stride TP, routed experts over world / EP with stride EP, the rest over the world).
   With hierarchical partitioning (`hpz` = ranks per node, ZeRO++ hpZ, Wang et al. 2023 arXiv:2306.10209 section 3.2)
   the backward gather reads the node-local secondary copy: its bytes are intra-node only.
@@ -33,13 +37,18 @@ consecutive ranks fills a node first and a group with stride s >= ranks per node
   are left to EP, so a MoE layer without shared experts has no MLP all-reduce.
 - Expert parallelism (AutoEP): per MoE layer an all-to-all of the s x b x k token copies (k experts per token, h
   wide) to their experts and one back, in the forward pass, the backward pass and the recomputation.
-- Optimizer offload, per step: the rank's gradient partition (fp32, 4 bytes) to the host and the updated bf16
-  parameters (2 bytes) back over PCIe, and the CPU Adam step over the node's share of the optimizer states.
+- Optimizer offload (`offload_parts`): the rank's fp32 gradient partition crosses PCIe 2 x accumulation + 1
+  times per step (ZeRO-3 keeps it on the host and adds each micro step's gradient to it on the GPU: down and up
+  at the first micro step, up and down at every later one, down into the optimizer at the last), the updated bf16
+  parameters (2 bytes) come back once, and the node's CPUs run Adam over its ranks' optimizer states once.
   Parameter offload: the rank's parameter partition comes up from the host before each gather instead.
 
 Step time = max(compute, ZeRO traffic) + TP traffic + EP traffic + offload. ZeRO-3 traffic is prefetched and
 reduced while the next module computes (`overlap_comm`), so it hides behind compute until it is the larger; AutoTP's
-all-reduces and AutoEP's all-to-alls sit between the matmuls that need them and are not overlapped. Each collective
+all-reduces and AutoEP's all-to-alls sit between the matmuls that need them and are not overlapped. Offload is
+counted in full: CPU Adam runs after the backward pass, and the gradient copies are queued on the reduce stream
+behind the reduce-scatters and share the GPU's PCIe link with the NIC, so how much of them hides is not modelled
+(an upper bound on the step). Each collective
 takes intra bytes / intra bandwidth + inter bytes / inter bandwidth. Compute: (6 + 2 with recomputation) x active
 matmul parameters per token x tokens, divided by TP, plus causal attention 2 x b x s^2 x (q-k width + v width) per
 layer forward (x3, x4 with recomputation), at `compute_efficiency` of the GPU's dense peak.
@@ -221,13 +230,20 @@ def compute_flops(plan: ParallelPlan, model: ModelShape) -> float:
     return passes * (matmul + attention) * plan.grad_accum / plan.tp
 
 
+def grad_reduce_bytes(plan: ParallelPlan) -> int:
+    """Bytes per gradient element in the reduce-scatter / all-reduce: `plan.grad_reduce_dtype` (the JSON's
+    `communication_data_type`), 4 under fp32 compute whatever it says."""
+    return 4 if plan.precision == "fp32" or plan.grad_reduce_dtype == "fp32" else 2
+
+
 def traffic(plan: ParallelPlan, model: ModelShape, *, hpz: int = 1, vocab_parallel: bool = False) -> Traffic:
     """Bytes one rank sends per optimizer step, by kind (see the module docstring). `hpz`: ZeRO++ hierarchical
     partition size (1: off; the ranks per node: the backward gather stays inside the node). `vocab_parallel`:
     DeepSpeed's vocabulary-parallel LM head, whose loss reduces three s x b vectors instead of gathering the
     logits (counted as nothing)."""
     spans = _spans(plan)
-    width = 4 if plan.precision == "fp32" else 2  # bytes per parameter, gradient sent and activation
+    width = 4 if plan.precision == "fp32" else 2  # bytes per parameter gathered and per activation
+    grad_width = grad_reduce_bytes(plan)
     micro, t = plan.grad_accum, Traffic()
     recompute = 1 if plan.activation_checkpointing else 0
     if plan.zero_stage > 0 or plan.dp_size > 1:
@@ -236,6 +252,7 @@ def traffic(plan: ParallelPlan, model: ModelShape, *, hpz: int = 1, vocab_parall
             if span.size == 1:
                 continue
             pair = all_gather_bytes(numel * width, span)
+            grads = all_gather_bytes(numel * grad_width, span)  # a reduce-scatter moves what an all-gather does
             if plan.zero_stage == 3:
                 if numel >= PERSISTENCE_THRESHOLD:
                     if hpz > 1 and span.nodes > 1:
@@ -244,13 +261,15 @@ def traffic(plan: ParallelPlan, model: ModelShape, *, hpz: int = 1, vocab_parall
                         t.add("zero", all_gather_bytes(numel * width, Span(1, hpz)), micro)
                     else:
                         t.add("zero", pair, micro * (2 + recompute))
-                t.add("zero", pair, micro)  # gradient reduce-scatter
+                t.add("zero", grads, micro)  # gradient reduce-scatter
             elif plan.zero_stage == 2:
-                t.add("zero", pair, micro + 1)  # reduce-scatter every micro step, parameter all-gather per step
+                t.add("zero", grads, micro)  # reduce-scatter every micro step
+                t.add("zero", pair)  # parameter all-gather once per step
             elif plan.zero_stage == 1:
-                t.add("zero", pair, 2)
+                t.add("zero", grads)
+                t.add("zero", pair)
             else:
-                t.add("zero", pair, 2)  # one all-reduce
+                t.add("zero", grads, 2)  # one all-reduce
     s, b, h = plan.seq_len, plan.micro_batch, model.hidden_size
     if plan.tp > 1:
         tp = spans["tp"]
@@ -289,6 +308,12 @@ class StepEstimate:
     seconds_by_kind: dict[str, float]
     compute_s: float
     step_time_s: float
+    offload_parts: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def offload_s(self) -> float:
+        """Seconds of the step spent on offload (PCIe copies and CPU Adam; 0 without offload)."""
+        return self.seconds_by_kind.get("offload", 0.0)
 
     @property
     def tokens_per_s(self) -> float:
@@ -311,20 +336,49 @@ class StepEstimate:
             "compute_s": self.compute_s,
             "step_time_s": self.step_time_s,
             "tokens_per_s": self.tokens_per_s,
+            "offload_s": self.offload_s,
+            "offload_parts": self.offload_parts,
         }
 
 
-def offload_seconds(plan: ParallelPlan, optimizer_elements: int, param_elements: int, hw: Hardware) -> float:
-    """Seconds per step that offload adds. Optimizer offload: the rank's gradient partition to the host (fp32, 4
-    bytes), the updated parameters back (2 bytes), and the node's CPU Adam step over `optimizer_elements` per rank.
-    Parameter offload: the rank's parameter partition (`param_elements`) comes up from the host before every gather
-    (forward, backward, recomputation) of every micro step, and no updated copy goes back."""
+OFFLOAD_PARTS = ("gradient copies", "parameter copies", "CPU Adam")
+
+
+def offload_parts(plan: ParallelPlan, optimizer_elements: int, param_elements: int, hw: Hardware) -> dict[str, float]:
+    """Seconds per optimizer step that offload adds, by part (empty without offload); see the module docstring.
+    `optimizer_elements`: the rank's optimizer (= fp32 gradient) partition; `param_elements`: its parameter
+    partition.
+    - "gradient copies": ZeRO-3 (stage3.py `partition_grads`) keeps the fp32 gradient partition in pinned host
+      memory. Micro step 0 copies the reduced partition down and back up (`grad_buffer.copy_`, then
+      `grad_buffer.to(device)`); every later micro step brings it up, adds the new partition on the GPU and copies
+      the sum down ("adding directly to cpu is very slow"); the last micro step also copies it into the
+      optimizer's fp32 gradient on the host (`_offload_grad_partition_at_boundary`): 4 x (2 x accumulation + 1)
+      bytes per element over PCIe. ZeRO-1/2 (`async_accumulate_grad_in_cpu_via_gpu`) round-trip alike.
+    - "parameter copies": the updated parameter partition back to the GPU once per step (stage3.py
+      `_reassign_or_swap_out_partitioned_parameters`, a blocking copy that converts on the host, so 2 bytes under
+      bf16); under parameter offload instead the partition comes up before every gather (forward, backward,
+      recomputation) of every micro step.
+    - "CPU Adam": the node's CPUs update the optimizer partitions of its `procs_per_node` ranks once per step."""
     if not plan.offload_optimizer:
-        return 0.0
-    pcie = optimizer_elements * (4 if plan.offload_params else 4 + 2)
+        return {}
+    pcie = hw.pcie_gbps * GB
+    width = 4 if plan.precision == "fp32" else 2
+    grads = optimizer_elements * 4 * (2 * plan.grad_accum + 1)
     if plan.offload_params:
-        pcie += param_elements * 2 * (3 if plan.activation_checkpointing else 2) * plan.grad_accum
-    return pcie / (hw.pcie_gbps * GB) + optimizer_elements * plan.procs_per_node / hw.cpu_adam_params_per_s
+        gathers = (3 if plan.activation_checkpointing else 2) * plan.grad_accum
+        params = param_elements * width * gathers
+    else:
+        params = param_elements * width
+    return {
+        "gradient copies": grads / pcie,
+        "parameter copies": params / pcie,
+        "CPU Adam": optimizer_elements * plan.procs_per_node / hw.cpu_adam_params_per_s,
+    }
+
+
+def offload_seconds(plan: ParallelPlan, optimizer_elements: int, param_elements: int, hw: Hardware) -> float:
+    """Seconds per step that offload adds: the sum of `offload_parts`."""
+    return sum(offload_parts(plan, optimizer_elements, param_elements, hw).values())
 
 
 def step_estimate(
@@ -342,12 +396,14 @@ def step_estimate(
     hw = HARDWARE[hardware] if isinstance(hardware, str) else hardware
     t = traffic(plan, model, hpz=hpz, vocab_parallel=vocab_parallel)
     seconds = {kind: t.seconds(kind, hw) for kind in sorted(set(t.intra) | set(t.inter))}
+    offload: dict[str, float] = {}
     if plan.offload_optimizer:
         if elements is None:
             from hf_dist_recipes.parallel.memory import rank_elements
 
             elements = rank_elements(plan, model)
-        seconds["offload"] = offload_seconds(plan, elements.optimizer, elements.params, hw)
+        offload = offload_parts(plan, elements.optimizer, elements.params, hw)
+        seconds["offload"] = sum(offload.values())
     compute = compute_flops(plan, model) / (hw.gpu_tflops * 1e12 * hw.compute_efficiency)
     step = (
         max(compute, seconds.get("zero", 0.0))
@@ -365,6 +421,7 @@ def step_estimate(
         seconds_by_kind=seconds,
         compute_s=compute,
         step_time_s=step,
+        offload_parts=offload,
     )
 
 
@@ -380,6 +437,8 @@ def describe(step: StepEstimate) -> str:
     for kind, label in labels.items():
         if kind in step.seconds_by_kind and step.seconds_by_kind[kind] > 0:
             hidden = " (hidden behind compute)" if kind == "zero" and step.exposed_zero_s == 0 else ""
+            if kind == "offload" and step.offload_parts:
+                hidden = " (" + ", ".join(f"{k} {v:.2f} s" for k, v in step.offload_parts.items() if v) + ")"
             parts.append(f"{label} {step.seconds_by_kind[kind]:.2f} s{hidden}")
     return (
         f"{step.step_time_s:.2f} s/step, {step.tokens_per_s:,.0f} tokens/s ({', '.join(parts)}; "

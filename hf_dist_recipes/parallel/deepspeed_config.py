@@ -5,7 +5,9 @@ accumulation and its own data-parallel group; the Trainer's fill would count TP 
 TP > 1: an explicit `tensor_parallel.partition_config` (trap 2: stock AutoTP refuses DeepSeek's tp_plan), and no
 TP preset, so the TP and EP presets cannot disagree (trap 3). Under ZeRO-3 + EP:
 `stage3_gather_16bit_weights_on_model_save: false`, because DeepSpeed refuses the consolidated save there.
-Always: gradients accumulate in fp32 (`data_types.grad_accum_dtype`, see `hf_dist_recipes.precision`), and the
+Always: gradients accumulate in fp32 (`data_types.grad_accum_dtype`, see `hf_dist_recipes.precision`) and are
+reduced across ranks in `plan.grad_reduce_dtype` (`communication_data_type`, fp32 by default; DeepSpeed's own
+default is the compute dtype: engine.py `communication_data_type`), and the
 plan the file was generated for is recorded under `"hf_dist_recipes"` (`plan_record`). Under ZeRO-3 with a model:
 prefetch, live-parameter, reduce and sub-group sizes, ZeRO++ hpZ where it pays, and the vocabulary-parallel LM
 head where it pays, all from `zero_buffers` (which the memory estimate reads too; `zero_buffer_notes` says why).
@@ -60,6 +62,10 @@ def deepspeed_config(
         "fp16": {"enabled": "auto" if auto else plan.precision == "fp16"},
         # bf16/fp16 runs still sum micro-batches and ranks in fp32 (DeepSpeed's default is the model's dtype).
         "data_types": {"grad_accum_dtype": "fp32"},
+        # DeepSpeed 0.19.8 converts each gradient to this dtype before ZeRO-3's reduce-scatter (stage3.py
+        # `__avg_scatter_grads`: `g.to(communication_data_type)`, then `reduce_scatter_coalesced`) and before
+        # ZeRO-0/1/2's reductions (engine.py `allreduce_bucket`, stage_1_and_2.py); parameter gathers keep bf16.
+        "communication_data_type": plan.grad_reduce_dtype,
     }
     if plan.tp > 1:
         if model is None:

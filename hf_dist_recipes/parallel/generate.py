@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hf_dist_recipes.parallel.accelerate_config import DEFAULT_PORT, accelerate_config, render_yaml
-from hf_dist_recipes.parallel.plan import ENGINES, PRECISIONS, ParallelPlan
+from hf_dist_recipes.parallel.plan import ENGINES, GRAD_REDUCE_DTYPES, PRECISIONS, ParallelPlan
 from hf_dist_recipes.user_values import writable_dir
 
 
@@ -31,6 +31,13 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps (%(default)s)")
     parser.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (%(default)s)")
     parser.add_argument("--precision", choices=PRECISIONS, help="bf16 on GPUs, fp32 on CPU by default")
+    parser.add_argument(
+        "--grad-reduce-dtype",
+        choices=GRAD_REDUCE_DTYPES,
+        default="fp32",
+        help="dtype of the gradient reduce-scatter/all-reduce (DeepSpeed communication_data_type): fp32 "
+        "(%(default)s, as torchtitan's FSDP and Megatron-LM reduce) or the compute dtype, half the bytes",
+    )
     parser.add_argument("--offload-optimizer", action="store_true", help="ZeRO optimizer offload to CPU")
     parser.add_argument("--offload-params", action="store_true", help="ZeRO-3 parameter offload to CPU")
     parser.add_argument("--activation-checkpointing", action="store_true", help="recompute activations")
@@ -60,6 +67,10 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--main-process-ip", default="127.0.0.1", help="multi-node: rank-0 machine's address")
     parser.add_argument("--main-process-port", type=int, default=DEFAULT_PORT, help="multi-node: rendezvous port")
+    fit = parser.add_argument_group("fit check (GPU plans with --model: refused when our estimate exceeds the GPU)")
+    fit.add_argument("--gpu-memory", type=float, help="GiB per GPU (default: --hardware's, else the largest known)")
+    fit.add_argument("--hardware", choices=("a100", "h100", "h200"), help="GPU type whose memory to check against")
+    fit.add_argument("--force", action="store_true", help="write the files even when the plan does not fit")
 
 
 def generate_parser() -> argparse.ArgumentParser:
@@ -88,6 +99,7 @@ def plan_from(args: argparse.Namespace) -> ParallelPlan:
         activation_checkpointing=args.activation_checkpointing,
         engine=args.engine,
         zero_init=args.zero_init,
+        grad_reduce_dtype=args.grad_reduce_dtype,
     )
 
 
@@ -128,6 +140,46 @@ def default_name(plan: ParallelPlan, model_name: str | None) -> str:
     return "_".join(parts).replace("-", "_").replace(".", "_")
 
 
+def fit_problem(
+    plan: ParallelPlan, model, model_ref: str, gpu_memory_gib: float | None = None, hardware: str | None = None
+) -> str | None:
+    """Why `plan` does not fit its GPUs by our estimate (`fit.check_fit`), or None when it fits or is not checked
+    (CPU plans; FSDP2, which the estimate does not model). The GPU memory: `gpu_memory_gib`, else `hardware`'s
+    (a key of `comm.HARDWARE`), else the largest GPU there, so that a plan that fits no GPU we know is caught
+    without flags.
+
+    Refused rather than warned about: generate was given every assumption of the estimate (sequence length, micro
+    batch, recomputation: its own flags), and the files exist to be launched; the out-of-memory error would come
+    only after the model has loaded on every rank of an allocation. `config validate --gpu-memory` only warns, as
+    a file written elsewhere may not record what it was sized for."""
+    if plan.device != "cuda" or plan.engine != "deepspeed":
+        return None
+    from hf_dist_recipes.parallel.comm import HARDWARE
+    from hf_dist_recipes.parallel.fit import SOURCES, check_fit
+
+    if gpu_memory_gib is not None:
+        if not gpu_memory_gib > 0:
+            raise ValueError(f"--gpu-memory must be a positive number of GiB, got {gpu_memory_gib:g}")
+        gib, source = gpu_memory_gib, "--gpu-memory"
+    elif hardware is not None:
+        gib, source = HARDWARE[hardware].memory_gib, f"--hardware {hardware}"
+    else:
+        largest = max(HARDWARE.values(), key=lambda h: h.memory_gib)
+        gib = largest.memory_gib
+        source = f"the largest GPU we know ({largest.name}; pass --gpu-memory or --hardware for yours)"
+    default = ParallelPlan()
+    flags = {
+        "seq_len": "--seq-len",
+        "micro_batch": "--micro-batch",
+        "activation_checkpointing": "--activation-checkpointing",
+    }
+    sources = {k: flags[k] if getattr(plan, k) != getattr(default, k) else "default" for k in SOURCES}
+    verdict = check_fit(plan, model, model_ref, gib, source, sources)
+    if verdict.fits:
+        return None
+    return verdict.message(change="generate takes --seq-len, --micro-batch and --activation-checkpointing")
+
+
 def generate_from_args(args: argparse.Namespace, argv: list[str] | None = None) -> Generated:
     """`write_configs` for parsed `generate_parser` flags; `argv` (those flags as given) goes into the header."""
     return write_configs(
@@ -139,6 +191,9 @@ def generate_from_args(args: argparse.Namespace, argv: list[str] | None = None) 
         main_process_ip=args.main_process_ip,
         main_process_port=args.main_process_port,
         command_args=argv,
+        gpu_memory_gib=args.gpu_memory,
+        hardware=args.hardware,
+        force=args.force,
     )
 
 
@@ -152,15 +207,25 @@ def write_configs(
     main_process_ip: str = "127.0.0.1",
     main_process_port: int = DEFAULT_PORT,
     command_args: list[str] | None = None,
+    gpu_memory_gib: float | None = None,
+    hardware: str | None = None,
+    force: bool = False,
 ) -> Generated:
     """Validate the plan, then write `<output>/NAME.yaml` (and `<output>/deepspeed/NAME.json` for DeepSpeed).
     `command_args`: the `config generate` arguments recorded in the YAML's header. Every check runs before the
-    first file is written: a refused plan or an unwritable `output` leaves nothing behind."""
+    first file is written: a refused plan or an unwritable `output` leaves nothing behind. A DeepSpeed GPU plan
+    with a model is also checked against the GPU's memory (`gpu_memory_gib`, else `hardware`'s, else the largest
+    GPU of `comm.HARDWARE`): a plan that does not fit by our estimate is refused (ValueError) unless `force`,
+    which writes it with a warning (`fit_problem`)."""
     writable_dir(output, "--output", "my_configs")
     warnings = plan.validate()  # the model-free rules first: a refused plan fails before any model is built
     model = model_from(model_ref, required=plan.engine == "deepspeed" and (plan.tp > 1 or plan.ep > 1))
     if model is not None:
         warnings = plan.validate(model)
+        problem = fit_problem(plan, model, model_ref or model.name, gpu_memory_gib, hardware)
+        if problem and not force:
+            raise ValueError(f"{problem}; or pass --force to write the files anyway")
+        warnings = warnings + ([problem] if problem else [])
     # After the checks: this imports DeepSpeed, whose import prints a notice (a refusal stays one line).
     from hf_dist_recipes.parallel.deepspeed_config import deepspeed_config
 

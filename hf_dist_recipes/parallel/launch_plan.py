@@ -8,6 +8,8 @@ precision the estimate assumed, activation checkpointing) comes from the plan re
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hf_dist_recipes.parallel.batch import tensor_parallel_size
 from hf_dist_recipes.parallel.launch_config import LaunchConfig
 from hf_dist_recipes.parallel.plan import ParallelPlan
@@ -41,6 +43,9 @@ def plan_of_launch(cfg: LaunchConfig, world: int) -> tuple[ParallelPlan, str | N
         precision=record.get("precision", "fp32" if cfg.use_cpu else "bf16"),
         activation_checkpointing=bool(record.get("activation_checkpointing", False)),
     )
+    # The gradient reduction dtype the file sets; DeepSpeed's default without it is the compute dtype.
+    reduce = str(ds.get("communication_data_type") or plan.precision).lower()
+    plan = replace(plan, grad_reduce_dtype=reduce if reduce in ("fp32", plan.precision) else plan.precision)
     return plan, record.get("model")
 
 

@@ -34,7 +34,11 @@ ZeRO-3 buffers, in elements from `zero_buffers.zero_buffers` (the same values th
 - buffers["reduce_bucket"] (persistent): reduce_bucket_size elements at compute bytes (stage3.py
   `_setup_for_real_optimizer`, under `contiguous_gradients`, which the generated JSON sets).
 - buffers["reduce_copy"]: the interleaved copy runtime/comm/coalesced_collectives.py `reduce_scatter_coalesced`
-  makes of a bucket before reducing it: min(reduce_bucket_size, the rank's share of the model) elements.
+  makes of a bucket before reducing it: min(reduce_bucket_size, the rank's share of the model) elements, in the
+  reduction dtype (`plan.grad_reduce_dtype`, the JSON's `communication_data_type`); when that differs from the
+  compute dtype (fp32 reduction of bf16 gradients, the default) stage3.py `__avg_scatter_grads` first converts
+  each gradient of the bucket (`g.to(communication_data_type)`), and both copies are alive during the collective:
+  4 + 4 bytes per element instead of 2.
 - buffers["subgroup_fp32_grads"] (at the optimizer step): stage3.py `_prepare_fp32_grad_for_sub_group` flattens one
   optimizer sub-group's fp32 gradient partitions into a new tensor: min(sub_group_size + the largest partition,
   the rank's optimizer partition) x 4 bytes; on the GPU only without optimizer offload.
@@ -317,10 +321,18 @@ def zero3_buffer_bytes(plan: ParallelPlan, model: ModelShape, el: RankElements) 
         "prefetched_params": (zb.live_parameter_elements(el.sharded) - el.gathered_layer) * p_bytes,
         "gathered_grads": el.gathered_layer * c,
         "reduce_bucket": zb.reduce_bucket_size * c,
-        "reduce_copy": min(zb.reduce_bucket_size, el.sharded) * c,
+        "reduce_copy": min(zb.reduce_bucket_size, el.sharded) * _reduce_copy_bytes(plan),
         "subgroup_fp32_grads": 0 if plan.offload_optimizer else subgroup * 4,
         "hpz_secondary": zb.hpz_secondary_elements * p_bytes,
     }
+
+
+def _reduce_copy_bytes(plan: ParallelPlan) -> int:
+    """Bytes per bucket element alive during ZeRO-3's reduce-scatter (module docstring, `reduce_copy`)."""
+    from hf_dist_recipes.parallel.comm import grad_reduce_bytes
+
+    reduce = grad_reduce_bytes(plan)
+    return reduce if reduce == COMPUTE_BYTES[plan.precision] else 2 * reduce
 
 
 PERSISTENT_BUFFERS = ("reduce_bucket", "hpz_secondary")

@@ -21,6 +21,9 @@ from hf_dist_recipes.parallel.models import ModelShape
 
 DEVICES = ("cuda", "cpu")
 PRECISIONS = ("bf16", "fp16", "fp32")
+# Gradient reduction dtype (DeepSpeed's `communication_data_type`): fp32 by default, as torchtitan's FSDP
+# `mixed_precision_reduce = "float32"` and Megatron-LM's fp32 gradient reduction; the compute dtype as an option.
+GRAD_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 ENGINES = ("deepspeed", "fsdp2")
 MIN_DEEPSPEED_ZERO3_AUTOTP = "0.19.4"  # DeepSpeed PRs 8167/8168: AutoTP training with ZeRO-3
 # DeepSpeed AutoEP presets (deepspeed/module_inject/auto_ep_presets) by transformers model_type.
@@ -37,7 +40,9 @@ class ParallelPlan:
     """A distributed training job. Sizes are process counts; `seq_len` in tokens; `micro_batch` in sequences per
     rank per micro step. Defaults: one node of 8 GPUs, ZeRO-3, no TP/EP, bf16. `zero_init`: the model is built
     under `deepspeed.zero.Init`, as `from_pretrained` / `from_config` do under ZeRO-3 (False: constructed
-    directly, e.g. `DeepseekV3ForCausalLM(config)`); it decides how weights that TP keeps whole are partitioned."""
+    directly, e.g. `DeepseekV3ForCausalLM(config)`); it decides how weights that TP keeps whole are partitioned.
+    `grad_reduce_dtype`: the dtype gradients are reduced in across ranks (DeepSpeed `communication_data_type`):
+    "fp32" (default) or the compute dtype ("bf16" under bf16, "fp16" under fp16), which halves those bytes."""
 
     nodes: int = 1
     procs_per_node: int = 8
@@ -54,6 +59,7 @@ class ParallelPlan:
     activation_checkpointing: bool = False
     engine: str = "deepspeed"
     zero_init: bool = True
+    grad_reduce_dtype: str = "fp32"
 
     @property
     def world_size(self) -> int:
@@ -92,6 +98,13 @@ class ParallelPlan:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.grad_reduce_dtype not in GRAD_REDUCE_DTYPES:
+            raise ValueError(f"grad_reduce_dtype must be one of {GRAD_REDUCE_DTYPES}, got {self.grad_reduce_dtype!r}")
+        if self.grad_reduce_dtype not in ("fp32", self.precision):
+            raise ValueError(
+                f"reducing {self.precision} gradients in {self.grad_reduce_dtype} would round them to another "
+                f"format; use --grad-reduce-dtype fp32 or {self.precision}"
+            )
         if self.device == "cpu" and self.precision == "fp16":
             raise ValueError("fp16 needs CUDA; use --precision bf16 or fp32 on CPU")
         if self.engine not in ENGINES:
@@ -102,6 +115,14 @@ class ParallelPlan:
             raise ValueError("optimizer offload needs ZeRO stage 1 or more; use --zero 3")
         if self.offload_params and self.zero_stage != 3:
             raise ValueError("parameter offload needs ZeRO stage 3; use --zero 3")
+        if self.engine == "deepspeed" and self.zero_stage == 0 and self.precision != "fp32":
+            # The generated JSON accumulates gradients in fp32; without ZeRO DeepSpeed 0.19.8 refuses that next to
+            # 16-bit parameters in deepspeed.initialize (engine.py:2323 "unsupported mix of model_dtype ...").
+            raise ValueError(
+                f"ZeRO-0 with {self.precision}: DeepSpeed accumulates gradients in fp32 only under ZeRO stage 1 or "
+                "more (it refuses the mix without ZeRO); use --zero 1 (parameters stay whole on every GPU, as with "
+                "ZeRO-0) or --precision fp32"
+            )
         if self.world_size % self.tp:
             raise ValueError(
                 f"world size {self.world_size} ({self.nodes} x {self.procs_per_node}) is not divisible "

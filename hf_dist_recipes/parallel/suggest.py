@@ -1,5 +1,11 @@
-"""Which plan to run: the candidates (TP, EP, offload) for a model on a cluster, the ones that fit, and the
-fastest of those.
+"""Which plan to run: the candidates (TP, EP, offload, micro batch, accumulation) for a model on a cluster within a
+target global batch, the ones that fit, and the fastest of those.
+
+The search: for every layout (offload level, TP, EP) the micro batches that fit (memory grows with the micro batch,
+so the largest is found by doubling and bisection), each at the most gradient accumulation the batch target allows:
+accumulation only amortises per-step costs (optimizer offload's CPU Adam, ZeRO-1/2's parameter gather), so more is
+never slower per token, and the target is what bounds it. Plans within NEAR_MARGIN of the fastest count as equally
+fast; among them the pick has the least offload, then the least traffic across nodes per token trained.
 
 Memory of one plan: `hf_dist_recipes.parallel.memory`; its traffic and step time: `hf_dist_recipes.parallel.comm`.
 """
@@ -9,15 +15,42 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hf_dist_recipes.parallel.comm import Hardware, StepEstimate, describe, step_estimate
-from hf_dist_recipes.parallel.memory import MemoryEstimate, estimate, render_table
+from hf_dist_recipes.parallel.memory import GIB, MemoryEstimate, estimate, render_table
 from hf_dist_recipes.parallel.models import ModelShape
 from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.parallel.zero_buffers import hpz_partition_size, use_vocab_parallel_lm_head
 
+# The default batch target: 4M tokens (4,194,304 = 1,024 sequences of 4,096), the Llama 3 report's initial batch
+# for its 405B model (arXiv:2407.21783, section 3.4.1; later doubled to 8M and 16M). DeepSeek-V3 ramped from 3,072
+# to 15,360 sequences of 4,096 (12.6M to 62.9M tokens; arXiv:2412.19437, section 4.2) on 2,048 GPUs.
+DEFAULT_BATCH_TOKENS = 4 * 2**20
+NEAR_MARGIN = 0.03  # plans this close in tokens/s are equally fast: the estimate is not finer than that
+OFFLOAD_WARN_FRACTION = 0.5  # warn when offload takes more of the step than this
+MAX_MICRO_BATCH = 64
+
+
+def target_sequences(seq_len: int, *, sequences: int | None = None, tokens: int | None = None) -> int:
+    """The batch target in sequences per optimizer step: `sequences`, or `tokens` / `seq_len`, or
+    DEFAULT_BATCH_TOKENS / `seq_len`."""
+    if sequences is not None and tokens is not None:
+        raise ValueError("give the batch target once: --global-batch (sequences) or --global-batch-tokens")
+    if sequences is not None:
+        if isinstance(sequences, bool) or not isinstance(sequences, int) or sequences < 1:
+            raise ValueError(f"--global-batch is a number of sequences >= 1, got {sequences!r}")
+        return sequences
+    tokens = DEFAULT_BATCH_TOKENS if tokens is None else tokens
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < seq_len:
+        raise ValueError(
+            f"--global-batch-tokens {tokens!r} is less than one sequence of {seq_len} tokens; e.g. "
+            f"--global-batch-tokens {DEFAULT_BATCH_TOKENS}"
+        )
+    return tokens // seq_len
+
 
 def candidate_plans(base: ParallelPlan, model: ModelShape) -> list[ParallelPlan]:
-    """Plans to try, cheapest first: no offload before optimizer offload before parameter offload; within each,
-    the smallest TP, then the smallest EP. Invalid combinations are left out."""
+    """Layouts to try, cheapest first: no offload before optimizer offload before parameter offload; within each,
+    the smallest TP, then the smallest EP. Invalid combinations are left out. Micro batch and accumulation are
+    `base`'s (the search sets them)."""
     tps = [t for t in (1, 2, 4, 8, 16) if t <= base.procs_per_node and base.procs_per_node % t == 0]
     eps = [1] + [e for e in (2, 4, 8, 16, 32, 64, 128, 256) if model.is_moe and model.routed_experts % e == 0]
     out = []
@@ -36,10 +69,12 @@ def candidate_plans(base: ParallelPlan, model: ModelShape) -> list[ParallelPlan]
 @dataclass(frozen=True)
 class Candidate:
     """A plan with its memory (`hf_dist_recipes.parallel.memory`) and its traffic and step time
-    (`hf_dist_recipes.parallel.comm`)."""
+    (`hf_dist_recipes.parallel.comm`); `target_sequences`: the batch target it was sized for (None: a plan given
+    as it is)."""
 
     memory: MemoryEstimate
     step: StepEstimate
+    target_sequences: int | None = None
 
     @property
     def plan(self) -> ParallelPlan:
@@ -49,18 +84,41 @@ class Candidate:
     def fits(self) -> bool | None:
         return self.memory.fits
 
+    @property
+    def offload_fraction(self) -> float:
+        return self.step.offload_s / self.step.step_time_s
+
+    @property
+    def inter_bytes_per_token(self) -> float:
+        """Bytes the whole job sends across nodes per token trained."""
+        p = self.plan
+        return self.step.comm_inter_bytes * p.world_size / (p.global_batch * p.seq_len)
+
     def as_dict(self) -> dict:
+        p = self.plan
         return {
             **self.memory.as_dict(),
+            "micro_batch": p.micro_batch,
+            "grad_accum": p.grad_accum,
+            "global_batch": p.global_batch,
+            "global_batch_tokens": p.global_batch * p.seq_len,
+            "target_global_batch": self.target_sequences,
             "comm_intra_bytes": self.step.comm_intra_bytes,
             "comm_inter_bytes": self.step.comm_inter_bytes,
             "step_time_s": self.step.step_time_s,
+            "offload_s": self.step.offload_s,
+            "offload_fraction": self.offload_fraction,
             "step": self.step.as_dict(),
         }
 
 
 def evaluate(
-    plan: ParallelPlan, model: ModelShape, *, device_gib: float | None = None, hardware: Hardware | str = "h100"
+    plan: ParallelPlan,
+    model: ModelShape,
+    *,
+    device_gib: float | None = None,
+    hardware: Hardware | str = "h100",
+    target_sequences: int | None = None,
 ) -> Candidate:
     """Memory, traffic and step time of one plan."""
     memory = estimate(plan, model, device_gib=device_gib)
@@ -74,21 +132,81 @@ def evaluate(
         elements=memory.elements,
         vocab_parallel=use_vocab_parallel_lm_head(plan, model),
     )
-    return Candidate(memory=memory, step=step)
+    return Candidate(memory=memory, step=step, target_sequences=target_sequences)
+
+
+def _layout_rows(
+    layout: ParallelPlan, model: ModelShape, device_gib: float, hardware: Hardware | str, target: int
+) -> list[Candidate]:
+    """Candidates of one layout, by micro batch, each at the most accumulation `target` allows: the micro batches
+    that fit among the divisors of target / DP (where the batch meets the target exactly) and the largest that
+    fits, plus the smallest found not to fit (what bounds it); micro batch 1 alone when even that does not fit."""
+    per_rank = target // layout.dp_size
+    top = min(MAX_MICRO_BATCH, per_rank)
+    seen: dict[int, Candidate] = {}
+
+    def at(mb: int) -> Candidate:
+        if mb not in seen:
+            plan = replace(layout, micro_batch=mb, grad_accum=per_rank // mb)
+            seen[mb] = evaluate(plan, model, device_gib=device_gib, hardware=hardware, target_sequences=target)
+        return seen[mb]
+
+    if not at(1).fits:
+        return [seen[1]]
+    fit, over, mb = 1, None, 2
+    while mb <= top and over is None:  # memory grows with the micro batch: double, then bisect
+        fit, over = (mb, None) if at(mb).fits else (fit, mb)
+        mb *= 2
+    if over is None and fit < top:
+        fit, over = (top, None) if at(top).fits else (fit, top)
+    while over is not None and over - fit > 1:
+        mid = (fit + over) // 2
+        fit, over = (mid, over) if at(mid).fits else (fit, mid)
+    for d in range(1, fit + 1):
+        if per_rank % d == 0:
+            at(d)
+    return [seen[k] for k in sorted(seen) if k <= fit or k == over]
 
 
 def suggest(
-    base: ParallelPlan, model: ModelShape, device_gib: float, hardware: Hardware | str = "h100"
+    base: ParallelPlan,
+    model: ModelShape,
+    device_gib: float,
+    hardware: Hardware | str = "h100",
+    *,
+    target: int | None = None,
 ) -> tuple[Candidate | None, list[Candidate]]:
-    """The fastest candidate (most tokens per second for the whole job; equal speeds: less offload, then less model
-    parallelism) that fits `device_gib` per GPU (None if none does), and every candidate for the table. The smallest
-    plan that fits is often the slowest: for a
-    mixture-of-experts model it gathers every expert through ZeRO-3 three times per micro step."""
-    candidates = [evaluate(p, model, device_gib=device_gib, hardware=hardware) for p in candidate_plans(base, model)]
+    """The plan to run (`pick` among the candidates that fit `device_gib` per GPU; None if none does) and every
+    candidate evaluated. `target`: the most sequences per optimizer step (default DEFAULT_BATCH_TOKENS /
+    seq_len); micro batch and accumulation are searched within it, `base`'s are ignored."""
+    target = target_sequences(base.seq_len) if target is None else target_sequences(base.seq_len, sequences=target)
+    layouts = [p for p in candidate_plans(base, model) if p.dp_size <= target]
+    if not layouts:
+        least = min(p.dp_size for p in candidate_plans(base, model))
+        raise ValueError(
+            f"a batch of {target} sequences is smaller than the data-parallel size of every plan (at least "
+            f"{least}: one sequence per data-parallel rank); raise --global-batch to {least} or more"
+        )
+    rows = [c for layout in layouts for c in _layout_rows(layout, model, device_gib, hardware, target)]
+    chosen, _ = pick(rows)
+    return chosen, rows
+
+
+def pick(candidates: list[Candidate]) -> tuple[Candidate | None, Candidate | None]:
+    """(the pick, the fastest) among the candidates that fit: every plan within NEAR_MARGIN of the most tokens per
+    second for the whole job counts as fast; of those, the least offload (parameters, then optimizer), then the
+    fewest bytes across nodes per token (with EP = world size no expert is gathered at all), then the least TP."""
     fitting = [c for c in candidates if c.fits]
-    # Equal times: the plan with less offload, then fewer model-parallel ranks (simpler to run and to debug).
-    chosen = min(fitting, key=_speed_order) if fitting else None
-    return chosen, candidates
+    if not fitting:
+        return None, None
+    fastest = max(fitting, key=lambda c: c.step.tokens_per_s)
+    near = [c for c in fitting if c.step.tokens_per_s >= (1 - NEAR_MARGIN) * fastest.step.tokens_per_s]
+    return min(near, key=_preference), fastest
+
+
+def _preference(c: Candidate) -> tuple:
+    p = c.plan
+    return p.offload_params, p.offload_optimizer, c.inter_bytes_per_token, p.tp, -c.step.tokens_per_s
 
 
 def _speed_order(c: Candidate) -> tuple:
@@ -101,49 +219,153 @@ def label(plan: ParallelPlan) -> str:
     return f"Z{plan.zero_stage} TP{plan.tp} EP{plan.ep} off:{off}"
 
 
+def batch_label(plan: ParallelPlan) -> str:
+    return f"micro batch {plan.micro_batch} x accumulation {plan.grad_accum} x {plan.dp_size} DP = {plan.global_batch}"
+
+
+def _same_layout(a: ParallelPlan, b: ParallelPlan) -> bool:
+    return replace(a, micro_batch=1, grad_accum=1) == replace(b, micro_batch=1, grad_accum=1)
+
+
+def offload_warning(c: Candidate) -> str | None:
+    """A warning when offload takes more than OFFLOAD_WARN_FRACTION of the step, with the fixes (None otherwise)."""
+    if c.offload_fraction <= OFFLOAD_WARN_FRACTION:
+        return None
+    parts = ", ".join(f"{k} {v:.1f} s" for k, v in c.step.offload_parts.items() if v)
+    return (
+        f"offload takes {c.offload_fraction:.0%} of the step ({c.step.offload_s:.1f} of {c.step.step_time_s:.1f} s: "
+        f"{parts}): accumulate more micro steps per optimizer step (--grad-accum; with --suggest a larger "
+        "--global-batch) so that CPU Adam is amortised, measure and set --cpu-adam-rate and --pcie-gbps, or add "
+        "nodes until the optimizer states fit without offload"
+    )
+
+
 def reasons(chosen: Candidate, candidates: list[Candidate]) -> list[str]:
-    """Why `chosen` was picked: its step time and where it goes, the runner-up, and the first plan that fits (what
-    a memory-only choice would run)."""
-    lines = [f"{label(chosen.plan)}: {describe(chosen.step)}"]
-    fitting = sorted((c for c in candidates if c.fits and c is not chosen), key=_speed_order)
-    if fitting:
-        runner = fitting[0]
+    """Why `chosen` was picked: its batch and step time, what bounds it (memory, the batch target, offload), how it
+    compares with the fastest (the margin) or the runner-up, and the first plan that fits (what a memory-only choice
+    would run)."""
+    p = chosen.plan
+    lines = [f"{label(p)}, {batch_label(p)} sequences: {describe(chosen.step)}"]
+    lines += _bounds(chosen, candidates)
+    _, fastest = pick(candidates)
+    if fastest is not None and fastest is not chosen:
+        faster = fastest.step.tokens_per_s / chosen.step.tokens_per_s - 1
+        f = fastest.plan
+        if f.offload_params and not p.offload_params:
+            why = "without parameter offload"
+        elif f.offload_optimizer and not p.offload_optimizer:
+            why = "without optimizer offload"
+        else:
+            less = 1 - chosen.inter_bytes_per_token / fastest.inter_bytes_per_token
+            why = f"with {less:.0%} fewer bytes across nodes per token"
+            if p.ep == p.world_size:
+                why += " (EP = world size keeps every expert on one rank: no expert gathers)"
         lines.append(
-            f"next fastest that fits: {label(runner.plan)}, {runner.step.tokens_per_s:,.0f} tokens/s "
-            f"({runner.step.comm_inter_bytes / 1e9:.1f} GB across nodes per rank)"
+            f"picked within {NEAR_MARGIN:.0%} of the fastest, {label(f)} at micro batch {f.micro_batch} "
+            f"({fastest.step.tokens_per_s:,.0f} tokens/s, {faster:.1%} more), {why}"
         )
+    else:
+        others = sorted((c for c in candidates if c.fits and not _same_layout(c.plan, p)), key=_speed_order)
+        if others:
+            runner = others[0]
+            slower = 1 - runner.step.tokens_per_s / chosen.step.tokens_per_s
+            lines.append(
+                f"next fastest that fits: {label(runner.plan)} at micro batch {runner.plan.micro_batch}, "
+                f"{runner.step.tokens_per_s:,.0f} tokens/s ({slower:.1%} slower; "
+                f"{runner.step.comm_inter_bytes / 1e9:.1f} GB across nodes per rank)"
+            )
     first = next((c for c in candidates if c.fits), None)
-    if first is not None and first is not chosen:
+    if first is not None and not _same_layout(first.plan, p):
         lines.append(f"the smallest plan that fits, {label(first.plan)}, would take {describe(first.step)}")
     return lines
 
 
+def _bounds(chosen: Candidate, candidates: list[Candidate]) -> list[str]:
+    p, target = chosen.plan, chosen.target_sequences
+    out = []
+    if target is not None:
+        out.append(
+            f"batch: {p.global_batch} of the {target}-sequence target ({p.global_batch * p.seq_len / 1e6:.1f}M "
+            f"tokens); accumulation {p.grad_accum} is the most it allows at micro batch {p.micro_batch}"
+        )
+    layout = [c for c in candidates if _same_layout(c.plan, p)]
+    larger_fits = [c for c in layout if c.fits and c.plan.micro_batch > p.micro_batch]
+    over = min((c for c in layout if not c.fits), key=lambda c: c.plan.micro_batch, default=None)
+    if larger_fits:
+        best = max(larger_fits, key=lambda c: c.plan.micro_batch)
+        out.append(
+            f"micro batch {best.plan.micro_batch} fits too, but at accumulation {best.plan.grad_accum} its batch is "
+            f"{best.plan.global_batch} sequences: {best.step.tokens_per_s:,.0f} tokens/s"
+        )
+    elif over is not None:
+        need = over.memory.device_total / GIB
+        out.append(
+            f"memory: micro batch {over.plan.micro_batch} needs {need:.1f} GiB per GPU, more than "
+            f"{over.memory.device_bytes / GIB:g}"
+        )
+    elif target is not None and (p.micro_batch + 1) * p.dp_size > target:
+        out.append(f"micro batch {p.micro_batch + 1} x {p.dp_size} DP ranks would pass the batch target")
+    if chosen.step.offload_s:
+        out.append(
+            f"offload: {chosen.step.offload_s:.1f} s of the {chosen.step.step_time_s:.1f} s step "
+            f"({chosen.offload_fraction:.0%}); CPU Adam runs once per step, the fp32 gradient partition crosses PCIe "
+            f"2 x {p.grad_accum} + 1 times"
+        )
+    return out
+
+
+def best_rows(candidates: list[Candidate], chosen: Candidate | None = None) -> list[Candidate]:
+    """One candidate per layout, in the original order: `chosen` for its layout, else the fastest micro batch that
+    fits, else the first evaluated (micro batch 1)."""
+    out: list[Candidate] = []
+    for c in candidates:
+        if out and _same_layout(out[-1].plan, c.plan):
+            group_best = out[-1]
+            if chosen is not None and group_best is chosen:
+                continue
+            if c is chosen or (c.fits and (not group_best.fits or _speed_order(c) < _speed_order(group_best))):
+                out[-1] = c
+        else:
+            out.append(c)
+    return out
+
+
 def compact_rows(candidates: list[Candidate], chosen: Candidate | None = None) -> list[Candidate]:
-    """For each offload level and TP degree: the EP-1 row, the EP with the least device memory (the smallest
-    such EP) and the fastest EP that fits, plus `chosen`; in the original order."""
+    """One row per layout (`best_rows`), then for each offload level and TP degree: the EP-1 row, the smallest EP
+    that fits (else the one with the least device memory) and the fastest EP that fits, plus `chosen`; in the
+    original order."""
+    rows = best_rows(candidates, chosen)
     keep = {id(chosen)} if chosen is not None else set()
     groups: dict[tuple, list[Candidate]] = {}
-    for c in candidates:
+    for c in rows:
         groups.setdefault((c.plan.offload_optimizer, c.plan.offload_params, c.plan.tp), []).append(c)
-    for rows in groups.values():
-        keep.add(id(rows[0]))
-        keep.add(id(min(rows, key=lambda c: (c.memory.device_total, c.plan.ep))))
-        fitting = [c for c in rows if c.fits]
+    for group in groups.values():
+        keep.add(id(group[0]))
+        fitting = [c for c in group if c.fits]
         if fitting:
+            keep.add(id(fitting[0]))
             keep.add(id(min(fitting, key=_speed_order)))
-    return [c for c in candidates if id(c) in keep]
+        else:
+            keep.add(id(min(group, key=lambda c: (c.memory.device_total, c.plan.ep))))
+    return [c for c in rows if id(c) in keep]
 
 
 def render_candidates(candidates: list[Candidate], *, chosen: Candidate | None = None) -> str:
-    """The memory table (GiB per rank, host RAM per node) with traffic per rank per step (GB across nodes,
-    GB inside the node), the estimated step time (s) and the job's tokens per second appended."""
+    """The memory table (GiB per rank, host RAM per node) with micro batch, accumulation and global batch
+    (sequences), traffic per rank per step (GB across nodes, GB inside the node), the estimated step time and its
+    offload part (s) and the job's tokens per second appended."""
     lines = render_table([c.memory for c in candidates]).splitlines()
-    extra = f" {'inter GB':>9} {'intra GB':>9} {'step s':>8} {'tokens/s':>10}"
+    extra = (
+        f" {'mb':>3} {'accum':>5} {'batch':>6} {'inter GB':>9} {'intra GB':>9} {'step s':>8} {'offload':>8} "
+        f"{'tokens/s':>10}"
+    )
     out = [lines[0] + extra, lines[1] + "-" * len(extra)]
     for line, c in zip(lines[2:], candidates, strict=True):
         mark = " <" if chosen is not None and c is chosen else ""
+        p = c.plan
         out.append(
-            f"{line} {c.step.comm_inter_bytes / 1e9:9.1f} {c.step.comm_intra_bytes / 1e9:9.1f} "
-            f"{c.step.step_time_s:8.2f} {c.step.tokens_per_s:10,.0f}{mark}"
+            f"{line} {p.micro_batch:3d} {p.grad_accum:5d} {p.global_batch:6d} {c.step.comm_inter_bytes / 1e9:9.1f} "
+            f"{c.step.comm_intra_bytes / 1e9:9.1f} {c.step.step_time_s:8.2f} {c.step.offload_s:8.2f} "
+            f"{c.step.tokens_per_s:10,.0f}{mark}"
         )
     return "\n".join(out)

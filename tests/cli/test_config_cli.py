@@ -123,7 +123,8 @@ def test_estimate_table_and_suggest(capsys):
         ],
     )
     data = json.loads(out)
-    assert data["chosen"]["step"]["tokens_per_s"] == max(
+    # The pick is within 3% of the fastest that fits (the margin inside which less offload and traffic win).
+    assert data["chosen"]["step"]["tokens_per_s"] >= 0.97 * max(
         r["step"]["tokens_per_s"] for r in data["estimates"] if r["fits"]
     )
     assert all(r["comm_inter_bytes"] > 0 and r["comm_intra_bytes"] > 0 for r in data["estimates"])

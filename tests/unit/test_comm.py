@@ -70,8 +70,9 @@ def test_collective_volumes_by_hand():
 def test_zero3_moves_one_and_a_half_times_plain_data_parallel():
     # ZeRO paper (Rajbhandari et al. 2020, section 7.2.2): ZeRO-3 sends 3 x the parameters per step (forward
     # gather, backward gather, gradient reduce-scatter) against 2 x for data parallelism's all-reduce.
+    # The paper counts every collective in the parameters' dtype: gradients reduced in bf16.
     model = _dense(4, 1024, 1024)
-    plan = ParallelPlan(nodes=1, procs_per_node=8)
+    plan = ParallelPlan(nodes=1, procs_per_node=8, grad_reduce_dtype="bf16")
     z3 = traffic(plan, model)
     ddp = traffic(replace(plan, zero_stage=0), model)
     assert sum(z3.intra.values()) / sum(ddp.intra.values()) == pytest.approx(1.5)
@@ -82,9 +83,54 @@ def test_zero3_moves_one_and_a_half_times_plain_data_parallel():
     assert ckpt.intra["zero"] == pytest.approx(3 * 4 * 4 * 2**21 * 7 / 8)
 
 
+def test_fp32_gradient_reduction_sends_four_bytes_per_element():
+    # DeepSpeed 0.19.8 stage3.py `__avg_scatter_grads` converts each bf16 gradient to communication_data_type
+    # (fp32, what the generated JSON writes by default) before `reduce_scatter_coalesced`: the reduce-scatter moves
+    # 4 bytes per element, the gathers stay at bf16's 2. By hand, 4 tensors of 2^20 elements on 8 ranks of one
+    # node: 2 gathers x 2 bytes + 1 reduce-scatter x 4 bytes, 7/8 of each sent.
+    model = _dense(4, 1024, 1024)
+    fp32 = ParallelPlan(nodes=1, procs_per_node=8)
+    assert fp32.grad_reduce_dtype == "fp32"
+    assert traffic(fp32, model).intra["zero"] == pytest.approx(4 * 2**20 * (2 * 2 + 4) * 7 / 8)
+    bf16 = replace(fp32, grad_reduce_dtype="bf16")
+    assert traffic(bf16, model).intra["zero"] == pytest.approx(4 * 2**20 * (2 * 2 + 2) * 7 / 8)
+    # ZeRO-0's all-reduce is all gradient: twice the fp32 bytes of a reduce-scatter.
+    assert traffic(replace(fp32, zero_stage=0), model).intra["zero"] == pytest.approx(4 * 2**20 * 2 * 4 * 7 / 8)
+    # ZeRO-2: a reduce-scatter per micro step (fp32), one bf16 parameter gather per step.
+    z2 = traffic(replace(fp32, zero_stage=2, grad_accum=3), model)
+    assert z2.intra["zero"] == pytest.approx(4 * 2**20 * (3 * 4 + 2) * 7 / 8)
+    with pytest.raises(ValueError, match="--grad-reduce-dtype fp32 or bf16"):
+        replace(fp32, grad_reduce_dtype="fp16").validate()
+
+
+def test_offload_copies_the_fp32_gradient_partition_every_micro_step():
+    # DeepSpeed 0.19.8 stage3.py `partition_grads` under optimizer offload, per element of the rank's fp32 gradient
+    # partition (pinned host memory): micro step 0 copies it down (`grad_buffer.copy_`) and back up
+    # (`grad_buffer.to(device)`); every later micro step brings it up, adds, and copies it down; the last micro step
+    # copies it into the optimizer's fp32 gradient (`_offload_grad_partition_at_boundary`). 4 bytes each time:
+    # 8 + 8 x (accumulation - 1) + 4 bytes. Then the bf16 parameters (2 bytes) come back once, and CPU Adam runs once.
+    model = _dense(8, 1024, 1024)  # 8 x 2^20 elements, 2^20 per rank on 8 ranks
+    hw = Hardware(
+        "t", gpu_tflops=1, intra_node_gbps=1, inter_node_gbps=1, memory_gib=1, pcie_gbps=1, cpu_adam_params_per_s=2**23
+    )
+    per_rank = 2**20
+    for accum in (1, 8):
+        plan = ParallelPlan(nodes=1, procs_per_node=8, offload_optimizer=True, grad_accum=accum)
+        step = step_estimate(plan, model, hw)
+        grads = per_rank * (8 + 8 * (accum - 1) + 4) / 1e9
+        assert step.offload_parts["gradient copies"] == pytest.approx(grads)
+        assert step.offload_parts["parameter copies"] == pytest.approx(per_rank * 2 / 1e9)
+        # CPU Adam: the node's 8 ranks' partitions at 2^23 parameters/s: 1 s, whatever the accumulation.
+        assert step.offload_parts["CPU Adam"] == pytest.approx(1.0)
+        assert step.offload_s == pytest.approx(grads + per_rank * 2 / 1e9 + 1.0)
+    # Accumulation 8 copies 68 bytes per element against 12: the term grows with every micro step.
+    one = step_estimate(replace(plan, grad_accum=1), model, hw)
+    assert step.offload_parts["gradient copies"] / one.offload_parts["gradient copies"] == pytest.approx(68 / 12)
+
+
 def test_zero3_across_nodes_and_hierarchical_partitioning():
     model = _dense(4, 1024, 1024)
-    plan = ParallelPlan(nodes=2, procs_per_node=4)
+    plan = ParallelPlan(nodes=2, procs_per_node=4, grad_reduce_dtype="bf16")  # the papers' equal widths
     flat = traffic(plan, model)
     full = 4 * 2**21
     assert flat.inter["zero"] == pytest.approx(3 * full * 1 / 2 / 4)
@@ -162,13 +208,19 @@ def test_published_moe_layout_deepseek_v3_expert_parallel_across_nodes():
 
     v3 = introspect("deepseek-v3")
     h800 = Hardware("h800", gpu_tflops=989, intra_node_gbps=160, inter_node_gbps=50, memory_gib=80)
-    base = ParallelPlan(nodes=8, procs_per_node=8, activation_checkpointing=True, grad_accum=8)
+    base = ParallelPlan(nodes=8, procs_per_node=8, activation_checkpointing=True)
     chosen, rows = suggest(base, v3, 80, h800)
     assert chosen is not None and chosen.plan.ep > 8
-    published = next(r for r in rows if r.fits and r.plan.ep == 64 and r.plan.tp == 1)
+
+    def fastest(rows):
+        return max(rows, key=lambda r: r.step.tokens_per_s)
+
+    published = fastest([r for r in rows if r.fits and r.plan.ep == 64 and r.plan.tp == 1])
     # The least expert parallelism that fits (EP 1 does not: its 21 GiB expert gather needs a 21 GiB gradient too).
-    least = next(r for r in rows if r.fits and r.plan.tp == 1)
-    assert least.plan.ep <= 8
-    assert published.step.step_time_s < 1.1 * chosen.step.step_time_s
-    assert least.step.step_time_s > 1.5 * chosen.step.step_time_s
+    least_ep = min(r.plan.ep for r in rows if r.fits and r.plan.tp == 1)
+    least = fastest([r for r in rows if r.fits and r.plan.tp == 1 and r.plan.ep == least_ep])
+    assert least_ep <= 8
+    # EP 64 all-to-alls cross 8 nodes where EP 16's cross 2: within 15% of the pick, against 4 x slower for EP 2.
+    assert published.step.tokens_per_s > 0.85 * chosen.step.tokens_per_s
+    assert least.step.tokens_per_s < chosen.step.tokens_per_s / 2
     assert math.isclose(sum(least.step.bytes_by_kind["inter"].values()), least.step.comm_inter_bytes)

@@ -128,7 +128,11 @@ def test_each_term_of_a_tiny_deepseek_by_hand():
     assert e.buffers["prefetched_params"] == (TINY_PARAMS - experts) * 2
     assert e.buffers["gathered_grads"] == experts * 2
     assert e.buffers["reduce_bucket"] == 500_000_000 * 2
-    assert e.buffers["reduce_copy"] == TINY_PARAMS * 2  # a bucket holds at most the model
+    # A bucket holds at most the model; reduced in fp32 (the default), the bf16 gradients' fp32 copy and its
+    # interleaved copy are both alive during the reduce-scatter: 4 + 4 bytes; reduced in bf16, only the latter.
+    assert e.buffers["reduce_copy"] == TINY_PARAMS * (4 + 4)
+    bf16 = estimate(replace(plan, grad_reduce_dtype="bf16"), TINY, device_gib=80)
+    assert bf16.buffers["reduce_copy"] == TINY_PARAMS * 2
     half = sum(math.ceil(math.prod(s) / 2) for _, s in TINY.parameters)
     assert e.buffers["subgroup_fp32_grads"] == half * 4  # one sub-group: the whole partition, < 1e9
     assert e.buffers["hpz_secondary"] == 0
@@ -143,7 +147,7 @@ def test_each_term_of_a_tiny_deepseek_by_hand():
     assert e.activation_parts == {"layers": layers, "recomputed_layer": 0, "dispatch": 0, "logits": 128 * 128 * 12}
     states = half * (2 + 4 + 12)
     b = e.buffers
-    backward = e.gathered + b["prefetched_params"] + b["gathered_grads"] + TINY_PARAMS * 2 + e.activations
+    backward = e.gathered + b["prefetched_params"] + b["gathered_grads"] + TINY_PARAMS * (4 + 4) + e.activations
     assert backward > e.buffers["subgroup_fp32_grads"]
     assert e.allowance == int(2 * GIB + 0.1 * backward)
     assert e.device_total == states + 500_000_000 * 2 + backward + e.allowance

@@ -32,7 +32,7 @@ def test_the_issue_list_is_shipped():
     assert names == {
         "zero3_1node_8gpu",
         "zero3_tp2_llama_1node_8gpu",
-        "deepseek_v3_zero3_ep32_offload_8nodes_8gpu",
+        "deepseek_v3_zero3_ep16_offload_8nodes_8gpu",
         "deepseek_v2_lite_zero3_ep2_1node_8gpu",
         "zero3_2nodes_8gpu",
         "cpu_zero3_2proc",
@@ -59,7 +59,7 @@ def _gpu_configs_with_a_model() -> list:
 def test_the_models_planned_for_are_the_expected_ones():
     assert {p.stem for p in _gpu_configs_with_a_model()} == {
         "zero3_tp2_llama_1node_8gpu",
-        "deepseek_v3_zero3_ep32_offload_8nodes_8gpu",
+        "deepseek_v3_zero3_ep16_offload_8nodes_8gpu",
         "deepseek_v2_lite_zero3_ep2_1node_8gpu",
     }
 
