@@ -6,8 +6,8 @@ It records what the memory estimate assumed: the layout, micro batch, sequence l
 checkpointing. `RecipeTrainingArguments` reads it from the launcher's config: a plan that assumed activation
 checkpointing turns `activation_checkpointing` on unless the arguments say otherwise, and `RecipeTrainer` stops, naming
 the fix, when the model will not recompute although the plan's memory figures assumed it: without recomputation the
-estimate no longer holds (the DeepSeek-V3 plan shipped in accelerate_configs/ needs about 223 GiB per GPU by the same
-estimate instead of 45), so a warning was followed by an out-of-memory error once the whole model had loaded. The
+estimate no longer holds (DeepSeek-V3 on 8 nodes with EP 32 and optimizer offload: about 223 GiB per GPU instead of
+45 by the same estimate), so a warning was followed by an out-of-memory error once the whole model had loaded. The
 argument `allow_no_recompute=True` turns the stop back into a warning; the message gives both figures for the model.
 """
 
