@@ -1,10 +1,13 @@
 """A real job's shape in every layout: pretrained weights in -> evaluate -> train with checkpoints -> save_model,
-then resume from the mid-run checkpoint and export it offline. Real `accelerate launch` runs on CPU with Gloo:
+then resume from the mid-run checkpoint and export it offline. Checkpoints hold what resume needs (the engine's
+files) and the HF weights only on request (run C asks); save_model's files are written by every rank, each its
+share, byte for byte the single writer's. Real `accelerate launch` runs on CPU with Gloo:
 ZeRO-3 (2 ranks, DeepSeek-V3-style), ZeRO-3 + TP 2 (2 ranks, Llama-style, generated config) and ZeRO-3 + TP 2 +
 EP 2 (4 ranks, DeepSeek-V3-style, shipped config). Expected numbers come from one plain process that loads the same
 checkpoint, never from the job itself.
 """
 
+import hashlib
 import json
 import math
 import shutil
@@ -18,6 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from hf_dist_recipes.checkpoint.offline import export_checkpoint
+from hf_dist_recipes.checkpoint.writer import WRITERS_RECORD, parse_size
 from hf_dist_recipes.cli.main import main as cli_main
 from hf_dist_recipes.monitoring.tensorboard import rank_log_dir, read_scalars
 
@@ -66,6 +70,15 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
     return out
 
 
+def _hashes(folder: Path) -> dict[str, str]:
+    """sha256 of every weight file and the index (not the record of who wrote what)."""
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.iterdir())
+        if p.suffix == ".safetensors" or p.name == "model.safetensors.index.json"
+    }
+
+
 def _ranks(out: Path) -> list[dict]:
     return sorted((json.loads(p.read_text()) for p in (out / "lifecycle").glob("rank*.json")), key=lambda r: r["rank"])
 
@@ -74,7 +87,7 @@ def _ranks(out: Path) -> list[dict]:
 def job(request, tmp_path_factory):
     """Run A: evaluate first, train STEPS with a checkpoint every SAVE_AT, save_model. Run B: resume A from
     checkpoint-SAVE_AT in a copy of A's output directory (its TensorBoard runs included). Run C: A without the
-    first evaluation."""
+    first evaluation, one checkpoint at STEPS with the HF weights inside (hf_weights_in_checkpoints)."""
     layout = request.param
     model_name, config, procs = LAYOUTS[layout]
     root = tmp_path_factory.mktemp(layout)
@@ -116,7 +129,10 @@ def job(request, tmp_path_factory):
     )
     c = root / "c"
     check_launch(
-        accelerate_launch(config, [WORKER, str(c), str(pretrained), str(STEPS), str(STEPS), "-", "no-eval-first"])
+        accelerate_launch(
+            config,
+            [WORKER, str(c), str(pretrained), str(STEPS), str(STEPS), "-", "no-eval-first", "hf-in-checkpoints"],
+        )
     )
     return {"layout": layout, "config": config, "pretrained": pretrained, "a": a, "b": b, "c": c, "procs": procs}
 
@@ -140,10 +156,34 @@ def test_checkpoints_are_written_during_training(job):
     for step in (SAVE_AT, STEPS):
         ckpt = job["a"] / f"checkpoint-{step}"
         assert (ckpt / "trainer_state.json").is_file() and (ckpt / "config.json").is_file()
-        assert list(ckpt.glob("*.safetensors")), "no HF weights in the checkpoint"
+        # what resume needs, written by every rank: no from_pretrained copy unless asked (run C)
+        assert not list(ckpt.glob("*.safetensors")) and not (ckpt / "model.safetensors.index.json").exists()
         assert len(list((ckpt / f"global_step{step}").glob("*model_states.pt"))) == job["procs"]
+        assert len(list((ckpt / f"global_step{step}").glob("*optim_states.pt"))) == job["procs"]
         assert len(list(ckpt.glob("rng_state_*.pth"))) == job["procs"]
         assert len(list((ckpt / "rank_metrics").glob("rank*.json"))) == job["procs"]
+
+
+def test_hf_weights_in_checkpoints_on_request(job):
+    """Run C asked for them: its checkpoint-STEPS holds the from_pretrained copy, the same files as its final save
+    (same weights: nothing trains between the two saves)."""
+    ckpt, final = job["c"] / f"checkpoint-{STEPS}", job["c"] / "final"
+    assert _hashes(ckpt) and _hashes(ckpt) == _hashes(final)
+    assert json.loads((ckpt / WRITERS_RECORD).read_text()).keys() == {str(r) for r in range(job["procs"])}
+
+
+def test_save_model_files_are_written_by_every_rank_bit_for_bit_the_single_writers(job):
+    """Each rank wrote its round-robin share (shard k by rank k % procs, as the record says and the files exist),
+    and the files and index equal, by sha256, those the single writer (rank 0 writing every file, the behaviour
+    before shared writing) wrote from the same model right after."""
+    final, single = job["a"] / "final", job["a"] / "final_single"
+    index = json.loads((final / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) >= 2 * job["procs"]  # SHARD is small against the model: several files per rank
+    record = json.loads((final / WRITERS_RECORD).read_text())
+    assert record == {str(r): files[r :: job["procs"]] for r in range(job["procs"])}
+    assert not (single / WRITERS_RECORD).exists()
+    assert _hashes(final) == _hashes(single) and len(_hashes(final)) == len(files) + 1
 
 
 def test_resume_continues_exactly(job):
@@ -176,19 +216,25 @@ def test_save_model_exports_a_from_pretrained_checkpoint(job):
 
 
 def test_offline_export_equals_save_model_tensor_for_tensor(job, tmp_path):
+    """checkpoint-STEPS holds no HF weights; its export equals save_model's at the same step (no step between)."""
     ckpt = job["a"] / f"checkpoint-{STEPS}"
     out = tmp_path / "exported"
-    if job["layout"] == "zero3_tp2_ep2":  # the command a user runs
-        assert cli_main(["checkpoint", "export", str(ckpt), "--output", str(out), "--max-shard-size", "64KB"]) == 0
+    if job["layout"] == "zero3_tp2_ep2":  # the command a user runs, with 2 writer processes
+        args = ["checkpoint", "export", str(ckpt), "--max-shard-size", "64KB"]
+        assert cli_main([*args, "--output", str(out), "--workers", "2"]) == 0
         index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
         held = {}
         for f in out.glob("model-*-of-*.safetensors"):
             with safe_open(f, "pt") as h:
                 held.update(dict.fromkeys(h.keys(), f.name))
         assert len(set(held.values())) > 1 and held == index  # every tensor in exactly the file the index names
+        # the two processes wrote the one process's files, bit for bit
+        export_checkpoint(str(ckpt), str(tmp_path / "one"), max_shard_bytes=parse_size("64KB"))
+        assert _hashes(out) == _hashes(tmp_path / "one")
+        assert sorted(json.loads((out / WRITERS_RECORD).read_text())) == ["0", "1"]
     else:
         export_checkpoint(str(ckpt), str(out))
-    exported, saved = _weights(out), _weights(ckpt)
+    exported, saved = _weights(out), _weights(job["a"] / "final")
     assert exported.keys() == saved.keys()
     assert all(torch.equal(exported[k], saved[k]) for k in saved)
 

@@ -1,11 +1,14 @@
 """A real job's shape, run on every rank under `accelerate launch` by tests/distributed/test_checkpoint_lifecycle.py:
 
     lifecycle_worker.py OUTPUT_DIR PRETRAINED_DIR STEPS SAVE_STEPS [RESUME_CHECKPOINT|-] [no-eval-first]
+                        [hf-in-checkpoints]
 
 In the order of the HuggingFace examples -- arguments, then `from_pretrained`, then the trainer -- with no other
 set-up: evaluate on a fixed set before training (skipped when resuming, or with `no-eval-first`), train STEPS
-steps writing a checkpoint every SAVE_STEPS (`save_strategy="steps"`), evaluate again, and `save_model` to
-OUTPUT_DIR/final. Each rank writes
+steps writing a checkpoint every SAVE_STEPS (`save_strategy="steps"`; with `hf-in-checkpoints` each holds the HF
+weights too), evaluate again, and `save_model` to OUTPUT_DIR/final (every rank writes its share of SHARD-sized
+files), then the same weights with the single writer (rank 0 writes every file, as before shared writing) to
+OUTPUT_DIR/final_single, for the tests to compare byte for byte. Each rank writes
 OUTPUT_DIR/lifecycle/rank<N>.json: evaluation losses, and per optimizer step the loss, learning rate and the hashes
 of the batches this rank trained on.
 """
@@ -19,11 +22,13 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
+from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.demo.data import TokenBlocks, stdlib_dataset, token_blocks
 
 MICRO_BATCH = 4
 EVAL_SAMPLES = 16
 SEQ_LEN = 32
+SHARD = "64KB"  # tiny models: about a dozen files, so that every rank has some to write
 
 
 def datasets(vocab_size: int):
@@ -33,7 +38,13 @@ def datasets(vocab_size: int):
 
 
 def main(
-    output_dir: str, pretrained: str, steps: int, save_steps: int, resume: str | None = None, eval_first: bool = True
+    output_dir: str,
+    pretrained: str,
+    steps: int,
+    save_steps: int,
+    resume: str | None = None,
+    eval_first: bool = True,
+    hf_in_checkpoints: bool = False,
 ) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     args = RecipeTrainingArguments(
@@ -49,6 +60,8 @@ def main(
         report_to="none",
         dataloader_drop_last=True,
         disable_tqdm=True,
+        save_shard_size=SHARD,
+        hf_weights_in_checkpoints=hf_in_checkpoints,
     )
     model = AutoModelForCausalLM.from_pretrained(pretrained)
     train, evaluation = datasets(model.config.vocab_size)
@@ -65,6 +78,12 @@ def main(
     trainer.train(resume_from_checkpoint=resume)
     eval_after = trainer.evaluate()["eval_loss"]
     trainer.save_model(str(Path(output_dir) / "final"))
+    save_hf_checkpoint(
+        trainer.accelerator.unwrap_model(trainer.model_wrapped),
+        str(Path(output_dir) / "final_single"),
+        max_shard_bytes=args.save_shard_bytes,
+        shared=False,
+    )
     history = trainer.state.log_history
     out = Path(output_dir) / "lifecycle"
     out.mkdir(parents=True, exist_ok=True)
@@ -91,4 +110,5 @@ if __name__ == "__main__":
         int(sys.argv[4]),
         resume=rest[0] if rest and rest[0] != "-" else None,
         eval_first="no-eval-first" not in rest,
+        hf_in_checkpoints="hf-in-checkpoints" in rest,
     )
