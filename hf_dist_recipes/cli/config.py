@@ -58,6 +58,14 @@ def register(subparsers) -> None:
         "--gpu-memory", type=float, help="GiB per GPU: also warn when a YAML's plan does not fit it by our estimate"
     )
     val.add_argument("--model", help="the model, for files without the plan config generate records")
+    # The activation side of the --gpu-memory estimate: the files record it only when config generate wrote them.
+    val.add_argument("--seq-len", type=int, help="with --gpu-memory: tokens per sequence (default: recorded, or 4096)")
+    val.add_argument("--micro-batch", type=int, help="with --gpu-memory: sequences per GPU (default: the JSON's, or 1)")
+    val.add_argument(
+        "--activation-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        help="with --gpu-memory: assume layers are (not) recomputed (default: recorded, or not)",
+    )
     val.add_argument("--json", action="store_true", help="print the findings as JSON")
     val.set_defaults(run=run_validate)
 
@@ -176,6 +184,9 @@ def run_generate(args: argparse.Namespace) -> int:
 
 def run_validate(args: argparse.Namespace) -> int:
     _check_gpu_memory(args.gpu_memory)
+    for flag, value in (("--seq-len", args.seq_len), ("--micro-batch", args.micro_batch)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be a positive integer, got {value}; e.g. {flag} 1")
     model_from(args.model, required=False)  # an unknown --model is a usage error even when no file needs it
     from hf_dist_recipes.parallel.lint import ERROR, check_readable, lint_file
 
@@ -183,7 +194,13 @@ def run_validate(args: argparse.Namespace) -> int:
         check_readable(path)
     _deepspeed_logs_to_stderr()
 
-    findings = [f for path in args.files for f in lint_file(path, gpu_memory_gib=args.gpu_memory, model=args.model)]
+    assume = {"seq_len": args.seq_len, "micro_batch": args.micro_batch}
+    assume["activation_checkpointing"] = args.activation_checkpointing
+    findings = [
+        f
+        for path in args.files
+        for f in lint_file(path, gpu_memory_gib=args.gpu_memory, model=args.model, assume=assume)
+    ]
     if args.json:
         print(json.dumps([f.as_dict() for f in findings], indent=2))
     else:

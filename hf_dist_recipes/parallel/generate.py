@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hf_dist_recipes.parallel.accelerate_config import DEFAULT_PORT, accelerate_config, render_yaml
+from hf_dist_recipes.parallel.comm import HARDWARE
 from hf_dist_recipes.parallel.plan import ENGINES, GRAD_REDUCE_DTYPES, PRECISIONS, ParallelPlan
 from hf_dist_recipes.user_values import writable_dir
 
@@ -69,7 +70,7 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--main-process-port", type=int, default=DEFAULT_PORT, help="multi-node: rendezvous port")
     fit = parser.add_argument_group("fit check (GPU plans with --model: refused when our estimate exceeds the GPU)")
     fit.add_argument("--gpu-memory", type=float, help="GiB per GPU (default: --hardware's, else the largest known)")
-    fit.add_argument("--hardware", choices=("a100", "h100", "h200"), help="GPU type whose memory to check against")
+    fit.add_argument("--hardware", choices=sorted(HARDWARE), help="GPU type whose memory to check against")
     fit.add_argument("--force", action="store_true", help="write the files even when the plan does not fit")
 
 
@@ -154,19 +155,18 @@ def fit_problem(
     a file written elsewhere may not record what it was sized for."""
     if plan.device != "cuda" or plan.engine != "deepspeed":
         return None
-    from hf_dist_recipes.parallel.comm import HARDWARE
     from hf_dist_recipes.parallel.fit import SOURCES, check_fit
 
     if gpu_memory_gib is not None:
-        if not gpu_memory_gib > 0:
-            raise ValueError(f"--gpu-memory must be a positive number of GiB, got {gpu_memory_gib:g}")
-        gib, source = gpu_memory_gib, "--gpu-memory"
-    elif hardware is not None:
-        gib, source = HARDWARE[hardware].memory_gib, f"--hardware {hardware}"
+        gib, source, name = gpu_memory_gib, "--gpu-memory", hardware
     else:
-        largest = max(HARDWARE.values(), key=lambda h: h.memory_gib)
-        gib = largest.memory_gib
-        source = f"the largest GPU we know ({largest.name}; pass --gpu-memory or --hardware for yours)"
+        name = hardware or max(HARDWARE, key=lambda k: HARDWARE[k].memory_gib)
+        gib = HARDWARE[name].memory_gib
+        source = (
+            f"--hardware {name}"
+            if hardware
+            else (f"the largest GPU we know ({name}; pass --gpu-memory or --hardware for yours)")
+        )
     default = ParallelPlan()
     flags = {
         "seq_len": "--seq-len",
@@ -174,7 +174,7 @@ def fit_problem(
         "activation_checkpointing": "--activation-checkpointing",
     }
     sources = {k: flags[k] if getattr(plan, k) != getattr(default, k) else "default" for k in SOURCES}
-    verdict = check_fit(plan, model, model_ref, gib, source, sources)
+    verdict = check_fit(plan, model, model_ref, gib, source, sources, hardware=name)
     if verdict.fits:
         return None
     return verdict.message(change="generate takes --seq-len, --micro-batch and --activation-checkpointing")
@@ -218,6 +218,8 @@ def write_configs(
     GPU of `comm.HARDWARE`): a plan that does not fit by our estimate is refused (ValueError) unless `force`,
     which writes it with a warning (`fit_problem`)."""
     writable_dir(output, "--output", "my_configs")
+    if gpu_memory_gib is not None and not gpu_memory_gib > 0:
+        raise ValueError(f"--gpu-memory must be a positive number of GiB, got {gpu_memory_gib:g}; e.g. --gpu-memory 80")
     warnings = plan.validate()  # the model-free rules first: a refused plan fails before any model is built
     model = model_from(model_ref, required=plan.engine == "deepspeed" and (plan.tp > 1 or plan.ep > 1))
     if model is not None:

@@ -42,17 +42,24 @@ class Finding:
 
 
 def lint_file(
-    path: str | Path, *, root: str | Path | None = None, gpu_memory_gib: float | None = None, model: str | None = None
+    path: str | Path,
+    *,
+    root: str | Path | None = None,
+    gpu_memory_gib: float | None = None,
+    model: str | None = None,
+    assume: dict | None = None,
 ) -> list[Finding]:
     """Findings for one file: `.json` is read as DeepSpeed config, `.yaml`/`.yml` as accelerate config (its
     DeepSpeed JSON is linted too, against the YAML's process count). With `gpu_memory_gib` (GiB per GPU) an
     accelerate config's plan is estimated and a warning given when it does not fit; `model` names the model for
-    files without a recorded plan. Unreadable files raise ValueError."""
+    files without a recorded plan; `assume` overrides the plan's `seq_len`, `micro_batch` and
+    `activation_checkpointing` for that estimate (None values: the files' or the defaults). Unreadable files
+    raise ValueError."""
     p = Path(path)
     if p.suffix == ".json":
         return lint_deepspeed(load_deepspeed_json(p), str(p))
     if p.suffix in (".yaml", ".yml"):
-        return lint_accelerate(p, root=root, gpu_memory_gib=gpu_memory_gib, model=model)
+        return lint_accelerate(p, root=root, gpu_memory_gib=gpu_memory_gib, model=model, assume=assume)
     raise ValueError(f"{p}: expected a DeepSpeed .json or an accelerate .yaml file")
 
 
@@ -179,7 +186,12 @@ def _deepspeed_own_checks(config: dict, name: str, tp: int, world_size: int | No
 
 
 def lint_accelerate(
-    path: Path, *, root: str | Path | None = None, gpu_memory_gib: float | None = None, model: str | None = None
+    path: Path,
+    *,
+    root: str | Path | None = None,
+    gpu_memory_gib: float | None = None,
+    model: str | None = None,
+    assume: dict | None = None,
 ) -> list[Finding]:
     """Findings for an accelerate YAML: accelerate's own loader, the launch consistency checks, the FSDP2 route's
     sizes, the rank-0 address of a multi-machine launch, the referenced DeepSpeed JSON and (with
@@ -224,13 +236,18 @@ def lint_accelerate(
     if cfg.deepspeed is not None:
         out += lint_deepspeed(cfg.deepspeed, str(cfg.deepspeed_file), world_size=world, use_cpu=cfg.use_cpu)
         if gpu_memory_gib is not None:
-            out += _memory_findings(cfg, world, gpu_memory_gib, model)
+            out += _memory_findings(cfg, world, gpu_memory_gib, model, assume)
     return out
 
 
-def _memory_findings(cfg, world: int, gpu_memory_gib: float, model_ref: str | None) -> list[Finding]:
-    from hf_dist_recipes.parallel.memory import GIB, estimate
+def _memory_findings(
+    cfg, world: int, gpu_memory_gib: float, model_ref: str | None, assume: dict | None = None
+) -> list[Finding]:
+    from dataclasses import replace
+
+    from hf_dist_recipes.parallel.fit import SOURCES, check_fit
     from hf_dist_recipes.parallel.models import introspect
+    from hf_dist_recipes.parallel.plan_record import recorded_plan
 
     name = str(cfg.path)
     plan, recorded_model = plan_of_launch(cfg, world)
@@ -244,22 +261,25 @@ def _memory_findings(cfg, world: int, gpu_memory_gib: float, model_ref: str | No
                 "--model it was given): pass --model to check memory against --gpu-memory",
             )
         ]
-    est = estimate(plan, introspect(model_ref), device_gib=gpu_memory_gib)
-    if est.fits:
+    # Where each activation-side value came from, so that the verdict can say it (plan_of_launch's order).
+    record, ds = recorded_plan(cfg.deepspeed), cfg.deepspeed or {}
+    sources = {k: "recorded by config generate" for k in SOURCES if k in record}
+    if isinstance(ds.get("train_micro_batch_size_per_gpu"), int):
+        sources["micro_batch"] = "the DeepSpeed JSON"
+    sources = {k: sources.get(k, "default, not in the files") for k in SOURCES}
+    flags = {
+        "seq_len": "--seq-len",
+        "micro_batch": "--micro-batch",
+        "activation_checkpointing": "--activation-checkpointing",
+    }
+    given = {k: v for k, v in (assume or {}).items() if v is not None}
+    plan = replace(plan, **given)
+    sources.update({k: flags[k] for k in given})
+    verdict = check_fit(plan, introspect(model_ref), model_ref, gpu_memory_gib, "--gpu-memory", sources)
+    if verdict.fits:
         return []
-    return [
-        Finding(
-            name,
-            WARNING,
-            f"by our estimate {model_ref} needs {est.device_total / GIB:.1f} GiB per GPU with "
-            f"this plan (ZeRO-{plan.zero_stage}, TP {plan.tp}, EP {plan.ep}, seq {plan.seq_len}, "
-            f"micro batch {plan.micro_batch}; allowance for the CUDA context, NCCL and "
-            f"fragmentation included), more than {gpu_memory_gib:g} GiB GPUs hold. Find one "
-            "that fits with: "
-            f"hf-dist-recipes config estimate --model {model_ref} --nodes {plan.nodes} "
-            f"--gpus-per-node {plan.procs_per_node} --gpu-memory {gpu_memory_gib:g} --suggest",
-        )
-    ]
+    change = "validate takes --seq-len, --micro-batch and --activation-checkpointing / --no-activation-checkpointing"
+    return [Finding(name, WARNING, verdict.message(change=change))]
 
 
 def _lint_fsdp2(data: dict, name: str, world: int) -> list[Finding]:
