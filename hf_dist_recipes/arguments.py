@@ -22,6 +22,9 @@ New fields, all at the end so positional use of TrainingArguments keeps working:
 - `min_lr_ratio` (default 0.0): floor of the cosine cycles as a fraction of the peak learning rate;
 - `save_shard_size` (default "5GB"): largest weight file of `save_model` under DeepSpeed, which bounds the memory
   of the writing rank (one shard plus one decoder layer);
+- `hf_weights_in_checkpoints` (default False): under DeepSpeed a `checkpoint-N` holds what resume needs (the
+  engine's files, written by every rank at once, the config, the trainer state); True also writes the
+  `from_pretrained` weights into each (shared by all ranks, as `save_model`);
 - `max_unpartitioned_model_size` (default "2GB"): under ZeRO-3, a model larger than this whose parameters were not
   partitioned while it was built (built before the arguments, or by calling its class) stops RecipeTrainer with the
   fix (`hf_dist_recipes.construction`); None turns the check off;
@@ -166,6 +169,14 @@ class RecipeTrainingArguments(TrainingArguments):
         metadata={
             "help": "Largest safetensors file save_model writes under DeepSpeed (e.g. 5GB, 500MB). The "
             "writing rank holds at most one shard plus one decoder layer (default 5GB)."
+        },
+    )
+    hf_weights_in_checkpoints: bool = field(
+        default=False,
+        metadata={
+            "help": "Under DeepSpeed, also write a from_pretrained copy of the weights into every checkpoint-N "
+            "(resume needs only the engine's files, which every rank writes; save_model and checkpoint export "
+            "write the HF checkpoint). Default False."
         },
     )
     max_unpartitioned_model_size: str | None = field(

@@ -23,7 +23,9 @@ What it adds:
   a MoE model also logs its tokens per expert and per EP rank (`hf_dist_recipes.monitoring.expert_load`);
 - practice 3: the DeepSpeed batch-size trap under tensor parallelism is handled by the arguments;
 - checkpoints in every layout: `save_model` writes a `from_pretrained` checkpoint from ZeRO-3, AutoTP and AutoEP
-  (`hf_dist_recipes.checkpoint`), `evaluate()`/`predict()` work before `train()` under DeepSpeed, and a resume
+  (`hf_dist_recipes.checkpoint`), every rank writing its share of the files; a `save_steps` checkpoint holds what
+  resume needs (the engine's files) and the weights only with `hf_weights_in_checkpoints`; the collective timeout
+  allows a save its time, `evaluate()`/`predict()` work before `train()` under DeepSpeed, and a resume
   continues the per-rank counters;
 - a Gloo process group is destroyed at exit (`backend.destroy_gloo_group_at_exit`);
 - under ZeRO-3, a model built whole on every rank (before the arguments, or by calling its class) above
@@ -44,13 +46,15 @@ import torch
 from transformers import PreTrainedModel, Trainer, TrainingArguments
 from transformers.integrations import TensorBoardCallback
 from transformers.trainer import TRAINING_ARGS_NAME
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from hf_dist_recipes import _compat
 from hf_dist_recipes._compat import forget_zero_hpz_group
 from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
 from hf_dist_recipes.backend import check_process_group_backend, destroy_gloo_group_at_exit
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
+from hf_dist_recipes.checkpoint.gather import reference_model
+from hf_dist_recipes.checkpoint.writer import save_config_files
 from hf_dist_recipes.construction import check_partitioned
 from hf_dist_recipes.environment.fingerprint import check_ranks_agree
 from hf_dist_recipes.gradient_health import GradientHealthCallback
@@ -62,6 +66,7 @@ from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
 from hf_dist_recipes.monitoring.system_metrics import SystemMetricsCallback
 from hf_dist_recipes.monitoring.tensorboard import PerRankTensorBoardCallback
 from hf_dist_recipes.parallel.batch import tensor_parallel_size
+from hf_dist_recipes.parallel.checkpoint_bytes import SaveBytes, save_bytes, save_timeout_s
 from hf_dist_recipes.parallel.plan_record import PlanConformanceCallback
 from hf_dist_recipes.rank_agreement import RankAgreementCallback, weights_checksum
 from hf_dist_recipes.schedules import DEFAULT_NUM_CYCLES, WarmupCosineRestarts, warmup_cosine_restarts_scheduler
@@ -271,19 +276,53 @@ class RecipeTrainer(Trainer):
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Under DeepSpeed, a `from_pretrained`-loadable checkpoint from any mix of ZeRO-3, AutoTP and AutoEP,
-        streamed a layer at a time into sharded safetensors (`hf_dist_recipes.checkpoint.export`). The stock path
-        gathers the whole model on rank 0 and, under AutoEP, stops (DeepSpeed 0.19.8 refuses the consolidation)."""
+        streamed a layer at a time into sharded safetensors that every rank writes its share of
+        (`hf_dist_recipes.checkpoint.export`). The stock path gathers the whole model on rank 0 and, under AutoEP,
+        stops (DeepSpeed 0.19.8 refuses the consolidation).
+
+        Inside a `checkpoint-N` (the Trainer's `save_steps` save) the weights are written only with
+        `hf_weights_in_checkpoints=True`: resume reads the engine's files, which every rank writes in parallel
+        after this; the config and training arguments are still written (`checkpoint export` reads the config).
+        The collective timeout allows the save its time (`HangWatchdogCallback.begin_save`, bound from
+        `parallel.checkpoint_bytes`) until the checkpoint is complete."""
         model = self.accelerator.unwrap_model(self.model_wrapped)
         if not self.is_deepspeed_enabled or not isinstance(model, PreTrainedModel):  # e.g. PEFT: the stock path
             return super().save_model(output_dir, _internal_call)
         output_dir = output_dir or self.args.output_dir
-        save_hf_checkpoint(model, output_dir, max_shard_bytes=self.args.save_shard_bytes)
+        in_checkpoint = _internal_call and os.path.basename(os.path.normpath(output_dir)).startswith(
+            f"{PREFIX_CHECKPOINT_DIR}-"
+        )
+        hf_copy = not in_checkpoint or self.args.hf_weights_in_checkpoints
+        watchdog = next((c for c in self.callback_handler.callbacks if isinstance(c, HangWatchdogCallback)), None)
+        if watchdog is not None:
+            b = self._save_bytes(model)
+            bytes_per_rank = b.checkpoint_per_rank(hf_copy) if in_checkpoint else b.hf_per_rank
+            watchdog.begin_save(save_timeout_s(bytes_per_rank, watchdog.current_timeout()))
+        try:
+            if hf_copy:
+                save_hf_checkpoint(model, output_dir, max_shard_bytes=self.args.save_shard_bytes)
+            elif self.args.should_save:
+                save_config_files(model.config, output_dir, getattr(model, "generation_config", None))
+        finally:
+            if watchdog is not None and not in_checkpoint:  # a checkpoint's bound ends in on_save
+                watchdog.end_save()
         if self.args.should_save:
             if self.processing_class is not None:
                 self.processing_class.save_pretrained(output_dir)
             torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
         if self.args.push_to_hub and not _internal_call:
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+
+    def _save_bytes(self, model) -> SaveBytes:
+        """Bytes of one save of this job (`parallel.checkpoint_bytes`), from the model class's parameter count."""
+        if getattr(self, "_save_bytes_cache", None) is None:
+            total = sum(p.numel() for p in reference_model(model).parameters())
+            dtype = next(model.parameters()).dtype
+            precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+            self._save_bytes_cache = save_bytes(
+                total, self.args.world_size, precision=precision, max_shard_bytes=self.args.save_shard_bytes
+            )
+        return self._save_bytes_cache
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """The stock log, with the scalars our callbacks prepared for it (tokens per expert) added first, so that
