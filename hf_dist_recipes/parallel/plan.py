@@ -101,9 +101,10 @@ class ParallelPlan:
         if self.grad_reduce_dtype not in GRAD_REDUCE_DTYPES:
             raise ValueError(f"grad_reduce_dtype must be one of {GRAD_REDUCE_DTYPES}, got {self.grad_reduce_dtype!r}")
         if self.grad_reduce_dtype not in ("fp32", self.precision):
+            fix = "fp32" if self.precision == "fp32" else f"fp32 or {self.precision}"
             raise ValueError(
                 f"reducing {self.precision} gradients in {self.grad_reduce_dtype} would round them to another "
-                f"format; use --grad-reduce-dtype fp32 or {self.precision}"
+                f"format; use --grad-reduce-dtype {fix}"
             )
         if self.device == "cpu" and self.precision == "fp16":
             raise ValueError("fp16 needs CUDA; use --precision bf16 or fp32 on CPU")

@@ -101,6 +101,8 @@ def test_fp32_gradient_reduction_sends_four_bytes_per_element():
     assert z2.intra["zero"] == pytest.approx(4 * 2**20 * (3 * 4 + 2) * 7 / 8)
     with pytest.raises(ValueError, match="--grad-reduce-dtype fp32 or bf16"):
         replace(fp32, grad_reduce_dtype="fp16").validate()
+    with pytest.raises(ValueError, match="use --grad-reduce-dtype fp32$"):
+        replace(fp32, precision="fp32", grad_reduce_dtype="bf16").validate()
 
 
 def test_offload_copies_the_fp32_gradient_partition_every_micro_step():

@@ -95,5 +95,23 @@ def test_every_shipped_file_loads_upstream_and_lints_clean(yaml_file, monkeypatc
         "bf16": {"enabled": False},
         "fp16": {"enabled": False},
     }
-    DeepSpeedConfig(filled)
+    parsed = DeepSpeedConfig(filled)
+    # Gradients are reduced in fp32 by DeepSpeed's own reading of the file (its default would be the compute dtype).
+    import torch
+
+    assert parsed.communication_data_type == torch.float32
     assert [f for f in lint_file(yaml_file, root=REPO) if f.level == ERROR] == []
+
+
+def test_grad_reduce_dtype_bf16_is_written_and_read_by_deepspeed(tmp_path):
+    import json
+
+    import torch
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    from hf_dist_recipes.parallel.deepspeed_config import deepspeed_config
+    from hf_dist_recipes.parallel.plan import ParallelPlan
+
+    config = deepspeed_config(ParallelPlan(grad_reduce_dtype="bf16"))
+    assert config["communication_data_type"] == "bf16"
+    assert DeepSpeedConfig(json.loads(json.dumps(config))).communication_data_type == torch.bfloat16
