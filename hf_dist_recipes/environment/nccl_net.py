@@ -95,7 +95,9 @@ class NcclNetChoice:
     failures: tuple[str, ...] = ()
 
 
-def _hcas(ports: Sequence[IbPort], env: Mapping[str, str], ambiguities: list, pins: dict, problems: list):
+def _hcas(
+    ports: Sequence[IbPort], env: Mapping[str, str], ambiguities: list, pins: dict, problems: list
+) -> tuple[list[IbPort], str]:
     active = [p for p in ports if p.active and (p.link_layer or "InfiniBand") in ("InfiniBand", "Ethernet")]
     if env.get("NCCL_IB_DISABLE", "0") not in ("", "0") or env.get("NCCL_NET", "").lower() == "socket":
         why = "NCCL_IB_DISABLE" if env.get("NCCL_IB_DISABLE", "0") not in ("", "0") else "NCCL_NET=Socket"
@@ -124,7 +126,9 @@ def _hcas(ports: Sequence[IbPort], env: Mapping[str, str], ambiguities: list, pi
     return chosen, rule
 
 
-def _sockets(nics: Sequence[NetInterface], env: Mapping[str, str], ambiguities: list, pins: dict, failures: list):
+def _sockets(
+    nics: Sequence[NetInterface], env: Mapping[str, str], ambiguities: list, pins: dict, failures: list
+) -> tuple[list[str], str]:
     usable = sorted((n for n in nics if n.operstate != "down"), key=lambda n: (n.ifindex is None, n.ifindex, n.name))
     value = env.get("NCCL_SOCKET_IFNAME", "")
     if len(value) > 1:  # NCCL reads the variable only when longer than one character
