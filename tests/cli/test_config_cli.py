@@ -354,3 +354,11 @@ def test_validate_memory_verdict_names_its_assumptions_and_the_flags_change_them
     )
     code, _, err = _run(capsys, base + ["--seq-len", "0"])
     assert code == 2 and "--seq-len must be a positive integer" in err
+
+
+def test_estimate_header_says_whether_activations_are_recomputed(capsys):
+    args = ["config", "estimate", "--model", "llama-3.1-8b", "--gpu-memory", "80"]
+    assert "seq 4096, no recomputation," in _run(capsys, args)[1].splitlines()[0]
+    assert (
+        "seq 4096, activation checkpointing," in _run(capsys, args + ["--activation-checkpointing"])[1].splitlines()[0]
+    )

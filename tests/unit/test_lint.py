@@ -129,3 +129,80 @@ def test_unreadable_inputs_raise(tmp_path):
     (tmp_path / "x.txt").write_text("")
     with pytest.raises(ValueError, match="expected a DeepSpeed .json or an accelerate .yaml"):
         lint_file(tmp_path / "x.txt")
+
+
+# The initialize-time refusals that one CPU process cannot reach (the others: tests/distributed/
+# test_initialize_refusals.py, beside DeepSpeed's own failure). Each line was read in DeepSpeed 0.19.8's source.
+EP8 = {"enabled": True, "autoep_size": 8, "preset_model": "deepseek_v3"}
+
+
+@pytest.mark.parametrize(
+    "config, world, where",
+    [
+        # AutoEP under ZeRO-3 with expert TP; 16 ranks pass AutoEP's own folding check (8 x 2 divides 16)
+        ({**Z3, "expert_parallel": {**EP8, "expert_tensor_parallel_size": 2}}, 16, "engine.py:2231"),
+        # hpZ groups are consecutive blocks of zero_hpz_partition_size ranks: 8 does not divide 12
+        ({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}}, 12, "groups.py:945"),
+        ({**Z3, "tensor_parallel": {"autotp_size": 2, "tp": {"tp_size": 4}, "preset_model": "llama"}}, 2, "1021"),
+        (
+            {
+                **Z3,
+                "tensor_parallel": {"autotp_size": 2, "vocab_parallel_ce_backend": "liger", "preset_model": "llama"},
+            },
+            2,
+            "engine.py:1076",
+        ),
+    ],
+)
+def test_initialize_refusals_beyond_one_process(config, world, where):
+    assert where in _messages(lint_deepspeed(config, "ds.json", world_size=world), ERROR)
+
+
+def test_initialize_rules_leave_the_fixed_configs_alone():
+    fixed = [
+        ({**Z3, "expert_parallel": EP8}, 16),
+        ({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}}, 16),
+        ({**Z3, "tensor_parallel": {"autotp_size": 2, "tp": {"tp_size": 2}, "preset_model": "llama"}}, 2),
+        (
+            {
+                **Z3,
+                "tensor_parallel": {
+                    "autotp_size": 2,
+                    "vocab_parallel_ce_backend": "liger",
+                    "vocab_parallel_lm_head": True,
+                    "preset_model": "llama",
+                },
+            },
+            2,
+        ),
+    ]
+    for config, world in fixed:
+        assert _messages(lint_deepspeed(config, "ds.json", world_size=world), ERROR) == ""
+
+
+def test_auto_values_turn_initialize_refusals_into_warnings():
+    # The Trainer fills "auto": bf16 from --bf16, gradient_clipping from max_grad_norm (1.0 by default).
+    zero0 = {"zero_optimization": {"stage": 0}, "bf16": {"enabled": "auto"}, "data_types": {"grad_accum_dtype": "fp32"}}
+    findings = lint_deepspeed(zero0, "ds.json")
+    assert "engine.py:2323" in _messages(findings, WARNING) and _messages(findings, ERROR) == ""
+    no_norm = {"zero_optimization": {"stage": 2, "compute_grad_norm": False}, "gradient_clipping": "auto"}
+    findings = lint_deepspeed(no_norm, "ds.json")
+    assert "max_grad_norm" in _messages(findings, WARNING) and _messages(findings, ERROR) == ""
+    # nvme under ZeRO-2 runs, but on CPU memory: a warning, not an error
+    nvme2 = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}}
+    assert "CPU memory, not on NVMe" in _messages(lint_deepspeed(nvme2, "ds.json"), WARNING)
+
+
+def test_fp16_on_a_cpu_launch(tmp_path):
+    ds = {**Z3, "fp16": {"enabled": True}}
+    path = _yaml(
+        tmp_path,
+        "distributed_type: DEEPSPEED\nnum_processes: 2\nuse_cpu: true\n"
+        "deepspeed_config:\n  deepspeed_config_file: DS\n",
+        ds,
+    )
+    assert "engine.py:2004" in _messages(lint_file(path), ERROR)
+    gpu = _yaml(
+        tmp_path, "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  deepspeed_config_file: DS\n", ds
+    )
+    assert "engine.py:2004" not in _messages(lint_file(gpu), ERROR)
