@@ -194,6 +194,34 @@ def initialize_refusals(config: dict, *, world_size: int | None = None, use_cpu:
                 "compute_grad_norm false with optimizer offload is not supported; drop one of them",
             )
 
+    offload_opt = zero.get("offload_optimizer")
+    offloads = isinstance(offload_opt, dict) and str(offload_opt.get("device", "none")).lower() != "none"
+    if stage == 1 and zero.get("compute_grad_norm") is False and bf16 and accum == "fp32" and not offloads:
+        add(
+            ERROR,
+            "runtime/engine.py:2308",
+            "compute_grad_norm false under ZeRO-1 with bf16 parameters and fp32 gradient accumulation is not "
+            "supported; drop compute_grad_norm",
+        )
+    bf16_section = config.get("bf16") if isinstance(config.get("bf16"), dict) else {}
+    fp16_section = config.get("fp16") if isinstance(config.get("fp16"), dict) else {}
+    master = (
+        "bf16.bf16_master_weights_and_grads"
+        if bf16_section.get("bf16_master_weights_and_grads") is True and not bf16_section.get("bf16_optimizer_states")
+        else "fp16.fp16_master_weights_and_grads"
+        if fp16_section.get("fp16_master_weights_and_grads") is True
+        else None
+    )
+    if master and stage >= 1 and not offloads:
+        # base_optimizer.py _configure_master_weights calls the stage's validator: 16-bit master weights need the
+        # optimizer on the CPU (DeepSpeedCPUAdam, which accelerate maps the Trainer's AdamW to under offload)
+        add(
+            ERROR,
+            "runtime/zero/stage3.py:300" if stage == 3 else "runtime/zero/stage_1_and_2.py:332",
+            f"{master} needs optimizer offload (ZeRO-Offload with DeepSpeedCPUAdam); add "
+            'zero_optimization.offload_optimizer {"device": "cpu"} or drop it',
+        )
+
     if stage in (1, 2):
         allgather = _integer(zero.get("allgather_bucket_size"))
         if allgather is not None and allgather % 2:

@@ -87,6 +87,26 @@ REFUSED = {
         },
         "runtime/zero/stage_1_and_2.py:218",
     ),
+    "no_grad_norm_zero1_bf16": (
+        "tiny-llama",
+        {
+            "zero_optimization": {"stage": 1, "compute_grad_norm": False},
+            "bf16": {"enabled": True},
+            "data_types": {"grad_accum_dtype": "fp32"},
+            "gradient_clipping": 0.0,
+        },
+        "runtime/engine.py:2308",
+    ),
+    "bf16_master_weights_without_offload_zero2": (
+        "tiny-llama",
+        {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True, "bf16_master_weights_and_grads": True}},
+        "runtime/zero/stage_1_and_2.py:332",
+    ),
+    "bf16_master_weights_without_offload_zero3": (
+        "tiny-llama",
+        {"zero_optimization": {"stage": 3}, "bf16": {"enabled": True, "bf16_master_weights_and_grads": True}},
+        "runtime/zero/stage3.py:300",
+    ),
     "odd_allgather_bucket": (
         "tiny-llama",
         {"zero_optimization": {"stage": 1, "allgather_bucket_size": 500_000_001}},

@@ -176,6 +176,10 @@ def test_initialize_rules_leave_the_fixed_configs_alone():
             2,
         ),
     ]
+    # 16-bit master weights with optimizer offload (DeepSpeed then needs DeepSpeedCPUAdam, which accelerate maps the
+    # Trainer's AdamW to; the CPU test does not build that op)
+    master = {"enabled": True, "bf16_master_weights_and_grads": True}
+    fixed.append(({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "bf16": master}, 2))
     for config, world in fixed:
         assert _messages(lint_deepspeed(config, "ds.json", world_size=world), ERROR) == ""
 
