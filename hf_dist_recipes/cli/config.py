@@ -241,6 +241,10 @@ def run_estimate(args: argparse.Namespace) -> int:
         chosen, rows = None, [evaluate(plan, model, device_gib=args.gpu_memory, hardware=hardware)]
     shown = chosen if args.suggest else rows[0]  # the plan the offload warning is about
     offload_warnings = [w for w in [offload_warning(shown) if shown else None] if w]
+    from hf_dist_recipes.parallel.checkpoint_bytes import plan_save_bytes
+    from hf_dist_recipes.parallel.checkpoint_bytes import render as render_save_bytes
+
+    save = plan_save_bytes(shown.plan, model) if shown else None  # bytes per checkpoint of that plan
     if args.json:
         print(
             json.dumps(
@@ -252,6 +256,7 @@ def run_estimate(args: argparse.Namespace) -> int:
                     "chosen": chosen.as_dict() if chosen else None,
                     "why": reasons(chosen, rows) if chosen else [],
                     "warnings": offload_warnings,
+                    "checkpoint_bytes": save.as_dict() if save else None,
                     "estimates": [r.as_dict() for r in rows],
                 },
                 indent=2,
@@ -281,6 +286,8 @@ def run_estimate(args: argparse.Namespace) -> int:
         from hf_dist_recipes.parallel.comm import describe
 
         print(f"step: {describe(rows[0].step)}")
+    if save:
+        print(render_save_bytes(save))
     for warning in offload_warnings:
         print(f"warning: {warning}")
     return 0

@@ -252,3 +252,45 @@ def check_plan(
     else:
         out.append(CheckResult("plan", OK, detail, data=data))
     return out
+
+
+SAVES_TO_HOLD = 2  # a save must never meet a full disk: room for the next checkpoint beside the last one
+
+
+def checkpoint_space_result(plan: ParallelPlan, model_shape, free_bytes: int, where: str) -> CheckResult:
+    """Check 4's disk finding: warn when `free_bytes` (free space of the output directory's file system, `where`)
+    holds fewer than SAVES_TO_HOLD checkpoints of `plan` (`parallel.checkpoint_bytes`: the engine's files of every
+    rank, with the output directory shared by all nodes, as a parallel file system is)."""
+    from hf_dist_recipes.parallel.checkpoint_bytes import plan_save_bytes
+
+    b = plan_save_bytes(plan, model_shape)
+    per_save = b.checkpoint_total()
+    gb = 1e9
+    detail = (
+        f"{where}: {free_bytes / gb:,.1f} GB free; one checkpoint of this plan is {per_save / gb:,.1f} GB "
+        f"({b.checkpoint_per_rank() / gb:,.1f} GB per rank x {plan.world_size}), the final save_model "
+        f"{b.hf_total / gb:,.1f} GB"
+    )
+    data = {"free_bytes": free_bytes, "where": where, "save_bytes": b.as_dict()}
+    if free_bytes < SAVES_TO_HOLD * per_save:
+        return CheckResult(
+            "plan",
+            WARNING,
+            detail + f": fewer than {SAVES_TO_HOLD} checkpoints fit",
+            fix="free space, point output_dir at a larger file system, or keep fewer checkpoints "
+            "(save_total_limit); with node-local disks each node needs its ranks' share only",
+            data=data,
+        )
+    return CheckResult("plan", OK, detail + f": {free_bytes // max(1, per_save)} checkpoints fit", data=data)
+
+
+def check_checkpoint_space(plan: ParallelPlan, models: PlanModels, output_dir: str | Path) -> CheckResult:
+    """`checkpoint_space_result` for the file system of `output_dir` (its nearest existing parent)."""
+    import shutil
+
+    from hf_dist_recipes.parallel.models import introspect
+
+    path = Path(output_dir).resolve()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return checkpoint_space_result(plan, introspect(models.config), shutil.disk_usage(path).free, str(path))

@@ -161,6 +161,7 @@ def run_checks(args: argparse.Namespace, reporter: Reporter, rank: int, world: i
                 min(known) if len(known) == len(memories) else (None, next(m[1] for m in memories if m[0] is None))
             )
             results = plan_checks.check_plan(plan, models, device_bytes=smallest[0], device_what=smallest[1])
+            results.append(plan_checks.check_checkpoint_space(plan, models, args.output_dir))
         reporter.finish(4, "plan", results)
 
     reporter.start(5, "training")

@@ -10,7 +10,8 @@ weights too), evaluate again, and `save_model` to OUTPUT_DIR/final (every rank w
 files), then the same weights with the single writer (rank 0 writes every file, as before shared writing) to
 OUTPUT_DIR/final_single, for the tests to compare byte for byte. Each rank writes
 OUTPUT_DIR/lifecycle/rank<N>.json: evaluation losses, and per optimizer step the loss, learning rate and the hashes
-of the batches this rank trained on.
+of the batches this rank trained on, and per checkpoint the default group's collective timeout right after
+save_model wrote into it and after the checkpoint was complete (on_save).
 """
 
 import hashlib
@@ -19,7 +20,9 @@ import sys
 import warnings
 from pathlib import Path
 
-from transformers import AutoModelForCausalLM
+import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM, TrainerCallback
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
@@ -66,6 +69,14 @@ def main(
     model = AutoModelForCausalLM.from_pretrained(pretrained)
     train, evaluation = datasets(model.config.vocab_size)
     batches: dict[int, list[str]] = {}
+    timeouts: dict[int, list[float]] = {}
+
+    def world_timeout() -> float:  # read back from the Gloo backend, as tests/unit/test_watchdog.py does
+        return dist.group.WORLD._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+
+    class AfterSave(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            timeouts.setdefault(state.global_step, []).append(world_timeout())
 
     class Recorder(RecipeTrainer):
         def training_step(self, model, inputs, num_items_in_batch=None):
@@ -73,7 +84,13 @@ def main(
             batches.setdefault(self.state.global_step + 1, []).append(digest)
             return super().training_step(model, inputs, num_items_in_batch)
 
+        def save_model(self, output_dir=None, _internal_call=False):
+            super().save_model(output_dir, _internal_call)
+            if _internal_call:
+                timeouts.setdefault(self.state.global_step, []).append(world_timeout())
+
     trainer = Recorder(model=model, args=args, train_dataset=train, eval_dataset=evaluation)
+    trainer.add_callback(AfterSave())  # after the recipe's watchdog callback: sees what its on_save left
     eval_before = trainer.evaluate()["eval_loss"] if eval_first and not resume else None
     trainer.train(resume_from_checkpoint=resume)
     eval_after = trainer.evaluate()["eval_loss"]
@@ -96,6 +113,7 @@ def main(
                 "loss": {e["step"]: e["loss"] for e in history if "loss" in e},
                 "lr": {e["step"]: e["learning_rate"] for e in history if "learning_rate" in e},
                 "batches": batches,
+                "save_timeouts": timeouts,
             }
         )
     )
