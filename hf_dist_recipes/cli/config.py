@@ -37,9 +37,11 @@ def register(subparsers) -> None:
         help="write accelerate YAML + DeepSpeed JSON for a plan",
         description="Check a plan, then write NAME.yaml (accelerate) and deepspeed/NAME.json. The JSON "
         "never holds train_batch_size, and gives DeepSeek models explicit TP layer specs "
-        "and an expert_parallel section. Bad plans exit 2 with the fix.",
-        epilog="Example: hf-dist-recipes config generate --model deepseek-v3 --nodes 2 "
-        "--gpus-per-node 8 --zero 3 --tp 2 --ep 8 --output my_configs",
+        "and an expert_parallel section. Bad plans exit 2 with the fix, and so does a GPU plan that does not fit "
+        "the GPU memory by our estimate (--gpu-memory, --hardware, else the largest GPU known) unless --force.",
+        epilog="Example: hf-dist-recipes config generate --model deepseek-v3 --nodes 8 --gpus-per-node 8 --ep 16 "
+        "--micro-batch 3 --grad-accum 5 --offload-optimizer --activation-checkpointing --gpu-memory 80 "
+        "--main-process-ip 10.0.0.1 --output my_configs",
     )
     add_plan_flags(gen)
     add_output_flags(gen)
@@ -218,6 +220,11 @@ def run_estimate(args: argparse.Namespace) -> int:
     model = model_from(args.model, required=True)
     if args.suggest and not args.gpu_memory:
         raise ValueError("--suggest needs --gpu-memory (GiB per GPU), e.g. --gpu-memory 80")
+    if not args.suggest and (args.global_batch is not None or args.global_batch_tokens is not None):
+        raise ValueError(
+            "--global-batch is the target --suggest searches within; for a given plan set --micro-batch and "
+            "--grad-accum"
+        )
     warnings = [] if args.suggest else plan.validate(model)  # --suggest tries its own plans
     _deepspeed_logs_to_stderr()  # after every check: its import notice would make a refusal two lines
     from hf_dist_recipes.parallel.suggest import (

@@ -129,6 +129,9 @@ def test_estimate_json_rows_carry_the_batch_and_offload(capsys):
     assert main(argv + ["--global-batch", "256"]) == 0
     small = json.loads(capsys.readouterr().out)["chosen"]
     assert small["global_batch"] <= 256 and small["target_global_batch"] == 256
+    # Without --suggest the plan's own micro batch and accumulation hold: a target is refused, naming them.
+    assert main(fixed + ["--global-batch", "256"]) == 2
+    assert "--micro-batch and --grad-accum" in capsys.readouterr().err
 
 
 def test_plans_are_compared_by_tokens_per_second_at_the_same_batch_target():
