@@ -190,21 +190,19 @@ def reset_nonfinite_running_loss(trainer) -> None:
 
 # Gradient health under ZeRO-3 without a hook per parameter tensor. DeepSpeed 0.19.8 `runtime/zero/stage3.py`
 # `DeepSpeedZeroOptimizer_Stage3`: every gradient of a backward goes into `self.ipg_buckets[comm_dtype]` (an
-# `IPGBucketZ3`: `params`, `elements`, the flat `buffer`) and leaves it through the name-mangled
+# `IPGBucketZ3`, its `params` in order) and leaves it through the name-mangled
 # `__reduce_and_partition_ipg_grads(comm_dtype)`, called by `reduce_independent_p_g_buckets_and_remove_grads`
 # when the bucket is full and by `independent_gradient_partition_epilogue` at the end of each backward. That call
-# is the last place where a rank's own gradients exist: it reduce-scatters them (a NaN on one rank reaches every
-# rank's partition) and frees them. With `contiguous_gradients` and `bucket.elements <= reduce_bucket_size`
-# (the defaults), `__add_grad_to_ipg_bucket` copied each gradient into `buffer` in the order of `params`.
-# The wrapper is an instance attribute, which the class's own `self.__reduce...` call finds first.
+# is the last place where a rank's own gradients exist (`p.grad` of each bucket parameter, full size): it
+# reduce-scatters them (a NaN on one rank reaches every rank's partition) and frees them. The wrapper is an
+# instance attribute, which the class's own `self.__reduce...` call finds first.
 _ZERO3_REDUCE = "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads"
 
 
 def watch_zero3_gradients(optimizer, observe) -> bool:
-    """Call `observe(params, flat)` with each bucket of this rank's own gradients just before DeepSpeed ZeRO-3
-    reduce-scatters them: `params` in bucket order, `flat` their gradients end to end (one 1-D tensor) or None
-    when they are not contiguous (then read `p.grad`). Returns False, doing nothing, when `optimizer` (or the
-    optimizer it wraps) is not DeepSpeed 0.19's ZeRO-3 optimizer. Covered: deepspeed 0.19.8."""
+    """Call `observe(params)` with each bucket of parameters whose `.grad` is this rank's own gradient, just before
+    DeepSpeed ZeRO-3 reduce-scatters them. Returns False, doing nothing, when `optimizer` (or the optimizer it
+    wraps) is not DeepSpeed 0.19's ZeRO-3 optimizer. Covered: deepspeed 0.19.8."""
     inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's DeepSpeedOptimizerWrapper holds it here
     stage3 = sys.modules.get("deepspeed.runtime.zero.stage3")
     cls = getattr(stage3, "DeepSpeedZeroOptimizer_Stage3", None)
@@ -213,12 +211,9 @@ def watch_zero3_gradients(optimizer, observe) -> bool:
     original = getattr(cls, _ZERO3_REDUCE).__get__(inner)  # the class's method: re-watching does not stack
 
     def reduce_and_partition(communication_data_type):
-        bucket = inner.ipg_buckets[communication_data_type]
-        if bucket.params:
-            contiguous = (
-                inner.contiguous_gradients and bucket.buffer is not None and bucket.elements <= inner.reduce_bucket_size
-            )
-            observe(list(bucket.params), bucket.buffer.narrow(0, 0, bucket.elements) if contiguous else None)
+        params = inner.ipg_buckets[communication_data_type].params
+        if params:
+            observe(list(params))
         return original(communication_data_type)
 
     setattr(inner, _ZERO3_REDUCE, reduce_and_partition)
@@ -231,12 +226,12 @@ def unwatch_zero3_gradients(optimizer) -> None:
         delattr(inner, _ZERO3_REDUCE)
 
 
-def segment_sums(flat, lengths: list[int]):
-    """Sums of consecutive segments of `flat` (float32), one kernel for all of them (torch 2.13
-    `torch.segment_reduce`, a prototype API). A NaN or Inf stays in its own segment's sum."""
+def tensor_norms(tensors: list):
+    """The 2-norm of each tensor, float32, from one fused call (torch 2.13 `torch._foreach_norm`, the kernel
+    `clip_grad_norm_` uses; on CPU it loops in C++). NaN and Inf survive; so does a float32 overflow."""
     import torch
 
-    return torch.segment_reduce(flat, "sum", lengths=torch.tensor(lengths, device=flat.device)).float()
+    return torch.stack(torch._foreach_norm(tensors)).float()
 
 
 # No silent hangs (hf_dist_recipes/watchdog.py). torch 2.13 `distributed_c10d._get_default_store()` returns the store

@@ -9,25 +9,26 @@ Finding a non-finite value, per rank, without a host sync per micro-step:
   or by NaN (non-finite). The multiplication makes every gradient of that rank NaN, so a non-finite loss whose
   gradients happened to be finite can never be applied by an engine that only looks at gradients;
 - the gradients, under DeepSpeed ZeRO-3: each bucket of the rank's own gradients, just before the engine
-  reduce-scatters it (`_compat.watch_zero3_gradients`), is summed per parameter in one kernel
-  (`_compat.segment_sums`) into one float32 slot per parameter: a few kernels per bucket, and DeepSpeed keeps one
-  bucket per backward at its default `reduce_bucket_size` (5e8 elements). A hook per parameter tensor instead
-  costs a Python call and a kernel per tensor per micro-step (1.2-2.0 ms per step for the demo model's 60 tensors
-  on a 2-core CPU machine, benchmarks/results/2026-12-03-training-checks-cpu.md);
+  reduce-scatters it (`_compat.watch_zero3_gradients`), gets one 2-norm per parameter from one fused call
+  (`_compat.tensor_norms`), added into one float32 slot per parameter: a few kernels per bucket, and DeepSpeed
+  keeps one bucket per backward at its default `reduce_bucket_size` (5e8 elements). A hook per parameter tensor
+  instead costs a Python call and a kernel per tensor per micro-step (1.2-2.0 ms per step for the demo model's 60
+  tensors on a 2-core CPU machine, benchmarks/results/2026-12-03-training-checks-cpu.md);
 - the gradients, everywhere else (one process, DDP, ZeRO-1/2): a tensor hook on every trainable parameter
   (registered at train begin, after the engine built the model) keeps `grad.sum(dtype=float32)`; once per step
   they are added into the same slots.
-NaN and Inf survive a sum, so a non-finite slot means that parameter's *local* gradient (before any reduction) was
-non-finite on this rank. A finite gradient whose float32 sum overflows (|sum| > 3.4e38) also counts.
+NaN and Inf survive a sum or a norm, so a non-finite slot means that parameter's *local* gradient (before any
+reduction) was non-finite on this rank. A finite gradient whose float32 sum or norm overflows also counts.
 
 Deciding, once per optimizer step, in `on_pre_optimizer_step` (after `_clip_grad_norm`, before
 `optimizer.step()`):
 - DeepSpeed ZeRO-3: the engine has already decided, the same way on every rank: its `step` all-reduces the global
   gradient norm, which is non-finite exactly when some rank's gradient is (a NaN survives the reduce-scatter), and
-  refuses the step when it is (see below). A healthy step (applied, norm finite) needs no collective of ours: the
-  mean loss over ranks for the spike detector is all-reduced asynchronously (`async_op=True`) and read at the next
-  log, the next step or train end, whichever comes first. Only a refused step gathers (`all_gather_object`) each
-  rank's loss flag and the names of the parameters whose slots are non-finite, for the report.
+  refuses the step when it is (see below). A healthy step (applied, norm finite) needs no collective of ours:
+  its spike checks wait, with this rank's loss, for a step that logs, saves or stops, where one all-reduce of the
+  waiting losses gives each step's mean over ranks and the checks run in step order (the events reach the same
+  log as they would at once; the warnings come at that log). Only a refused step gathers (`all_gather_object`)
+  each rank's loss flag and the names of the parameters whose slots are non-finite, for the report.
 - Elsewhere: one all-reduce (SUM) of `world_size + 1` float64 values, each rank writing its own flag in its slot
   and its mean micro-batch loss in the last, tells every rank which ranks saw a non-finite value and the mean loss
   over ranks. Only when a flag is set, a second collective (`all_gather_object`) collects the parameter names.
@@ -281,14 +282,13 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         self._zero3 = False
         self._optimizer = None
         self._index: dict[int, int] = {}  # id(parameter) -> its slot in _grad_sums
-        self._pending = None  # (work, loss tensor, step, grad norm, world) of an in-flight loss all-reduce
+        self._unchecked: list[tuple] = []  # (step, this rank's loss tensor or None, grad norm) awaiting spike checks
         self._skipping = False  # this step's optimizer step is being skipped (non-DeepSpeed: undo the mark after)
         self._events: dict[str, list[str]] = {}
         self.halt_report: NonFiniteReport | None = None
 
     # ExportableState
     def state(self) -> dict:
-        self._finish_loss_mean()  # a checkpoint of this step holds this step's loss in the window
         return {
             "args": {
                 "nonfinite_policy": self.nonfinite_policy,
@@ -337,7 +337,6 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         """Keys for the next Trainer log (see the module docstring)."""
         if not self.active:
             return {}
-        self._finish_loss_mean()  # this step's loss spike, if its all-reduce is still in flight
         logs: dict = {
             "skipped_steps": self.skipped_steps,
             "loss_spikes": self.loss_spikes,
@@ -370,18 +369,17 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
             self._hooks.append(p.register_hook(self._grad_hook(i)))
 
     @torch.no_grad()
-    def _observe_bucket(self, params: list, flat: torch.Tensor | None) -> None:
-        # A few kernels per bucket (one bucket per backward at DeepSpeed's default 5e8 elements), not per tensor.
-        if flat is not None:
-            sums = _compat.segment_sums(flat, [p.grad.numel() for p in params])
-        else:
-            sums = torch.stack([p.grad.sum(dtype=torch.float32) for p in params])
+    def _observe_bucket(self, params: list) -> None:
+        # A few kernels per bucket (one bucket per backward at DeepSpeed's default 5e8 elements), not per tensor:
+        # the norms come from one fused call, NaN and Inf survive them.
         index = [self._index.get(id(p), -1) for p in params]
         if -1 in index:  # not a parameter of the model seen at train begin: nothing to name it by
-            keep = [k for k, i in enumerate(index) if i >= 0]
-            sums, index = sums[keep], [index[k] for k in keep]
-        where = torch.tensor(index, device=self._grad_sums.device)
-        self._grad_sums.index_add_(0, where, sums.to(self._grad_sums.device))
+            params = [p for p, i in zip(params, index, strict=True) if i >= 0]
+            index = [i for i in index if i >= 0]
+        if not params:
+            return
+        norms = _compat.tensor_norms([p.grad for p in params]).to(self._grad_sums.device)
+        self._grad_sums.index_add_(0, torch.tensor(index, device=self._grad_sums.device), norms)
 
     def _grad_hook(self, index: int):
         # One reduction per gradient and nothing else on the hot path; the sums are placed once per step.
@@ -403,7 +401,7 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         self._hooks = []
 
     def on_train_end(self, args, state, control, **kwargs):
-        self._finish_loss_mean()
+        self._check_unchecked()  # normally done already at the last step (should_training_stop)
         self._remove_hooks()
         if self._zero3:
             _compat.unwatch_zero3_gradients(self._optimizer)
@@ -462,14 +460,15 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         """DeepSpeed ZeRO-3 has taken or refused the step already: its `step` all-reduced the global gradient norm
         and refused the step on every rank when it was not finite (the `_compat` test pins this). Both values are
         the same on every rank, so a healthy step needs no collective of ours; only a refused one gathers who saw
-        what, from the flags each rank kept locally (loss; gradient sums per bucket before the reduce-scatter)."""
-        self._finish_loss_mean()  # the previous step's, if no log has waited for it
+        what, from the flags each rank kept locally (loss; gradient norms per bucket before the reduce-scatter)."""
         norm = self._grad_norm
         skipped = optimizer is not None and bool(optimizer.step_was_skipped)
         if not skipped and (norm is None or math.isfinite(norm)):
             self.consecutive_skips = 0
-            self._start_loss_mean(step, norm)
+            loss = self._loss_sum / self._micro_steps if self._micro_steps else None  # a new tensor, no sync
+            self._unchecked.append((step, loss, norm))
             return
+        self._check_unchecked()  # every rank is here together: the earlier steps' spikes first, in order
         loss_bad = self._loss_bad is not None and bool(self._loss_bad)
         bad = (~torch.isfinite(self._grad_sums)).tolist()
         gathered = _gather((loss_bad, [n for n, b in zip(self._names, bad, strict=True) if b]))
@@ -481,26 +480,21 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         parameters = {r: names for r, (_, names) in enumerate(gathered) if names}
         self._nonfinite_step(args, control, optimizer, step, ranks, loss_ranks, parameters, applied=not skipped)
 
-    def _start_loss_mean(self, step: int, norm: float | None) -> None:
-        """The spike check of this step: the mean loss over ranks comes from an all-reduce that runs while training
-        goes on; the check happens when it is needed (the next log, the next step, train end)."""
-        if not self._micro_steps:
-            self._check_spikes(step, None, norm)
+    def _check_unchecked(self) -> None:
+        """Spike checks of the healthy ZeRO-3 steps since the last call, in step order: one all-reduce of their
+        losses (the mean over ranks), where a check per step would cost a collective per step. Called where every
+        rank is at once and before anything reads the windows or the counters: at a step that logs, saves or
+        stops (`on_step_end`), before a refused step's report, at train end. Every rank holds the same steps."""
+        if not self._unchecked:
             return
-        loss = self._loss_sum / self._micro_steps  # a new tensor: _loss_sum is zeroed for the next step
+        entries, self._unchecked = self._unchecked, []
+        nan = torch.tensor(math.nan, dtype=torch.float64, device=self._grad_sums.device)
+        losses = torch.stack([nan if loss is None else loss.to(nan.device) for _, loss, _ in entries])
         world = torch.distributed.get_world_size() if _distributed() else 1
-        if world == 1:
-            self._check_spikes(step, float(loss), norm)
-            return
-        self._pending = (torch.distributed.all_reduce(loss, async_op=True), loss, step, norm, world)
-
-    def _finish_loss_mean(self) -> None:
-        if self._pending is None:
-            return
-        work, loss, step, norm, world = self._pending
-        self._pending = None
-        work.wait()
-        self._check_spikes(step, float(loss) / world, norm)
+        if world > 1:
+            torch.distributed.all_reduce(losses)
+        for (step, _, norm), total in zip(entries, (losses / world).tolist(), strict=True):
+            self._check_spikes(step, total if math.isfinite(total) else None, norm)
 
     def _nonfinite_step(self, args, control, optimizer, step, ranks, loss_ranks, parameters, applied: bool):
         report = NonFiniteReport(step=step, ranks=ranks, loss_ranks=loss_ranks, parameters=parameters)
@@ -579,6 +573,9 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         self._grad_norm = None
 
     def on_step_end(self, args, state, control, optimizer=None, **kwargs):
+        # After DefaultFlowCallback (first in the list) decided; the log, the save and the stop come after this.
+        if self._unchecked and (control.should_log or control.should_save or control.should_training_stop):
+            self._check_unchecked()
         if self._skipping:  # after the Trainer read it to leave the scheduler alone
             _compat.mark_optimizer_step_skipped(optimizer, False)
             self._skipping = False

@@ -193,8 +193,8 @@ def _method_source(module_source: str, name: str) -> str:
 
 def test_deepspeed_zero3_gradient_buckets_as_watch_zero3_gradients_reads_them():
     """_compat.watch_zero3_gradients (DeepSpeed 0.19.8): every gradient leaves through the name-mangled bucket
-    reduction, called when a bucket is full and at the end of each backward; a bucket within reduce_bucket_size
-    holds its gradients end to end in `buffer`, in the order of `params`."""
+    reduction, called when a bucket is full and at the end of each backward; the bucket names its parameters in
+    `params`, whose `.grad` is still this rank's own gradient then."""
     import dataclasses
 
     from deepspeed.runtime.zero import stage3
@@ -207,20 +207,22 @@ def test_deepspeed_zero3_gradient_buckets_as_watch_zero3_gradients_reads_them():
     assert "self.__reduce_and_partition_ipg_grads(comm_dtype)" in _method_source(
         module, "independent_gradient_partition_epilogue"
     )
-    add = _method_source(module, "__add_grad_to_ipg_bucket")
-    assert "bucket.elements + param.grad.numel() <= self.reduce_bucket_size" in add
-    assert "bucket.buffer.narrow(0, bucket.elements, param.grad.numel())" in add
-    assert "bucket.params.append(param)" in add
+    assert "bucket.params.append(param)" in _method_source(module, "__add_grad_to_ipg_bucket")
+    # the reduction reads each parameter's .grad (the bucket buffer or its own tensor) and only then frees them
+    reduce_ipg = _method_source(module, "__reduce_and_partition_ipg_grads")
+    assert "params_in_bucket = bucket.params" in reduce_ipg
+    assert reduce_ipg.index("self.partition_grads(params_in_bucket") < reduce_ipg.index("params_in_bucket.clear()")
     # the only caller of reduce_independent_p_g_buckets_and_remove_grads skips nothing (the flag is never set)
     assert module.count("self._coalesce_grad_reduction = True") == 0
     assert not _compat.watch_zero3_gradients(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))]), print)
 
 
-def test_segment_sums_keep_a_non_finite_value_in_its_own_segment():
-    flat = torch.tensor([1.0, 2.0, 3.0, float("nan"), 5.0, float("inf"), -1.0])
-    sums = _compat.segment_sums(flat, [2, 1, 2, 2])  # by hand: 1+2, 3, nan+5, inf-1
-    assert sums.dtype == torch.float32
-    assert sums[:2].tolist() == [3.0, 3.0] and sums[2].isnan() and sums[3].item() == float("inf")
+def test_tensor_norms_by_hand_keep_a_non_finite_value_in_its_own_norm():
+    tensors = [torch.tensor([3.0, 4.0]), torch.tensor([float("nan"), 1.0]), torch.tensor([[float("inf")]])]
+    norms = _compat.tensor_norms(tensors + [torch.tensor([6.0, 8.0], dtype=torch.bfloat16)])
+    assert norms.dtype == torch.float32 and norms.shape == (4,)
+    assert norms[0].item() == 5.0 and norms[1].isnan() and norms[2].item() == float("inf")  # 5 = sqrt(9 + 16)
+    assert norms[3].item() == 10.0
 
 
 @pytest.mark.filterwarnings(
