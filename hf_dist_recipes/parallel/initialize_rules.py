@@ -254,6 +254,15 @@ def initialize_refusals(config: dict, *, world_size: int | None = None, use_cpu:
                 "its own AdamW)",
             )
 
+    loss_scale = (config.get("fp16") or {}).get("loss_scale", 0) if isinstance(config.get("fp16"), dict) else 0
+    if isinstance(name, str) and name.lower() == "lamb" and loss_scale not in (0, "auto"):
+        # engine.py:1782 dynamic_loss_scale() reads fp16.loss_scale whether fp16 is enabled or not
+        add(
+            ERROR,
+            "runtime/engine.py:2022",
+            f"the LAMB optimizer needs dynamic loss scaling, but fp16.loss_scale is {loss_scale}; set it to 0",
+        )
+
     if use_cpu and fp16 is True:
         add(
             ERROR,
@@ -282,7 +291,7 @@ def initialize_refusals(config: dict, *, world_size: int | None = None, use_cpu:
     if stage == 3 and world_size is not None and hpz > 1 and world_size % min(hpz, world_size):
         add(
             ERROR,
-            "utils/groups.py:945",
+            "utils/groups.py:71",
             f"zero_hpz_partition_size={hpz} does not divide the {world_size} processes; use the GPUs per node (a "
             f"divisor of {world_size})",
         )

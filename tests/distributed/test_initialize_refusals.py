@@ -6,7 +6,7 @@ same line, while the control configs initialize and lint clean.
 Not reachable on one process (linted, not run here): expert_tensor_parallel_size under ZeRO-3 + AutoEP
 (engine.py:2231; on one rank AutoEP's folding check refuses it first), tensor_parallel.tp.tp_size and
 vocab_parallel_ce_backend (engine.py:1021 / 1076; need AutoTP over 2 ranks), hpZ not dividing the world
-(utils/groups.py:945; needs 3 ranks).
+(utils/groups.py:71, called at :945; needs 3 ranks).
 """
 
 from __future__ import annotations
@@ -121,6 +121,11 @@ REFUSED = {
         "tiny-llama",
         {"optimizer": {"type": "AdamX", "params": {"lr": 1e-3}}},
         "runtime/engine.py:2018",
+    ),
+    "lamb_with_static_loss_scale": (
+        "tiny-llama",
+        {"optimizer": {"type": "Lamb", "params": {"lr": 1e-3}}, "fp16": {"enabled": False, "loss_scale": 128}},
+        "runtime/engine.py:2022",
     ),
     "param_dtype_mismatch": ("tiny-llama", {"data_types": {"param_dtype": "bf16"}}, "runtime/engine.py:1827"),
     "fp16_on_cpu": ("tiny-llama", {"fp16": {"enabled": True}}, "runtime/engine.py:2004"),
