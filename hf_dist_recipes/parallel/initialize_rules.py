@@ -76,14 +76,16 @@ def initialize_refusals(config: dict, *, world_size: int | None = None, use_cpu:
                 "runtime/engine.py:2223",
                 "zero_quantized_gradients with ZeRO-3 + AutoEP is not supported; set it to false",
             )
-        etp = _integer(ep.get("expert_tensor_parallel_size"), 1)
-        if etp != 1:
-            add(
-                ERROR,
-                "runtime/engine.py:2231",
-                f"expert_parallel.expert_tensor_parallel_size={etp} with ZeRO-3: AutoEP under ZeRO-3 supports "
-                "only 1; remove it",
-            )
+
+    etp = _integer(ep.get("expert_tensor_parallel_size"), 1) if autoep else 1
+    if etp != 1 and world_size is None:
+        # With a world size the lint runs DeepSpeed's own validate_autoep_config, which raises this itself.
+        add(
+            ERROR,
+            "module_inject/auto_ep_folding.py:215",
+            f"expert_parallel.expert_tensor_parallel_size={etp}: AutoEP does not support expert tensor "
+            "parallelism yet (ZeRO-3's own refusal, engine.py:2231, is never reached); remove it",
+        )
 
     for key, where, who in (
         # stage3.py:840 `os.path.join(offload_optimizer_config.nvme_path, ...)` -> TypeError on None

@@ -1,12 +1,10 @@
-"""Every DeepSpeed 0.19.8 refusal that `config validate` lints from `initialize_rules` and that one CPU process can
-reach: a real `deepspeed.initialize` (one plain process, a 1-rank Gloo group, tiny models; all cases in one
-process, a few seconds) fails at the DeepSpeed line written here by hand, and the lint reports an error naming the
+"""Every DeepSpeed 0.19.8 refusal that `config validate` lints from `initialize_rules` and that a CPU run of one or
+two processes can reach: a real `deepspeed.initialize` (plain processes in a Gloo group, tiny models, all cases of a
+world size in one run) fails at the DeepSpeed line written here by hand, and the lint reports an error naming the
 same line, while the control configs initialize and lint clean.
 
-Not reachable on one process (linted, not run here): expert_tensor_parallel_size under ZeRO-3 + AutoEP
-(engine.py:2231; on one rank AutoEP's folding check refuses it first), tensor_parallel.tp.tp_size and
-vocab_parallel_ce_backend (engine.py:1021 / 1076; need AutoTP over 2 ranks), hpZ not dividing the world
-(utils/groups.py:71, called at :945; needs 3 ranks).
+Not run here (linted): hpZ not dividing the world (utils/groups.py:71, called at :945) needs 3 ranks, about 45 s on
+two shared cores; seen failing there by hand with zero_hpz_partition_size 2 on 3 ranks.
 """
 
 from __future__ import annotations
@@ -149,23 +147,76 @@ CONTROLS = {
 }
 
 
-@pytest.fixture(scope="module")
-def deepspeed_outcomes(tmp_path_factory):
-    """One process, every case: {name: {"ok", "type", "message", "where"}}."""
-    out = tmp_path_factory.mktemp("initialize_refusals")
-    cases = [[n, model, cfg] for n, (model, cfg, _) in REFUSED.items()]
-    cases += [[n, model, cfg] for n, (model, cfg) in CONTROLS.items()]
+# Two ranks: AutoTP 2, and AutoEP with expert TP 2 (on one rank AutoEP's own size check refuses it first).
+TWO_RANKS = {
+    "tp_size_differs_from_autotp_size": (
+        "tiny-llama",
+        {"tensor_parallel": {"autotp_size": 2, "tp": {"tp_size": 4}}},
+        "runtime/engine.py:1021",
+    ),
+    "liger_without_vocab_parallel_head": (
+        "tiny-llama",
+        {"tensor_parallel": {"autotp_size": 2, "vocab_parallel_ce_backend": "liger"}},
+        "runtime/engine.py:1076",
+    ),
+    "expert_tensor_parallel": (
+        "tiny-deepseek-v3",
+        {"zero_optimization": {"stage": 3}, "expert_parallel": {**EP, "expert_tensor_parallel_size": 2}},
+        "module_inject/auto_ep_folding.py:215",
+    ),
+}
+TWO_RANK_CONTROLS = {"autotp_2": ("tiny-llama", {"tensor_parallel": {"autotp_size": 2}})}
+
+
+def _initialize_all(out, refused: dict, controls: dict, world: int) -> dict:
+    """Run the worker on `world` ranks over every case; rank 0's {name: {"ok", "type", "message", "where"}},
+    after checking that every rank saw the same outcomes."""
+    cases = [[n, model, cfg] for n, (model, cfg, _) in refused.items()]
+    cases += [[n, model, cfg] for n, (model, cfg) in controls.items()]
     (out / "cases.json").write_text(json.dumps(cases))
     env = cpu_only_env(dict(os.environ, PYTHONPATH=str(REPO), MASTER_PORT=str(free_port()), HF_HUB_OFFLINE="1"))
-    proc = subprocess.run(
-        [sys.executable, WORKER, str(out / "cases.json"), str(out / "results.json")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads((out / "results.json").read_text())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, WORKER, str(out / "cases.json"), str(out / f"results{rank}.json")],
+            env=dict(env, RANK=str(rank), WORLD_SIZE=str(world)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(world)
+    ]
+    for proc in procs:
+        output = proc.communicate(timeout=300)[0]
+        assert proc.returncode == 0, output[-3000:]
+    results = [json.loads((out / f"results{rank}.json").read_text()) for rank in range(world)]
+    assert all(r == results[0] for r in results), results
+    return results[0]
+
+
+@pytest.fixture(scope="module")
+def deepspeed_outcomes(tmp_path_factory):
+    return _initialize_all(tmp_path_factory.mktemp("one_rank"), REFUSED, CONTROLS, 1)
+
+
+@pytest.fixture(scope="module")
+def two_rank_outcomes(tmp_path_factory):
+    return _initialize_all(tmp_path_factory.mktemp("two_ranks"), TWO_RANKS, TWO_RANK_CONTROLS, 2)
+
+
+@pytest.mark.parametrize("name", sorted(TWO_RANKS))
+def test_two_rank_refusals_in_initialize_and_validate_says_so(two_rank_outcomes, name):
+    _, config, where = TWO_RANKS[name]
+    outcome = two_rank_outcomes[name]
+    assert not outcome["ok"] and outcome["where"] == where, outcome
+    errors = [f for f in lint_deepspeed(config, name) if f.level == ERROR]
+    assert any(where in f.message for f in errors), [f.message for f in errors]
+
+
+def test_two_rank_control_initializes_and_lints_clean(two_rank_outcomes):
+    _, config = TWO_RANK_CONTROLS["autotp_2"]
+    assert two_rank_outcomes["autotp_2"] == {"ok": True}
+    # a warning (no partition_config: AutoTP follows the model's own tp_plan, fine for Llama), no error
+    assert [f.message for f in lint_deepspeed(config, "autotp_2") if f.level == ERROR] == []
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))

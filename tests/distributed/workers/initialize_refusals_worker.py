@@ -1,7 +1,8 @@
-"""Run by tests/distributed/test_initialize_refusals.py in one plain process (a 1-rank Gloo group): a real
-`deepspeed.initialize` for each DeepSpeed config of CASES_JSON, on a fresh tiny model each time.
+"""Run by tests/distributed/test_initialize_refusals.py in plain processes (a Gloo group of WORLD_SIZE ranks, this
+one RANK; default one rank): a real `deepspeed.initialize` for each DeepSpeed config of CASES_JSON, on a fresh tiny
+model each time. Every rank runs the same cases in the same order, so a refusal stops all ranks at the same point.
 
-    initialize_refusals_worker.py CASES_JSON RESULTS_JSON
+    RANK=r WORLD_SIZE=n MASTER_PORT=p initialize_refusals_worker.py CASES_JSON RESULTS_JSON
 
 CASES_JSON: [[name, "tiny-llama" | "tiny-deepseek-v3", config], ...]. The optimizer comes as the Trainer passes it:
 with an `optimizer` section DeepSpeed builds it from the parameters (transformers' DummyOptim route); without one a
@@ -63,5 +64,7 @@ def main(cases_json: str, results_json: str) -> None:
 
 
 if __name__ == "__main__":
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+    for key, value in dict(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1").items():
+        os.environ.setdefault(key, value)
+    os.environ.update(LOCAL_RANK=os.environ["RANK"], LOCAL_WORLD_SIZE=os.environ["WORLD_SIZE"])
     main(*sys.argv[1:3])
