@@ -190,7 +190,9 @@ def check_plan(
 
     what = (
         f"ZeRO-{plan.zero_stage}, TP {plan.tp}, EP {plan.ep}, {plan.world_size} process(es), seq "
-        f"{plan.seq_len}, micro batch {plan.micro_batch}, {plan.precision}"
+        f"{plan.seq_len}, micro batch {plan.micro_batch}, {plan.precision}, "
+        # the activations depend on recomputation as much as on the sequence: a verdict names which it assumed
+        + ("activation checkpointing" if plan.activation_checkpointing else "no recomputation")
     )
     out: list[CheckResult] = []
     try:

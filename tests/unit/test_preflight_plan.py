@@ -91,6 +91,7 @@ def test_memory_verdict_against_the_device(tmp_path):
         statuses[label] = r.status
         assert r.data["estimate_bytes"] == need
     assert statuses == {"short": ERROR, "tight": WARNING, "ample": OK}
+    assert "micro batch 1, fp32, no recomputation" in r.detail  # the verdict names what it assumed
     [unknown] = plan_checks.check_plan(plan, models, device_bytes=None, device_what="no CUDA device visible")
     assert unknown.status == WARNING and "could not be read" in unknown.detail
 
