@@ -54,7 +54,8 @@ def initialize_refusals(config: dict, *, world_size: int | None = None, use_cpu:
 
     zero = config.get("zero_optimization") or {}
     zero = zero if isinstance(zero, dict) else {}
-    stage = _integer(zero.get("stage"), 0)
+    # DeepSpeed's default stage is 0; a non-integer ("auto") leaves every stage rule unapplied (None matches none)
+    stage = _integer(zero.get("stage", 0))
     ep = config.get("expert_parallel") or {}
     tp_cfg = config.get("tensor_parallel") or {}
     # AutoEP replaces the MoE layers whenever the section is enabled, autoep_size 1 included (seen on CPU).
@@ -214,7 +215,7 @@ def initialize_refusals(config: dict, *, world_size: int | None = None, use_cpu:
         if fp16_section.get("fp16_master_weights_and_grads") is True
         else None
     )
-    if master and stage >= 1 and not offloads:
+    if master and stage in (1, 2, 3) and not offloads:
         # base_optimizer.py _configure_master_weights calls the stage's validator: 16-bit master weights need the
         # optimizer on the CPU (DeepSpeedCPUAdam, which accelerate maps the Trainer's AdamW to under offload)
         add(
@@ -234,7 +235,7 @@ def initialize_refusals(config: dict, *, world_size: int | None = None, use_cpu:
                 f"{allgather + 1}",
             )
 
-    if config.get("managed_gradient_accumulation") is False and stage != 2 and zero.get("overlap_comm") is True:
+    if config.get("managed_gradient_accumulation") is False and stage in (0, 1, 3) and zero.get("overlap_comm") is True:
         add(
             ERROR,
             "runtime/engine.py:2031",

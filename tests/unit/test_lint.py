@@ -210,3 +210,14 @@ def test_fp16_on_a_cpu_launch(tmp_path):
         tmp_path, "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  deepspeed_config_file: DS\n", ds
     )
     assert "engine.py:2004" not in _messages(lint_file(gpu), ERROR)
+
+
+def test_a_stage_left_to_auto_applies_no_stage_rule():
+    auto = {
+        "zero_optimization": {"stage": "auto"},
+        "bf16": {"enabled": True},
+        "data_types": {"grad_accum_dtype": "fp32"},
+    }
+    assert "engine.py:2323" not in _messages(lint_deepspeed(auto, "ds.json"), ERROR)
+    absent = {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}}  # DeepSpeed's default: ZeRO-0
+    assert "engine.py:2323" in _messages(lint_deepspeed(absent, "ds.json"), ERROR)
