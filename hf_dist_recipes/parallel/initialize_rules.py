@@ -3,8 +3,9 @@ from the config alone, for `config validate`.
 
 `DeepSpeedConfig` (which the lint also runs) accepts every config below; DeepSpeed refuses them later, in the
 engine or the ZeRO optimizer it builds, each at the file:line named in the rule (paths under `deepspeed/`).
-tests/distributed/test_initialize_refusals.py runs a real `deepspeed.initialize` on one CPU process for every rule
-it can reach there and checks DeepSpeed's own failure next to the lint's; README "Validate" lists the table.
+tests/distributed/test_initialize_refusals.py runs a real `deepspeed.initialize` on one or two CPU processes for
+every rule they can reach and checks DeepSpeed's own failure next to the lint's; the README's `config` section
+lists them all in a table (raising line, linted, CPU test), with the refusals not linted and why.
 
 Values the Trainer fills at run time ("auto") are unknown here: a rule that needs one is not applied, except where
 the Trainer's default makes the refusal the likely outcome (then it is a warning that names the argument).
