@@ -53,6 +53,8 @@ def plan_flags(plan: ParallelPlan) -> list[str]:
             flags += [flag, str(getattr(plan, name))]
     if plan.precision != default.precision:
         flags += ["--precision", plan.precision]
+    if plan.grad_reduce_dtype != default.grad_reduce_dtype:
+        flags += ["--grad-reduce-dtype", plan.grad_reduce_dtype]
     if plan.activation_checkpointing:
         flags.append("--activation-checkpointing")
     return flags
