@@ -105,14 +105,16 @@ class Hardware:
 
 # Defaults per GPU type. H100 and H200 SXM share the compute (989 dense bf16 TFLOP/s, NVIDIA H100/H200 data sheets)
 # and the links (NVLink 4: 450 GB/s each way, of which NCCL's all-reduce reaches about 360 GB/s bus bandwidth on
-# a DGX H100; one 400 Gb/s NDR NIC per GPU, about 45 GB/s achieved); they differ in memory (80 vs 141 GB).
+# a DGX H100; one 400 Gb/s NDR NIC per GPU, about 45 GB/s achieved); they differ in memory (80 vs 141 GB). Memory is
+# what CUDA can allocate, nvidia-smi's memory.total: H100 SXM 81,559 MiB (79.6 GiB; "80 GB" is HBM3's 5 x 16 GiB less
+# ECC and reserved pages, not 80e9 B), H200 143,771 MiB (140.4 GiB), A100 SXM 80GB 81,920 MiB.
 # A100 SXM 80GB: 312 TFLOP/s, NVLink 3 (300 GB/s each way, about 235 achieved), one 200 Gb/s HDR NIC per GPU.
 # compute_efficiency 0.5: torchtitan reports 51-61% MFU for Llama 2/3 13B-70B with FSDP2 on 64 A100s
 # (docs/performance.md). cpu_adam_params_per_s: an assumption for a 2-socket node; set it from a measurement.
 HARDWARE = {
-    "h100": Hardware("h100", gpu_tflops=989, intra_node_gbps=360, inter_node_gbps=45, memory_gib=80 * 1e9 / 2**30),
-    "h200": Hardware("h200", gpu_tflops=989, intra_node_gbps=360, inter_node_gbps=45, memory_gib=141 * 1e9 / 2**30),
-    "a100": Hardware("a100", gpu_tflops=312, intra_node_gbps=235, inter_node_gbps=23, memory_gib=80.0),
+    "h100": Hardware("h100", gpu_tflops=989, intra_node_gbps=360, inter_node_gbps=45, memory_gib=81_559 / 1024),
+    "h200": Hardware("h200", gpu_tflops=989, intra_node_gbps=360, inter_node_gbps=45, memory_gib=143_771 / 1024),
+    "a100": Hardware("a100", gpu_tflops=312, intra_node_gbps=235, inter_node_gbps=23, memory_gib=81_920 / 1024),
 }
 
 
