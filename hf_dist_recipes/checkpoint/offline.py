@@ -343,11 +343,12 @@ def _export_with_workers(build, order: list[str], ref, output_dir: str, max_shar
     owners = {key: plan.owners_of(disk[key], workers) for key in order}
     os.makedirs(output_dir, exist_ok=True)
     remove_previous_weights(output_dir)
-    threads = max(1, torch.get_num_threads() // workers)
 
     def work(index: int, conn) -> None:
         try:
-            torch.set_num_threads(threads)  # the workers share the cores instead of each using them all
+            # One thread per writer: the work is copies, and an OpenMP pool the parent used is not safe to grow
+            # again in a forked child.
+            torch.set_num_threads(1)
             writer = PlannedShardWriter(output_dir, plan, index, workers)
             for key in order:
                 if index in owners[key]:

@@ -1,0 +1,198 @@
+"""Export time with 1, 2 and 4 writers: `checkpoint export --workers N` (offline) and `save_model` in the job (every
+rank writes its share) against the single writer, with the files compared by sha256.
+
+    python benchmarks/checkpoint_writers.py             # about 5 minutes on 2 cores; run from the repository root
+    BENCH_DIR=/some/dir python benchmarks/checkpoint_writers.py    # keep the job there; a second run reuses it
+
+The model: the demo's DeepSeek-V3 shape widened to 219.7M parameters (hidden 768, 8 layers, 16 routed experts of
+768), fp32, 879 MB of weights; shards of SHARD (64 MiB, 14 files) so that every writer has files to write (DeepSeek-V3
+in 5 GB shards has 250). One job on 2 ranks (accelerate_configs/cpu_zero3_2proc.yaml) trains 1 step, then times
+save_model with shared writing and the single writer (rank 0 writes every file, the behaviour before), twice each in
+turn, and writes a DeepSpeed checkpoint. The offline export of that checkpoint then runs with --workers 1, 2 and 4,
+REPEATS times each in turn (fresh output folder each time); the table gives the median wall time, the median CPU
+time (user + system of the export's processes) and the wall-time ratio to 1 writer. Every output is hashed and
+compared with the single writer's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from checkpoint_export import _port  # noqa: E402
+
+MODEL = dict(
+    hidden_size=768,
+    intermediate_size=1536,
+    moe_intermediate_size=768,
+    n_routed_experts=16,
+    num_hidden_layers=8,
+    q_lora_rank=384,
+    kv_lora_rank=192,
+)
+SHARD = "64MB"
+REPEATS = 5
+WRITERS = (1, 2, 4)
+
+
+def hashes(folder: str | Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(Path(folder).iterdir())
+        if p.suffix == ".safetensors" or p.name == "model.safetensors.index.json"
+    }
+
+
+def worker(out: str) -> None:
+    """Per rank: 1 training step, save_model (shared) and the single writer, twice each, then a DeepSpeed
+    checkpoint."""
+    import warnings
+
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
+    from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
+    from hf_dist_recipes.demo.data import stdlib_dataset, token_blocks
+    from hf_dist_recipes.parallel.models import template_config
+
+    warnings.filterwarnings("ignore")
+    config = template_config("demo-deepseek-v3", **MODEL)
+    args = RecipeTrainingArguments(
+        output_dir=out,
+        max_steps=1,
+        per_device_train_batch_size=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        per_rank_tensorboard=False,
+        save_shard_size=SHARD,
+    )
+    model = AutoModelForCausalLM.from_config(config)
+    data = token_blocks(stdlib_dataset(seq_len=32, max_bytes=20_000), config.vocab_size)
+    trainer = RecipeTrainer(model=model, args=args, train_dataset=data)
+    trainer.train()
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+    seconds: dict[str, list[float]] = {"shared": [], "single": []}
+    for _ in range(2):
+        for kind in ("shared", "single"):
+            dist.barrier()
+            start = time.perf_counter()
+            save_hf_checkpoint(
+                unwrapped,
+                os.path.join(out, kind),
+                max_shard_bytes=args.save_shard_bytes,
+                shared=kind == "shared",
+            )
+            dist.barrier()
+            seconds[kind].append(time.perf_counter() - start)
+    ckpt = os.path.join(out, "ckpt")
+    trainer.model_wrapped.save_checkpoint(ckpt)
+    if dist.get_rank() == 0:
+        shutil.copy(os.path.join(out, "shared", "config.json"), ckpt)
+        Path(out, "save_seconds.json").write_text(json.dumps(seconds))
+
+
+def offline(ckpt: str, out: str, workers: int) -> None:
+    """In a fresh process, imports first (not timed), then the export."""
+    import deepspeed  # noqa: F401
+
+    from hf_dist_recipes.checkpoint.offline import export_checkpoint
+    from hf_dist_recipes.checkpoint.writer import parse_size
+
+    def cpu() -> float:  # this process and its reaped writer processes, user + system
+        return sum(
+            u.ru_utime + u.ru_stime for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        )
+
+    start, cpu_start = time.perf_counter(), cpu()
+    result = export_checkpoint(ckpt, out, max_shard_bytes=parse_size(SHARD), workers=workers)
+    seconds, cpu_seconds = time.perf_counter() - start, cpu() - cpu_start
+    print(
+        json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds, "bytes": result.bytes, "files": len(result.files)})
+    )
+
+
+def main() -> None:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    keep = os.environ.get("BENCH_DIR")
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = keep or scratch
+        job = Path(tmp) / "job"
+        if not (job / "save_seconds.json").is_file():
+            cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
+            cmd += [str(REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml"), "--main_process_port", str(_port())]
+            proc = subprocess.run(
+                [*cmd, __file__, "--worker", str(job)], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800
+            )
+            if proc.returncode != 0:
+                raise RuntimeError(f"the job failed:\n{proc.stderr[-3000:]}")
+        save = json.loads((job / "save_seconds.json").read_text())
+        reference = hashes(job / "single")
+        assert hashes(job / "shared") == reference, "save_model's shared files differ from the single writer's"
+        times: dict[int, list[float]] = {w: [] for w in WRITERS}
+        cpu: dict[int, list[float]] = {w: [] for w in WRITERS}
+        size = files = 0
+        for _ in range(REPEATS):
+            for w in WRITERS:
+                out = Path(tmp) / f"export{w}"
+                shutil.rmtree(out, ignore_errors=True)
+                run = subprocess.run(
+                    [sys.executable, __file__, "--offline", str(job / "ckpt"), str(out), str(w)],
+                    cwd=REPO,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=1800,
+                )
+                if run.returncode != 0:
+                    raise RuntimeError(f"export with {w} writers failed:\n{run.stderr[-3000:]}")
+                r = json.loads(run.stdout.strip().splitlines()[-1])
+                cpu[w].append(r["cpu_seconds"])
+                times[w].append(r["seconds"])
+                size, files = r["bytes"], r["files"]
+                digest = hashes(out)
+                if w == 1:
+                    offline_reference = digest
+                assert digest == offline_reference, f"{w} writers wrote other bytes than 1 writer"
+                shutil.rmtree(out)  # hashed: room for the next (BENCH_DIR may be a tmpfs)
+        print(
+            f"model: {size / 1e6:,.0f} MB of fp32 weights in {files} files of <= {SHARD}; cores: {os.cpu_count()}; "
+            f"files in {tmp}; load average before: {os.getloadavg()[0]:.1f}"
+        )
+        print("save_model in the job, 2 ranks (seconds, two runs each, in turn):")
+        print(f"  single writer (rank 0) {save['single']}  shared (both ranks) {save['shared']}")
+        print(
+            f"  ratio single/shared (best of each): {min(save['single']) / min(save['shared']):.2f}; files "
+            "identical by sha256"
+        )
+        print(f"checkpoint export, {REPEATS} runs per writer count in turn (seconds; CPU: the export's processes)")
+        base = statistics.median(times[1])
+        print(f"{'writers':>7} {'median s':>9} {'CPU s':>6} {'runs':>36} {'speed-up vs 1':>14}")
+        for w in WRITERS:
+            runs = ", ".join(f"{t:.2f}" for t in times[w])
+            print(
+                f"{w:>7} {statistics.median(times[w]):>9.2f} {statistics.median(cpu[w]):>6.1f} {runs:>36} "
+                f"{base / statistics.median(times[w]):>14.2f}"
+            )
+        print("every export's files identical by sha256 to the 1-writer export")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        worker(sys.argv[2])
+    elif sys.argv[1:2] == ["--offline"]:
+        offline(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        main()
