@@ -217,6 +217,17 @@ def test_deepspeed_zero3_gradient_buckets_as_watch_zero3_gradients_reads_them():
     assert not _compat.watch_zero3_gradients(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))]), print)
 
 
+def test_deepspeed_zero3_norm_stays_invalid_when_one_group_is():
+    """gradient_health.py takes ZeRO-3's global norm as 'some gradient was non-finite': DeepSpeed 0.19.8 marks a
+    group's inf/NaN norm -1 (get_grad_norm_direct) and combine_grad_norm_groups keeps that invalid (inf)."""
+    from deepspeed.runtime.utils import combine_grad_norm_groups, is_invalid_grad_norm
+
+    assert combine_grad_norm_groups([torch.tensor(3.0), torch.tensor(4.0)]).item() == 5.0  # sqrt(9 + 16)
+    for bad in (-1.0, float("nan"), float("inf")):
+        combined = combine_grad_norm_groups([torch.tensor(bad), torch.tensor(2.0)])
+        assert combined.item() == float("inf") and is_invalid_grad_norm(combined)
+
+
 def test_tensor_norms_by_hand_keep_a_non_finite_value_in_its_own_norm():
     tensors = [torch.tensor([3.0, 4.0]), torch.tensor([float("nan"), 1.0]), torch.tensor([[float("inf")]])]
     norms = _compat.tensor_norms(tensors + [torch.tensor([6.0, 8.0], dtype=torch.bfloat16)])
