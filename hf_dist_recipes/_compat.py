@@ -194,15 +194,18 @@ def reset_nonfinite_running_loss(trainer) -> None:
 # `__reduce_and_partition_ipg_grads(comm_dtype)`, called by `reduce_independent_p_g_buckets_and_remove_grads`
 # when the bucket is full and by `independent_gradient_partition_epilogue` at the end of each backward. That call
 # is the last place where a rank's own gradients exist (`p.grad` of each bucket parameter, full size): it
-# reduce-scatters them (a NaN on one rank reaches every rank's partition) and frees them. The wrapper is an
+# reduce-scatters them (a NaN on one rank reaches every rank's partition) and frees them. With
+# `contiguous_gradients` and `bucket.elements <= reduce_bucket_size` (the defaults), `__add_grad_to_ipg_bucket`
+# copied each gradient into the bucket's flat `buffer`, end to end in the order of `params`. The wrapper is an
 # instance attribute, which the class's own `self.__reduce...` call finds first.
 _ZERO3_REDUCE = "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads"
 
 
 def watch_zero3_gradients(optimizer, observe) -> bool:
-    """Call `observe(params)` with each bucket of parameters whose `.grad` is this rank's own gradient, just before
-    DeepSpeed ZeRO-3 reduce-scatters them. Returns False, doing nothing, when `optimizer` (or the optimizer it
-    wraps) is not DeepSpeed 0.19's ZeRO-3 optimizer. Covered: deepspeed 0.19.8."""
+    """Call `observe(params, flat)` with each bucket of parameters whose `.grad` is this rank's own gradient, just
+    before DeepSpeed ZeRO-3 reduce-scatters them; `flat` is those gradients end to end (one 1-D view of the bucket
+    buffer), or None when they are not contiguous. Returns False, doing nothing, when `optimizer` (or the optimizer
+    it wraps) is not DeepSpeed 0.19's ZeRO-3 optimizer. Covered: deepspeed 0.19.8."""
     inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's DeepSpeedOptimizerWrapper holds it here
     stage3 = sys.modules.get("deepspeed.runtime.zero.stage3")
     cls = getattr(stage3, "DeepSpeedZeroOptimizer_Stage3", None)
@@ -211,9 +214,12 @@ def watch_zero3_gradients(optimizer, observe) -> bool:
     original = getattr(cls, _ZERO3_REDUCE).__get__(inner)  # the class's method: re-watching does not stack
 
     def reduce_and_partition(communication_data_type):
-        params = inner.ipg_buckets[communication_data_type].params
-        if params:
-            observe(list(params))
+        bucket = inner.ipg_buckets[communication_data_type]
+        if bucket.params:
+            contiguous = (
+                inner.contiguous_gradients and bucket.buffer is not None and bucket.elements <= inner.reduce_bucket_size
+            )
+            observe(list(bucket.params), bucket.buffer.narrow(0, 0, bucket.elements) if contiguous else None)
         return original(communication_data_type)
 
     setattr(inner, _ZERO3_REDUCE, reduce_and_partition)

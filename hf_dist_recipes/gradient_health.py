@@ -10,10 +10,11 @@ Finding a non-finite value, per rank, without a host sync per micro-step:
   gradients happened to be finite can never be applied by an engine that only looks at gradients;
 - the gradients, under DeepSpeed ZeRO-3: each bucket of the rank's own gradients, just before the engine
   reduce-scatters it (`_compat.watch_zero3_gradients`), gets one 2-norm per parameter from one fused call
-  (`_compat.tensor_norms`), added into one float32 slot per parameter: a few kernels per bucket, and DeepSpeed
-  keeps one bucket per backward at its default `reduce_bucket_size` (5e8 elements). A hook per parameter tensor
-  instead costs a Python call and a kernel per tensor per micro-step (1.2-2.0 ms per step for the demo model's 60
-  tensors on a 2-core CPU machine, benchmarks/results/2026-12-03-training-checks-cpu.md);
+  (`_compat.tensor_norms`), added into one float32 slot per parameter (on CPU, where reading a value waits for no
+  device, one sum over the bucket first, and the norms only when it is not finite): a few kernels per bucket, and
+  DeepSpeed keeps one bucket per backward at its default `reduce_bucket_size` (5e8 elements). A hook per parameter
+  tensor instead costs a Python call and a kernel per tensor per micro-step (see
+  benchmarks/results/2026-12-03-training-checks-cpu.md);
 - the gradients, everywhere else (one process, DDP, ZeRO-1/2): a tensor hook on every trainable parameter
   (registered at train begin, after the engine built the model) keeps `grad.sum(dtype=float32)`; once per step
   they are added into the same slots.
@@ -369,15 +370,17 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
             self._hooks.append(p.register_hook(self._grad_hook(i)))
 
     @torch.no_grad()
-    def _observe_bucket(self, params: list) -> None:
-        # A few kernels per bucket (one bucket per backward at DeepSpeed's default 5e8 elements), not per tensor:
-        # the norms come from one fused call, NaN and Inf survive them.
+    def _observe_bucket(self, params: list, flat: torch.Tensor | None) -> None:
+        # A few kernels per bucket (one bucket per backward at DeepSpeed's default 5e8 elements), not per tensor.
+        if flat is not None and flat.device.type == "cpu" and math.isfinite(float(flat.sum())):
+            return  # all finite: one sum, and reading a CPU tensor waits for no device (on GPU it would sync)
         index = [self._index.get(id(p), -1) for p in params]
         if -1 in index:  # not a parameter of the model seen at train begin: nothing to name it by
             params = [p for p, i in zip(params, index, strict=True) if i >= 0]
             index = [i for i in index if i >= 0]
         if not params:
             return
+        # One fused call for all the bucket's norms; NaN and Inf survive them.
         norms = _compat.tensor_norms([p.grad for p in params]).to(self._grad_sums.device)
         self._grad_sums.index_add_(0, torch.tensor(index, device=self._grad_sums.device), norms)
 

@@ -194,7 +194,8 @@ def _method_source(module_source: str, name: str) -> str:
 def test_deepspeed_zero3_gradient_buckets_as_watch_zero3_gradients_reads_them():
     """_compat.watch_zero3_gradients (DeepSpeed 0.19.8): every gradient leaves through the name-mangled bucket
     reduction, called when a bucket is full and at the end of each backward; the bucket names its parameters in
-    `params`, whose `.grad` is still this rank's own gradient then."""
+    `params`, whose `.grad` is still this rank's own gradient then; within reduce_bucket_size the gradients lie
+    end to end in `buffer`, in the order of `params`."""
     import dataclasses
 
     from deepspeed.runtime.zero import stage3
@@ -207,7 +208,10 @@ def test_deepspeed_zero3_gradient_buckets_as_watch_zero3_gradients_reads_them():
     assert "self.__reduce_and_partition_ipg_grads(comm_dtype)" in _method_source(
         module, "independent_gradient_partition_epilogue"
     )
-    assert "bucket.params.append(param)" in _method_source(module, "__add_grad_to_ipg_bucket")
+    add = _method_source(module, "__add_grad_to_ipg_bucket")
+    assert "bucket.elements + param.grad.numel() <= self.reduce_bucket_size" in add  # then copied into buffer
+    assert "bucket.buffer.narrow(0, bucket.elements, param.grad.numel())" in add
+    assert "bucket.params.append(param)" in add
     # the reduction reads each parameter's .grad (the bucket buffer or its own tensor) and only then frees them
     reduce_ipg = _method_source(module, "__reduce_and_partition_ipg_grads")
     assert "params_in_bucket = bucket.params" in reduce_ipg
