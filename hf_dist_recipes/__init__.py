@@ -14,6 +14,8 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 
 _PUBLIC = {
     "RecipeTrainer": "hf_dist_recipes.trainer",
+    "RecipeTrainerMixin": "hf_dist_recipes.trainer",
+    "recipe": "hf_dist_recipes.trainer_classes",
     "RecipeTrainingArguments": "hf_dist_recipes.arguments",
     "ExpertBiasBalancer": "hf_dist_recipes.expert_balance",
     "GradientHealthCallback": "hf_dist_recipes.gradient_health",

@@ -66,7 +66,6 @@ DeepSpeed's JIT-built ops are built once per node rather than by every node into
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
@@ -392,30 +391,19 @@ class RecipeTrainingArguments(TrainingArguments):
         return fix.change
 
     @classmethod
-    def from_training_arguments(cls, args: TrainingArguments) -> RecipeTrainingArguments:
-        """Upgrade a plain `TrainingArguments`: every field the user changed from the stock default is kept; fields
-        left at the stock default take the recipe default."""
-        if isinstance(args, cls):
-            return args
-        kept = {}
-        for f in dataclasses.fields(TrainingArguments):
-            if not f.init:
-                continue
-            value = getattr(args, f.name)
-            stock = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            # Compared with the stock default after the stock post-init too: that turns activation_checkpointing's
-            # None into False, which is not the user's choice and must not override the launch plan's.
-            if value != stock and value != _compat.STOCK_POST_INIT_DEFAULTS.get(f.name, stock):
-                kept[f.name] = value
-        upgraded = cls(**kept)
-        recipe_defaults = sorted(
-            f.name
-            for f in dataclasses.fields(cls)
-            if f.init and f.name not in kept and getattr(upgraded, f.name) != getattr(args, f.name, None)
-        )
-        if recipe_defaults:
-            logger.info("RecipeTrainer upgraded TrainingArguments; recipe defaults for: %s", ", ".join(recipe_defaults))
-        return upgraded
+    def from_training_arguments(
+        cls, args: TrainingArguments, base: type[TrainingArguments] | None = None
+    ) -> RecipeTrainingArguments:
+        """Upgrade a user's arguments: a `TrainingArguments` subclass `C` (`Seq2SeqTrainingArguments`, trl's
+        `SFTConfig`, the user's own) becomes a `Recipe<C>`, an instance of both `C` and this class, and keeps every
+        field and method of `C`; a plain `TrainingArguments` becomes this class. Every field the user changed from
+        its default is kept; fields left at their default take the recipe default (`hf_dist_recipes.
+        argument_classes`). `base`: the arguments class the Trainer needs, used when `args` is not one."""
+        from hf_dist_recipes.argument_classes import upgrade  # it builds on this class
+
+        if base is None and cls is not RecipeTrainingArguments:  # a subclass of ours: upgrade into it
+            base = cls
+        return upgrade(args, base)
 
 
 def _schedule_kwargs_into_fields(args: RecipeTrainingArguments) -> None:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import os
 import sys
 from collections.abc import Mapping
@@ -50,6 +51,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 from hf_dist_recipes import _compat
 from hf_dist_recipes._compat import forget_zero_hpz_group
+from hf_dist_recipes.argument_classes import recipe_arguments_class
 from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
 from hf_dist_recipes.backend import check_process_group_backend, destroy_gloo_group_at_exit
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
@@ -74,44 +76,45 @@ from hf_dist_recipes.seeding import seed_everything
 from hf_dist_recipes.watchdog import HangWatchdogCallback
 
 
-class RecipeTrainer(Trainer):
-    def __init__(
-        self,
-        model=None,
-        args: TrainingArguments | None = None,
-        data_collator=None,
-        train_dataset=None,
-        eval_dataset=None,
-        processing_class=None,
-        model_init=None,
-        compute_loss_func=None,
-        compute_metrics=None,
-        callbacks=None,
-        optimizers=(None, None),
-        optimizer_cls_and_kwargs=None,
-        preprocess_logits_for_metrics=None,
-    ):
+class RecipeTrainerMixin:
+    """The recipe for any `Trainer` subclass, placed before it: `class MyTrainer(RecipeTrainerMixin, SFTTrainer)`,
+    or `recipe(SFTTrainer)` (`hf_dist_recipes.trainer_classes`). Every method here calls `super()`, so the
+    Trainer's own `__init__`, `log`, `compute_loss`, ... run inside ours. The constructor takes that Trainer's
+    arguments (positional or by name) and upgrades `args` before it sees them
+    (`RecipeTrainingArguments.from_training_arguments`)."""
+
+    # The arguments class the Trainer needs (trl's trainers rebuild any other into theirs, losing ours).
+    recipe_arguments_base: type[TrainingArguments] = TrainingArguments
+
+    def __init_subclass__(cls, **kwargs):
+        """A class whose constructor is the mixin's gets one with the Trainer's signature, for `inspect` and help."""
+        super().__init_subclass__(**kwargs)
+        inits = [klass for klass in cls.__mro__[1:] if "__init__" in vars(klass)]
+        if "__init__" in vars(cls) or inits[0] is not RecipeTrainerMixin:
+            return
+        signature = _trainer_signature(cls)
+
+        def __init__(self, *positional, **named):
+            super(cls, self).__init__(*positional, **named)
+
+        this = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        __init__.__signature__ = signature.replace(parameters=[this, *signature.parameters.values()])
+        __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+        __init__.__doc__ = RecipeTrainerMixin.__init__.__doc__
+        cls.__init__ = __init__
+
+    def __init__(self, *positional, **named):
+        """The Trainer's constructor, with `args` upgraded to the recipe's (None: `tmp_trainer` as output_dir)."""
+        bound = _trainer_signature(type(self)).bind_partial(*positional, **named)
+        args = bound.arguments.get("args")
         if args is None:
-            args = RecipeTrainingArguments(output_dir="tmp_trainer")
-        args = RecipeTrainingArguments.from_training_arguments(args)
+            args = recipe_arguments_class(self.recipe_arguments_base)(output_dir="tmp_trainer")
+        args = RecipeTrainingArguments.from_training_arguments(args, self.recipe_arguments_base)
+        bound.arguments["args"] = args
         # Before super().__init__: it calls model_init, whose weights must come from the seeded state.
         self.seed_report = seed_everything(args.seed, deterministic=args.full_determinism)
         self.rank_metrics = RankMetrics()
-        super().__init__(
-            model=model,
-            args=args,
-            data_collator=data_collator,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            model_init=model_init,
-            compute_loss_func=compute_loss_func,
-            compute_metrics=compute_metrics,
-            callbacks=callbacks,
-            optimizers=optimizers,
-            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
-            preprocess_logits_for_metrics=preprocess_logits_for_metrics,
-        )
+        super().__init__(*bound.args, **bound.kwargs)
         # use_cpu (asked for, or set by the arguments where torch sees no GPU) is a CPU run: Gloo is right there.
         check_process_group_backend(
             allow_gloo_on_cuda=args.allow_gloo_on_cuda, cuda_devices=0 if args.use_cpu else None
@@ -378,3 +381,22 @@ def _count_tokens(inputs) -> int:
         if isinstance(ids, torch.Tensor):
             return ids.numel()
     return 0
+
+
+def _trainer_signature(cls: type) -> inspect.Signature:
+    """The signature of the first `__init__` after the mixin that names `args` (a subclass whose `__init__` only
+    forwards `*args, **kwargs` hands them on to it), without `self`."""
+    mro = cls.__mro__
+    for klass in mro[mro.index(RecipeTrainerMixin) + 1 :]:
+        init = vars(klass).get("__init__")
+        if init is None:
+            continue
+        signature = inspect.signature(init)
+        named = signature.parameters.get("args")
+        if named is not None and named.kind in (named.POSITIONAL_OR_KEYWORD, named.KEYWORD_ONLY):
+            return signature.replace(parameters=list(signature.parameters.values())[1:])
+    raise ValueError(f"{cls.__name__}: no __init__ after RecipeTrainerMixin takes `args`; put it before a Trainer")
+
+
+class RecipeTrainer(RecipeTrainerMixin, Trainer):
+    """`transformers.Trainer` with the recipe (`RecipeTrainerMixin`); `recipe(Trainer)` is this class."""

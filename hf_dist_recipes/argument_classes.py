@@ -1,0 +1,156 @@
+"""The recipe's arguments for any `TrainingArguments` subclass, and the upgrade of a user's arguments into them.
+
+`recipe_arguments_class(C)` is a dataclass `Recipe<C>` with bases `(RecipeTrainingArguments, C)`, made once per `C`:
+an instance is a `C` (its fields, its methods, its post-init: `RecipeTrainingArguments.__post_init__` calls
+`super().__post_init__()`, which is `C`'s) and a `RecipeTrainingArguments` (the recipe's defaults and checks).
+Defaults: a field the recipe declares takes the recipe's default; a stock field `C` re-declares (trl's
+`learning_rate=2e-5`, `gradient_checkpointing=True`, ...) keeps `C`'s, which plain dataclass inheritance would lose
+(the recipe's bases carry the stock default last). `Seq2SeqTrainingArguments` -> `RecipeSeq2SeqTrainingArguments`,
+`SFTConfig` -> `RecipeSFTConfig`.
+
+`upgrade(args, base)` builds the instance `RecipeTrainer` & co. train with (`RecipeTrainingArguments.
+from_training_arguments`). Instances pickle and deep-copy by naming `C` (which must be importable, as for any
+pickled `C`), not the made class, so a fresh process loads a `training_args.bin` without having made it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+
+from transformers import TrainingArguments
+
+from hf_dist_recipes import _compat
+from hf_dist_recipes.arguments import RecipeTrainingArguments
+
+logger = logging.getLogger(__name__)
+
+_CLASSES: dict[type, type] = {}
+_LOCK = threading.Lock()
+
+
+def recipe_arguments_class(base: type[TrainingArguments]) -> type[RecipeTrainingArguments]:
+    """`Recipe<base>`: the recipe applied to the arguments class `base` (cached: the same class on every call)."""
+    if not (isinstance(base, type) and issubclass(base, TrainingArguments)):
+        raise ValueError(f"{base!r} is not a TrainingArguments subclass; pass the class the Trainer's args are")
+    if issubclass(base, RecipeTrainingArguments):
+        return base
+    if base is TrainingArguments:
+        return RecipeTrainingArguments
+    with _LOCK:
+        made = _CLASSES.get(base)
+        if made is None:
+            made = _CLASSES[base] = _make(base)
+        return made
+
+
+def _make(base: type[TrainingArguments]) -> type[RecipeTrainingArguments]:
+    ours = set(vars(RecipeTrainingArguments).get("__annotations__", {}))  # the fields the recipe declares
+    stock = {f.name: f for f in dataclasses.fields(TrainingArguments)}
+    redeclared = [
+        (f.name, f.type, _copy_field(f))
+        for f in dataclasses.fields(base)
+        if f.name in stock and f.name not in ours and not _same_default(f, stock[f.name])
+    ]
+    return dataclasses.make_dataclass(
+        f"Recipe{base.__name__}",
+        redeclared,
+        bases=(RecipeTrainingArguments, base),
+        namespace={
+            "__module__": __name__,
+            "__doc__": f"`{base.__module__}.{base.__qualname__}` with the recipe's defaults and checks "
+            "(`hf_dist_recipes.argument_classes`).",
+            "__reduce__": _reduce,
+            "_recipe_base": base,  # no annotation: a class attribute, not a field
+        },
+    )
+
+
+def _reduce(self):
+    return _instance, (type(self)._recipe_base,), dict(vars(self))
+
+
+def _instance(base: type[TrainingArguments]) -> RecipeTrainingArguments:
+    """An empty `Recipe<base>` for pickle and deepcopy, which then restore its attributes (no post-init again)."""
+    cls = recipe_arguments_class(base)
+    return cls.__new__(cls)
+
+
+def upgrade(args: TrainingArguments, base: type[TrainingArguments] | None = None) -> RecipeTrainingArguments:
+    """`args` as a `Recipe<C>`, where `C` is `type(args)`, or `base` when `args` is not a `base` already (trl's
+    trainers need their config class: a plain `TrainingArguments` given to `recipe(SFTTrainer)` becomes a
+    `RecipeSFTConfig`, as `SFTTrainer` itself would turn it into an `SFTConfig`).
+
+    Every field the user set (a value other than its class's default, also after the stock post-init) is kept; a
+    field left at its default takes the recipe's default where the recipe declares one, else its class's default."""
+    target_base = type(args) if base is None or isinstance(args, base) else base
+    if isinstance(args, RecipeTrainingArguments) and isinstance(args, target_base):
+        return args
+    target = recipe_arguments_class(target_base)
+    source_fields = [f for f in dataclasses.fields(args) if f.init]
+    target_fields = {f.name: f for f in dataclasses.fields(target) if f.init}
+    unknown = [f.name for f in source_fields if f.name not in target_fields]
+    if unknown:
+        raise ValueError(
+            f"{type(args).__name__} has fields {unknown} that {target_base.__name__} lacks; pass a "
+            f"{target_base.__name__} (or a subclass of it) as args"
+        )
+    source_defaults = {f.name: _default(f) for f in source_fields}
+    after_post_init = _post_init_defaults(source_defaults)
+    ours = set(vars(RecipeTrainingArguments).get("__annotations__", {}))
+    kept = {}
+    for f in source_fields:
+        value, default = getattr(args, f.name), source_defaults[f.name]
+        # Compared with the default after the stock post-init too: that turns activation_checkpointing's None into
+        # False (or trl's True), which is not the user's choice and must not override the launch plan's.
+        if value != default and value != after_post_init.get(f.name, default):
+            kept[f.name] = value
+        elif f.name not in ours and _default(target_fields[f.name]) != default:
+            kept[f.name] = default  # the source class's default, as a to_dict() rebuild would carry it
+    upgraded = target(**kept)
+    recipe_defaults = sorted(
+        name for name in target_fields if name not in kept and getattr(upgraded, name) != getattr(args, name, None)
+    )
+    if recipe_defaults:
+        logger.info(
+            "RecipeTrainer upgraded %s to %s; recipe defaults for: %s",
+            type(args).__name__,
+            target.__name__,
+            ", ".join(recipe_defaults),
+        )
+    return upgraded
+
+
+def _post_init_defaults(declared: dict[str, object]) -> dict[str, object]:
+    """What transformers 5.24's post-init makes of a class's declared defaults of the activation/gradient
+    checkpointing alias pair (`_compat.STOCK_POST_INIT_DEFAULTS`): the new name when set, else the deprecated one,
+    else False (trl's configs declare `gradient_checkpointing=True`). Checked in tests/unit/test_argument_classes.py."""
+    resolved = declared.get("activation_checkpointing")
+    if resolved is None:
+        resolved = declared.get("gradient_checkpointing")
+    return dict.fromkeys(_compat.STOCK_POST_INIT_DEFAULTS, False if resolved is None else resolved)
+
+
+def _default(f: dataclasses.Field):
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _same_default(a: dataclasses.Field, b: dataclasses.Field) -> bool:
+    try:
+        return bool(_default(a) == _default(b))
+    except Exception:  # a default without a usable ==: treat as re-declared
+        return False
+
+
+def _copy_field(f: dataclasses.Field) -> dataclasses.Field:
+    return dataclasses.field(
+        default=f.default,
+        default_factory=f.default_factory,
+        init=f.init,
+        repr=f.repr,
+        hash=f.hash,
+        compare=f.compare,
+        metadata=f.metadata,
+        kw_only=f.kw_only,
+    )
