@@ -69,6 +69,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from typing import Literal
 
 from transformers import TrainingArguments
 from transformers.trainer_utils import SchedulerType
@@ -166,7 +167,8 @@ class RecipeTrainingArguments(TrainingArguments):
     save_shard_size: str = field(
         default=DEFAULT_MAX_SHARD_SIZE,
         metadata={
-            "help": "Largest safetensors file save_model writes under DeepSpeed (e.g. 5GB, 500MB). The "
+            "help": "Largest safetensors file save_model writes under DeepSpeed (5GB = 5e9 bytes, 5GiB = 5 x 2^30, "
+            "500MB, or a byte count). The "
             "writing rank holds at most one shard plus one decoder layer (default 5GB)."
         },
     )
@@ -182,11 +184,12 @@ class RecipeTrainingArguments(TrainingArguments):
         default="2GB",
         metadata={
             "help": "Under ZeRO-3, stop when a model larger than this was built without being partitioned "
-            "(every rank holds a full copy). None: no check."
+            "(every rank holds a full copy), e.g. 2GB (2e9 bytes) or 2GiB (2 x 2^30). None: no check."
         },
     )
     # seeds
-    seed_check: str = field(
+    # Literal: HfArgumentParser renders a closed set as argparse choices (rank_agreement.POLICIES, tested).
+    seed_check: Literal["error", "warn", "off"] = field(
         default="error",
         metadata={
             "help": "Ranks that disagree on seeds, data order, built weights or (every rank_check_steps) the "
@@ -212,7 +215,7 @@ class RecipeTrainingArguments(TrainingArguments):
         },
     )
     # gradient health
-    nonfinite_policy: str = field(
+    nonfinite_policy: Literal["skip", "halt", "off"] = field(
         default="skip",
         metadata={
             "help": "A non-finite loss or gradient on any rank: 'skip' the optimizer step on every rank "
@@ -238,7 +241,7 @@ class RecipeTrainingArguments(TrainingArguments):
         default=DEFAULT_STRAGGLER_THRESHOLD,
         metadata={
             "help": "A rank whose busy time per step exceeds the median rank's by more than this fraction "
-            "(0.2: 20%) is slow in that window."
+            "(0.2: 20 percent) is slow in that window."
         },
     )
     straggler_windows: int = field(

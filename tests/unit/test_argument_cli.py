@@ -1,0 +1,170 @@
+"""Our argument classes on a command line, as HuggingFace's example scripts use them (issue 19 part 4).
+
+`HfArgumentParser` hands every help string to argparse, which %-formats it: one "20%" and `--help` dies
+(`ValueError: unsupported format character`). The help is printed in full for every argument class the package
+defines, found by walking the package; every field RecipeTrainingArguments adds is set from the command line to a
+non-default value; and the tuple of tests/scripts/run_clm.py (run_clm's ModelArguments, DataTrainingArguments and our
+class in place of TrainingArguments) parses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import pkgutil
+import sys
+import typing
+
+import pytest
+from transformers import HfArgumentParser, TrainingArguments
+
+import hf_dist_recipes
+from hf_dist_recipes import RecipeTrainingArguments
+from hf_dist_recipes.checkpoint.writer import parse_size
+
+REPO_SCRIPTS = __import__("pathlib").Path(__file__).resolve().parents[1] / "scripts"
+
+
+def _argument_classes() -> list[type]:
+    """Every dataclass defined in hf_dist_recipes that is a TrainingArguments or carries help texts (the mark of a
+    class meant for HfArgumentParser)."""
+    found: dict[str, type] = {}
+    for info in pkgutil.walk_packages(hf_dist_recipes.__path__, "hf_dist_recipes."):
+        module = importlib.import_module(info.name)
+        for obj in vars(module).values():
+            if not (inspect.isclass(obj) and dataclasses.is_dataclass(obj)):
+                continue
+            if not obj.__module__.startswith("hf_dist_recipes"):
+                continue
+            if issubclass(obj, TrainingArguments) or any("help" in f.metadata for f in dataclasses.fields(obj)):
+                found[f"{obj.__module__}.{obj.__qualname__}"] = obj
+    return [found[name] for name in sorted(found)]
+
+
+ARGUMENT_CLASSES = _argument_classes()
+
+
+def _run_clm():
+    sys.path.insert(0, str(REPO_SCRIPTS))
+    try:
+        return importlib.import_module("run_clm")
+    finally:
+        sys.path.remove(str(REPO_SCRIPTS))
+
+
+def test_the_walk_finds_the_recipe_arguments():
+    assert RecipeTrainingArguments in ARGUMENT_CLASSES
+
+
+@pytest.mark.parametrize("cls", ARGUMENT_CLASSES, ids=lambda c: c.__qualname__)
+def test_help_prints_in_full(cls, capsys):
+    parser = HfArgumentParser(cls)
+    with pytest.raises(SystemExit) as done:  # the --help a script's user runs; a ValueError on "(0.2: 20%)" before
+        parser.parse_args(["--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    assert text == parser.format_help()
+    for f in dataclasses.fields(cls):
+        if f.init:
+            assert f"--{f.name}" in text
+    print(text)
+
+
+def test_run_clm_tuple_prints_help_and_parses(tmp_path):
+    run_clm = _run_clm()
+    classes = (run_clm.ModelArguments, run_clm.DataTrainingArguments, RecipeTrainingArguments)
+    parser = HfArgumentParser(classes)
+    text = parser.format_help()
+    for name in ("--model_name_or_path", "--block_size", "--learning_rate", "--seed_check", "--save_shard_size"):
+        assert name in text
+    model_args, data_args, args = parser.parse_args_into_dataclasses(
+        args=[
+            "--model_type", "llama", "--tokenizer_name", "tok", "--train_file", "t.txt", "--block_size", "64",
+            "--output_dir", str(tmp_path), "--do_train", "--learning_rate", "3e-3", "--report_to", "tensorboard",
+            "--seed_check", "warn", "--max_unpartitioned_model_size", "2GiB", "--no_per_rank_tensorboard",
+        ],
+        look_for_args_file=False,
+    )  # fmt: skip
+    assert (model_args.model_type, data_args.block_size, data_args.keep_linebreaks) == ("llama", 64, True)
+    assert type(args) is RecipeTrainingArguments and args.do_train and args.learning_rate == 3e-3
+    assert args.report_to == ["tensorboard"]  # a list field from one word
+    assert (args.seed_check, args.per_rank_tensorboard) == ("warn", False)
+    assert args.max_unpartitioned_model_bytes == 2 * 1024**3
+
+
+def test_closed_sets_are_choices_and_match_the_validators():
+    from hf_dist_recipes import gradient_health, rank_agreement
+
+    hints = typing.get_type_hints(RecipeTrainingArguments)
+    assert typing.get_args(hints["seed_check"]) == rank_agreement.POLICIES
+    assert typing.get_args(hints["nonfinite_policy"]) == gradient_health.POLICIES
+    text = HfArgumentParser(RecipeTrainingArguments).format_help()
+    assert "{error,warn,off}" in text and "{skip,halt,off}" in text
+
+
+def test_a_value_outside_a_closed_set_is_refused_by_argparse(capsys):
+    with pytest.raises(SystemExit) as done:
+        HfArgumentParser(RecipeTrainingArguments).parse_args_into_dataclasses(
+            args=["--seed_check", "maybe"], look_for_args_file=False
+        )
+    assert done.value.code == 2 and "invalid choice: 'maybe'" in capsys.readouterr().err
+
+
+ADDED = [f for f in dataclasses.fields(RecipeTrainingArguments) if f.name not in TrainingArguments.__dataclass_fields__]
+
+
+def _non_default(f: dataclasses.Field, hint) -> tuple[list[str], object]:
+    """(command-line words, the value the field must hold) for a value other than `f`'s default, from its type."""
+    default = f.default
+    if typing.get_origin(hint) in (typing.Union, __import__("types").UnionType):  # X | None: the X
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    if hint is bool:
+        return ([f"--no_{f.name}"], False) if default is True else ([f"--{f.name}"], True)
+    if typing.get_origin(hint) is typing.Literal:
+        other = next(c for c in typing.get_args(hint) if c != default)
+        return [f"--{f.name}", other], other
+    if hint is int:
+        return [f"--{f.name}", str(default + 1)], default + 1
+    if hint is float:
+        value = default * 2 if default else 0.5
+        return [f"--{f.name}", str(value)], value
+    if hint is str and default is None:  # a free text such as a folder
+        return [f"--{f.name}", "some/where"], "some/where"
+    if hint is str and isinstance(default, str):
+        parse_size(default)  # every str field added so far is a size; a new kind needs its own case here
+        return [f"--{f.name}", "3GiB"], "3GiB"
+    if typing.get_origin(hint) is list:
+        item = typing.get_args(hint)[0]
+        return [f"--{f.name}", "1", "2"], [item("1"), item("2")]
+    raise AssertionError(f"{f.name}: no command-line case for type {hint!r}; add one to this test")
+
+
+@pytest.mark.parametrize("f", ADDED, ids=lambda f: f.name)
+def test_every_added_field_is_set_from_the_command_line(f, tmp_path):
+    words, expected = _non_default(f, typing.get_type_hints(RecipeTrainingArguments)[f.name])
+    assert expected != f.default
+    (args,) = HfArgumentParser(RecipeTrainingArguments).parse_args_into_dataclasses(
+        args=["--output_dir", str(tmp_path), *words], look_for_args_file=False
+    )
+    assert getattr(args, f.name) == expected
+    if f.name.endswith("_size"):  # sizes also land in bytes, 3 x 2^30
+        assert getattr(args, f.name.removesuffix("_size") + "_bytes") == 3 * 1024**3
+
+
+def test_the_walk_covers_several_added_kinds():
+    # The per-field test above must see booleans, closed sets, sizes and numbers (else a kind went untested).
+    hints = typing.get_type_hints(RecipeTrainingArguments)
+    kinds = {f.name: _non_default(f, hints[f.name])[0] for f in ADDED}
+    assert kinds["allow_no_recompute"] == ["--allow_no_recompute"]
+    assert kinds["per_rank_tensorboard"] == ["--no_per_rank_tensorboard"]
+    assert kinds["nonfinite_policy"] == ["--nonfinite_policy", "halt"]
+    assert kinds["max_unpartitioned_model_size"] == ["--max_unpartitioned_model_size", "3GiB"]
+    assert len(ADDED) >= 20
+
+
+def test_none_turns_the_model_size_check_off_from_the_command_line(tmp_path):
+    (args,) = HfArgumentParser(RecipeTrainingArguments).parse_args_into_dataclasses(
+        args=["--output_dir", str(tmp_path), "--max_unpartitioned_model_size", "none"], look_for_args_file=False
+    )
+    assert args.max_unpartitioned_model_size is None and args.max_unpartitioned_model_bytes is None
