@@ -168,3 +168,21 @@ def test_none_turns_the_model_size_check_off_from_the_command_line(tmp_path):
         args=["--output_dir", str(tmp_path), "--max_unpartitioned_model_size", "none"], look_for_args_file=False
     )
     assert args.max_unpartitioned_model_size is None and args.max_unpartitioned_model_bytes is None
+
+
+def test_the_run_clm_script_prints_its_help(tmp_path):
+    """The user's view: `python run_clm.py --help` with our class in the tuple exits 0 and lists our arguments."""
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, str(REPO_SCRIPTS / "run_clm.py"), "--help"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**__import__("os").environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "120"},
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for shown in ("--model_type", "--train_file", "--straggler_threshold", "--seed_check {error,warn,off}"):
+        assert shown in proc.stdout
+    assert "--no_per_rank_tensorboard" in proc.stdout and "--max_unpartitioned_model_size" in proc.stdout
