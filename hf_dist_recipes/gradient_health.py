@@ -70,12 +70,15 @@ returns; under DeepSpeed the engine's) more than `spike_threshold` robust z-scor
 at 1e-3 x |median| so that a flat window does not call noise a spike. Checked once the window is full. Only
 values above the window count (a falling loss is not a spike).
 
-Keys added to the next Trainer log by `RecipeTrainer.log` (so `log_history`, TensorBoard -- as `train/<key>` -- and
-every `report_to` integration get them):
+Keys added to the next Trainer log (`monitoring/pending.py`):
 - `skipped_steps` (every log): optimizer steps skipped for a non-finite value since the run began;
 - `loss_spikes`, `grad_norm_spikes` (every log): spikes found since the run began;
+  these three by `RecipeTrainer.log`: `log_history`, every `report_to` integration, the console and TensorBoard (as
+  `train/<key>`) get them, and a resumed run logs them alike (they are saved in checkpoints, below);
 - `nonfinite_event` (text, in the first log after a skip): "step 5: non-finite loss/gradient on rank(s) 1 ...";
-- `spike_event` (text, in the first log after a spike).
+- `spike_event` (text, in the first log after a spike);
+  these two in `on_log`, for the per-rank TensorBoard run (text `train/<key>`) and the rank summary's `events`:
+  text stays out of `log_history` and `report_to`.
 Each event is also a warning line in every rank's log. State saved in checkpoints (`ExportableState`): the
 counters, the consecutive-skip count, the steps skipped (last 100), and both spike windows; a resumed run
 continues them (read back at train begin from the checkpoint's trainer state, whether or not
@@ -104,6 +107,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from hf_dist_recipes import _compat
+from hf_dist_recipes.monitoring.pending import PendingLogs
 
 logger = logging.getLogger(__name__)
 
@@ -247,7 +251,7 @@ def _gather(local) -> list:
     return gathered
 
 
-class GradientHealthCallback(TrainerCallback, ExportableState):
+class GradientHealthCallback(PendingLogs, TrainerCallback, ExportableState):
     """See the module docstring. Built by `RecipeTrainer` from the arguments' fields of the same names."""
 
     def __init__(
@@ -335,18 +339,19 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         self._grad_norm = float(norm.item() if isinstance(norm, torch.Tensor) else norm)
 
     def pop_pending(self) -> dict:
-        """Keys for the next Trainer log (see the module docstring)."""
+        """The counters for the next Trainer log (see the module docstring); the same until they change."""
         if not self.active:
             return {}
-        logs: dict = {
+        return {
             "skipped_steps": self.skipped_steps,
             "loss_spikes": self.loss_spikes,
             "grad_norm_spikes": self.grad_norm_spikes,
         }
-        for key, lines in self._events.items():
-            logs[key] = " | ".join(lines)
-        self._events = {}
-        return logs
+
+    def pop_rank_pending(self) -> dict:
+        """The event texts not logged yet (`nonfinite_event`, `spike_event`), once."""
+        events, self._events = self._events, {}
+        return {key: " | ".join(lines) for key, lines in events.items()}
 
     # TrainerCallback
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):

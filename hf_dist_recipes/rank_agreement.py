@@ -39,9 +39,12 @@ Policy `seed_check` ("error" default: RuntimeError on every rank, the launch fai
 warning line in every rank's log; "off": nothing gathered, only the dropout streams are set). Whatever the policy,
 every mismatch found is kept in `mismatches` as (step, or None at train begin, `Mismatch`), the same on every rank:
 what the preflight reports (`hf_dist_recipes.preflight.training`). Keys added to the
-next Trainer log by `RecipeTrainer.log` (so `log_history`, TensorBoard and `report_to` see them): after train begin
-`rank_check/seed_ok`, `rank_check/data_ok`, `rank_check/weights_ok` (1.0 agree, 0.0 mismatch, -1.0 not checkable:
-weights built under zero.Init); after each check step `rank_check/ok` (1.0 or 0.0). All ranks gather the same data
+next Trainer log (`monitoring/pending.py`): after each check step `rank_check/ok` (1.0 or 0.0), by
+`RecipeTrainer.log`, so `log_history`, `report_to` and TensorBoard see it (a resumed run checks at the same steps);
+after train begin `rank_check/seed_ok`, `rank_check/data_ok`, `rank_check/weights_ok` (1.0 agree, 0.0 mismatch,
+-1.0 not checkable: weights built under zero.Init) for the per-rank TensorBoard run only: they come with the first
+log of every `train()` call, so a resumed run would log them where the uninterrupted one did not (the values are
+kept in `begin_report`). All ranks gather the same data
 and decide alike, so "error" stops every rank at the same point instead of leaving some waiting in a collective.
 """
 
@@ -55,6 +58,8 @@ from dataclasses import dataclass
 
 import torch
 from transformers import TrainerCallback
+
+from hf_dist_recipes.monitoring.pending import PendingLogs
 
 logger = logging.getLogger(__name__)
 
@@ -220,7 +225,7 @@ def _hex_to_float(text: str | None) -> float:
     return -1.0 if text is None else float(int(text[:13], 16))  # 52 bits: exact in a float64
 
 
-class RankAgreementCallback(TrainerCallback):
+class RankAgreementCallback(PendingLogs, TrainerCallback):
     """See the module docstring. `weights`: this rank's `weights_checksum` at construction."""
 
     def __init__(
@@ -243,7 +248,8 @@ class RankAgreementCallback(TrainerCallback):
         self.last_agreed_step: int | None = None
         self._loss: torch.Tensor | None = None
         self._ids: torch.Tensor | None = None
-        self._pending: dict[str, float] = {}
+        self._pending: dict[str, float] = {}  # rank_check/ok
+        self._rank_pending: dict[str, float] = {}  # the train-begin report
         # Every disagreement found, as (step, or None at train begin, Mismatch): the same list on every rank (all
         # decide from the same gathered data), for callers that report instead of stopping (the preflight).
         self.mismatches: list[tuple[int | None, Mismatch]] = []
@@ -315,7 +321,7 @@ class RankAgreementCallback(TrainerCallback):
             "rank_check/data_ok": float(not data_bad),
             "rank_check/weights_ok": float(not weights_bad) if weights_known else -1.0,
         }
-        self._pending.update(self.begin_report)
+        self._rank_pending.update(self.begin_report)
         self.mismatches += [(None, m) for m in seed_bad + data_bad + weights_bad]
         apply_policy(self.policy, seed_bad + data_bad + weights_bad)
 
@@ -372,8 +378,3 @@ class RankAgreementCallback(TrainerCallback):
         self._pending["rank_check/ok"] = float(not bad)
         self.mismatches += [(state.global_step, m) for m in bad]
         apply_policy(self.policy, bad, step=state.global_step)
-
-    def pop_pending(self) -> dict[str, float]:
-        """The rank_check/* values not logged yet; `RecipeTrainer.log` adds them to the next log."""
-        pending, self._pending = self._pending, {}
-        return pending

@@ -60,6 +60,7 @@ from hf_dist_recipes.checkpoint.writer import save_config_files
 from hf_dist_recipes.construction import check_partitioned
 from hf_dist_recipes.environment.fingerprint import check_ranks_agree
 from hf_dist_recipes.gradient_health import GradientHealthCallback
+from hf_dist_recipes.monitoring.console import use_recipe_console
 from hf_dist_recipes.monitoring.expert_load import ExpertLoadCallback, has_routed_experts
 from hf_dist_recipes.monitoring.pending import PendingLogs
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
@@ -115,6 +116,7 @@ class RecipeTrainerMixin:
         self.seed_report = seed_everything(args.seed, deterministic=args.full_determinism)
         self.rank_metrics = RankMetrics()
         super().__init__(*bound.args, **bound.kwargs)
+        use_recipe_console(self)  # loss, lr, grad norm, skips, spikes; the rest in TensorBoard
         # use_cpu (asked for, or set by the arguments where torch sees no GPU) is a CPU run: Gloo is right there.
         check_process_group_backend(
             allow_gloo_on_cuda=args.allow_gloo_on_cuda, cuda_devices=0 if args.use_cpu else None
@@ -328,13 +330,14 @@ class RecipeTrainerMixin:
         return self._save_bytes_cache
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """The stock log, with the scalars our callbacks prepared for it (tokens per expert) added first, so that
-        `log_history` and every `report_to` integration get them, not only the callbacks after ours."""
+        """The stock log, with the numbers our callbacks prepared for it added first (tokens per expert, the
+        skipped-step and spike counts, the periodic rank check), so that `log_history` and every `report_to`
+        integration get them, not only the callbacks after ours. Only numbers a resumed run logs again alike: each
+        rank's own measurements, the train-begin rank checks and event texts join the log in the callbacks'
+        `on_log`, after `log_history` took its copy, for the per-rank TensorBoard run (`monitoring/pending.py`)."""
         for callback in self.callback_handler.callbacks:
-            if isinstance(callback, PendingLogs):  # tokens per expert, stragglers, system metrics
+            if isinstance(callback, PendingLogs):
                 logs.update(callback.pop_pending())
-        logs.update(self.rank_agreement.pop_pending())  # rank_check/*: what the ranks were found to agree on
-        logs.update(self.gradient_health.pop_pending())  # skipped_steps, spikes and their events
         super().log(logs, start_time)
         # After the log that showed it: else the Trainer's running loss stays NaN for the rest of the run.
         _compat.reset_nonfinite_running_loss(self)

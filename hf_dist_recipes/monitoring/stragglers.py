@@ -118,8 +118,8 @@ class StragglerCallback(PendingLogs, TrainerCallback):
     """Finds ranks slower than the others while training runs (module docstring: what is measured, why, cost).
     RecipeTrainer registers it with `straggler_check_steps`, `straggler_threshold`, `straggler_windows`.
 
-    Keys added to the next Trainer log by `RecipeTrainer.log` (so `log_history` on every rank, TensorBoard as
-    `train/<key>`, every `report_to` integration get them), after each check:
+    Keys added to the next Trainer log after each check, for this rank's TensorBoard run (`train/<key>`) and not
+    `log_history` or `report_to`: they come from wall-clock times (`monitoring/pending.py`, the per-rank kind):
 
     | key | meaning |
     |---|---|
@@ -147,7 +147,7 @@ class StragglerCallback(PendingLogs, TrainerCallback):
         self._active = False
         self._window_start: float | None = None
         self._window_start_step = 0
-        self._pending: dict[str, float | str] = {}
+        self._rank_pending: dict[str, float | str] = {}
 
     def on_train_begin(self, args, state, control, **kwargs):
         dist = torch.distributed
@@ -155,7 +155,7 @@ class StragglerCallback(PendingLogs, TrainerCallback):
             self.check_steps > 0 and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         )
         self.detector = StragglerDetector(self.threshold, self.windows)
-        self._window_start, self._pending = None, {}
+        self._window_start, self._rank_pending = None, {}
         if self._active:
             hosts: list = [None] * dist.get_world_size()
             dist.all_gather_object(hosts, socket.gethostname())
@@ -202,13 +202,13 @@ class StragglerCallback(PendingLogs, TrainerCallback):
         # This rank's own busy time: the one per-rank time that differs between ranks in synchronous training,
         # so `logs summarize` finds stragglers offline from it (raw step times are everyone's).
         me = dist.get_rank()
-        self._pending["straggler/busy_s"] = max(step_list[me] - wait_list[me], 0.0)
-        self._pending["straggler/slowest_over_median"] = max(ratios)
-        self._pending["straggler/flagged_ranks"] = len(self.detector.flagged)
+        self._rank_pending["straggler/busy_s"] = max(step_list[me] - wait_list[me], 0.0)
+        self._rank_pending["straggler/slowest_over_median"] = max(ratios)
+        self._rank_pending["straggler/flagged_ranks"] = len(self.detector.flagged)
         if events:
             self.events.extend(events)
-            earlier = self._pending.get("straggler_event")
-            self._pending["straggler_event"] = "; ".join(([earlier] if earlier else []) + events)
+            earlier = self._rank_pending.get("straggler_event")
+            self._rank_pending["straggler_event"] = "; ".join(([earlier] if earlier else []) + events)
             if args.process_index == 0:
                 for event in events:
                     logger.warning("Straggler check: %s", event)

@@ -5,7 +5,9 @@ tokens_per_s, param_elements (all parameters' elements), param_elements_local (w
 partitions, or everything without ZeRO-3), first_rank_loss / last_rank_loss (this rank's own loss at its first and
 last log), first_loss / last_loss (the Trainer's cross-rank loss, from the log history), seed, rng_fingerprint,
 logging_dir, host, local_rank, run_id (the launch's id, shared by all its ranks and recorded in the
-TensorBoard run too). `hf_dist_recipes.monitoring.summary` reads them back.
+TensorBoard run too), events (every text this process's logs carried, the last `EVENTS_KEPT`, as {step, key, text}:
+`nonfinite_event`, `spike_event`, `straggler_event`, `system/nvml`; text never reaches `log_history`, see
+`monitoring/pending.py`). `hf_dist_recipes.monitoring.summary` reads them back.
 
 This callback also keeps the books it reports: it times every optimizer step (`RankMetrics.step_begin/step_end`)
 and closes the loss window at each log, so `per_rank_tensorboard=False` still gives full summaries.
@@ -27,12 +29,15 @@ from hf_dist_recipes.monitoring.summary import SUMMARY_DIRNAME
 from hf_dist_recipes.monitoring.system_metrics import launch_identity
 from hf_dist_recipes.seeding import SeedReport
 
+EVENTS_KEPT = 1000  # events are rare (a skip, a spike, a straggler); a run that spikes every step keeps the last
+
 
 class RankSummaryCallback(TrainerCallback):
     def __init__(self, metrics: RankMetrics, logging_dir: str | None, seed_report: SeedReport | None = None):
         self.metrics = metrics
         self.logging_dir = logging_dir
         self.seed_report = seed_report
+        self.events: list[dict] = []  # {step, key, text} of each text in a log, in order
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._identity = launch_identity(args)  # collective, so taken at train begin on every rank
@@ -46,6 +51,11 @@ class RankSummaryCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         # Sets this rank's first/last loss at the log steps; the TensorBoard callback reads the same window.
         self.metrics.flush_window(state.global_step)
+        # Registered after the callbacks that add per-rank texts (monitoring/pending.py): they are in `logs` here.
+        for key, value in (logs or {}).items():
+            if isinstance(value, str):
+                self.events.append({"step": state.global_step, "key": key, "text": value})
+        del self.events[:-EVENTS_KEPT]
 
     def on_save(self, args, state, control, **kwargs):
         checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
@@ -76,6 +86,7 @@ class RankSummaryCallback(TrainerCallback):
             # every environment default it set, the CUDA allocator's included (hf_dist_recipes.alloc_defaults).
             "nccl_env_applied": dict(getattr(args, "nccl_env_applied", None) or {}),
             "env_applied": dict(getattr(args, "env_applied", None) or {}),
+            "events": list(self.events),
         }
         identity = getattr(self, "_identity", None)
         summary.update(

@@ -13,9 +13,10 @@ sampling cost is bounded by the logging frequency, and measured in benchmarks/sy
 When NVML cannot be used (not installed, no driver) the first log carries the text `system/nvml` saying why, and a
 warning is logged once; the GPU keys from NVML are then absent. Never an error.
 
-Why keys go through the log (RecipeTrainer.log pops them, like ExpertLoadCallback's) rather than straight to the
-rank's writer: `log_history` and every `report_to` integration get them too, and the TensorBoard callback needs no
-knowledge of this one.
+These are this rank's wall-clock measurements (and one text), so they stay out of `log_history` and `report_to`
+(a resumed run would not log them again alike; integrations expect numbers): they are added to the log in
+`on_log` (`monitoring/pending.py`, the per-rank kind), which the per-rank TensorBoard callback, registered after
+this one, writes; the TensorBoard callback needs no knowledge of this one.
 
 `RunIdentity` / `launch_identity`: host name, rank, local rank and a run id agreed by all ranks of one launch
 (rank 0 draws it and broadcasts it), recorded in each rank's TensorBoard run and summary.
@@ -92,7 +93,7 @@ class SystemMetricsCallback(PendingLogs, TrainerCallback):
         self._nvml_note: str | None = None  # why NVML is unavailable, reported once
         self._nvml_tried = False
         self._process = None
-        self._pending: dict[str, float | str] = {}
+        self._rank_pending: dict[str, float | str] = {}
 
     def on_train_begin(self, args, state, control, **kwargs):
         import psutil
@@ -143,13 +144,13 @@ class SystemMetricsCallback(PendingLogs, TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         # DefaultFlowCallback (first in the list) has decided by now whether this step logs: sample only then.
         if control.should_log:
-            self._pending.update(self.sample())
+            self._rank_pending.update(self.sample())
             if self._nvml_note is not None:
-                self._pending["system/nvml"] = self._nvml_note
+                self._rank_pending["system/nvml"] = self._nvml_note
                 self._nvml_note = None
 
     def on_train_end(self, args, state, control, **kwargs):
-        self._pending = {}
+        self._rank_pending = {}
 
 
 def _device_index(args) -> int:

@@ -250,6 +250,7 @@ def _run(
 ) -> dict:
     """One RecipeTrainer run; this rank's measurements, or {"error": ...} when it raised."""
     from hf_dist_recipes.arguments import RecipeTrainingArguments
+    from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
     from hf_dist_recipes.trainer import RecipeTrainer
 
     trainer = None
@@ -278,13 +279,15 @@ def _run(
         trainer.train(resume_from_checkpoint=str(resume) if resume else None)
         history = trainer.state.log_history
         health = trainer.gradient_health
+        # Event texts stay out of log_history; the rank summary callback keeps those this rank's logs carried.
+        summary = next(c for c in trainer.callback_handler.callbacks if isinstance(c, RankSummaryCallback))
         return {
             "rank": args.process_index,
             "world_size": args.world_size,
             "steps": record.steps,
             "loss": {e["step"]: e["loss"] for e in history if "loss" in e},
             "grad_norm": {e["step"]: e["grad_norm"] for e in history if "grad_norm" in e},
-            "events": {e["step"]: e["nonfinite_event"] for e in history if "nonfinite_event" in e},
+            "events": {e["step"]: e["text"] for e in summary.events if e["key"] == "nonfinite_event"},
             "batches": batches,
             "skipped_steps": health.skipped_steps,
             "skipped_at": health.skipped_at,

@@ -1,0 +1,78 @@
+"""The console: what a person reads while a job runs; the rest is in TensorBoard.
+
+The stock progress callbacks (`ProgressCallback` under tqdm, `PrinterCallback` with `disable_tqdm=True`) print
+every key of every log. Under RecipeTrainer a training log also holds the tokens per expert (for the demo model 24
+keys) and the periodic rank check, so `make demo` printed dicts of about 45 keys. RecipeTrainer replaces those two
+callbacks (exactly those classes: a notebook's progress table or a user's own printer stays) by the subclasses here,
+which print the same way, with the same arguments, but leave out the keys our callbacks add except the counts of
+skipped steps and spikes: a training line shows loss, grad_norm, learning_rate, epoch, skipped_steps, loss_spikes,
+grad_norm_spikes (and any key of the user's own). Evaluation and end-of-run lines keep every Trainer key. At train
+begin they print, once, where the rest is: the per-rank TensorBoard folder.
+
+Only the printed copy is filtered: `log_history`, `report_to` and TensorBoard get every key they got before. The
+per-rank values (system, stragglers, event texts) never reach the console: they join the log after it
+(`monitoring/pending.py`).
+"""
+
+from __future__ import annotations
+
+from transformers import PrinterCallback, ProgressCallback
+
+# Keys our callbacks add that the console leaves to TensorBoard (expert_load.py, rank_agreement.py,
+# system_metrics.py, stragglers.py, gradient_health.py); skipped_steps, loss_spikes, grad_norm_spikes are shown.
+HIDDEN_PREFIXES = ("experts/", "rank_check/", "system/", "gpu/", "straggler/")
+HIDDEN_KEYS = frozenset({"nonfinite_event", "spike_event", "straggler_event"})
+
+
+def console_logs(logs: dict) -> dict:
+    """`logs` without the keys the console leaves to TensorBoard (a new dict; `logs` is not changed)."""
+    return {k: v for k, v in logs.items() if k not in HIDDEN_KEYS and not k.startswith(HIDDEN_PREFIXES)}
+
+
+def where_the_rest_is(args) -> str | None:
+    """The line naming the per-rank TensorBoard folder, or None when the arguments write no per-rank runs."""
+    if not getattr(args, "per_rank_tensorboard", False):
+        return None
+    return f"Per-rank logs (system, experts, rank checks, events): tensorboard --logdir {args.logging_dir}"
+
+
+class RecipeProgressCallback(ProgressCallback):
+    """`ProgressCallback` printing `console_logs` of each log, and the TensorBoard folder at train begin."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
+        line = where_the_rest_is(args)
+        if line and state.is_world_process_zero and self.training_bar is not None:
+            self.training_bar.write(line)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        super().on_log(args, state, control, logs=console_logs(logs or {}), **kwargs)
+
+
+class RecipePrinterCallback(PrinterCallback):
+    """`PrinterCallback` printing `console_logs` of each log, and the TensorBoard folder at train begin."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        line = where_the_rest_is(args)
+        if line and state.is_local_process_zero:
+            print(line)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is not None:
+            logs.pop("total_flos", None)  # as the stock callback does, for every callback after it
+        super().on_log(args, state, control, logs=None if logs is None else console_logs(logs), **kwargs)
+
+
+def use_recipe_console(trainer) -> None:
+    """Replace the trainer's stock `ProgressCallback` / `PrinterCallback` by the ones above (public
+    `remove_callback` / `add_callback`; the Trainer adds its progress callback last, so the order is kept when this
+    runs right after `Trainer.__init__`)."""
+    for callback in list(trainer.callback_handler.callbacks):
+        if type(callback) is ProgressCallback:
+            replacement = RecipeProgressCallback(max_str_len=callback.max_str_len)
+        elif type(callback) is PrinterCallback:
+            replacement = RecipePrinterCallback()
+        else:
+            continue
+        trainer.remove_callback(callback)
+        trainer.add_callback(replacement)
