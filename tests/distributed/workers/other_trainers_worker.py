@@ -96,6 +96,7 @@ def sft(output_dir: str, steps: int, lines: list[str], tokenizer) -> dict:
         seed=7,
     )
     probe = EngineLearningRates()
+    set_seed(args.seed)  # an SFTConfig does not seed: as transformers' examples do, before building the model
     trainer = recipe(SFTTrainer)(
         model=AutoModelForCausalLM.from_config(config),
         args=args,
