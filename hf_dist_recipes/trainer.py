@@ -1,7 +1,9 @@
 """RecipeTrainer: `transformers.Trainer` with the practices wired in through its public hooks.
 
 Drop-in: the constructor takes the Trainer's arguments in the Trainer's order; a plain `TrainingArguments` is
-upgraded to `RecipeTrainingArguments` (see `RecipeTrainingArguments.from_training_arguments`).
+upgraded to `RecipeTrainingArguments`, a subclass `C` of it (`Seq2SeqTrainingArguments`, trl's `SFTConfig`) to a
+`Recipe<C>` that is both (see `RecipeTrainingArguments.from_training_arguments`). Everything is in
+`RecipeTrainerMixin`, so any Trainer class takes it: `recipe(SFTTrainer)` (`hf_dist_recipes.trainer_classes`).
 
 What it adds:
 - practice 4: `seed_everything(args.seed)` before anything else, so `model_init` builds identical weights on every

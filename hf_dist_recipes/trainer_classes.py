@@ -24,10 +24,15 @@ from transformers import Trainer, TrainingArguments
 from hf_dist_recipes.trainer import RecipeTrainer, RecipeTrainerMixin
 
 
-@functools.cache
 def recipe(trainer_cls: type[Trainer], arguments_class: type[TrainingArguments] | None = None) -> type[Trainer]:
     """`trainer_cls` with the recipe: `Recipe<Name>(RecipeTrainerMixin, trainer_cls)`, the same class on every call.
-    `recipe(Trainer)` is `RecipeTrainer`; a class that has the mixin already is returned as it is."""
+    `recipe(Trainer)` is `RecipeTrainer`; a class that has the mixin already is returned as it is. `arguments_class`:
+    the arguments class the Trainer needs, when its `args` annotation does not name it (default: read from it)."""
+    return _recipe(trainer_cls, arguments_class)  # one cache key however the arguments are spelled
+
+
+@functools.cache
+def _recipe(trainer_cls: type[Trainer], arguments_class: type[TrainingArguments] | None) -> type[Trainer]:
     if not (isinstance(trainer_cls, type) and issubclass(trainer_cls, Trainer)):
         raise ValueError(f"recipe() takes a Trainer subclass, not {trainer_cls!r}")
     if arguments_class is not None and not (

@@ -134,7 +134,9 @@ def test_upgraded_arguments_deepcopy_and_load_from_training_args_bin_in_a_fresh_
 def test_recipe_factory_classes():
     assert recipe(Trainer) is RecipeTrainer
     made = recipe(SFTTrainer)
-    assert made is recipe(SFTTrainer) and made.__name__ == "RecipeSFTTrainer"
+    assert (
+        made is recipe(SFTTrainer) is recipe(SFTTrainer, arguments_class=None) and made.__name__ == "RecipeSFTTrainer"
+    )
     assert made.__mro__[1:3] == (RecipeTrainerMixin, SFTTrainer)
     assert recipe(made) is made
     assert made.recipe_arguments_base is SFTConfig  # from `args: SFTConfig | TrainingArguments | None`
