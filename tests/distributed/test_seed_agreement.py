@@ -45,6 +45,7 @@ def test_same_seed_twice_is_bitwise_identical(seed42, tmp_path):
             "rank_check/weights_ok": -1.0,
             "rank_check/ok": 1.0,
         }
+        assert not first["begin_report_in_history"]  # the first log of a train() call only: per-rank logs
 
 
 def test_another_seed_differs(seed42, tmp_path):

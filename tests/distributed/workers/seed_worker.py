@@ -85,7 +85,13 @@ def main() -> None:
     out = {
         "losses": [e["loss"] for e in history if "loss" in e],
         "grad_norms": [e["grad_norm"] for e in history if "grad_norm" in e],
-        "rank_check": {k: v for e in history for k, v in e.items() if k.startswith("rank_check/")},
+        # The periodic rank_check/ok is in log_history; the train-begin report only in the per-rank logs
+        # (begin_report): a resumed run would log it where the uninterrupted one did not.
+        "rank_check": {
+            **trainer.rank_agreement.begin_report,
+            **{k: v for e in history for k, v in e.items() if k.startswith("rank_check/")},
+        },
+        "begin_report_in_history": any("rank_check/seed_ok" in e for e in history),
     }
     target = Path(opts.output_dir) / "seed"
     target.mkdir(parents=True, exist_ok=True)

@@ -41,6 +41,17 @@ class Slow(TrainerCallback):
             time.sleep(self.delay_s)
 
 
+class RankLogs(TrainerCallback):
+    """Each log as the callbacks after RecipeTrainer's see it, as the per-rank TensorBoard run does: with this
+    rank's straggler keys, which stay out of log_history (wall-clock values a resumed run would not repeat)."""
+
+    def __init__(self):
+        self.logs: list[dict] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logs.append({**(logs or {}), "step": state.global_step})
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("output_dir")
@@ -73,12 +84,15 @@ def main() -> None:
     data = TokenBlocks(torch.randint(0, config.vocab_size, (SAMPLES, SEQ), generator=torch.Generator().manual_seed(0)))
     slow = Slow(opts.slow_rank, opts.delay_s, opts.slow_until)
     trainer = RecipeTrainer(model=model, args=args, train_dataset=data, callbacks=[slow])
+    rank_logs = RankLogs()
+    trainer.add_callback(rank_logs)  # after RecipeTrainer's callbacks
     result = trainer.train()
     straggler = next(c for c in trainer.callback_handler.callbacks if isinstance(c, StragglerCallback))
     out = {
         "rank": args.process_index,
         "host": socket.gethostname(),
         "log_history": trainer.state.log_history,
+        "rank_logs": rank_logs.logs,
         "events": straggler.events,
         "hosts": straggler.hosts,
         "train_runtime": result.metrics["train_runtime"],
