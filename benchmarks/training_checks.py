@@ -13,8 +13,9 @@ Off: `seed_check="off"`, `rank_check_steps=0`, `nonfinite_policy="off"`.
 
 Sizes (`--sizes`): "demo" is the demo model (1,012,224 parameters, hidden 128, micro batch 8); "small" the same
 60 parameter tensors at hidden 64 (534,976 parameters) with micro batch 4, a shorter step on which a cost fixed per
-tensor and per step weighs most. Each round runs every size off and with the checks, back to back, the order
-flipped every other round, so that machine noise hits both alike.
+tensor and per step weighs most. An untimed warm-up run comes first (the first run in a process is slower: imports,
+caches, the first engine). Each round then runs every size off and with the checks, back to back, the order
+flipped every other round (use an even --rounds), so that machine noise and drift hit both alike.
 
 Two measures per size:
 - end to end: the wall time of each loop iteration (on_step_begin to the next, so every callback and the logging
@@ -152,7 +153,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=120, help="optimizer steps per run (%(default)s)")
     parser.add_argument("--skip", type=int, default=10, help="warm-up steps excluded from timing (%(default)s)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (%(default)s)")
+    parser.add_argument("--rounds", type=int, default=4, help="interleaved rounds, even (%(default)s)")
+    parser.add_argument("--warmup-steps", type=int, default=20, help="untimed first run (%(default)s; 0: none)")
     parser.add_argument("--sizes", default="demo,small", help=f"comma-separated, of: {', '.join(SIZES)}")
     opts = parser.parse_args()
     sizes = [s for s in opts.sizes.split(",") if s]
@@ -161,6 +163,9 @@ def main() -> None:
         parser.error(f"sizes from {sorted(SIZES)} (got unknown {unknown}) and --rounds >= 1")
     warnings.filterwarnings("ignore", category=FutureWarning)
     clock = GuardClock()
+    if opts.warmup_steps:
+        with tempfile.TemporaryDirectory() as out:
+            run_one(sizes[0], "checks", opts.warmup_steps, out, clock)
     load_before = os.getloadavg()
     results: dict[str, list[dict[str, dict]]] = {s: [] for s in sizes}
     rank = 0
