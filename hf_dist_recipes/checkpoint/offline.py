@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import time
 import traceback
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -345,6 +346,7 @@ def _export_with_workers(build, order: list[str], ref, output_dir: str, max_shar
     remove_previous_weights(output_dir)
 
     def work(index: int, conn) -> None:
+        start = time.process_time()
         try:
             # One thread per writer: the work is copies, and an OpenMP pool the parent used is not safe to grow
             # again in a forked child.
@@ -353,7 +355,7 @@ def _export_with_workers(build, order: list[str], ref, output_dir: str, max_shar
             for key in order:
                 if index in owners[key]:
                     writer.add(to_disk_names(ref, build(key)))
-            conn.send(("ok", writer.close()))
+            conn.send(("ok", (writer.close(), time.process_time() - start)))
         except BaseException:
             conn.send(("error", traceback.format_exc()))
         finally:
@@ -368,7 +370,7 @@ def _export_with_workers(build, order: list[str], ref, output_dir: str, max_shar
         proc.start()
         child.close()
         procs.append((proc, parent))
-    written, errors = {}, []
+    written, cpu_seconds, errors = {}, {}, []
     for index, (proc, conn) in enumerate(procs):
         try:
             status, value = conn.recv()
@@ -376,12 +378,13 @@ def _export_with_workers(build, order: list[str], ref, output_dir: str, max_shar
             status, value = "error", "the process ended without a result (killed, out of memory?)"
         proc.join()
         if status == "ok":
-            written[index] = value
+            written[index], cpu_seconds[str(index)] = value
         else:
             errors.append(f"writer {index}: {value}")
     if errors:
         raise RuntimeError("checkpoint export failed in a writer process:\n" + "\n".join(errors))
     result = write_index(output_dir, plan, written)
+    result.writer_cpu_seconds = cpu_seconds
     save_config_files(ref.config, output_dir, getattr(ref, "generation_config", None))
     return result
 

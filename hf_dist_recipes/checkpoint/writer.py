@@ -49,7 +49,8 @@ DEFAULT_MAX_SHARD_BYTES = parse_size(DEFAULT_MAX_SHARD_SIZE)
 @dataclass
 class ExportResult:
     """What was written: the directory, its weight files, tensor and byte counts (bytes of tensor data), and with
-    several writers which writer (rank or worker) wrote which file."""
+    several writers which writer (rank or worker) wrote which file and, for the export's writer processes, the
+    CPU seconds each took (the export's critical path where cores are free)."""
 
     output_dir: str
     files: list[str] = field(default_factory=list)
@@ -57,6 +58,7 @@ class ExportResult:
     parameters: int = 0
     bytes: int = 0
     written_by: dict[str, list[str]] = field(default_factory=dict)
+    writer_cpu_seconds: dict[str, float] = field(default_factory=dict)
 
 
 class ShardedSafetensorsWriter:

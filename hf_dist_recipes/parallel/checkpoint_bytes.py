@@ -11,7 +11,7 @@ that the ranks write round-robin (`hf_dist_recipes.checkpoint.shard_plan`), so t
 ceil(shards / ranks) shards.
 
 DeepSeek-V3 (671B parameters, bf16) on 64 ranks: 8.05 TB of engine files (126 GB per rank), and 1.34 TB for the HF
-copy (21 GB per rank shared, the whole 1.34 TB on rank 0 before shared writing).
+copy (269 files of 5 GB: at most 5, 25 GB, per rank shared; the whole 1.34 TB on rank 0 before shared writing).
 
 The save bound: a save is not a hang. While ranks write, the others wait in the next collective (the save's final
 barrier, or the gathers of the HF copy between two shards), so the collective timeout during a save is raised to
@@ -26,6 +26,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_BYTES
+
 if TYPE_CHECKING:
     from hf_dist_recipes.parallel.models import ModelShape
     from hf_dist_recipes.parallel.plan import ParallelPlan
@@ -35,7 +37,7 @@ ENGINE_BYTES_PER_ELEMENT = 12  # fp32 master + Adam exp_avg + exp_avg_sq, per pa
 # of a node writing at once (local NVMe gives GB/s). Only the timeout during a save depends on it.
 ASSUMED_WRITE_BYTES_PER_S = 100 * 1024**2
 PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-DEFAULT_SHARD_BYTES = 5 * 1024**3
+DEFAULT_SHARD_BYTES = DEFAULT_MAX_SHARD_BYTES  # save_shard_size's default, "5GB" = 5e9 bytes
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ def test_deepseek_v3_on_64_ranks_by_hand():
     assert b.engine_per_rank == per_rank_elements * 12 == 125_812_500_000  # fp32 master + two Adam moments
     assert b.engine_total == 8_052_000_000_000
     assert b.hf_total == 1_342_000_000_000  # 2 bytes per parameter
-    # 1.342e12 / 5 GiB = 249.97 -> 250 shards; ceil(250 / 64) = 4 shards on the busiest rank
-    assert b.hf_per_rank == 4 * 5 * GIB
+    # 1.342e12 / 5e9 (save_shard_size "5GB") = 268.4 -> 269 shards; ceil(269 / 64) = 5 shards on the busiest rank
+    assert b.hf_per_rank == 5 * 5 * 10**9
     assert b.checkpoint_per_rank() == b.engine_per_rank and b.checkpoint_total(hf_copy=True) == 9_394_000_000_000
     # The bound during a save_steps save: 600 s + 125.8 GB at 100 MiB/s = 600 + 1199.8 s
     assert save_timeout_s(b.checkpoint_per_rank(), 600) == pytest.approx(600 + 125_812_500_000 / 104_857_600)
