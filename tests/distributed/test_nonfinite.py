@@ -68,13 +68,20 @@ def test_the_spike_windows_hold_the_applied_steps_and_agree_across_ranks(skipped
     assert states[0]["grad_norm_window"] == pytest.approx([n for n in logged if math.isfinite(n)])
 
 
+def _events(rank: dict) -> dict[int, str]:
+    """The rank's `nonfinite_event` texts by log step (its per-rank logs; text never reaches log_history)."""
+    assert not [e for e in rank["log_history"] if "nonfinite_event" in e]
+    return {e["step"]: e["text"] for e in rank["events"] if e["key"] == "nonfinite_event"}
+
+
 def test_the_skip_is_in_the_logs_with_the_rank_and_the_step(skipped):
     for rank in skipped["ranks"]:
         logs = [e for e in rank["log_history"] if "loss" in e]
         assert [e["skipped_steps"] for e in logs] == [0, 0, 1, 1, 1]
         assert math.isnan(logs[BAD - 1]["loss"])  # shown, not averaged away
         assert all(math.isfinite(e["loss"]) for e in logs[BAD:])
-        event = logs[BAD - 1]["nonfinite_event"]
+        assert _events(rank) == {BAD: _events(rank)[BAD]}  # the log of the skipped step, not log_history
+        event = _events(rank)[BAD]
         assert event.startswith("step 3: non-finite value first on rank 1 (rank(s) 1); loss non-finite on rank(s) 1")
         assert event.endswith("optimizer step skipped on every rank")
         assert rank["health_state"]["attributes"]["skipped_at"] == [[3, [1]]]
@@ -165,6 +172,6 @@ def test_zero3_tp2_skips_everywhere_and_clips_at_max_grad_norm(tmp_path):
         assert [e["skipped_steps"] for e in logs] == [0, 1, 1]
         # Rank 1's loss was finite, but TP's backward all-reduces activation gradients inside the TP group, so the
         # NaN reaches rank 1's own gradients too: both are named, the loss only on rank 0.
-        assert logs[1]["nonfinite_event"].startswith(
+        assert _events(rank)[2].startswith(
             "step 2: non-finite value first on rank 0 (rank(s) 0, 1); loss non-finite on rank(s) 0; gradients"
         )

@@ -28,6 +28,7 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import TokenBlocks
+from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
 from hf_dist_recipes.parallel.models import template_config
 
 SEQ, SAMPLES = 16, 64
@@ -128,6 +129,8 @@ def main() -> None:
         "rank": args.process_index,
         "steps": record.steps,
         "log_history": trainer.state.log_history,
+        # Event texts stay out of log_history: the rank summary callback keeps what this rank's logs carried.
+        "events": next(c for c in trainer.callback_handler.callbacks if isinstance(c, RankSummaryCallback)).events,
         "health_state": trainer.gradient_health.state(),
     }
     target = Path(opts.output_dir) / "health"
