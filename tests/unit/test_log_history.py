@@ -129,3 +129,21 @@ def test_the_console_shows_what_a_person_reads(runs, run):
     assert [line for line in printed.splitlines() if folder in line] == [
         f"Per-rank logs (system, experts, rank checks, events): tensorboard --logdir {folder}"
     ]
+
+
+def test_the_console_keeps_the_users_keys_and_replaces_only_the_stock_printers(tmp_path):
+    from transformers import PrinterCallback
+
+    from hf_dist_recipes.monitoring.console import RecipePrinterCallback, console_logs
+
+    logs = {"loss": 1.0, "my/metric": 2.0, "experts/max_over_mean": 1.5, "system/rss_gib": 0.4, "spike_event": "x"}
+    assert console_logs(logs) == {"loss": 1.0, "my/metric": 2.0}  # a user's own key stays, ours go
+    assert len(logs) == 5  # the dict the other callbacks see is unchanged
+
+    class Mine(PrinterCallback):
+        pass
+
+    args = RecipeTrainingArguments(output_dir=str(tmp_path), disable_tqdm=True, report_to="none")
+    trainer = RecipeTrainer(model=build_tiny_deepseek(**SMALL), args=args, callbacks=[Mine()])
+    printers = [type(c) for c in trainer.callback_handler.callbacks if isinstance(c, PrinterCallback)]
+    assert printers == [Mine, RecipePrinterCallback]  # the user's own printer is left alone

@@ -96,4 +96,4 @@ def test_one_process_checks_nothing_and_logs_nothing():
     for step in range(5):
         State.global_step = step
         cb.on_step_begin(Args(), State(), None)
-    assert cb.pop_pending() == {} and cb.events == []
+    assert cb.pop_pending() == cb.pop_rank_pending() == {} and cb.events == []
