@@ -196,6 +196,21 @@ def test_resume_continues_exactly(job):
         assert b["eval_after"] == pytest.approx(a["eval_after"], abs=1e-6)
 
 
+def test_resume_logs_the_uninterrupted_history(job):
+    # Every key of every training log after the checkpoint, ours included (tokens per expert, skip and spike counts),
+    # the same on resume; no text. Before issue 19 the first resumed log also held rank_check/* and system/nvml,
+    # and every log wall-clock values (tests/unit/test_log_history.py shows it bit for bit in one process).
+    for a, b in zip(_ranks(job["a"]), _ranks(job["b"]), strict=True):
+        train_a = {e["step"]: e for e in a["history"] if "loss" in e}
+        train_b = {e["step"]: e for e in b["history"] if "loss" in e}
+        assert sorted(train_b) == sorted(train_a) == list(range(1, STEPS + 1))
+        assert "skipped_steps" in train_a[STEPS]
+        for step in range(SAVE_AT + 1, STEPS + 1):
+            assert sorted(train_b[step]) == sorted(train_a[step]), step
+            assert train_b[step] == pytest.approx(train_a[step], rel=1e-5, abs=1e-6), step
+        assert not [k for e in a["history"] + b["history"] for k, v in e.items() if isinstance(v, str)]
+
+
 def test_resume_continues_the_per_rank_counters_and_logs(job):
     for rank in range(job["procs"]):
         a = json.loads((job["a"] / "rank_summaries" / f"rank{rank}.json").read_text())

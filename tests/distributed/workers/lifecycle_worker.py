@@ -112,6 +112,7 @@ def main(
                 "eval_after": eval_after,
                 "loss": {e["step"]: e["loss"] for e in history if "loss" in e},
                 "lr": {e["step"]: e["learning_rate"] for e in history if "learning_rate" in e},
+                "history": history,
                 "batches": batches,
                 "save_timeouts": timeouts,
             }
