@@ -4,13 +4,14 @@ Streams: one group of modules (a decoder layer, the embeddings, ...) is gathered
 and handed to a shard writer before the next is gathered, so no rank ever holds the whole model.
 
 Shared writing (the default on more than one rank): every rank first computes the same shard plan from metadata
-alone (`iter_module_groups(meta=True)`, no collective; `checkpoint.shard_plan`), owns the shards `k % world_size`,
+alone (`iter_module_groups(meta=True)`, no collective; `checkpoint.shard_plan`), owns a contiguous block of them,
 receives (CPU copy, expert gathers) only the groups that hold a tensor of its shards and writes those files; after
 a barrier rank 0 writes the index, the config and `shard_writers.json` (which rank wrote which file). The gathers
 are collective as before -- every rank takes part in each -- what is shared is the conversion and the writing: each
 rank writes about 1/world_size of the bytes instead of rank 0 writing all while the others wait. The files are the
 single writer's byte for byte. Peak host memory per rank: one gathered group plus one shard buffer, as rank 0 alone
-had before; a group is copied to the CPU only on the ranks whose shards it feeds (1 or 2 for most groups).
+had before; a group is copied to the CPU only on the ranks whose shards it feeds (1, or 2 where two ranks' blocks
+meet).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ Files are memory-mapped and tensors are rebuilt one group (decoder layer) at a t
 weight byte once and holds one layer plus the writer's shard buffer; the Adam moments are never read.
 
 `workers` > 1: the shard plan is made first from metadata alone (the same rebuild on meta tensors, nothing read),
-then `workers` forked processes each rebuild only the groups holding a tensor of their shards (`k % workers`) and
+then `workers` forked processes each rebuild only the groups holding a tensor of their block of shards and
 write those files; the parent writes the index, the config and `shard_writers.json`. Same files, byte for byte, as
 one process; a group that spans two writers' shards is rebuilt by both.
 """

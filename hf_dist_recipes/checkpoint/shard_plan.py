@@ -4,9 +4,12 @@
 buffer past `max_shard_bytes` starts a new shard, and a group that ends with the buffer at or over the limit closes
 it. Those decisions depend only on the tensors' names and byte sizes in order, so `plan_shards` replays them on
 metadata (meta tensors: no data) before anything is gathered. Every writer (a rank of the job, or a process of the
-offline export) computes the same plan, owns the shards `k` with `k % writers == index` (round-robin, so the
-writers share the bytes about equally), converts only the groups holding a tensor of its shards and writes those
-files under their final names; one writer then writes the index. The files are the single writer's, byte for byte
+offline export) computes the same plan, owns a contiguous block of shards (`k * writers // shards == index`: the
+blocks differ by at most one shard, so the writers share the bytes about equally), converts only the groups holding
+a tensor of its shards and writes those files under their final names; one writer then writes the index. Contiguous,
+not round-robin: a decoder layer is usually larger than a shard (DeepSeek-V3: 21 GiB against 5 GB), and round-robin
+would hand one layer's shards to several writers, each converting (and, live, receiving) the whole layer; in blocks
+a layer is shared only where two writers' blocks meet. The files are the single writer's, byte for byte
 (same names, same tensor order inside each file, same header), which tests/unit/test_checkpoint.py checks by hash.
 """
 
@@ -42,8 +45,8 @@ class ShardPlan:
     bytes: int = 0
 
     def owner(self, shard: int, writers: int) -> int:
-        """The writer (0..writers-1) of shard `shard`: round-robin."""
-        return shard % writers
+        """The writer (0..writers-1) of shard `shard`: contiguous blocks of ceil or floor(shards / writers)."""
+        return shard * writers // len(self.shards)
 
     def owners_of(self, names: Iterable[str], writers: int) -> set[int]:
         return {self.owner(self.shard_of[n], writers) for n in names}

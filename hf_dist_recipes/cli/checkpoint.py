@@ -49,7 +49,7 @@ def register(subparsers) -> None:
         "--workers",
         type=int,
         default=1,
-        help="processes writing the shard files, each its share (round-robin); the files are the same as with 1 "
+        help="processes writing the shard files, each a contiguous block; the files are the same as with 1 "
         "(default %(default)s)",
     )
     export.add_argument("--json", action="store_true", help="print the result as JSON")

@@ -7,7 +7,7 @@ What a `save_steps` save writes under DeepSpeed (`checkpoint-N/global_stepN/`), 
   rank 0 of each TP rank writes its whole TP-local weights in the training precision.
 The `from_pretrained` copy (`save_model`, `checkpoint export`, or each checkpoint with
 `hf_weights_in_checkpoints=True`): every parameter once in the training precision, in shards of `max_shard_bytes`
-that the ranks write round-robin (`hf_dist_recipes.checkpoint.shard_plan`), so the busiest rank writes
+that the ranks write in contiguous blocks (`hf_dist_recipes.checkpoint.shard_plan`), so the busiest rank writes
 ceil(shards / ranks) shards.
 
 DeepSeek-V3 (671B parameters, bf16) on 64 ranks: 8.05 TB of engine files (126 GB per rank), and 1.34 TB for the HF
@@ -67,8 +67,9 @@ class SaveBytes:
 
 
 def hf_share_bytes(hf_total: int, world_size: int, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> int:
-    """The most one of `world_size` round-robin writers writes of an `hf_total`-byte checkpoint in shards of at most
-    `max_shard_bytes` (a shard may end early at a layer boundary: an upper bound of the shard count's share)."""
+    """The most one of `world_size` writers (contiguous blocks of shards) writes of an `hf_total`-byte checkpoint in
+    shards of at most `max_shard_bytes`: ceil(shards / writers) shards (a shard may end early at a layer boundary,
+    so this is an upper bound)."""
     shards = max(1, math.ceil(hf_total / max_shard_bytes))
     return min(hf_total, math.ceil(shards / world_size) * max_shard_bytes)
 

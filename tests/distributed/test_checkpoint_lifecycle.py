@@ -173,7 +173,7 @@ def test_hf_weights_in_checkpoints_on_request(job):
 
 
 def test_save_model_files_are_written_by_every_rank_bit_for_bit_the_single_writers(job):
-    """Each rank wrote its round-robin share (shard k by rank k % procs, as the record says and the files exist),
+    """Each rank wrote its share, a contiguous block of files (sizes differing by at most one, rank 0 first),
     and the files and index equal, by sha256, those the single writer (rank 0 writing every file, the behaviour
     before shared writing) wrote from the same model right after."""
     final, single = job["a"] / "final", job["a"] / "final_single"
@@ -181,7 +181,9 @@ def test_save_model_files_are_written_by_every_rank_bit_for_bit_the_single_write
     files = sorted(set(index["weight_map"].values()))
     assert len(files) >= 2 * job["procs"]  # SHARD is small against the model: several files per rank
     record = json.loads((final / WRITERS_RECORD).read_text())
-    assert record == {str(r): files[r :: job["procs"]] for r in range(job["procs"])}
+    n, procs = len(files), job["procs"]
+    # rank r: files ceil(r n / procs) .. ceil((r + 1) n / procs) - 1 (the k with k * procs // n == r)
+    assert record == {str(r): files[-(-r * n // procs) : -(-(r + 1) * n // procs)] for r in range(procs)}
     assert not (single / WRITERS_RECORD).exists()
     assert _hashes(final) == _hashes(single) and len(_hashes(final)) == len(files) + 1
 
