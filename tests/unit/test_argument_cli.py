@@ -42,7 +42,18 @@ def _argument_classes() -> list[type]:
     return [found[name] for name in sorted(found)]
 
 
-ARGUMENT_CLASSES = _argument_classes()
+def _made_argument_classes() -> list[type]:
+    """The arguments classes `recipe()` makes at run time for the Trainer classes the README names (Seq2Seq, trl's
+    SFT and DPO): the walk above cannot see them, and their help mixes our texts with transformers' and trl's."""
+    from transformers import Seq2SeqTrainingArguments
+    from trl import DPOConfig, SFTConfig
+
+    from hf_dist_recipes.argument_classes import recipe_arguments_class
+
+    return [recipe_arguments_class(c) for c in (Seq2SeqTrainingArguments, SFTConfig, DPOConfig)]
+
+
+ARGUMENT_CLASSES = _argument_classes() + _made_argument_classes()
 
 
 def _run_clm():
