@@ -8,6 +8,7 @@ takes the setting's `name` as the caller knows it: `seed` for `RecipeTrainingArg
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -27,9 +28,10 @@ def positive_int(value: object, name: str, example: int, *, minimum: int = 1, un
 
 
 def writable_dir(path: str | os.PathLike, name: str, example: str) -> Path:
-    """The absolute `path` of a directory this process can create or write into, checked without creating it
-    (a dry run leaves no trace). ValueError naming `name` otherwise: a file in the way, or no write permission on
-    the nearest existing parent."""
+    """The absolute `path` of a directory this process can create or write into, checked without leaving a trace
+    (a dry run creates nothing). ValueError naming `name` otherwise: a file in the way, no write permission on the
+    nearest existing parent, or a parent that refuses new entries whatever the permissions say (/proc, /sys, a
+    read-only mount: root passes os.access there). The one check of every command that writes."""
     target = Path(path).expanduser().resolve()
     existing = target
     while not existing.exists():
@@ -38,4 +40,11 @@ def writable_dir(path: str | os.PathLike, name: str, example: str) -> Path:
         raise ValueError(f"{name} {path}: {existing} is a file, not a directory; e.g. {setting(name, example)}")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"{name} {path}: {existing} is not writable by this user; e.g. {setting(name, example)}")
+    try:  # what the write will meet: create and remove an entry where the first directory would be made
+        os.rmdir(tempfile.mkdtemp(prefix=".hf-dist-recipes-probe-", dir=existing))
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise ValueError(
+            f"{name} {path}: cannot create anything in {existing} ({reason}); e.g. {setting(name, example)}"
+        ) from None
     return target

@@ -4,6 +4,8 @@ generate   write an accelerate YAML and its DeepSpeed JSON (or an FSDP2 + TP YAM
 validate   lint existing DeepSpeed JSON / accelerate YAML files against the known traps and upstream's own
            config classes (exit 1 when any error is found)
 estimate   per-rank memory of a plan as a table; --suggest finds the smallest TP/EP/offload that fits
+list       the configs shipped with the package; copy writes one into a directory, path prints a launchable one's
+           path (cli/config_files.py)
 """
 
 from __future__ import annotations
@@ -109,6 +111,10 @@ def register(subparsers) -> None:
     est.add_argument("--json", action="store_true", help="print the estimates as JSON")
     _hardware_flags(est)
     est.set_defaults(run=run_estimate)
+
+    from hf_dist_recipes.cli import config_files
+
+    config_files.register(sub)  # list, copy, path: the shipped configs
 
 
 def _deepspeed_logs_to_stderr() -> None:

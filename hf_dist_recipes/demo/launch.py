@@ -22,20 +22,20 @@ from hf_dist_recipes.monitoring.summary import SUMMARY_DIRNAME, RunSummary, read
 from hf_dist_recipes.parallel.launch_config import check_launch_config, load_launch_config
 from hf_dist_recipes.user_values import positive_int, writable_dir
 
-CPU_CONFIG = "cpu_zero3_2proc.yaml"  # generated from accelerate_configs/manifest.json, like every shipped config
+CPU_CONFIG = "cpu_zero3_2proc.yaml"  # shipped configs (parallel.shipped), generated from their manifest
 GPU_CONFIG = "zero3_1node_8gpu.yaml"
 
 
-def configs_root() -> Path:
-    """The directory holding `accelerate_configs/`: the source checkout this package runs from, else the current
-    directory. `accelerate launch` runs there, so the configs' relative paths resolve."""
-    for candidate in (Path(hf_dist_recipes.__file__).resolve().parents[1], Path.cwd()):
-        if (candidate / "accelerate_configs").is_dir():
-            return candidate
-    raise ValueError(
-        "accelerate_configs/ not found next to the package or in the current directory; run from the repository "
-        "root or pass --config-file"
-    )
+def default_config(name: str) -> tuple[Path, Path]:
+    """(YAML, launch directory) of shipped config `name`. In a source checkout, accelerate_configs/NAME with the
+    checkout's root (the YAML's relative DeepSpeed path resolves there); from an installed package, a copy whose
+    DeepSpeed path is absolute (`parallel.shipped.config_path`), launched from the current directory."""
+    from hf_dist_recipes.parallel.shipped import SHIPPED_PREFIX, config_path
+
+    checkout = Path(hf_dist_recipes.__file__).resolve().parents[1]
+    if (checkout / SHIPPED_PREFIX / name).is_file():
+        return checkout / SHIPPED_PREFIX / name, checkout
+    return config_path(name), Path.cwd()
 
 
 @dataclass(frozen=True)
@@ -70,9 +70,9 @@ def plan_demo(
     if num_processes is not None:
         positive_int(num_processes, "--num-processes", 2, unit="processes")
     gpus = backend.cuda_device_count() if cuda_devices is None else cuda_devices
-    root = configs_root() if config_file is None else Path.cwd()
+    root = Path.cwd()
     if config_file is None:
-        config_file = root / "accelerate_configs" / (GPU_CONFIG if gpus else CPU_CONFIG)
+        config_file, root = default_config(GPU_CONFIG if gpus else CPU_CONFIG)
         if gpus and num_processes is None:
             num_processes = gpus
     cfg = load_launch_config(config_file, root=root)

@@ -1,0 +1,135 @@
+"""The package as a user installs it, outside the checkout: `python -m build` makes an sdist and a wheel from it
+that `twine check` passes; the wheel, installed with pip into a folder of its own (`--target`, no dependencies: they
+come from this venv), lists, copies and names the shipped configs and runs the demo from another directory, with
+the checkout out of reach (the package imported is the installed one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from email.parser import Parser
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import LAUNCH_TIMEOUT_S, REPO, cpu_only_env
+
+SHIPPED = REPO / "accelerate_configs"
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory) -> Path:
+    """sdist and wheel built as `python -m build` builds them (the wheel from the unpacked sdist, so the sdist must
+    hold everything), with this venv's setuptools instead of a downloaded one (--no-isolation)."""
+    out = tmp_path_factory.mktemp("dist")
+    proc = subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def installed(dist, tmp_path_factory) -> dict:
+    """The wheel installed into its own folder; the environment and working directory that reach it and not the
+    checkout."""
+    site = tmp_path_factory.mktemp("site")
+    (wheel,) = dist.glob("*.whl")
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target", str(site)]
+    proc = subprocess.run([*pip, str(wheel)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    env = dict(os.environ, PYTHONPATH=str(site), XDG_CACHE_HOME=str(elsewhere / "cache"))
+    env = cpu_only_env(dict(env, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
+    return {"site": site, "cwd": elsewhere, "env": env, "script": site / "bin" / "hf-dist-recipes"}
+
+
+def _run(installed, *argv, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(installed["script"]), *argv],
+        cwd=installed["cwd"],
+        env=installed["env"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_twine_check_passes_and_the_metadata_says_what_a_user_needs(dist):
+    (sdist,), (wheel,) = dist.glob("*.tar.gz"), dist.glob("*.whl")
+    files = [sdist, wheel]
+    proc = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", *map(str, files)], capture_output=True)
+    assert proc.returncode == 0, proc.stdout.decode()[-2000:]
+    with zipfile.ZipFile(wheel) as whl:
+        names = set(whl.namelist())
+        meta = Parser().parsestr(whl.read("hf_dist_recipes-0.1.0.dist-info/METADATA").decode())
+    assert {"dev", "nvml", "trl"} <= set(meta.get_all("Provides-Extra"))
+    assert "Programming Language :: Python :: 3.11" in meta.get_all("Classifier")
+    assert meta["Description-Content-Type"] == "text/markdown" and "hf-dist-recipes" in meta.get_payload()
+    # Every shipped file travels with the package, under hf_dist_recipes/configs/.
+    shipped = {f"hf_dist_recipes/configs/{p.relative_to(SHIPPED)}" for p in SHIPPED.rglob("*") if p.is_file()}
+    assert len(shipped) == 15 and shipped <= names, shipped - names
+
+
+def test_the_installed_package_is_imported_not_the_checkout(installed):
+    proc = subprocess.run(
+        [sys.executable, "-c", "import hf_dist_recipes; print(hf_dist_recipes.__file__)"],
+        cwd=installed["cwd"],
+        env=installed["env"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert Path(proc.stdout.strip()).is_relative_to(installed["site"]), proc.stdout
+
+
+def test_config_list_copy_and_path_work_without_the_repository(installed, tmp_path, monkeypatch):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    proc = _run(installed, "config", "list", "--json")
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((SHIPPED / "manifest.json").read_text())["configs"]
+    assert [c["name"] for c in json.loads(proc.stdout)] == [e["name"] for e in manifest]
+
+    proc = _run(installed, "config", "copy", "cpu_zero3_2proc", "--output", str(tmp_path / "mine"))
+    assert proc.returncode == 0, proc.stderr
+    copied = tmp_path / "mine" / "cpu_zero3_2proc.yaml"
+    proc = _run(installed, "config", "path", "zero3_2nodes_8gpu")
+    assert proc.returncode == 0, proc.stderr
+    cached = Path(proc.stdout.strip())
+    assert cached.is_absolute() and cached.is_relative_to(installed["cwd"] / "cache"), cached
+    for yaml_file, name in ((copied, "cpu_zero3_2proc"), (cached, "zero3_2nodes_8gpu")):
+        # Read by accelerate's own loader from a third directory: the DeepSpeed path is absolute and holds the
+        # shipped JSON byte for byte; everything else in the YAML is the shipped one's.
+        monkeypatch.chdir(tmp_path)
+        cluster = load_config_from_file(str(yaml_file))
+        ds = Path(cluster.deepspeed_config["deepspeed_config_file"])
+        assert ds.is_absolute() and ds.read_text() == (SHIPPED / "deepspeed" / f"{name}.json").read_text()
+        mine, theirs = yaml.safe_load(yaml_file.read_text()), yaml.safe_load((SHIPPED / f"{name}.yaml").read_text())
+        mine["deepspeed_config"].pop("deepspeed_config_file"), theirs["deepspeed_config"].pop("deepspeed_config_file")
+        assert mine == theirs
+
+
+@pytest.mark.distributed
+def test_demo_runs_from_another_directory(installed):
+    """A short demo (2 CPU processes, ZeRO-3) from the installed wheel: its config is the packaged one, copied
+    with an absolute DeepSpeed path, and the ranks import the installed package too."""
+    out = installed["cwd"] / "run"
+    proc = _run(
+        installed,
+        *("demo", "--json", "--output-dir", "run", "--max-steps", "4", "--warmup-steps", "1"),
+        *("--logging-steps", "1", "--max-bytes", "200000", "--no-save"),
+        timeout=LAUNCH_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert Path(result["plan"]["config_file"]).is_relative_to(installed["cwd"] / "cache")
+    assert result["plan"]["settings"]["output_dir"] == str(out)
+    assert result["summary"]["steps"] == 4 and result["summary"]["ranks"] == 2
