@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict
 
 from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_SIZE, parse_size
+from hf_dist_recipes.user_values import writable_dir
 
 
 def register(subparsers) -> None:
@@ -67,7 +68,9 @@ def run_export(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-shard-size: {err}") from None
     if args.workers < 1:
         raise ValueError(f"--workers {args.workers}: use 1 or more writer processes")
-    resolve_tag_dir(args.checkpoint)  # a wrong path is one line, before any progress bar
+    # A wrong path is one line, before any progress bar.
+    writable_dir(args.output, "--output", "runs/job/hf-1200")
+    resolve_tag_dir(args.checkpoint)
     start = time.perf_counter()
     with tqdm(desc="exporting", unit="group", disable=args.json) as bar:
 

@@ -13,6 +13,8 @@ import json
 import os
 import sys
 
+from hf_dist_recipes.user_values import writable_dir
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -55,8 +57,10 @@ def run_summarize(args: argparse.Namespace) -> int:
 
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    summary = summarize_logs(args.logdir, tp=args.tp, workers=args.workers, straggler_threshold=args.threshold)
     out = args.out or os.path.join(args.logdir, "summary")
+    # Before the logs are read (seconds to minutes): a folder that cannot be written is one line at once.
+    writable_dir(out, "--out", "runs/job/summary")
+    summary = summarize_logs(args.logdir, tp=args.tp, workers=args.workers, straggler_threshold=args.threshold)
     data = summary.to_dict()
     data["aggregate_run"] = write_aggregate_run(summary, os.path.join(out, "aggregate"))
     if not args.no_report:

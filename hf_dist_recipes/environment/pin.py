@@ -175,6 +175,9 @@ def pin(
 ) -> PinResult:
     """Write `output`/requirements.lock and `output`/Dockerfile (the folder is created). `env`: the ENV lines
     (default `nccl_defaults.NCCL_ENV_DEFAULTS`). ValueError for a refused pair or an output that cannot be written."""
+    from hf_dist_recipes.user_values import writable_dir
+
+    writable_dir(output, "--output", "pinned")  # before anything is resolved: a bad folder is one line at once
     if env is None:
         from hf_dist_recipes.nccl_defaults import NCCL_ENV_DEFAULTS as env
     python = python or python_version()

@@ -117,12 +117,12 @@ class CopiedConfig:
         return {"name": self.name, "yaml_file": str(self.yaml_file), "deepspeed_file": str(self.deepspeed_file)}
 
 
-def copy_config(name: str, output: str | Path, *, flag: str = "--output") -> CopiedConfig:
+def copy_config(name: str, output: str | Path, *, flag: str = "--output", example: str = "my_configs") -> CopiedConfig:
     """Write shipped config `name` as `<output>/NAME.yaml` and `<output>/deepspeed/NAME.json`, the YAML naming the
     JSON by its absolute path (launch from any directory). Existing files of that name are replaced. ValueError
     for an unknown name or an output that cannot be written (`flag` names it in the message)."""
     config = _shipped(name)
-    out = writable_dir(output, flag, "my_configs")
+    out = writable_dir(output, flag, example)
     root = packaged_dir()
     yaml_text = (root / f"{config.name}.yaml").read_text()
     json_text = (root / "deepspeed" / f"{config.name}.json").read_text()
@@ -156,7 +156,7 @@ def cache_dir() -> Path:
 def config_path(name: str) -> Path:
     """The absolute path of a launchable copy of shipped config `name` (written, or refreshed, in `cache_dir()`):
     `accelerate launch --config_file "$(hf-dist-recipes config path NAME)"` from any directory."""
-    return copy_config(name, cache_dir(), flag="cache directory (XDG_CACHE_HOME)").yaml_file
+    return copy_config(name, cache_dir(), flag="XDG_CACHE_HOME", example="$HOME/.cache").yaml_file
 
 
 if __name__ == "__main__":

@@ -204,6 +204,9 @@ def test_validate_keeps_exit_1_for_findings_and_2_when_a_file_cannot_be_read(cap
     [
         (["demo", "--seed", "-1", "--dry-run"], "--seed"),
         (["config", "validate", "EMPTY"], "empty.yaml"),
+        # The issue's two examples: a traceback of 98 and 39 lines before the directory was probed.
+        (["demo", "--output-dir", "/proc/x/run"], "--output-dir"),
+        (["config", "generate", "--output", "/proc/x/cfg"], "--output"),
     ],
 )
 def test_console_script_prints_one_line_and_no_traceback(argv, name, tmp_path):
@@ -268,3 +271,71 @@ def test_seq_len_minimum_is_what_the_model_needs():
         losses[length] = model(input_ids=ids, labels=ids).loss.item()
     assert torch.isnan(torch.tensor(losses[MIN_SEQ_LEN - 1]))
     assert torch.isfinite(torch.tensor(losses[MIN_SEQ_LEN]))
+
+
+# Every command that writes, with the flag naming where: (argv before the path, flag, argv after the path).
+WRITING_COMMANDS = {
+    "demo": (["demo", "--output-dir"], "--output-dir", []),
+    "config generate": (["config", "generate", "--cpu", "--gpus-per-node", "2", "--output"], "--output", []),
+    "config copy": (["config", "copy", "cpu_zero3_2proc", "--output"], "--output", []),
+    "pin": (["pin", "--output"], "--output", []),
+    "checkpoint export": (["checkpoint", "export", "CKPT", "--output"], "--output", []),
+    "logs summarize": (["logs", "summarize", "LOGDIR", "--out"], "--out", []),
+    "preflight": (
+        ["preflight", "--config-file", str(REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml"), "--output-dir"],
+        "--output-dir",
+        [],
+    ),
+}
+OUTPUT_FLAGS = {"--output", "--output-dir", "--out"}
+
+
+def _output_options(parser, path=()):
+    """(command words, flag) for every option of the CLI that names where something is written."""
+    import argparse
+
+    for action in parser._actions:  # argparse has no public walk over subparsers
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _output_options(sub, (*path, name))
+        else:
+            yield from ((" ".join(path), flag) for flag in action.option_strings if flag in OUTPUT_FLAGS)
+
+
+def test_every_writing_command_is_covered_below():
+    from hf_dist_recipes.cli.main import build_parser
+
+    assert set(_output_options(build_parser())) == {(cmd, flag) for cmd, (_, flag, _) in WRITING_COMMANDS.items()}
+
+
+def _unwritable(kind, tmp_path) -> Path:
+    if kind == "proc":  # the issue's example: root passes os.access on /proc, but nothing can be created there
+        if not Path("/proc/self").is_dir():
+            pytest.skip("no /proc on this system")
+        return Path("/proc/no_such_dir/run")
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    return blocker / "run"
+
+
+@pytest.mark.parametrize("kind", ["proc", "under-a-file"])
+@pytest.mark.parametrize("command", list(WRITING_COMMANDS))
+def test_unwritable_output_is_one_line_exit_2_for_every_writing_command(command, kind, capsys, tmp_path, no_launch):
+    before, flag, after = WRITING_COMMANDS[command]
+    bad = _unwritable(kind, tmp_path)
+    (tmp_path / "logs").mkdir()
+    words = {"CKPT": str(tmp_path / "checkpoint-1"), "LOGDIR": str(tmp_path / "logs")}
+    argv = [words.get(a, a) for a in before] + [str(bad)] + after
+    code, out, err, seconds = _run(capsys, argv)
+    line = _one_line_naming(err, flag)
+    assert code == 2 and out == "" and str(bad) in line and seconds < 5.0, (argv, err)
+    assert not bad.exists() and sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["logs"] + (["a_file"] if kind != "proc" else [])
+    )
+
+
+def test_config_path_with_an_unwritable_cache_is_one_line_exit_2(capsys, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", "/proc/no_such_dir")
+    code, out, err, _ = _run(capsys, ["config", "path", "cpu_zero3_2proc"])
+    line = _one_line_naming(err, "XDG_CACHE_HOME")
+    assert code == 2 and out == "" and "/proc" in line

@@ -45,9 +45,10 @@ def test_unwritable_output_is_one_line_exit_2(capsys, tmp_path):
     blocker.write_text("")  # a file where a folder must go: fails even for root
     assert main(["pin", "--output", str(blocker / "pinned")]) == 2
     err = capsys.readouterr().err
-    assert (
-        err == f"hf-dist-recipes pin: error: --output {blocker / 'pinned'}: cannot write there (Not a directory); "
-        "choose a folder you can write to\n"
+    # The check every writing command shares (user_values.writable_dir), before any version is resolved.
+    assert err == (
+        f"hf-dist-recipes pin: error: --output {blocker / 'pinned'}: {blocker} is a file, not a directory; "
+        "e.g. --output pinned\n"
     )
 
 
