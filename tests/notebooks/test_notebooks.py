@@ -8,6 +8,7 @@ from conftest import REPO
 from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+DRAWS_FIGURES = {"02_parallel_configs.ipynb", "03_logs.ipynb"}
 
 
 def test_there_are_notebooks():
@@ -33,3 +34,5 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "Traceback" not in text
+    if path.name in DRAWS_FIGURES:  # a real figure (matplotlib, shown inline as a PNG), not a chart in text
+        assert any("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
