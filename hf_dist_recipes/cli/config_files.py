@@ -38,8 +38,9 @@ def register(sub) -> None:
     path = sub.add_parser(
         "path",
         help="print the absolute path of a launchable copy of a shipped config",
-        description=__doc__.split("\n", 1)[1].split("path   ", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Print the absolute path of a copy of NAME whose DeepSpeed path is absolute, written (or "
+        "refreshed) in $XDG_CACHE_HOME (default ~/.cache)/hf-dist-recipes/configs/<version>/: made for "
+        '`accelerate launch --config_file "$(hf-dist-recipes config path NAME)"` from any directory.',
         epilog='Example: accelerate launch --config_file "$(hf-dist-recipes config path cpu_zero3_2proc)" train.py',
     )
     path.add_argument("name", metavar="NAME", help="a shipped config (hf-dist-recipes config list)")

@@ -339,3 +339,11 @@ def test_config_path_with_an_unwritable_cache_is_one_line_exit_2(capsys, monkeyp
     code, out, err, _ = _run(capsys, ["config", "path", "cpu_zero3_2proc"])
     line = _one_line_naming(err, "XDG_CACHE_HOME")
     assert code == 2 and out == "" and "/proc" in line
+
+
+@pytest.mark.parametrize("argv", [["config", "copy", "no_such_config", "--output", "OUT"], ["config", "path", "nope"]])
+def test_unknown_shipped_config_names_the_choices(argv, capsys, tmp_path):
+    argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    code, out, err, _ = _run(capsys, argv)
+    line = _one_line_naming(err, "cpu_zero3_2proc")  # the list of names to choose from
+    assert code == 2 and out == "" and "hf-dist-recipes config list" in line and not (tmp_path / "out").exists()
