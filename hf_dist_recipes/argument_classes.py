@@ -1,6 +1,7 @@
 """The recipe's arguments for any `TrainingArguments` subclass, and the upgrade of a user's arguments into them.
 
-`recipe_arguments_class(C)` is a dataclass `Recipe<C>` with bases `(RecipeTrainingArguments, C)`, made once per `C`:
+`recipe_arguments_class(C, RecipeTrainingArguments)` is a dataclass `Recipe<C>` with bases
+`(RecipeTrainingArguments, C)`, made once per `C`:
 an instance is a `C` (its fields, its methods, its post-init: `RecipeTrainingArguments.__post_init__` calls
 `super().__post_init__()`, which is `C`'s) and a `RecipeTrainingArguments` (the recipe's defaults and checks).
 Defaults: a field the recipe declares takes the recipe's default; a stock field `C` re-declares (trl's
@@ -8,9 +9,13 @@ Defaults: a field the recipe declares takes the recipe's default; a stock field 
 (the recipe's bases carry the stock default last). `Seq2SeqTrainingArguments` -> `RecipeSeq2SeqTrainingArguments`,
 `SFTConfig` -> `RecipeSFTConfig`.
 
-`upgrade(args, base)` builds the instance `RecipeTrainer` & co. train with (`RecipeTrainingArguments.
-from_training_arguments`). Instances pickle and deep-copy by naming `C` (which must be importable, as for any
-pickled `C`), not the made class, so a fresh process loads a `training_args.bin` without having made it.
+`upgrade(args, base, RecipeTrainingArguments)` builds the instance `RecipeTrainer` & co. train with
+(`RecipeTrainingArguments.from_training_arguments`). Instances pickle and deep-copy by naming `C` (which must be
+importable, as for any pickled `C`), not the made class, so a fresh process loads a `training_args.bin` without having
+made it.
+
+The recipe class is passed in, not imported: `hf_dist_recipes.arguments` imports this module (its
+`from_training_arguments` upgrades through it), so importing it back would make a cycle.
 """
 
 from __future__ import annotations
@@ -22,31 +27,31 @@ import threading
 from transformers import TrainingArguments
 
 from hf_dist_recipes import _compat
-from hf_dist_recipes.arguments import RecipeTrainingArguments
 
 logger = logging.getLogger(__name__)
 
-_CLASSES: dict[type, type] = {}
+_CLASSES: dict[tuple[type, type], type] = {}  # (recipe class, base) -> Recipe<base>
 _LOCK = threading.Lock()
 
 
-def recipe_arguments_class(base: type[TrainingArguments]) -> type[RecipeTrainingArguments]:
-    """`Recipe<base>`: the recipe applied to the arguments class `base` (cached: the same class on every call)."""
+def recipe_arguments_class(base: type[TrainingArguments], recipe: type[TrainingArguments]) -> type:
+    """`Recipe<base>`: the recipe class `recipe` (`RecipeTrainingArguments`) applied to the arguments class `base`
+    (cached: the same class on every call)."""
     if not (isinstance(base, type) and issubclass(base, TrainingArguments)):
         raise ValueError(f"{base!r} is not a TrainingArguments subclass; pass the class the Trainer's args are")
-    if issubclass(base, RecipeTrainingArguments):
+    if issubclass(base, recipe):
         return base
     if base is TrainingArguments:
-        return RecipeTrainingArguments
+        return recipe
     with _LOCK:
-        made = _CLASSES.get(base)
+        made = _CLASSES.get((recipe, base))
         if made is None:
-            made = _CLASSES[base] = _make(base)
+            made = _CLASSES[(recipe, base)] = _make(base, recipe)
         return made
 
 
-def _make(base: type[TrainingArguments]) -> type[RecipeTrainingArguments]:
-    ours = set(vars(RecipeTrainingArguments).get("__annotations__", {}))  # the fields the recipe declares
+def _make(base: type[TrainingArguments], recipe: type[TrainingArguments]) -> type:
+    ours = set(vars(recipe).get("__annotations__", {}))  # the fields the recipe declares
     stock = {f.name: f for f in dataclasses.fields(TrainingArguments)}
     redeclared = [
         (f.name, f.type, _copy_field(f))
@@ -56,38 +61,39 @@ def _make(base: type[TrainingArguments]) -> type[RecipeTrainingArguments]:
     return dataclasses.make_dataclass(
         f"Recipe{base.__name__}",
         redeclared,
-        bases=(RecipeTrainingArguments, base),
+        bases=(recipe, base),
         namespace={
             "__module__": __name__,
             "__doc__": f"`{base.__module__}.{base.__qualname__}` with the recipe's defaults and checks "
             "(`hf_dist_recipes.argument_classes`).",
             "__reduce__": _reduce,
-            "_recipe_base": base,  # no annotation: a class attribute, not a field
+            "_recipe_base": base,  # no annotation: class attributes, not fields
+            "_recipe_class": recipe,
         },
     )
 
 
 def _reduce(self):
-    return _instance, (type(self)._recipe_base,), dict(vars(self))
+    return _instance, (type(self)._recipe_base, type(self)._recipe_class), dict(vars(self))
 
 
-def _instance(base: type[TrainingArguments]) -> RecipeTrainingArguments:
+def _instance(base: type[TrainingArguments], recipe: type[TrainingArguments]):
     """An empty `Recipe<base>` for pickle and deepcopy, which then restore its attributes (no post-init again)."""
-    cls = recipe_arguments_class(base)
+    cls = recipe_arguments_class(base, recipe)
     return cls.__new__(cls)
 
 
-def upgrade(args: TrainingArguments, base: type[TrainingArguments] | None = None) -> RecipeTrainingArguments:
-    """`args` as a `Recipe<C>`, where `C` is `type(args)`, or `base` when `args` is not a `base` already (trl's
-    trainers need their config class: a plain `TrainingArguments` given to `recipe(SFTTrainer)` becomes a
-    `RecipeSFTConfig`, as `SFTTrainer` itself would turn it into an `SFTConfig`).
+def upgrade(args: TrainingArguments, base: type[TrainingArguments] | None, recipe: type[TrainingArguments]):
+    """`args` as a `Recipe<C>` of the recipe class `recipe`, where `C` is `type(args)`, or `base` when `args` is
+    not a `base` already (trl's trainers need their config class: a plain `TrainingArguments` given to
+    `recipe(SFTTrainer)` becomes a `RecipeSFTConfig`, as `SFTTrainer` itself would turn it into an `SFTConfig`).
 
     Every field the user set (a value other than its class's default, also after the stock post-init) is kept; a
     field left at its default takes the recipe's default where the recipe declares one, else its class's default."""
     target_base = type(args) if base is None or isinstance(args, base) else base
-    if isinstance(args, RecipeTrainingArguments) and isinstance(args, target_base):
+    if isinstance(args, recipe) and isinstance(args, target_base):
         return args
-    target = recipe_arguments_class(target_base)
+    target = recipe_arguments_class(target_base, recipe)
     source_fields = [f for f in dataclasses.fields(args) if f.init]
     target_fields = {f.name: f for f in dataclasses.fields(target) if f.init}
     unknown = [f.name for f in source_fields if f.name not in target_fields]
@@ -98,7 +104,7 @@ def upgrade(args: TrainingArguments, base: type[TrainingArguments] | None = None
         )
     source_defaults = {f.name: _default(f) for f in source_fields}
     after_post_init = _post_init_defaults(source_defaults)
-    ours = set(vars(RecipeTrainingArguments).get("__annotations__", {}))
+    ours = set(vars(recipe).get("__annotations__", {}))
     kept = {}
     for f in source_fields:
         value, default = getattr(args, f.name), source_defaults[f.name]

@@ -74,7 +74,7 @@ from typing import Literal
 from transformers import TrainingArguments
 from transformers.trainer_utils import SchedulerType
 
-from hf_dist_recipes import _compat, backend, cuda_host, extensions, precision
+from hf_dist_recipes import _compat, argument_classes, backend, cuda_host, extensions, precision
 from hf_dist_recipes.alloc_defaults import apply_alloc_conf_default
 from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_SIZE, parse_size
 from hf_dist_recipes.gradient_health import (
@@ -402,11 +402,9 @@ class RecipeTrainingArguments(TrainingArguments):
         field and method of `C`; a plain `TrainingArguments` becomes this class. Every field the user changed from
         its default is kept; fields left at their default take the recipe default (`hf_dist_recipes.
         argument_classes`). `base`: the arguments class the Trainer needs, used when `args` is not one."""
-        from hf_dist_recipes.argument_classes import upgrade  # it builds on this class
-
         if base is None and cls is not RecipeTrainingArguments:  # a subclass of ours: upgrade into it
             base = cls
-        return upgrade(args, base)
+        return argument_classes.upgrade(args, base, RecipeTrainingArguments)
 
 
 def _schedule_kwargs_into_fields(args: RecipeTrainingArguments) -> None:

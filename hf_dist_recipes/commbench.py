@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.output, "w", encoding="utf-8") as f:
                 json.dump(result, f, indent=2)
         else:
-            from hf_dist_recipes.commbench_launch import render
+            from hf_dist_recipes.commbench_render import render
 
             print(json.dumps(result, indent=2) if args.json else render(result))
     return 0

@@ -1,5 +1,5 @@
 """Launch `hf_dist_recipes.commbench` on N local processes (torchrun, a free port), read back rank 0's JSON, put a
-Gloo run side by side with NCCL, and render results as a table."""
+Gloo run side by side with NCCL (`hf_dist_recipes.commbench_render` renders the results as a table)."""
 
 from __future__ import annotations
 
@@ -140,67 +140,3 @@ def side_by_side(nccl: dict, gloo: dict) -> dict:
             }
         )
     return {"side_by_side": True, "world_size": nccl["world_size"], "runs": [nccl, gloo], "comparison": rows}
-
-
-def human_bytes(n: int) -> str:
-    for unit, scale in (("G", 1024**3), ("M", 1024**2), ("K", 1024)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale}{unit}"
-    return f"{n}B" if n < 1024 else f"{n / 1024:.1f}K"
-
-
-def _num(x: float | None, fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
-
-
-def render(result: dict) -> str:
-    """The table of one run (results, ring links, ranks, flags), or of a side-by-side (both runs, then the ratios)."""
-    if result.get("side_by_side"):
-        lines = [render(run) for run in result["runs"]]
-        lines.append(
-            "Gloo vs NCCL on this machine (time per op; the ratio is what a training falling back to Gloo "
-            "pays on each collective):"
-        )
-        lines.append(f"  {'op':<15}{'size':>8}{'nccl us':>12}{'gloo us':>12}{'gloo/nccl':>11}")
-        for r in result["comparison"]:
-            lines.append(
-                f"  {r['op']:<15}{human_bytes(r['size_bytes']):>8}{r['nccl_time_us']:>12.1f}"
-                f"{r['gloo_time_us']:>12.1f}{r['gloo_slower_x']:>10.1f}x"
-            )
-        return "\n".join(lines)
-    lines = [
-        f"commbench: {result['world_size']} ranks, {result['backend']} on {result['device']}, "
-        f"host(s) {', '.join(result['hosts'])}, {result['dtype']}, {result['iters']} timed iterations "
-        "(time = slowest rank's mean; bandwidths in GB/s as nccl-tests defines them)",
-        f"  {'op':<15}{'size':>8}{'time us':>12}{'algbw':>9}{'busbw':>9}  call",
-    ]
-    for r in result["results"]:
-        lines.append(
-            f"  {r['op']:<15}{human_bytes(r['size_bytes']):>8}{_num(r['time_us'], '12.1f')}"
-            f"{_num(r['algbw_GBps'], '9.3f')}{_num(r['busbw_GBps'], '9.3f')}  {r['call']} {r['note']}".rstrip()
-        )
-    lines.append(
-        f"ring links (each alone, {human_bytes(result['links'][0]['size_bytes'])} per send):"
-        if result["links"]
-        else f"ring links: {result.get('links_note') or 'none'}"
-    )
-    for x in result["links"]:
-        flag = "  SLOW" if x["flagged"] else ""
-        lines.append(
-            f"  rank {x['src']} ({x['src_host']}) -> rank {x['dst']} ({x['dst_host']}): "
-            f"{x['GBps']:.3f} GB/s, {x['time_us']:.1f} us{flag}"
-        )
-    for x in result["ranks"]:
-        flag = "  SLOW" if x["flagged"] else ""
-        lines.append(
-            f"  rank {x['rank']} ({x['host']}): own all_reduce {human_bytes(x['size_bytes'])} "
-            f"{x['time_us']:.1f} us{flag}"
-        )
-    flagged = result["flagged"]
-    if flagged["links"] or flagged["ranks"]:
-        lines.append(
-            f"flagged below {result['fraction']:g} x the median: links {flagged['links']}, ranks {flagged['ranks']}"
-        )
-    else:
-        lines.append(f"no link or rank below {result['fraction']:g} x the median")
-    return "\n".join(lines)

@@ -111,7 +111,7 @@ class RecipeTrainerMixin:
         bound = _trainer_signature(type(self)).bind_partial(*positional, **named)
         args = bound.arguments.get("args")
         if args is None:
-            args = recipe_arguments_class(self.recipe_arguments_base)(output_dir="tmp_trainer")
+            args = recipe_arguments_class(self.recipe_arguments_base, RecipeTrainingArguments)(output_dir="tmp_trainer")
         args = RecipeTrainingArguments.from_training_arguments(args, self.recipe_arguments_base)
         bound.arguments["args"] = args
         # Before super().__init__: it calls model_init, whose weights must come from the seeded state.

@@ -63,7 +63,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_dist_recipes.commbench_launch import plan_commbench, render, run_commbench
+    from hf_dist_recipes.commbench_launch import plan_commbench, run_commbench
+    from hf_dist_recipes.commbench_render import render
 
     settings = BenchSettings(
         sizes=parse_sizes(args.sizes),

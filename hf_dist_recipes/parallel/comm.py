@@ -62,6 +62,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from hf_dist_recipes.parallel.elements import placements, rank_elements
 from hf_dist_recipes.parallel.models import ModelShape, component_of
 from hf_dist_recipes.parallel.plan import ParallelPlan
 
@@ -182,9 +183,7 @@ def _spans(plan: ParallelPlan) -> dict[str, Span]:
 
 def zero_groups(plan: ParallelPlan, model: ModelShape) -> list[tuple[int, str]]:
     """(elements of the tensor as ZeRO sees it, after TP/EP splits; its ZeRO group: "dp", "edp" or "world") for
-    every parameter tensor (`memory.placements`)."""
-    from hf_dist_recipes.parallel.memory import placements
-
+    every parameter tensor (`elements.placements`)."""
     return [(piece, group) for _, _, pieces, group in placements(plan, model) for piece in pieces]
 
 
@@ -393,7 +392,7 @@ def step_estimate(
     elements=None,
 ) -> StepEstimate:
     """Traffic and step time of `plan` on `hardware` (a `Hardware` or a key of HARDWARE). `hpz`, `vocab_parallel`:
-    as `traffic`. `elements`: the `memory.RankElements` of the plan, for the offload term (computed when not
+    as `traffic`. `elements`: the `elements.RankElements` of the plan, for the offload term (computed when not
     given)."""
     hw = HARDWARE[hardware] if isinstance(hardware, str) else hardware
     t = traffic(plan, model, hpz=hpz, vocab_parallel=vocab_parallel)
@@ -401,8 +400,6 @@ def step_estimate(
     offload: dict[str, float] = {}
     if plan.offload_optimizer:
         if elements is None:
-            from hf_dist_recipes.parallel.memory import rank_elements
-
             elements = rank_elements(plan, model)
         offload = offload_parts(plan, elements.optimizer, elements.params, hw)
         seconds["offload"] = sum(offload.values())

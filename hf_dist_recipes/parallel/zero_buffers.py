@@ -10,7 +10,7 @@ What DeepSpeed 0.19.8 does with each (files under deepspeed/runtime/):
   DeepSeek-V3 MoE layer's experts alone (1.1e10 elements at EP 1, 1.4e9 at EP 8) exceed the 1e9 default: the
   next layer's attention is then fetched on demand, and the experts' gather starts one module (the router) ahead
   of its use, since the 5e7 window is smaller than one attention projection (o_proj: 1.2e8).
-  Chosen here: bucket = M, the largest module a rank gathers after TP/EP (`memory.rank_elements`), so the window
+  Chosen here: bucket = M, the largest module a rank gathers after TP/EP (`elements.rank_elements`), so the window
   reaches a whole module ahead; max_live = 2 x M, room for the module computing and the next one prefetching.
   Never below DeepSpeed's defaults. Memory: at most max(max_live, M) + T elements are gathered at once (T: the
   largest tensor; the loop admits one past the limit), and never more than the rank's share of the model.
@@ -55,6 +55,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from hf_dist_recipes.parallel.elements import BYTES_PER_ELEMENT, head_logits_bytes, rank_elements
 from hf_dist_recipes.parallel.models import ModelShape
 from hf_dist_recipes.parallel.plan import ParallelPlan
 
@@ -67,7 +68,7 @@ DEFAULT_SUB_GROUP = 1_000_000_000
 # hpZ's second copy of the parameters may take at most this much of each GPU: a tenth of an 80 GB H100. Above it
 # the memory is worth more to the plan (a larger micro batch, no offload) than intra-node backward gathers.
 HPZ_MAX_SECONDARY_BYTES = 8 * GIB
-# Logit bytes per GPU (`memory.logits_bytes`) the vocabulary-parallel head must save before it is worth sharded
+# Logit bytes per GPU (`elements.head_logits_bytes`) the vocabulary-parallel head must save before it is worth sharded
 # `outputs.logits`: 1 GiB. Below it the saving is inside the estimate's 2 GiB allowance, and the all-gather it
 # avoids (at most 1 GiB per micro step, over NVLink) costs milliseconds.
 VOCAB_PARALLEL_MIN_SAVING_BYTES = 1 * GIB
@@ -106,8 +107,6 @@ def zero_buffers(plan: ParallelPlan, model: ModelShape | None) -> ZeroBuffers:
     vocab_parallel = use_vocab_parallel_lm_head(plan, model)
     if plan.zero_stage != 3:
         return ZeroBuffers(vocab_parallel_lm_head=vocab_parallel)
-    from hf_dist_recipes.parallel.memory import rank_elements  # memory.estimate calls back into this module
-
     el = rank_elements(plan, model)
     hpz = hpz_partition_size(plan, model)
     secondary = sum(math.ceil(math.prod(shape) / hpz) for _, shape in model.parameters) if hpz > 1 else 0
@@ -150,18 +149,14 @@ def hpz_partition_size(plan: ParallelPlan, model: ModelShape | None = None) -> i
 
 
 def _hpz_secondary_bytes(plan: ParallelPlan, model: ModelShape) -> int:
-    from hf_dist_recipes.parallel.memory import BYTES_PER_ELEMENT
-
     return math.ceil(model.total_params / plan.procs_per_node) * BYTES_PER_ELEMENT[plan.precision][0]
 
 
 def vocab_parallel_saving_bytes(plan: ParallelPlan, model: ModelShape) -> int:
     """Logit bytes per GPU the vocabulary-parallel head saves against the gathered one (0 at TP 1)."""
-    from hf_dist_recipes.parallel.memory import logits_bytes
-
     if plan.tp == 1:
         return 0
-    return logits_bytes(plan, model, vocab_parallel=False) - logits_bytes(plan, model, vocab_parallel=True)
+    return head_logits_bytes(plan, model, vocab_parallel=False) - head_logits_bytes(plan, model, vocab_parallel=True)
 
 
 def use_vocab_parallel_lm_head(plan: ParallelPlan, model: ModelShape) -> bool:
@@ -202,8 +197,6 @@ def zero_buffer_notes(plan: ParallelPlan, model: ModelShape | None) -> list[str]
         ]
     if plan.zero_stage == 3 and model is not None:
         if b.hpz_partition_size > 1:
-            from hf_dist_recipes.parallel.memory import BYTES_PER_ELEMENT
-
             secondary = b.hpz_secondary_elements * BYTES_PER_ELEMENT[plan.precision][0]
             lines.append(
                 f"zero_hpz_partition_size {b.hpz_partition_size}: a node-local copy of the parameters "

@@ -74,13 +74,13 @@ def test_user_subclass_keeps_fields_methods_defaults_and_post_init(tmp_path):
 
 
 def test_made_class_is_cached_and_its_mro_puts_the_recipe_first():
-    made = recipe_arguments_class(Seq2SeqTrainingArguments)
-    assert recipe_arguments_class(Seq2SeqTrainingArguments) is made
+    made = recipe_arguments_class(Seq2SeqTrainingArguments, RecipeTrainingArguments)
+    assert recipe_arguments_class(Seq2SeqTrainingArguments, RecipeTrainingArguments) is made
     assert made.__mro__[1:3] == (RecipeTrainingArguments, Seq2SeqTrainingArguments)
-    assert recipe_arguments_class(TrainingArguments) is RecipeTrainingArguments
-    assert recipe_arguments_class(made) is made
+    assert recipe_arguments_class(TrainingArguments, RecipeTrainingArguments) is RecipeTrainingArguments
+    assert recipe_arguments_class(made, RecipeTrainingArguments) is made
     with pytest.raises(ValueError, match="TrainingArguments subclass"):
-        recipe_arguments_class(dict)
+        recipe_arguments_class(dict, RecipeTrainingArguments)
 
 
 def test_trl_config_keeps_trl_defaults_and_takes_the_recipes(tmp_path):

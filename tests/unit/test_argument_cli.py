@@ -50,7 +50,9 @@ def _made_argument_classes() -> list[type]:
 
     from hf_dist_recipes.argument_classes import recipe_arguments_class
 
-    return [recipe_arguments_class(c) for c in (Seq2SeqTrainingArguments, SFTConfig, DPOConfig)]
+    return [
+        recipe_arguments_class(c, RecipeTrainingArguments) for c in (Seq2SeqTrainingArguments, SFTConfig, DPOConfig)
+    ]
 
 
 ARGUMENT_CLASSES = _argument_classes() + _made_argument_classes()

@@ -15,7 +15,8 @@ from hf_dist_recipes.commbench import (
     parse_size,
     parse_sizes,
 )
-from hf_dist_recipes.commbench_launch import plan_commbench, render, side_by_side, worker_command
+from hf_dist_recipes.commbench_launch import plan_commbench, side_by_side, worker_command
+from hf_dist_recipes.commbench_render import render
 
 
 def test_bus_factors_are_nccl_tests_formulas():

@@ -1,8 +1,15 @@
-"""Imports go one way: the command line (hf_dist_recipes/cli/) uses the library; no library module imports it."""
+"""Imports go one way. The command line (hf_dist_recipes/cli/) uses the library; no library module imports it. No two
+modules of the package import each other, directly or through others, counting the imports inside functions that
+hide a cycle from Python (it only fails at the first call). The offline log reader (`logs summarize`:
+monitoring/events.py, aggregate.py, report.py) runs without transformers or torch.distributed, checked in a fresh
+interpreter."""
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import hf_dist_recipes
@@ -16,33 +23,99 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _import_targets(node: ast.AST, package: str) -> list[tuple[str, list[str]]]:
+    """(module named, [names imported from it]) for an import statement, relative ones resolved against `package`."""
+    if isinstance(node, ast.Import):
+        return [(alias.name, []) for alias in node.names]
+    if isinstance(node, ast.ImportFrom):
+        if node.level:
+            base = package.split(".")
+            base = base[: len(base) - (node.level - 1)]
+            target = ".".join(base + ([node.module] if node.module else []))
+        else:
+            target = node.module or ""
+        return [(target, [alias.name for alias in node.names])]
+    return []
+
+
 def cli_imports(source: str, module: str, *, is_package: bool = False) -> list[str]:
     """The modules under hf_dist_recipes.cli that `source` (module `module`) imports, at any depth of the file
     (function-level imports included), absolute or relative."""
     package = module if is_package else module.rpartition(".")[0]
     found = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: resolve against this module's package
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+        for target, names in _import_targets(node, package):
             # `from hf_dist_recipes import cli` imports the package by a name in the list.
-            names = [target] + [f"{target}.{alias.name}" for alias in node.names]
-        else:
-            continue
-        found += [name for name in names if name == CLI or name.startswith(CLI + ".")]
+            candidates = [target] + [f"{target}.{name}" for name in names]
+            found += [name for name in candidates if name == CLI or name.startswith(CLI + ".")]
     return sorted(set(found))
+
+
+def package_imports(source: str, module: str, modules, *, is_package: bool = False) -> dict[str, int]:
+    """The modules of `modules` that `source` (module `module`) imports, at any depth of the file, each with the line
+    of its first import. `from a.b import c` counts as importing `a.b.c` when that is a module, else `a.b`; a name
+    that is no module counts as its closest enclosing module."""
+    package = module if is_package else module.rpartition(".")[0]
+    found: dict[str, int] = {}
+    for node in ast.walk(ast.parse(source)):
+        for target, names in _import_targets(node, package):
+            for name in [f"{target}.{n}" if f"{target}.{n}" in modules else target for n in names] or [target]:
+                while name and name not in modules:
+                    name = name.rpartition(".")[0]
+                if name and name != module:
+                    found.setdefault(name, node.lineno)
+    return found
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every set of modules that import one another (strongly connected components of more than one module), each
+    sorted, in sorted order (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return sorted(cycles)
 
 
 def test_no_module_outside_cli_imports_cli():
     offenders = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        module = module_name(path)
+    for module, path in MODULES.items():
         if module == CLI or module.startswith(CLI + "."):
             continue
         found = cli_imports(path.read_text(), module, is_package=path.name == "__init__.py")
@@ -62,3 +135,96 @@ def test_the_scan_finds_each_way_of_importing_cli():
     assert cli_imports("from hf_dist_recipes import cli\n", module) == ["hf_dist_recipes.cli"]
     assert cli_imports("from ..cli import main\n", module) == ["hf_dist_recipes.cli", "hf_dist_recipes.cli.main"]
     assert cli_imports("from .generate import write_configs\nimport hf_dist_recipes.client\n", module) == []
+
+
+def test_no_import_cycles():
+    imports = {
+        module: package_imports(path.read_text(), module, MODULES, is_package=path.name == "__init__.py")
+        for module, path in MODULES.items()
+    }
+    assert len(imports) > 50 and "hf_dist_recipes.parallel.memory" in imports["hf_dist_recipes.parallel.fit"]
+    cycles = import_cycles({module: set(found) for module, found in imports.items()})
+    detail = [
+        "; ".join(
+            f"{a.removeprefix('hf_dist_recipes.')}:{imports[a][b]} imports {b.removeprefix('hf_dist_recipes.')}"
+            for a in cycle
+            for b in cycle
+            if b in imports[a]
+        )
+        for cycle in cycles
+    ]
+    assert not cycles, "modules importing each other (move the shared piece into a module both import):\n" + "\n".join(
+        detail
+    )
+
+
+def test_the_cycle_scan_sees_function_level_and_relative_imports():
+    """The two cycles this test was written against: `commbench` imported `render` from `commbench_launch` inside
+    main(), which imported `commbench` at its top; `parallel.zero_buffers` imported `memory` inside functions."""
+    modules = {"p.commbench", "p.commbench_launch", "p.parallel", "p.parallel.memory", "p.parallel.zero_buffers"}
+    launch = package_imports("from p.commbench import BenchSettings\n", "p.commbench_launch", modules)
+    bench = package_imports(
+        "def main():\n    if 1:\n        from p.commbench_launch import render\n", "p.commbench", modules
+    )
+    buffers = package_imports(
+        "def zero_buffers():\n    from .memory import rank_elements\n", "p.parallel.zero_buffers", modules
+    )
+    memory = package_imports("from p.parallel import zero_buffers\n", "p.parallel.memory", modules)
+    assert (launch, bench) == ({"p.commbench": 1}, {"p.commbench_launch": 3})
+    assert (buffers, memory) == ({"p.parallel.memory": 2}, {"p.parallel.zero_buffers": 1})
+    graph = {
+        "p.commbench": set(bench),
+        "p.commbench_launch": set(launch),
+        "p.parallel.memory": set(memory),
+        "p.parallel.zero_buffers": set(buffers),
+        "p.cli": {"p.commbench", "p.parallel.memory"},  # importing into a cycle is no cycle
+    }
+    assert import_cycles(graph) == [
+        ["p.commbench", "p.commbench_launch"],
+        ["p.parallel.memory", "p.parallel.zero_buffers"],
+    ]
+    # A longer loop is one cycle; a chain is none.
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+HEAVY = ("transformers", "torch.distributed")
+
+# Run in a fresh interpreter: what `hf-dist-recipes logs summarize` does (read every rank's events, aggregate, write
+# the report and the aggregate run), then which of HEAVY it loaded; then the same probe after importing a module that
+# does import them, so the probe is shown able to see them.
+_CHILD = """
+import json, sys
+from hf_dist_recipes.monitoring.aggregate import summarize_logs, write_aggregate_run
+from hf_dist_recipes.monitoring.report import write_report
+logs, out = sys.argv[1], sys.argv[2]
+summary = summarize_logs(logs, workers=2)
+write_aggregate_run(summary, out + "/aggregate")
+write_report(summary, out)
+heavy = sorted(m for m in {heavy!r} if m in sys.modules)
+import hf_dist_recipes.watchdog  # a live-job module: it imports transformers (TrainerCallback)
+after = sorted(m for m in {heavy!r} if m in sys.modules)
+print(json.dumps({{"ranks": summary.ranks, "heavy": heavy, "after": after}}))
+"""
+
+
+def test_the_offline_log_reader_imports_neither_transformers_nor_torch_distributed(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    for r in range(2):
+        w = SummaryWriter(str(tmp_path / "logs" / f"rank{r}"))
+        w.add_text("run", f"host=h{r} rank={r}")
+        for s in range(1, 11):
+            w.add_scalar("rank/step_time_s", 1.0 + r, s)
+        w.close()
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD.format(heavy=HEAVY), str(tmp_path / "logs"), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["ranks"] == [0, 1] and (tmp_path / "out" / "report.md").is_file()
+    assert result["heavy"] == [], f"the offline log reader imported {result['heavy']}"
+    assert "transformers" in result["after"], result
