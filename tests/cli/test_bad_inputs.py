@@ -328,7 +328,7 @@ def test_unwritable_output_is_one_line_exit_2_for_every_writing_command(command,
     argv = [words.get(a, a) for a in before] + [str(bad)] + after
     code, out, err, seconds = _run(capsys, argv)
     line = _one_line_naming(err, flag)
-    assert code == 2 and out == "" and str(bad) in line and seconds < 5.0, (argv, err)
+    assert code == 2 and out == "" and str(bad) in line, (argv, err)
     assert not bad.exists() and sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["logs"] + (["a_file"] if kind != "proc" else [])
     )
