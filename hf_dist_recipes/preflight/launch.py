@@ -32,8 +32,12 @@ DEFAULT_TIMEOUT_S = 600.0  # the whole launch, a first run's DeepSpeed op build 
 LOST_GRACE_S = 5.0  # after the watchdog's verdict, rank 0's time to write the report and the launch to end
 KILL_GRACE_S = 15.0  # after SIGTERM, the launcher's time to end its ranks before everything is SIGKILLed
 _PROGRESS = re.compile(r"^preflight: \[(\d+)/\d+\] (\w+) \.\.\.(?: (ok|warning|error))?")
-# torch elastic's failure table ("rank      : 1 (local_rank: 1)") and the watchdog's "lost rank 1 (host h)"
+# torch elastic's failure table ("rank      : 1 (local_rank: 1)", "exitcode  : -6 (pid: 12)  (SIGABRT)") and the
+# watchdog's "lost rank 1 (host h)". The table lists the other failures first, then the root cause: when one rank
+# fails, the launcher SIGTERMs the rest, and those are listed (exit code -15) before the rank that failed first.
 _FAILED_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank")
+_EXIT_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+) \(pid: \d+\)\s*(?:\((\w+)\))?")
+_ROOT_CAUSE = "Root Cause (first observed failure):"
 _LOST_RANK = re.compile(r"lost rank (\d+) \(host ([^)]*)\)")
 
 
@@ -188,7 +192,9 @@ class _Progress:
         self.on_line = on_line
         self.started: dict[str, int] = {}
         self.finished: dict[str, str] = {}
-        self.failed_rank: int | None = None
+        self.failed_rank: int | None = None  # the table's root cause, else the first rank it lists
+        self.failed_how = ""  # the root cause's exit code, with its signal when it died of one
+        self._in_root_cause = False
         self.lost: str | None = None
         self.lost_at: float | None = None
 
@@ -203,9 +209,15 @@ class _Progress:
         m = _LOST_RANK.search(line)
         if m and self.lost is None:
             self.lost, self.lost_at = f"rank {m.group(1)} (host {m.group(2)})", time.perf_counter()
+        if line.strip() == _ROOT_CAUSE:
+            self._in_root_cause, self.failed_rank, self.failed_how = True, None, ""
+            return
         m = _FAILED_RANK.match(line)
-        if m and self.failed_rank is None:
+        if m and (self.failed_rank is None or (self._in_root_cause and not self.failed_how)):
             self.failed_rank = int(m.group(1))
+        m = _EXIT_CODE.match(line)
+        if m and self._in_root_cause and not self.failed_how:
+            self.failed_how = f"exit code {m.group(1)}" + (f", {m.group(2)}" if m.group(2) else "")
 
 
 def run_preflight(
@@ -316,7 +328,11 @@ def _unfinished(
     """An error for every check the report lacks, saying why: the bound, or how the launch ended."""
     done = report.by_check()
     missing = [name for name in CHECKS if name not in done]
-    who = progress.lost or (f"rank {progress.failed_rank}" if progress.failed_rank is not None else None)
+    who = progress.lost or (
+        f"rank {progress.failed_rank}" + (f" ({progress.failed_how})" if progress.failed_how else "")
+        if progress.failed_rank is not None
+        else None
+    )
     ranks = tuple(int(x) for x in re.findall(r"rank (\d+)", who or ""))[:1]
     if not missing:
         if returncode == 0 and not timed_out:
