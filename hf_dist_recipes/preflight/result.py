@@ -49,7 +49,8 @@ def worst(statuses) -> str:
 @dataclass
 class PreflightReport:
     """Everything the preflight found. `config_file`, `world_size`, `hosts` (one per rank) describe the launch;
-    `elapsed_s`: wall seconds from the command's start to the report."""
+    `elapsed_s`: wall seconds from the launch's start (`launch.run_preflight`; the plan check before it is not
+    counted) to the report."""
 
     config_file: str
     world_size: int = 0
