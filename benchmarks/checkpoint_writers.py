@@ -1,12 +1,12 @@
 """Export time with 1, 2 and 4 writers: `checkpoint export --workers N` (offline) and `save_model` in the job (every
 rank writes its share) against the single writer, with the files compared by sha256.
 
-    python benchmarks/checkpoint_writers.py             # about 5 minutes on 2 cores; run from the repository root
+    python benchmarks/checkpoint_writers.py             # 10-25 minutes on 2 busy cores; run from the repository root
     BENCH_DIR=/some/dir python benchmarks/checkpoint_writers.py    # keep the job there; a second run reuses it
 
 The model: the demo's DeepSeek-V3 shape widened to 219.7M parameters (hidden 768, 8 layers, 16 routed experts of
-768), fp32, 879 MB of weights; shards of SHARD (64 MiB, 14 files) so that every writer has files to write (DeepSeek-V3
-in 5 GB shards has 250). One job on 2 ranks (accelerate_configs/cpu_zero3_2proc.yaml) trains 1 step, then times
+768), fp32, 879 MB of weights; shards of SHARD (64 MB, 14 files) so that every writer has files to write (DeepSeek-V3
+in 5 GB shards has 269). One job on 2 ranks (accelerate_configs/cpu_zero3_2proc.yaml) trains 1 step, then times
 save_model with shared writing and the single writer (rank 0 writes every file, the behaviour before), twice each in
 turn, and writes a DeepSpeed checkpoint. The offline export of that checkpoint then runs with --workers 1, 2 and 4,
 twice over: with torch's default threads (the 1-writer export copies with every core) and with OMP_NUM_THREADS=1
