@@ -132,11 +132,15 @@ def save_timeout_s(bytes_per_rank: int, base_s: float, write_bytes_per_s: float 
     return base_s + bytes_per_rank / write_bytes_per_s
 
 
+def human_bytes(n: float) -> str:
+    """1,234.5 GB, or 12.3 MB below a gigabyte (decimal units, as the shard sizes)."""
+    return f"{n / 1e9:,.1f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
+
+
 def render(b: SaveBytes) -> str:
     """One line for `config estimate`."""
-    gb = 1e9
     return (
-        f"checkpoint per save: {b.engine_per_rank / gb:,.1f} GB per rank, {b.engine_total / gb:,.1f} GB in all "
-        f"(engine files, every rank at once); HF copy (save_model) {b.hf_total / gb:,.1f} GB, "
-        f"at most {b.hf_per_rank / gb:,.1f} GB per rank"
+        f"checkpoint per save: {human_bytes(b.engine_per_rank)} per rank, {human_bytes(b.engine_total)} in all "
+        f"(engine files, every rank at once); HF copy (save_model) {human_bytes(b.hf_total)}, "
+        f"at most {human_bytes(b.hf_per_rank)} per rank"
     )

@@ -263,15 +263,14 @@ def checkpoint_space_result(plan: ParallelPlan, model_shape, free_bytes: int, wh
     """Check 4's disk finding: warn when `free_bytes` (free space of the output directory's file system, `where`)
     holds fewer than SAVES_TO_HOLD checkpoints of `plan` (`parallel.checkpoint_bytes`: the engine's files of every
     rank, with the output directory shared by all nodes, as a parallel file system is)."""
-    from hf_dist_recipes.parallel.checkpoint_bytes import plan_save_bytes
+    from hf_dist_recipes.parallel.checkpoint_bytes import human_bytes, plan_save_bytes
 
     b = plan_save_bytes(plan, model_shape)
     per_save = b.checkpoint_total()
-    gb = 1e9
     detail = (
-        f"{where}: {free_bytes / gb:,.1f} GB free; one checkpoint of this plan is {per_save / gb:,.1f} GB "
-        f"({b.checkpoint_per_rank() / gb:,.1f} GB per rank x {plan.world_size}), the final save_model "
-        f"{b.hf_total / gb:,.1f} GB"
+        f"{where}: {human_bytes(free_bytes)} free; one checkpoint of this plan is {human_bytes(per_save)} "
+        f"({human_bytes(b.checkpoint_per_rank())} per rank x {plan.world_size}), the final save_model "
+        f"{human_bytes(b.hf_total)}"
     )
     data = {"free_bytes": free_bytes, "where": where, "save_bytes": b.as_dict()}
     if free_bytes < SAVES_TO_HOLD * per_save:
