@@ -108,12 +108,12 @@ def model_sizes(model_key: str) -> dict:
     }
 
 
-def worker(out: str, model_key: str) -> None:
-    """Per rank: 1 training step, then save_model (timed, RSS sampled) and a DeepSpeed checkpoint."""
-    import shutil
+def trained_one_step(out: str, name: str, overrides: dict, micro_batch: int, shard: str = SHARD):
+    """A RecipeTrainer (on this rank of the launch) that has trained one step of the template model `name` with
+    `overrides` on stdlib text (sequence 32), nothing saved, no per-rank logs: the starting point of the save
+    benchmarks (this file and checkpoint_writers.py)."""
     import warnings
 
-    import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
     from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
@@ -121,23 +121,32 @@ def worker(out: str, model_key: str) -> None:
     from hf_dist_recipes.parallel.models import template_config
 
     warnings.filterwarnings("ignore")
-    name, overrides = MODELS[model_key]
     config = template_config(name, **overrides)
     args = RecipeTrainingArguments(
         output_dir=out,
         max_steps=1,
-        per_device_train_batch_size=2,
+        per_device_train_batch_size=micro_batch,
         save_strategy="no",
         report_to="none",
         disable_tqdm=True,
         per_rank_tensorboard=False,
-        save_shard_size=SHARD,
+        save_shard_size=shard,
     )
     model = AutoModelForCausalLM.from_config(config)
-    data = stdlib_dataset(seq_len=32, max_bytes=20_000)
-    data = token_blocks(data, config.vocab_size)
+    data = token_blocks(stdlib_dataset(seq_len=32, max_bytes=20_000), config.vocab_size)
     trainer = RecipeTrainer(model=model, args=args, train_dataset=data)
     trainer.train()
+    return trainer
+
+
+def worker(out: str, model_key: str) -> None:
+    """Per rank: 1 training step, then save_model (timed, RSS sampled) and a DeepSpeed checkpoint."""
+    import shutil
+
+    import torch.distributed as dist
+
+    name, overrides = MODELS[model_key]
+    trainer = trained_one_step(out, name, overrides, micro_batch=2)
     dist.barrier()
     with PeakRSS() as mem:
         start = time.perf_counter()

@@ -34,7 +34,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from checkpoint_export import _port  # noqa: E402
+from checkpoint_export import _port, trained_one_step  # noqa: E402
 
 MODEL = dict(
     hidden_size=768,
@@ -61,32 +61,12 @@ def hashes(folder: str | Path) -> dict[str, str]:
 def worker(out: str) -> None:
     """Per rank: 1 training step, save_model (shared) and the single writer, twice each, then a DeepSpeed
     checkpoint."""
-    import warnings
-
     import torch.distributed as dist
-    from transformers import AutoModelForCausalLM
 
-    from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
     from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
-    from hf_dist_recipes.demo.data import stdlib_dataset, token_blocks
-    from hf_dist_recipes.parallel.models import template_config
 
-    warnings.filterwarnings("ignore")
-    config = template_config("demo-deepseek-v3", **MODEL)
-    args = RecipeTrainingArguments(
-        output_dir=out,
-        max_steps=1,
-        per_device_train_batch_size=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        per_rank_tensorboard=False,
-        save_shard_size=SHARD,
-    )
-    model = AutoModelForCausalLM.from_config(config)
-    data = token_blocks(stdlib_dataset(seq_len=32, max_bytes=20_000), config.vocab_size)
-    trainer = RecipeTrainer(model=model, args=args, train_dataset=data)
-    trainer.train()
+    trainer = trained_one_step(out, "demo-deepseek-v3", MODEL, micro_batch=1, shard=SHARD)
+    args = trainer.args
     unwrapped = trainer.accelerator.unwrap_model(trainer.model_wrapped)
     seconds: dict[str, list[float]] = {"shared": [], "single": []}
     for _ in range(2):
