@@ -52,7 +52,7 @@ def main() -> int:
     import tensorboard.compat.proto.event_pb2  # noqa: F401
     from tbparse import SummaryReader
 
-    from hf_dist_recipes.monitoring.aggregate import summarize_logs
+    from hf_dist_recipes.logs.aggregate import summarize_logs
 
     records = args.ranks * args.steps * len(TAGS)
     with tempfile.TemporaryDirectory() as root:

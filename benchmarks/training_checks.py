@@ -46,8 +46,8 @@ from _timing import IterationTimer  # benchmarks/ is on sys.path when a benchmar
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
-from hf_dist_recipes.gradient_health import GradientHealthCallback
-from hf_dist_recipes.rank_agreement import RankAgreementCallback
+from hf_dist_recipes.reproducibility.rank_agreement import RankAgreementCallback
+from hf_dist_recipes.stability.gradient_health import GradientHealthCallback
 
 OFF = {"seed_check": "off", "rank_check_steps": 0, "nonfinite_policy": "off"}
 SIZES = {  # name -> (model overrides, micro batch)

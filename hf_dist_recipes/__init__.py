@@ -17,12 +17,12 @@ _PUBLIC = {
     "RecipeTrainerMixin": "hf_dist_recipes.trainer",
     "recipe": "hf_dist_recipes.trainer_classes",
     "RecipeTrainingArguments": "hf_dist_recipes.arguments",
-    "ExpertBiasBalancer": "hf_dist_recipes.expert_balance",
-    "GradientHealthCallback": "hf_dist_recipes.gradient_health",
-    "RankAgreementCallback": "hf_dist_recipes.rank_agreement",
+    "ExpertBiasBalancer": "hf_dist_recipes.moe.expert_balance",
+    "GradientHealthCallback": "hf_dist_recipes.stability.gradient_health",
+    "RankAgreementCallback": "hf_dist_recipes.reproducibility.rank_agreement",
     "ParallelPlan": "hf_dist_recipes.parallel.plan",
-    "SeedReport": "hf_dist_recipes.seeding",
-    "seed_everything": "hf_dist_recipes.seeding",
+    "SeedReport": "hf_dist_recipes.reproducibility.seeding",
+    "seed_everything": "hf_dist_recipes.reproducibility.seeding",
 }
 
 __all__ = [*_PUBLIC, "__version__"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from hf_dist_recipes.jsonfile import load_deepspeed_json
+from hf_dist_recipes.core.jsonfile import load_deepspeed_json
 
 COVERED = {"transformers": "5.24", "accelerate": "1.16", "deepspeed": "0.19"}
 
@@ -161,7 +161,7 @@ def forget_zero_hpz_group() -> None:
         setattr(groups, _HPZ_GROUP, None)
 
 
-# Gradient health (hf_dist_recipes/gradient_health.py). accelerate 1.16 `AcceleratedOptimizer`: `step_was_skipped`
+# Gradient health (stability/gradient_health.py). accelerate 1.16 `AcceleratedOptimizer`: `step_was_skipped`
 # returns `self._is_overflow`, which only the GradScaler path of `step()` writes; `Accelerator.
 # optimizer_step_was_skipped` (read by transformers 5.24 `Trainer._run_epoch` to leave the scheduler alone) and
 # `AcceleratedScheduler.step` both read it. `scaler` is the GradScaler or None. transformers 5.24 `Trainer.
@@ -240,7 +240,7 @@ def tensor_norms(tensors: list):
     return torch.stack(torch._foreach_norm(tensors)).float()
 
 
-# No silent hangs (hf_dist_recipes/watchdog.py). torch 2.13 `distributed_c10d._get_default_store()` returns the store
+# No silent hangs (comm/watchdog.py). torch 2.13 `distributed_c10d._get_default_store()` returns the store
 # `init_process_group` rendezvoused through (a PrefixStore over the launcher's TCPStore); the heartbeats go there, so
 # they need no port or address of their own. `_set_pg_timeout(timeout, group)` calls `_set_default_timeout` on the
 # group's Gloo and NCCL backends: later collectives of that group use the new timeout (Gloo raises when it passes;

@@ -5,7 +5,7 @@ Changed defaults (everything else is the stock default):
   (5% of the optimizer steps; an integer >= 1 means steps) -- practice 6;
 - `logging_nan_inf_filter=False`: a NaN loss shows in the logs instead of being averaged away -- practice 5;
 - `bf16=None`: bf16 where every visible GPU supports it, fp32 on CPU hosts; `bf16=False` chooses fp32
-  (`hf_dist_recipes.precision`);
+  (`hf_dist_recipes.environment.precision`);
 - `activation_checkpointing=None`: what the launch config's recorded plan assumed (`config generate
   --activation-checkpointing`), else off (`hf_dist_recipes.parallel.plan_record`); a model that will not recompute
   under such a plan then stops RecipeTrainer with the fix, unless `allow_no_recompute=True`;
@@ -27,41 +27,41 @@ New fields, all at the end so positional use of TrainingArguments keeps working:
   `from_pretrained` weights into each (shared by all ranks, as `save_model`);
 - `max_unpartitioned_model_size` (default "2GB"): under ZeRO-3, a model larger than this whose parameters were not
   partitioned while it was built (built before the arguments, or by calling its class) stops RecipeTrainer with the
-  fix (`hf_dist_recipes.construction`); None turns the check off;
+  fix (`hf_dist_recipes.parallel.construction`); None turns the check off;
 - seeds: `seed_check` (default "error"; "warn", "off"): what a cross-rank disagreement on seeds, data order, built
   weights or, every `rank_check_steps` (default 100; 0 off) optimizer steps, on the step, learning rate and (inside
   a TP group) loss, batch and dropout stream does; `per_rank_dropout` (default False): distinct dropout streams per
-  data-parallel replica (`hf_dist_recipes.rank_agreement`). The arguments also seed every process when created
+  data-parallel replica (`reproducibility.rank_agreement`). The arguments also seed every process when created
   (`seed_everything(seed, deterministic=full_determinism)`), so a model built after them is the same on every run;
 - schedule: `restart_warmup_steps` (default 0: hard restarts): optimizer steps over which each restart climbs
-  linearly from the floor back to the peak (`hf_dist_recipes.schedules`). `min_lr_ratio`, `restart_warmup_steps`
+  linearly from the floor back to the peak (`schedules.warmup_cosine`). `min_lr_ratio`, `restart_warmup_steps`
   may also come in `lr_scheduler_kwargs` (what a plain `TrainingArguments` can carry): they move into the
   fields, `lr_scheduler_kwargs` keeps `num_cycles` only, and one value given both ways differently is an error;
 - gradient health: `nonfinite_policy` (default "skip"; "halt", "off"): what a non-finite loss or gradient on any
   rank does; `max_consecutive_skips` (default 3): more skips in a row halt; `spike_window` (default 50 steps) and
   `spike_threshold` (default 6.0, robust z-score): loss and grad-norm spike events
-  (`hf_dist_recipes.gradient_health`);
+  (`hf_dist_recipes.stability.gradient_health`);
 - straggler detection: `straggler_check_steps` (default 50; 0 off): optimizer steps between checks where the
   ranks compare their busy time per step; `straggler_threshold` (default 0.2): fraction above the median rank's
   that counts as slow; `straggler_windows` (default 2): checks in a row before a rank is flagged, with its host, as
   a warning and a `straggler_event` in the logs (`hf_dist_recipes.monitoring.stragglers`);
 - hangs: `peer_timeout` (default 120 s; 0 off): a rank whose heartbeat stops for this long (killed, host down) ends
-  every other rank, naming it, its host and its last step (`hf_dist_recipes.watchdog`); `step_timeout` (default 600 s,
+  every other rank, naming it, its host and its last step (`comm.watchdog`); `step_timeout` (default 600 s,
   torch's NCCL default; 0 keeps `ddp_timeout`): the collective timeout once the first optimizer step finished, which
   bounds a rank that is alive but stuck. On creation, where the backend is NCCL, the NCCL defaults of
-  `hf_dist_recipes.nccl_defaults` (async error handling, flight recorder dumped into
+  `hf_dist_recipes.comm.nccl_defaults` (async error handling, flight recorder dumped into
   `<output_dir>/nccl_flight_recorder`) are set where the user has not set them, before the process group exists;
   `nccl_env_applied` keeps what was set. Where CUDA is used, `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` is
-  set the same way, before CUDA initialises, unless the allocator was configured (`hf_dist_recipes.alloc_defaults`);
+  set the same way, before CUDA initialises, unless the allocator was configured (`environment.alloc_defaults`);
   `env_applied` keeps every variable set (the NCCL defaults and this one);
 - `allow_gloo_on_cuda`, `allow_unclipped_gradients`, `allow_cpu_with_gpus`, `allow_no_recompute` (default False):
   explicit opt-outs. `allow_cpu_with_gpus` is for a machine with NVIDIA GPUs that torch cannot use (CPU-only wheel,
   old driver, every GPU hidden), which otherwise stops with the reason and the fix instead of training on the CPU
-  (`hf_dist_recipes.cuda_host`).
+  (`hf_dist_recipes.environment.cuda_host`).
 
 On creation the arguments also point `TORCH_EXTENSIONS_DIR`, when it is unset, at a node-local folder, so that
 DeepSpeed's JIT-built ops are built once per node rather than by every node into one shared home folder
-(`hf_dist_recipes.extensions`).
+(`hf_dist_recipes.environment.extensions`).
 """
 
 from __future__ import annotations
@@ -74,28 +74,26 @@ from typing import Literal
 from transformers import TrainingArguments
 from transformers.trainer_utils import SchedulerType
 
-from hf_dist_recipes import _compat, argument_classes, backend, cuda_host, extensions, precision
-from hf_dist_recipes.alloc_defaults import apply_alloc_conf_default
+from hf_dist_recipes import _compat, argument_classes
 from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_SIZE, parse_size
-from hf_dist_recipes.gradient_health import (
-    validate_max_consecutive_skips,
-    validate_nonfinite_policy,
-    validate_spike_settings,
-)
-from hf_dist_recipes.gradients import validate_max_grad_norm
-from hf_dist_recipes.jsonfile import load_deepspeed_json
+from hf_dist_recipes.comm import backend
+from hf_dist_recipes.comm.nccl_defaults import apply_nccl_env_defaults
+from hf_dist_recipes.comm.watchdog import validate_hang_settings
+from hf_dist_recipes.core.jsonfile import load_deepspeed_json
+from hf_dist_recipes.environment import cuda_host, extensions, precision
+from hf_dist_recipes.environment.alloc_defaults import apply_alloc_conf_default
+from hf_dist_recipes.environment.precision import resolve_bf16
 from hf_dist_recipes.monitoring.stragglers import (
     DEFAULT_STRAGGLER_CHECK_STEPS,
     DEFAULT_STRAGGLER_THRESHOLD,
     DEFAULT_STRAGGLER_WINDOWS,
     validate_straggler_settings,
 )
-from hf_dist_recipes.nccl_defaults import apply_nccl_env_defaults
 from hf_dist_recipes.parallel.batch import fix_tp_batch_size, tensor_parallel_size, validate_micro_batch
 from hf_dist_recipes.parallel.plan_record import recorded_plan
-from hf_dist_recipes.precision import resolve_bf16
-from hf_dist_recipes.rank_agreement import validate_policy, validate_rank_check_steps
-from hf_dist_recipes.schedules import (
+from hf_dist_recipes.reproducibility.rank_agreement import validate_policy, validate_rank_check_steps
+from hf_dist_recipes.reproducibility.seeding import seed_everything, validate_seed
+from hf_dist_recipes.schedules.warmup_cosine import (
     DEFAULT_NUM_CYCLES,
     check_schedule_kwargs,
     validate_learning_rate,
@@ -104,8 +102,12 @@ from hf_dist_recipes.schedules import (
     validate_restart_warmup_steps,
     validate_warmup_steps,
 )
-from hf_dist_recipes.seeding import seed_everything, validate_seed
-from hf_dist_recipes.watchdog import validate_hang_settings
+from hf_dist_recipes.stability.gradient_health import (
+    validate_max_consecutive_skips,
+    validate_nonfinite_policy,
+    validate_spike_settings,
+)
+from hf_dist_recipes.stability.gradients import validate_max_grad_norm
 
 logger = logging.getLogger(__name__)
 

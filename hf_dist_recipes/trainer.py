@@ -8,10 +8,10 @@ upgraded to `RecipeTrainingArguments`, a subclass `C` of it (`Seq2SeqTrainingArg
 What it adds:
 - practice 4: `seed_everything(args.seed)` before anything else, so `model_init` builds identical weights on every
   rank; the rank's `SeedReport` is kept as `trainer.seed_report` and logged; `RankAgreementCallback`
-  (`hf_dist_recipes.rank_agreement`, `trainer.rank_agreement`) checks across ranks at train begin and every
+  (`reproducibility.rank_agreement`, `trainer.rank_agreement`) checks across ranks at train begin and every
   `rank_check_steps` that the ranks agree on what they must (seeds, data order, built weights, step, learning rate,
   TP-group loss) and sets the dropout streams by role (`per_rank_dropout`);
-- practice 5: `GradientHealthCallback` (`hf_dist_recipes.gradient_health`, `trainer.gradient_health`) finds a
+- practice 5: `GradientHealthCallback` (`hf_dist_recipes.stability.gradient_health`, `trainer.gradient_health`) finds a
   non-finite loss or gradient on any rank with one all-reduce per step and skips that optimizer step on every
   rank or halts with a report (`nonfinite_policy`), and names loss and grad-norm spikes; it sees each training
   loss through `compute_loss` and the clip call's pre-clip norm through `_clip_grad_norm`;
@@ -22,7 +22,7 @@ What it adds:
 - practice 6: `create_scheduler` builds the warm-up + cosine-with-restarts schedule (with `min_lr_ratio` and
   `restart_warmup_steps`), also when DeepSpeed owns the optimizer (the engine then steps it);
 - practice 7: TensorBoard from every rank (`<logging_dir>/rank<N>`) and a per-rank JSON summary at the end;
-  a MoE model also logs its tokens per expert and per EP rank (`hf_dist_recipes.monitoring.expert_load`);
+  a MoE model also logs its tokens per expert and per EP rank (`hf_dist_recipes.moe.expert_load`);
 - practice 3: the DeepSpeed batch-size trap under tensor parallelism is handled by the arguments;
 - checkpoints in every layout: `save_model` writes a `from_pretrained` checkpoint from ZeRO-3, AutoTP and AutoEP
   (`hf_dist_recipes.checkpoint`), every rank writing its share of the files; a `save_steps` checkpoint holds what
@@ -31,7 +31,7 @@ What it adds:
   continues the per-rank counters;
 - a Gloo process group is destroyed at exit (`backend.destroy_gloo_group_at_exit`);
 - under ZeRO-3, a model built whole on every rank (before the arguments, or by calling its class) above
-  `max_unpartitioned_model_size` stops the constructor with the fix (`hf_dist_recipes.construction`); so does a model
+  `max_unpartitioned_model_size` stops the constructor with the fix (`parallel.construction`); so does a model
   that will not recompute although the launch config's plan assumed activation checkpointing (a warning under
   `allow_no_recompute`; `hf_dist_recipes.parallel.plan_record`).
 """
@@ -55,15 +55,14 @@ from hf_dist_recipes import _compat
 from hf_dist_recipes._compat import forget_zero_hpz_group
 from hf_dist_recipes.argument_classes import recipe_arguments_class
 from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
-from hf_dist_recipes.backend import check_process_group_backend, destroy_gloo_group_at_exit
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.checkpoint.gather import reference_model
 from hf_dist_recipes.checkpoint.writer import save_config_files
-from hf_dist_recipes.construction import check_partitioned
+from hf_dist_recipes.comm.backend import check_process_group_backend, destroy_gloo_group_at_exit
+from hf_dist_recipes.comm.watchdog import HangWatchdogCallback
 from hf_dist_recipes.environment.fingerprint import check_ranks_agree
-from hf_dist_recipes.gradient_health import GradientHealthCallback
+from hf_dist_recipes.moe.expert_load import ExpertLoadCallback, has_routed_experts
 from hf_dist_recipes.monitoring.console import use_recipe_console
-from hf_dist_recipes.monitoring.expert_load import ExpertLoadCallback, has_routed_experts
 from hf_dist_recipes.monitoring.pending import PendingLogs
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
 from hf_dist_recipes.monitoring.stragglers import StragglerCallback
@@ -72,11 +71,16 @@ from hf_dist_recipes.monitoring.system_metrics import SystemMetricsCallback
 from hf_dist_recipes.monitoring.tensorboard import PerRankTensorBoardCallback
 from hf_dist_recipes.parallel.batch import tensor_parallel_size
 from hf_dist_recipes.parallel.checkpoint_bytes import SaveBytes, save_bytes, save_timeout_s
+from hf_dist_recipes.parallel.construction import check_partitioned
 from hf_dist_recipes.parallel.plan_record import PlanConformanceCallback
-from hf_dist_recipes.rank_agreement import RankAgreementCallback, weights_checksum
-from hf_dist_recipes.schedules import DEFAULT_NUM_CYCLES, WarmupCosineRestarts, warmup_cosine_restarts_scheduler
-from hf_dist_recipes.seeding import seed_everything
-from hf_dist_recipes.watchdog import HangWatchdogCallback
+from hf_dist_recipes.reproducibility.rank_agreement import RankAgreementCallback, weights_checksum
+from hf_dist_recipes.reproducibility.seeding import seed_everything
+from hf_dist_recipes.schedules.warmup_cosine import (
+    DEFAULT_NUM_CYCLES,
+    WarmupCosineRestarts,
+    warmup_cosine_restarts_scheduler,
+)
+from hf_dist_recipes.stability.gradient_health import GradientHealthCallback
 
 
 class RecipeTrainerMixin:
@@ -354,7 +358,7 @@ class RecipeTrainerMixin:
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The stock loss; while training, handed to the gradient-health check, which multiplies a non-finite
-        loss by NaN so that no engine can apply its gradients (`hf_dist_recipes.gradient_health`)."""
+        loss by NaN so that no engine can apply its gradients (`hf_dist_recipes.stability.gradient_health`)."""
         result = super().compute_loss(
             model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
         )

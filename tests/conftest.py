@@ -19,7 +19,7 @@ LAUNCH_TIMEOUT_S = 420  # one run; the first also JIT-builds DeepSpeed's shm op 
 @pytest.fixture(autouse=True, scope="session")
 def no_stale_deepspeed_locks():
     """Fail at once, naming the files, instead of letting every DeepSpeed launch hang on a stale build lock."""
-    from hf_dist_recipes.extensions import check_no_stale_locks
+    from hf_dist_recipes.environment.extensions import check_no_stale_locks
 
     try:
         check_no_stale_locks()
@@ -64,7 +64,7 @@ def cpu_only_env(env: dict[str, str]) -> dict[str, str]:
     """`env` for a genuine CPU run on any host, GPU hosts included. CUDA_VISIBLE_DEVICES="" hides the GPUs from
     torch and so from DeepSpeed (its accelerator detection falls back to "cpu"); HF_DIST_RECIPES_USE_CPU=1 is the
     explicit CPU request that lets RecipeTrainingArguments train on the CPU of a machine with GPUs instead of
-    stopping (hf_dist_recipes.cuda_host.cpu_request). Not ACCELERATE_USE_CPU: accelerate's DeepSpeed launcher does
+    stopping (environment.cuda_host.cpu_request). Not ACCELERATE_USE_CPU: accelerate's DeepSpeed launcher does
     not pass use_cpu on, and that variable would turn DeepSpeed off in the ranks' AcceleratorState. On a CPU host
     both change nothing."""
     return dict(env, CUDA_VISIBLE_DEVICES="", HF_DIST_RECIPES_USE_CPU="1")

@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict
 
 from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_SIZE, parse_size
-from hf_dist_recipes.user_values import writable_dir
+from hf_dist_recipes.core.user_values import writable_dir
 
 
 def register(subparsers) -> None:

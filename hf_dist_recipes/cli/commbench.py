@@ -3,7 +3,8 @@ backend (NCCL on GPUs, Gloo on CPU), per message size, with the nccl-tests defin
 ring link alone, flagging links and ranks far below the median.
 
 `--backend gloo` on a GPU host runs Gloo AND NCCL and shows them side by side: what a training that fell back to
-Gloo pays on each collective. Inside your own launch (other hosts too): torchrun ... -m hf_dist_recipes.commbench."""
+Gloo pays on each collective. Inside your own launch (other hosts too):
+`torchrun ... -m hf_dist_recipes.comm.commbench`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import argparse
 import json
 import sys
 
-from hf_dist_recipes.commbench import (
+from hf_dist_recipes.comm.commbench import (
     DEFAULT_FRACTION,
     DEFAULT_ITERS,
     DEFAULT_LINK_SIZE,
@@ -63,8 +64,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_dist_recipes.commbench_launch import plan_commbench, run_commbench
-    from hf_dist_recipes.commbench_render import render
+    from hf_dist_recipes.comm.commbench_launch import plan_commbench, run_commbench
+    from hf_dist_recipes.comm.commbench_render import render
 
     settings = BenchSettings(
         sizes=parse_sizes(args.sizes),

@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-from hf_dist_recipes.user_values import writable_dir
+from hf_dist_recipes.core.user_values import writable_dir
 
 
 def register(subparsers) -> None:
@@ -53,7 +53,7 @@ def register(subparsers) -> None:
 
 
 def run_summarize(args: argparse.Namespace) -> int:
-    from hf_dist_recipes.monitoring.aggregate import summarize_logs, write_aggregate_run
+    from hf_dist_recipes.logs.aggregate import summarize_logs, write_aggregate_run
 
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
@@ -64,7 +64,7 @@ def run_summarize(args: argparse.Namespace) -> int:
     data = summary.to_dict()
     data["aggregate_run"] = write_aggregate_run(summary, os.path.join(out, "aggregate"))
     if not args.no_report:
-        from hf_dist_recipes.monitoring.report import write_report
+        from hf_dist_recipes.logs.report import write_report
 
         data["report"] = write_report(summary, out)
     for line in summary.warnings:

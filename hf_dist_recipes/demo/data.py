@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hf_dist_recipes.user_values import positive_int
+from hf_dist_recipes.core.user_values import positive_int
 
 JSON_SUFFIXES = (".json", ".jsonl")
 SEPARATOR = b"\n"  # between rows of the source: lines of a text file, records of a JSON Lines file, whole files

@@ -15,12 +15,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import hf_dist_recipes
-from hf_dist_recipes import backend
+from hf_dist_recipes.comm import backend
+from hf_dist_recipes.core.user_values import positive_int, writable_dir
 from hf_dist_recipes.demo.settings import DemoSettings, check_settings
-from hf_dist_recipes.extensions import check_no_stale_locks
-from hf_dist_recipes.monitoring.summary import SUMMARY_DIRNAME, RunSummary, read_rank_summaries, summarize_ranks
+from hf_dist_recipes.environment.extensions import check_no_stale_locks
+from hf_dist_recipes.logs.summary import SUMMARY_DIRNAME, RunSummary, read_rank_summaries, summarize_ranks
 from hf_dist_recipes.parallel.launch_config import check_launch_config, load_launch_config
-from hf_dist_recipes.user_values import positive_int, writable_dir
 
 CPU_CONFIG = "cpu_zero3_2proc.yaml"  # shipped configs (parallel.shipped), generated from their manifest
 GPU_CONFIG = "zero3_1node_8gpu.yaml"

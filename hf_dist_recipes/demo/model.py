@@ -20,5 +20,5 @@ def tiny_deepseek_config(**overrides) -> DeepseekV3Config:
 
 
 def build_tiny_deepseek(**overrides) -> DeepseekV3ForCausalLM:
-    """Build the demo model with random weights (seed first: see `hf_dist_recipes.seeding`)."""
+    """Build the demo model with random weights (seed first: see `hf_dist_recipes.reproducibility.seeding`)."""
     return DeepseekV3ForCausalLM(tiny_deepseek_config(**overrides))

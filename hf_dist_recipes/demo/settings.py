@@ -71,11 +71,15 @@ def check_settings(s: DemoSettings, processes: int) -> None:
     """Raise ValueError, naming the flag and a valid value, for the first setting the ranks would fail on (or
     train nothing with); `processes` is the launch's world size. Cheap: no file is read. The rules are the ones
     `RecipeTrainingArguments` and the data code apply, called with the flag names."""
+    from hf_dist_recipes.core.user_values import positive_int, setting
     from hf_dist_recipes.demo.data import validate_seq_len
     from hf_dist_recipes.parallel.batch import validate_micro_batch
-    from hf_dist_recipes.schedules import validate_learning_rate, validate_total_steps, validate_warmup_steps
-    from hf_dist_recipes.seeding import validate_seed
-    from hf_dist_recipes.user_values import positive_int, setting
+    from hf_dist_recipes.reproducibility.seeding import validate_seed
+    from hf_dist_recipes.schedules.warmup_cosine import (
+        validate_learning_rate,
+        validate_total_steps,
+        validate_warmup_steps,
+    )
 
     validate_total_steps(s.max_steps, "--max-steps")
     validate_warmup_steps(s.warmup_steps, s.max_steps, ("--warmup-steps", "--max-steps"))

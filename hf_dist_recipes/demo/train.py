@@ -17,8 +17,8 @@ import warnings
 
 import torch
 
-from hf_dist_recipes import backend
 from hf_dist_recipes.arguments import RecipeTrainingArguments
+from hf_dist_recipes.comm import backend
 from hf_dist_recipes.demo.data import stdlib_dataset, text_files_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 from hf_dist_recipes.demo.settings import DemoSettings, add_training_flags, settings_from

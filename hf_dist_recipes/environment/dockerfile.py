@@ -87,6 +87,6 @@ def render_dockerfile(
             "on no index: COPY it in and `pip install --no-deps` it."
         )
     if env:
-        lines.append("# Hang-proof NCCL defaults (hf_dist_recipes.nccl_defaults); docker run -e overrides them.")
+        lines.append("# Hang-proof NCCL defaults (hf_dist_recipes.comm.nccl_defaults); docker run -e overrides them.")
         lines += [f"ENV {name}={_env_value(value)}" for name, value in env.items()]
     return "\n".join(lines) + "\n"

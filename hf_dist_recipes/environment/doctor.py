@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, replace
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from hf_dist_recipes import cuda_host
+from hf_dist_recipes.environment import cuda_host
 from hf_dist_recipes.environment.probe import RULE_FACT_KEYS, EnvironmentFacts
 from hf_dist_recipes.environment.rules import VERSION_FACTS
 
@@ -132,7 +132,7 @@ def check_versions(facts: EnvironmentFacts) -> Check:
 
 
 def check_torch_sees_gpus(facts: EnvironmentFacts) -> Check:
-    source = "hf_dist_recipes.cuda_host.check_torch_sees_gpus"
+    source = "hf_dist_recipes.environment.cuda_host.check_torch_sees_gpus"
     if facts.torch.gpu_problem:
         detail, _, fix = facts.torch.gpu_problem.partition(" Fix: ")
         return Check("torch sees the GPUs", "error", detail, fix or "see the detail", source)
@@ -251,7 +251,7 @@ def check_infiniband(facts: EnvironmentFacts) -> Check:
 def check_nccl_network(facts: EnvironmentFacts) -> Check:
     """Which HCA ports and IP interfaces NCCL would use (`environment.nccl_net`, NCCL's documented rules) and, when
     that choice is ambiguous, the NCCL_IB_HCA / NCCL_SOCKET_IFNAME values that pin it."""
-    from hf_dist_recipes.environment.nccl_net import nccl_net_choice
+    from hf_dist_recipes.comm.nccl_net import nccl_net_choice
 
     source = (
         "NCCL user guide, Environment Variables: NCCL_SOCKET_IFNAME, NCCL_IB_HCA "
@@ -339,9 +339,9 @@ def check_debug_variables(facts: EnvironmentFacts) -> Check:
 
 def check_build_locks(facts: EnvironmentFacts, *, root=None) -> Check:
     """Stale DeepSpeed JIT build locks under the extensions root (`root`, default where the next run builds)."""
-    from hf_dist_recipes import extensions
+    from hf_dist_recipes.environment import extensions
 
-    source = "known_issues.toml deepspeed-stale-jit-build-lock; hf_dist_recipes/extensions.py"
+    source = "known_issues.toml deepspeed-stale-jit-build-lock; hf_dist_recipes/environment/extensions.py"
     where = root if root is not None else extensions.extensions_root()
     locks = extensions.stale_locks(where)
     if locks:

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 
 from packaging.utils import canonicalize_name
 
-from hf_dist_recipes import cuda_host
-from hf_dist_recipes.environment import dockerfile, torch_builds
+from hf_dist_recipes.environment import cuda_host, dockerfile, torch_builds
 from hf_dist_recipes.environment.lock import (
     Lock,
     installed_versions,
@@ -175,11 +174,11 @@ def pin(
 ) -> PinResult:
     """Write `output`/requirements.lock and `output`/Dockerfile (the folder is created). `env`: the ENV lines
     (default `nccl_defaults.NCCL_ENV_DEFAULTS`). ValueError for a refused pair or an output that cannot be written."""
-    from hf_dist_recipes.user_values import writable_dir
+    from hf_dist_recipes.core.user_values import writable_dir
 
     writable_dir(output, "--output", "pinned")  # before anything is resolved: a bad folder is one line at once
     if env is None:
-        from hf_dist_recipes.nccl_defaults import NCCL_ENV_DEFAULTS as env
+        from hf_dist_recipes.comm.nccl_defaults import NCCL_ENV_DEFAULTS as env
     python = python or python_version()
     lock, image, notes = plan_lock(torch, cuda, installed=installed, python=python, evaluate=evaluate)
     text = dockerfile.render_dockerfile(lock, env, image=image, python=python, notes=notes)

@@ -47,7 +47,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from hf_dist_recipes import cuda_host
+from hf_dist_recipes.environment import cuda_host
 
 RULE_FACT_KEYS = (
     "python",

@@ -11,8 +11,8 @@ _PUBLIC = {
     "read_scalars": "hf_dist_recipes.monitoring.tensorboard",
     "read_texts": "hf_dist_recipes.monitoring.tensorboard",
     "RankMetrics": "hf_dist_recipes.monitoring.rank_metrics",
-    "ExpertLoadCallback": "hf_dist_recipes.monitoring.expert_load",
-    "ExpertLoadTracker": "hf_dist_recipes.monitoring.expert_load",
+    "ExpertLoadCallback": "hf_dist_recipes.moe.expert_load",
+    "ExpertLoadTracker": "hf_dist_recipes.moe.expert_load",
     "StragglerCallback": "hf_dist_recipes.monitoring.stragglers",
     "StragglerDetector": "hf_dist_recipes.monitoring.stragglers",
     "busy_ratios": "hf_dist_recipes.monitoring.stragglers",
@@ -20,8 +20,8 @@ _PUBLIC = {
     "RunIdentity": "hf_dist_recipes.monitoring.system_metrics",
     "launch_identity": "hf_dist_recipes.monitoring.system_metrics",
     "RankSummaryCallback": "hf_dist_recipes.monitoring.summary_callback",
-    "read_rank_summaries": "hf_dist_recipes.monitoring.summary",
-    "summarize_ranks": "hf_dist_recipes.monitoring.summary",
+    "read_rank_summaries": "hf_dist_recipes.logs.summary",
+    "summarize_ranks": "hf_dist_recipes.logs.summary",
 }
 
 __all__ = list(_PUBLIC)

@@ -7,7 +7,7 @@ last log), first_loss / last_loss (the Trainer's cross-rank loss, from the log h
 logging_dir, host, local_rank, run_id (the launch's id, shared by all its ranks and recorded in the
 TensorBoard run too), events (every text this process's logs carried, the last `EVENTS_KEPT`, as {step, key, text}:
 `nonfinite_event`, `spike_event`, `straggler_event`, `system/nvml`; text never reaches `log_history`, see
-`monitoring/pending.py`). `hf_dist_recipes.monitoring.summary` reads them back.
+`monitoring/pending.py`). `hf_dist_recipes.logs.summary` reads them back.
 
 This callback also keeps the books it reports: it times every optimizer step (`RankMetrics.step_begin/step_end`)
 and closes the loss window at each log, so `per_rank_tensorboard=False` still gives full summaries.
@@ -24,10 +24,10 @@ from pathlib import Path
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from hf_dist_recipes.logs.summary import SUMMARY_DIRNAME
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
-from hf_dist_recipes.monitoring.summary import SUMMARY_DIRNAME
 from hf_dist_recipes.monitoring.system_metrics import launch_identity
-from hf_dist_recipes.seeding import SeedReport
+from hf_dist_recipes.reproducibility.seeding import SeedReport
 
 EVENTS_KEPT = 1000  # events are rare (a skip, a spike, a straggler); a run that spikes every step keeps the last
 
@@ -82,8 +82,8 @@ class RankSummaryCallback(TrainerCallback):
             "seed": self.seed_report.seed if self.seed_report else None,
             "rng_fingerprint": self.seed_report.fingerprint if self.seed_report else None,
             "logging_dir": self.logging_dir,
-            # The NCCL defaults RecipeTrainingArguments set because nobody had (hf_dist_recipes.nccl_defaults), and
-            # every environment default it set, the CUDA allocator's included (hf_dist_recipes.alloc_defaults).
+            # The NCCL defaults RecipeTrainingArguments set because nobody had (hf_dist_recipes.comm.nccl_defaults), and
+            # every environment default it set, the CUDA allocator's included (environment.alloc_defaults).
             "nccl_env_applied": dict(getattr(args, "nccl_env_applied", None) or {}),
             "env_applied": dict(getattr(args, "env_applied", None) or {}),
             "events": list(self.events),

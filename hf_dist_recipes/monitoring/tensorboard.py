@@ -35,7 +35,7 @@ from transformers import TrainerCallback
 
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
 from hf_dist_recipes.monitoring.system_metrics import RunIdentity, launch_identity
-from hf_dist_recipes.seeding import SeedReport
+from hf_dist_recipes.reproducibility.seeding import SeedReport
 
 RUN_FILENAME = "run.json"
 

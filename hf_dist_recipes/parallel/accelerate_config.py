@@ -29,7 +29,7 @@ def accelerate_config(
             "deepspeed_config_file": deepspeed_file,
             "deepspeed_multinode_launcher": "standard",
             # No zero3_init_flag: with the Trainer it changes nothing (the arguments register the ZeRO-3 config, so
-            # from_pretrained partitions while loading either way; see hf_dist_recipes.construction).
+            # from_pretrained partitions while loading either way; see hf_dist_recipes.parallel.construction).
         }
         # No mixed_precision key: with a deepspeed_config_file accelerate 1.16 refuses it at launch ("will be
         # ignored"); the JSON's bf16/fp16 sections decide precision.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from hf_dist_recipes.user_values import positive_int
+from hf_dist_recipes.core.user_values import positive_int
 
 
 def validate_micro_batch(value: object, name: str = "micro_batch") -> int:

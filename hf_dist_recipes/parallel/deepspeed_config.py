@@ -5,7 +5,7 @@ accumulation and its own data-parallel group; the Trainer's fill would count TP 
 TP > 1: an explicit `tensor_parallel.partition_config` (trap 2: stock AutoTP refuses DeepSeek's tp_plan), and no
 TP preset, so the TP and EP presets cannot disagree (trap 3). Under ZeRO-3 + EP:
 `stage3_gather_16bit_weights_on_model_save: false`, because DeepSpeed refuses the consolidated save there.
-Always: gradients accumulate in fp32 (`data_types.grad_accum_dtype`, see `hf_dist_recipes.precision`) and are
+Always: gradients accumulate in fp32 (`data_types.grad_accum_dtype`, see `environment.precision`) and are
 reduced across ranks in `plan.grad_reduce_dtype` (`communication_data_type`, fp32 by default; DeepSpeed's own
 default is the compute dtype: engine.py `communication_data_type`), and the
 plan the file was generated for is recorded under `"hf_dist_recipes"` (`plan_record`). Under ZeRO-3 with a model:
@@ -15,12 +15,12 @@ head where it pays, all from `zero_buffers` (which the memory estimate reads too
 
 from __future__ import annotations
 
-from hf_dist_recipes.gradients import DEFAULT_MAX_GRAD_NORM
 from hf_dist_recipes.parallel.models import ModelShape
 from hf_dist_recipes.parallel.plan import EP_PRESETS, ParallelPlan
 from hf_dist_recipes.parallel.plan_record import PLAN_KEY, plan_record
 from hf_dist_recipes.parallel.tp_specs import partition_config
 from hf_dist_recipes.parallel.zero_buffers import zero_buffers
+from hf_dist_recipes.stability.gradients import DEFAULT_MAX_GRAD_NORM
 
 
 def deepspeed_config(

@@ -13,10 +13,10 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from hf_dist_recipes.core.user_values import writable_dir
 from hf_dist_recipes.parallel.accelerate_config import DEFAULT_PORT, accelerate_config, render_yaml
 from hf_dist_recipes.parallel.comm import HARDWARE
 from hf_dist_recipes.parallel.plan import ENGINES, GRAD_REDUCE_DTYPES, PRECISIONS, ParallelPlan
-from hf_dist_recipes.user_values import writable_dir
 
 
 def add_plan_flags(parser: argparse.ArgumentParser) -> None:
@@ -265,7 +265,7 @@ def write_configs(
     ]
     if plan.nodes > 1:
         header.append("On machine N: add --machine_rank N (and --main_process_ip <rank-0 address> if not set here)")
-    from hf_dist_recipes.extensions import launch_header_lines
+    from hf_dist_recipes.environment.extensions import launch_header_lines
     from hf_dist_recipes.parallel.zero_buffers import recommended_env, zero_buffer_notes
 
     notes = zero_buffer_notes(plan, model) if plan.engine == "deepspeed" else []
@@ -273,7 +273,7 @@ def write_configs(
         header += ["DeepSpeed settings sized to this plan:"] + [f"  {line}" for line in notes]
     env = recommended_env(plan, model)
     if env:
-        # hf_dist_recipes.alloc_defaults: the arguments set it in every rank, before CUDA initialises.
+        # hf_dist_recipes.environment.alloc_defaults: the arguments set it in every rank, before CUDA initialises.
         header.append("RecipeTrainingArguments sets this where unset; with the stock Trainer, before launching:")
         header.append("  " + " ".join(f"export {k}={v}" for k, v in env.items()))
     header += launch_header_lines(plan)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from hf_dist_recipes.jsonfile import load_deepspeed_json, read_text_file
+from hf_dist_recipes.core.jsonfile import load_deepspeed_json, read_text_file
 from hf_dist_recipes.parallel.batch import data_parallel_size, tensor_parallel_size
 
 

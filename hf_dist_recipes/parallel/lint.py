@@ -10,7 +10,7 @@ import copy
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hf_dist_recipes.jsonfile import load_deepspeed_json
+from hf_dist_recipes.core.jsonfile import load_deepspeed_json
 from hf_dist_recipes.parallel.batch import tensor_parallel_size
 from hf_dist_recipes.parallel.initialize_rules import initialize_refusals
 from hf_dist_recipes.parallel.launch_config import check_launch_config, load_launch_config

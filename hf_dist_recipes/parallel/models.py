@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch and transformers load in seconds: only the functions that build configs import them, so
     from transformers import PretrainedConfig  # `hf-dist-recipes doctor/pin/--help` start fast
 
-from hf_dist_recipes.jsonfile import read_json_object
+from hf_dist_recipes.core.jsonfile import read_json_object
 
 # model_type and config values of public checkpoints (their config.json). Names are what --model accepts.
 TEMPLATES: dict[str, tuple[str, dict]] = {

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from hf_dist_recipes.core.user_values import writable_dir
 from hf_dist_recipes.parallel.generate import generate_from_args, generate_parser
-from hf_dist_recipes.user_values import writable_dir
 
 # How the shipped YAMLs name their JSON and their own launch line (regenerate's output directory).
 SHIPPED_PREFIX = "accelerate_configs"

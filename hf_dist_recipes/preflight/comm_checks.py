@@ -1,4 +1,4 @@
-"""Preflight check 3, communication: a short commbench over the live process group (`hf_dist_recipes.commbench`).
+"""Preflight check 3, communication: a short commbench over the live process group (`hf_dist_recipes.comm.commbench`).
 
 `commbench.run_benchmark` with PREFLIGHT_BENCH: all-reduce, all-gather and reduce-scatter at three sizes (4 KiB,
 256 KiB, 4 MiB), 5 timed iterations after 2 warm-up ones, and each ring link rank i -> i+1 alone with 1 MiB
@@ -21,7 +21,7 @@ FIX_SLOW = (
 
 
 def bench_settings():
-    from hf_dist_recipes.commbench import BenchSettings, parse_size, parse_sizes
+    from hf_dist_recipes.comm.commbench import BenchSettings, parse_size, parse_sizes
 
     return BenchSettings(sizes=parse_sizes(PREFLIGHT_SIZES), iters=5, warmup=2, link_bytes=parse_size("1M"))
 
@@ -31,7 +31,7 @@ def communication_check(gather: Callable[[object], list], hosts: Sequence[str]) 
     import torch
     import torch.distributed as dist
 
-    from hf_dist_recipes.commbench import run_benchmark
+    from hf_dist_recipes.comm.commbench import run_benchmark
 
     if not dist.is_initialized() or dist.get_world_size() < 2:
         return [CheckResult("communication", OK, "one process: no communication to measure")]

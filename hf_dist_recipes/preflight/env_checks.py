@@ -107,7 +107,8 @@ def environment_check(gather: Gather) -> tuple[list[CheckResult], list[str]]:
 def local_backend() -> dict:
     """This rank's live process-group backend and the policy's verdict on it (`backend.check_process_group_backend`,
     with the GPUs this process sees unless the launch asked for the CPU)."""
-    from hf_dist_recipes import backend, cuda_host
+    from hf_dist_recipes.comm import backend
+    from hf_dist_recipes.environment import cuda_host
 
     gpus = 0 if cuda_host.cpu_request(False) else backend.cuda_device_count()
     try:
@@ -143,7 +144,7 @@ def deepspeed_dropped(environ=None) -> tuple[str, str] | None:
     the user's shell. None when the launch is sound."""
     import os
 
-    from hf_dist_recipes.cuda_host import TRUE_VALUES
+    from hf_dist_recipes.environment.cuda_host import TRUE_VALUES
 
     env = os.environ if environ is None else environ
     wants_ds = env.get("ACCELERATE_USE_DEEPSPEED", "").strip().lower() == "true"

@@ -74,15 +74,15 @@ def plan_preflight(
     peer_timeout_s: float = 60.0,
 ) -> PreflightPlan:
     """Check the launch without launching (module docstring); the returned plan carries the command."""
+    from hf_dist_recipes.core.user_values import positive_int, writable_dir
     from hf_dist_recipes.parallel.lint import ERROR as LINT_ERROR
     from hf_dist_recipes.parallel.lint import lint_accelerate
     from hf_dist_recipes.preflight.plan_checks import launch_plan, resolve_models, validate_against_model
-    from hf_dist_recipes.user_values import positive_int, writable_dir
 
     positive_int(steps, "--steps", 20, minimum=8, unit="optimizer steps")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"--seed must be an integer >= 0, got {seed!r}; e.g. --seed 42")
-    from hf_dist_recipes.watchdog import validate_hang_settings
+    from hf_dist_recipes.comm.watchdog import validate_hang_settings
 
     if not peer_timeout_s:
         raise ValueError("--peer-timeout-s 0 would let a dead rank hang the preflight; e.g. --peer-timeout-s 60")

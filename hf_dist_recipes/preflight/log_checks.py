@@ -19,8 +19,8 @@ FIX_LOGS = (
 
 
 def logs_check(logging_dir: str | os.PathLike, world_size: int, *, tp: int = 1) -> list[CheckResult]:
-    from hf_dist_recipes.monitoring.aggregate import summarize_logs
-    from hf_dist_recipes.monitoring.events import find_rank_files
+    from hf_dist_recipes.logs.aggregate import summarize_logs
+    from hf_dist_recipes.logs.events import find_rank_files
 
     try:
         rank_files = find_rank_files(logging_dir)

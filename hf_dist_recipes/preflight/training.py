@@ -24,7 +24,7 @@ Check 5, "training": one run of `steps` optimizer steps (default 20, at least MI
   else `max_grad_norm` (1.0). Without DeepSpeed the Trainer clips at `max_grad_norm`. The pre-clip norms above
   the clip value are counted (the clip engaged), as information.
 - schedule: the learning rate each step applied (read from the optimizer before the step) against the recipe's
-  curve computed here independently (`hf_dist_recipes.schedules.WarmupCosineRestarts` from the arguments'
+  curve computed here independently (`hf_dist_recipes.schedules.warmup_cosine.WarmupCosineRestarts` from the arguments'
   warm-up, cycles, floor and re-warm-up), relative tolerance 1e-6; a skipped step does not advance the curve. A
   DeepSpeed `scheduler` section replaces the recipe's schedule and is named in the fix.
 - agreement: the rank-agreement check's findings (`RecipeTrainer.rank_agreement`, run with `seed_check="warn"` and
@@ -544,7 +544,7 @@ def clip_result(ranks: list[dict]) -> CheckResult:
 def expected_learning_rates(expected: dict, applied: list[bool]) -> list[float]:
     """The learning rate of each step under the recipe's schedule, computed from the settings alone: step s applies
     the multiplier of the number of steps applied before it (the engine does not advance a skipped step)."""
-    from hf_dist_recipes.schedules import WarmupCosineRestarts
+    from hf_dist_recipes.schedules.warmup_cosine import WarmupCosineRestarts
 
     schedule = WarmupCosineRestarts(
         warmup_steps=expected["warmup_steps"],

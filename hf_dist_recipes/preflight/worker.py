@@ -2,7 +2,7 @@
 
 `hf-dist-recipes preflight` launches this; it can also be launched by hand on each machine. The process group is
 created as training creates it (`RecipeTrainingArguments`: backend policy, NCCL defaults, node-local op builds),
-with `--collective-timeout-s` as its collective timeout, and the heartbeat watchdog of `hf_dist_recipes.watchdog`
+with `--collective-timeout-s` as its collective timeout, and the heartbeat watchdog of `hf_dist_recipes.comm.watchdog`
 runs for the whole preflight: a rank that dies or hangs ends every rank within `--peer-timeout-s`, and rank 0
 first writes the report with an error naming the lost rank under the check that was running.
 
@@ -74,7 +74,7 @@ class Reporter:
     def lost(self, message: str) -> None:
         """The watchdog's verdict (called from its thread while the main thread waits in a collective): rank 0
         records it under the running check and writes the report; every rank then ends (exit 3)."""
-        from hf_dist_recipes.watchdog import LOST_PEER_EXIT_CODE
+        from hf_dist_recipes.comm.watchdog import LOST_PEER_EXIT_CODE
 
         print(f"[hf_dist_recipes preflight] {message}", file=sys.stderr, flush=True)
         if self.rank == 0 and self.current is not None:
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from hf_dist_recipes import _compat
-    from hf_dist_recipes.watchdog import HeartbeatWatchdog
+    from hf_dist_recipes.comm.watchdog import HeartbeatWatchdog
 
     if dist.is_initialized():
         # transformers 5.24 passes ddp_timeout to the group only on GPU / DeepSpeed hosts (training_args.py

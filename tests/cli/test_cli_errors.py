@@ -52,7 +52,7 @@ def test_num_processes_disagrees_with_deepspeed_json(capsys, tmp_path):
 
 def test_gloo_forced_on_a_faked_cuda_host(capsys, monkeypatch):
     # Fake: no GPU here; only the device count that the backend policy reads is replaced.
-    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 8)
+    monkeypatch.setattr("hf_dist_recipes.comm.backend.cuda_device_count", lambda: 8)
     code, _, err = _run(capsys, ["demo", "--dry-run", "--backend", "gloo"])
     assert code == 2 and "Gloo was requested on a host with 8 CUDA GPU(s)" in err and err.count("\n") == 1
 
@@ -60,14 +60,14 @@ def test_gloo_forced_on_a_faked_cuda_host(capsys, monkeypatch):
 def test_cpu_config_on_a_faked_cuda_host_is_refused_too(capsys, monkeypatch):
     # use_cpu: true turns the run into Gloo: the same silent slowdown, through the config instead of a flag.
     # Fake: no GPU here; only the device count that the backend policy reads is replaced.
-    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 2)
+    monkeypatch.setattr("hf_dist_recipes.comm.backend.cuda_device_count", lambda: 2)
     code, _, err = _run(capsys, ["demo", "--dry-run", "--config-file", "accelerate_configs/cpu_zero3_2proc.yaml"])
     assert code == 2 and "Gloo" in err
 
 
 def test_faked_cuda_host_picks_gpu_config_and_nccl(capsys, monkeypatch):
     # Fake: no GPU here; only the device count that the demo's choice reads is replaced.
-    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 4)
+    monkeypatch.setattr("hf_dist_recipes.comm.backend.cuda_device_count", lambda: 4)
     code, out, _ = _run(capsys, ["demo", "--dry-run", "--json"])
     plan = json.loads(out)
     assert code == 0

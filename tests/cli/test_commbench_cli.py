@@ -136,7 +136,7 @@ def test_inside_a_torchrun_launch_rank0_prints_the_table():
         "--master-port",
         str(free_port()),
         "-m",
-        "hf_dist_recipes.commbench",
+        "hf_dist_recipes.comm.commbench",
         "--sizes",
         "4K",
         "--iters",

@@ -14,10 +14,10 @@ import pytest
 from conftest import REPO, free_port  # noqa: F401  (free_port: the preflight picks its own port)
 
 from hf_dist_recipes.cli.main import main
+from hf_dist_recipes.comm.watchdog import heartbeat_interval
 from hf_dist_recipes.parallel import models  # noqa: F401  (torch + transformers imported before timing)
 from hf_dist_recipes.preflight.launch import KILL_GRACE_S, LOST_GRACE_S
 from hf_dist_recipes.preflight.result import CHECKS, REPORT_SCHEMA
-from hf_dist_recipes.watchdog import heartbeat_interval
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_tp_not_dividing_the_processes_exits_2_before_launching(tmp_path, capsys
 # (ACCELERATE_USE_CPU), and that request makes accelerate 1.16 drop DeepSpeed (the preflight's backend check
 # reports it). Until the arguments take the YAML's use_cpu another way, these launches run on CPU-only hosts.
 def _nvidia_host() -> bool:
-    from hf_dist_recipes.cuda_host import inspect_host
+    from hf_dist_recipes.environment.cuda_host import inspect_host
 
     return bool(inspect_host().gpu_count)
 

@@ -20,7 +20,7 @@ import time
 import pytest
 from conftest import REPO, launch_machine, two_machine_config
 
-from hf_dist_recipes.watchdog import LOST_PEER_EXIT_CODE, heartbeat_interval
+from hf_dist_recipes.comm.watchdog import LOST_PEER_EXIT_CODE, heartbeat_interval
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

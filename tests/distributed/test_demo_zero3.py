@@ -135,7 +135,7 @@ def test_rank1_tokens_per_s_and_seed_text_read_back_from_its_tensorboard(demo_ru
 
 def test_deepspeed_run_follows_the_recipe_schedule(demo_run):
     """Under DeepSpeed the scheduler is built through a copy of the trainer; it must still be ours."""
-    from hf_dist_recipes.schedules import WarmupCosineRestarts
+    from hf_dist_recipes.schedules.warmup_cosine import WarmupCosineRestarts
 
     _, out = demo_run
     logged = read_scalars(out / "tensorboard" / "rank1")["train/learning_rate"]

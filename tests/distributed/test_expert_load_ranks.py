@@ -12,7 +12,7 @@ from conftest import REPO, accelerate_launch, check_launch
 from safetensors.torch import load_file
 
 from hf_dist_recipes.cli.main import main as cli_main
-from hf_dist_recipes.expert_balance import bias_update
+from hf_dist_recipes.moe.expert_balance import bias_update
 from hf_dist_recipes.monitoring.tensorboard import rank_log_dir, read_scalars
 
 sys.path.insert(0, str(REPO / "tests" / "distributed" / "workers"))

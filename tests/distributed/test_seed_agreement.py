@@ -1,4 +1,4 @@
-"""Seeds proven across ranks (hf_dist_recipes.rank_agreement), on 2 real CPU ranks under ZeRO-3
+"""Seeds proven across ranks (hf_dist_recipes.reproducibility.rank_agreement), on 2 real CPU ranks under ZeRO-3
 (accelerate_configs/cpu_zero3_2proc.yaml): a script in the HF examples' order (arguments, model, trainer, no
 set_seed) with dropout on repeats bitwise; a rank that built its model from another RNG state is named at train
 begin; a learning rate that drifts on one rank is named at the first check step after it."""

@@ -107,7 +107,8 @@ def test_run_clm_tuple_prints_help_and_parses(tmp_path):
 
 
 def test_closed_sets_are_choices_and_match_the_validators():
-    from hf_dist_recipes import gradient_health, rank_agreement
+    from hf_dist_recipes.reproducibility import rank_agreement
+    from hf_dist_recipes.stability import gradient_health
 
     hints = typing.get_type_hints(RecipeTrainingArguments)
     assert typing.get_args(hints["seed_check"]) == rank_agreement.POLICIES

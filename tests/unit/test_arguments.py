@@ -3,7 +3,8 @@ import json
 import pytest
 from transformers import TrainingArguments
 
-from hf_dist_recipes import RecipeTrainingArguments, _compat, backend
+from hf_dist_recipes import RecipeTrainingArguments, _compat
+from hf_dist_recipes.comm import backend
 
 
 def test_recipe_defaults(tmp_path):
@@ -79,7 +80,7 @@ def test_disabled_clipping_needs_opt_out(tmp_path):
 
 def test_gloo_on_faked_cuda_host(tmp_path, monkeypatch):
     # Fake: this host has no GPU; only the device count the policy reads is replaced.
-    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 8)
+    monkeypatch.setattr("hf_dist_recipes.comm.backend.cuda_device_count", lambda: 8)
     with pytest.raises(ValueError, match="Gloo was requested on a host with 8 CUDA GPU"):
         RecipeTrainingArguments(output_dir=str(tmp_path), ddp_backend="gloo")
 

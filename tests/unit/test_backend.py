@@ -4,13 +4,13 @@ policy code runs as shipped. The tests "on this host" fake nothing: Gloo on a CP
 import pytest
 import torch
 
-from hf_dist_recipes.backend import resolve_backend
+from hf_dist_recipes.comm.backend import resolve_backend
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def test_this_hosts_default_backend():
-    from hf_dist_recipes.backend import cuda_device_count
+    from hf_dist_recipes.comm.backend import cuda_device_count
 
     assert cuda_device_count() == GPUS
     assert resolve_backend(None) == ("nccl" if GPUS else "gloo")
@@ -60,7 +60,7 @@ def gloo_group(tmp_path):
 
 def test_live_gloo_group_on_a_faked_cuda_host_is_caught(gloo_group):
     # Fake: the device count (no GPU here); the process group is real.
-    from hf_dist_recipes.backend import check_process_group_backend
+    from hf_dist_recipes.comm.backend import check_process_group_backend
 
     with pytest.raises(ValueError, match="runs on 'gloo' although 2 CUDA GPU"):
         check_process_group_backend(cuda_devices=2)
@@ -69,7 +69,7 @@ def test_live_gloo_group_on_a_faked_cuda_host_is_caught(gloo_group):
 
 
 def test_no_process_group_means_nothing_to_check():
-    from hf_dist_recipes.backend import check_process_group_backend
+    from hf_dist_recipes.comm.backend import check_process_group_backend
 
     assert check_process_group_backend(cuda_devices=8) is None
 
@@ -77,7 +77,7 @@ def test_no_process_group_means_nothing_to_check():
 def test_a_gloo_group_is_destroyed_by_the_exit_handler(tmp_path):
     import torch.distributed as dist
 
-    from hf_dist_recipes.backend import destroy_gloo_group
+    from hf_dist_recipes.comm.backend import destroy_gloo_group
 
     assert destroy_gloo_group() is False  # nothing to destroy
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
@@ -90,7 +90,7 @@ def test_live_nccl_group_on_this_gpu_host_passes(tmp_path):
     """The NCCL variant of the Gloo check above, nothing faked: a real one-rank NCCL group on GPU 0."""
     import torch.distributed as dist
 
-    from hf_dist_recipes.backend import check_process_group_backend
+    from hf_dist_recipes.comm.backend import check_process_group_backend
 
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments, backend
+from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
+from hf_dist_recipes.comm import backend
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 
@@ -76,6 +77,6 @@ def test_allow_gloo_on_cuda_trains(tmp_path, gloo_group, monkeypatch):
 
 def test_the_same_group_without_gpus_trains(tmp_path, gloo_group):
     """The control, nothing faked: Gloo is right for a CPU run and nothing stops -- on a CPU host as the arguments
-    leave it, on a GPU host when the run asks for the CPU (use_cpu=True: hf_dist_recipes.cuda_host.cpu_request)."""
+    leave it, on a GPU host when the run asks for the CPU (use_cpu=True: environment.cuda_host.cpu_request)."""
     args = _args(tmp_path, use_cpu=True) if backend.cuda_device_count() else _args(tmp_path)
     assert _trainer(args).train().global_step == 2

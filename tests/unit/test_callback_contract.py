@@ -16,7 +16,6 @@ from transformers import TrainingArguments
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
-from hf_dist_recipes.gradient_health import GradientHealthCallback
 from hf_dist_recipes.monitoring import (
     ExpertLoadCallback,
     PerRankTensorBoardCallback,
@@ -27,7 +26,8 @@ from hf_dist_recipes.monitoring import (
     system_metrics,
 )
 from hf_dist_recipes.monitoring.stragglers import StragglerCallback
-from hf_dist_recipes.rank_agreement import RankAgreementCallback
+from hf_dist_recipes.reproducibility.rank_agreement import RankAgreementCallback
+from hf_dist_recipes.stability.gradient_health import GradientHealthCallback
 
 SMALL = dict(
     hidden_size=32,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_dist_recipes.commbench import (
+from hf_dist_recipes.comm.commbench import (
     BenchSettings,
     bandwidths,
     bus_factor,
@@ -15,8 +15,8 @@ from hf_dist_recipes.commbench import (
     parse_size,
     parse_sizes,
 )
-from hf_dist_recipes.commbench_launch import plan_commbench, side_by_side, worker_command
-from hf_dist_recipes.commbench_render import render
+from hf_dist_recipes.comm.commbench_launch import plan_commbench, side_by_side, worker_command
+from hf_dist_recipes.comm.commbench_render import render
 
 
 def test_bus_factors_are_nccl_tests_formulas():

@@ -146,7 +146,7 @@ def test_deepspeed_still_refuses_a_second_hpz_group_in_one_process():
 
 
 def test_gradient_health_upstream_assumptions():
-    """hf_dist_recipes/gradient_health.py relies on these (transformers 5.24, accelerate 1.16, DeepSpeed 0.19.8)."""
+    """stability/gradient_health.py relies on these (transformers 5.24, accelerate 1.16, DeepSpeed 0.19.8)."""
     import accelerate.optimizer as acc_optimizer
     import accelerate.scheduler as acc_scheduler
     from accelerate.utils import deepspeed as acc_ds

@@ -4,7 +4,7 @@ tests/distributed/test_setup_checks.py."""
 import pytest
 import torch
 
-from hf_dist_recipes.construction import check_partitioned, unpartitioned_bytes
+from hf_dist_recipes.parallel.construction import check_partitioned, unpartitioned_bytes
 
 
 def test_counts_the_bytes_of_parameters_zero_init_did_not_partition():

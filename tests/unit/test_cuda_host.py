@@ -14,8 +14,9 @@ import warnings
 import pytest
 import torch
 
-from hf_dist_recipes import RecipeTrainingArguments, cuda_host
-from hf_dist_recipes.cuda_host import check_torch_sees_gpus
+from hf_dist_recipes import RecipeTrainingArguments
+from hf_dist_recipes.environment import cuda_host
+from hf_dist_recipes.environment.cuda_host import check_torch_sees_gpus
 
 H100_LIST = """GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-5f2c0d3e-8f3a-4b7e-9a1c-1d2e3f4a5b6c)
 GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-0a9b8c7d-6e5f-4a3b-2c1d-0e9f8a7b6c5d)"""
@@ -181,7 +182,7 @@ def test_torchs_warning_is_caught_in_process_or_replayed_in_a_fresh_one(tmp_path
 
 def test_the_arguments_stop_or_train_on_the_cpu_by_choice(tmp_path, monkeypatch):
     # torch sees no GPU (injected, so on a GPU host too) on a faked 2-GPU node with a CPU-only wheel.
-    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 0)
+    monkeypatch.setattr("hf_dist_recipes.comm.backend.cuda_device_count", lambda: 0)
     monkeypatch.setattr(torch.version, "cuda", None)
     monkeypatch.setattr(torch.version, "hip", None)
     monkeypatch.setattr(cuda_host, "DEV_DIR", _dev_dir(tmp_path))
@@ -213,7 +214,7 @@ def test_an_explicit_cpu_request_on_a_gpu_machine_with_hidden_gpus_trains_on_the
 ):
     """What the CPU launches of this suite do on a GPU host: CUDA_VISIBLE_DEVICES="" plus a use_cpu config."""
     # Fakes: the 2-GPU node (dev folder, nvidia-smi script) and torch seeing none of them (device count 0).
-    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 0)
+    monkeypatch.setattr("hf_dist_recipes.comm.backend.cuda_device_count", lambda: 0)
     monkeypatch.setattr(cuda_host, "DEV_DIR", _dev_dir(tmp_path))
     monkeypatch.setattr(cuda_host, "NVIDIA_SMI", _nvidia_smi(tmp_path))
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ops"))
@@ -223,7 +224,7 @@ def test_an_explicit_cpu_request_on_a_gpu_machine_with_hidden_gpus_trains_on_the
     # Nothing asked for the CPU: the silent fallback is still stopped, naming the variable.
     with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES='' hides every GPU.*use_cpu=True"):
         RecipeTrainingArguments(output_dir=str(tmp_path / "out"))
-    with caplog.at_level(logging.INFO, logger="hf_dist_recipes.cuda_host"):
+    with caplog.at_level(logging.INFO, logger="hf_dist_recipes.environment.cuda_host"):
         args = RecipeTrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True)
     assert args.use_cpu is True and args.ddp_backend is None and args.bf16 is False
     assert "as use_cpu=True asks, although this machine has 2 NVIDIA GPU(s)" in caplog.text
@@ -241,8 +242,8 @@ def test_an_explicit_cpu_request_on_a_gpu_machine_with_hidden_gpus_trains_on_the
 def test_an_explicit_cpu_request_with_visible_gpus_chooses_gloo_and_fp32(tmp_path, monkeypatch):
     # Fakes: 8 visible bf16 GPUs (device count and bf16 support replaced) on a faked 2-GPU dev folder; the stock
     # __post_init__ is run, on the CPU this host has (use_cpu=True asks for nothing else).
-    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 8)
-    monkeypatch.setattr("hf_dist_recipes.precision.cuda_bf16_supported", lambda: True)
+    monkeypatch.setattr("hf_dist_recipes.comm.backend.cuda_device_count", lambda: 8)
+    monkeypatch.setattr("hf_dist_recipes.environment.precision.cuda_bf16_supported", lambda: True)
     monkeypatch.setattr(cuda_host, "DEV_DIR", _dev_dir(tmp_path))
     monkeypatch.setattr(cuda_host, "NVIDIA_SMI", _nvidia_smi(tmp_path))
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ops"))

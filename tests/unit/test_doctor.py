@@ -341,7 +341,7 @@ def test_build_locks_check_reads_the_real_lock_files(tmp_path):
     import os
     import time
 
-    from hf_dist_recipes import extensions
+    from hf_dist_recipes.environment import extensions
 
     if extensions.build_running():
         pytest.skip("a compiler runs on this machine now: a lock may be live")

@@ -9,9 +9,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, TrainerCallback
 
 from hf_dist_recipes import ExpertBiasBalancer, RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import stdlib_dataset
-from hf_dist_recipes.expert_balance import bias_update
-from hf_dist_recipes.monitoring import read_scalars
-from hf_dist_recipes.monitoring.expert_load import (
+from hf_dist_recipes.moe.expert_balance import bias_update
+from hf_dist_recipes.moe.expert_load import (
     ExpertLoadCallback,
     ExpertLoadTracker,
     RoutedLayer,
@@ -20,6 +19,7 @@ from hf_dist_recipes.monitoring.expert_load import (
     load_scalars,
     max_over_mean,
 )
+from hf_dist_recipes.monitoring import read_scalars
 from hf_dist_recipes.parallel.models import TEMPLATES, template_config
 
 TOKENS = (4, 16)  # a batch of 4 sequences of 16 tokens

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_dist_recipes import extensions
-from hf_dist_recipes.extensions import check_no_stale_locks, stale_locks
+from hf_dist_recipes.environment import extensions
+from hf_dist_recipes.environment.extensions import check_no_stale_locks, stale_locks
 
 
 def _lock(root, age_s):

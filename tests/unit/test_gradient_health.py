@@ -1,4 +1,4 @@
-"""Gradient health (hf_dist_recipes.gradient_health): the spike detector, the policies, the report, and real
+"""Gradient health (hf_dist_recipes.stability.gradient_health): the spike detector, the policies, the report, and real
 single-process training runs without DeepSpeed (the plain optimizer path): a NaN at step k is skipped -- weights,
 Adam state and learning rate unchanged across step k -- or halts with a saved, loadable checkpoint; clipping at
 max_grad_norm is what the optimizer really applies."""
@@ -14,7 +14,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
-from hf_dist_recipes.gradient_health import (
+from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
+from hf_dist_recipes.stability.gradient_health import (
     GradientHealthCallback,
     NonFiniteHalt,
     NonFiniteReport,
@@ -24,7 +25,6 @@ from hf_dist_recipes.gradient_health import (
     validate_nonfinite_policy,
     validate_spike_settings,
 )
-from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
 
 SEQ, SAMPLES, VOCAB = 8, 32, 64
 
@@ -194,7 +194,7 @@ def _events(trainer, key: str) -> dict[int, str]:
 @pytest.mark.parametrize("what", ["loss", "grad"])
 def test_single_process_skip_leaves_weights_optimizer_and_schedule_unchanged(tmp_path, what, caplog):
     trainer, inj = _train(tmp_path, what, step=3)
-    with caplog.at_level("WARNING", logger="hf_dist_recipes.gradient_health"):
+    with caplog.at_level("WARNING", logger="hf_dist_recipes.stability.gradient_health"):
         trainer.train()
     before, after = inj.snapshots[2], inj.snapshots[3]
     for name, w in before["weights"].items():
@@ -288,7 +288,7 @@ def test_single_process_clips_at_max_grad_norm(tmp_path):
 def test_a_loss_and_grad_norm_spike_is_an_event_naming_the_step(tmp_path, caplog):
     # The loss x 100 at step 6 (gradients x 100 too) against a window of the 4 steps before (loss ~4.1, norm ~1.1).
     trainer, inj = _train(tmp_path, "spike", step=6, steps=6, spike_window=4, spike_threshold=6.0)
-    with caplog.at_level("WARNING", logger="hf_dist_recipes.gradient_health"):
+    with caplog.at_level("WARNING", logger="hf_dist_recipes.stability.gradient_health"):
         trainer.train()
     logs = [e for e in trainer.state.log_history if "loss" in e]
     assert [e["loss_spikes"] for e in logs] == [0, 0, 0, 0, 0, 1]

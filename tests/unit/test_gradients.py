@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from hf_dist_recipes.gradients import validate_max_grad_norm
+from hf_dist_recipes.stability.gradients import validate_max_grad_norm
 
 
 def test_default_norm_passes():

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hf_dist_recipes.monitoring.aggregate import summarize_logs, write_aggregate_run
-from hf_dist_recipes.monitoring.events import find_rank_files, iter_records
+from hf_dist_recipes.logs.aggregate import summarize_logs, write_aggregate_run
+from hf_dist_recipes.logs.events import find_rank_files, iter_records
 
 RANKS, STEPS = 4, 100
 SLOW_RANK, SLOW_FROM = 2, 40  # step time x1.5 from this step on
@@ -201,7 +201,7 @@ def test_tensor_scalars_as_tf_summary_writes_them(tmp_path):
 def test_records_split_across_read_chunks(run_dir, monkeypatch):
     # Reads of 50 bytes: most records straddle two or more chunks; the result must not change.
     root, values = run_dir
-    monkeypatch.setattr("hf_dist_recipes.monitoring.events.CHUNK_BYTES", 50)
+    monkeypatch.setattr("hf_dist_recipes.logs.events.CHUNK_BYTES", 50)
     summary = summarize_logs(root, workers=1)
     assert summary.warnings == []
     np.testing.assert_allclose(summary.stats["rank/loss"].mean, values["rank/loss"].mean(axis=0), rtol=1e-12)

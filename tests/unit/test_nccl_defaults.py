@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_dist_recipes.nccl_defaults import (
+from hf_dist_recipes.comm.nccl_defaults import (
     ALIASES,
     NCCL_ENV_DEFAULTS,
     apply_nccl_env_defaults,
@@ -76,7 +76,7 @@ def test_the_arguments_apply_them_on_a_gpu_host_and_keep_what_the_user_set(tmp_p
     # the NCCL path. The environment is real (os.environ, restored by monkeypatch).
     from hf_dist_recipes import RecipeTrainingArguments
 
-    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 8)
+    monkeypatch.setattr("hf_dist_recipes.comm.backend.cuda_device_count", lambda: 8)
     for names in ALIASES.values():
         for name in names:
             monkeypatch.delenv(name, raising=False)
@@ -94,11 +94,11 @@ def test_the_arguments_apply_them_on_a_gpu_host_and_keep_what_the_user_set(tmp_p
 def test_a_cpu_host_gets_none_of_them(tmp_path, monkeypatch):
     from hf_dist_recipes import RecipeTrainingArguments
 
-    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 0)
+    monkeypatch.setattr("hf_dist_recipes.comm.backend.cuda_device_count", lambda: 0)
     assert RecipeTrainingArguments(output_dir=str(tmp_path)).nccl_env_applied == {}
 
 
-# --- PYTORCH_CUDA_ALLOC_CONF (hf_dist_recipes.alloc_defaults): set beside the NCCL defaults, where CUDA is used ---
+# --- PYTORCH_CUDA_ALLOC_CONF (environment.alloc_defaults): set beside the NCCL defaults, where CUDA is used ---
 
 
 def _unset(monkeypatch, names) -> None:
@@ -110,7 +110,7 @@ def _unset(monkeypatch, names) -> None:
 
 
 def test_alloc_conf_is_set_where_unset_and_handed_to_the_running_allocator():
-    from hf_dist_recipes.alloc_defaults import ALLOC_CONF_NAMES, apply_alloc_conf_default
+    from hf_dist_recipes.environment.alloc_defaults import ALLOC_CONF_NAMES, apply_alloc_conf_default
 
     handed: list[str] = []
     env: dict[str, str] = {}
@@ -124,7 +124,7 @@ def test_alloc_conf_is_set_where_unset_and_handed_to_the_running_allocator():
 
 def test_every_alloc_conf_name_is_one_torch_reads():
     """Fails when torch renames them: each name must be in the installed torch's allocator config header."""
-    from hf_dist_recipes.alloc_defaults import ALLOC_CONF_NAMES
+    from hf_dist_recipes.environment.alloc_defaults import ALLOC_CONF_NAMES
 
     header = (Path(torch.__file__).parent / "include" / "c10" / "cuda" / "CUDAAllocatorConfig.h").read_text()
     assert [n for n in ALLOC_CONF_NAMES if f'"{n}"' not in header] == []
@@ -135,9 +135,9 @@ def test_the_arguments_set_expandable_segments_on_a_gpu_host_before_cuda(tmp_pat
     # path. The environment and the allocator config are real: os.environ (restored by monkeypatch) and this
     # process's torch allocator settings, which a CPU build parses too (and ignores), reset before and after.
     from hf_dist_recipes import RecipeTrainingArguments, _compat
-    from hf_dist_recipes.alloc_defaults import ALLOC_CONF_NAMES
+    from hf_dist_recipes.environment.alloc_defaults import ALLOC_CONF_NAMES
 
-    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 8)
+    monkeypatch.setattr("hf_dist_recipes.comm.backend.cuda_device_count", lambda: 8)
     _unset(monkeypatch, ALLOC_CONF_NAMES)
     _compat.set_allocator_settings("expandable_segments:False")
     try:
@@ -153,15 +153,17 @@ def test_the_arguments_set_expandable_segments_on_a_gpu_host_before_cuda(tmp_pat
 
 def test_a_user_alloc_conf_is_kept_and_a_cpu_host_gets_none(tmp_path, monkeypatch):
     from hf_dist_recipes import RecipeTrainingArguments
-    from hf_dist_recipes.alloc_defaults import ALLOC_CONF_NAMES
+    from hf_dist_recipes.environment.alloc_defaults import ALLOC_CONF_NAMES
 
-    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 8)  # fake, as above
+    monkeypatch.setattr("hf_dist_recipes.comm.backend.cuda_device_count", lambda: 8)  # fake, as above
     _unset(monkeypatch, ALLOC_CONF_NAMES)
     monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:256")  # the user's, under torch's newer name
     with pytest.raises(ValueError, match="process group"):
         RecipeTrainingArguments(output_dir=str(tmp_path), bf16=False)
     assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ and os.environ["PYTORCH_ALLOC_CONF"] == "max_split_size_mb:256"
     monkeypatch.delenv("PYTORCH_ALLOC_CONF")
-    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 0)  # a CPU host: nothing set or listed
+    monkeypatch.setattr(
+        "hf_dist_recipes.comm.backend.cuda_device_count", lambda: 0
+    )  # a CPU host: nothing set or listed
     args = RecipeTrainingArguments(output_dir=str(tmp_path))
     assert args.env_applied == {} and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ

@@ -195,14 +195,14 @@ HEAVY = ("transformers", "torch.distributed")
 # does import them, so the probe is shown able to see them.
 _CHILD = """
 import json, sys
-from hf_dist_recipes.monitoring.aggregate import summarize_logs, write_aggregate_run
-from hf_dist_recipes.monitoring.report import write_report
+from hf_dist_recipes.logs.aggregate import summarize_logs, write_aggregate_run
+from hf_dist_recipes.logs.report import write_report
 logs, out = sys.argv[1], sys.argv[2]
 summary = summarize_logs(logs, workers=2)
 write_aggregate_run(summary, out + "/aggregate")
 write_report(summary, out)
 heavy = sorted(m for m in {heavy!r} if m in sys.modules)
-import hf_dist_recipes.watchdog  # a live-job module: it imports transformers (TrainerCallback)
+import hf_dist_recipes.comm.watchdog  # a live-job module: it imports transformers (TrainerCallback)
 after = sorted(m for m in {heavy!r} if m in sys.modules)
 print(json.dumps({{"ranks": summary.ranks, "heavy": heavy, "after": after}}))
 """

@@ -16,10 +16,10 @@ import pytest
 from conftest import REPO
 from packaging.utils import canonicalize_name
 
+from hf_dist_recipes.comm.nccl_defaults import NCCL_ENV_DEFAULTS
 from hf_dist_recipes.environment import doctor, torch_builds
 from hf_dist_recipes.environment.lock import Drift, Lock, installed_versions, lock_drift, read_lock, write_lock
 from hf_dist_recipes.environment.pin import pin, plan_lock
-from hf_dist_recipes.nccl_defaults import NCCL_ENV_DEFAULTS
 
 
 def _pip_freeze() -> tuple[dict[str, str], set[str]]:

@@ -7,9 +7,9 @@ import torch
 from deepspeed.runtime.config import DeepSpeedConfig
 
 from hf_dist_recipes import RecipeTrainingArguments
+from hf_dist_recipes.environment.precision import resolve_bf16
 from hf_dist_recipes.parallel.deepspeed_config import deepspeed_config
 from hf_dist_recipes.parallel.plan import ParallelPlan
-from hf_dist_recipes.precision import resolve_bf16
 
 
 @pytest.mark.parametrize(
@@ -50,14 +50,14 @@ def test_arguments_turn_bf16_on_on_a_faked_bf16_gpu_host(tmp_path, monkeypatch):
     # tested is the recipe's own decision, made before it.
     from transformers import TrainingArguments
 
-    monkeypatch.setattr("hf_dist_recipes.backend.cuda_device_count", lambda: 8)
-    monkeypatch.setattr("hf_dist_recipes.precision.cuda_bf16_supported", lambda: True)
+    monkeypatch.setattr("hf_dist_recipes.comm.backend.cuda_device_count", lambda: 8)
+    monkeypatch.setattr("hf_dist_recipes.environment.precision.cuda_bf16_supported", lambda: True)
     monkeypatch.setattr(TrainingArguments, "__post_init__", lambda self: None)
     args = RecipeTrainingArguments(output_dir=str(tmp_path))
     assert args.bf16 is True and args.ddp_backend == "nccl" and args.use_cpu is False
     assert RecipeTrainingArguments(output_dir=str(tmp_path), bf16=False).bf16 is False
     assert RecipeTrainingArguments(output_dir=str(tmp_path), fp16=True).bf16 is False
-    monkeypatch.setattr("hf_dist_recipes.precision.cuda_bf16_supported", lambda: False)  # V100s
+    monkeypatch.setattr("hf_dist_recipes.environment.precision.cuda_bf16_supported", lambda: False)  # V100s
     assert RecipeTrainingArguments(output_dir=str(tmp_path)).bf16 is False
 
 

@@ -1,4 +1,4 @@
-"""The pure parts of hf_dist_recipes.rank_agreement; the cross-rank behaviour is in
+"""The pure parts of hf_dist_recipes.reproducibility.rank_agreement; the cross-rank behaviour is in
 tests/distributed/test_seed_agreement.py (real 2-rank runs)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from accelerate.data_loader import BatchSamplerShard, SeedableRandomSampler
 from torch.utils.data import BatchSampler
 
-from hf_dist_recipes.rank_agreement import (
+from hf_dist_recipes.reproducibility.rank_agreement import (
     ZERO_INIT_BROADCAST,
     Mismatch,
     RankAgreementCallback,
@@ -60,7 +60,7 @@ def test_policies():
 
 def test_warn_policy_logs(caplog):
     m = Mismatch("the seed", (1,), (0, 1), {0: 1, 1: 2}, "pass the same seed")
-    with caplog.at_level(logging.WARNING, logger="hf_dist_recipes.rank_agreement"):
+    with caplog.at_level(logging.WARNING, logger="hf_dist_recipes.reproducibility.rank_agreement"):
         apply_policy("warn", [m], step=3)
     assert "rank(s) 1 disagree" in caplog.text and "at step 3" in caplog.text
 

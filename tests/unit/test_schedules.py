@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import get_cosine_with_hard_restarts_schedule_with_warmup
 
-from hf_dist_recipes.schedules import WarmupCosineRestarts, warmup_cosine_restarts_scheduler
+from hf_dist_recipes.schedules.warmup_cosine import WarmupCosineRestarts, warmup_cosine_restarts_scheduler
 
 
 def _lrs(scheduler, steps):

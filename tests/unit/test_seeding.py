@@ -6,7 +6,7 @@ import torch
 
 from hf_dist_recipes import seed_everything
 from hf_dist_recipes.demo.model import build_tiny_deepseek
-from hf_dist_recipes.seeding import rng_fingerprint
+from hf_dist_recipes.reproducibility.seeding import rng_fingerprint
 
 
 def _weights_digest(model) -> float:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hf_dist_recipes.monitoring.aggregate import summarize_logs, write_aggregate_run
+from hf_dist_recipes.logs.aggregate import summarize_logs, write_aggregate_run
 
 TIMEOUT_S = 60
 

@@ -7,7 +7,7 @@ import pytest
 import torch.distributed as dist
 
 from hf_dist_recipes.arguments import RecipeTrainingArguments
-from hf_dist_recipes.watchdog import (
+from hf_dist_recipes.comm.watchdog import (
     DONE,
     LOST_KEY,
     Beat,

@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from hf_dist_recipes.monitoring.aggregate import BLOCKS, LR_TAG, STEP_TIME_TAG, LogSummary, block_matrix
+from hf_dist_recipes.logs.aggregate import BLOCKS, LR_TAG, STEP_TIME_TAG, LogSummary, block_matrix
 
 
 def _pyplot():

@@ -1,8 +1,9 @@
 """Measure collectives with the real backend: all_reduce, all_gather and reduce_scatter over a range of message
 sizes, with the definitions of nccl-tests (NVIDIA/nccl-tests doc/PERFORMANCE.md), and each ring link's bandwidth.
 
-Run it inside any launch (`torchrun -m hf_dist_recipes.commbench`, `accelerate launch -m hf_dist_recipes.commbench`)
-or through `hf-dist-recipes commbench`, which launches it. Definitions, per op and size:
+Run it inside any launch (`torchrun -m hf_dist_recipes.comm.commbench`,
+`accelerate launch -m hf_dist_recipes.comm.commbench`) or through `hf-dist-recipes commbench`, which launches it.
+Definitions, per op and size:
 
 - time: the mean per-iteration time of K timed iterations (after warm-up ones), the largest over the ranks;
 - size S: the total data size as nccl-tests counts it: the array each rank reduces for all_reduce, the gathered
@@ -118,7 +119,7 @@ class BenchSettings:
 
 def check_settings(s: BenchSettings) -> BenchSettings:
     """`s`, or ValueError naming the flag to fix."""
-    from hf_dist_recipes.user_values import positive_int
+    from hf_dist_recipes.core.user_values import positive_int
 
     positive_int(s.iters, "--iters", DEFAULT_ITERS, unit="iterations")
     positive_int(s.warmup, "--warmup", DEFAULT_WARMUP, minimum=0, unit="iterations")
@@ -308,9 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from hf_dist_recipes.backend import resolve_backend
+    from hf_dist_recipes.comm.backend import resolve_backend
 
-    p = argparse.ArgumentParser(prog="python -m hf_dist_recipes.commbench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m hf_dist_recipes.comm.commbench", description=__doc__)
     p.add_argument("--backend", choices=("nccl", "gloo"), help="default: NCCL with CUDA GPUs, else Gloo")
     p.add_argument("--allow-gloo-on-cuda", action="store_true", help="measure Gloo on a GPU host (CUDA tensors)")
     p.add_argument("--sizes", default=DEFAULT_SIZES, help="comma-separated, units K/M/G (default: %(default)s)")
@@ -338,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) < 2:
         raise ValueError(
             "run inside a launch of >= 2 processes (torchrun --nproc-per-node 2 -m "
-            "hf_dist_recipes.commbench), or use: hf-dist-recipes commbench"
+            "hf_dist_recipes.comm.commbench), or use: hf-dist-recipes commbench"
         )
     backend = resolve_backend(args.backend, allow_gloo_on_cuda=args.allow_gloo_on_cuda)
     use_cuda = torch.cuda.is_available()  # Gloo on a GPU host moves CUDA tensors, as DDP over Gloo would
@@ -362,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.output, "w", encoding="utf-8") as f:
                 json.dump(result, f, indent=2)
         else:
-            from hf_dist_recipes.commbench_render import render
+            from hf_dist_recipes.comm.commbench_render import render
 
             print(json.dumps(result, indent=2) if args.json else render(result))
     return 0

@@ -1,4 +1,4 @@
-"""The text table of a commbench result (`hf_dist_recipes.commbench` writes the dict, rank 0 or the launcher renders
+"""The text table of a commbench result (`comm.commbench` writes the dict, rank 0 or the launcher renders
 it): one run (results, ring links, ranks, flags) or a NCCL/Gloo side-by-side. Its own module so that the benchmark,
 run inside a launch, and the launcher both use it without importing each other."""
 

@@ -1,5 +1,5 @@
-"""Launch `hf_dist_recipes.commbench` on N local processes (torchrun, a free port), read back rank 0's JSON, put a
-Gloo run side by side with NCCL (`hf_dist_recipes.commbench_render` renders the results as a table)."""
+"""Launch `hf_dist_recipes.comm.commbench` on N local processes (torchrun, a free port), read back rank 0's JSON, put a
+Gloo run side by side with NCCL (`hf_dist_recipes.comm.commbench_render` renders the results as a table)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import hf_dist_recipes
-from hf_dist_recipes import backend as backends
-from hf_dist_recipes.commbench import BenchSettings, check_settings
-from hf_dist_recipes.user_values import positive_int
+from hf_dist_recipes.comm import backend as backends
+from hf_dist_recipes.comm.commbench import BenchSettings, check_settings
+from hf_dist_recipes.core.user_values import positive_int
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def worker_command(plan: CommbenchPlan, backend: str, output: str) -> list[str]:
         "--master-port",
         str(_free_port()),
         "-m",
-        "hf_dist_recipes.commbench",
+        "hf_dist_recipes.comm.commbench",
         "--backend",
         backend,
         "--output",

@@ -7,7 +7,7 @@ seeds again before `model_init`.
 
 `SeedReport.fingerprint` hashes the RNG states right after seeding: it is a function of the seed value only, kept
 as information (per-rank TensorBoard text, the demo summary), not as proof. The proof is what the run actually did,
-compared across ranks by `hf_dist_recipes.rank_agreement`: the weights each rank built, its data order, and during
+compared across ranks by `reproducibility.rank_agreement`: the weights each rank built, its data order, and during
 training the step, learning rate and tensor-parallel losses.
 """
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hf_dist_recipes.user_values import setting
+from hf_dist_recipes.core.user_values import setting
 
 MAX_SEED = 2**32 - 1  # NumPy's legacy seeding refuses anything larger
 

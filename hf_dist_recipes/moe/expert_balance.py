@@ -24,7 +24,7 @@ import contextlib
 import torch
 from transformers import TrainerCallback
 
-from hf_dist_recipes.monitoring.expert_load import ExpertLoadTracker, RoutedLayer, tensor_parallel_degree
+from hf_dist_recipes.moe.expert_load import ExpertLoadTracker, RoutedLayer, tensor_parallel_degree
 
 
 def bias_update(counts: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -40,7 +40,7 @@ class ExpertBiasBalancer(TrainerCallback):
     `RecipeTrainer(..., callbacks=[ExpertBiasBalancer()])`.
 
     The counts are the step's, summed over its gradient accumulation micro steps and over all ranks
-    (`hf_dist_recipes.monitoring.expert_load`), so every rank applies the same update to its copy of the bias: the
+    (`hf_dist_recipes.moe.expert_load`), so every rank applies the same update to its copy of the bias: the
     bias is a buffer, which neither ZeRO-3 nor AutoEP partitions (each rank holds it whole). It is saved with the
     model (a persistent buffer), so a resumed run continues from the balanced bias. The update is accumulated in
     float32 even where the bias is stored in lower precision (a 0.001 step vanishes in bf16 above 0.25).

@@ -2,7 +2,7 @@
 
 A MoE layer whose routing drifts onto a few experts trains those experts on most tokens and, under expert
 parallelism, makes the EP ranks holding them the slowest of every all-to-all. This module counts what the routers
-chose, so the drift shows in TensorBoard (`ExpertLoadCallback`) and `hf_dist_recipes.expert_balance` can correct it.
+chose, so the drift shows in TensorBoard (`ExpertLoadCallback`) and `hf_dist_recipes.moe.expert_balance` can correct it.
 
 What is counted: for every MoE layer, how many (token, expert) assignments each routed expert received, read from
 the router's top-k indices by a forward hook (no extra routing work; no host synchronisation). Supported routers:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hf_dist_recipes.monitoring.events import RankEvents, find_rank_files, read_rank
+from hf_dist_recipes.logs.events import RankEvents, find_rank_files, read_rank
 
 BLOCKS = 256
 STRAGGLER_BLOCKS = 2

@@ -28,7 +28,7 @@ from typing import Any
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
-from hf_dist_recipes.user_values import positive_int, setting
+from hf_dist_recipes.core.user_values import positive_int, setting
 
 DEFAULT_NUM_CYCLES = 3
 
