@@ -1,0 +1,48 @@
+"""Which ranks form which group: tensor-parallel (TP), expert-parallel (EP) and data-parallel (DP), in one place.
+
+DeepSpeed 0.19.8 forms AutoTP groups of consecutive ranks ([0, 1], [2, 3] for TP 2) and the data-parallel replicas
+across them (rank r is replica r // tp). Every feature that asks "who are my TP peers" or "which replica am I" asks
+this object, as torchtitan's `ParallelDims` answers it for its trainer, instead of repeating the arithmetic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """`world` ranks split into TP groups of `tp` consecutive ranks; `ep` is the expert-parallel degree (default 1).
+
+    Raises ValueError when a degree does not divide the world, naming the sizes."""
+
+    world: int
+    tp: int = 1
+    ep: int = 1
+
+    def __post_init__(self):
+        if self.world < 1:
+            raise ValueError(f"the world size must be >= 1, got {self.world}")
+        for name, degree in (("TP", self.tp), ("EP", self.ep)):
+            if degree < 1 or self.world % degree:
+                raise ValueError(
+                    f"{name} size {degree} does not divide the world size {self.world}: choose a {name} degree that "
+                    f"divides the number of processes"
+                )
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel replicas: world / tp."""
+        return self.world // self.tp
+
+    def dp_rank(self, rank: int) -> int:
+        """The data-parallel replica `rank` belongs to (its TP group's index)."""
+        return rank // self.tp
+
+    def tp_group(self, rank: int) -> list[int]:
+        """The ranks of `rank`'s TP group, itself included."""
+        start = rank - rank % self.tp
+        return list(range(start, start + self.tp))
+
+    def tp_groups(self) -> list[list[int]]:
+        """Every TP group, in order: [[0, .., tp-1], [tp, .., 2tp-1], ...]."""
+        return [self.tp_group(start) for start in range(0, self.world, self.tp)]
