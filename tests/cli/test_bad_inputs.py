@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO
 
 from hf_dist_recipes.arguments import RecipeTrainingArguments
 from hf_dist_recipes.cli.main import main
+from tests.support.paths import REPO
 
 # (bad flags, the flag the error must name). Each value here fails inside the ranks, or trains nothing, if launched.
 BAD_DEMO_FLAGS = [

@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
 
 from hf_dist_recipes.cli.main import main
+from tests.support.paths import REPO
 
 
 def _run(capsys, argv):

@@ -11,9 +11,11 @@ import sys
 
 import jsonschema  # installed with nbformat (the dev extra)
 import pytest
-from conftest import GPUS, REPO, cpu_only_env, free_port
 
 from hf_dist_recipes.cli.main import main
+from tests.support.hosts import GPUS
+from tests.support.launch import cpu_only_env, free_port
+from tests.support.paths import REPO
 
 NUMBER_OR_NULL = {"type": ["number", "null"]}
 ROW = {

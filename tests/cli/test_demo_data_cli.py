@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
 
 from hf_dist_recipes.cli.main import main
 from hf_dist_recipes.demo.settings import add_training_flags, settings_from
+from tests.support.paths import REPO
 
 
 def _run(capsys, argv):

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import LAUNCH_TIMEOUT_S, REPO, cpu_only_env
+
+from tests.support.launch import LAUNCH_TIMEOUT_S, cpu_only_env
+from tests.support.paths import REPO
 
 SHIPPED = REPO / "accelerate_configs"
 

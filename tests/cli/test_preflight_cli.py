@@ -11,13 +11,15 @@ import time
 
 import jsonschema
 import pytest
-from conftest import REPO, free_port  # noqa: F401  (free_port: the preflight picks its own port)
 
 from hf_dist_recipes.cli.main import main
 from hf_dist_recipes.comm.watchdog import heartbeat_interval
 from hf_dist_recipes.parallel import models  # noqa: F401  (torch + transformers imported before timing)
 from hf_dist_recipes.preflight.launch import KILL_GRACE_S, LOST_GRACE_S
 from hf_dist_recipes.preflight.result import CHECKS, REPORT_SCHEMA
+from tests.support.hosts import cpu_only_host
+from tests.support.launch import two_machine_config
+from tests.support.paths import REPO
 
 
 @pytest.fixture
@@ -64,15 +66,6 @@ def test_tp_not_dividing_the_processes_exits_2_before_launching(tmp_path, capsys
     # Nothing launched: the launcher never reached, no process started, no output directory (so no launch log).
     assert no_launch == [] and not out_dir.exists()
     print(f"refused in {seconds:.2f} s")
-
-
-# A DeepSpeed launch on the CPU of a machine with NVIDIA GPUs needs a CPU request for RecipeTrainingArguments
-# (ACCELERATE_USE_CPU), and that request makes accelerate 1.16 drop DeepSpeed (the preflight's backend check
-# reports it). Until the arguments take the YAML's use_cpu another way, these launches run on CPU-only hosts.
-def _nvidia_host() -> bool:
-    from hf_dist_recipes.environment.cuda_host import inspect_host
-
-    return bool(inspect_host().gpu_count)
 
 
 def run_preflight_json(config: str, tmp_path) -> tuple[subprocess.CompletedProcess, dict, float]:
@@ -122,11 +115,7 @@ def check_passes(proc, report: dict, world_size: int) -> None:
 
 
 @pytest.mark.distributed
-@pytest.mark.skipif(
-    _nvidia_host(),
-    reason="a DeepSpeed CPU launch on a GPU host needs ACCELERATE_USE_CPU, which "
-    "drops DeepSpeed (see the comment above)",
-)
+@cpu_only_host
 def test_shipped_two_process_config_passes(tmp_path):
     proc, report, seconds = run_preflight_json("accelerate_configs/cpu_zero3_2proc.yaml", tmp_path)
     print(f"preflight cpu_zero3_2proc: {seconds:.1f} s wall, report elapsed {report['elapsed_s']:.1f} s")
@@ -135,11 +124,7 @@ def test_shipped_two_process_config_passes(tmp_path):
 
 @pytest.mark.distributed
 @pytest.mark.slow
-@pytest.mark.skipif(
-    _nvidia_host(),
-    reason="a DeepSpeed CPU launch on a GPU host needs ACCELERATE_USE_CPU, which "
-    "drops DeepSpeed (see the comment above)",
-)
+@cpu_only_host
 def test_shipped_tp2_ep2_config_passes(tmp_path):
     proc, report, seconds = run_preflight_json("accelerate_configs/cpu_zero3_tp2_ep2_4proc.yaml", tmp_path)
     print(f"preflight cpu_zero3_tp2_ep2_4proc: {seconds:.1f} s wall, report elapsed {report['elapsed_s']:.1f} s")
@@ -150,11 +135,7 @@ def test_shipped_tp2_ep2_config_passes(tmp_path):
 
 @pytest.mark.distributed
 @pytest.mark.slow
-@pytest.mark.skipif(
-    _nvidia_host(),
-    reason="a DeepSpeed CPU launch on a GPU host needs ACCELERATE_USE_CPU, which "
-    "drops DeepSpeed (see the comment above)",
-)
+@cpu_only_host
 def test_a_stopped_rank_ends_the_preflight_naming_it(tmp_path):
     """Rank 1 is SIGSTOPped as the backend check starts (alive to the kernel, silent to its peers: the case no
     socket error reveals). The preflight must end within the heartbeat bound, exit 2, and the report must name
@@ -235,11 +216,7 @@ def test_a_stopped_rank_ends_the_preflight_naming_it(tmp_path):
 
 
 @pytest.mark.distributed
-@pytest.mark.skipif(
-    _nvidia_host(),
-    reason="a DeepSpeed CPU launch on a GPU host needs ACCELERATE_USE_CPU, which "
-    "drops DeepSpeed (see the comment above)",
-)
+@cpu_only_host
 def test_the_outer_timeout_kills_the_launch_and_names_the_unfinished_checks(tmp_path):
     import psutil
 
@@ -298,16 +275,10 @@ def test_the_outer_timeout_kills_the_launch_and_names_the_unfinished_checks(tmp_
 
 @pytest.mark.distributed
 @pytest.mark.slow
-@pytest.mark.skipif(
-    _nvidia_host(),
-    reason="a DeepSpeed CPU launch on a GPU host needs ACCELERATE_USE_CPU, which "
-    "drops DeepSpeed (see the comment above)",
-)
+@cpu_only_host
 def test_two_machines_each_run_the_same_command_with_their_machine_rank(tmp_path):
     """Machines 0 and 1 on 127.0.0.1 (one process each) sharing the output directory (the resume check reads
     the checkpoint rank 0 saved, as a job's resume would): machine 0 gets the report; machine 1 exits 0 saying so."""
-    from conftest import two_machine_config
-
     config, _ = two_machine_config(tmp_path / "configs")
     env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}
     env.update(PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")

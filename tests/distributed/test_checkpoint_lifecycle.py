@@ -11,12 +11,10 @@ import hashlib
 import json
 import math
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, accelerate_launch, check_launch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -24,9 +22,9 @@ from hf_dist_recipes.checkpoint.offline import export_checkpoint
 from hf_dist_recipes.checkpoint.writer import WRITERS_RECORD, parse_size
 from hf_dist_recipes.cli.main import main as cli_main
 from hf_dist_recipes.monitoring.tensorboard import rank_log_dir, read_scalars
-
-sys.path.insert(0, str(REPO / "tests" / "distributed" / "workers"))
-from lifecycle_worker import datasets  # noqa: E402
+from tests.distributed.workers.lifecycle_worker import datasets
+from tests.support.launch import accelerate_launch, check_launch
+from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

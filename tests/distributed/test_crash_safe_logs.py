@@ -15,9 +15,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, accelerate_launch, check_launch, cpu_only_env
 
 from hf_dist_recipes.monitoring import read_scalars
+from tests.support.launch import accelerate_launch, check_launch, cpu_only_env
+from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.distributed]
 
@@ -27,14 +28,14 @@ ZERO3 = REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml"
 
 
 def _run(out, mode: str) -> subprocess.CompletedProcess:
-    # A CPU run on any host, as the 2-rank launches below (conftest.cpu_only_env).
+    # A CPU run on any host, as the 2-rank launches below (cpu_only_env); the worker imports tests.support.
     return subprocess.run(
         [sys.executable, WORKER, str(out), mode, str(DIE_AT)],
         capture_output=True,
         text=True,
         timeout=180,
         cwd=REPO,
-        env=cpu_only_env(dict(os.environ)),
+        env=cpu_only_env(dict(os.environ, PYTHONPATH=str(REPO))),
     )
 
 

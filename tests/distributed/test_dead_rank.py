@@ -18,9 +18,10 @@ import threading
 import time
 
 import pytest
-from conftest import REPO, launch_machine, two_machine_config
 
 from hf_dist_recipes.comm.watchdog import LOST_PEER_EXIT_CODE, heartbeat_interval
+from tests.support.launch import launch_machine, two_machine_config
+from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

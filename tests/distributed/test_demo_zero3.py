@@ -1,7 +1,7 @@
 """The main job end to end: `hf-dist-recipes demo` launches 2 real processes with DeepSpeed ZeRO-3 on CPU/Gloo.
 
-On any host: the CPU runs hide the GPUs from their processes (conftest.cpu_only_env), so the demo picks its CPU
-config as on a CPU-only machine, and a GPU host trains on its CPU as asked. A host with >= 2 CUDA GPUs also runs
+On any host: the CPU runs hide the GPUs from their processes (tests.support.launch.cpu_only_env), so the demo picks
+its CPU config as on a CPU-only machine, and a GPU host trains on its CPU as asked. A host with >= 2 CUDA GPUs also runs
 the NCCL variant (the demo's GPU config on 2 GPUs); elsewhere it is skipped with the reason."""
 
 import json
@@ -10,9 +10,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import LAUNCH_TIMEOUT_S, REPO, cpu_only_env, needs_two_gpus
 
 from hf_dist_recipes.monitoring import read_rank_summaries, read_scalars
+from tests.support.hosts import needs_two_gpus
+from tests.support.launch import LAUNCH_TIMEOUT_S, cpu_only_env
+from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -4,19 +4,17 @@ utilization counter and from the batch arithmetic, never from the code under tes
 
 import json
 import math
-import sys
 
 import pytest
 import torch
-from conftest import REPO, accelerate_launch, check_launch
 from safetensors.torch import load_file
 
 from hf_dist_recipes.cli.main import main as cli_main
 from hf_dist_recipes.moe.expert_balance import bias_update
 from hf_dist_recipes.monitoring.tensorboard import rank_log_dir, read_scalars
-
-sys.path.insert(0, str(REPO / "tests" / "distributed" / "workers"))
-from expert_load_worker import GRAD_ACCUM, MICRO_BATCH, SEQ_LEN  # noqa: E402
+from tests.distributed.workers.expert_load_worker import GRAD_ACCUM, MICRO_BATCH, SEQ_LEN
+from tests.support.launch import accelerate_launch, check_launch
+from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.distributed]
 

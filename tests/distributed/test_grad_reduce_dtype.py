@@ -8,10 +8,11 @@ import json
 import math
 
 import pytest
-from conftest import REPO, accelerate_launch, check_launch, write_cpu_deepspeed_yaml
 
 from hf_dist_recipes.parallel.deepspeed_config import deepspeed_config
 from hf_dist_recipes.parallel.plan import ParallelPlan
+from tests.support.launch import accelerate_launch, check_launch, write_cpu_deepspeed_yaml
+from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.distributed]
 

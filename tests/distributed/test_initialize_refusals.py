@@ -15,9 +15,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, cpu_only_env, free_port
 
 from hf_dist_recipes.parallel.lint import ERROR, lint_deepspeed
+from tests.support.launch import cpu_only_env, free_port
+from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.distributed]
 

@@ -4,7 +4,9 @@ CPU config on 127.0.0.1 train together (one rank each, DeepSpeed ZeRO-3, Gloo)."
 import json
 
 import pytest
-from conftest import LAUNCH_TIMEOUT_S, REPO, launch_machine, two_machine_config
+
+from tests.support.launch import LAUNCH_TIMEOUT_S, launch_machine, two_machine_config
+from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

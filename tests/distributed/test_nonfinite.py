@@ -11,9 +11,10 @@ import json
 import math
 
 import pytest
-from conftest import REPO, accelerate_launch, check_launch
 
 from hf_dist_recipes.cli.main import main as cli_main
+from tests.support.launch import accelerate_launch, check_launch
+from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.distributed]
 

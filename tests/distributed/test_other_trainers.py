@@ -9,9 +9,10 @@ import json
 import math
 
 import pytest
-from conftest import REPO, accelerate_launch, check_launch
 
 from hf_dist_recipes.monitoring import read_scalars
+from tests.support.launch import accelerate_launch, check_launch
+from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.distributed]
 

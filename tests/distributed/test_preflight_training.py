@@ -10,12 +10,19 @@ from __future__ import annotations
 import json
 import math
 
-import conftest
 import pytest
 import torch
-from conftest import LAUNCH_TIMEOUT_S, REPO, accelerate_launch, check_launch
 
 from hf_dist_recipes.monitoring.tensorboard import rank_log_dir
+from tests.support.launch import (
+    LAUNCH_TIMEOUT_S,
+    accelerate_launch,
+    check_launch,
+    launch_machine,
+    two_machine_config,
+    write_cpu_deepspeed_yaml,
+)
+from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.distributed]
 
@@ -140,7 +147,7 @@ def test_a_deepspeed_scheduler_section_and_another_clip_value_are_seen(tmp_path)
         "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto"},
     }
     (tmp_path / "ds.json").write_text(json.dumps(ds))
-    config = conftest.write_cpu_deepspeed_yaml(tmp_path / "user.yaml", tmp_path / "ds.json")
+    config = write_cpu_deepspeed_yaml(tmp_path / "user.yaml", tmp_path / "ds.json")
     check_launch(accelerate_launch(config, [WORKER, str(tmp_path / "out"), "--steps", "8"]))
     rows = _rows(_ranks(tmp_path / "out", 2)[0])
     clip = rows["training/clipping"]
@@ -154,10 +161,10 @@ def test_a_deepspeed_scheduler_section_and_another_clip_value_are_seen(tmp_path)
 def test_machines_given_different_seeds_are_named(tmp_path):
     """Two `accelerate launch` processes as machine 0 and 1 of a generated 2-machine CPU config (one rank each), the
     preflight's --seed differing: rank 1 is named, with the seed, and the run still reports every row."""
-    config, _ = conftest.two_machine_config(tmp_path)
+    config, _ = two_machine_config(tmp_path)
     out = tmp_path / "run"
     procs = [
-        conftest.launch_machine(config, rank, [WORKER, str(out), "--steps", "8", "--seed", str(seed)], cwd=tmp_path)
+        launch_machine(config, rank, [WORKER, str(out), "--steps", "8", "--seed", str(seed)], cwd=tmp_path)
         for rank, seed in ((0, 0), (1, 1))
     ]
     try:

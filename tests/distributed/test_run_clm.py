@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, accelerate_launch, check_launch
+
+from tests.support.launch import accelerate_launch, check_launch
+from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.distributed]
 

@@ -9,7 +9,9 @@ import json
 import math
 
 import pytest
-from conftest import REPO, accelerate_launch, check_launch, write_cpu_deepspeed_yaml
+
+from tests.support.launch import accelerate_launch, check_launch, write_cpu_deepspeed_yaml
+from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.distributed]
 

@@ -8,7 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, accelerate_launch, check_launch
+
+from tests.support.launch import accelerate_launch, check_launch
+from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

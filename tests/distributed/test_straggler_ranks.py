@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import REPO, accelerate_launch, check_launch
+
+from tests.support.launch import accelerate_launch, check_launch
+from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.distributed]
 

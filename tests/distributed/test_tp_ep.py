@@ -5,11 +5,12 @@ import math
 from dataclasses import replace
 
 import pytest
-from conftest import REPO, accelerate_launch, check_launch
 
 from hf_dist_recipes.parallel.memory import rank_elements
 from hf_dist_recipes.parallel.models import introspect
 from hf_dist_recipes.parallel.plan import ParallelPlan
+from tests.support.launch import accelerate_launch, check_launch
+from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

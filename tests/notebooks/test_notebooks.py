@@ -4,8 +4,9 @@ import json
 
 import nbformat
 import pytest
-from conftest import REPO
 from nbclient import NotebookClient
+
+from tests.support.paths import REPO
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 DRAWS_FIGURES = {"02_parallel_configs.ipynb", "03_logs.ipynb"}
@@ -29,7 +30,7 @@ def test_committed_without_outputs(path):
 def test_notebook_executes(path, tmp_path, monkeypatch):
     # The notebooks train 2 CPU processes; the kernel inherits this environment, so they do on a GPU host too.
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    monkeypatch.setenv("HF_DIST_RECIPES_USE_CPU", "1")  # the explicit CPU request (conftest.cpu_only_env)
+    monkeypatch.setenv("HF_DIST_RECIPES_USE_CPU", "1")  # the explicit CPU request (tests.support.launch.cpu_only_env)
     nb = nbformat.read(path, as_version=4)
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)

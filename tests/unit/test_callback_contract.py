@@ -28,18 +28,8 @@ from hf_dist_recipes.monitoring import (
 from hf_dist_recipes.monitoring.stragglers import StragglerCallback
 from hf_dist_recipes.reproducibility.rank_agreement import RankAgreementCallback
 from hf_dist_recipes.stability.gradient_health import GradientHealthCallback
+from tests.support.models import SMALL
 
-SMALL = dict(
-    hidden_size=32,
-    intermediate_size=64,
-    moe_intermediate_size=16,
-    num_hidden_layers=2,
-    q_lora_rank=16,
-    kv_lora_rank=16,
-    qk_rope_head_dim=8,
-    qk_nope_head_dim=8,
-    v_head_dim=8,
-)
 CONTRACT = (
     PerRankTensorBoardCallback,
     RankSummaryCallback,

@@ -230,7 +230,7 @@ def test_an_explicit_cpu_request_on_a_gpu_machine_with_hidden_gpus_trains_on_the
     assert "as use_cpu=True asks, although this machine has 2 NVIDIA GPU(s)" in caplog.text
     for name, value in (("ACCELERATE_USE_CPU", "True"), ("HF_DIST_RECIPES_USE_CPU", "1")):
         # accelerate's plain launcher sets the first from use_cpu: true; its DeepSpeed launcher passes nothing on,
-        # so a DeepSpeed CPU run (this suite's, conftest.cpu_only_env) sets the second.
+        # so a DeepSpeed CPU run (this suite's, tests.support.launch.cpu_only_env) sets the second.
         monkeypatch.setenv(name, value)
         args = RecipeTrainingArguments(output_dir=str(tmp_path / "out"))
         assert args.use_cpu is True and args.bf16 is False

@@ -1,9 +1,9 @@
 import json
 
 import pytest
-from conftest import REPO
 
 from hf_dist_recipes.parallel.launch_config import check_launch_config, load_launch_config
+from tests.support.paths import REPO
 
 
 def _write(tmp_path, yaml_text, ds=None):

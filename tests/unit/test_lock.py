@@ -2,10 +2,11 @@
 
 import tomllib
 
-from conftest import REPO
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
+
+from tests.support.paths import REPO
 
 
 def _lock() -> dict[str, Version]:

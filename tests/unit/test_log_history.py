@@ -26,9 +26,8 @@ from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 from hf_dist_recipes.monitoring import read_scalars
 from hf_dist_recipes.monitoring.tensorboard import read_texts
+from tests.support.models import SMALL
 
-SMALL = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2, q_lora_rank=16,
-             kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)  # fmt: skip
 STEPS, SAVE_AT = 8, 4
 # transformers tests/trainer/test_trainer.py, check_trainer_state_are_the_same: what a resumed run may log differently
 TIMING_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss")

@@ -13,13 +13,13 @@ import sys
 import tomllib
 
 import pytest
-from conftest import REPO
 from packaging.utils import canonicalize_name
 
 from hf_dist_recipes.comm.nccl_defaults import NCCL_ENV_DEFAULTS
 from hf_dist_recipes.environment import doctor, torch_builds
 from hf_dist_recipes.environment.lock import Drift, Lock, installed_versions, lock_drift, read_lock, write_lock
 from hf_dist_recipes.environment.pin import pin, plan_lock
+from tests.support.paths import REPO
 
 
 def _pip_freeze() -> tuple[dict[str, str], set[str]]:

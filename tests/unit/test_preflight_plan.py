@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import REPO
 
 from hf_dist_recipes.parallel.memory import estimate
 from hf_dist_recipes.parallel.models import introspect
@@ -15,6 +14,7 @@ from hf_dist_recipes.preflight.comm_checks import interpret
 from hf_dist_recipes.preflight.env_checks import deepspeed_dropped, merge_by_rank
 from hf_dist_recipes.preflight.log_checks import logs_check
 from hf_dist_recipes.preflight.result import ERROR, OK, WARNING
+from tests.support.paths import REPO
 
 
 def write_config(tmp_path: Path, *, processes: int, tp: int = 1, ep: int = 1, model: str | None = None) -> Path:

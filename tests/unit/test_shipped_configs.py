@@ -4,10 +4,10 @@ with accelerate's own loader and DeepSpeed's own config class, and lints clean."
 import shutil
 
 import pytest
-from conftest import REPO
 
 from hf_dist_recipes.parallel.lint import ERROR, lint_file
 from hf_dist_recipes.parallel.shipped import manifest, regenerate
+from tests.support.paths import REPO
 
 CONFIGS = REPO / "accelerate_configs"
 

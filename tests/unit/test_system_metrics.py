@@ -17,18 +17,8 @@ from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 from hf_dist_recipes.monitoring import SystemMetricsCallback, read_scalars, read_texts
+from tests.support.models import SMALL
 
-SMALL = dict(
-    hidden_size=32,
-    intermediate_size=64,
-    moe_intermediate_size=16,
-    num_hidden_layers=2,
-    q_lora_rank=16,
-    kv_lora_rank=16,
-    qk_rope_head_dim=8,
-    qk_nope_head_dim=8,
-    v_head_dim=8,
-)
 STEPS, BATCH, SEQ = 4, 2, 16
 GIB = 1024**3
 

@@ -1,0 +1,103 @@
+"""Launching real multi-process runs with the venv's accelerate: free ports, the CPU-only environment, one
+`accelerate launch` run to completion, one machine of a multi-machine config, and the YAML/configs they take."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.paths import REPO
+
+LAUNCH_TIMEOUT_S = 420  # one run; the first also JIT-builds DeepSpeed's shm op (about 60 s on 2 cores)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now, so each multi-process test gets its own rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_only_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a genuine CPU run on any host, GPU hosts included. CUDA_VISIBLE_DEVICES="" hides the GPUs from
+    torch and so from DeepSpeed (its accelerator detection falls back to "cpu"); HF_DIST_RECIPES_USE_CPU=1 is the
+    explicit CPU request that lets RecipeTrainingArguments train on the CPU of a machine with GPUs instead of
+    stopping (environment.cuda_host.cpu_request). Not ACCELERATE_USE_CPU: accelerate's DeepSpeed launcher does
+    not pass use_cpu on, and that variable would turn DeepSpeed off in the ranks' AcceleratorState. On a CPU host
+    both change nothing."""
+    return dict(env, CUDA_VISIBLE_DEVICES="", HF_DIST_RECIPES_USE_CPU="1")
+
+
+def _launch_env() -> dict[str, str]:
+    """The ranks' environment: the repository importable (workers import `tests.support`), nothing downloaded."""
+    return dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+
+
+def accelerate_launch(
+    config_file: Path,
+    script_and_args: list[str],
+    *,
+    cwd: Path = REPO,
+    timeout: int = LAUNCH_TIMEOUT_S,
+    num_processes: int | None = None,
+) -> subprocess.CompletedProcess:
+    """Run `accelerate launch --config_file config_file ...` and return it with output captured."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(config_file),
+        "--main_process_port",
+        str(free_port()),
+    ]
+    if num_processes:
+        cmd += ["--num_processes", str(num_processes)]
+    env = _launch_env()
+    if (yaml.safe_load(Path(config_file).read_text()) or {}).get("use_cpu"):
+        env = cpu_only_env(env)
+    return subprocess.run(cmd + script_and_args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def check_launch(proc: subprocess.CompletedProcess) -> None:
+    """Fail with the ranks' last output when a launch did not succeed."""
+    if proc.returncode != 0:
+        pytest.fail(f"launch failed with exit {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+
+
+def write_cpu_deepspeed_yaml(path: Path, ds_json: Path, num_processes: int = 2) -> Path:
+    """An accelerate YAML like accelerate_configs/cpu_zero3_2proc.yaml pointing at `ds_json`."""
+    text = (REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml").read_text()
+    text = text.replace("accelerate_configs/deepspeed/cpu_zero3_2proc.json", str(ds_json))
+    text = text.replace("num_processes: 2", f"num_processes: {num_processes}")
+    path.write_text(text)
+    return path
+
+
+def two_machine_config(out_dir: Path, name: str = "two") -> tuple[Path, int]:
+    """A generated 2-machine CPU config (one process per machine, ZeRO-3, `--auto`) on 127.0.0.1 with a free port:
+    two `accelerate launch` processes with machine_rank 0 and 1 then act as two machines. Returns (YAML, port)."""
+    from hf_dist_recipes.cli.main import main
+
+    port = free_port()
+    argv = ["config", "generate", "--cpu", "--nodes", "2", "--gpus-per-node", "1", "--auto", "--name", name]
+    argv += ["--main-process-ip", "127.0.0.1", "--main-process-port", str(port), "--output", str(out_dir)]
+    assert main(argv) == 0
+    return out_dir / f"{name}.yaml", port
+
+
+def launch_machine(
+    config: Path, machine_rank: int, script_and_args: list[str], *, cwd: Path, **popen
+) -> subprocess.Popen:
+    """Start machine `machine_rank` of a multi-machine `config` (`accelerate launch --machine_rank N ...`) as a CPU
+    run on any host (`cpu_only_env`), output merged into one text pipe; `popen` adds Popen arguments."""
+    env = cpu_only_env(_launch_env())
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
+    cmd += ["--machine_rank", str(machine_rank), *script_and_args]
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
