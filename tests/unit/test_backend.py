@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from hf_dist_recipes.comm.backend import resolve_backend
-
-GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+from tests.support.hosts import GPUS, needs_gpus
 
 
 def test_this_hosts_default_backend():
@@ -85,7 +84,7 @@ def test_a_gloo_group_is_destroyed_by_the_exit_handler(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(GPUS < 1, reason=f"NCCL variant: needs a CUDA GPU, this host has {GPUS}")
+@needs_gpus(1)
 def test_live_nccl_group_on_this_gpu_host_passes(tmp_path):
     """The NCCL variant of the Gloo check above, nothing faked: a real one-rank NCCL group on GPU 0."""
     import torch.distributed as dist
