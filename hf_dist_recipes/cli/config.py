@@ -196,7 +196,10 @@ def run_validate(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be a positive integer, got {value}; e.g. {flag} 1")
     model_from(args.model, required=False)  # an unknown --model is a usage error even when no file needs it
-    from hf_dist_recipes.parallel.lint import ERROR, check_readable, lint_file
+    from dataclasses import asdict
+
+    from hf_dist_recipes.core.findings import VALIDATE_EXIT, count_statuses, exit_code, render_json, render_table
+    from hf_dist_recipes.parallel.lint import check_readable, lint_file
 
     for path in args.files:  # a file that cannot be read: exit 2 in one line; findings in files read: exit 1
         check_readable(path)
@@ -210,13 +213,12 @@ def run_validate(args: argparse.Namespace) -> int:
         for f in lint_file(path, gpu_memory_gib=args.gpu_memory, model=args.model, assume=assume)
     ]
     if args.json:
-        print(json.dumps([f.as_dict() for f in findings], indent=2))
+        print(render_json([f.as_dict() for f in findings]))
     else:
-        for f in findings:
-            print(f"{f.path}: {f.level}: {f.message}")
-        errors = sum(f.level == ERROR for f in findings)
-        print(f"{len(args.files)} file(s) checked: {errors} error(s), {len(findings) - errors} warning(s)")
-    return 1 if any(f.level == ERROR for f in findings) else 0
+        counts = count_statuses(f.status for f in findings)
+        summary = f"{len(args.files)} file(s) checked: {counts['error']} error(s), {counts['warning']} warning(s)"
+        print(render_table([asdict(f) for f in findings], title=None, summary=summary))
+    return exit_code((f.status for f in findings), VALIDATE_EXIT)
 
 
 def run_estimate(args: argparse.Namespace) -> int:

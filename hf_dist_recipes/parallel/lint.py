@@ -1,22 +1,23 @@
 """Lint existing DeepSpeed JSON and accelerate YAML files: the known traps, then DeepSpeed's and accelerate's own
 config classes (so a file that passes here parses where it will run).
 
-Each problem is a `Finding`; "error" findings would stop or silently mis-train a run, "warning" ones waste memory.
+Each problem is a `LintFinding` (a `core.findings.Finding` named by its file); "error" findings would stop or
+silently mis-train a run, "warning" ones waste memory. `config validate` exits by `core.findings.VALIDATE_EXIT`.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
+from hf_dist_recipes.core.findings import ERROR, WARNING, Finding
 from hf_dist_recipes.core.jsonfile import load_deepspeed_json
 from hf_dist_recipes.parallel.batch import tensor_parallel_size
 from hf_dist_recipes.parallel.initialize_rules import initialize_refusals
 from hf_dist_recipes.parallel.launch_config import check_launch_config, load_launch_config
 from hf_dist_recipes.parallel.launch_plan import is_loopback, plan_of_launch
 
-ERROR, WARNING = "error", "warning"
 # accelerate 1.16 (utils/dataclasses.py, DeepSpeedPlugin) refuses these YAML keys beside a deepspeed_config_file.
 IGNORED_WITH_DS_FILE = (
     "mixed_precision",
@@ -32,13 +33,24 @@ IGNORED_WITH_DS_FILE = (
 
 
 @dataclass(frozen=True)
-class Finding:
-    path: str
-    level: str
-    message: str
+class LintFinding(Finding):
+    """A finding in one file: `name` is the file's path, `detail` the message, which carries its fix (the table
+    shows no separate fix line). `path` / `level` / `message` are the words of `config validate --json`."""
+
+    @property
+    def path(self) -> str:
+        return self.name
+
+    @property
+    def level(self) -> str:
+        return self.status
+
+    @property
+    def message(self) -> str:
+        return self.detail
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {"path": self.path, "level": self.level, "message": self.message}
 
 
 def lint_file(
@@ -48,7 +60,7 @@ def lint_file(
     gpu_memory_gib: float | None = None,
     model: str | None = None,
     assume: dict | None = None,
-) -> list[Finding]:
+) -> list[LintFinding]:
     """Findings for one file: `.json` is read as DeepSpeed config, `.yaml`/`.yml` as accelerate config (its
     DeepSpeed JSON is linted too, against the YAML's process count). With `gpu_memory_gib` (GiB per GPU) an
     accelerate config's plan is estimated and a warning given when it does not fit; `model` names the model for
@@ -77,14 +89,14 @@ def check_readable(path: str | Path, *, root: str | Path | None = None) -> None:
 
 def lint_deepspeed(
     config: dict, name: str, *, world_size: int | None = None, use_cpu: bool | None = None
-) -> list[Finding]:
+) -> list[LintFinding]:
     """Findings for a DeepSpeed config dict. `world_size` (all processes) enables the batch, EP and hpZ rules;
     `use_cpu` (the launch's) the device rules. Then what `deepspeed.initialize` would refuse
     (`initialize_rules`), then DeepSpeed's own config class."""
-    out: list[Finding] = []
+    out: list[LintFinding] = []
 
     def add(level, message):
-        out.append(Finding(name, level, message))
+        out.append(LintFinding(name, level, message))
 
     try:
         tp = tensor_parallel_size(config)
@@ -143,13 +155,14 @@ def lint_deepspeed(
     if tp > 1 and ep_on and offload:
         add(ERROR, "ZeRO offload with AutoEP + AutoTP is refused by DeepSpeed; remove offload_* or the TP")
     out += [
-        Finding(name, r.level, r.message) for r in initialize_refusals(config, world_size=world_size, use_cpu=use_cpu)
+        LintFinding(name, r.level, r.message)
+        for r in initialize_refusals(config, world_size=world_size, use_cpu=use_cpu)
     ]
     out += _deepspeed_own_checks(config, name, tp, world_size)
     return out
 
 
-def _deepspeed_own_checks(config: dict, name: str, tp: int, world_size: int | None) -> list[Finding]:
+def _deepspeed_own_checks(config: dict, name: str, tp: int, world_size: int | None) -> list[LintFinding]:
     """Parse through DeepSpeed's `DeepSpeedConfig` ("auto" values filled with placeholders: the Trainer fills
     them at run time) and, with a known world size, DeepSpeed's AutoEP validation."""
     from deepspeed.runtime.config import DeepSpeedConfig
@@ -161,7 +174,7 @@ def _deepspeed_own_checks(config: dict, name: str, tp: int, world_size: int | No
     try:
         parsed = DeepSpeedConfig(filled)
     except Exception as err:  # DeepSpeed raises pydantic, assertion and value errors alike
-        return [Finding(name, ERROR, f"DeepSpeed refuses the config: {_first_line(err)}")]
+        return [LintFinding(name, ERROR, f"DeepSpeed refuses the config: {_first_line(err)}")]
     ep = parsed.expert_parallel_config
     if world_size is None or ep is None or not ep.enabled:
         return []
@@ -181,7 +194,7 @@ def _deepspeed_own_checks(config: dict, name: str, tp: int, world_size: int | No
             zero_offload_param=zero.offload_param is not None,
         )
     except ValueError as err:
-        return [Finding(name, ERROR, f"DeepSpeed AutoEP refuses it for {world_size} processes: {_first_line(err)}")]
+        return [LintFinding(name, ERROR, f"DeepSpeed AutoEP refuses it for {world_size} processes: {_first_line(err)}")]
     return []
 
 
@@ -192,7 +205,7 @@ def lint_accelerate(
     gpu_memory_gib: float | None = None,
     model: str | None = None,
     assume: dict | None = None,
-) -> list[Finding]:
+) -> list[LintFinding]:
     """Findings for an accelerate YAML: accelerate's own loader, the launch consistency checks, the FSDP2 route's
     sizes, the rank-0 address of a multi-machine launch, the referenced DeepSpeed JSON and (with
     `gpu_memory_gib`) whether the plan fits the GPUs by our estimate."""
@@ -200,16 +213,16 @@ def lint_accelerate(
 
     name = str(path)
     cfg = load_launch_config(path, root=root)  # raises ValueError for missing / malformed files
-    out: list[Finding] = []
+    out: list[LintFinding] = []
     try:
         load_config_from_file(str(path))
     except Exception as err:
-        out.append(Finding(name, ERROR, f"accelerate refuses the config: {_first_line(err)}"))
+        out.append(LintFinding(name, ERROR, f"accelerate refuses the config: {_first_line(err)}"))
     data = cfg.raw
     clashing = [k for k in IGNORED_WITH_DS_FILE if k in data or k in (data.get("deepspeed_config") or {})]
     if cfg.deepspeed is not None and clashing:
         out.append(
-            Finding(
+            LintFinding(
                 name,
                 ERROR,
                 f"{', '.join(clashing)} set next to deepspeed_config_file: accelerate stops at "
@@ -219,10 +232,10 @@ def lint_accelerate(
     try:
         world = check_launch_config(cfg)
     except ValueError as err:
-        return out + [Finding(name, ERROR, str(err))]
+        return out + [LintFinding(name, ERROR, str(err))]
     if cfg.num_machines > 1 and is_loopback(data.get("main_process_ip")):
         out.append(
-            Finding(
+            LintFinding(
                 name,
                 WARNING,
                 f"main_process_ip is {data.get('main_process_ip')} on a "
@@ -242,7 +255,7 @@ def lint_accelerate(
 
 def _memory_findings(
     cfg, world: int, gpu_memory_gib: float, model_ref: str | None, assume: dict | None = None
-) -> list[Finding]:
+) -> list[LintFinding]:
     from dataclasses import replace
 
     from hf_dist_recipes.parallel.fit import SOURCES, check_fit
@@ -254,7 +267,7 @@ def _memory_findings(
     model_ref = model_ref or recorded_model
     if not model_ref:
         return [
-            Finding(
+            LintFinding(
                 name,
                 WARNING,
                 "no model is recorded in the DeepSpeed JSON (config generate records the "
@@ -279,10 +292,10 @@ def _memory_findings(
     if verdict.fits:
         return []
     change = "validate takes --seq-len, --micro-batch and --activation-checkpointing / --no-activation-checkpointing"
-    return [Finding(name, WARNING, verdict.message(change=change))]
+    return [LintFinding(name, WARNING, verdict.message(change=change))]
 
 
-def _lint_fsdp2(data: dict, name: str, world: int) -> list[Finding]:
+def _lint_fsdp2(data: dict, name: str, world: int) -> list[LintFinding]:
     pc = data.get("parallelism_config") or {}
     if not pc:
         return []
@@ -291,7 +304,7 @@ def _lint_fsdp2(data: dict, name: str, world: int) -> list[Finding]:
     product = sizes["dp_replicate"] * sizes["dp_shard"] * sizes["tp"] * sizes["cp"]
     if product != world:
         out.append(
-            Finding(
+            LintFinding(
                 name,
                 ERROR,
                 f"parallelism_config sizes multiply to {product} ({sizes}) but num_processes "
@@ -300,7 +313,7 @@ def _lint_fsdp2(data: dict, name: str, world: int) -> list[Finding]:
         )
     if data.get("use_cpu"):
         out.append(
-            Finding(
+            LintFinding(
                 name,
                 ERROR,
                 "use_cpu with parallelism_config: accelerate refuses ParallelismConfig on "
@@ -308,7 +321,7 @@ def _lint_fsdp2(data: dict, name: str, world: int) -> list[Finding]:
             )
         )
     if (data.get("fsdp_config") or {}).get("fsdp_version") != 2:
-        out.append(Finding(name, ERROR, "parallelism_config needs fsdp_config.fsdp_version: 2"))
+        out.append(LintFinding(name, ERROR, "parallelism_config needs fsdp_config.fsdp_version: 2"))
     return out
 
 

@@ -1,37 +1,59 @@
 """The preflight report: one row per check, ok / warning / error, each with the fix, and the exit code.
 
-Exit codes follow `doctor`: 0 when everything passed, 1 on warnings only, 2 on any error (a check that could not run
-is an error: a preflight that did not look has not passed).
+Statuses, the exit-code rule and the schema come from `core/findings.py`: exit 0 when everything passed, 1 on
+warnings only, 2 on any error (a check that could not run is an error: a preflight that did not look has not
+passed). `REPORT_SCHEMA` is derived from the dataclasses below.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar, Literal, get_args
 
-OK, WARNING, ERROR = "ok", "warning", "error"
-STATUSES = (OK, WARNING, ERROR)
-EXIT_CODES = {OK: 0, WARNING: 1, ERROR: 2}
+from hf_dist_recipes.core.findings import (
+    ERROR,
+    OK,
+    PREFLIGHT_EXIT,
+    STATUSES,
+    WARNING,
+    ExitCode,
+    Finding,
+    Status,
+    exit_code,
+    json_schema,
+    worst,
+)
+
+__all__ = [
+    "CHECKS",
+    "ERROR",
+    "OK",
+    "REPORT_SCHEMA",
+    "STATUSES",
+    "WARNING",
+    "CheckName",
+    "CheckResult",
+    "PreflightReport",
+    "worst",
+]
 
 # The seven checks in the order they run; a report names each once (a check with several findings keeps the worst).
-CHECKS = ("environment", "backend", "communication", "plan", "training", "failure_paths", "logs")
+CheckName = Literal["environment", "backend", "communication", "plan", "training", "failure_paths", "logs"]
+CHECKS: tuple[CheckName, ...] = get_args(CheckName)
 
 
 @dataclass(frozen=True)
-class CheckResult:
+class CheckResult(Finding):
     """One finding. `name`: one of CHECKS; `detail`: what was measured (numbers, the rank/host concerned);
     `fix`: what to do when not ok ("" when ok); `ranks`: the global ranks concerned (empty: all or none);
     `data`: the measured values for --json."""
 
-    name: str
-    status: str
-    detail: str
-    fix: str = ""
+    name: CheckName
     ranks: tuple[int, ...] = ()
     data: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.status not in STATUSES:
-            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+        super().__post_init__()
         if self.status != OK and not self.fix:
             raise ValueError(f"check {self.name!r}: a {self.status} needs a fix")
 
@@ -39,11 +61,6 @@ class CheckResult:
         d = asdict(self)
         d["ranks"] = list(self.ranks)
         return d
-
-
-def worst(statuses) -> str:
-    """The most severe of `statuses` (OK for none)."""
-    return max(statuses, key=STATUSES.index, default=OK)
 
 
 @dataclass
@@ -57,6 +74,12 @@ class PreflightReport:
     hosts: list[str] = field(default_factory=list)
     results: list[CheckResult] = field(default_factory=list)
     elapsed_s: float = 0.0
+    # The keys to_dict adds beside the fields, for REPORT_SCHEMA.
+    json_extra: ClassVar[dict[str, object]] = {
+        "status": Status,
+        "exit_code": ExitCode,
+        "checks": dict[CheckName, Status],
+    }
 
     @property
     def status(self) -> str:
@@ -64,7 +87,7 @@ class PreflightReport:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_CODES[self.status]
+        return exit_code([self.status], PREFLIGHT_EXIT)
 
     def by_check(self) -> dict[str, str]:
         """Each check's worst status; a check with no result at all is missing from the map."""
@@ -86,35 +109,4 @@ class PreflightReport:
         }
 
 
-REPORT_SCHEMA = {
-    "type": "object",
-    "required": ["config_file", "world_size", "hosts", "status", "exit_code", "elapsed_s", "checks", "results"],
-    "properties": {
-        "config_file": {"type": "string"},
-        "world_size": {"type": "integer", "minimum": 0},
-        "hosts": {"type": "array", "items": {"type": "string"}},
-        "status": {"enum": list(STATUSES)},
-        "exit_code": {"enum": [0, 1, 2]},
-        "elapsed_s": {"type": "number", "minimum": 0},
-        "checks": {
-            "type": "object",
-            "propertyNames": {"enum": list(CHECKS)},
-            "additionalProperties": {"enum": list(STATUSES)},
-        },
-        "results": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["name", "status", "detail", "fix", "ranks", "data"],
-                "properties": {
-                    "name": {"enum": list(CHECKS)},
-                    "status": {"enum": list(STATUSES)},
-                    "detail": {"type": "string"},
-                    "fix": {"type": "string"},
-                    "ranks": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-                    "data": {"type": "object"},
-                },
-            },
-        },
-    },
-}
+REPORT_SCHEMA = json_schema(PreflightReport)
