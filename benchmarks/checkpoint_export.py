@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+from hf_dist_recipes.core.launch import Launch, free_port, run_launch, run_process
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = {
@@ -170,7 +170,7 @@ def offline(ckpt: str, out: str) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from hf_dist_recipes.checkpoint.offline import export_checkpoint
-    from hf_dist_recipes.checkpoint.writer import parse_size
+    from hf_dist_recipes.core.sizes import parse_size
 
     with torch.device("meta"):
         AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(ckpt))
@@ -182,44 +182,30 @@ def offline(ckpt: str, out: str) -> None:
     print(json.dumps({"seconds": seconds, **mem.extra()}))
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def measure(model_key: str, layout: str, tmp: Path) -> dict:
     out = tmp / f"{model_key}-{layout}"
     # A fixed glibc mmap threshold: large freed tensors go back to the system at once, so RSS shows what is held,
     # not what glibc's growing heap kept after an earlier layer (measured without it: 50 to 115 MiB between runs).
-    env = dict(os.environ, PYTHONPATH=str(REPO), MALLOC_MMAP_THRESHOLD_="1048576")
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(REPO / "accelerate_configs" / LAYOUTS[layout]),
-        "--main_process_port",
-        str(_port()),
-        __file__,
-        "--worker",
-        str(out),
-        model_key,
-    ]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{model_key}/{layout} failed:\n{proc.stderr[-3000:]}")
-    ranks = [json.loads(p.read_text()) for p in sorted(out.glob("save_rank*.json"))]
-    off = subprocess.run(
-        [sys.executable, __file__, "--offline", str(out / "ckpt"), str(out / "exported")],
+    job = Launch.of(
+        [__file__, "--worker", str(out), model_key],
+        config_file=REPO / "accelerate_configs" / LAYOUTS[layout],
+        main_port=free_port(),
+        env={"MALLOC_MMAP_THRESHOLD_": "1048576"},
         cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
+        timeout_s=1200,
     )
-    if off.returncode != 0:
-        raise RuntimeError(f"offline export of {model_key}/{layout} failed:\n{off.stderr[-3000:]}")
+    proc = run_launch(job)
+    if not proc.ok:
+        raise RuntimeError(f"{model_key}/{layout} {proc.describe()}:\n{proc.stderr[-3000:]}")
+    ranks = [json.loads(p.read_text()) for p in sorted(out.glob("save_rank*.json"))]
+    off = run_process(
+        [sys.executable, __file__, "--offline", str(out / "ckpt"), str(out / "exported")],
+        env=job.child_env(),
+        cwd=REPO,
+        timeout_s=1200,
+    )
+    if not off.ok:
+        raise RuntimeError(f"offline export of {model_key}/{layout} {off.describe()}:\n{off.stderr[-3000:]}")
     exported = json.loads(off.stdout.strip().splitlines()[-1])
     rank0 = next(r for r in ranks if r["rank"] == 0)
     return {

@@ -26,15 +26,16 @@ import os
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from checkpoint_export import trained_one_step  # benchmarks/ is on sys.path when a benchmark runs as a script
+
+from hf_dist_recipes.core.launch import Launch, free_port, run_launch, run_process
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-from checkpoint_export import _port, trained_one_step  # noqa: E402
 
 MODEL = dict(
     hidden_size=768,
@@ -97,7 +98,7 @@ def offline(ckpt: str, out: str, workers: int) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from hf_dist_recipes.checkpoint.offline import export_checkpoint
-    from hf_dist_recipes.checkpoint.writer import parse_size
+    from hf_dist_recipes.core.sizes import parse_size
 
     with torch.device("meta"):
         AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(ckpt))
@@ -126,19 +127,22 @@ def offline(ckpt: str, out: str, workers: int) -> None:
 
 
 def main() -> None:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
     keep = os.environ.get("BENCH_DIR")
     with tempfile.TemporaryDirectory() as scratch:
         tmp = keep or scratch
         job = Path(tmp) / "job"
+        launch = Launch.of(
+            [__file__, "--worker", str(job)],
+            config_file=REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml",
+            main_port=free_port(),
+            cwd=REPO,
+            timeout_s=1800,
+        )
+        env = launch.child_env()
         if not (job / "save_seconds.json").is_file():
-            cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
-            cmd += [str(REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml"), "--main_process_port", str(_port())]
-            proc = subprocess.run(
-                [*cmd, __file__, "--worker", str(job)], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800
-            )
-            if proc.returncode != 0:
-                raise RuntimeError(f"the job failed:\n{proc.stderr[-3000:]}")
+            proc = run_launch(launch)
+            if not proc.ok:
+                raise RuntimeError(f"the job {proc.describe()}:\n{proc.stderr[-3000:]}")
         save = json.loads((job / "save_seconds.json").read_text())
         reference = hashes(job / "single")
         assert hashes(job / "shared") == reference, "save_model's shared files differ from the single writer's"
@@ -165,16 +169,14 @@ def export_table(job: Path, tmp: Path, env: dict, threads: str | None) -> None:
         for w in WRITERS:
             out = tmp / f"export{w}"
             shutil.rmtree(out, ignore_errors=True)
-            run = subprocess.run(
+            run = run_process(
                 [sys.executable, __file__, "--offline", str(job / "ckpt"), str(out), str(w)],
-                cwd=REPO,
                 env=env,
-                capture_output=True,
-                text=True,
-                timeout=1800,
+                cwd=REPO,
+                timeout_s=1800,
             )
-            if run.returncode != 0:
-                raise RuntimeError(f"export with {w} writers failed:\n{run.stderr[-3000:]}")
+            if not run.ok:
+                raise RuntimeError(f"export with {w} writers {run.describe()}:\n{run.stderr[-3000:]}")
             r = json.loads(run.stdout.strip().splitlines()[-1])
             times[w].append(r["seconds"])
             cpu[w].append(r["cpu_seconds"])

@@ -15,47 +15,62 @@ Goal for tp2_ep2: measured / (total / ranks) <= 1.10, and the estimate equal to 
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+from hf_dist_recipes.core.launch import Launch, free_port, run_launch
+
 REPO = Path(__file__).resolve().parents[1]
-WORKER = REPO / "tests" / "distributed" / "workers" / "probe_worker.py"
 MODEL = "tiny-deepseek-v3"
+STEPS = 2
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def worker(out: str, build: str) -> None:
+    """Per rank: train MODEL STEPS steps with RecipeTrainer (micro batch 4, sequences of 32 bytes), then write the
+    elements of this rank's ZeRO partition of every parameter (`ds_tensor`) to OUT/rank<N>.json. `build`:
+    `from_config` (inside deepspeed.zero.Init under ZeRO-3) or `direct` (the model class called itself)."""
+    import warnings
+
+    from transformers import AutoModelForCausalLM
+
+    from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
+    from hf_dist_recipes.demo.data import stdlib_dataset, token_blocks
+    from hf_dist_recipes.parallel.models import template_config
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    args = RecipeTrainingArguments(
+        output_dir=out,
+        max_steps=STEPS,
+        per_device_train_batch_size=4,
+        learning_rate=3e-3,
+        warmup_steps=1,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        dataloader_drop_last=True,
+        disable_tqdm=True,
+    )
+    config = template_config(MODEL)
+    if build == "direct":
+        model_class = AutoModelForCausalLM._model_mapping[type(config)]
+        model_init = lambda: model_class(config)  # noqa: E731
+    else:
+        model_init = lambda: AutoModelForCausalLM.from_config(config)  # noqa: E731
+    data = token_blocks(stdlib_dataset(seq_len=32, max_bytes=200_000), config.vocab_size)
+    trainer = RecipeTrainer(model_init=model_init, args=args, train_dataset=data)
+    trainer.train()
+    local = sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in trainer.model.parameters())
+    Path(out, f"rank{args.process_index}.json").write_text(json.dumps({"rank": args.process_index, "local": local}))
 
 
 def measure(config: Path, out: Path, build: str) -> list[int]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(config),
-        "--main_process_port",
-        str(_port()),
-        str(WORKER),
-        str(out),
-        "2",
-        "recipe",
-        MODEL,
-        build,
-    ]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-    if proc.returncode:
-        raise SystemExit(f"{config.name} failed:\n{proc.stderr[-3000:]}")
-    ranks = [json.loads(p.read_text()) for p in sorted((out / "probe").glob("rank*.json"))]
-    return [sum(v["local"] for v in r["params"].values()) for r in ranks]
+    launch = Launch.of([__file__, "--worker", str(out), build], config_file=config, main_port=free_port(), cwd=REPO)
+    proc = run_launch(launch)
+    if not proc.ok:
+        raise SystemExit(f"{config.name} {proc.describe()}:\n{proc.stderr[-3000:]}")
+    return [json.loads(p.read_text())["local"] for p in sorted(out.glob("rank*.json"))]
 
 
 def main() -> None:
@@ -124,4 +139,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--worker"]:
+        worker(sys.argv[2], sys.argv[3])
+    else:
+        main()

@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
-import hf_dist_recipes
 from hf_dist_recipes.comm import backend as backends
 from hf_dist_recipes.comm.commbench import BenchSettings, check_settings
+from hf_dist_recipes.core.launch import Launch, run_launch
 from hf_dist_recipes.core.user_values import positive_int
 
 
@@ -60,26 +56,10 @@ def plan_commbench(
     return CommbenchPlan(num_processes=n, backends=chosen, settings=settings)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def worker_command(plan: CommbenchPlan, backend: str, output: str) -> list[str]:
+def worker_launch(plan: CommbenchPlan, backend: str, output: str) -> Launch:
+    """The torchrun launch of the ranks measuring `backend` (on 127.0.0.1, a free port), rank 0 writing `output`."""
     s = plan.settings
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(plan.num_processes),
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(_free_port()),
-        "-m",
-        "hf_dist_recipes.comm.commbench",
+    args = [
         "--backend",
         backend,
         "--output",
@@ -96,27 +76,34 @@ def worker_command(plan: CommbenchPlan, backend: str, output: str) -> list[str]:
         str(s.fraction),
     ]
     if backend == backends.CPU_BACKEND and backends.GPU_BACKEND in plan.backends:
-        cmd.append("--allow-gloo-on-cuda")  # asked for explicitly: the side-by-side with NCCL
-    return cmd
+        args.append("--allow-gloo-on-cuda")  # asked for explicitly: the side-by-side with NCCL
+    return Launch(
+        module="hf_dist_recipes.comm.commbench",
+        args=tuple(args),
+        launcher="torchrun",
+        num_processes=plan.num_processes,
+        main_address="127.0.0.1",
+        env_defaults={"OMP_NUM_THREADS": "1"},  # torchrun's own default, set here so it does not warn about it
+    )
+
+
+def worker_command(plan: CommbenchPlan, backend: str, output: str) -> list[str]:
+    return worker_launch(plan, backend, output).argv()
 
 
 def run_commbench(plan: CommbenchPlan) -> dict:
     """Launch each backend of `plan` in turn; {"backend": ..., results...} for one, side_by_side() for two.
     A failed launch is RuntimeError with its exit status (the ranks' output is already on stderr)."""
-    env = dict(os.environ)
-    # The ranks import this package from the same place as this process, even when it is not installed.
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(Path(hf_dist_recipes.__file__).parents[1]), env.get("PYTHONPATH")])
-    )
-    env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default, set here so it does not warn about it
     runs = []
     with tempfile.TemporaryDirectory(prefix="commbench-") as tmp:
         for name in plan.backends:
             out = os.path.join(tmp, f"{name}.json")
             # Ranks write nothing to stdout with --output; their progress and errors go to stderr.
-            proc = subprocess.run(worker_command(plan, name, out), env=env, stdout=sys.stderr)
-            if proc.returncode != 0 or not os.path.exists(out):
-                raise RuntimeError(f"commbench on {name} failed (exit {proc.returncode}); the ranks' output is above")
+            launched = run_launch(worker_launch(plan, name, out), output="to_stderr")
+            if launched.returncode != 0 or not os.path.exists(out):
+                raise RuntimeError(
+                    f"commbench on {name} failed (exit {launched.returncode}); the ranks' output is above"
+                )
             with open(out, encoding="utf-8") as f:
                 runs.append(json.load(f))
     return runs[0] if len(runs) == 1 else side_by_side(*runs)

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
-import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import hf_dist_recipes
 from hf_dist_recipes.comm import backend
+from hf_dist_recipes.core.launch import Launch, run_launch
 from hf_dist_recipes.core.user_values import positive_int, writable_dir
 from hf_dist_recipes.demo.settings import DemoSettings, check_settings
 from hf_dist_recipes.environment.extensions import check_no_stale_locks
@@ -49,12 +47,18 @@ class DemoPlan:
     backend: str
     cwd: Path
     settings: DemoSettings
-    command: list[str] = field(default_factory=list)
+    launch: Launch
+
+    @property
+    def command(self) -> list[str]:
+        return self.launch.argv()
 
     def as_dict(self) -> dict:
-        out = asdict(self)
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "launch"}
         for key in ("config_file", "deepspeed_file", "cwd"):
             out[key] = str(out[key]) if out[key] is not None else None
+        out["settings"] = asdict(self.settings)
+        out["command"] = self.command
         return out
 
 
@@ -88,18 +92,13 @@ def plan_demo(
     settings = replace(settings, output_dir=str(output_dir))
     if settings.data_files:
         settings = replace(settings, data_files=tuple(check_user_data(settings)))
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(Path(config_file).resolve()),
-        "--num_processes",
-        str(world),
-        "-m",
-        "hf_dist_recipes.demo.train",
-        *settings_to_flags(settings),
-    ]
+    launch = Launch(
+        module="hf_dist_recipes.demo.train",
+        args=tuple(settings_to_flags(settings)),
+        config_file=Path(config_file).resolve(),
+        num_processes=world,
+        cwd=root,
+    )
     return DemoPlan(
         config_file=Path(config_file).resolve(),
         deepspeed_file=cfg.deepspeed_file,
@@ -108,7 +107,7 @@ def plan_demo(
         backend=comm,
         cwd=root,
         settings=settings,
-        command=command,
+        launch=launch,
     )
 
 
@@ -194,20 +193,13 @@ class DemoResult:
 
 
 def run_demo(plan: DemoPlan, *, quiet: bool = False) -> DemoResult:
-    """Launch `plan` and wait. The ranks' output (progress bar included) goes to this terminal unless `quiet`."""
-    env = dict(os.environ)
-    # The ranks import this package from the same place as this process, even when it is not installed.
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(Path(hf_dist_recipes.__file__).parents[1]), env.get("PYTHONPATH")])
-    )
+    """Launch `plan` and wait. The ranks' output (progress bar included) goes to this terminal unless `quiet`; a
+    Ctrl-C ends every process of the launch (`core.launch.kill_tree`), then is raised again."""
     # Summaries left by an earlier run in the same directory must not pass for this run's, and the demo is a new job
     # each time: its TensorBoard runs start over (RecipeTrainer refuses to mix a new launch into old rank<N> runs).
     shutil.rmtree(Path(plan.settings.output_dir) / SUMMARY_DIRNAME, ignore_errors=True)
     shutil.rmtree(Path(plan.settings.output_dir) / "tensorboard", ignore_errors=True)
-    start = time.perf_counter()
-    out = subprocess.DEVNULL if quiet else None
-    proc = subprocess.run(plan.command, cwd=plan.cwd, env=env, stdout=out, stderr=out)
-    wall = time.perf_counter() - start
+    launched = run_launch(plan.launch, output="discard" if quiet else "inherit")
     rows = read_rank_summaries(plan.settings.output_dir)
-    summary = summarize_ranks(rows) if rows and proc.returncode == 0 else None
-    return DemoResult(plan=plan, returncode=proc.returncode, wall_seconds=wall, summary=summary)
+    summary = summarize_ranks(rows) if rows and launched.returncode == 0 else None
+    return DemoResult(plan=plan, returncode=launched.returncode, wall_seconds=launched.seconds, summary=summary)
