@@ -14,23 +14,19 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-import hf_dist_recipes
+from hf_dist_recipes.core.launch import KILL_GRACE_S, Launch, free_port, run_launch
 from hf_dist_recipes.preflight.result import CHECKS, ERROR, CheckResult, PreflightReport
 from hf_dist_recipes.preflight.worker import PROGRESS_PREFIX, REPORT_FILENAME
 
 LOG_FILENAME = "preflight_launch.log"
 DEFAULT_TIMEOUT_S = 600.0  # the whole launch, a first run's DeepSpeed op build included (about 60 s on 2 cores)
 LOST_GRACE_S = 5.0  # after the watchdog's verdict, rank 0's time to write the report and the launch to end
-KILL_GRACE_S = 15.0  # after SIGTERM, the launcher's time to end its ranks before everything is SIGKILLed
+__all__ = ["KILL_GRACE_S", "LOST_GRACE_S", "PreflightPlan", "plan_preflight", "read_report", "run_preflight"]
 _PROGRESS = re.compile(r"^preflight: \[(\d+)/\d+\] (\w+) \.\.\.(?: (ok|warning|error))?")
 # torch elastic's failure table ("rank      : 1 (local_rank: 1)", "exitcode  : -6 (pid: 12)  (SIGABRT)") and the
 # watchdog's "lost rank 1 (host h)". The table lists the other failures first, then the root cause: when one rank
@@ -49,17 +45,19 @@ class PreflightPlan:
     plan: object
     models: object
     lint_warnings: tuple[str, ...]
-    cwd: Path
-    command: list[str] = field(default_factory=list)
-    machine_rank: int | None = None
+    launch: Launch
 
+    @property
+    def command(self) -> list[str]:
+        return self.launch.argv()
 
-def _free_port() -> int:
-    import socket
+    @property
+    def cwd(self) -> Path:
+        return self.launch.cwd
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    @property
+    def machine_rank(self) -> int | None:
+        return self.launch.machine_rank
 
 
 def plan_preflight(
@@ -115,16 +113,12 @@ def plan_preflight(
                 else ""
             )
         )
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(Path(config_file).resolve())]
-    if machine_rank is not None:
-        command += ["--machine_rank", str(machine_rank)]
+    port = None
     if cfg.num_machines == 1 and "main_process_port" not in cfg.raw:
         # A job already training on this machine holds accelerate's default port 29500; the preflight must not
         # collide with it (or with a second preflight).
-        command += ["--main_process_port", str(_free_port())]
-    command += [
-        "-m",
-        "hf_dist_recipes.preflight.worker",
+        port = free_port()
+    args = [
         "--config-file",
         str(Path(config_file).resolve()),
         "--output-dir",
@@ -137,7 +131,16 @@ def plan_preflight(
         str(peer_timeout_s),
     ]
     if model:
-        command += ["--model", model]
+        args += ["--model", model]
+    launch = Launch(
+        module="hf_dist_recipes.preflight.worker",
+        args=tuple(args),
+        config_file=Path(config_file).resolve(),
+        machine_rank=machine_rank,
+        main_port=port,
+        cwd=cwd,
+        env_defaults={"PYTHONUNBUFFERED": "1"},  # rank 0's progress lines are relayed as they come
+    )
     return PreflightPlan(
         config_file=Path(config_file),
         output_dir=out,
@@ -145,43 +148,8 @@ def plan_preflight(
         plan=plan,
         models=models,
         lint_warnings=tuple(w.message for w in findings if w.level != LINT_ERROR) + tuple(warnings),
-        cwd=cwd,
-        command=command,
-        machine_rank=machine_rank,
+        launch=launch,
     )
-
-
-def _descendants(pid: int) -> list:
-    try:
-        import psutil
-
-        return psutil.Process(pid).children(recursive=True)
-    except Exception:  # psutil missing or the process already gone: the process group kill still applies
-        return []
-
-
-def _kill_launch(proc: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
-    """SIGTERM the launcher's process group (torch elastic then ends its ranks, each in its own session), and after
-    `grace_s` SIGKILL whatever the launcher started that is still there (a stopped or stuck rank)."""
-    children = _descendants(proc.pid)
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        pass
-    for child in children:
-        try:
-            child.kill()
-        except Exception:  # already ended
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 class _Progress:
@@ -237,37 +205,26 @@ def run_preflight(
         # The training checks start new TensorBoard runs: RecipeTrainer refuses to mix a new launch into old ones.
         for sub in ("tensorboard", "training", "failure_paths", "rank_summaries"):
             shutil.rmtree(p.output_dir / sub, ignore_errors=True)
-    env = dict(os.environ if env is None else env)
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(Path(hf_dist_recipes.__file__).parents[1]), env.get("PYTHONPATH")])
-    )
-    env.setdefault("PYTHONUNBUFFERED", "1")
     progress = _Progress(on_line)
     log_path = p.output_dir / (LOG_FILENAME if not p.machine_rank else f"preflight_launch_machine{p.machine_rank}.log")
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            p.command,
-            cwd=p.cwd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            start_new_session=True,
-        )
 
-        def pump():
-            for line in proc.stdout:
-                log.write(line)
-                log.flush()
-                progress.feed(line.rstrip("\n"))
+    def lost_verdict_given() -> bool:
+        # Once the watchdog has named a lost rank, the launch gets LOST_GRACE_S to end by itself (then 2 s more
+        # after SIGTERM): torch elastic gives a stopped rank 30 s to answer SIGTERM before its SIGKILL, time the
+        # verdict no longer needs.
+        return progress.lost_at is not None and time.perf_counter() - progress.lost_at > LOST_GRACE_S
 
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        timed_out = _wait(proc, progress, start + timeout_s)
-        reader.join(timeout=10)
+    launched = run_launch(
+        replace(p.launch, timeout_s=timeout_s, output=log_path),
+        output="merged",
+        on_line=progress.feed,
+        stop=lost_verdict_given,
+        stop_grace_s=2.0,
+        base_env=env,
+    )
+    returncode, timed_out = launched.returncode, launched.timed_out
     report = read_report(report_path if not p.machine_rank else p.output_dir / "-", p)
-    if p.machine_rank and proc.returncode == 0 and not timed_out:
+    if p.machine_rank and returncode == 0 and not timed_out:
         # Rank 0, on machine 0, writes the report; this machine's ranks took part in every check and ended well.
         report.results = [
             CheckResult(
@@ -279,28 +236,9 @@ def run_preflight(
             )
             for name in CHECKS
         ]
-    report.results.extend(_unfinished(report, progress, proc.returncode, timed_out, timeout_s, log_path))
+    report.results.extend(_unfinished(report, progress, returncode, timed_out, timeout_s, log_path))
     report.elapsed_s = time.perf_counter() - start
     return report
-
-
-def _wait(proc: subprocess.Popen, progress: _Progress, deadline: float) -> bool:
-    """Wait for the launch until `deadline` (perf_counter seconds); True when it had to be killed for it. Once the
-    watchdog has named a lost rank, the launch gets LOST_GRACE_S to end by itself: torch elastic gives a stopped
-    rank 30 s to answer SIGTERM before its SIGKILL, time the verdict no longer needs."""
-    while True:
-        now = time.perf_counter()
-        if progress.lost_at is not None and now - progress.lost_at > LOST_GRACE_S:
-            _kill_launch(proc, grace_s=2.0)  # the ranks had LOST_GRACE_S already
-            return False
-        if now >= deadline:
-            _kill_launch(proc)
-            return True
-        try:
-            proc.wait(timeout=min(1.0, deadline - now))
-            return False
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def read_report(path: Path, p: PreflightPlan) -> PreflightReport:
