@@ -1,19 +1,23 @@
 """The only module that relies on upstream details that are not public API.
 
 Each item names the versions it was read from and checked against; `tests/unit/test_compat.py` fails when an
-installed upstream no longer behaves as assumed here.
+installed upstream no longer behaves as assumed here. tests/unit/test_private_upstream.py fails when a private
+upstream name is used anywhere else in the package. One file, longer than the others, so that every private touch
+can be reviewed (and dropped) in one place.
 
-Covered: transformers 5.24, accelerate 1.16, deepspeed 0.19.8.
+Covered: transformers 5.24, accelerate 1.16, deepspeed 0.19.8, torch 2.13.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
+from dataclasses import dataclass
 
 from hf_dist_recipes.core.jsonfile import load_deepspeed_json
 
-COVERED = {"transformers": "5.24", "accelerate": "1.16", "deepspeed": "0.19"}
+COVERED = {"transformers": "5.24", "accelerate": "1.16", "deepspeed": "0.19", "torch": "2.13"}
 
 # Upstream behaviour other modules work around (public API only, so the code lives there; the tests in
 # tests/unit/test_compat.py fail when upstream changes):
@@ -238,6 +242,193 @@ def tensor_norms(tensors: list):
     import torch
 
     return torch.stack(torch._foreach_norm(tensors)).float()
+
+
+# Checkpoints (checkpoint/gather.py, checkpoint/export.py, checkpoint/zero_files.py). Where public API exists it is
+# used there directly: `deepspeed.zero.GatheredParameters` (documented, zero3.rst), `engine.save_checkpoint`.
+# What follows is not public, each item with the upstream file:line it was read from and when it can go.
+
+
+# torch 2.13 `nn.Module._non_persistent_buffers_set` (torch/nn/modules/module.py:458, filled by `register_buffer(...,
+# persistent=False)` at :590): the buffers `state_dict` leaves out, so an export must too. Goes when torch exposes
+# buffer persistence publicly (today only `state_dict()` shows it, which under ZeRO-3 holds empty placeholders).
+def non_persistent_buffer_names(module) -> set[str]:
+    """Names of `module`'s own buffers registered with persistent=False."""
+    return set(module._non_persistent_buffers_set)
+
+
+# DeepSpeed 0.19.8 `runtime/zero/partition_parameters.py Init._convert_to_deepspeed_param` (:1279-1320) marks each
+# parameter it partitions with `ds_id` (one id per parameter, equal on every rank: `Init.param_id`) and `ds_numel`
+# (the full element count); `ds_tensor` is this rank's partition (:1846). The docs show `ds_tensor` and
+# `deepspeed.runtime.zero.utils.is_zero_param` (= `hasattr(p, "ds_id")`, runtime/zero/utils.py:150) only inside
+# examples (zero3.rst "Modifying Partitioned States"), not as API reference; these go when DeepSpeed documents
+# them. Reading them here needs no `import deepspeed` (seconds), which `is_zero_param` would.
+def zero_param_id(param) -> int | None:
+    """The id ZeRO-3's `zero.Init` gave `param` (the same for tied weights), or None when it is not partitioned."""
+    return getattr(param, "ds_id", None)
+
+
+def is_zero_partitioned(param) -> bool:
+    """True for a parameter partitioned by ZeRO-3 (`zero.Init`): its `.data` is an empty placeholder."""
+    return zero_param_id(param) is not None
+
+
+# DeepSpeed 0.19.8 AutoTP: `module_inject/layers.py:816 GatherReplacedLayerParams(params, module, enabled)` gathers
+# the TP shards of a replaced layer's parameters for the duration of the context (a no-op for any other module);
+# the engine's own 16-bit save uses it (runtime/engine.py:5586). Not documented. Goes when the engine's
+# consolidated save covers AutoEP too (then RecipeTrainer.save_model can use the stock path), or when DeepSpeed
+# documents the context.
+def gather_tp_params(params, module):
+    """Context: AutoTP-sharded `params` of `module` whole inside it (every TP rank must enter)."""
+    from deepspeed.module_inject.layers import GatherReplacedLayerParams
+
+    return GatherReplacedLayerParams(params, module, enabled=True)
+
+
+# DeepSpeed 0.19.8 AutoEP: `module_inject/auto_ep_layer.py:507 AutoEPMoELayer` replaces each HF MoE block. Its class
+# attribute `_is_autoep_layer = True` (:510, "Marker for AutoTP skip handshake") marks it; `model_family` (:528),
+# `num_experts` (:543, every EP rank's experts), `expert_placement_descriptor` (:545), `ep_group` (:803), `router`
+# (:587, a `moe/ep_router.py TokenChoiceTopKRouter`: `gate` nn.Linear :65, `e_score_correction_bias` :76),
+# `experts` (:632, `moe/ep_experts.py:423 GroupedExperts` w1/w2/w3 [E_local, I, H] / [E_local, H, I] /
+# [E_local, I, H]) and `shared_experts` (:666) are what the export reads. The expert ids each EP rank holds come
+# from `checkpoint/autoep_affine.py:93 autoep_experts_for_rank`; the HF names of the replaced block from the
+# preset registry (`module_inject/auto_ep_presets/registry.py:70 get_preset`, :86 `preset_name_for_hf_model_type`;
+# fields in `auto_ep_presets/base.py:30-45`). None of this is documented. It all goes when DeepSpeed's consolidated
+# 16-bit save stops refusing AutoEP (`_raise_if_autoep_zero3_consolidated_export`, see test_compat.py) or
+# documents a gathered state dict in the HF layout.
+def is_autoep_layer(module) -> bool:
+    return bool(getattr(module, "_is_autoep_layer", False))
+
+
+@dataclass(frozen=True)
+class AutoEPLayerParts:
+    """What the export reads of one AutoEP layer (see the comment above)."""
+
+    model_family: str  # the HF model_type (or AutoEP preset name) the layer was built for
+    num_experts: int  # routed experts over every EP rank
+    ep_group: object  # the expert-parallel process group (one whole copy of the experts)
+    placement: dict  # the expert placement descriptor: which experts each EP rank holds
+    router: object  # nn.Module: its own tensors are the score correction bias, when the block had one
+    router_gate: object  # nn.Linear: the router's weight (and bias)
+    w1: object  # nn.Parameter [E_local, I, H]: gate projections
+    w2: object  # nn.Parameter [E_local, H, I]: down projections
+    w3: object  # nn.Parameter [E_local, I, H]: up projections
+    shared_experts: object  # nn.Module or None
+
+
+def autoep_layer_parts(layer) -> AutoEPLayerParts:
+    experts = layer.experts
+    return AutoEPLayerParts(
+        model_family=layer.model_family,
+        num_experts=int(layer.num_experts),
+        ep_group=layer.ep_group,
+        placement=layer.expert_placement_descriptor,
+        router=layer.router,
+        router_gate=layer.router.gate,
+        w1=experts.w1,
+        w2=experts.w2,
+        w3=experts.w3,
+        shared_experts=layer.shared_experts,
+    )
+
+
+def autoep_experts_for_rank(placement: dict, ep_rank: int) -> list[int]:
+    """Global expert ids held by EP rank `ep_rank`, in its local order."""
+    from deepspeed.checkpoint.autoep_affine import autoep_experts_for_rank as experts_for_rank
+
+    return list(experts_for_rank(placement, ep_rank))
+
+
+@dataclass(frozen=True)
+class AutoEPPreset:
+    """The HF names, relative to the MoE block, that an AutoEP layer replaced."""
+
+    router: str  # the router module ("gate": its weight is "gate.weight")
+    experts: str  # the experts module ("experts")
+    expert_w1: str  # the fused gate/up tensor ("gate_up_proj"), or the gate tensor when expert_w3 is set
+    expert_w2: str  # the down tensor ("down_proj")
+    expert_w3: str | None  # the up tensor when gate and up are stored apart, else None
+    shared_experts: str  # the shared experts module ("shared_experts"), "" when none
+
+
+def autoep_preset(model_type: str) -> AutoEPPreset | None:
+    """DeepSpeed's AutoEP preset for an HF `model_type` (or a preset's own name), None when it has none."""
+    from deepspeed.module_inject.auto_ep_presets.registry import get_preset, preset_name_for_hf_model_type
+
+    try:
+        preset = get_preset(preset_name_for_hf_model_type(model_type) or model_type)
+    except ValueError:  # "Unknown preset_model"
+        return None
+    return AutoEPPreset(
+        router=preset.router_pattern,
+        experts=preset.experts_pattern,
+        expert_w1=preset.expert_w1,
+        expert_w2=preset.expert_w2,
+        expert_w3=preset.expert_w3,
+        shared_experts=preset.shared_experts_pattern,
+    )
+
+
+# transformers 5.24 `core_model_loading.py:2024 revert_weight_conversion(model, state_dict)`: the reverse of the
+# conversions `from_pretrained` applied (e.g. fused experts -> one tensor per expert), the layout on disk;
+# `save_pretrained` calls it on each shard (modeling_utils.py:3612). Public name, undocumented module (the "Dynamic
+# weight loading" guide documents WeightConverter, not this). Goes when transformers documents it or a public
+# equivalent (the layout `save_pretrained` writes for a given state dict).
+def to_disk_layout(model, tensors: dict) -> dict:
+    """`tensors` (in-memory names of `model`) renamed and reshaped to the layout `save_pretrained` writes."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    return revert_weight_conversion(model, tensors)
+
+
+# DeepSpeed 0.19.8 ZeRO-3 training checkpoint files, as checkpoint/zero_files.py reads them (`hf-dist-recipes
+# checkpoint export`). File names: runtime/engine.py:4319-4358 (`_get_zero_ckpt_prefix`, `_get_rank_zero_ckpt_name`,
+# `_get_ckpt_name`). Model states: engine.py:5017 `_common_checkpoint_state` and :5324-5328; AutoEP entries
+# :5173; optimizer states: runtime/zero/stage3.py:3431 `_rigid_state_dict` (partition groups :3423), wrapped by the
+# engine under `optimizer_state_dict`. deepspeed/checkpoint/constants.py names most keys. DeepSpeed's documented
+# reader, `deepspeed.utils.zero_to_fp32`, merges ZeRO-3 alone (it refuses AutoTP and AutoEP); this goes when it or
+# `ds_to_universal` reads the three layouts, and the offline export calls that instead.
+ZERO_RANK_FILE = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_(model|optim)_states\.pt$")
+
+
+class ZeroCheckpointKeys:
+    """Keys of the per-rank files (see the comment above). `*_model_states.pt`: MODULE (state dict: persistent
+    buffers whole, parameters as empty placeholders of the training dtype), BUFFER_NAMES, PARAM_SHAPES (per
+    optimizer sub-group, name -> TP/EP-local shape in flat order), SHARED_PARAMS (tied name -> name),
+    UNIVERSAL_INFO (AutoTP's patterns), AUTOEP_LAYERS (one entry per AutoEP layer). `*_optim_states.pt`:
+    OPTIMIZER_STATE -> FP32_FLAT_GROUPS (per sub-group, this rank's slice), PARTITION_COUNT, PARTITION_GROUPS
+    (AutoEP only: per sub-group GROUP_COUNT, GROUP_RANK, GROUP_RANKS)."""
+
+    MODULE = "module"
+    BUFFER_NAMES = "buffer_names"
+    PARAM_SHAPES = "param_shapes"
+    SHARED_PARAMS = "shared_params"
+    UNIVERSAL_INFO = "universal_checkpoint_info"
+    TP_REPLICATED = "tp_replicated_parameter_patterns"
+    ROW_PARALLEL = "parameter_with_row_parallelism_patterns"
+    VOCABULARY = "vocabulary_parameter_patterns"
+    ORIGINAL_VOCAB_SIZE = "original_vocab_size"
+    AUTOEP_LAYERS = "ds_autoep_layers"
+    EXPERT_KEY_PREFIX = "expert_key_prefix"  # "<module_path>.experts": the parameter names' owner
+    MODULE_PATH = "module_path"  # the replaced MoE block's name
+    EP_RANK = "ep_rank"
+    NUM_EXPERTS = "num_experts"
+    EXPERT_PLACEMENT = "expert_placement"  # {"ranks": [{"rank": r, "experts": [ids]}]}
+    PLACEMENT_RANKS = "ranks"
+    PLACEMENT_RANK = "rank"
+    PLACEMENT_EXPERTS = "experts"
+    # an AutoEP layer's state-dict names (AutoEPLayerParts): expert tensors under EXPERT_KEY_PREFIX (gate, down, up),
+    # the router under MODULE_PATH
+    EXPERT_TENSORS = ("w1", "w2", "w3")
+    ROUTER_GATE = "router.gate"
+    ROUTER_SCORE_BIAS = "router.e_score_correction_bias"
+    OPTIMIZER_STATE = "optimizer_state_dict"
+    FP32_FLAT_GROUPS = "fp32_flat_groups"
+    PARTITION_COUNT = "partition_count"
+    PARTITION_GROUPS = "ds_zero_partition_groups"
+    GROUP_COUNT = "partition_count"
+    GROUP_RANK = "partition_rank"
+    GROUP_RANKS = "partition_ranks"
 
 
 # No silent hangs (comm/watchdog.py). torch 2.13 `distributed_c10d._get_default_store()` returns the store

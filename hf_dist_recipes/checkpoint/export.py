@@ -21,6 +21,7 @@ import os
 import torch.distributed as dist
 from torch import nn
 
+from hf_dist_recipes._compat import to_disk_layout
 from hf_dist_recipes.checkpoint.gather import group_key, iter_module_groups
 from hf_dist_recipes.checkpoint.shard_plan import PlannedShardWriter, plan_shards, write_index
 from hf_dist_recipes.checkpoint.writer import (
@@ -35,9 +36,7 @@ from hf_dist_recipes.checkpoint.writer import (
 def to_disk_names(model: nn.Module, group: dict) -> dict:
     """transformers' own reverse of its load-time conversions (e.g. fused experts -> one tensor per expert); works
     on meta tensors too (the shard plan)."""
-    from transformers.core_model_loading import revert_weight_conversion
-
-    return revert_weight_conversion(model, group) if group else group
+    return to_disk_layout(model, group) if group else group
 
 
 def write_groups(groups, model: nn.Module, output_dir: str, max_shard_bytes: int) -> ExportResult:

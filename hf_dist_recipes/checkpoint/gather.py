@@ -2,12 +2,14 @@
 
 Three kinds of sharding are undone, in this order, for the parameters of one module:
 - ZeRO-3 partitions: `deepspeed.zero.GatheredParameters` (every rank materialises this module's parameters only);
-- AutoTP shards: DeepSpeed's `GatherReplacedLayerParams` (the same context its own 16-bit save uses);
+- AutoTP shards: DeepSpeed's `GatherReplacedLayerParams` (the same context its own 16-bit save uses;
+  `_compat.gather_tp_params`);
 - AutoEP experts: each rank holds `num_experts / ep_size` experts in `experts.w1/w2/w3`; they are gathered over
   the layer's expert-parallel group, expert by expert, straight into the model's own layout (DeepSeek:
   `experts.gate_up_proj` [E, 2I, H] = w1 then w3 along dim 1, `experts.down_proj` [E, H, I] = w2), with the
   router's weights and score correction bias back under the MoE block's own names. DeepSpeed 0.19.8's
   consolidated save refuses AutoEP (`_raise_if_autoep_zero3_consolidated_export`); this is the gather it lacks.
+  What it reads of DeepSpeed's AutoEP layer (not public) comes through `_compat.autoep_layer_parts`.
 
 Every rank must call `iter_module_groups` (the gathers are collectives); only the ranks that `receivers` names for
 a group receive its tensors (default: global rank 0 receives every group). With `meta=True` no rank gathers
@@ -26,6 +28,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hf_dist_recipes._compat import (
+    autoep_experts_for_rank,
+    autoep_layer_parts,
+    autoep_preset,
+    gather_tp_params,
+    is_autoep_layer,
+    non_persistent_buffer_names,
+    zero_param_id,
+)
+
 Receivers = Callable[[str], Collection[int]]  # group key -> the global ranks that receive that group's tensors
 _GROUP_KEY = re.compile(r"^(.*?\.\d+)\.")  # "model.layers.3.mlp.gate.weight" -> "model.layers.3"
 
@@ -42,29 +54,16 @@ def reference_model(model: nn.Module) -> nn.Module:
         return type(model)(model.config)
 
 
-def _is_autoep_layer(module: nn.Module) -> bool:
-    return getattr(module, "_is_autoep_layer", False)
-
-
 def _zero_gather(params):
     import deepspeed
 
     return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
 
-def _tp_gather(params, module):
-    from deepspeed.module_inject.layers import GatherReplacedLayerParams
-
-    return GatherReplacedLayerParams(params, module, enabled=True)
-
-
 def _own_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     tensors = [(n, p) for n, p in module.named_parameters(recurse=False) if p is not None]
-    tensors += [
-        (n, b)
-        for n, b in module.named_buffers(recurse=False)
-        if b is not None and n not in module._non_persistent_buffers_set
-    ]
+    skipped = non_persistent_buffer_names(module)
+    tensors += [(n, b) for n, b in module.named_buffers(recurse=False) if b is not None and n not in skipped]
     return tensors
 
 
@@ -84,26 +83,24 @@ def _gathered_values(module: nn.Module, main: bool, meta: bool = False) -> dict[
         return {name: _placeholder(t) for name, t in _own_tensors(module)}
     params = [p for p in module.parameters(recurse=False) if p is not None]
     out: dict[str, torch.Tensor] = {}
-    with _zero_gather(params), _tp_gather(params, module):
+    with _zero_gather(params), gather_tp_params(params, module):
         if main:
             for name, t in _own_tensors(module):
                 out[name] = t.detach().to("cpu", copy=True)
     return out
 
 
-def _gather_experts_into(out: torch.Tensor | None, local: torch.Tensor, layer: nn.Module, receivers) -> None:
+def _gather_experts_into(out: torch.Tensor | None, local: torch.Tensor, layer, receivers) -> None:
     """Each EP rank's [E_local, ...] experts -> `out` ([E, ...] on the CPU, global expert order) on every receiving
     rank: each expert-parallel group (a whole copy of the experts) gathers to the receivers among its ranks, one
     after the other; a group without one does nothing. `out` is None on ranks that do not receive. One `gather`
     per local expert: on the CPU (Gloo) straight into `out`'s views (each expert's block is contiguous); on a GPU
     (NCCL gathers device tensors) through a buffer of one expert per EP rank. No rank allocates more than the
-    experts it writes."""
-    from deepspeed.checkpoint.autoep_affine import autoep_experts_for_rank
-
+    experts it writes. `layer`: the layer's `AutoEPLayerParts`."""
     group = layer.ep_group
     size = dist.get_world_size(group=group)
     members = dist.get_process_group_ranks(group)
-    owners = [autoep_experts_for_rank(layer.expert_placement_descriptor, r) for r in range(size)]
+    owners = [autoep_experts_for_rank(layer.placement, r) for r in range(size)]
     for dst in sorted(set(receivers) & set(members)):
         receiving = dist.get_rank() == dst
         if receiving and out is None:
@@ -124,39 +121,44 @@ def _gather_experts_into(out: torch.Tensor | None, local: torch.Tensor, layer: n
 
 
 def _autoep_layer_tensors(
-    layer: nn.Module, ref: nn.Module, receivers: Collection[int], meta: bool = False
+    module: nn.Module, ref: nn.Module, receivers: Collection[int], meta: bool = False
 ) -> dict[str, torch.Tensor]:
     """An AutoEPMoELayer's tensors under the names of the HF MoE block it replaced (`ref`, on meta), relative."""
     import deepspeed
-    from deepspeed.module_inject.auto_ep_presets.registry import get_preset, preset_name_for_hf_model_type
 
-    preset = get_preset(preset_name_for_hf_model_type(layer.model_family) or layer.model_family)
+    layer = autoep_layer_parts(module)
+    preset = autoep_preset(layer.model_family)
+    if preset is None:
+        raise ValueError(
+            f"DeepSpeed has no AutoEP preset named {layer.model_family!r}: this DeepSpeed version's AutoEP layers "
+            "are not understood by hf_dist_recipes.checkpoint.gather"
+        )
     main = meta or _rank() in receivers
     out: dict[str, torch.Tensor] = {}
     # Router: weight (and bias) under the block's router name, the score correction bias wherever the block keeps it.
     router = {k: v for k, v in _gathered_values(layer.router, main, meta).items()}
-    router.update({f"gate.{k}": v for k, v in _gathered_values(layer.router.gate, main, meta).items()})
+    router.update({f"gate.{k}": v for k, v in _gathered_values(layer.router_gate, main, meta).items()})
     ref_names = {n for n, _ in ref.named_parameters()} | {n for n, _ in ref.named_buffers()}
     ecb = [n for n in ref_names if n.endswith("e_score_correction_bias")]
     if main:
-        out[f"{preset.router_pattern}.weight"] = router["gate.weight"]
-        if "gate.bias" in router and f"{preset.router_pattern}.bias" in ref_names:
-            out[f"{preset.router_pattern}.bias"] = router["gate.bias"]
+        out[f"{preset.router}.weight"] = router["gate.weight"]
+        if "gate.bias" in router and f"{preset.router}.bias" in ref_names:
+            out[f"{preset.router}.bias"] = router["gate.bias"]
         if "e_score_correction_bias" in router and ecb:
             out[ecb[0]] = router["e_score_correction_bias"]
     # Experts: gather ZeRO partitions (over the expert-data-parallel group), then the experts over the EP group,
     # directly into the block's own tensors (DeepSeek: gate_up_proj [E, 2I, H] = gate then up rows; down_proj).
-    experts, ep = layer.experts, preset.experts_pattern
+    ep = preset.experts
     fused = preset.expert_w3 is None
     if meta:  # names in the order the real pass inserts them; shapes come from the reference model
         names = [preset.expert_w1] if fused else [preset.expert_w1, preset.expert_w3]
-        out.update({f"{ep}.{w}": _placeholder(experts.w1) for w in (*names, preset.expert_w2)})
+        out.update({f"{ep}.{w}": _placeholder(layer.w1) for w in (*names, preset.expert_w2)})
         if layer.shared_experts is not None:
             for name, t in _iter_plain(layer.shared_experts, True, meta=True):
-                out[f"{preset.shared_experts_pattern}.{name}"] = t
+                out[f"{preset.shared_experts}.{name}"] = t
         return out
-    with deepspeed.zero.GatheredParameters([experts.w1, experts.w2, experts.w3], modifier_rank=None):
-        w1, w2, w3 = (p.detach() for p in (experts.w1, experts.w2, experts.w3))
+    with deepspeed.zero.GatheredParameters([layer.w1, layer.w2, layer.w3], modifier_rank=None):
+        w1, w2, w3 = (p.detach() for p in (layer.w1, layer.w2, layer.w3))
         n, inter = layer.num_experts, w1.shape[1]
         ref_experts = ref.get_submodule(ep)
         if fused and tuple(getattr(ref_experts, preset.expert_w1).shape)[1] != 2 * inter:
@@ -183,7 +185,7 @@ def _autoep_layer_tensors(
             out[f"{ep}.{preset.expert_w2}"] = down
     if layer.shared_experts is not None:
         for name, t in _iter_plain(layer.shared_experts, main):
-            out[f"{preset.shared_experts_pattern}.{name}"] = t
+            out[f"{preset.shared_experts}.{name}"] = t
     return out
 
 
@@ -197,7 +199,7 @@ def _iter_plain(
 
 
 def _iter_tensors(module: nn.Module, ref: nn.Module, receivers: Receivers, meta: bool, prefix: str, seen: set[int]):
-    if _is_autoep_layer(module):
+    if is_autoep_layer(module):
         block = ref.get_submodule(prefix.rstrip("."))
         for name, t in _autoep_layer_tensors(module, block, receivers(group_key(prefix + "_")), meta).items():
             yield prefix + name, t
@@ -206,7 +208,7 @@ def _iter_tensors(module: nn.Module, ref: nn.Module, receivers: Receivers, meta:
     main = meta or any(rank in receivers(group_key(prefix + n)) for n, _ in _own_tensors(module))
     values = _gathered_values(module, main, meta)
     for name, param in _own_tensors(module):
-        key = getattr(param, "ds_id", None)
+        key = zero_param_id(param)
         key = id(param) if key is None else ("ds", key)
         if key in seen:  # a tied weight: safetensors stores it once, from_pretrained ties it again
             continue

@@ -186,6 +186,185 @@ def test_deepspeed_zero3_skips_a_step_with_a_non_finite_norm():
     assert "self._step_applied = not overflow" in take and "self.skipped_steps += 1" in take
 
 
+def test_torch_non_persistent_buffers_are_the_ones_state_dict_leaves_out():
+    """checkpoint/gather.py exports what state_dict would hold: persistent buffers only (torch 2.13)."""
+    module = torch.nn.Linear(2, 2)
+    module.register_buffer("kept", torch.ones(1))
+    module.register_buffer("dropped", torch.zeros(1), persistent=False)
+    assert _compat.non_persistent_buffer_names(module) == {"dropped"}
+    assert set(module.state_dict()) == {"weight", "bias", "kept"}
+
+
+def test_zero3_marks_partitioned_parameters_where_assumed():
+    """_compat.zero_param_id / is_zero_partitioned read the attributes zero.Init sets (DeepSpeed 0.19.8); the tied
+    weight detection in checkpoint/gather.py relies on one id per parameter, equal on every rank."""
+    from deepspeed.runtime.zero.partition_parameters import Init
+    from deepspeed.runtime.zero.utils import is_zero_param
+
+    convert = inspect.getsource(Init._convert_to_deepspeed_param)
+    assert "param.ds_id = Init.param_id" in convert and "Init.param_id += 1" in convert
+    assert "param.ds_numel = " in convert and "param.ds_tensor = " in convert
+    marked, plain = torch.nn.Parameter(torch.ones(1)), torch.nn.Parameter(torch.ones(1))
+    marked.ds_id = 7
+    assert _compat.zero_param_id(marked) == 7 and _compat.zero_param_id(plain) is None
+    assert [_compat.is_zero_partitioned(p) for p in (marked, plain)] == [is_zero_param(p) for p in (marked, plain)]
+
+
+def test_autotp_gather_context_takes_params_and_module_and_leaves_other_modules_alone():
+    from deepspeed.module_inject.layers import GatherReplacedLayerParams
+
+    assert list(inspect.signature(GatherReplacedLayerParams).parameters) == ["params", "module", "enabled"]
+    assert "GatherReplacedLayerParams(" in inspect.getsource(_engine_class()._zero3_consolidated_16bit_state_dict)
+    linear = torch.nn.Linear(3, 2)
+    before = linear.weight.detach().clone()
+    with _compat.gather_tp_params(list(linear.parameters()), linear):
+        assert torch.equal(linear.weight, before)  # not an AutoTP layer: nothing gathered, nothing changed
+
+
+def _engine_class():
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    return DeepSpeedEngine
+
+
+@pytest.fixture(scope="module")
+def autoep_model():
+    """A tiny DeepSeek-V3 whose MoE blocks DeepSpeed AutoEP replaced in this process (EP 1: no process group)."""
+    from deepspeed.module_inject.auto_ep import AutoEP
+    from deepspeed.module_inject.auto_ep_config import AutoEPConfig
+    from transformers import AutoModelForCausalLM
+
+    from hf_dist_recipes.parallel.models import template_config
+
+    model = AutoModelForCausalLM.from_config(template_config("tiny-deepseek-v3"))
+    original = model.model.layers[1].mlp
+    autoep = AutoEP(model, AutoEPConfig(enabled=True, autoep_size=1, preset_model="deepseek_v3"))
+    autoep.replace_moe_layers(autoep.ep_parser(), ep_size=1, ep_rank=0)
+    return model, original
+
+
+def test_autoep_layer_parts_read_a_real_autoep_layer(autoep_model):
+    """checkpoint/gather.py reads an AutoEP layer only through _compat.autoep_layer_parts (DeepSpeed 0.19.8)."""
+    model, original = autoep_model
+    config = model.config
+    layers = [m for m in model.modules() if _compat.is_autoep_layer(m)]
+    assert len(layers) == config.num_hidden_layers - config.first_k_dense_replace  # 2 of 3: the first is dense
+    assert not _compat.is_autoep_layer(original) and not _compat.is_autoep_layer(model)
+    parts = _compat.autoep_layer_parts(layers[0])
+    e, inter, hidden = config.n_routed_experts, config.moe_intermediate_size, config.hidden_size  # 8, 32, 64
+    assert parts.model_family == "deepseek_v3" and parts.num_experts == e
+    assert parts.w1.shape == (e, inter, hidden) and parts.w3.shape == (e, inter, hidden)
+    assert parts.w2.shape == (e, hidden, inter)
+    assert isinstance(parts.router_gate, torch.nn.Linear) and parts.router_gate.weight.shape == (e, hidden)
+    assert parts.router.e_score_correction_bias.shape == (e,) and parts.shared_experts is not None
+    assert hasattr(layers[0], "ep_group")  # None until deepspeed.initialize sets the groups
+    assert _compat.autoep_experts_for_rank(parts.placement, 0) == list(range(e))
+    # the same layer's state-dict names, as the offline export finds them in a checkpoint
+    K = _compat.ZeroCheckpointKeys
+    names = set(layers[0].state_dict())
+    assert {f"experts.{w}" for w in K.EXPERT_TENSORS} | {f"{K.ROUTER_GATE}.weight", K.ROUTER_SCORE_BIAS} <= names
+
+
+def test_autoep_placement_hands_each_ep_rank_its_block_of_experts():
+    from deepspeed.checkpoint.autoep_affine import legacy_uniform_autoep_placement_descriptor
+
+    placement = legacy_uniform_autoep_placement_descriptor(8, 4, 2)  # 8 experts, 4 per rank, EP 2
+    assert [_compat.autoep_experts_for_rank(placement, r) for r in (0, 1)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    K = _compat.ZeroCheckpointKeys  # the offline export reads this descriptor from a checkpoint by these keys
+    assert [(p[K.PLACEMENT_RANK], p[K.PLACEMENT_EXPERTS]) for p in placement[K.PLACEMENT_RANKS]] == [
+        (0, [0, 1, 2, 3]),
+        (1, [4, 5, 6, 7]),
+    ]
+
+
+def test_autoep_preset_names_the_replaced_blocks_modules(autoep_model):
+    model, original = autoep_model
+    preset = _compat.autoep_preset("deepseek_v3")
+    inter = model.config.moe_intermediate_size
+    experts = original.get_submodule(preset.experts)
+    assert isinstance(original.get_submodule(preset.router), torch.nn.Module)
+    assert preset.expert_w3 is None and getattr(experts, preset.expert_w1).shape[1] == 2 * inter  # fused gate/up
+    assert getattr(experts, preset.expert_w2).shape[2] == inter
+    assert isinstance(original.get_submodule(preset.shared_experts), torch.nn.Module)
+    assert _compat.autoep_preset("no_such_model_type") is None
+
+
+def test_transformers_reverts_fused_experts_to_the_layout_save_pretrained_writes():
+    from transformers import AutoModelForCausalLM
+    from transformers.core_model_loading import revert_weight_conversion
+    from transformers.modeling_utils import PreTrainedModel
+
+    from hf_dist_recipes.parallel.models import template_config
+
+    assert list(inspect.signature(revert_weight_conversion).parameters) == ["model", "state_dict"]
+    assert "revert_weight_conversion(model_to_save, shard_state_dict)" in inspect.getsource(
+        PreTrainedModel.save_pretrained
+    )
+    model = AutoModelForCausalLM.from_config(template_config("tiny-deepseek-v3"))
+    fused = model.model.layers[1].mlp.experts.gate_up_proj.detach()  # [E, 2I, H]: gate rows, then up rows
+    inter = model.config.moe_intermediate_size
+    disk = _compat.to_disk_layout(model, {"model.layers.1.mlp.experts.gate_up_proj": fused})
+    for e in range(model.config.n_routed_experts):
+        assert torch.equal(disk[f"model.layers.1.mlp.experts.{e}.gate_proj.weight"], fused[e, :inter])
+        assert torch.equal(disk[f"model.layers.1.mlp.experts.{e}.up_proj.weight"], fused[e, inter:])
+
+
+def test_zero_checkpoint_file_names_are_deepspeeds():
+    from types import SimpleNamespace
+
+    engine = _engine_class()
+    fake = SimpleNamespace(
+        _get_zero_ckpt_prefix=lambda dp_rank, bf16_mode: engine._get_zero_ckpt_prefix(None, dp_rank, bf16_mode),
+        checkpoint_mp_rank=1,
+        zero_optimization_partition_weights=lambda: True,
+    )
+    optim = engine._get_rank_zero_ckpt_name(fake, "ckpt", "global_step5", mp_rank=1, dp_rank=3, bf16_mode=True)
+    model = engine._get_ckpt_name(fake, "ckpt", "global_step5", pp_placeholder=3)
+    for path, kind in ((optim, "optim"), (model, "model")):
+        m = _compat.ZERO_RANK_FILE.match(path.rsplit("/", 1)[1])
+        assert m is not None and (int(m.group(2)), int(m.group(3)), m.group(4)) == (3, 1, kind), path
+
+
+def test_zero_checkpoint_keys_are_deepspeeds():
+    """The offline export (checkpoint/zero_files.py) reads a training checkpoint by these keys (DeepSpeed 0.19.8)."""
+    from deepspeed.checkpoint import constants as c
+    from deepspeed.runtime.zero import stage3
+
+    K = _compat.ZeroCheckpointKeys
+    named = {
+        K.OPTIMIZER_STATE: c.OPTIMIZER_STATE_DICT,
+        K.FP32_FLAT_GROUPS: c.FP32_FLAT_GROUPS,
+        K.PARTITION_COUNT: c.PARTITION_COUNT,
+        K.PARAM_SHAPES: c.PARAM_SHAPES,
+        K.BUFFER_NAMES: c.BUFFER_NAMES,
+        K.UNIVERSAL_INFO: c.UNIVERSAL_CHECKPOINT_INFO,
+        K.TP_REPLICATED: c.TP_REPLICATED_PARAMETER_PATTERNS,
+        K.ROW_PARALLEL: c.PARAMETER_WITH_ROW_PARALLELISM_PATTERNS,
+        K.VOCABULARY: c.VOCABULARY_PARAMETER_PATTERNS,
+        K.ORIGINAL_VOCAB_SIZE: c.ORIGINAL_VOCAB_SIZE,
+        K.AUTOEP_LAYERS: c.AUTOEP_LAYERS_KEY,
+        K.EXPERT_KEY_PREFIX: c.AUTOEP_EXPERT_KEY_PREFIX,
+        K.NUM_EXPERTS: c.AUTOEP_NUM_EXPERTS,
+        K.EXPERT_PLACEMENT: c.AUTOEP_EXPERT_PLACEMENT,
+        K.PLACEMENT_RANKS: c.AUTOEP_PLACEMENT_RANKS,
+        K.PLACEMENT_RANK: c.AUTOEP_PLACEMENT_RANK,
+        K.PLACEMENT_EXPERTS: c.AUTOEP_PLACEMENT_EXPERTS,
+    }
+    assert {ours: theirs for ours, theirs in named.items() if ours != theirs} == {}
+    engine = _engine_class()
+    common = inspect.getsource(engine._common_checkpoint_state)
+    assert f"{K.MODULE}=module_state_dict" in common and f"{K.SHARED_PARAMS}=" in common
+    moe = inspect.getsource(engine._save_moe_checkpoint)
+    for key in (K.MODULE_PATH, K.EP_RANK, K.AUTOEP_LAYERS):
+        assert f"'{key}'" in moe, key
+    assert f"{K.OPTIMIZER_STATE}=self.optimizer.state_dict()" in inspect.getsource(engine._save_zero_checkpoint)
+    opt = stage3.DeepSpeedZeroOptimizer_Stage3
+    assert f"state_dict['{K.PARTITION_GROUPS}']" in inspect.getsource(opt._rigid_state_dict)
+    groups = inspect.getsource(opt._zero3_partition_group_metadata)
+    for key in (K.GROUP_COUNT, K.GROUP_RANK, K.GROUP_RANKS):
+        assert f'"{key}":' in groups, key
+
+
 def _method_source(module_source: str, name: str) -> str:
     start = module_source.index(f"    def {name}(")
     return module_source[start : module_source.index("\n    def ", start + 10)]
