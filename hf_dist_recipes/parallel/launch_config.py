@@ -6,6 +6,7 @@ A mismatch found here costs a second; found by DeepSpeed it costs a cluster allo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import yaml
@@ -16,9 +17,13 @@ from hf_dist_recipes.parallel.batch import data_parallel_size, tensor_parallel_s
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """An accelerate config file as far as launching is concerned. `num_processes` counts all machines'
-    processes (accelerate's meaning); `deepspeed` is the parsed JSON named by `deepspeed_config_file`; `raw` the
-    whole YAML mapping, for checks of keys not modelled here."""
+    """A user's launch files read once: the accelerate YAML and the DeepSpeed JSON it names, as every consumer
+    (`config validate`, the demo's launcher, the preflight and its ranks) hands them on. `num_processes` counts
+    all machines' processes (accelerate's meaning); `deepspeed` is the parsed JSON named by
+    `deepspeed_config_file`; `raw` the whole YAML mapping, for checks of keys not modelled here.
+
+    The degrees the files set are derived once, on first use, from the JSON (`tp`, `ep`, `zero_stage`), so that a
+    malformed value raises where it is first needed (`check_launch_config`, the lint) and nowhere earlier."""
 
     path: Path
     distributed_type: str
@@ -28,6 +33,24 @@ class LaunchConfig:
     deepspeed_file: Path | None
     deepspeed: dict | None
     raw: dict = field(default_factory=dict, repr=False)
+
+    @cached_property
+    def tp(self) -> int:
+        """DeepSpeed AutoTP degree (1 without DeepSpeed or without `tensor_parallel`); ValueError for a value that
+        is no positive integer (`batch.tensor_parallel_size`)."""
+        return tensor_parallel_size(self.deepspeed or {})
+
+    @cached_property
+    def ep(self) -> int:
+        """DeepSpeed AutoEP degree: `expert_parallel.autoep_size` when the section is enabled (its `enabled`, else
+        present), 1 otherwise or when the size is not an integer."""
+        ep = (self.deepspeed or {}).get("expert_parallel") or {}
+        return _integer(ep.get("autoep_size"), 1) if ep.get("enabled", bool(ep)) else 1
+
+    @cached_property
+    def zero_stage(self) -> int:
+        """`zero_optimization.stage` (0 when absent or not an integer)."""
+        return _integer(((self.deepspeed or {}).get("zero_optimization") or {}).get("stage"), 0)
 
 
 def load_launch_config(path: str | Path, *, root: str | Path | None = None) -> LaunchConfig:
@@ -89,7 +112,7 @@ def check_launch_config(cfg: LaunchConfig, *, num_processes: int | None = None) 
             f"{cfg.path}: a deepspeed_config_file is given but distributed_type is {cfg.distributed_type}; "
             "set distributed_type: DEEPSPEED"
         )
-    tp = tensor_parallel_size(cfg.deepspeed)
+    tp = cfg.tp
     try:
         dp = data_parallel_size(world, tp)
     except ValueError as err:
@@ -115,3 +138,7 @@ def _positive_int(data: dict, key: str, path: Path, *, default: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{path}: {key} must be a positive integer, got {value!r}")
     return value
+
+
+def _integer(value, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default

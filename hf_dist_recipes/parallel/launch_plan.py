@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hf_dist_recipes.parallel.batch import tensor_parallel_size
 from hf_dist_recipes.parallel.launch_config import LaunchConfig
 from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.parallel.plan_record import recorded_plan
@@ -23,7 +22,6 @@ def plan_of_launch(cfg: LaunchConfig, world: int) -> tuple[ParallelPlan, str | N
     ds = cfg.deepspeed or {}
     record = recorded_plan(ds)
     zero = ds.get("zero_optimization") or {}
-    ep = ds.get("expert_parallel") or {}
 
     def integer(value, default):
         return value if isinstance(value, int) and not isinstance(value, bool) else default
@@ -32,11 +30,11 @@ def plan_of_launch(cfg: LaunchConfig, world: int) -> tuple[ParallelPlan, str | N
         nodes=cfg.num_machines,
         procs_per_node=max(1, world // cfg.num_machines),
         device="cpu" if cfg.use_cpu else "cuda",
-        zero_stage=integer(zero.get("stage"), 0),
+        zero_stage=cfg.zero_stage,
         offload_optimizer=bool(zero.get("offload_optimizer")),
         offload_params=bool(zero.get("offload_param")),
-        tp=tensor_parallel_size(ds),
-        ep=integer(ep.get("autoep_size"), 1) if ep.get("enabled", bool(ep)) else 1,
+        tp=cfg.tp,
+        ep=cfg.ep,
         micro_batch=integer(ds.get("train_micro_batch_size_per_gpu"), record.get("micro_batch", 1)),
         grad_accum=integer(ds.get("gradient_accumulation_steps"), record.get("grad_accum", 1)),
         seq_len=record.get("seq_len", ParallelPlan.seq_len),

@@ -15,7 +15,7 @@ from hf_dist_recipes.core.findings import ERROR, WARNING, Finding
 from hf_dist_recipes.core.jsonfile import load_deepspeed_json
 from hf_dist_recipes.parallel.batch import tensor_parallel_size
 from hf_dist_recipes.parallel.initialize_rules import initialize_refusals
-from hf_dist_recipes.parallel.launch_config import check_launch_config, load_launch_config
+from hf_dist_recipes.parallel.launch_config import LaunchConfig, check_launch_config, load_launch_config
 from hf_dist_recipes.parallel.launch_plan import is_loopback, plan_of_launch
 
 # accelerate 1.16 (utils/dataclasses.py, DeepSpeedPlugin) refuses these YAML keys beside a deepspeed_config_file.
@@ -199,7 +199,7 @@ def _deepspeed_own_checks(config: dict, name: str, tp: int, world_size: int | No
 
 
 def lint_accelerate(
-    path: Path,
+    path: Path | LaunchConfig,
     *,
     root: str | Path | None = None,
     gpu_memory_gib: float | None = None,
@@ -208,11 +208,14 @@ def lint_accelerate(
 ) -> list[LintFinding]:
     """Findings for an accelerate YAML: accelerate's own loader, the launch consistency checks, the FSDP2 route's
     sizes, the rank-0 address of a multi-machine launch, the referenced DeepSpeed JSON and (with
-    `gpu_memory_gib`) whether the plan fits the GPUs by our estimate."""
+    `gpu_memory_gib`) whether the plan fits the GPUs by our estimate. `path`: the YAML, or the `LaunchConfig` a
+    caller already read (then `root` is not used)."""
     from accelerate.commands.config.config_args import load_config_from_file
 
+    # A path is read here (ValueError for missing / malformed files); a caller that has read it hands it on.
+    cfg = path if isinstance(path, LaunchConfig) else load_launch_config(path, root=root)
+    path = cfg.path
     name = str(path)
-    cfg = load_launch_config(path, root=root)  # raises ValueError for missing / malformed files
     out: list[LintFinding] = []
     try:
         load_config_from_file(str(path))

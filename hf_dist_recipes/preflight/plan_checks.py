@@ -32,12 +32,14 @@ GIB = 2**30
 
 
 def launch_plan(
-    config_file: str | Path, *, root: str | Path | None = None
+    config: LaunchConfig | str | Path, *, root: str | Path | None = None
 ) -> tuple[LaunchConfig, ParallelPlan, str | None]:
-    """(launch config, its plan, the model it records or None) of an accelerate YAML and its DeepSpeed JSON.
-    Raises ValueError naming the fix when the files are unreadable, disagree, or the plan cannot run on the
-    launch's processes (TP or EP not dividing them, offload rules); nothing is imported beyond the parsers."""
-    cfg = load_launch_config(config_file, root=root)
+    """(launch config, its plan, the model it records or None) of an accelerate YAML and its DeepSpeed JSON: a path
+    is read once (`load_launch_config`, relative DeepSpeed paths against `root`), a `LaunchConfig` already read is
+    used as it is; hand the returned one on rather than reading the files again. Raises ValueError naming the fix
+    when the files are unreadable, disagree, or the plan cannot run on the launch's processes (TP or EP not
+    dividing them, offload rules); nothing is imported beyond the parsers."""
+    cfg = config if isinstance(config, LaunchConfig) else load_launch_config(config, root=root)
     world = check_launch_config(cfg)
     plan, recorded = plan_of_launch(cfg, world)
     try:

@@ -165,7 +165,7 @@ def run_checks(args: argparse.Namespace, reporter: Reporter, rank: int, world: i
         reporter.finish(4, "plan", results)
 
     reporter.start(5, "training")
-    training = _training_results(args, models, reporter)
+    training = _training_results(args, plan, models, reporter)
     reporter.finish(5, "training", [r for r in training if r.name == "training"])
     reporter.start(6, "failure_paths")
     reporter.finish(6, "failure_paths", [r for r in training if r.name == "failure_paths"])
@@ -183,8 +183,9 @@ def logging_dir(output_dir: str | os.PathLike) -> Path:
     return Path(output_dir) / "tensorboard"
 
 
-def _training_results(args, models, reporter: Reporter) -> list[CheckResult]:
-    """Checks 5 and 6 (hf_dist_recipes.preflight.training), each with at least one result."""
+def _training_results(args, plan, models, reporter: Reporter) -> list[CheckResult]:
+    """Checks 5 and 6 (hf_dist_recipes.preflight.training) under `plan` (its TP degree, read from the launch config
+    once), each with at least one result."""
     out: list[CheckResult] = []
     if models is None:
         reason = "no model to train: the plan could not be read"
@@ -198,6 +199,7 @@ def _training_results(args, models, reporter: Reporter) -> list[CheckResult]:
                     steps=args.steps,
                     output_dir=args.output_dir,
                     seed=args.seed,
+                    tp=plan.tp,
                     on_progress=lambda *a, **k: _relay(reporter, *a, **k),
                 )
             )

@@ -291,6 +291,7 @@ class GradientHealthCallback(PendingLogs, TrainerCallback, ExportableState):
         self._skipping = False  # this step's optimizer step is being skipped (non-DeepSpeed: undo the mark after)
         self._events: dict[str, list[str]] = {}
         self.halt_report: NonFiniteReport | None = None
+        self.reports: list[NonFiniteReport] = []  # this run's last _SKIPS_KEPT reports, for callers to read
 
     # ExportableState
     def state(self) -> dict:
@@ -509,6 +510,7 @@ class GradientHealthCallback(PendingLogs, TrainerCallback, ExportableState):
         self.skipped_steps += 1
         self.consecutive_skips += 1
         self.skipped_at = (self.skipped_at + [[step, ranks]])[-_SKIPS_KEPT:]
+        self.reports = (self.reports + [report])[-_SKIPS_KEPT:]
         action = next_action(self.nonfinite_policy, self.consecutive_skips, self.max_consecutive_skips)
         if applied:
             # The engine took a step with a gradient we know was not finite: nothing after it is trustworthy.

@@ -48,6 +48,20 @@ def test_shipped_cpu_config_plans_the_demo_model():
     assert (models.name, models.source, models.train_name) == ("demo-deepseek-v3", "default", "demo-deepseek-v3")
 
 
+def test_a_launch_config_read_once_is_handed_on(tmp_path):
+    """The plan check and the lint take the LaunchConfig already read: the files are not read again (here they
+    are gone once read; only accelerate's own loader, inside the lint, reads the YAML itself)."""
+    from hf_dist_recipes.parallel.launch_config import load_launch_config
+
+    path = write_config(tmp_path, processes=4, tp=2, ep=2)
+    cfg = load_launch_config(path)
+    (tmp_path / "ds.json").unlink()
+    same, plan, _ = plan_checks.launch_plan(cfg)
+    assert same is cfg and (plan.world_size, plan.tp, plan.ep, plan.zero_stage) == (4, 2, 2, 3)
+    with pytest.raises(ValueError, match="does not exist"):  # a path is read: the JSON is gone
+        plan_checks.launch_plan(path)
+
+
 def test_tp_not_dividing_the_processes_is_refused(tmp_path):
     with pytest.raises(ValueError, match="not divisible by the tensor-parallel degree 2"):
         plan_checks.launch_plan(write_config(tmp_path, processes=3, tp=2))
