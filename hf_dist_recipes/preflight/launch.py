@@ -26,7 +26,6 @@ from hf_dist_recipes.preflight.worker import PROGRESS_PREFIX, REPORT_FILENAME
 LOG_FILENAME = "preflight_launch.log"
 DEFAULT_TIMEOUT_S = 600.0  # the whole launch, a first run's DeepSpeed op build included (about 60 s on 2 cores)
 LOST_GRACE_S = 5.0  # after the watchdog's verdict, rank 0's time to write the report and the launch to end
-__all__ = ["KILL_GRACE_S", "LOST_GRACE_S", "PreflightPlan", "plan_preflight", "read_report", "run_preflight"]
 _PROGRESS = re.compile(r"^preflight: \[(\d+)/\d+\] (\w+) \.\.\.(?: (ok|warning|error))?")
 # torch elastic's failure table ("rank      : 1 (local_rank: 1)", "exitcode  : -6 (pid: 12)  (SIGABRT)") and the
 # watchdog's "lost rank 1 (host h)". The table lists the other failures first, then the root cause: when one rank
@@ -102,7 +101,7 @@ def plan_preflight(
         warnings = validate_against_model(plan, models)
     except ValueError as err:
         raise ValueError(f"{cfg.path} with {models.name} ({models.source}): {err}") from None
-    findings = lint_accelerate(cfg)  # the files read once above, handed on
+    findings = lint_accelerate(Path(config_file), root=cwd)
     errors = [f for f in findings if f.level == LINT_ERROR]
     if errors:
         raise ValueError(
@@ -220,6 +219,7 @@ def run_preflight(
         on_line=progress.feed,
         stop=lost_verdict_given,
         stop_grace_s=2.0,
+        kill_grace_s=KILL_GRACE_S,  # on the timeout: the launcher's time to end its ranks
         base_env=env,
     )
     returncode, timed_out = launched.returncode, launched.timed_out
