@@ -101,7 +101,7 @@ def plan_preflight(
         warnings = validate_against_model(plan, models)
     except ValueError as err:
         raise ValueError(f"{cfg.path} with {models.name} ({models.source}): {err}") from None
-    findings = lint_accelerate(Path(config_file), root=cwd)
+    findings = lint_accelerate(cfg)  # the files read once above, handed on
     errors = [f for f in findings if f.level == LINT_ERROR]
     if errors:
         raise ValueError(
