@@ -2,22 +2,20 @@
 
 Probes the environment (versions, torch's CUDA and NCCL, the NCCL installed, driver, GPUs, peer access and NVLink,
 InfiniBand ports, /dev/shm, NCCL_/TORCH_/CUDA_ variables; hf_dist_recipes/environment/probe.py) and prints one
-line per check, ok / warning / error, with the fix under each finding: the checks of environment/doctor.py and
-every known-bad combination of environment/rules.py that matches. --lock FILE adds an error for each package whose
+line per check, ok / warning / error, with the fix under each finding: the checks of environment/doctor_checks.py
+and every known-bad combination of environment/rules.py that matches. --lock FILE adds an error for each package whose
 installed version differs from a lock written by `hf-dist-recipes pin`.
 
 Exit status: 0 when nothing is wrong, 2 on an error, 1 on a warning with --strict. --json prints
-{"facts": ..., "checks": [...], "exit_code": N} (schema: environment/doctor.py REPORT_SCHEMA). Imports no DeepSpeed
-(its version comes from the package metadata): answers in a few seconds.
+{"facts": ..., "checks": [...], "exit_code": N} (schema: environment/doctor.py REPORT_SCHEMA, derived from the
+dataclasses). Imports no DeepSpeed (its version comes from the package metadata): answers in a few seconds.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
-MARK = {"ok": "ok", "warning": "WARNING", "error": "ERROR"}
 NAME_WIDTH = 20
 
 
@@ -52,30 +50,25 @@ def run(args: argparse.Namespace) -> int:
         from hf_dist_recipes.environment.lock import read_lock
 
         lock = read_lock(args.lock)
+    from hf_dist_recipes.core.findings import render_json
+
     report = doctor.run_checks(probe_module.probe(), lock)
     data = report.to_dict(strict=args.strict)
-    print(json.dumps(data, indent=2) if args.json else render(data))
+    print(render_json(data) if args.json else render(data))
     return data["exit_code"]
 
 
 def render(data: dict) -> str:
     """The table: status, check, detail, and the fix (with its source) under every finding."""
-    facts = data["facts"]
-    checks = data["checks"]
-    width = min(max(len(c["name"]) for c in checks), NAME_WIDTH)  # a long rule id overflows rather than widen all
-    lines = [
+    from hf_dist_recipes.core.findings import count_statuses, render_table
+
+    facts, checks = data["facts"], data["checks"]
+    title = (
         f"hf-dist-recipes doctor on {facts['host']} ({facts['arch']}, Python {facts['python']}"
         + (", in a container" if facts["in_container"] else "")
         + ")"
-    ]
-    for c in checks:
-        lines.append(f"  {MARK[c['status']]:<7}  {c['name']:<{width}}  {c['detail']}")
-        if c["fix"]:  # every finding has one; an "info" rule shows as ok with its advice
-            lines.append(f"  {'':<7}  {'':<{width}}  fix: {c['fix']}")
-            if c["source"]:
-                lines.append(f"  {'':<7}  {'':<{width}}  source: {c['source']}")
-    counts = {s: sum(c["status"] == s for c in checks) for s in MARK}
-    lines.append(
-        f"{counts['ok']} ok, {counts['warning']} warning(s), {counts['error']} error(s); exit {data['exit_code']}"
     )
-    return "\n".join(lines)
+    counts = count_statuses(c["status"] for c in checks)
+    summary = f"{counts['ok']} ok, {counts['warning']} warning(s), {counts['error']} error(s); exit {data['exit_code']}"
+    # A long rule id overflows its own row rather than widen every row.
+    return render_table(checks, title=title, summary=summary, max_name_width=NAME_WIDTH)

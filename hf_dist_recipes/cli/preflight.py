@@ -22,10 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
-
-MARK = {"ok": "ok", "warning": "WARNING", "error": "ERROR"}
 
 
 def register(subparsers) -> None:
@@ -92,27 +89,24 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     report = run_preflight(plan, timeout_s=args.timeout_s, on_line=lambda line: print(line, file=out, flush=True))
+    from hf_dist_recipes.core.findings import render_json
+
     data = report.to_dict()
-    print(json.dumps(data, indent=2) if args.json else render(data))
+    print(render_json(data) if args.json else render(data))
     return report.exit_code
 
 
 def render(data: dict) -> str:
     """One table: each result's status, check and detail, with the fix under every warning and error."""
-    width = max(len(name) for name in [r["name"] for r in data["results"]] + ["check"])
+    from hf_dist_recipes.core.findings import count_statuses, render_table
+
     hosts = sorted(set(data["hosts"]))
-    lines = [
-        f"hf-dist-recipes preflight of {data['config_file']}: {data['world_size']} rank(s)"
-        + (f" on {', '.join(hosts)}" if hosts else "")
-    ]
-    for r in data["results"]:
-        lines.append(f"  {MARK[r['status']]:<7}  {r['name']:<{width}}  {r['detail']}")
-        if r["fix"]:
-            lines.append(f"  {'':<7}  {'':<{width}}  fix: {r['fix']}")
-    checks = data["checks"]
-    counts = {s: sum(v == s for v in checks.values()) for s in MARK}
-    lines.append(
+    title = f"hf-dist-recipes preflight of {data['config_file']}: {data['world_size']} rank(s)" + (
+        f" on {', '.join(hosts)}" if hosts else ""
+    )
+    counts = count_statuses(data["checks"].values())
+    summary = (
         f"{counts['ok']} check(s) ok, {counts['warning']} with warnings, {counts['error']} with errors, in "
         f"{data['elapsed_s']:.0f} s; exit {data['exit_code']}"
     )
-    return "\n".join(lines)
+    return render_table(data["results"], title=title, summary=summary)

@@ -22,9 +22,13 @@ sys.path.insert(0, str(FIXTURES))
 import fake_env  # noqa: E402
 from fake_env import fake_host  # noqa: E402
 
-from hf_dist_recipes.environment import doctor  # noqa: E402
-from hf_dist_recipes.environment.doctor import Check, run_checks  # noqa: E402
+from hf_dist_recipes.environment import doctor, doctor_checks  # noqa: E402
+from hf_dist_recipes.environment.doctor import run_checks  # noqa: E402
+from hf_dist_recipes.environment.doctor_checks import Check  # noqa: E402
 
+# Written out here, independently of core/findings.py: statuses least to most severe, and how a rule's severity shows.
+STATUSES = ("ok", "warning", "error")
+SEVERITY_STATUS = {"error": "error", "warning": "warning", "info": "ok"}
 STACK = {"deepspeed": "0.19.8", "transformers": "5.24.0", "accelerate": "1.16.0", "datasets": "5.2.0"}
 H100_PKGS = {**STACK, "nvidia-nccl-cu12": "2.21.5"}  # the NCCL a torch cu124 wheel pins, as torch compiled
 
@@ -57,15 +61,15 @@ def test_sound_h100_node_passes_every_check(h100):
 
 
 def test_versions(h100):
-    ok = doctor.check_versions(h100)
+    ok = doctor_checks.check_versions(h100)
     assert ok.status == "ok" and "deepspeed 0.19.8" in ok.detail and "torch 2.13.0" in ok.detail
-    missing = doctor.check_versions(replace(h100, packages={**STACK, "deepspeed": None}))
+    missing = doctor_checks.check_versions(replace(h100, packages={**STACK, "deepspeed": None}))
     assert missing.status == "warning" and "not installed: deepspeed" in missing.detail
     assert "pip install deepspeed" in missing.fix
 
 
 def test_torch_sees_the_gpus(tmp_path, h100, monkeypatch):
-    ok = doctor.check_torch_sees_gpus(h100)
+    ok = doctor_checks.check_torch_sees_gpus(h100)
     assert ok.status == "ok" and ok.detail == "8 GPU(s): NVIDIA H100 80GB HBM3"
     # The same node with a CPU-only wheel: cuda_host's reason and install fix, split into detail and fix.
     monkeypatch.setattr(torch.version, "cuda", None)
@@ -77,7 +81,7 @@ def test_torch_sees_the_gpus(tmp_path, h100, monkeypatch):
         dev_dir=fake_env.dev_dir(tmp_path, 8),
         nvidia_smi=fake_env.fake_nvidia_smi(tmp_path),
     )
-    err = doctor.check_torch_sees_gpus(blind)
+    err = doctor_checks.check_torch_sees_gpus(blind)
     assert err.status == "error" and "8 NVIDIA GPU(s)" in err.detail and "CPU-only build" in err.detail
     assert err.fix.startswith("install the CUDA build of the same torch, keeping")
     assert f"pip install torch=={torch.__version__.split('+')[0]}" in err.fix
@@ -85,12 +89,12 @@ def test_torch_sees_the_gpus(tmp_path, h100, monkeypatch):
 
 
 def test_driver_floor_of_the_torch_build(tmp_path, h100, monkeypatch):
-    ok = doctor.check_driver(h100)  # 550.54.14 >= 525.60.13, the CUDA 12.x floor
+    ok = doctor_checks.check_driver(h100)  # 550.54.14 >= 525.60.13, the CUDA 12.x floor
     assert ok.status == "ok" and "550.54.14" in ok.detail and ">= 525.60.13" in ok.detail
     # The same driver under a cu130 torch: CUDA 13.x needs >= 580 (NVIDIA CUDA Compatibility guide).
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     cu130 = fake_host(tmp_path, "nvml_h100x8.json", packages=H100_PKGS)
-    err = doctor.check_driver(cu130)
+    err = doctor_checks.check_driver(cu130)
     assert err.status == "error" and "driver 550.54.14 runs CUDA <= 12.4" in err.detail and ">= 580" in err.detail
     assert "upgrade the driver to >= 580" in err.fix
 
@@ -100,90 +104,90 @@ def test_driver_whose_cuda_major_is_short_even_above_the_floor(h100):
     facts = replace(
         h100, torch=replace(h100.torch, cuda="13.0"), driver=replace(h100.driver, version="580.65.06", cuda="12.8")
     )
-    assert doctor.check_driver(facts).status == "error"
-    assert doctor.check_driver(replace(facts, driver=replace(facts.driver, cuda="13.0"))).status == "ok"
+    assert doctor_checks.check_driver(facts).status == "error"
+    assert doctor_checks.check_driver(replace(facts, driver=replace(facts.driver, cuda="13.0"))).status == "ok"
 
 
 def test_driver_not_needed_by_a_cpu_build_and_unknown_on_a_gpu_host(h100):
     cpu = replace(h100, torch=replace(h100.torch, cuda=None))
-    assert doctor.check_driver(cpu).status == "ok"
+    assert doctor_checks.check_driver(cpu).status == "ok"
     unknown = replace(h100, driver=replace(h100.driver, version=None, nvml_unavailable="NVMLError: x"))
-    check = doctor.check_driver(unknown)
+    check = doctor_checks.check_driver(unknown)
     assert check.status == "warning" and "NVMLError: x" in check.detail
 
 
 def test_nccl_compiled_vs_installed(tmp_path, cuda124, h100):
-    assert doctor.check_nccl(h100).status == "ok"
+    assert doctor_checks.check_nccl(h100).status == "ok"
     differ = fake_host(tmp_path, "nvml_h100x8.json", packages={**STACK, "nvidia-nccl-cu12": "2.18.1"})
-    warn = doctor.check_nccl(differ)
+    warn = doctor_checks.check_nccl(differ)
     assert warn.status == "warning" and "compiled against NCCL 2.21.5" in warn.detail and "2.18.1" in warn.detail
     assert warn.fix.startswith("pip install nvidia-nccl-cu12==2.21.5")
     two = fake_host(
         tmp_path, "nvml_h100x8.json", packages={**STACK, "nvidia-nccl-cu12": "2.21.5", "nvidia-nccl-cu11": "2.14.3"}
     )
-    several = doctor.check_nccl(two)
+    several = doctor_checks.check_nccl(two)
     assert several.status == "warning" and "nvidia-nccl-cu11==2.14.3" in several.detail
     assert several.fix == "pip uninstall nvidia-nccl-cu11, keeping the one torch pins"
 
 
 def test_infiniband(tmp_path, cuda124, h100):
-    ok = doctor.check_infiniband(h100)
+    ok = doctor_checks.check_infiniband(h100)
     assert ok.status == "ok" and "mlx5_0/1 ACTIVE (InfiniBand)" in ok.detail
     down = fake_host(tmp_path, "nvml_h100x8.json", packages=H100_PKGS, sysfs=FIXTURES / "sysfs_ib_down")
-    warn = doctor.check_infiniband(down)
+    warn = doctor_checks.check_infiniband(down)
     assert warn.status == "warning" and "no port ACTIVE" in warn.detail and "NCCL_IB_DISABLE=1" in warn.fix
-    absent = doctor.check_infiniband(replace(h100, ib_ports=()))
+    absent = doctor_checks.check_infiniband(replace(h100, ib_ports=()))
     assert absent.status == "ok" and absent.detail.startswith("not present")
 
 
 def test_peer_access(tmp_path, cuda124, h100):
-    ok = doctor.check_peer_access(h100)
+    ok = doctor_checks.check_peer_access(h100)
     assert ok.status == "ok" and ok.detail == "all 56 GPU pairs; NVLink active"  # 8 * 7 ordered pairs
     pair = fake_host(tmp_path, "nvml_rtx4090x2.json", packages=STACK)
-    warn = doctor.check_peer_access(pair)
+    warn = doctor_checks.check_peer_access(pair)
     assert warn.status == "warning" and warn.detail.startswith("2 of 2 GPU pairs cannot access each other (0->1, 1->0)")
     assert "no NVLink" in warn.detail and "NCCL_P2P_DISABLE=1" in warn.fix
-    single = doctor.check_peer_access(replace(h100, peer_access=(), torch=replace(h100.torch, device_count=1)))
+    single = doctor_checks.check_peer_access(replace(h100, peer_access=(), torch=replace(h100.torch, device_count=1)))
     assert single.status == "ok" and single.detail.startswith("not applicable: 1 GPU")
 
 
 def test_shm_threshold(h100):
     mib = 1024 * 1024
-    assert doctor.check_shm(replace(h100, shm_bytes=512 * mib)).status == "ok"  # DeepSpeed warns below 512 MiB
-    small = doctor.check_shm(replace(h100, shm_bytes=512 * mib - 1))
+    assert doctor_checks.check_shm(replace(h100, shm_bytes=512 * mib)).status == "ok"  # DeepSpeed warns below 512 MiB
+    small = doctor_checks.check_shm(replace(h100, shm_bytes=512 * mib - 1))
     assert small.status == "warning" and "--shm-size" in small.fix
-    assert doctor.check_shm(replace(h100, shm_bytes=64 * mib)).detail.startswith("64 MiB, under 512 MiB")
-    unknown = doctor.check_shm(replace(h100, shm_bytes=None, shm_error="/dev/shm: No such file"))
+    assert doctor_checks.check_shm(replace(h100, shm_bytes=64 * mib)).detail.startswith("64 MiB, under 512 MiB")
+    unknown = doctor_checks.check_shm(replace(h100, shm_bytes=None, shm_error="/dev/shm: No such file"))
     assert unknown.status == "warning" and "No such file" in unknown.detail
 
 
 def test_debug_variables(tmp_path, cuda124):
     quiet = fake_host(tmp_path, "nvml_h100x8.json", packages=H100_PKGS, environ={"NCCL_DEBUG": "WARN"})
-    assert doctor.check_debug_variables(quiet).status == "ok"
+    assert doctor_checks.check_debug_variables(quiet).status == "ok"
     loud = fake_host(
         tmp_path,
         "nvml_h100x8.json",
         packages=H100_PKGS,
         environ={"NCCL_DEBUG": "info", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
     )
-    warn = doctor.check_debug_variables(loud)
+    warn = doctor_checks.check_debug_variables(loud)
     assert warn.status == "warning" and "NCCL_DEBUG=info, TORCH_DISTRIBUTED_DEBUG=DETAIL" in warn.detail
     assert "NCCL_DEBUG=WARN" in warn.fix
 
 
 def test_declared_minimums(h100):
-    assert doctor.check_declared_minimums(h100).status == "ok"
+    assert doctor_checks.check_declared_minimums(h100).status == "ok"
     # transformers 5.25 requires torch >= 2.6 (package metadata): an older torch under it is an error.
     old_torch = replace(
         h100, torch=replace(h100.torch, version="2.5.1+cu124"), packages={**STACK, "transformers": "5.25.0"}
     )
-    err = doctor.check_declared_minimums(old_torch)
+    err = doctor_checks.check_declared_minimums(old_torch)
     assert err.status == "error" and "transformers 5.25.0 needs torch >=2.6, found 2.5.1" in err.detail
     assert "accelerate 1.16.0 needs torch >=2.6, found 2.5.1" in err.detail
     old_accelerate = replace(h100, packages={**STACK, "accelerate": "1.0.1"})
     assert (
         "transformers 5.24.0 needs accelerate >=1.1.0, found 1.0.1"
-        in doctor.check_declared_minimums(old_accelerate).detail
+        in doctor_checks.check_declared_minimums(old_accelerate).detail
     )
 
 
@@ -280,32 +284,32 @@ def test_the_packaged_rules_are_wired_in(tmp_path, monkeypatch):
     folded = [f for f in findings if f"rule {f.rule_id}" not in checks]
     assert all(f.rule_id in doctor.COVERED_BY for f in folded)
     for f in folded:
-        loud = doctor.STATUSES.index(doctor.SEVERITY_STATUS[f.severity])
+        loud = STATUSES.index(SEVERITY_STATUS[f.severity])
         assert any(
-            doctor.STATUSES.index(c.status) >= loud and f"known_issues.toml {f.rule_id}" in c.source for c in all_checks
+            STATUSES.index(c.status) >= loud and f"known_issues.toml {f.rule_id}" in c.source for c in all_checks
         )
     shown = [f for f in findings if f not in folded]
     assert list(checks) == [f"rule {f.rule_id}" for f in shown] and len(shown) >= 1
-    assert [c.status for c in checks.values()] == [doctor.SEVERITY_STATUS[f.severity] for f in shown]
+    assert [c.status for c in checks.values()] == [SEVERITY_STATUS[f.severity] for f in shown]
     assert [c.source for c in checks.values()] == [f.source for f in shown]
 
 
 def test_nccl_loaded_from_outside_the_distribution_or_at_another_version(h100):
     # The loaded libnccl as /proc/self/maps and ncclGetVersion would give it (faked: no libnccl on this host).
     path = "/usr/lib/x86_64-linux-gnu/libnccl.so.2"
-    warn = doctor.check_nccl(replace(h100, nccl=replace(h100.nccl, loaded="2.18.1", loaded_path=path)))
+    warn = doctor_checks.check_nccl(replace(h100, nccl=replace(h100.nccl, loaded="2.18.1", loaded_path=path)))
     assert warn.status == "warning" and f"torch loaded {path} (NCCL 2.18.1)" in warn.detail
     assert warn.fix.startswith("remove /usr/lib/x86_64-linux-gnu from LD_LIBRARY_PATH")
     lib = "/venv/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2"
-    other = doctor.check_nccl(replace(h100, nccl=replace(h100.nccl, loaded="2.18.1", loaded_path=lib)))
+    other = doctor_checks.check_nccl(replace(h100, nccl=replace(h100.nccl, loaded="2.18.1", loaded_path=lib)))
     assert other.status == "warning" and "compiled against NCCL 2.21.5 but NCCL 2.18.1 is loaded" in other.detail
-    same = doctor.check_nccl(replace(h100, nccl=replace(h100.nccl, loaded="2.21.5", loaded_path=lib)))
+    same = doctor_checks.check_nccl(replace(h100, nccl=replace(h100.nccl, loaded="2.21.5", loaded_path=lib)))
     assert same.status == "ok" and same.detail.startswith("NCCL 2.21.5")
 
 
 def test_unreadable_gpu_is_an_error_with_a_fix(h100):
     problem = "torch counts 8 GPU(s) but cannot read them: RuntimeError: ECC. Fix: run nvidia-smi"
-    err = doctor.check_torch_sees_gpus(replace(h100, torch=replace(h100.torch, gpu_problem=problem)))
+    err = doctor_checks.check_torch_sees_gpus(replace(h100, torch=replace(h100.torch, gpu_problem=problem)))
     assert (err.status, err.detail, err.fix) == (
         "error",
         "torch counts 8 GPU(s) but cannot read them: RuntimeError: ECC.",
@@ -346,13 +350,13 @@ def test_build_locks_check_reads_the_real_lock_files(tmp_path):
     if extensions.build_running():
         pytest.skip("a compiler runs on this machine now: a lock may be live")
     facts = None  # the check reads the machine, not the probe's facts
-    assert doctor.check_build_locks(facts, root=tmp_path).status == "ok"
+    assert doctor_checks.check_build_locks(facts, root=tmp_path).status == "ok"
     lock = tmp_path / "py311_cpu_torch2.13.0" / "cpu_adam" / "lock"
     lock.parent.mkdir(parents=True)
     lock.write_text("")
     old = time.time() - 3600
     os.utime(lock, (old, old))
-    check = doctor.check_build_locks(facts, root=tmp_path)
+    check = doctor_checks.check_build_locks(facts, root=tmp_path)
     assert check.status == "error" and str(lock) in check.detail and f"rm {lock}" in check.fix
 
 
@@ -374,11 +378,11 @@ def _multi_nic(tmp_path, **environ):
     facts = fake_host(
         tmp_path, "nvml_h100x8.json", packages=H100_PKGS, sysfs=FIXTURES / "sysfs_multi_nic", environ=environ
     )
-    return doctor.check_nccl_network(facts)
+    return doctor_checks.check_nccl_network(facts)
 
 
 def test_nccl_network_on_a_sound_node_is_ipoib_and_its_active_port(h100):
-    check = doctor.check_nccl_network(h100)  # sysfs_ib: ib0, eth0, lo; mlx5_0 ACTIVE, mlx5_1 DOWN
+    check = doctor_checks.check_nccl_network(h100)  # sysfs_ib: ib0, eth0, lo; mlx5_0 ACTIVE, mlx5_1 DOWN
     # By hand: NCCL's search takes the ib* interfaces first (ib0 alone); every ACTIVE port is mlx5_0:1.
     assert check.status == "ok"
     assert (

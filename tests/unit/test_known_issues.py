@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_dist_recipes.environment import rules as rules_mod
-from hf_dist_recipes.environment.rules import Finding, evaluate, load_rules, not_checkable
+from hf_dist_recipes.environment import rule_conditions
+from hf_dist_recipes.environment.rules import RuleFinding, evaluate, load_rules, not_checkable
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = load_rules()
@@ -492,7 +492,7 @@ def test_findings_carry_evidence_and_come_errors_first():
     assert severities == sorted(severities, key=("error", "warning", "info").index)
     assert {"error", "info"} <= set(severities)
     memcpy = next(f for f in findings if f.rule_id == "nccl-cudamemcpyasync-lt-2.18.6")
-    assert isinstance(memcpy, Finding) and memcpy.source and memcpy.fix
+    assert isinstance(memcpy, RuleFinding) and memcpy.source and memcpy.fix
     assert any("2.18.1" in line for line in memcpy.evidence)
 
 
@@ -506,10 +506,10 @@ def test_default_rules_are_the_packaged_file_and_ship_as_package_data():
 
 
 def test_env_prefixes_match_what_the_probe_collects():
-    from hf_dist_recipes.environment import probe
+    from hf_dist_recipes.environment import facts, probe
 
-    assert tuple(rules_mod.COLLECTED_ENV_PREFIXES) == tuple(probe.ENV_PREFIXES)
-    assert set(rules_mod.VERSION_FACTS) <= set(probe.RULE_FACT_KEYS)
+    assert tuple(rule_conditions.COLLECTED_ENV_PREFIXES) == tuple(probe.ENV_PREFIXES)
+    assert set(rule_conditions.VERSION_FACTS) <= set(facts.RULE_FACT_KEYS)
 
 
 GOOD = """
