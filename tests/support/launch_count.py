@@ -1,0 +1,134 @@
+"""How many multi-process launches a pytest session makes: the number the suite's length follows (each rank
+imports torch, transformers and DeepSpeed, about 8 s of one core, before it does anything).
+
+A daemon thread polls /proc every 0.2 s for processes new since the last look that descend from this pytest
+process, and counts
+- a launched rank 0: RANK=0 in its starting environment while its parent's has none (so a rank's own children,
+  DataLoader workers or the op build, which inherit RANK=0, do not count), one per `accelerate launch`, torchrun,
+  demo or preflight launch;
+- a `notebook_launcher` launch inside a notebook kernel: its ranks are forks of the kernel, whose environment shows
+  no RANK, so the first forked child of a kernel while none of its others is alive counts as one launch.
+Each launch is charged to the test that was running (module-scoped fixtures to the first test of their module).
+Linux only; elsewhere the count says it was not taken."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter
+from pathlib import Path
+
+POLL_S = 0.2
+PROC = Path("/proc")
+
+
+def _read(pid: int, name: str) -> bytes | None:
+    try:
+        return (PROC / str(pid) / name).read_bytes()
+    except OSError:  # gone already, or not ours to read
+        return None
+
+
+def _parent(pid: int) -> int | None:
+    status = _read(pid, "status")
+    if status is None:
+        return None
+    for line in status.splitlines():
+        if line.startswith(b"PPid:"):
+            return int(line.split()[1])
+    return None
+
+
+def _has_rank0(pid: int) -> bool:
+    environ = _read(pid, "environ")
+    return environ is not None and b"RANK=0" in environ.split(b"\0")
+
+
+def _is_kernel(pid: int) -> bool:
+    cmdline = _read(pid, "cmdline")
+    return cmdline is not None and b"ipykernel_launcher" in cmdline
+
+
+class LaunchCounter:
+    """Counts launches made by descendants of `root` (this process) while `start()`ed."""
+
+    def __init__(self, root: int | None = None) -> None:
+        self.root = root or os.getpid()
+        self.current = "(session)"  # the test running now, set by the pytest_runtest_logstart hook
+        self.by_test: Counter[str] = Counter()
+        self._seen: set[int] = set()
+        self._kernel_forks: dict[int, set[int]] = {}  # kernel pid -> its forked children alive at the last look
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_test.values())
+
+    def available(self) -> bool:
+        return (PROC / str(self.root) / "status").exists()
+
+    def start(self) -> None:
+        if not self.available():
+            return
+        self._seen = set(self._pids())
+        self._thread = threading.Thread(target=self._run, name="launch-counter", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+            self.poll()
+
+    def _pids(self) -> list[int]:
+        return [int(p) for p in os.listdir(PROC) if p.isdigit()]
+
+    def _ours(self, pid: int) -> bool:
+        for _ in range(64):  # ancestry depth bound: pytest -> CLI -> accelerate -> agent -> rank is 5
+            parent = _parent(pid)
+            if parent is None or parent <= 1:
+                return False
+            if parent == self.root:
+                return True
+            pid = parent
+        return False
+
+    def poll(self) -> None:
+        """One look at /proc: count the launches among the processes started since the last look."""
+        pids = self._pids()
+        alive = set(pids)
+        for forks in self._kernel_forks.values():
+            forks &= alive
+        for pid in pids:
+            if pid in self._seen:
+                continue
+            self._seen.add(pid)
+            parent = _parent(pid)
+            if parent is None or not self._ours(pid):
+                continue
+            if _has_rank0(pid) and not _has_rank0(parent):
+                self.by_test[self.current] += 1
+            elif _is_kernel(pid) and _is_kernel(parent):  # a fork of a notebook kernel: a notebook_launcher rank
+                forks = self._kernel_forks.setdefault(parent, set())
+                if not forks:
+                    self.by_test[self.current] += 1
+                forks.add(pid)
+        self._seen &= alive
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            self.poll()
+
+    def summary_lines(self) -> list[str]:
+        if not self.available():
+            return ["launches: not counted (no /proc on this platform)"]
+        by_file: Counter[str] = Counter()
+        for test, n in self.by_test.items():
+            by_file[test.split("::")[0]] += n
+        lines = [f"launches: {self.total} (rank-0 processes started)"]
+        lines += [f"  {n:3d} {path}" for path, n in sorted(by_file.items())]
+        return lines
+
+
+COUNTER = LaunchCounter()
