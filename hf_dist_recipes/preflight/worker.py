@@ -9,7 +9,8 @@ first writes the report with an error naming the lost rank under the check that 
 Rank 0 prints one progress line per check (`preflight: [3/7] communication ...`, then the same line ending in its
 status), which the CLI relays, and rewrites `<output_dir>/preflight_report.json` after each check, so a report
 exists however far the preflight got. Every rank runs the checks in the same order and reaches the same
-collectives: a check's local work never raises (an exception is that rank's error finding).
+collectives: a check's local work never raises (an exception is that rank's error finding). The training checks'
+rows are decided on every rank; rank 0's are reported once every rank's are found equal (`ranks_decided_alike`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 import warnings
 from pathlib import Path
 
+from hf_dist_recipes.core.gather import gather_objects
 from hf_dist_recipes.preflight.result import CHECKS, ERROR, CheckResult, PreflightReport, worst
 
 REPORT_FILENAME = "preflight_report.json"
@@ -98,17 +100,6 @@ class Reporter:
         os._exit(LOST_PEER_EXIT_CODE)
 
 
-def gather(obj) -> list:
-    """Every rank's `obj`, on every rank (one process: [obj])."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return [obj]
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
-
-
 def create_process_group(output_dir: Path, collective_timeout_s: float, seed: int):
     """The default process group, created the way RecipeTrainer's arguments create it."""
     from hf_dist_recipes.arguments import RecipeTrainingArguments
@@ -126,15 +117,15 @@ def run_checks(args: argparse.Namespace, reporter: Reporter, rank: int, world: i
     from hf_dist_recipes.preflight import comm_checks, env_checks, plan_checks
 
     reporter.start(1, "environment")
-    results, hosts = env_checks.environment_check(gather)
+    results, hosts = env_checks.environment_check(gather_objects)
     reporter.report.hosts = hosts
     reporter.finish(1, "environment", results)
 
     reporter.start(2, "backend")
-    reporter.finish(2, "backend", env_checks.backend_check(gather, hosts))
+    reporter.finish(2, "backend", env_checks.backend_check(gather_objects, hosts))
 
     reporter.start(3, "communication")
-    reporter.finish(3, "communication", comm_checks.communication_check(gather, hosts))
+    reporter.finish(3, "communication", comm_checks.communication_check(gather_objects, hosts))
 
     reporter.start(4, "plan")
     models = plan = None
@@ -144,7 +135,7 @@ def run_checks(args: argparse.Namespace, reporter: Reporter, rank: int, world: i
         device_bytes, device_what = plan_checks.device_memory_bytes(plan.device, plan.procs_per_node)
     except Exception as err:  # the CLI checked the files; a rank that reads them differently is the finding
         device_bytes, device_what = None, f"{type(err).__name__}: {err}"
-    memories = gather((device_bytes, device_what))
+    memories = gather_objects((device_bytes, device_what))
     if rank == 0:
         if models is None:
             results = [
@@ -166,12 +157,13 @@ def run_checks(args: argparse.Namespace, reporter: Reporter, rank: int, world: i
 
     reporter.start(5, "training")
     training = _training_results(args, plan, models, reporter)
+    training += ranks_decided_alike(training, "training")
     reporter.finish(5, "training", [r for r in training if r.name == "training"])
     reporter.start(6, "failure_paths")
     reporter.finish(6, "failure_paths", [r for r in training if r.name == "failure_paths"])
 
     reporter.start(7, "logs")
-    gather(None)  # every rank has closed its TensorBoard writer before rank 0 reads the runs
+    gather_objects(None)  # every rank has closed its TensorBoard writer before rank 0 reads the runs
     if rank == 0:
         from hf_dist_recipes.preflight.log_checks import logs_check
 
@@ -217,6 +209,27 @@ def _training_results(args, plan, models, reporter: Reporter) -> list[CheckResul
                 )
             )
     return out
+
+
+def ranks_decided_alike(results: list[CheckResult], name: str, gather=gather_objects) -> list[CheckResult]:
+    """[] when every rank's `results` equal rank 0's, else one error under check `name` naming the ranks that
+    differ. Every rank decides from the same gathered facts and only rank 0 writes the report: a difference is a
+    bug in the checks, and the report would not be every rank's. Compared as JSON text, where a NaN equals
+    itself; one `gather` (one object per rank in, every rank's out) of a few kilobytes."""
+    texts = gather(json.dumps([r.to_dict() for r in results], sort_keys=True, default=str))
+    odd = tuple(i for i, text in enumerate(texts) if text != texts[0])
+    if not odd:
+        return []
+    return [
+        CheckResult(
+            name,
+            ERROR,
+            f"rank(s) {', '.join(map(str, odd))} decided the training and failure-path rows differently from "
+            "rank 0, from the same gathered measurements; the report shows rank 0's",
+            fix="a bug in hf-dist-recipes' checks: report it with preflight_report.json and preflight_launch.log",
+            ranks=odd,
+        )
+    ]
 
 
 def _relay(reporter: Reporter, *args, **kwargs) -> None:
@@ -270,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         watchdog.start()
     run_checks(args, reporter, rank, world)
-    gather(None)  # nobody leaves (and looks lost to the others' watchdogs) before everyone is done
+    gather_objects(None)  # nobody leaves (and looks lost to the others' watchdogs) before everyone is done
     if watchdog is not None:
         watchdog.stop()
     return 0

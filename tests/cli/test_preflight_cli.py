@@ -1,5 +1,7 @@
 """`hf-dist-recipes preflight`: a plan that cannot work stops before launching; both shipped CPU configs pass on
-2 and 4 real processes and the JSON report validates against REPORT_SCHEMA."""
+2 and 4 real processes and the JSON report validates against REPORT_SCHEMA. The 4-process launch is made once
+(`shipped_tp2_ep2`) and also carries the training checks' assertions for TP 2 + EP 2 on 4 ranks (the other configs'
+are in tests/distributed/test_preflight_training.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,10 @@ from hf_dist_recipes.preflight.result import CHECKS, REPORT_SCHEMA
 from tests.support.hosts import cpu_only_host
 from tests.support.launch import two_machine_config
 from tests.support.paths import REPO
+from tests.support.preflight import recipe_learning_rates, rows_by_name
+
+STEPS = 20  # the preflight's default --steps: checkpoint at 10, the resumed run's NaN at step 12 on the last rank
+NAN_STEP = STEPS // 2 + 2
 
 
 @pytest.fixture
@@ -122,15 +128,53 @@ def test_shipped_two_process_config_passes(tmp_path):
     check_passes(proc, report, 2)
 
 
+@pytest.fixture(scope="module")
+def shipped_tp2_ep2(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
+    """The one 4-rank launch of the shipped ZeRO-3 + TP 2 + EP 2 config, through the CLI; its report serves the
+    CLI's assertions and the training checks' (the preflight trains the model the JSON records, tiny-deepseek-v3,
+    as itself)."""
+    out = tmp_path_factory.mktemp("tp2_ep2")
+    proc, report, seconds = run_preflight_json("accelerate_configs/cpu_zero3_tp2_ep2_4proc.yaml", out)
+    print(f"preflight cpu_zero3_tp2_ep2_4proc: {seconds:.1f} s wall, report elapsed {report['elapsed_s']:.1f} s")
+    return proc, report
+
+
 @pytest.mark.distributed
 @pytest.mark.slow
 @cpu_only_host
-def test_shipped_tp2_ep2_config_passes(tmp_path):
-    proc, report, seconds = run_preflight_json("accelerate_configs/cpu_zero3_tp2_ep2_4proc.yaml", tmp_path)
-    print(f"preflight cpu_zero3_tp2_ep2_4proc: {seconds:.1f} s wall, report elapsed {report['elapsed_s']:.1f} s")
+def test_shipped_tp2_ep2_config_passes(shipped_tp2_ep2):
+    proc, report = shipped_tp2_ep2
     check_passes(proc, report, 4)
     plan = next(r for r in report["results"] if r["name"] == "plan")
     assert plan["data"]["plan"]["tp"] == 2 and plan["data"]["plan"]["ep"] == 2
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@cpu_only_host
+def test_shipped_tp2_ep2_training_rows_hold_on_every_rank(shipped_tp2_ep2):
+    _, report = shipped_tp2_ep2
+    # Every rank decided the same rows: rank 0 reports them only after comparing every rank's with its own
+    # (preflight.worker.ranks_decided_alike), which adds an error row naming the odd ranks otherwise.
+    assert not [r for r in report["results"] if "decided the training and failure-path rows" in r["detail"]]
+    rows = rows_by_name(report["results"])
+    assert set(rows) == {
+        "training/loss",
+        "training/clipping",
+        "training/schedule",
+        "training/agreement",
+        "failure_paths/resume",
+        "failure_paths/nan",
+    }
+    assert all(r["status"] == "ok" for r in rows.values()), rows
+    assert rows["training/clipping"]["data"]["applied"] == {str(r): [1.0] for r in range(4)}
+    # The NaN is on rank 3; TP's backward all-reduce inside the TP group (2, 3) carries it to rank 2's gradients.
+    nan = rows["failure_paths/nan"]["data"]
+    assert nan["rank"] == 3 and nan["tp_group"] == [2, 3] and nan["step"] == NAN_STEP
+    assert all(r["not_applied"] == [NAN_STEP] and 3 in r["flagged_ranks"] for r in nan["ranks"].values())
+    assert rows["training/schedule"]["data"]["learning_rates"] == pytest.approx(
+        recipe_learning_rates(STEPS), rel=1e-9, abs=1e-15
+    )
 
 
 @pytest.mark.distributed

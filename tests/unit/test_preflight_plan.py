@@ -166,3 +166,17 @@ def test_logs_check_names_a_rank_without_a_run(tmp_path):
         for step in range(3):
             w.add_scalar("train/loss", 1.0 / (step + 1), step)
     assert [r.status for r in logs_check(tmp_path, world_size=2)] == [OK]
+
+
+def test_rank_0_reports_the_training_rows_only_when_every_rank_decided_alike():
+    from hf_dist_recipes.preflight.result import CheckResult
+    from hf_dist_recipes.preflight.worker import ranks_decided_alike
+
+    nan = float("nan")  # a NaN in the data must equal itself across ranks (compared as JSON text)
+    mine = [CheckResult("training", OK, "loss: fine", data={"losses": [4.2, nan]})]
+    other = [CheckResult("training", OK, "loss: fine", data={"losses": [4.2, 3.9]})]
+    assert ranks_decided_alike(mine, "training", gather=lambda text: [text, text, text]) == []
+    assert ranks_decided_alike(mine, "training", gather=lambda text: [text]) == []  # one process
+    other_text = json.dumps([r.to_dict() for r in other], sort_keys=True, default=str)
+    [row] = ranks_decided_alike(mine, "training", gather=lambda text: [text, other_text, text, other_text])
+    assert row.status == ERROR and row.ranks == (1, 3) and row.detail.startswith("rank(s) 1, 3 decided")
