@@ -69,17 +69,17 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Literal
 
 from transformers import TrainingArguments
 from transformers.trainer_utils import SchedulerType
 
 from hf_dist_recipes import _compat, argument_classes
-from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_SIZE, parse_size
+from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_SIZE
 from hf_dist_recipes.comm import backend
 from hf_dist_recipes.comm.nccl_defaults import apply_nccl_env_defaults
 from hf_dist_recipes.comm.watchdog import validate_hang_settings
 from hf_dist_recipes.core.jsonfile import load_deepspeed_json
+from hf_dist_recipes.core.sizes import parse_size
 from hf_dist_recipes.environment import cuda_host, extensions, precision
 from hf_dist_recipes.environment.alloc_defaults import apply_alloc_conf_default
 from hf_dist_recipes.environment.precision import resolve_bf16
@@ -91,8 +91,8 @@ from hf_dist_recipes.monitoring.stragglers import (
 )
 from hf_dist_recipes.parallel.batch import fix_tp_batch_size, tensor_parallel_size, validate_micro_batch
 from hf_dist_recipes.parallel.plan_record import recorded_plan
-from hf_dist_recipes.reproducibility.rank_agreement import validate_policy, validate_rank_check_steps
-from hf_dist_recipes.reproducibility.seeding import seed_everything, validate_seed
+from hf_dist_recipes.reproducibility.rank_agreement import SeedCheck, validate_policy, validate_rank_check_steps
+from hf_dist_recipes.reproducibility.seeding import SeedReport, seed_everything, validate_seed
 from hf_dist_recipes.schedules.warmup_cosine import (
     DEFAULT_NUM_CYCLES,
     check_schedule_kwargs,
@@ -103,6 +103,7 @@ from hf_dist_recipes.schedules.warmup_cosine import (
     validate_warmup_steps,
 )
 from hf_dist_recipes.stability.gradient_health import (
+    NonFinitePolicy,
     validate_max_consecutive_skips,
     validate_nonfinite_policy,
     validate_spike_settings,
@@ -112,6 +113,12 @@ from hf_dist_recipes.stability.gradients import validate_max_grad_norm
 logger = logging.getLogger(__name__)
 
 RECIPE_SCHEDULER = SchedulerType.COSINE_WITH_RESTARTS
+
+
+def _derived(default, help: str):
+    """A field set on creation from the others, never given (see `RecipeTrainingArguments.validate`)."""
+    kind = {"default_factory": default} if callable(default) else {"default": default}
+    return field(init=False, repr=False, compare=False, metadata={"help": help}, **kind)
 
 
 @dataclass
@@ -190,8 +197,8 @@ class RecipeTrainingArguments(TrainingArguments):
         },
     )
     # seeds
-    # Literal: HfArgumentParser renders a closed set as argparse choices (rank_agreement.POLICIES, tested).
-    seed_check: Literal["error", "warn", "off"] = field(
+    # Literal: HfArgumentParser renders a closed set as argparse choices (tests/unit/test_argument_cli.py).
+    seed_check: SeedCheck = field(
         default="error",
         metadata={
             "help": "Ranks that disagree on seeds, data order, built weights or (every rank_check_steps) the "
@@ -217,7 +224,7 @@ class RecipeTrainingArguments(TrainingArguments):
         },
     )
     # gradient health
-    nonfinite_policy: Literal["skip", "halt", "off"] = field(
+    nonfinite_policy: NonFinitePolicy = field(
         default="skip",
         metadata={
             "help": "A non-finite loss or gradient on any rank: 'skip' the optimizer step on every rank "
@@ -286,8 +293,44 @@ class RecipeTrainingArguments(TrainingArguments):
             "(normally an error naming the fix: its memory estimate does not hold without it)."
         },
     )
+    # Set on creation, never given: init=False keeps them out of the constructor, HfArgumentParser and to_dict()
+    # (training_args.json); compare=False keeps equality about what the user chose.
+    save_shard_bytes: int = _derived(0, "save_shard_size in bytes")
+    max_unpartitioned_model_bytes: int | None = _derived(None, "max_unpartitioned_model_size in bytes; None: no check")
+    launch_plan: dict = _derived(dict, "the plan recorded in the DeepSpeed config (`parallel.plan_record`); {} if none")
+    autotp_size: int = _derived(1, "DeepSpeed AutoTP degree of the DeepSpeed config the arguments read (1: no TP)")
+    tp_batch_note: str | None = _derived(None, "what the DeepSpeed batch fix under AutoTP changed, in words")
+    activation_checkpointing_from_plan: bool = _derived(
+        False, "activation_checkpointing was chosen by the launch plan (RecipeTrainer may turn it off), not the user"
+    )
+    nccl_env_applied: dict = _derived(dict, "NCCL environment variables set on creation (`comm.nccl_defaults`)")
+    env_applied: dict = _derived(dict, "every environment variable set on creation (NCCL's and the allocator's)")
+    seed_report: SeedReport | None = _derived(None, "this process's seeding on creation (`seed_everything`)")
 
     def __post_init__(self):
+        """Check every field and derive the fields above (`validate`: nothing outside this object changes), then
+        apply the process-wide effects (`apply_process_effects`: environment variables, the upstream patch), then
+        the stock post-init; seed every process last."""
+        self.validate()
+        apply_process_effects(self)
+        # After the allocator default (apply_process_effects): reading the GPUs' capability initialises CUDA.
+        gpus = 0 if self.use_cpu else backend.cuda_device_count()
+        self.bf16 = resolve_bf16(
+            self.bf16, fp16=self.fp16, cuda_devices=gpus, bf16_supported=bool(gpus) and precision.cuda_bf16_supported()
+        )
+        super().__post_init__()
+        _schedule_kwargs_into_fields(self)  # after super(): it parses a JSON string
+        if self.lr_scheduler_type == RECIPE_SCHEDULER and not self.lr_scheduler_kwargs:
+            self.lr_scheduler_kwargs = {"num_cycles": DEFAULT_NUM_CYCLES}
+        if self.logging_dir is None:
+            self.logging_dir = os.path.join(self.output_dir, "tensorboard")
+        # Last, so nothing above draws from the seeded state: a model built after the arguments (the order of the
+        # HF examples, without set_seed) gets the same weights on every run.
+        self.seed_report = seed_everything(self.seed, deterministic=self.full_determinism)
+
+    def validate(self) -> None:
+        """The recipe's checks of every field it adds or changes (ValueError naming the fix), and the fields derived
+        from them. Reads the host (GPUs, the launcher's DeepSpeed config) but changes nothing outside this object."""
         validate_seed(self.seed)
         # The same rules as the demo's flags (one source: the concept's module), named as the arguments spell them.
         validate_micro_batch(self.per_device_train_batch_size, "per_device_train_batch_size")
@@ -303,17 +346,14 @@ class RecipeTrainingArguments(TrainingArguments):
         validate_hang_settings(self.peer_timeout, self.step_timeout)
         self.max_grad_norm = validate_max_grad_norm(self.max_grad_norm, allow_unclipped=self.allow_unclipped_gradients)
         validate_min_lr_ratio(self.min_lr_ratio)
-        self.save_shard_bytes = _size_field("save_shard_size", self.save_shard_size)
+        self.save_shard_bytes = parse_size(self.save_shard_size, "save_shard_size")
         if str(self.max_unpartitioned_model_size).lower() in ("none", "off"):  # None, or "none" from a command line
             self.max_unpartitioned_model_size = None
         self.max_unpartitioned_model_bytes = (
             None
             if self.max_unpartitioned_model_size is None
-            else _size_field("max_unpartitioned_model_size", self.max_unpartitioned_model_size)
+            else parse_size(self.max_unpartitioned_model_size, "max_unpartitioned_model_size")
         )
-        # Before DeepSpeed builds or loads any op: on GPU hosts super().__post_init__ already starts DeepSpeed's
-        # comm (accelerate 1.16 PartialState -> deepspeed.init_distributed); the engine builds cpu_adam & co. later.
-        extensions.use_node_local_extensions_dir()
         # An explicit CPU request (use_cpu=True, a launch config's use_cpu: true) trains on the CPU even where GPUs
         # are visible, so the backend and precision below are chosen for the CPU (Gloo, fp32).
         cpu_asked = cuda_host.cpu_request(self.use_cpu)
@@ -328,19 +368,6 @@ class RecipeTrainingArguments(TrainingArguments):
             self.ddp_backend = backend.resolve_backend(
                 self.ddp_backend, allow_gloo_on_cuda=self.allow_gloo_on_cuda, cuda_devices=gpus
             )
-        # Before super().__post_init__, where accelerate's PartialState creates the group on GPU hosts: torch reads
-        # these once, when ProcessGroupNCCL is built.
-        self.nccl_env_applied = (
-            apply_nccl_env_defaults(self.output_dir or "trainer_output")
-            if self.ddp_backend == backend.GPU_BACKEND
-            else {}
-        )
-        # Also before CUDA initialises (resolve_bf16 below reads the GPUs' capability): the estimate's fragmentation
-        # allowance assumes expandable segments. Every environment default set here, NCCL's included: env_applied.
-        self.env_applied = {**self.nccl_env_applied, **(apply_alloc_conf_default() if gpus else {})}
-        self.bf16 = resolve_bf16(
-            self.bf16, fp16=self.fp16, cuda_devices=gpus, bf16_supported=bool(gpus) and precision.cuda_bf16_supported()
-        )
         if not gpus and not self.use_cpu:
             # Without use_cpu a CPU-only torchrun run counts world_size 1 and fills DeepSpeed's batch wrongly.
             self.use_cpu = True
@@ -352,15 +379,6 @@ class RecipeTrainingArguments(TrainingArguments):
             self.activation_checkpointing_from_plan = self.activation_checkpointing
             if self.activation_checkpointing:
                 logger.info("activation_checkpointing on: the launch config's plan assumed it")
-        super().__post_init__()
-        _schedule_kwargs_into_fields(self)  # after super(): it parses a JSON string
-        if self.lr_scheduler_type == RECIPE_SCHEDULER and not self.lr_scheduler_kwargs:
-            self.lr_scheduler_kwargs = {"num_cycles": DEFAULT_NUM_CYCLES}
-        if self.logging_dir is None:
-            self.logging_dir = os.path.join(self.output_dir, "tensorboard")
-        # Last, so nothing above draws from the seeded state: a model built after the arguments (the order of the
-        # HF examples, without set_seed) gets the same weights on every run.
-        self.seed_report = seed_everything(self.seed, deterministic=self.full_determinism)
 
     def _fix_deepspeed_batch(self) -> str | None:
         """Trap 1: under DeepSpeed AutoTP, make the global batch micro x accumulation x data-parallel size.
@@ -380,9 +398,7 @@ class RecipeTrainingArguments(TrainingArguments):
         self.launch_plan = recorded_plan(raw)
         if raw is None:
             return None
-        if tensor_parallel_size(raw) > 1:
-            # from_pretrained comes after the arguments in every HF example: it must load under AutoTP.
-            _compat.allow_weight_conversions_under_training_autotp()
+        self.autotp_size = tensor_parallel_size(raw)
         fix = fix_tp_batch_size(
             raw,
             world_size=int(os.environ.get("WORLD_SIZE", "1")),
@@ -391,7 +407,7 @@ class RecipeTrainingArguments(TrainingArguments):
         )
         if fix.change is not None:
             logger.info(fix.change)
-        if fix.change is not None or (from_launcher and tensor_parallel_size(raw) > 1):
+        if fix.change is not None or (from_launcher and self.autotp_size > 1):
             self.deepspeed = fix.config
         return fix.change
 
@@ -407,6 +423,31 @@ class RecipeTrainingArguments(TrainingArguments):
         if base is None and cls is not RecipeTrainingArguments:  # a subclass of ours: upgrade into it
             base = cls
         return argument_classes.upgrade(args, base, RecipeTrainingArguments)
+
+
+def apply_process_effects(args: RecipeTrainingArguments) -> None:
+    """What creating the arguments changes for the whole process, after `args.validate()`; run once by
+    `__post_init__` before the stock post-init (seeding, last, is the post-init's own). Records in
+    `args.nccl_env_applied` and `args.env_applied` the environment variables it set.
+
+    - `TORCH_EXTENSIONS_DIR` (when unset) at a node-local folder: before DeepSpeed builds or loads any op (on GPU
+      hosts the stock post-init already starts DeepSpeed's comm: accelerate 1.16 PartialState ->
+      `deepspeed.init_distributed`; the engine builds cpu_adam & co. later);
+    - the NCCL defaults (`comm.nccl_defaults`) where the backend is NCCL: before the stock post-init, where
+      accelerate's PartialState creates the group on GPU hosts (torch reads them once, when ProcessGroupNCCL is built);
+    - `PYTORCH_CUDA_ALLOC_CONF` (`environment.alloc_defaults`) where CUDA is used: before CUDA initialises (the bf16
+      resolution after this reads the GPUs' capability); the estimate's fragmentation allowance assumes expandable
+      segments;
+    - under DeepSpeed AutoTP, the upstream patch that lets `from_pretrained` convert weights
+      (`_compat.allow_weight_conversions_under_training_autotp`): it comes after the arguments in every HF example."""
+    extensions.use_node_local_extensions_dir()
+    args.nccl_env_applied = (
+        apply_nccl_env_defaults(args.output_dir or "trainer_output") if args.ddp_backend == backend.GPU_BACKEND else {}
+    )
+    gpus = 0 if args.use_cpu else backend.cuda_device_count()
+    args.env_applied = {**args.nccl_env_applied, **(apply_alloc_conf_default() if gpus else {})}
+    if args.autotp_size > 1:
+        _compat.allow_weight_conversions_under_training_autotp()
 
 
 def _schedule_kwargs_into_fields(args: RecipeTrainingArguments) -> None:
@@ -448,10 +489,3 @@ def _schedule_kwargs_into_fields(args: RecipeTrainingArguments) -> None:
             )
         setattr(args, name, value)
     args.lr_scheduler_kwargs = kwargs
-
-
-def _size_field(name: str, value: str) -> int:
-    try:
-        return parse_size(value)
-    except ValueError as err:
-        raise ValueError(f"{name}: {err}") from None

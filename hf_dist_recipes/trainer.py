@@ -47,7 +47,6 @@ from collections.abc import Mapping
 
 import torch
 from transformers import PreTrainedModel, Trainer, TrainingArguments
-from transformers.integrations import TensorBoardCallback
 from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
@@ -55,25 +54,22 @@ from hf_dist_recipes import _compat
 from hf_dist_recipes._compat import forget_zero_hpz_group
 from hf_dist_recipes.argument_classes import recipe_arguments_class
 from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
+from hf_dist_recipes.callbacks import REPLACES, recipe_callbacks
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.checkpoint.gather import reference_model
 from hf_dist_recipes.checkpoint.writer import save_config_files
 from hf_dist_recipes.comm.backend import check_process_group_backend, destroy_gloo_group_at_exit
 from hf_dist_recipes.comm.watchdog import HangWatchdogCallback
 from hf_dist_recipes.environment.fingerprint import check_ranks_agree
-from hf_dist_recipes.moe.expert_load import ExpertLoadCallback, has_routed_experts
 from hf_dist_recipes.monitoring.console import use_recipe_console
 from hf_dist_recipes.monitoring.pending import PendingLogs
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
-from hf_dist_recipes.monitoring.stragglers import StragglerCallback
-from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
-from hf_dist_recipes.monitoring.system_metrics import SystemMetricsCallback
 from hf_dist_recipes.monitoring.tensorboard import PerRankTensorBoardCallback
 from hf_dist_recipes.parallel.batch import tensor_parallel_size
 from hf_dist_recipes.parallel.checkpoint_bytes import SaveBytes, save_bytes, save_timeout_s
 from hf_dist_recipes.parallel.construction import check_partitioned
 from hf_dist_recipes.parallel.plan_record import PlanConformanceCallback
-from hf_dist_recipes.reproducibility.rank_agreement import RankAgreementCallback, weights_checksum
+from hf_dist_recipes.reproducibility.rank_agreement import RankAgreementCallback
 from hf_dist_recipes.reproducibility.seeding import seed_everything
 from hf_dist_recipes.schedules.warmup_cosine import (
     DEFAULT_NUM_CYCLES,
@@ -130,55 +126,31 @@ class RecipeTrainerMixin:
         destroy_gloo_group_at_exit()
         # Every rank's versions, build, NCCL and driver agree, or every rank stops here, naming who differs.
         check_ranks_agree()
-        # A dead or stuck rank ends every rank within a bound instead of a silent wait in a collective.
-        self.add_callback(HangWatchdogCallback(args.peer_timeout, args.step_timeout, args.ddp_timeout))
         if (
             self.is_deepspeed_enabled
             and self.model is not None
             and self.accelerator.state.deepspeed_plugin.hf_ds_config.is_zero3()
         ):
             check_partitioned(self.model, limit_bytes=args.max_unpartitioned_model_bytes, world_size=args.world_size)
-        # Before any engine: a model that will not recompute under a plan that assumed it stops here with the fix.
-        self.plan_conformance = PlanConformanceCallback(getattr(args, "launch_plan", {}), allow=args.allow_no_recompute)
-        self.plan_conformance.check_before_training(self.model, args)
-        self.add_callback(self.plan_conformance)
-        if has_routed_experts(self.model) and not any(
-            isinstance(c, ExpertLoadCallback) for c in self.callback_handler.callbacks
-        ):
-            self.add_callback(ExpertLoadCallback())  # before the TensorBoard callback, which writes what it adds
-        # The weights as this rank built them, before the engine's broadcast from rank 0 makes every rank agree.
-        # Before the TensorBoard callback, which writes the keys it adds to the first log.
-        self.rank_agreement = RankAgreementCallback(
-            seed=args.seed,
-            policy=args.seed_check,
-            rank_check_steps=args.rank_check_steps,
+        callbacks = recipe_callbacks(
+            args,
+            self.model,
+            rank_metrics=self.rank_metrics,
+            seed_report=self.seed_report,
             tp_size=tensor_parallel_size(
                 self.accelerator.state.deepspeed_plugin.hf_ds_config.config if self.is_deepspeed_enabled else {}
             ),
-            per_rank_dropout=args.per_rank_dropout,
-            weights=None if args.seed_check == "off" else weights_checksum(self.model),
+            registered=self.callback_handler.callbacks,
         )
-        self.add_callback(self.rank_agreement)
-        # Before the TensorBoard callback too: it writes the counters this one adds to each log.
-        self.add_callback(
-            GradientHealthCallback(
-                nonfinite_policy=args.nonfinite_policy,
-                max_consecutive_skips=args.max_consecutive_skips,
-                spike_window=args.spike_window,
-                spike_threshold=args.spike_threshold,
-            )
-        )
-        # Before the TensorBoard callback too: it writes the straggler keys this one adds to each log.
-        self.add_callback(
-            StragglerCallback(args.straggler_check_steps, args.straggler_threshold, args.straggler_windows)
-        )
-        # Before the TensorBoard callback too: it writes the system/* and gpu/* keys this one adds to each log.
-        self.add_callback(SystemMetricsCallback())
-        if args.per_rank_tensorboard:
-            # The stock callback writes rank 0 only, into the same root: ours covers it.
-            self.remove_callback(TensorBoardCallback)
-            self.add_callback(PerRankTensorBoardCallback(args.logging_dir, self.rank_metrics, self.seed_report))
-        self.add_callback(RankSummaryCallback(self.rank_metrics, args.logging_dir, self.seed_report))
+        self.plan_conformance = _one(callbacks, PlanConformanceCallback)
+        # Before any engine: a model that will not recompute under a plan that assumed it stops here with the fix.
+        self.plan_conformance.check_before_training(self.model, args)
+        self.rank_agreement = _one(callbacks, RankAgreementCallback)
+        for ours, stock in REPLACES.items():
+            if any(isinstance(c, ours) for c in callbacks):
+                self.remove_callback(stock)
+        for callback in callbacks:  # after the Trainer's own, in recipe_callbacks' order (hf_dist_recipes.callbacks)
+            self.add_callback(callback)
         # The DeepSpeed config as the arguments made it, before an evaluation can finalize it for inference.
         self._deepspeed_config_at_init = (
             copy.deepcopy(self.accelerator.state.deepspeed_plugin.hf_ds_config.config)
@@ -382,6 +354,10 @@ class RecipeTrainerMixin:
         self.rank_metrics.add_micro_step(loss, tokens)
         self.rank_agreement.observe(loss, inputs)
         return loss
+
+
+def _one(callbacks: list, kind: type):
+    return next(c for c in callbacks if isinstance(c, kind))
 
 
 def _count_tokens(inputs) -> int:

@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hf_dist_recipes.core.feeding import TrainerFed
+
 
 @dataclass
-class RankMetrics:
+class RankMetrics(TrainerFed):
     """Running per-rank counters. Losses stay tensors until a log step reads them, so feeding them costs no
     device synchronisation."""
 
@@ -38,6 +40,7 @@ class RankMetrics:
 
     def add_micro_step(self, loss: torch.Tensor, tokens: int) -> None:
         """Record one micro step: its (accumulation-scaled) loss as returned by `Trainer.training_step`."""
+        self.mark_fed()
         loss = loss.detach().float()
         self._window_loss = loss if self._window_loss is None else self._window_loss + loss
         self.tokens += tokens

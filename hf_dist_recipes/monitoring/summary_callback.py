@@ -46,6 +46,7 @@ class RankSummaryCallback(TrainerCallback):
         self.metrics.step_begin()
 
     def on_step_end(self, args, state, control, **kwargs):
+        self.metrics.require_fed("RankSummaryCallback", "each micro step's loss and tokens (RankMetrics)")
         self.metrics.step_end()
 
     def on_log(self, args, state, control, logs=None, **kwargs):

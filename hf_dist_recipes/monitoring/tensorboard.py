@@ -33,6 +33,7 @@ from numbers import Number
 
 from transformers import TrainerCallback
 
+from hf_dist_recipes.core.gather import gather_objects
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
 from hf_dist_recipes.monitoring.system_metrics import RunIdentity, launch_identity
 from hf_dist_recipes.reproducibility.seeding import SeedReport
@@ -62,7 +63,7 @@ class PerRankTensorBoardCallback(TrainerCallback):
             run_dir = rank_log_dir(self.logging_dir, args.process_index)
             resumed = state.global_step > 0
             # Every rank hears of any rank's refusal: a rank that went on alone would wait in its first collective.
-            refusals = _gather([None if resumed else mixing_refusal(run_dir, identity)])
+            refusals = gather_objects(None if resumed else mixing_refusal(run_dir, identity))
             if any(refusals):
                 first = next(r for r in refusals if r)
                 raise ValueError(
@@ -84,6 +85,9 @@ class PerRankTensorBoardCallback(TrainerCallback):
             r = self.seed_report
             self.writer.add_text("seed", f"rank {args.process_index}: seed {r.seed}, rng fingerprint {r.fingerprint}")
         self.writer.flush()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.metrics.require_fed("PerRankTensorBoardCallback", "each micro step's loss and tokens (RankMetrics)")
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.writer is None:
@@ -129,17 +133,6 @@ class PerRankTensorBoardCallback(TrainerCallback):
                 os.kill(os.getpid(), signal.SIGTERM)
 
         signal.signal(signal.SIGTERM, flush_then_terminate)
-
-
-def _gather(local: list) -> list:
-    """`local` (one item) from every rank, in rank order; `local` itself without several ranks."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return local
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, local[0])
-    return out
 
 
 def mixing_refusal(run_dir: str | os.PathLike, identity: RunIdentity) -> str | None:

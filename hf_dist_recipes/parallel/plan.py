@@ -14,17 +14,23 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
+from typing import Literal, get_args
 
 from packaging.version import Version
 
 from hf_dist_recipes.parallel.models import ModelShape
 
-DEVICES = ("cuda", "cpu")
-PRECISIONS = ("bf16", "fp16", "fp32")
+# The closed sets, typed (the tuples are what `validate` and the CLI's choices read: one source).
+Device = Literal["cuda", "cpu"]
+Precision = Literal["bf16", "fp16", "fp32"]
 # Gradient reduction dtype (DeepSpeed's `communication_data_type`): fp32 by default, as torchtitan's FSDP
 # `mixed_precision_reduce = "float32"` and Megatron-LM's fp32 gradient reduction; the compute dtype as an option.
-GRAD_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
-ENGINES = ("deepspeed", "fsdp2")
+GradReduceDtype = Literal["fp32", "bf16", "fp16"]
+Engine = Literal["deepspeed", "fsdp2"]
+DEVICES: tuple[str, ...] = get_args(Device)
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+GRAD_REDUCE_DTYPES: tuple[str, ...] = get_args(GradReduceDtype)
+ENGINES: tuple[str, ...] = get_args(Engine)
 MIN_DEEPSPEED_ZERO3_AUTOTP = "0.19.4"  # DeepSpeed PRs 8167/8168: AutoTP training with ZeRO-3
 # DeepSpeed AutoEP presets (deepspeed/module_inject/auto_ep_presets) by transformers model_type.
 EP_PRESETS = {
@@ -46,7 +52,7 @@ class ParallelPlan:
 
     nodes: int = 1
     procs_per_node: int = 8
-    device: str = "cuda"
+    device: Device = "cuda"
     zero_stage: int = 3
     offload_optimizer: bool = False
     offload_params: bool = False
@@ -55,11 +61,11 @@ class ParallelPlan:
     micro_batch: int = 1
     grad_accum: int = 1
     seq_len: int = 4096
-    precision: str = "bf16"
+    precision: Precision = "bf16"
     activation_checkpointing: bool = False
-    engine: str = "deepspeed"
+    engine: Engine = "deepspeed"
     zero_init: bool = True
-    grad_reduce_dtype: str = "fp32"
+    grad_reduce_dtype: GradReduceDtype = "fp32"
 
     @property
     def world_size(self) -> int:

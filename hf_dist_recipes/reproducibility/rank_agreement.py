@@ -55,15 +55,20 @@ import itertools
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 from transformers import TrainerCallback
 
+from hf_dist_recipes.core.feeding import TrainerFed
+from hf_dist_recipes.core.gather import gather_floats, gather_objects
+from hf_dist_recipes.core.layout import RankLayout
 from hf_dist_recipes.monitoring.pending import PendingLogs
 
 logger = logging.getLogger(__name__)
 
-POLICIES = ("error", "warn", "off")
+SeedCheck = Literal["error", "warn", "off"]
+POLICIES: tuple[str, ...] = get_args(SeedCheck)
 ZERO_INIT_BROADCAST = "broadcast by zero.Init"
 _PER_RANK_STRIDE = 1_000_003  # a prime: dropout seeds of neighbouring replicas do not collide with seed + 1 runs
 
@@ -85,13 +90,6 @@ def dropout_seed(seed: int, dp_rank: int, per_rank_dropout: bool) -> int:
     if not per_rank_dropout:
         return seed
     return (seed + _PER_RANK_STRIDE * (dp_rank + 1)) % 2**32
-
-
-def tp_groups(world_size: int, tp_size: int) -> list[list[int]]:
-    """Tensor-parallel groups: consecutive ranks, as DeepSpeed AutoTP forms them ([0, 1], [2, 3] for TP 2)."""
-    if tp_size < 1 or world_size % tp_size:
-        raise ValueError(f"TP size {tp_size} does not divide the world size {world_size}")
-    return [list(range(start, start + tp_size)) for start in range(0, world_size, tp_size)]
 
 
 def checksum(values: Iterable[int]) -> str:
@@ -201,38 +199,20 @@ def first_batches(train_dataloader) -> tuple[str | None, str | None, int | None]
     return checksum(global_step), (None if own is None else checksum(own)), seed
 
 
-def _gather_objects(obj: object) -> list[object]:
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return [obj]
-    out = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(out, obj)
-    return out
-
-
-def _gather_vector(values: list[float]) -> list[list[float]]:
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return [values]
-    device = "cpu"
-    if torch.distributed.get_backend() == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
-    local = torch.tensor(values, dtype=torch.float64, device=device)
-    out = [torch.empty_like(local) for _ in range(torch.distributed.get_world_size())]
-    torch.distributed.all_gather(out, local)
-    return [t.tolist() for t in out]
-
-
 def _hex_to_float(text: str | None) -> float:
     return -1.0 if text is None else float(int(text[:13], 16))  # 52 bits: exact in a float64
 
 
-class RankAgreementCallback(PendingLogs, TrainerCallback):
-    """See the module docstring. `weights`: this rank's `weights_checksum` at construction."""
+class RankAgreementCallback(TrainerFed, PendingLogs, TrainerCallback):
+    """See the module docstring. `weights`: this rank's `weights_checksum` at construction. Works under a plain
+    Trainer except for the periodic checks inside a TP group (`tp_size` > 1), which need each micro step's loss and
+    batch (`observe`, fed by RecipeTrainer): there the first optimizer step raises ValueError (`core.feeding`)."""
 
     def __init__(
         self,
         *,
         seed: int,
-        policy: str = "error",
+        policy: SeedCheck = "error",
         rank_check_steps: int = 100,
         tp_size: int = 1,
         per_rank_dropout: bool = False,
@@ -256,14 +236,14 @@ class RankAgreementCallback(PendingLogs, TrainerCallback):
 
     def observe(self, loss: torch.Tensor, inputs) -> None:
         """Called by `RecipeTrainer.training_step` with each micro step's loss and inputs: keeps references only."""
+        self.mark_fed()
         self._loss = loss
         ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else None
         self._ids = ids if isinstance(ids, torch.Tensor) else None
 
     def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
-        world = max(args.world_size, 1)
-        rank = args.process_index
-        dp_rank = rank // self.tp_size
+        layout = RankLayout(max(args.world_size, 1), self.tp_size)
+        dp_rank = layout.dp_rank(args.process_index)
         torch.manual_seed(dropout_seed(self.seed, dp_rank, self.per_rank_dropout))  # every CUDA device as well
         if self.policy == "off":
             return
@@ -275,9 +255,9 @@ class RankAgreementCallback(PendingLogs, TrainerCallback):
             "first_batch": own_first,
             "weights": self.weights,
         }
-        records = _gather_objects(record)
-        everyone = [list(range(world))]
-        groups = tp_groups(world, self.tp_size)
+        records = gather_objects(record)
+        everyone = [list(range(layout.world))]
+        groups = layout.tp_groups()
         column = lambda key: [r[key] for r in records]  # noqa: E731
         seed_bad = find_mismatches(column("seed"), everyone, "the seed", "pass the same seed= on every rank")
         data_bad = (
@@ -326,7 +306,11 @@ class RankAgreementCallback(PendingLogs, TrainerCallback):
         apply_policy(self.policy, seed_bad + data_bad + weights_bad)
 
     def on_step_end(self, args, state, control, optimizer=None, **kwargs):
-        if self.policy == "off" or not self.rank_check_steps or state.global_step % self.rank_check_steps:
+        if self.policy == "off" or not self.rank_check_steps:
+            return
+        if self.tp_size > 1:
+            self.require_fed("RankAgreementCallback with tp_size > 1", "each micro step's loss and batch (observe)")
+        if state.global_step % self.rank_check_steps:
             return
         lr = float(optimizer.param_groups[0]["lr"]) if optimizer is not None and optimizer.param_groups else -1.0
         loss = float(self._loss.detach().float()) if self._loss is not None else float("nan")
@@ -340,12 +324,12 @@ class RankAgreementCallback(PendingLogs, TrainerCallback):
                 )
             )
         )
-        rows = _gather_vector(
+        rows = gather_floats(
             [float(state.global_step), lr, loss, ids, _hex_to_float(rng_checksum()), float(args.process_index)]
         )
-        world = len(rows)
-        everyone = [list(range(world))]
-        groups = tp_groups(world, self.tp_size)
+        layout = RankLayout(len(rows), self.tp_size)
+        everyone = [list(range(layout.world))]
+        groups = layout.tp_groups()
         col = lambda i: [row[i] for row in rows]  # noqa: E731
         bad = find_mismatches(
             col(0), everyone, "the global step", "every rank must run the same optimizer steps"

@@ -101,17 +101,21 @@ import os
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from hf_dist_recipes import _compat
+from hf_dist_recipes.core.feeding import TrainerFed
+from hf_dist_recipes.core.gather import distributed, gather_objects
 from hf_dist_recipes.monitoring.pending import PendingLogs
 
 logger = logging.getLogger(__name__)
 
-POLICIES = ("skip", "halt", "off")
+NonFinitePolicy = Literal["skip", "halt", "off"]
+POLICIES: tuple[str, ...] = get_args(NonFinitePolicy)
 DEFAULT_MAX_CONSECUTIVE_SKIPS = 3
 DEFAULT_SPIKE_WINDOW = 50
 DEFAULT_SPIKE_THRESHOLD = 6.0
@@ -185,7 +189,7 @@ class NonFiniteReport:
     ranks: list[int]
     loss_ranks: list[int]
     parameters: dict[int, list[str]]  # rank -> names of parameters whose local gradient was non-finite
-    action: str = "skip"
+    action: Literal["skip", "halt"] = "skip"
     reason: str = ""
 
     @property
@@ -238,25 +242,13 @@ def _under_deepspeed(optimizer) -> bool:
     return isinstance(optimizer, DeepSpeedOptimizerWrapper)
 
 
-def _distributed() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
-def _gather(local) -> list:
-    """Every rank's `local`, by rank (one all_gather_object; only on a step with a non-finite value)."""
-    if not _distributed():
-        return [local]
-    gathered = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, local)
-    return gathered
-
-
-class GradientHealthCallback(PendingLogs, TrainerCallback, ExportableState):
-    """See the module docstring. Built by `RecipeTrainer` from the arguments' fields of the same names."""
+class GradientHealthCallback(TrainerFed, PendingLogs, TrainerCallback, ExportableState):
+    """See the module docstring. Built by `RecipeTrainer` from the arguments' fields of the same names; needs its
+    feeding (`watch_loss`), so under a plain Trainer the first optimizer step raises ValueError (`core.feeding`)."""
 
     def __init__(
         self,
-        nonfinite_policy: str = "skip",
+        nonfinite_policy: NonFinitePolicy = "skip",
         max_consecutive_skips: int = DEFAULT_MAX_CONSECUTIVE_SKIPS,
         spike_window: int = DEFAULT_SPIKE_WINDOW,
         spike_threshold: float = DEFAULT_SPIKE_THRESHOLD,
@@ -322,6 +314,7 @@ class GradientHealthCallback(PendingLogs, TrainerCallback, ExportableState):
         """Record a training micro-batch's loss; return it unchanged if finite, else multiplied by NaN."""
         if not self.active or not isinstance(loss, torch.Tensor):
             return loss
+        self.mark_fed()
         value = loss.detach()
         finite = torch.isfinite(value).all()
         if self._loss_bad is None or self._loss_bad.device != value.device:
@@ -419,6 +412,7 @@ class GradientHealthCallback(PendingLogs, TrainerCallback, ExportableState):
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, model=None, **kwargs):
         if not self.active:
             return
+        self.require_fed("GradientHealthCallback", "every training micro-batch's loss (RecipeTrainer.compute_loss)")
         step = state.global_step + 1  # the step being taken now; global_step counts it after on_optimizer_step
         if self._zero3:
             self._zero3_step(args, state, control, optimizer, step)
@@ -435,8 +429,8 @@ class GradientHealthCallback(PendingLogs, TrainerCallback, ExportableState):
             if self._loss_bad is not None
             else torch.zeros((), dtype=torch.bool, device=device)
         )
-        world = torch.distributed.get_world_size() if _distributed() else 1
-        rank = torch.distributed.get_rank() if _distributed() else 0
+        world = torch.distributed.get_world_size() if distributed() else 1
+        rank = torch.distributed.get_rank() if distributed() else 0
         flags = torch.zeros(world + 1, dtype=torch.float64, device=device)
         flags[rank] = (loss_bad | bad_params.any()).double() + 2 * loss_bad.double()  # 1: gradient, 3: loss too
         if self._micro_steps:
@@ -455,7 +449,7 @@ class GradientHealthCallback(PendingLogs, TrainerCallback, ExportableState):
             self._reset_step()
             return
         if ranks or engine_skipped:
-            gathered = _gather([n for n, bad in zip(self._names, bad_params.tolist(), strict=True) if bad])
+            gathered = gather_objects([n for n, bad in zip(self._names, bad_params.tolist(), strict=True) if bad])
             parameters = {r: names for r, names in enumerate(gathered) if names}
             # Under DeepSpeed the step is already taken: one our flags call non-finite must have been refused.
             applied = _under_deepspeed(optimizer) and bool(ranks) and not engine_skipped
@@ -480,7 +474,7 @@ class GradientHealthCallback(PendingLogs, TrainerCallback, ExportableState):
         self._check_unchecked()  # every rank is here together: the earlier steps' spikes first, in order
         loss_bad = self._loss_bad is not None and bool(self._loss_bad)
         bad = (~torch.isfinite(self._grad_sums)).tolist()
-        gathered = _gather((loss_bad, [n for n, b in zip(self._names, bad, strict=True) if b]))
+        gathered = gather_objects((loss_bad, [n for n, b in zip(self._names, bad, strict=True) if b]))
         ranks = [r for r, (loss, names) in enumerate(gathered) if loss or names]
         loss_ranks = [r for r, (loss, _) in enumerate(gathered) if loss]
         if getattr(args, "fp16", False) and not loss_ranks:
@@ -499,7 +493,7 @@ class GradientHealthCallback(PendingLogs, TrainerCallback, ExportableState):
         entries, self._unchecked = self._unchecked, []
         nan = torch.tensor(math.nan, dtype=torch.float64, device=self._grad_sums.device)
         losses = torch.stack([nan if loss is None else loss.to(nan.device) for _, loss, _ in entries])
-        world = torch.distributed.get_world_size() if _distributed() else 1
+        world = torch.distributed.get_world_size() if distributed() else 1
         if world > 1:
             torch.distributed.all_reduce(losses)
         for (step, _, norm), total in zip(entries, (losses / world).tolist(), strict=True):

@@ -21,7 +21,7 @@ from transformers import HfArgumentParser, TrainingArguments
 
 import hf_dist_recipes
 from hf_dist_recipes import RecipeTrainingArguments
-from hf_dist_recipes.checkpoint.writer import parse_size
+from hf_dist_recipes.core.sizes import parse_size
 
 REPO_SCRIPTS = __import__("pathlib").Path(__file__).resolve().parents[1] / "scripts"
 
@@ -117,6 +117,42 @@ def test_closed_sets_are_choices_and_match_the_validators():
     assert "{error,warn,off}" in text and "{skip,halt,off}" in text
 
 
+def test_parallel_plan_closed_sets_are_choices_of_its_parser():
+    from hf_dist_recipes.parallel import plan
+
+    parser = HfArgumentParser(plan.ParallelPlan)
+    choices = {action.dest: list(action.choices) for action in parser._actions if action.choices}
+    # By hand, what ParallelPlan.validate and `config generate` accept.
+    assert choices == {
+        "device": ["cuda", "cpu"],
+        "precision": ["bf16", "fp16", "fp32"],
+        "engine": ["deepspeed", "fsdp2"],
+        "grad_reduce_dtype": ["fp32", "bf16", "fp16"],
+    }
+    assert [list(plan.DEVICES), list(plan.PRECISIONS), list(plan.ENGINES), list(plan.GRAD_REDUCE_DTYPES)] == [
+        choices[k] for k in ("device", "precision", "engine", "grad_reduce_dtype")
+    ]
+    words = ["--engine", "fsdp2", "--device", "cpu"]
+    (parsed,) = parser.parse_args_into_dataclasses(args=words, look_for_args_file=False)
+    assert (parsed.engine, parsed.device, parsed.precision) == ("fsdp2", "cpu", "bf16")
+
+
+def test_recipe_arguments_closed_sets_are_parser_choices():
+    choices = {a.dest: list(a.choices or ()) for a in HfArgumentParser(RecipeTrainingArguments)._actions}
+    assert choices["seed_check"] == ["error", "warn", "off"]
+    assert choices["nonfinite_policy"] == ["skip", "halt", "off"]
+
+
+def test_fields_set_on_creation_are_not_command_line_options(tmp_path):
+    derived = [f.name for f in dataclasses.fields(RecipeTrainingArguments) if not f.init]
+    assert {"launch_plan", "save_shard_bytes", "seed_report", "env_applied", "tp_batch_note"} <= set(derived)
+    text = HfArgumentParser(RecipeTrainingArguments).format_help()
+    assert not [name for name in derived if f"--{name} " in text or f"--{name}\n" in text]
+    args = RecipeTrainingArguments(output_dir=str(tmp_path))
+    assert args.launch_plan == {} and args.save_shard_bytes == 5 * 10**9  # the default 5GB, by hand
+    assert not set(derived) & set(args.to_dict())  # training_args.json holds what the user can give
+
+
 def test_a_value_outside_a_closed_set_is_refused_by_argparse(capsys):
     with pytest.raises(SystemExit) as done:
         HfArgumentParser(RecipeTrainingArguments).parse_args_into_dataclasses(
@@ -125,7 +161,11 @@ def test_a_value_outside_a_closed_set_is_refused_by_argparse(capsys):
     assert done.value.code == 2 and "invalid choice: 'maybe'" in capsys.readouterr().err
 
 
-ADDED = [f for f in dataclasses.fields(RecipeTrainingArguments) if f.name not in TrainingArguments.__dataclass_fields__]
+ADDED = [
+    f
+    for f in dataclasses.fields(RecipeTrainingArguments)
+    if f.init and f.name not in TrainingArguments.__dataclass_fields__
+]
 
 
 def _non_default(f: dataclasses.Field, hint) -> tuple[list[str], object]:
