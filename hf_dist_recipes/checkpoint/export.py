@@ -31,6 +31,7 @@ from hf_dist_recipes.checkpoint.writer import (
     remove_previous_weights,
     save_config_files,
 )
+from hf_dist_recipes.core.gather import gather_objects
 
 
 def to_disk_names(model: nn.Module, group: dict) -> dict:
@@ -88,8 +89,7 @@ def save_hf_checkpoint(
         writer.add(to_disk_names(model, group))
         del group
     written = writer.close()
-    everyone: list = [None] * world
-    dist.all_gather_object(everyone, written)  # also the barrier before the index: every shard is on disk
+    everyone = gather_objects(written)  # also the barrier before the index: every shard is on disk
     if rank != 0:
         return None
     result = write_index(output_dir, plan, dict(enumerate(everyone)))

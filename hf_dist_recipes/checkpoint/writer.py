@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from hf_dist_recipes.core.sizes import parse_size
 
 if TYPE_CHECKING:  # the CLI imports this module for --help: no torch at import time
     import torch
@@ -24,26 +25,7 @@ WRITERS_RECORD = "shard_writers.json"  # which writer wrote which file, when sev
 # The writing rank holds at most one shard plus one group, so the shard size bounds its memory: 5 GB, where
 # save_pretrained's default is 50GB.
 DEFAULT_MAX_SHARD_SIZE = "5GB"
-# One size grammar for every size argument (save_shard_size, max_unpartitioned_model_size, checkpoint export
-# --max-shard-size), with transformers' meaning (`transformers.utils.hub.convert_file_size_to_int`): KB/MB/GB are
-# decimal, KiB/MiB/GiB binary. A bare K/M/G is refused: which of the two it meant cannot be told.
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?\s*$", re.IGNORECASE)
-_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-
-
-def parse_size(text: str | int) -> int:
-    """ "5GB" -> 5 * 10**9 bytes, "5GiB" -> 5 * 2**30, as transformers' max_shard_size; also B, KB, MB, KiB, MiB
-    (any case) and a plain byte count ("1048576"). Raises ValueError naming the accepted forms."""
-    m = _SIZE.match(str(text))
-    if not m or float(m.group(1)) <= 0:
-        raise ValueError(
-            f"size {text!r}: give a positive size such as 5GB (5 x 10^9 bytes), 5GiB (5 x 2^30), 500MB, 64KiB "
-            "or a byte count such as 1048576"
-        )
-    return int(float(m.group(1)) * _UNITS[(m.group(2) or "B").upper()])
-
-
-DEFAULT_MAX_SHARD_BYTES = parse_size(DEFAULT_MAX_SHARD_SIZE)
+DEFAULT_MAX_SHARD_BYTES = parse_size(DEFAULT_MAX_SHARD_SIZE, "save_shard_size")
 
 
 @dataclass

@@ -13,7 +13,8 @@ import json
 import time
 from dataclasses import asdict
 
-from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_SIZE, parse_size
+from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_SIZE
+from hf_dist_recipes.core.sizes import parse_size
 from hf_dist_recipes.core.user_values import writable_dir
 
 
@@ -62,10 +63,7 @@ def run_export(args: argparse.Namespace) -> int:
 
     from hf_dist_recipes.checkpoint.offline import export_checkpoint, resolve_tag_dir
 
-    try:
-        max_shard = parse_size(args.max_shard_size)
-    except ValueError as err:
-        raise ValueError(f"--max-shard-size: {err}") from None
+    max_shard = parse_size(args.max_shard_size, "--max-shard-size")
     if args.workers < 1:
         raise ValueError(f"--workers {args.workers}: use 1 or more writer processes")
     # A wrong path is one line, before any progress bar.

@@ -19,9 +19,8 @@ from hf_dist_recipes.comm.commbench import (
     DEFAULT_SIZES,
     DEFAULT_WARMUP,
     BenchSettings,
-    parse_size,
-    parse_sizes,
 )
+from hf_dist_recipes.core.sizes import parse_size, parse_sizes
 
 
 def register(subparsers) -> None:
@@ -42,7 +41,7 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--sizes",
         default=DEFAULT_SIZES,
-        help="message sizes, comma-separated, units K/M/G = powers of 1024 (default: %(default)s)",
+        help="message sizes, comma-separated; 1K = 1KiB = 1024 bytes, 1KB = 1000, and so on (default: %(default)s)",
     )
     parser.add_argument(
         "--iters", type=int, default=DEFAULT_ITERS, help="timed iterations per op and size (default: %(default)s)"
@@ -68,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from hf_dist_recipes.comm.commbench_render import render
 
     settings = BenchSettings(
-        sizes=parse_sizes(args.sizes),
+        sizes=parse_sizes(args.sizes, "--sizes"),
         iters=args.iters,
         warmup=args.warmup,
         link_bytes=parse_size(args.link_size, "--link-size"),

@@ -15,13 +15,15 @@ Definitions, per op and size:
 from __future__ import annotations
 
 import os
-import re
 import socket
 import statistics
 import sys
 import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
+
+from hf_dist_recipes.core.gather import gather_objects
+from hf_dist_recipes.core.sizes import parse_size, parse_sizes
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 # The torch function each op is measured with (reported with the results: Gloo runs the same calls). torch 2.13
@@ -34,40 +36,6 @@ DEFAULT_LINK_SIZE = "4M"
 DEFAULT_FRACTION = 0.5
 ELEMENT_BYTES = 4  # float32, like nccl-tests' default
 GB = 1e9  # nccl-tests' GB/s are 10^9 bytes per second
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "K": 1024,
-    "KB": 1024,
-    "KIB": 1024,
-    "M": 1024**2,
-    "MB": 1024**2,
-    "MIB": 1024**2,
-    "G": 1024**3,
-    "GB": 1024**3,
-    "GIB": 1024**3,
-}
-_SIZE = re.compile(r"^\s*(\d+)\s*([A-Za-z]*)\s*$")
-
-
-def parse_size(text: str, name: str = "--sizes") -> int:
-    """Bytes of a size such as "4096", "1K", "64M", "1GiB" (units are powers of 1024, like nccl-tests' -b/-e)."""
-    m = _SIZE.match(str(text))
-    unit = m.group(2).upper() if m else None
-    if not m or unit not in _UNITS or int(m.group(1)) <= 0:
-        raise ValueError(
-            f"{name}: {text!r} is not a size in bytes; use a positive number with an optional unit "
-            "K, M or G (powers of 1024), e.g. {name} 1K,1M,64M".replace("{name}", name)
-        )
-    return int(m.group(1)) * _UNITS[unit]
-
-
-def parse_sizes(text: str, name: str = "--sizes") -> tuple[int, ...]:
-    """The sorted distinct sizes in bytes of a comma-separated list such as "1K,1M,64M"."""
-    parts = [p for p in str(text).split(",") if p.strip()]
-    if not parts:
-        raise ValueError(f"{name} is empty; give comma-separated sizes, e.g. {name} 1K,1M,64M")
-    return tuple(sorted({parse_size(p, name) for p in parts}))
 
 
 def message_bytes(size: int, world_size: int) -> int:
@@ -110,10 +78,10 @@ class BenchSettings:
     untimed iterations per op and size; `link_bytes` per point-to-point ring transfer; `fraction` of the median
     below which a link or rank is flagged."""
 
-    sizes: tuple[int, ...] = parse_sizes(DEFAULT_SIZES)
+    sizes: tuple[int, ...] = parse_sizes(DEFAULT_SIZES, "--sizes")
     iters: int = DEFAULT_ITERS
     warmup: int = DEFAULT_WARMUP
-    link_bytes: int = parse_size(DEFAULT_LINK_SIZE)
+    link_bytes: int = parse_size(DEFAULT_LINK_SIZE, "--link-size")
     fraction: float = DEFAULT_FRACTION
 
 
@@ -150,16 +118,6 @@ def _timed(fn: Callable[[], object], s: BenchSettings, device) -> float:
         fn()
     _sync(device)
     return (time.perf_counter() - start) / s.iters
-
-
-def _per_rank(value: float) -> list[float]:
-    """`value` of every rank, in rank order. As objects: Gloo cannot all-gather CUDA tensors, and the
-    side-by-side runs Gloo with them."""
-    import torch.distributed as dist
-
-    out: list = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
-    return out
 
 
 def _collective(op: str, size: int, n: int, device) -> Callable[[], object]:
@@ -202,7 +160,7 @@ def measure_collectives(s: BenchSettings, device, progress: Callable[[str], None
                 row["note"] = f"unsupported by this backend on {device.type}: {str(err).splitlines()[0][:160]}"
                 rows.append(row)
                 continue
-            times = _per_rank(mine)
+            times = gather_objects(mine)
             own[op][size] = times
             algbw, busbw = bandwidths(op, size, max(times), n)
             row.update(time_us=max(times) * 1e6, algbw_GBps=algbw, busbw_GBps=busbw)
@@ -229,7 +187,7 @@ def measure_ring_links(s: BenchSettings, device, hosts: list[str]) -> list[dict]
             mine = _timed(lambda src=src: dist.recv(buf, src), s, device)
         else:
             mine = _timed(lambda: None, s, device)  # joins the barrier inside
-        seconds = max(_per_rank(mine)[r] for r in (src, dst))
+        seconds = max(gather_objects(mine)[r] for r in (src, dst))
         links.append(
             {
                 "src": src,
@@ -263,8 +221,7 @@ def run_benchmark(s: BenchSettings, device, backend: str, progress: Callable[[st
     import torch.distributed as dist
 
     n = dist.get_world_size()
-    hosts: list = [None] * n
-    dist.all_gather_object(hosts, socket.gethostname())
+    hosts = gather_objects(socket.gethostname())
     rows, own = measure_collectives(s, device, progress)
     links, links_note = [], ""
     if backend == "gloo" and device.type == "cuda":
@@ -314,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hf_dist_recipes.comm.commbench", description=__doc__)
     p.add_argument("--backend", choices=("nccl", "gloo"), help="default: NCCL with CUDA GPUs, else Gloo")
     p.add_argument("--allow-gloo-on-cuda", action="store_true", help="measure Gloo on a GPU host (CUDA tensors)")
-    p.add_argument("--sizes", default=DEFAULT_SIZES, help="comma-separated, units K/M/G (default: %(default)s)")
+    p.add_argument(
+        "--sizes", default=DEFAULT_SIZES, help="comma-separated, 1K = 1KiB, 1KB = 1000 (default: %(default)s)"
+    )
     p.add_argument("--iters", type=int, default=DEFAULT_ITERS, help="timed iterations (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed iterations (default: %(default)s)")
     p.add_argument("--link-size", default=DEFAULT_LINK_SIZE, help="bytes per ring-link send (default: %(default)s)")
@@ -329,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     s = check_settings(
         BenchSettings(
-            sizes=parse_sizes(args.sizes),
+            sizes=parse_sizes(args.sizes, "--sizes"),
             iters=args.iters,
             warmup=args.warmup,
             link_bytes=parse_size(args.link_size, "--link-size"),

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 class RankLayout:
     """`world` ranks split into TP groups of `tp` consecutive ranks; `ep` is the expert-parallel degree (default 1).
 
-    Raises ValueError when a degree does not divide the world, naming the sizes."""
+    Raises ValueError when a size is below 1 or a degree does not divide the world, naming the DeepSpeed setting
+    to change."""
 
     world: int
     tp: int = 1
@@ -21,12 +22,17 @@ class RankLayout:
 
     def __post_init__(self):
         if self.world < 1:
-            raise ValueError(f"the world size must be >= 1, got {self.world}")
-        for name, degree in (("TP", self.tp), ("EP", self.ep)):
-            if degree < 1 or self.world % degree:
+            raise ValueError(f"the world size must be >= 1 process, got {self.world}")
+        for kind, degree, setting in (
+            ("tensor-parallel", self.tp, "tensor_parallel.autotp_size"),
+            ("expert-parallel", self.ep, "expert_parallel.autoep_size"),
+        ):
+            if degree < 1:
+                raise ValueError(f"the {kind} degree must be >= 1, got {degree}; set {setting} to 1 or more")
+            if self.world % degree:
                 raise ValueError(
-                    f"{name} size {degree} does not divide the world size {self.world}: choose a {name} degree that "
-                    f"divides the number of processes"
+                    f"world size {self.world} is not divisible by the {kind} degree {degree}; launch a multiple "
+                    f"of {degree} processes or change {setting}"
                 )
 
     @property

@@ -21,6 +21,8 @@ import socket
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
+from hf_dist_recipes.core.gather import gather_objects
+
 PACKAGES = ("deepspeed", "transformers", "accelerate", "datasets", "hf-dist-recipes")
 NCCL_DISTRIBUTIONS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
 NOT_COMPARED = ("host",)
@@ -105,13 +107,10 @@ def check_ranks_agree(
     every rank if they differ. `gathered`: the ranks' fingerprints already collected (no collective; for tests).
     Without an initialized process group (one process) there is nothing to compare. Returns the fingerprints."""
     if gathered is None:
-        import torch.distributed as dist
-
         fingerprint = dict(environment_fingerprint() if fingerprint is None else fingerprint)
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return [fingerprint]
-        gathered = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, fingerprint)
+        gathered = gather_objects(fingerprint)
+        if len(gathered) == 1:
+            return gathered
     gathered = [dict(fp) for fp in gathered]
     diffs = fingerprint_differences(gathered)
     if diffs:

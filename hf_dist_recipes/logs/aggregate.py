@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hf_dist_recipes.core.layout import RankLayout
 from hf_dist_recipes.logs.events import RankEvents, find_rank_files, read_rank
 
 BLOCKS = 256
@@ -204,7 +205,8 @@ class _Folder:
 
     def __init__(self, ranks: list[int], tp: int | None):
         self.ranks = ranks
-        self.tp = tp
+        # A log folder may lack some ranks: the layout is the smallest world of whole TP groups holding those found.
+        self.layout = RankLayout(tp * (max(ranks, default=0) // tp + 1), tp) if tp and tp > 1 else None
         self.stats: dict[str, StepStats] = {}
         self.blocks: dict[str, dict[int, BlockSeries]] = {}
         self.hosts: dict[int, str] = {}
@@ -215,9 +217,9 @@ class _Folder:
     def _group_of(self, tag: str, rank: int) -> tuple[tuple[str, int], list[int]] | None:
         if tag == LR_TAG:
             return (tag, 0), self.ranks
-        if self.tp and self.tp > 1 and tag == "rank/loss":
-            g = rank // self.tp
-            return (tag, g), [r for r in self.ranks if r // self.tp == g]
+        if self.layout is not None and tag == "rank/loss":
+            peers = self.layout.tp_group(rank)
+            return (tag, self.layout.dp_rank(rank)), [r for r in self.ranks if r in peers]
         return None
 
     def feed(self, ev: RankEvents) -> None:

@@ -24,7 +24,8 @@ import contextlib
 import torch
 from transformers import TrainerCallback
 
-from hf_dist_recipes.moe.expert_load import ExpertLoadTracker, RoutedLayer, tensor_parallel_degree
+from hf_dist_recipes.moe.expert_load import ExpertLoadTracker, RoutedLayer
+from hf_dist_recipes.parallel.batch import rank_layout
 
 
 def bias_update(counts: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -67,7 +68,7 @@ class ExpertBiasBalancer(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         tracker = (
-            ExpertLoadTracker.for_model(model, tp_size=tensor_parallel_degree(args), device=args.device)
+            ExpertLoadTracker.for_model(model, tp_size=rank_layout(args).tp, device=args.device)
             if model is not None
             else None
         )

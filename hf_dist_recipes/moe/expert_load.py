@@ -36,7 +36,10 @@ from torch import nn
 from transformers import TrainerCallback
 
 from hf_dist_recipes import _compat
+from hf_dist_recipes.core.gather import distributed
+from hf_dist_recipes.core.layout import RankLayout
 from hf_dist_recipes.monitoring.pending import PendingLogs
+from hf_dist_recipes.parallel.batch import rank_layout
 
 # Above this many (MoE layer, expert) pairs only the per-layer summaries are logged by default: DeepSeek-V3 would
 # otherwise add 14,848 scalars per log step to every rank's TensorBoard.
@@ -211,17 +214,12 @@ class ExpertLoadTracker:
     def reduce(self, counts: torch.Tensor) -> torch.Tensor:
         """`counts` summed over the data-parallel ranks (module docstring); a copy, on every rank the same."""
         counts = counts.clone()
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(counts)
-        return counts // self.tp_size if self.tp_size > 1 else counts
-
-
-def tensor_parallel_degree(args) -> int:
-    """The TP degree of the Trainer arguments' DeepSpeed config (AutoTP), 1 without one."""
-    from hf_dist_recipes.parallel.batch import tensor_parallel_size
-
-    ds = getattr(args, "hf_deepspeed_config", None)
-    return tensor_parallel_size(ds.config) if ds is not None else 1
+        if not distributed():
+            return counts
+        torch.distributed.all_reduce(counts)
+        # Each token was counted once by every rank of its TP group.
+        layout = RankLayout(torch.distributed.get_world_size(), self.tp_size)
+        return counts // layout.tp if layout.tp > 1 else counts
 
 
 def load_scalars(tokens: torch.Tensor, layers: list[RoutedLayer], *, per_expert: bool) -> dict[str, float]:
@@ -289,7 +287,7 @@ class ExpertLoadCallback(PendingLogs, TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.tracker = (
-            ExpertLoadTracker.for_model(model, tp_size=tensor_parallel_degree(args), device=args.device)
+            ExpertLoadTracker.for_model(model, tp_size=rank_layout(args).tp, device=args.device)
             if model is not None
             else None
         )

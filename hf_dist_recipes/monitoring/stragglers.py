@@ -39,6 +39,7 @@ from collections.abc import Sequence
 import torch
 from transformers import TrainerCallback
 
+from hf_dist_recipes.core.gather import gather_objects
 from hf_dist_recipes.monitoring.pending import PendingLogs
 
 logger = logging.getLogger(__name__)
@@ -157,9 +158,7 @@ class StragglerCallback(PendingLogs, TrainerCallback):
         self.detector = StragglerDetector(self.threshold, self.windows)
         self._window_start, self._rank_pending = None, {}
         if self._active:
-            hosts: list = [None] * dist.get_world_size()
-            dist.all_gather_object(hosts, socket.gethostname())
-            self.hosts = [str(h) for h in hosts]
+            self.hosts = [str(h) for h in gather_objects(socket.gethostname())]
 
     def on_step_begin(self, args, state, control, **kwargs):
         if not self._active:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+from hf_dist_recipes.core.layout import RankLayout
 from hf_dist_recipes.core.user_values import positive_int
 
 
@@ -33,14 +34,15 @@ def tensor_parallel_size(ds_config: dict) -> int:
 
 def data_parallel_size(world_size: int, tp_size: int = 1) -> int:
     """Ranks that see different data: world size / TP degree. Raises when TP does not divide the world."""
-    if world_size < 1 or tp_size < 1:
-        raise ValueError(f"world size ({world_size}) and TP degree ({tp_size}) must be positive")
-    if world_size % tp_size:
-        raise ValueError(
-            f"world size {world_size} is not divisible by the tensor-parallel degree {tp_size}; launch a multiple "
-            f"of {tp_size} processes or change tensor_parallel.autotp_size"
-        )
-    return world_size // tp_size
+    return RankLayout(world_size, tp_size).dp
+
+
+def rank_layout(args) -> RankLayout:
+    """The rank layout of Trainer arguments: `args.world_size` ranks (1 when absent) in TP groups of the AutoTP
+    degree of their DeepSpeed config (1 without one)."""
+    ds = getattr(args, "hf_deepspeed_config", None)
+    world = max(getattr(args, "world_size", 1), 1)
+    return RankLayout(world, tensor_parallel_size(ds.config) if ds is not None else 1)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ FIX_SLOW = (
 
 
 def bench_settings():
-    from hf_dist_recipes.comm.commbench import BenchSettings, parse_size, parse_sizes
+    from hf_dist_recipes.comm.commbench import BenchSettings
+    from hf_dist_recipes.core.sizes import parse_size, parse_sizes
 
     return BenchSettings(sizes=parse_sizes(PREFLIGHT_SIZES), iters=5, warmup=2, link_bytes=parse_size("1M"))
 

@@ -15,7 +15,6 @@ from hf_dist_recipes.checkpoint.offline import export_checkpoint
 from hf_dist_recipes.checkpoint.writer import (
     SAFE_WEIGHTS_INDEX_NAME,
     ShardedSafetensorsWriter,
-    parse_size,
     write_safetensors,
 )
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
@@ -89,23 +88,6 @@ def test_our_safetensors_files_read_back_with_the_safetensors_library(tmp_path):
     assert all(back[k].dtype == t.dtype and torch.equal(back[k], t) for k, t in tensors.items())
     with safe_open(tmp_path / "x.safetensors", "pt") as f:
         assert f.metadata() == {"format": "pt"}
-
-
-def test_sizes_mean_what_transformers_means_decimal_gb_binary_gib():
-    # transformers.utils.hub.convert_file_size_to_int: "5GB" is 5 * 10**9, "5GiB" 5 * 2**30.
-    assert parse_size("5GB") == 5_000_000_000
-    assert parse_size("2GiB") == 2_147_483_648
-    assert parse_size("500MB") == 500_000_000 and parse_size("500mib") == 524_288_000
-    assert parse_size("64KB") == 64_000 and parse_size("64KiB") == 65_536
-    assert parse_size("1.5GB") == 1_500_000_000 and parse_size("7B") == 7
-    assert parse_size("1048576") == 1048576
-    from transformers.utils.hub import convert_file_size_to_int
-
-    for text in ("5GB", "2GiB", "500MB", "500MiB", "64KB", "64KiB"):
-        assert parse_size(text) == convert_file_size_to_int(text)
-    for bad in ("0", "5G", "5K", "5TB", "five", "-1GB"):
-        with pytest.raises(ValueError, match="positive size such as 5GB"):
-            parse_size(bad)
 
 
 def test_a_group_larger_than_a_shard_is_written_at_once(tmp_path):

@@ -1,5 +1,5 @@
 """commbench's arithmetic and choices without a launch: nccl-tests' bus bandwidth factors and algbw (expected values
-computed by hand below, from NVIDIA/nccl-tests doc/PERFORMANCE.md), size parsing, rounding, outlier flagging,
+computed by hand below, from NVIDIA/nccl-tests doc/PERFORMANCE.md), rounding, outlier flagging,
 the plan (GPU counts passed in, since this machine has none) and the Gloo/NCCL side-by-side."""
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from hf_dist_recipes.comm.commbench import (
     bus_factor,
     flag_outliers,
     message_bytes,
-    parse_size,
-    parse_sizes,
 )
 from hf_dist_recipes.comm.commbench_launch import plan_commbench, side_by_side, worker_command
 from hf_dist_recipes.comm.commbench_render import render
@@ -38,37 +36,6 @@ def test_algbw_and_busbw_in_gb_per_s():
     assert busbw == pytest.approx(1.6777216 * 1.5)  # n=4: 2*3/4 = 1.5
     algbw, busbw = bandwidths("reduce_scatter", 1_000_000, 0.001, 8)  # 1e6 B in 1 ms = 1 GB/s
     assert (algbw, busbw) == (pytest.approx(1.0), pytest.approx(0.875))
-
-
-@pytest.mark.parametrize(
-    "text,expected",
-    [
-        ("4096", 4096),
-        ("1K", 1024),
-        ("1k", 1024),
-        ("64M", 64 * 1024**2),
-        ("2GiB", 2 * 1024**3),
-        ("3MB", 3 * 1024**2),
-        (" 8 K ", 8192),
-        ("16B", 16),
-    ],
-)
-def test_parse_size(text, expected):
-    assert parse_size(text) == expected
-
-
-@pytest.mark.parametrize("text", ["", "K", "1X", "-1K", "0", "1.5M", "1e6", "1K1"])
-def test_parse_size_refuses_with_the_flag_and_an_example(text):
-    with pytest.raises(ValueError, match=r"--sizes: .* e\.g\. --sizes 1K,1M,64M"):
-        parse_size(text)
-
-
-def test_parse_sizes_sorts_and_dedups_and_refuses_empty():
-    assert parse_sizes("16M,1K,1M,1K") == (1024, 1024**2, 16 * 1024**2)
-    with pytest.raises(ValueError, match="--sizes is empty"):
-        parse_sizes(" , ")
-    with pytest.raises(ValueError, match="--link-size: 'x'"):
-        parse_size("x", "--link-size")
 
 
 def test_message_bytes_rounds_to_whole_float32_chunks():

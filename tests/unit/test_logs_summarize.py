@@ -155,6 +155,20 @@ def test_loss_inside_a_tp_group(tmp_path):
     assert summarize_logs(tmp_path, workers=1).divergences == []  # without --tp the loss may differ per rank
 
 
+def test_loss_inside_a_tp_group_with_a_rank_missing(tmp_path):
+    # Rank 3's files are gone: the groups are those of the ranks found, [0, 1] and [2]; rank 1 parts at step 30.
+    def loss_fn(rng):
+        loss = np.repeat(5.0 + 0.1 * rng.standard_normal((2, STEPS)), 2, axis=0)
+        loss[1, 29:] += 0.25
+        return loss
+
+    _write_run(tmp_path, lr_diverges=False, slow=False, loss_fn=loss_fn)
+    shutil.rmtree(tmp_path / "rank3")
+    summary = summarize_logs(tmp_path, tp=2, workers=1)
+    (d,) = summary.divergences
+    assert summary.ranks == [0, 1, 2] and (d.group, d.ranks, d.first_step) == ([0, 1], [0, 1], 30)
+
+
 def test_straggler_step_in_a_long_run_is_block_resolved(tmp_path):
     # 2,000 steps: blocks of 8 steps (256 blocks at most); the start is the first step of the block it falls in.
     from torch.utils.tensorboard import SummaryWriter

@@ -19,7 +19,6 @@ from hf_dist_recipes.reproducibility.rank_agreement import (
     dropout_seed,
     find_mismatches,
     first_batches,
-    tp_groups,
     validate_policy,
     validate_rank_check_steps,
     weights_checksum,
@@ -31,13 +30,6 @@ def test_dropout_seed_is_shared_unless_per_rank():
     per_rank = [dropout_seed(42, r, True) for r in range(4)]
     assert len(set(per_rank)) == 4 and 42 not in per_rank
     assert all(0 <= s < 2**32 for s in per_rank)
-
-
-def test_tp_groups_are_consecutive_ranks():
-    assert tp_groups(4, 2) == [[0, 1], [2, 3]]
-    assert tp_groups(3, 1) == [[0], [1], [2]]
-    with pytest.raises(ValueError, match="does not divide"):
-        tp_groups(4, 3)
 
 
 def test_find_mismatches_names_the_odd_rank_and_passes_agreement():
