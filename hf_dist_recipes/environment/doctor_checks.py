@@ -209,7 +209,7 @@ def check_infiniband(facts: EnvironmentFacts) -> Check:
 
 
 def check_nccl_network(facts: EnvironmentFacts) -> Check:
-    """Which HCA ports and IP interfaces NCCL would use (`environment.nccl_net`, NCCL's documented rules) and, when
+    """Which HCA ports and IP interfaces NCCL would use (`comm.nccl_net`, NCCL's documented rules) and, when
     that choice is ambiguous, the NCCL_IB_HCA / NCCL_SOCKET_IFNAME values that pin it."""
     from hf_dist_recipes.comm.nccl_net import nccl_net_choice
 
