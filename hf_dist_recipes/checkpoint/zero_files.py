@@ -26,6 +26,7 @@ import torch
 
 from hf_dist_recipes._compat import ZERO_RANK_FILE
 from hf_dist_recipes._compat import ZeroCheckpointKeys as K
+from hf_dist_recipes.core.layout import RankLayout
 
 
 def resolve_tag_dir(path: str) -> str:
@@ -87,7 +88,8 @@ class RankFiles:
 
 def _fragments(files: RankFiles, dtype_key: str = K.FP32_FLAT_GROUPS):
     """name -> {partition group (tuple of ranks): {partition rank: _Fragment}}, without reading any tensor."""
-    world = files.tp_size * files.dp_size
+    layout = RankLayout(files.tp_size * files.dp_size, files.tp_size)
+    world = layout.world
     meta = files.model[(0, 0)]
     experts = {e[K.EXPERT_KEY_PREFIX] for e in meta.get(K.AUTOEP_LAYERS) or []}
     out: dict[str, dict] = defaultdict(lambda: defaultdict(dict))
@@ -95,7 +97,7 @@ def _fragments(files: RankFiles, dtype_key: str = K.FP32_FLAT_GROUPS):
         osd = files.optim[(d, t)][K.OPTIMIZER_STATE]
         groups = osd.get(K.PARTITION_GROUPS) or []
         ep_rank = {e[K.EXPERT_KEY_PREFIX]: e[K.EP_RANK] for e in model.get(K.AUTOEP_LAYERS) or []}
-        global_rank = d * files.tp_size + t
+        global_rank = layout.rank(d, t)
         for i, shapes in enumerate(model[K.PARAM_SHAPES]):
             flat = osd[dtype_key][i]
             if i < len(groups):
@@ -111,7 +113,7 @@ def _fragments(files: RankFiles, dtype_key: str = K.FP32_FLAT_GROUPS):
                 if size == world and world != files.dp_size:  # zero.Init's world group: rank = global rank
                     prank, ranks = global_rank, tuple(range(world))
                 else:  # the data-parallel group of this TP rank
-                    prank, ranks = d, tuple(x * files.tp_size + t for x in range(files.dp_size))
+                    prank, ranks = d, tuple(layout.dp_group(global_rank))
             offset = 0
             for name, shape in shapes.items():
                 part = math.ceil(math.prod(shape) / size)

@@ -49,6 +49,16 @@ class RankLayout:
         start = rank - rank % self.tp
         return list(range(start, start + self.tp))
 
+    def rank(self, dp_rank: int, tp_rank: int) -> int:
+        """The global rank of TP rank `tp_rank` in data-parallel replica `dp_rank` (DeepSpeed's checkpoint files
+        name ranks by this pair)."""
+        return dp_rank * self.tp + tp_rank
+
+    def dp_group(self, rank: int) -> list[int]:
+        """The ranks that hold `rank`'s TP shard, one per replica, itself included: its data-parallel group (what
+        ZeRO partitions over under TP)."""
+        return list(range(rank % self.tp, self.world, self.tp))
+
     def tp_groups(self) -> list[list[int]]:
         """Every TP group, in order: [[0, .., tp-1], [tp, .., 2tp-1], ...]."""
         return [self.tp_group(start) for start in range(0, self.world, self.tp)]

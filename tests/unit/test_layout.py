@@ -21,6 +21,16 @@ def test_world_8_tp_2_groups_and_replicas():
     assert layout.tp_group(5) == [4, 5] and layout.tp_group(4) == [4, 5] and layout.tp_group(0) == [0, 1]
 
 
+def test_world_8_tp_2_data_parallel_groups_and_global_ranks():
+    layout = RankLayout(8, 2)
+    # TP rank 0 of every replica holds one shard, TP rank 1 the other: ZeRO partitions over 0 2 4 6 and 1 3 5 7.
+    assert layout.dp_group(0) == [0, 2, 4, 6] and layout.dp_group(6) == [0, 2, 4, 6]
+    assert layout.dp_group(3) == [1, 3, 5, 7]
+    # (replica, TP rank) -> global rank: (0, 0) 0, (0, 1) 1, (2, 1) 5, (3, 0) 6
+    assert [layout.rank(d, t) for d, t in ((0, 0), (0, 1), (2, 1), (3, 0))] == [0, 1, 5, 6]
+    assert RankLayout(3).dp_group(1) == [0, 1, 2]
+
+
 def test_world_8_tp_4_and_no_tp():
     layout = RankLayout(8, 4)
     assert layout.tp_groups() == [[0, 1, 2, 3], [4, 5, 6, 7]]
