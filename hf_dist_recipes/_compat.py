@@ -273,6 +273,13 @@ def is_zero_partitioned(param) -> bool:
     return zero_param_id(param) is not None
 
 
+def held_elements(param) -> tuple[int, int]:
+    """(elements of the whole parameter, elements this rank holds): `ds_numel` and `ds_tensor`'s under ZeRO-3."""
+    if hasattr(param, "ds_numel"):
+        return int(param.ds_numel), param.ds_tensor.numel()
+    return param.numel(), param.numel()
+
+
 # DeepSpeed 0.19.8 AutoTP: `module_inject/layers.py:816 GatherReplacedLayerParams(params, module, enabled)` gathers
 # the TP shards of a replaced layer's parameters for the duration of the context (a no-op for any other module);
 # the engine's own 16-bit save uses it (runtime/engine.py:5586). Not documented. Goes when the engine's
@@ -458,6 +465,33 @@ def set_collective_timeout(seconds: float) -> int:
         distributed_c10d._set_pg_timeout(timedelta(seconds=seconds), group)
         changed += 1
     return changed
+
+
+# The private `Trainer` methods the recipe overrides, all here: `RecipeTrainerMixin` inherits this class, so its
+# overrides run before the Trainer's and call it through super(). Covered: transformers 5.24 (signatures and call
+# sites checked by tests/unit/test_compat.py::test_the_private_trainer_methods_the_recipe_overrides).
+class TrainerPrivateOverrides:
+    """Mixin of `RecipeTrainerMixin`: the overrides of private `Trainer` methods, each with when it can go."""
+
+    def _clip_grad_norm(self, model):
+        """transformers 5.24 `Trainer._clip_grad_norm(model)`: called once per optimizer step by `_run_epoch`, before
+        `on_pre_optimizer_step`; returns the pre-clip global gradient norm (under DeepSpeed the engine's). That norm
+        goes to `self.observe_grad_norm` (the gradient-health spike detector). Can go when a public hook receives
+        the pre-clip norm (in 5.24 `on_pre_optimizer_step` gets none; `on_optimizer_step` neither)."""
+        norm = super()._clip_grad_norm(model)
+        self.observe_grad_norm(norm)
+        return norm
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        """transformers 5.24 `Trainer._load_from_checkpoint(resume_from_checkpoint, model=None)`, which `train()`
+        calls on resume: without DeepSpeed it restores MoE experts too, through `from_pretrained`'s conversion
+        (`resume_needs_conversion`, below). Can go when transformers PR 48822 (issue 48805) is released and the
+        minimum transformers includes it (equal losses after resume: tests/unit/test_moe_resume.py)."""
+        target = self.model if model is None else model
+        if resume_needs_conversion(self, resume_from_checkpoint, target):
+            load_converted_checkpoint(target, resume_from_checkpoint)
+            return
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
 
 
 # Resume of a model whose checkpoint layout differs from its parameters (MoE experts). transformers 5.24

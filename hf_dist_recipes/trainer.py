@@ -14,7 +14,7 @@ What it adds:
 - practice 5: `GradientHealthCallback` (`hf_dist_recipes.stability.gradient_health`, `trainer.gradient_health`) finds a
   non-finite loss or gradient on any rank with one all-reduce per step and skips that optimizer step on every
   rank or halts with a report (`nonfinite_policy`), and names loss and grad-norm spikes; it sees each training
-  loss through `compute_loss` and the clip call's pre-clip norm through `_clip_grad_norm`;
+  loss through `compute_loss` and the clip call's pre-clip norm through `_clip_grad_norm` (`_compat`);
 - practice 2: after the process group exists, its backend is checked (Gloo on a CUDA host is an error);
 - practice 1: then every rank's environment fingerprint (Python, torch build, CUDA, NCCL, driver, the HF stack) is
   all-gathered and the constructor stops on every rank, naming the rank and host that differ, when they do not
@@ -79,7 +79,7 @@ from hf_dist_recipes.schedules.warmup_cosine import (
 from hf_dist_recipes.stability.gradient_health import GradientHealthCallback
 
 
-class RecipeTrainerMixin:
+class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
     """The recipe for any `Trainer` subclass, placed before it: `class MyTrainer(RecipeTrainerMixin, SFTTrainer)`,
     or `recipe(SFTTrainer)` (`hf_dist_recipes.trainer_classes`). Every method here calls `super()`, so the
     Trainer's own `__init__`, `log`, `compute_loss`, ... run inside ours. The constructor takes that Trainer's
@@ -162,16 +162,6 @@ class RecipeTrainerMixin:
         """`Trainer.call_model_init`, which also rebuilds under ZeRO++ hpZ (`_compat.forget_zero_hpz_group`)."""
         forget_zero_hpz_group()
         return super().call_model_init(trial)
-
-    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        """`Trainer._load_from_checkpoint`, which also restores MoE experts without DeepSpeed: transformers 5.24 loads
-        the checkpoint by tensor name without the expert conversion, so experts silently kept their fresh values
-        (issue 48805; `_compat.load_converted_checkpoint`). Equal losses after resume: tests/unit/test_moe_resume.py."""
-        target = self.model if model is None else model
-        if _compat.resume_needs_conversion(self, resume_from_checkpoint, target):
-            _compat.load_converted_checkpoint(target, resume_from_checkpoint)
-            return
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None):
         """`Trainer.train`, which under DeepSpeed also works after `evaluate()` or `predict()`.
@@ -341,12 +331,10 @@ class RecipeTrainerMixin:
             return health.watch_loss(result[0]), result[1]
         return health.watch_loss(result)
 
-    def _clip_grad_norm(self, model):
-        """The stock clip call (private in transformers 5.24, see `_compat`); the pre-clip norm it returns also
-        goes to the gradient-health spike detector."""
-        norm = super()._clip_grad_norm(model)
+    def observe_grad_norm(self, norm) -> None:
+        """The pre-clip global gradient norm of this optimizer step (from the Trainer's clip call, through
+        `_compat.TrainerPrivateOverrides`), handed to the gradient-health spike detector."""
         self.gradient_health.observe_grad_norm(norm)
-        return norm
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         tokens = _count_tokens(inputs)

@@ -208,6 +208,8 @@ def test_zero3_marks_partitioned_parameters_where_assumed():
     marked.ds_id = 7
     assert _compat.zero_param_id(marked) == 7 and _compat.zero_param_id(plain) is None
     assert [_compat.is_zero_partitioned(p) for p in (marked, plain)] == [is_zero_param(p) for p in (marked, plain)]
+    marked.ds_numel, marked.ds_tensor = 10, torch.ones(5)  # a 10-element parameter, half of it on this rank
+    assert _compat.held_elements(marked) == (10, 5) and _compat.held_elements(plain) == (1, 1)
 
 
 def test_autotp_gather_context_takes_params_and_module_and_leaves_other_modules_alone():
@@ -438,3 +440,28 @@ def test_mark_optimizer_step_skipped_makes_accelerate_skip_the_scheduler():
     _compat.mark_optimizer_step_skipped(opt, False)
     sched.step()
     assert opt.param_groups[0]["lr"] == 0.5
+
+
+def test_the_private_trainer_methods_the_recipe_overrides():
+    """_compat.TrainerPrivateOverrides (transformers 5.24): each private method still exists with the signature the
+    override has and is called where it assumes; and no other private Trainer method is overridden anywhere else."""
+    from transformers import Trainer
+
+    from hf_dist_recipes.trainer import RecipeTrainer, RecipeTrainerMixin
+
+    overrides = {n for n in vars(_compat.TrainerPrivateOverrides) if n.startswith("_") and not n.startswith("__")}
+    assert overrides == {"_clip_grad_norm", "_load_from_checkpoint"}
+    for name in overrides:
+        ours, theirs = (
+            inspect.signature(getattr(_compat.TrainerPrivateOverrides, name)),
+            inspect.signature(getattr(Trainer, name)),
+        )
+        assert list(ours.parameters) == list(theirs.parameters), name
+        assert [p.default for p in ours.parameters.values()] == [p.default for p in theirs.parameters.values()]
+        assert getattr(RecipeTrainer, name) is getattr(_compat.TrainerPrivateOverrides, name)  # the ones in use
+    # Called where the overrides assume: the clip call's value is the step's grad norm; train() resumes through it.
+    assert "grad_norm = self._clip_grad_norm(model)" in inspect.getsource(Trainer._run_epoch)
+    assert "self._load_from_checkpoint(resume_from_checkpoint)" in inspect.getsource(Trainer.train)
+    # The mixin itself overrides no other private Trainer method: they all live in _compat.
+    private = {n for n in vars(RecipeTrainerMixin) if n.startswith("_") and not n.startswith("__")}
+    assert not {n for n in private if hasattr(Trainer, n)}, "move the override into _compat.TrainerPrivateOverrides"
