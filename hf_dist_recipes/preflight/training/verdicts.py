@@ -217,6 +217,12 @@ def agreement_result(ranks: list[RunFacts]) -> CheckResult:
     return CheckResult(TRAINING, ERROR, f"agreement: {mismatches[0].message}{more}", "; ".join(fixes), odd, data)
 
 
+def _ranks_failed(what: str, problems: dict[int, list[str]], fix: str, data: dict) -> CheckResult:
+    """A failure-path error naming each rank's `problems` (rank -> what is wrong there)."""
+    shown = "; ".join(f"rank {i}: {', '.join(v)}" for i, v in problems.items())
+    return CheckResult(FAILURE_PATHS, ERROR, f"{what}: {shown}", fix, tuple(problems), data)
+
+
 def _nan_issues(r: RunFacts, step: int, bad_rank: int, group: list[int]) -> tuple[list[str], list[int], list | None]:
     """(what is wrong on rank `r` with the NaN at `step` on `bad_rank`, the steps it did not apply, the ranks its
     gradient-health report flagged at `step`: None when it did not report exactly that one skip)."""
@@ -274,14 +280,11 @@ def nan_result(ranks: list[RunFacts], step: int) -> CheckResult:
         }
     data = {"step": step, "rank": bad_rank, "tp_group": group, "ranks": per_rank}
     if problems:
-        shown = "; ".join(f"rank {i}: {', '.join(v)}" for i, v in problems.items())
-        return CheckResult(
-            FAILURE_PATHS,
-            ERROR,
-            f"nan: a NaN loss on rank {bad_rank} at step {step} was not skipped cleanly: {shown}",
+        return _ranks_failed(
+            f"nan: a NaN loss on rank {bad_rank} at step {step} was not skipped cleanly",
+            problems,
             "a non-finite step must be refused on every rank: check the "
             "DeepSpeed version (hf-dist-recipes doctor) and that nonfinite_policy is not 'off'",
-            tuple(problems),
             data,
         )
     return CheckResult(
@@ -335,16 +338,13 @@ def resume_result(main: list[RunFacts], resumed: list[RunFacts], save_at: int) -
         }
     data = {"saved_at": save_at, "step": step, "tolerance": RESUME_LOSS_RTOL, "ranks": per_rank}
     if problems:
-        shown = "; ".join(f"rank {i}: {', '.join(v)}" for i, v in problems.items())
-        return CheckResult(
-            FAILURE_PATHS,
-            ERROR,
-            f"resume: the run resumed from step {save_at} does not reproduce step {step}: {shown}",
+        return _ranks_failed(
+            f"resume: the run resumed from step {save_at} does not reproduce step {step}",
+            problems,
             "under this launch config a restarted job would not continue "
             "where it stopped: the checkpoint does not restore the whole state (weights, optimizer, "
             "scheduler, data position, RNG); look in the launch log for missing or unexpected keys "
             "when the checkpoint was loaded",
-            tuple(problems),
             data,
         )
     diff = max(abs(v["loss"] - v["uninterrupted_loss"]) for v in per_rank.values())
