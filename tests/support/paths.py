@@ -5,4 +5,3 @@ from __future__ import annotations
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-WORKERS = REPO / "tests" / "distributed" / "workers"

@@ -11,14 +11,13 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 import tomllib
-from pathlib import Path
 
 import pytest
 
 from hf_dist_recipes.environment import rule_conditions
 from hf_dist_recipes.environment.rules import RuleFinding, evaluate, load_rules, not_checkable
+from tests.support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 RULES = load_rules()
 GIB = 1024**3
 
