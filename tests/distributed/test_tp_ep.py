@@ -3,6 +3,7 @@
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -21,28 +22,40 @@ STEPS = 6
 LOSS_TOLERANCE = 1e-4
 
 
-def _run(tmp_path_factory, config: str, label: str, build: str = "from_config", steps: int = STEPS) -> list[dict]:
+def _launch(tmp_path_factory, config: str, label: str, build: str = "from_config") -> Path:
     out = tmp_path_factory.mktemp(label)
     check_launch(
-        accelerate_launch(REPO / "accelerate_configs" / config, [WORKER, str(out), str(steps), "recipe", MODEL, build])
+        accelerate_launch(REPO / "accelerate_configs" / config, [WORKER, str(out), str(STEPS), "recipe", MODEL, build])
     )
-    ranks = sorted((json.loads(p.read_text()) for p in (out / "probe").glob("rank*.json")), key=lambda r: r["rank"])
-    return ranks
+    return out
+
+
+def _ranks(out: Path) -> list[dict]:
+    return sorted((json.loads(p.read_text()) for p in (out / "probe").glob("rank*.json")), key=lambda r: r["rank"])
 
 
 @pytest.fixture(scope="module")
 def zero3(tmp_path_factory):
-    return _run(tmp_path_factory, "cpu_zero3_2proc.yaml", "zero3")
+    return _ranks(_launch(tmp_path_factory, "cpu_zero3_2proc.yaml", "zero3"))
 
 
 @pytest.fixture(scope="module")
-def tp_ep(tmp_path_factory):
-    return _run(tmp_path_factory, "cpu_zero3_tp2_ep2_4proc.yaml", "tp2ep2")
+def tp_ep_launch(tmp_path_factory):
+    """One 4-rank launch: the from_config run, then one step of the model built by its class (`direct`, no
+    zero.Init) in the same processes, written to direct/."""
+    return _launch(tmp_path_factory, "cpu_zero3_tp2_ep2_4proc.yaml", "tp2ep2", build="from_config+direct")
 
 
 @pytest.fixture(scope="module")
-def tp_ep_direct(tmp_path_factory):
-    return _run(tmp_path_factory, "cpu_zero3_tp2_ep2_4proc.yaml", "tp2ep2-direct", build="direct", steps=1)
+def tp_ep(tp_ep_launch):
+    return _ranks(tp_ep_launch)
+
+
+@pytest.fixture(scope="module")
+def tp_ep_direct(tp_ep_launch):
+    ranks = _ranks(tp_ep_launch / "direct")
+    assert len(ranks) == 4 and all(r["optimizer_steps"] == 1 for r in ranks)
+    return ranks
 
 
 def test_mla_projections_are_tp_sharded_and_experts_ep_sharded(tp_ep):

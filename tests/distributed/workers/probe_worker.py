@@ -1,6 +1,6 @@
 """Run on every rank by the distributed tests under `accelerate launch`.
 
-    probe_worker.py OUTPUT_DIR STEPS recipe|stock MODEL [from_config|direct] [GRAD_ACCUM]
+    probe_worker.py OUTPUT_DIR STEPS recipe|stock MODEL [from_config|direct|from_config+direct] [GRAD_ACCUM]
 
 Trains MODEL (a template of hf_dist_recipes.parallel.models: tiny-llama, tiny-deepseek-v3) under the
 DeepSpeed config the launcher hands over, with RecipeTrainer or the stock Trainer (micro batch 4, sequences of 32
@@ -10,6 +10,8 @@ The model is built by `AutoModelForCausalLM.from_config` (under ZeRO-3: inside `
 `from_pretrained` does), or with `direct` by calling the model class itself (no `zero.Init`). GRAD_ACCUM
 (default 1): gradient_accumulation_steps; `samples` then lists, per micro step, the optimizer step it belongs to and
 a hash of each sample, so a test can count the global batch from what the ranks consumed.
+`from_config+direct`: the from_config run, then in the same processes (new arguments and trainer) one step with
+`direct` into OUTPUT_DIR/direct: a second build of the same layout without a launch of its own.
 """
 
 import hashlib
@@ -99,4 +101,9 @@ def main(
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], *sys.argv[5:7])
+    output_dir, steps, flavour, model_name, build, *grad_accum = *sys.argv[1:5], *(sys.argv[5:7] or ["from_config"])
+    if build == "from_config+direct":
+        main(output_dir, int(steps), flavour, model_name, "from_config", *grad_accum)
+        main(str(Path(output_dir) / "direct"), 1, flavour, model_name, "direct", *grad_accum)
+    else:
+        main(output_dir, int(steps), flavour, model_name, build, *grad_accum)
