@@ -102,13 +102,13 @@ from hf_dist_recipes.schedules.warmup_cosine import (
     validate_restart_warmup_steps,
     validate_warmup_steps,
 )
-from hf_dist_recipes.stability.gradient_health import (
+from hf_dist_recipes.stability.gradients import validate_max_grad_norm
+from hf_dist_recipes.stability.nonfinite import (
     NonFinitePolicy,
     validate_max_consecutive_skips,
     validate_nonfinite_policy,
-    validate_spike_settings,
 )
-from hf_dist_recipes.stability.gradients import validate_max_grad_norm
+from hf_dist_recipes.stability.spikes import validate_spike_settings
 
 logger = logging.getLogger(__name__)
 

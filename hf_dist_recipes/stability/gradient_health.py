@@ -56,19 +56,12 @@ Skipping the same step on every rank (`nonfinite_policy="skip"`, the default):
   `RecipeTrainer.log` resets it after the log that shows the NaN (`_compat.reset_nonfinite_running_loss`).
   `global_step` still counts the skipped step; its batch is not retried.
 
-Halting (`nonfinite_policy="halt"`, or more than `max_consecutive_skips` skips in a row, default 3): the bad step is
-skipped as above (so the weights are the last good ones), a checkpoint `checkpoint-<step>` is saved through the
-Trainer's own save (`control.should_save`; weights after the last applied step, optimizer, scheduler, this
-callback's state), the report is written to `<output_dir>/nonfinite_report.json` and every rank raises
-`NonFiniteHalt` from `on_save`, so the launch exits non-zero. The report names the first rank (lowest) with a
-non-finite value, all such ranks, the step, whether the loss was non-finite, and the parameters whose gradients
-went bad, per rank.
+Halting (`nonfinite_policy="halt"`, or more than `max_consecutive_skips` skips in a row): the bad step is
+skipped as above, the last good state saved, and every rank raises `NonFiniteHalt` with the report
+(`stability.nonfinite`).
 
-Spikes: a step's loss (mean over ranks) or gradient norm (the pre-clip global norm the Trainer's clip call
-returns; under DeepSpeed the engine's) more than `spike_threshold` robust z-scores above the median of the last
-`spike_window` finite values of applied steps is a spike: robust z = (x - median) / (1.4826 * MAD), MAD floored
-at 1e-3 x |median| so that a flat window does not call noise a spike. Checked once the window is full. Only
-values above the window count (a falling loss is not a spike).
+Spikes: each applied step's loss (mean over ranks) and pre-clip gradient norm go to a `SpikeDetector` per value
+(`stability.spikes`: robust z-score against the last `spike_window` values).
 
 Keys added to the next Trainer log (`monitoring/pending.py`):
 - `skipped_steps` (every log): optimizer steps skipped for a non-finite value since the run began;
@@ -99,9 +92,6 @@ import logging
 import math
 import os
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Literal, get_args
 
 import torch
 from transformers import TrainerCallback
@@ -111,128 +101,26 @@ from hf_dist_recipes import _compat
 from hf_dist_recipes.core.feeding import TrainerFed
 from hf_dist_recipes.core.gather import distributed, gather_objects
 from hf_dist_recipes.monitoring.pending import PendingLogs
+from hf_dist_recipes.stability.nonfinite import (
+    DEFAULT_MAX_CONSECUTIVE_SKIPS,
+    REPORT_NAME,
+    NonFiniteHalt,
+    NonFinitePolicy,
+    NonFiniteReport,
+    next_action,
+    validate_max_consecutive_skips,
+    validate_nonfinite_policy,
+)
+from hf_dist_recipes.stability.spikes import (
+    DEFAULT_SPIKE_THRESHOLD,
+    DEFAULT_SPIKE_WINDOW,
+    SpikeDetector,
+    validate_spike_settings,
+)
 
 logger = logging.getLogger(__name__)
 
-NonFinitePolicy = Literal["skip", "halt", "off"]
-POLICIES: tuple[str, ...] = get_args(NonFinitePolicy)
-DEFAULT_MAX_CONSECUTIVE_SKIPS = 3
-DEFAULT_SPIKE_WINDOW = 50
-DEFAULT_SPIKE_THRESHOLD = 6.0
-MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
-MAD_FLOOR_RATIO = 1e-3
-REPORT_NAME = "nonfinite_report.json"
 _SKIPS_KEPT = 100
-
-
-def validate_nonfinite_policy(policy: object) -> str:
-    if policy not in POLICIES:
-        raise ValueError(f"nonfinite_policy must be one of {POLICIES}, got {policy!r}; use 'skip' (the default)")
-    return policy
-
-
-def validate_max_consecutive_skips(n: object) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"max_consecutive_skips must be an integer >= 0, got {n!r}; use 3 (the default)")
-    return n
-
-
-def validate_spike_settings(window: object, threshold: object) -> tuple[int, float]:
-    if isinstance(window, bool) or not isinstance(window, int) or window < 3:
-        raise ValueError(f"spike_window must be an integer >= 3 (steps), got {window!r}; use 50 (the default)")
-    if (
-        isinstance(threshold, bool)
-        or not isinstance(threshold, (int, float))
-        or not threshold > 0
-        or not math.isfinite(threshold)
-    ):
-        raise ValueError(f"spike_threshold must be a positive finite robust z-score, got {threshold!r}; use 6.0")
-    return window, float(threshold)
-
-
-def robust_z(value: float, window: Sequence[float]) -> float:
-    """(value - median) / (1.4826 * MAD) of `window`, the MAD floored at 1e-3 x |median| (and at 1e-12)."""
-    median = statistics.median(window)
-    mad = statistics.median(abs(v - median) for v in window)
-    scale = max(MAD_TO_SIGMA * mad, MAD_FLOOR_RATIO * abs(median), 1e-12)
-    return (value - median) / scale
-
-
-@dataclass
-class SpikeDetector:
-    """A value more than `threshold` robust z-scores above the last `window` values. `values` is its state."""
-
-    window: int = DEFAULT_SPIKE_WINDOW
-    threshold: float = DEFAULT_SPIKE_THRESHOLD
-    values: list[float] = field(default_factory=list)
-
-    def check(self, value: float) -> float | None:
-        """The robust z-score of `value` when it is a spike, else None; a finite value then joins the window."""
-        if not math.isfinite(value):
-            return None
-        z = robust_z(value, self.values) if len(self.values) >= self.window else None
-        self.values.append(float(value))
-        del self.values[: -self.window]
-        return z if z is not None and z > self.threshold else None
-
-
-def next_action(policy: str, consecutive_skips: int, max_consecutive_skips: int) -> str:
-    """'skip' or 'halt' for a step with a non-finite value, `consecutive_skips` counting this one."""
-    if policy == "halt" or consecutive_skips > max_consecutive_skips:
-        return "halt"
-    return "skip"
-
-
-@dataclass
-class NonFiniteReport:
-    step: int
-    ranks: list[int]
-    loss_ranks: list[int]
-    parameters: dict[int, list[str]]  # rank -> names of parameters whose local gradient was non-finite
-    action: Literal["skip", "halt"] = "skip"
-    reason: str = ""
-
-    @property
-    def first_rank(self) -> int | None:
-        return min(self.ranks) if self.ranks else None
-
-    def message(self) -> str:
-        if not self.ranks:
-            where = (
-                "the engine found a non-finite gradient norm after the reduction (no rank's own loss or gradient was)"
-            )
-        else:
-            where = f"non-finite value first on rank {self.first_rank} (rank(s) {', '.join(map(str, self.ranks))})"
-            if self.loss_ranks:
-                where += f"; loss non-finite on rank(s) {', '.join(map(str, self.loss_ranks))}"
-            bad = {r: names for r, names in self.parameters.items() if names}
-            if bad:
-                where += "; gradients non-finite: " + "; ".join(
-                    f"rank {r}: {_short(names)}" for r, names in sorted(bad.items())
-                )
-        verb = "optimizer step skipped on every rank" if self.action == "skip" else "training halted"
-        return f"step {self.step}: {where}; {verb}{': ' + self.reason if self.reason else ''}"
-
-    def to_dict(self) -> dict:
-        return {
-            "step": self.step,
-            "first_rank": self.first_rank,
-            "ranks": self.ranks,
-            "loss_ranks": self.loss_ranks,
-            "parameters": {str(r): n for r, n in self.parameters.items()},
-            "action": self.action,
-            "reason": self.reason,
-            "message": self.message(),
-        }
-
-
-def _short(names: list[str], limit: int = 8) -> str:
-    more = f" and {len(names) - limit} more" if len(names) > limit else ""
-    return ", ".join(names[:limit]) + more
-
-
-class NonFiniteHalt(RuntimeError):
-    """Raised on every rank after the last good state was saved; the message is the report."""
 
 
 def _under_deepspeed(optimizer) -> bool:

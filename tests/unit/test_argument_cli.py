@@ -108,11 +108,11 @@ def test_run_clm_tuple_prints_help_and_parses(tmp_path):
 
 def test_closed_sets_are_choices_and_match_the_validators():
     from hf_dist_recipes.reproducibility import rank_agreement
-    from hf_dist_recipes.stability import gradient_health
+    from hf_dist_recipes.stability import nonfinite
 
     hints = typing.get_type_hints(RecipeTrainingArguments)
     assert typing.get_args(hints["seed_check"]) == rank_agreement.POLICIES
-    assert typing.get_args(hints["nonfinite_policy"]) == gradient_health.POLICIES
+    assert typing.get_args(hints["nonfinite_policy"]) == nonfinite.POLICIES
     text = HfArgumentParser(RecipeTrainingArguments).format_help()
     assert "{error,warn,off}" in text and "{skip,halt,off}" in text
 

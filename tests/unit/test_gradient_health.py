@@ -15,16 +15,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
-from hf_dist_recipes.stability.gradient_health import (
-    GradientHealthCallback,
-    NonFiniteHalt,
-    NonFiniteReport,
-    SpikeDetector,
-    next_action,
-    robust_z,
-    validate_nonfinite_policy,
-    validate_spike_settings,
-)
+from hf_dist_recipes.stability.gradient_health import GradientHealthCallback
+from hf_dist_recipes.stability.nonfinite import NonFiniteHalt, NonFiniteReport, next_action, validate_nonfinite_policy
+from hf_dist_recipes.stability.spikes import SpikeDetector, robust_z, validate_spike_settings
 
 SEQ, SAMPLES, VOCAB = 8, 32, 64
 
