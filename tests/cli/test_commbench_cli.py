@@ -157,6 +157,18 @@ def test_inside_a_torchrun_launch_rank0_prints_the_table():
     assert "ring links (each alone, 4K per send):" in proc.stdout
 
 
+def _refuse_launches(monkeypatch, why: str) -> None:
+    """Fail the test when a torchrun launch starts (core.launch starts every launch with subprocess.Popen)."""
+    real = subprocess.Popen
+
+    def popen(args, *rest, **kwargs):
+        if any("torch.distributed.run" in str(a) for a in args):
+            pytest.fail(f"{why}: {args}")
+        return real(args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
@@ -167,7 +179,7 @@ def test_inside_a_torchrun_launch_rank0_prints_the_table():
     ],
 )
 def test_bad_inputs_are_one_line_and_launch_nothing(args, message, capsys, monkeypatch):
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("launched despite a bad input"))
+    _refuse_launches(monkeypatch, "launched despite a bad input")
     assert main(["commbench", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
@@ -175,7 +187,7 @@ def test_bad_inputs_are_one_line_and_launch_nothing(args, message, capsys, monke
 
 @pytest.mark.skipif(GPUS > 0, reason="the NCCL refusal is for a host without CUDA; this one has GPUs")
 def test_nccl_without_a_gpu_is_refused_in_one_line(capsys, monkeypatch):
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("launched NCCL on a CPU host"))
+    _refuse_launches(monkeypatch, "launched NCCL on a CPU host")
     assert main(["commbench", "--backend", "nccl"]) == 2
     err = capsys.readouterr().err
     assert "--backend nccl needs CUDA GPUs and this host has none visible" in err and err.count("\n") == 1
