@@ -23,20 +23,54 @@ def _launch(out, seed: int, *extra: str):
     return accelerate_launch(YAML, [WORKER, str(out), str(seed), str(STEPS), *extra])
 
 
+def _then(out, seed: int, *extra: str) -> list[str]:
+    """One more run in the same launch, after the ones before it (seed_worker's `then`)."""
+    return ["then", str(out), str(seed), str(STEPS), *extra]
+
+
 def _read(out) -> list[dict]:
     return [json.loads((out / "seed" / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
-@pytest.fixture(scope="module")
-def seed42(tmp_path_factory):
-    out = tmp_path_factory.mktemp("seed42a")
-    check_launch(_launch(out, 42, "--rank-check-steps", "2"))
+def _read_first(out, proc) -> list[dict]:
+    """The first run of a launch whose last run stops it: its files are there, written before that run began."""
+    if not all((out / "seed" / f"rank{r}.json").is_file() for r in (0, 1)):
+        tail = f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        pytest.fail(f"the first run did not finish (exit {proc.returncode}):\n{tail}")
     return _read(out)
 
 
-def test_same_seed_twice_is_bitwise_identical(seed42, tmp_path):
-    check_launch(_launch(tmp_path, 42, "--rank-check-steps", "2"))
-    again = _read(tmp_path)
+# Three launches of two runs each, in the same processes (new arguments, model and trainer per run). A run that
+# stops its launch is always the last one, and its expected text is printed by no run before it. That a run of
+# this worker with these flags ends with exit status 0 is checked on the seed-43 launch, which trains to the end.
+
+
+@pytest.fixture(scope="module")
+def seed42_then_skew(tmp_path_factory):
+    """Seed 42 with checks every 2 steps; then rank 1 builds the model class from another RNG state under the
+    default policy (error), which stops the launch."""
+    out, skewed = tmp_path_factory.mktemp("seed42a"), tmp_path_factory.mktemp("skewed")
+    proc = _launch(out, 42, "--rank-check-steps", "2", *_then(skewed, 42, "--build", "class", "--skew-rank", "1"))
+    return _read_first(out, proc), proc
+
+
+@pytest.fixture(scope="module")
+def seed42(seed42_then_skew):
+    return seed42_then_skew[0]
+
+
+@pytest.fixture(scope="module")
+def seed42_again_then_lr_drift(tmp_path_factory):
+    """Seed 42 again, first in its launch as the first one was; then rank 1's schedule scaled at the end of step
+    1, which stops the launch."""
+    out, drifted = tmp_path_factory.mktemp("seed42b"), tmp_path_factory.mktemp("drift")
+    drift = ("--rank-check-steps", "1", "--perturb-lr-rank", "1", "--perturb-lr-from", "1")
+    proc = _launch(out, 42, "--rank-check-steps", "2", *_then(drifted, 42, *drift))
+    return _read_first(out, proc), proc
+
+
+def test_same_seed_twice_is_bitwise_identical(seed42, seed42_again_then_lr_drift):
+    again = seed42_again_then_lr_drift[0]
     for first, second in zip(seed42, again, strict=True):
         assert len(first["losses"]) == len(first["grad_norms"]) == STEPS
         assert first["losses"] == second["losses"] and first["grad_norms"] == second["grad_norms"]  # exact
@@ -50,35 +84,46 @@ def test_same_seed_twice_is_bitwise_identical(seed42, tmp_path):
         assert not first["begin_report_in_history"]  # the first log of a train() call only: per-rank logs
 
 
-def test_another_seed_differs(seed42, tmp_path):
-    check_launch(_launch(tmp_path, 43, "--rank-check-steps", "2"))
-    other = _read(tmp_path)
+@pytest.fixture(scope="module")
+def seed43_then_warn(tmp_path_factory):
+    """Seed 43 as seed 42's run; then the warn policy with rank 1's weights built from another RNG state (seed 42,
+    the model class called directly): a launch that trains to the end."""
+    other, warn = tmp_path_factory.mktemp("seed43"), tmp_path_factory.mktemp("warn")
+    warned = _then(warn, 42, "--build", "class", "--skew-rank", "1", "--policy", "warn")
+    proc = _launch(other, 43, "--rank-check-steps", "2", *warned)
+    check_launch(proc)
+    return other, warn, proc
+
+
+def test_another_seed_differs(seed42, seed43_then_warn):
+    other = _read(seed43_then_warn[0])
     assert other[0]["losses"] != seed42[0]["losses"]
     assert other[0]["grad_norms"] != seed42[0]["grad_norms"]
 
 
-def test_rank_built_from_another_rng_state_stops_the_launch_named(tmp_path):
+def test_rank_built_from_another_rng_state_stops_the_launch_named(seed42_then_skew):
     # The model class called directly: built whole on every rank, so each rank's own init is what gets checked.
-    proc = _launch(tmp_path, 42, "--build", "class", "--skew-rank", "1")
+    proc = seed42_then_skew[1]
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "rank(s) 1 disagree with ranks [0, 1] on the weights they built at train begin" in text
     assert "seed before building the model" in text
 
 
-def test_warn_policy_logs_the_skewed_rank_and_trains(tmp_path):
-    proc = _launch(tmp_path, 42, "--build", "class", "--skew-rank", "1", "--policy", "warn")
-    check_launch(proc)
+def test_warn_policy_logs_the_skewed_rank_and_trains(seed43_then_warn):
+    other, warn, proc = seed43_then_warn
     assert "rank(s) 1 disagree with ranks [0, 1] on the weights they built" in proc.stdout + proc.stderr
-    for rank in _read(tmp_path):
+    for rank in _read(other):  # the seed-43 run before it agreed: the warning is the warn run's
+        assert rank["rank_check"]["rank_check/weights_ok"] == -1.0 and rank["rank_check"]["rank_check/ok"] == 1.0
+    for rank in _read(warn):
         assert rank["rank_check"]["rank_check/weights_ok"] == 0.0 and len(rank["losses"]) == STEPS
 
 
-def test_learning_rate_drift_on_one_rank_is_named_with_the_step(tmp_path):
+def test_learning_rate_drift_on_one_rank_is_named_with_the_step(seed42_again_then_lr_drift):
     # Rank 1's schedule is scaled at the end of step 1, after that step's check: the rates differ from step 2 on
     # (0.003 against 0.0045; a later step of this short cosine schedule is at its floor, 0, where scaling shows
     # nothing), and the check at step 2 is the first to see it.
-    proc = _launch(tmp_path, 42, "--rank-check-steps", "1", "--perturb-lr-rank", "1", "--perturb-lr-from", "1")
+    proc = seed42_again_then_lr_drift[1]
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "rank(s) 1 disagree with ranks [0, 1] on the learning rate (last agreement at step 1) at step 2" in text

@@ -2,6 +2,7 @@
 
     seed_worker.py OUTPUT_DIR SEED STEPS [--build from_config|class] [--skew-rank R] [--policy P]
                    [--rank-check-steps K] [--perturb-lr-rank R --perturb-lr-from S] [--dropout D]
+                   [then OUTPUT_DIR SEED STEPS [options]]...
 
 The order of the HuggingFace examples, no set_seed: RecipeTrainingArguments, then the model (tiny-deepseek-v3
 template shrunk, attention dropout D, default 0.1), then RecipeTrainer. `--build from_config` builds through
@@ -9,13 +10,15 @@ template shrunk, attention dropout D, default 0.1), then RecipeTrainer. `--build
 `class` calls the model class (built whole on every rank). `--skew-rank R`: rank R reseeds torch with SEED + 1
 just before building the model (a rank built from a different RNG state). `--perturb-lr-rank R`: at the end of
 optimizer step S, rank R's schedule is scaled by 1.5 (the learning rate differs from step S + 1 on). Writes
-OUTPUT_DIR/seed/rank<N>.json: the logged losses, grad norms and rank_check/* values.
+OUTPUT_DIR/seed/rank<N>.json: the logged losses, grad norms and rank_check/* values. Each `then ...` is one more
+run, in order, in the same processes (tests/distributed/workers/runs.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import warnings
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import TokenBlocks
 from hf_dist_recipes.demo.model import tiny_deepseek_config
+from tests.distributed.workers.runs import split_runs
 
 SEQ, SAMPLES = 16, 64
 
@@ -44,7 +48,7 @@ class PerturbLr(TrainerCallback):
             lr_scheduler.base_lrs = [lr * 1.5 for lr in lr_scheduler.base_lrs]
 
 
-def main() -> None:
+def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("output_dir")
     p.add_argument("seed", type=int)
@@ -56,7 +60,7 @@ def main() -> None:
     p.add_argument("--perturb-lr-rank", type=int, default=None)
     p.add_argument("--perturb-lr-from", type=int, default=1)
     p.add_argument("--dropout", type=float, default=0.1)
-    opts = p.parse_args()
+    opts = p.parse_args(argv)
     warnings.filterwarnings("ignore", category=FutureWarning)
     args = RecipeTrainingArguments(
         output_dir=opts.output_dir,
@@ -99,4 +103,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    for run in split_runs(sys.argv[1:]):
+        main(run)
