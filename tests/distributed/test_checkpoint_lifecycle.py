@@ -83,9 +83,10 @@ def _ranks(out: Path) -> list[dict]:
 
 @pytest.fixture(scope="module", params=list(LAYOUTS))
 def job(request, tmp_path_factory):
-    """Run A: evaluate first, train STEPS with a checkpoint every SAVE_AT, save_model. Run B: resume A from
-    checkpoint-SAVE_AT in a copy of A's output directory (its TensorBoard runs included). Run C: A without the
-    first evaluation, one checkpoint at STEPS with the HF weights inside (hf_weights_in_checkpoints)."""
+    """Run A: evaluate first, train STEPS with a checkpoint every SAVE_AT, save_model. Run C, in A's launch right
+    after A (new arguments and trainer): A without the first evaluation, one checkpoint at STEPS with the HF
+    weights inside (hf_weights_in_checkpoints). Run B: resume A from checkpoint-SAVE_AT in a copy of A's output
+    directory (its TensorBoard runs included), a launch of its own as a resumed job is."""
     layout = request.param
     model_name, config, procs = LAYOUTS[layout]
     root = tmp_path_factory.mktemp(layout)
@@ -115,21 +116,16 @@ def job(request, tmp_path_factory):
         )
         config = root / "cfg" / "tp2.yaml"
     pretrained = _pretrained(root / "pretrained", model_name)
-    a, b = root / "a", root / "b"
-    check_launch(accelerate_launch(config, [WORKER, str(a), str(pretrained), str(STEPS), str(SAVE_AT)]))
+    a, b, c = root / "a", root / "b", root / "c"
+    check_launch(
+        accelerate_launch(config, [WORKER, str(a), str(pretrained), str(STEPS), str(SAVE_AT), "-", f"then={c}"])
+    )
     b.mkdir()
     shutil.copytree(a / f"checkpoint-{SAVE_AT}", b / f"checkpoint-{SAVE_AT}")
     shutil.copytree(a / "tensorboard", b / "tensorboard")  # as if the job had died after step STEPS
     check_launch(
         accelerate_launch(
             config, [WORKER, str(b), str(pretrained), str(STEPS), str(SAVE_AT), str(b / f"checkpoint-{SAVE_AT}")]
-        )
-    )
-    c = root / "c"
-    check_launch(
-        accelerate_launch(
-            config,
-            [WORKER, str(c), str(pretrained), str(STEPS), str(STEPS), "-", "no-eval-first", "hf-in-checkpoints"],
         )
     )
     return {"layout": layout, "config": config, "pretrained": pretrained, "a": a, "b": b, "c": c, "procs": procs}

@@ -4,12 +4,13 @@ step is flushed, so steps 2 and 4 survive even SIGKILL; a probe scalar written (
 SIGTERM (the handler flushes, then the process still dies of SIGTERM) and the exception (train() closes the writer),
 and is lost to SIGKILL, which no handler sees. Then a second launch into the same directory is refused, and a
 refusal on one rank of a 2-rank launch stops both; a 2-rank run that ends normally has each rank's system
-scalars and one run id. Five single-rank processes and two 2-rank launches, about 60 s."""
+scalars and one run id. Four single-rank processes (the SIGKILL run is shared) and two 2-rank launches."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,6 +40,13 @@ def _run(out, mode: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory):
+    """The SIGKILL run, shared: its directory is read back below and (a copy) launched into again."""
+    out = tmp_path_factory.mktemp("killed")
+    return out, _run(out, "kill")
+
+
 @pytest.mark.parametrize(
     "mode, returncode, probe_survives",
     [
@@ -47,8 +55,11 @@ def _run(out, mode: str) -> subprocess.CompletedProcess:
         ("raise", 1, True),
     ],
 )
-def test_a_dying_rank_keeps_its_flushed_steps(tmp_path, mode, returncode, probe_survives):
-    proc = _run(tmp_path, mode)
+def test_a_dying_rank_keeps_its_flushed_steps(request, tmp_path, mode, returncode, probe_survives):
+    if mode == "kill":
+        tmp_path, proc = request.getfixturevalue("killed")
+    else:
+        proc = _run(tmp_path, mode)
     assert proc.returncode == returncode, proc.stderr[-3000:]
     scalars = read_scalars(tmp_path / "tensorboard" / "rank0")
     for tag in ("train/loss", "rank/step_time_s", "train/system/rss_gib"):
@@ -58,9 +69,11 @@ def test_a_dying_rank_keeps_its_flushed_steps(tmp_path, mode, returncode, probe_
         assert f"worker dies at step {DIE_AT}" in proc.stderr
 
 
-def test_a_second_launch_into_the_dead_runs_dir_is_refused(tmp_path):
-    assert _run(tmp_path, "kill").returncode == -signal.SIGKILL
-    again = _run(tmp_path, "kill")
+def test_a_second_launch_into_the_dead_runs_dir_is_refused(killed, tmp_path):
+    dead, first = killed
+    assert first.returncode == -signal.SIGKILL
+    shutil.copytree(dead, tmp_path / "dead")  # the shared run's directory stays as it died
+    again = _run(tmp_path / "dead", "kill")
     assert again.returncode == 1
     assert "already holds TensorBoard event files of run " in again.stderr
     assert "Use a new output_dir / logging_dir" in again.stderr

@@ -19,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 POLL_S = 0.2
+EXEC_GRACE_S = 3.0  # a process this young without RANK=0 may not have exec'd yet
 PROC = Path("/proc")
 
 
@@ -42,6 +43,17 @@ def _parent(pid: int) -> int | None:
 def _has_rank0(pid: int) -> bool:
     environ = _read(pid, "environ")
     return environ is not None and b"RANK=0" in environ.split(b"\0")
+
+
+def _age_s(pid: int) -> float:
+    """Seconds since `pid` started (0 when unknown: it is looked at again)."""
+    stat = _read(pid, "stat")
+    try:
+        start_ticks = int(stat.rsplit(b")", 1)[1].split()[19])  # field 22, after the command name
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (AttributeError, IndexError, ValueError, OSError):
+        return 0.0
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _is_kernel(pid: int) -> bool:
@@ -103,9 +115,9 @@ class LaunchCounter:
         for pid in pids:
             if pid in self._seen:
                 continue
-            self._seen.add(pid)
             parent = _parent(pid)
             if parent is None or not self._ours(pid):
+                self._seen.add(pid)
                 continue
             if _has_rank0(pid) and not _has_rank0(parent):
                 self.by_test[self.current] += 1
@@ -114,6 +126,10 @@ class LaunchCounter:
                 if not forks:
                     self.by_test[self.current] += 1
                 forks.add(pid)
+            elif _age_s(pid) < EXEC_GRACE_S:
+                # Caught between fork and exec, it still shows its parent's environment: look again next time.
+                continue
+            self._seen.add(pid)
         self._seen &= alive
 
     def _run(self) -> None:
