@@ -24,6 +24,7 @@ import contextlib
 import torch
 from transformers import TrainerCallback
 
+from hf_dist_recipes._compat import is_zero_partitioned
 from hf_dist_recipes.moe.expert_load import ExpertLoadTracker, RoutedLayer
 from hf_dist_recipes.parallel.batch import rank_layout
 
@@ -131,7 +132,7 @@ def _writable(bias: torch.Tensor, modify: bool = True):
     """A context in which `bias` holds its full value on this rank: a ZeRO-3 partitioned parameter is gathered and,
     when `modify`, rank 0's value is partitioned again on exit (every rank computes the same one). transformers 5.24
     and DeepSpeed 0.19.8 keep the bias a buffer, which ZeRO-3 does not partition: then nothing to do."""
-    if not hasattr(bias, "ds_id"):
+    if not is_zero_partitioned(bias):
         return contextlib.nullcontext()
     import deepspeed
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from hf_dist_recipes._compat import held_elements
 from hf_dist_recipes.logs.summary import SUMMARY_DIRNAME
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
 from hf_dist_recipes.monitoring.system_metrics import launch_identity
@@ -102,15 +103,8 @@ class RankSummaryCallback(TrainerCallback):
 
 def parameter_elements(model) -> tuple[int, int]:
     """(all elements, elements held by this rank) of `model`'s parameters. ZeRO-3 leaves each parameter an empty
-    placeholder with the full size in `ds_numel` and this rank's partition in `ds_tensor`."""
+    placeholder, whose sizes `_compat.held_elements` reads."""
     if model is None:
         return 0, 0
-    total = local = 0
-    for p in model.parameters():
-        if hasattr(p, "ds_numel"):
-            total += p.ds_numel
-            local += p.ds_tensor.numel()
-        else:
-            total += p.numel()
-            local += p.numel()
-    return total, local
+    sizes = [held_elements(p) for p in model.parameters()]
+    return sum(whole for whole, _ in sizes), sum(held for _, held in sizes)

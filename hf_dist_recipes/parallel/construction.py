@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from hf_dist_recipes._compat import is_zero_partitioned
+
 FIX = (
     "build the model after RecipeTrainingArguments(...) with from_pretrained / from_config (they partition it "
     "under ZeRO-3 while loading), or pass model_init=... to RecipeTrainer; raise max_unpartitioned_model_size "
@@ -25,7 +27,7 @@ FIX = (
 
 def unpartitioned_bytes(model: torch.nn.Module) -> int:
     """Bytes of the parameters of `model` that ZeRO-3's `zero.Init` did not partition."""
-    return sum(p.numel() * p.element_size() for p in model.parameters() if not hasattr(p, "ds_id"))
+    return sum(p.numel() * p.element_size() for p in model.parameters() if not is_zero_partitioned(p))
 
 
 def check_partitioned(model: torch.nn.Module, *, limit_bytes: int | None, world_size: int) -> int:

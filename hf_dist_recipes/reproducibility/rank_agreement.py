@@ -60,6 +60,7 @@ from typing import Literal, get_args
 import torch
 from transformers import TrainerCallback
 
+from hf_dist_recipes._compat import is_zero_partitioned
 from hf_dist_recipes.core.feeding import TrainerFed
 from hf_dist_recipes.core.gather import gather_floats, gather_objects
 from hf_dist_recipes.core.layout import RankLayout
@@ -121,7 +122,7 @@ def weights_checksum(model: torch.nn.Module | None) -> tuple[float, float] | str
     if model is None:
         return None
     params = list(model.parameters())
-    whole = [p for p in params if not hasattr(p, "ds_id")]
+    whole = [p for p in params if not is_zero_partitioned(p)]
     if params and not whole:
         return ZERO_INIT_BROADCAST
     return tensor_checksum(whole)
