@@ -9,6 +9,7 @@ import math
 
 from transformers import TrainerCallback
 
+from hf_dist_recipes._compat import is_zero_partitioned
 from hf_dist_recipes.preflight.training.facts import StepFacts
 from hf_dist_recipes.trainer import RecipeTrainer
 
@@ -38,7 +39,7 @@ def weights_digest(model) -> str:
     shard)."""
     params = list(model.parameters())
     gathered = contextlib.nullcontext()
-    if any(hasattr(p, "ds_id") for p in params):
+    if any(is_zero_partitioned(p) for p in params):
         import deepspeed
 
         gathered = deepspeed.zero.GatheredParameters(params)
