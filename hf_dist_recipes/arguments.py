@@ -1,5 +1,10 @@
 """RecipeTrainingArguments: `TrainingArguments` whose defaults are the seven practices, checked on creation.
 
+(Longer than a few hundred lines because each of its fields carries its command-line help.) On creation,
+`__post_init__` checks every field and derives the fields set after construction (`validate`, which changes nothing
+outside the object), then applies the process-wide effects (`apply_process_effects`: environment variables, an
+upstream patch), then runs the stock post-init, and seeds every process last.
+
 Changed defaults (everything else is the stock default):
 - `lr_scheduler_type="cosine_with_restarts"` with `lr_scheduler_kwargs={"num_cycles": 3}` and `warmup_steps=0.05`
   (5% of the optimizer steps; an integer >= 1 means steps) -- practice 6;
@@ -93,13 +98,11 @@ from hf_dist_recipes.parallel.batch import fix_tp_batch_size, tensor_parallel_si
 from hf_dist_recipes.parallel.plan_record import recorded_plan
 from hf_dist_recipes.reproducibility.rank_agreement import SeedCheck, validate_policy, validate_rank_check_steps
 from hf_dist_recipes.reproducibility.seeding import SeedReport, seed_everything, validate_seed
+from hf_dist_recipes.schedules.scheduler_kwargs import RECIPE_SCHEDULER, schedule_kwargs_into_fields
 from hf_dist_recipes.schedules.warmup_cosine import (
     DEFAULT_NUM_CYCLES,
-    check_schedule_kwargs,
     validate_learning_rate,
     validate_min_lr_ratio,
-    validate_num_cycles,
-    validate_restart_warmup_steps,
     validate_warmup_steps,
 )
 from hf_dist_recipes.stability.gradients import validate_max_grad_norm
@@ -111,8 +114,6 @@ from hf_dist_recipes.stability.nonfinite import (
 from hf_dist_recipes.stability.spikes import validate_spike_settings
 
 logger = logging.getLogger(__name__)
-
-RECIPE_SCHEDULER = SchedulerType.COSINE_WITH_RESTARTS
 
 
 def _derived(default, help: str):
@@ -319,7 +320,7 @@ class RecipeTrainingArguments(TrainingArguments):
             self.bf16, fp16=self.fp16, cuda_devices=gpus, bf16_supported=bool(gpus) and precision.cuda_bf16_supported()
         )
         super().__post_init__()
-        _schedule_kwargs_into_fields(self)  # after super(): it parses a JSON string
+        schedule_kwargs_into_fields(self)  # after super(): it parses a JSON string
         if self.lr_scheduler_type == RECIPE_SCHEDULER and not self.lr_scheduler_kwargs:
             self.lr_scheduler_kwargs = {"num_cycles": DEFAULT_NUM_CYCLES}
         if self.logging_dir is None:
@@ -448,44 +449,3 @@ def apply_process_effects(args: RecipeTrainingArguments) -> None:
     args.env_applied = {**args.nccl_env_applied, **(apply_alloc_conf_default() if gpus else {})}
     if args.autotp_size > 1:
         _compat.allow_weight_conversions_under_training_autotp()
-
-
-def _schedule_kwargs_into_fields(args: RecipeTrainingArguments) -> None:
-    """Practice 6: `min_lr_ratio` and `restart_warmup_steps` given in `lr_scheduler_kwargs` move into the fields.
-
-    A plain `TrainingArguments` (upgraded by RecipeTrainer) can carry them only there. Moved, each value has one
-    home that `create_scheduler` reads, and the stock `Trainer.create_scheduler`, which hands `lr_scheduler_kwargs`
-    to transformers' `get_cosine_with_hard_restarts_schedule_with_warmup`, is not given keys it rejects (a TypeError
-    when training starts). A field left at its default takes the kwargs' value; a field set to another value is an
-    error: which one was meant cannot be told."""
-    kwargs = dict(args.lr_scheduler_kwargs or {})
-    ours = [name for name in ("min_lr_ratio", "restart_warmup_steps") if name in kwargs]
-    if args.lr_scheduler_type != RECIPE_SCHEDULER:
-        chosen = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)  # a SchedulerType by now
-        if ours:
-            raise ValueError(
-                f"lr_scheduler_kwargs {ours} only apply to lr_scheduler_type='{RECIPE_SCHEDULER.value}', not "
-                f"'{chosen}'; remove them or use lr_scheduler_type='{RECIPE_SCHEDULER.value}'"
-            )
-        if args.min_lr_ratio or args.restart_warmup_steps:
-            raise ValueError(
-                f"min_lr_ratio={args.min_lr_ratio} and restart_warmup_steps={args.restart_warmup_steps} only apply "
-                f"to lr_scheduler_type='{RECIPE_SCHEDULER.value}', not '{chosen}'; leave them at 0 "
-                "or use the recipe's schedule"
-            )
-        return
-    check_schedule_kwargs(kwargs)
-    validate_restart_warmup_steps(args.restart_warmup_steps)
-    if "num_cycles" in kwargs:
-        validate_num_cycles(kwargs["num_cycles"])
-    validators = {"min_lr_ratio": validate_min_lr_ratio, "restart_warmup_steps": validate_restart_warmup_steps}
-    for name in ours:
-        value = validators[name](kwargs.pop(name))
-        current, default = getattr(args, name), RecipeTrainingArguments.__dataclass_fields__[name].default
-        if current != default and current != value:
-            raise ValueError(
-                f"{name} is given twice: {name}={current} and lr_scheduler_kwargs={{'{name}': {value}}}; "
-                f"give it once, as {name}=... or in lr_scheduler_kwargs"
-            )
-        setattr(args, name, value)
-    args.lr_scheduler_kwargs = kwargs

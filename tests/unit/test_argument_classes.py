@@ -15,10 +15,11 @@ import torch
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, Trainer, TrainingArguments
 from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
-from hf_dist_recipes import RecipeTrainer, RecipeTrainerMixin, RecipeTrainingArguments, recipe
+from hf_dist_recipes import RecipeTrainer, RecipeTrainerMixin, RecipeTrainingArguments, _compat, recipe
 from hf_dist_recipes.argument_classes import recipe_arguments_class
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
+from tests.support.models import SMALL
 
 HERE = Path(__file__).resolve().parent
 
@@ -40,7 +41,7 @@ class UserArguments(TrainingArguments):
 
 def _tiny_trainer(trainer_cls, args):
     return trainer_cls(
-        model_init=lambda: build_tiny_deepseek(hidden_size=32, intermediate_size=64, num_hidden_layers=1),
+        model_init=lambda: build_tiny_deepseek(**SMALL),
         args=args,
         train_dataset=stdlib_dataset(seq_len=16, max_bytes=10_000),
     )
@@ -137,7 +138,8 @@ def test_recipe_factory_classes():
     assert (
         made is recipe(SFTTrainer) is recipe(SFTTrainer, arguments_class=None) and made.__name__ == "RecipeSFTTrainer"
     )
-    assert made.__mro__[1:3] == (RecipeTrainerMixin, SFTTrainer)
+    # The mixin's own base holds its overrides of private Trainer methods (_compat), before the Trainer.
+    assert made.__mro__[1:4] == (RecipeTrainerMixin, _compat.TrainerPrivateOverrides, SFTTrainer)
     assert recipe(made) is made
     assert made.recipe_arguments_base is SFTConfig  # from `args: SFTConfig | TrainingArguments | None`
     assert recipe(DPOTrainer).recipe_arguments_base is DPOConfig
@@ -159,7 +161,7 @@ class ForwardingTrainer(Trainer):
 
 def test_recipe_of_a_forwarding_user_trainer_upgrades_positional_args(tmp_path):
     user = UserArguments(output_dir=str(tmp_path), teacher_temperature=3.0)
-    model = build_tiny_deepseek(hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+    model = build_tiny_deepseek(**SMALL)
     trainer = recipe(ForwardingTrainer)(model, user, train_dataset=stdlib_dataset(seq_len=16, max_bytes=10_000))
     assert trainer.forwarded and isinstance(trainer.args, UserArguments)
     assert isinstance(trainer.args, RecipeTrainingArguments) and trainer.args.teacher_temperature == 3.0
