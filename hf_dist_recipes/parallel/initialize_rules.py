@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ERROR, WARNING = "error", "warning"
+from hf_dist_recipes.core.findings import ERROR, WARNING
+
 # engine.py:1986 `_is_supported_optimizer`: DeepSpeed's own optimizers (config.py:63, matched lower-case) or a
 # class of torch.optim (matched as written).
 DEEPSPEED_OPTIMIZERS = ("adagrad", "adam", "adamw", "lamb", "muadam", "muadamw", "musgd", "lion", "muon")
