@@ -7,6 +7,7 @@ import torch
 from hf_dist_recipes import seed_everything
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 from hf_dist_recipes.reproducibility.seeding import rng_fingerprint
+from tests.support.models import SMALL
 
 
 def _weights_digest(model) -> float:
@@ -48,7 +49,7 @@ def test_arguments_seed_so_a_model_built_after_them_is_reproducible(tmp_path):
     def run(seed):
         torch.manual_seed(1234 + seed)
         RecipeTrainingArguments(output_dir=str(tmp_path), seed=seed, report_to="none")
-        return _weights_digest(build_tiny_deepseek(hidden_size=32))
+        return _weights_digest(build_tiny_deepseek(**SMALL))
 
     assert run(5) == run(5)
     assert run(5) != run(6)
