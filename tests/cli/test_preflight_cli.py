@@ -1,21 +1,25 @@
 """`hf-dist-recipes preflight`: a plan that cannot work stops before launching; both shipped CPU configs pass on
-2 and 4 real processes and the JSON report validates against REPORT_SCHEMA. The 4-process launch is made once
-(`shipped_tp2_ep2`) and also carries the training checks' assertions for TP 2 + EP 2 on 4 ranks (the other configs'
-are in tests/distributed/test_preflight_training.py)."""
+2 and 4 real processes and the JSON report validates against REPORT_SCHEMA. Each shipped config is launched once, by
+a module fixture (`shipped_zero3`, `shipped_tp2_ep2`), whose report also carries the training checks' assertions:
+the rows of checks 5 and 6 with their numbers against independent references (the user-JSON and seed cases, which
+must not pass, are in tests/distributed/test_preflight_training.py)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import jsonschema
 import pytest
 
 from hf_dist_recipes.cli.main import main
 from hf_dist_recipes.comm.watchdog import heartbeat_interval
+from hf_dist_recipes.monitoring.tensorboard import rank_log_dir
 from hf_dist_recipes.parallel import models  # noqa: F401  (torch + transformers imported before timing)
 from hf_dist_recipes.preflight.launch import KILL_GRACE_S, LOST_GRACE_S
 from hf_dist_recipes.preflight.result import CHECKS, REPORT_SCHEMA
@@ -25,7 +29,7 @@ from tests.support.paths import REPO
 from tests.support.preflight import recipe_learning_rates, rows_by_name
 
 STEPS = 20  # the preflight's default --steps: checkpoint at 10, the resumed run's NaN at step 12 on the last rank
-NAN_STEP = STEPS // 2 + 2
+SAVE_AT, NAN_STEP = STEPS // 2, STEPS // 2 + 2
 
 
 @pytest.fixture
@@ -120,12 +124,122 @@ def check_passes(proc, report: dict, world_size: int) -> None:
         assert f"preflight: [{i}/{len(CHECKS)}] {name} ... " + report["checks"][name] in proc.stderr
 
 
+@pytest.fixture(scope="module")
+def shipped_zero3(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict, Path]:
+    """The one launch of the shipped 2-process ZeRO-3 config, through the CLI: (the CLI's process, its JSON report,
+    the output directory). It serves the CLI's assertions and the training checks' (the preflight trains its
+    default model, demo-deepseek-v3, as itself)."""
+    out = tmp_path_factory.mktemp("zero3")
+    proc, report, seconds = run_preflight_json("accelerate_configs/cpu_zero3_2proc.yaml", out)
+    print(f"preflight cpu_zero3_2proc: {seconds:.1f} s wall, report elapsed {report['elapsed_s']:.1f} s")
+    return proc, report, out / "preflight"
+
+
 @pytest.mark.distributed
 @cpu_only_host
-def test_shipped_two_process_config_passes(tmp_path):
-    proc, report, seconds = run_preflight_json("accelerate_configs/cpu_zero3_2proc.yaml", tmp_path)
-    print(f"preflight cpu_zero3_2proc: {seconds:.1f} s wall, report elapsed {report['elapsed_s']:.1f} s")
+def test_shipped_two_process_config_passes(shipped_zero3):
+    proc, report, _ = shipped_zero3
     check_passes(proc, report, 2)
+
+
+def _zero3_rows(shipped_zero3) -> dict[str, dict]:
+    return rows_by_name(shipped_zero3[1]["results"])
+
+
+@pytest.mark.distributed
+@cpu_only_host
+def test_zero3_ranks_return_the_same_training_rows(shipped_zero3):
+    proc, report, _ = shipped_zero3
+    # Every rank decided the same rows: rank 0 reports them only after comparing every rank's with its own
+    # (preflight.worker.ranks_decided_alike), which adds an error row naming the odd ranks otherwise.
+    assert not [r for r in report["results"] if "decided the training and failure-path rows" in r["detail"]]
+    rows = [r for r in report["results"] if r["name"] in ("training", "failure_paths")]
+    assert [r["name"] for r in rows] == ["training"] * 4 + ["failure_paths"] * 2
+    assert all(r["status"] == "ok" and r["fix"] == "" for r in rows), rows
+    # The training checks' two stage lines, relayed from rank 0 in order under the check lines.
+    stages = [line.split("preflight:", 1)[1].strip() for line in proc.stderr.splitlines() if "preflight:      " in line]
+    assert [line.split(":")[0] for line in stages] == ["training", "failure paths"], stages
+
+
+@pytest.mark.distributed
+@cpu_only_host
+def test_zero3_loss_falls_from_the_untrained_level(shipped_zero3):
+    plan = next(r for r in shipped_zero3[1]["results"] if r["name"] == "plan" and "train_model" in r["data"])
+    assert plan["data"]["train_model"] == "demo-deepseek-v3"
+    loss = _zero3_rows(shipped_zero3)["training/loss"]["data"]
+    assert len(loss["losses"]) == STEPS and all(math.isfinite(x) for x in loss["losses"])
+    # An untrained model predicts about uniformly over its vocabulary, demo-deepseek-v3's 256 tokens: ln 256 =
+    # 5.55 nats at the start (measured 5.57). Python source has far fewer likely bytes; the measured quarters are
+    # 5.04 then 3.10, a drop of 1.9 nats: 0.5 is asked.
+    assert abs(loss["losses"][0] - math.log(256)) < 0.3
+    assert loss["first_quarter"] - loss["last_quarter"] > 0.5
+    assert loss["first_quarter"] == pytest.approx(sum(loss["losses"][:5]) / 5)
+    assert loss["last_quarter"] == pytest.approx(sum(loss["losses"][-5:]) / 5)
+
+
+@pytest.mark.distributed
+@cpu_only_host
+def test_zero3_clipping_is_the_engines_at_one(shipped_zero3):
+    clip = _zero3_rows(shipped_zero3)["training/clipping"]["data"]
+    assert clip["source"] == "engine", "not a DeepSpeed run: the launch did not give the ranks DeepSpeed"
+    assert clip["expected"] == 1.0 and clip["applied"] == {"0": [1.0], "1": [1.0]}  # engine and ZeRO-3 optimizer
+    assert len(clip["pre_clip_norms"]) == STEPS and clip["steps_above_clip"] == sum(
+        n > 1.0 for n in clip["pre_clip_norms"]
+    )
+
+
+@pytest.mark.distributed
+@cpu_only_host
+def test_zero3_learning_rates_are_transformers_cosine_with_restarts(shipped_zero3):
+    schedule = _zero3_rows(shipped_zero3)["training/schedule"]["data"]
+    assert schedule["learning_rates"] == pytest.approx(recipe_learning_rates(STEPS), rel=1e-9, abs=1e-15)
+    assert schedule["mismatched_steps"] == []
+
+
+@pytest.mark.distributed
+@cpu_only_host
+def test_zero3_ranks_agree_and_weights_were_compared(shipped_zero3):
+    agreement = _zero3_rows(shipped_zero3)["training/agreement"]["data"]
+    # Built whole on each rank (not under zero.Init), so the built weights were really compared: 1.0, not -1.0.
+    assert agreement["rank_check"] == {
+        "rank_check/seed_ok": 1.0,
+        "rank_check/data_ok": 1.0,
+        "rank_check/weights_ok": 1.0,
+    }
+    assert agreement["mismatches"] == []
+
+
+@pytest.mark.distributed
+@cpu_only_host
+def test_zero3_nan_on_the_last_rank_is_skipped_on_both(shipped_zero3):
+    nan = _zero3_rows(shipped_zero3)["failure_paths/nan"]["data"]
+    assert nan["step"] == NAN_STEP and nan["rank"] == 1
+    for rank in ("0", "1"):
+        got = nan["ranks"][rank]
+        assert got["not_applied"] == [NAN_STEP] and got["skipped_steps"] == 1 and got["flagged_ranks"] == [1]
+        assert got["event"].startswith(
+            "step 12: non-finite value first on rank 1 (rank(s) 1); loss non-finite on rank(s) 1"
+        )
+
+
+@pytest.mark.distributed
+@cpu_only_host
+def test_zero3_resume_reproduces_the_next_step(shipped_zero3):
+    resume = _zero3_rows(shipped_zero3)["failure_paths/resume"]["data"]
+    assert resume["saved_at"] == SAVE_AT and resume["step"] == SAVE_AT + 1
+    for rank in resume["ranks"].values():
+        # fp32 on CPU, the same forward on the same restored state: equal (measured difference 0).
+        assert rank["loss"] == pytest.approx(rank["uninterrupted_loss"], abs=1e-6) and rank["same_batch"]
+    assert (shipped_zero3[2] / "training" / f"checkpoint-{SAVE_AT}").is_dir()
+
+
+@pytest.mark.distributed
+@cpu_only_host
+def test_zero3_tensorboard_runs_are_left_for_the_logs_check(shipped_zero3):
+    out = shipped_zero3[2]
+    for rank in (0, 1):
+        assert list((out / "tensorboard" / f"rank{rank}").glob("events.out.tfevents.*"))
+        assert rank_log_dir(out / "tensorboard", rank) == str(out / "tensorboard" / f"rank{rank}")
 
 
 @pytest.fixture(scope="module")
