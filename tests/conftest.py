@@ -3,9 +3,19 @@ import accelerate_launch`)."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
 from tests.support.launch_count import COUNTER as LAUNCHES
+
+# One OpenMP thread in this process and the processes it starts (launched ranks get 1 from accelerate anyway):
+# on 2 busy cores two threads spin against each other. A tiny-deepseek-v3 step took 7.7 s with 2 threads and 0.24 s
+# with 1 (load 9); test_expert_load's balancer test 92 s against 19 s. A value the user set is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:  # imported by a plugin before this file: the variable came too late for it
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(autouse=True, scope="session")
