@@ -118,9 +118,8 @@ def job(request, tmp_path_factory):
         config = root / "cfg" / "tp2.yaml"
     pretrained = _pretrained(root / "pretrained", model_name)
     a, b, c = root / "a", root / "b", root / "c"
-    check_launch(
-        accelerate_launch(config, [WORKER, str(a), str(pretrained), str(STEPS), str(SAVE_AT), "-", f"then={c}"])
-    )
+    run_c = ["then", str(c), str(pretrained), str(STEPS), str(STEPS), "-", "no-eval-first", "hf-in-checkpoints"]
+    check_launch(accelerate_launch(config, [WORKER, str(a), str(pretrained), str(STEPS), str(SAVE_AT), *run_c]))
     b.mkdir()
     shutil.copytree(a / f"checkpoint-{SAVE_AT}", b / f"checkpoint-{SAVE_AT}")
     shutil.copytree(a / "tensorboard", b / "tensorboard")  # as if the job had died after step STEPS

@@ -1,7 +1,7 @@
 """A real job's shape, run on every rank under `accelerate launch` by tests/distributed/test_checkpoint_lifecycle.py:
 
     lifecycle_worker.py OUTPUT_DIR PRETRAINED_DIR STEPS SAVE_STEPS [RESUME_CHECKPOINT|-] [no-eval-first]
-                        [hf-in-checkpoints] [then=OUTPUT_DIR_C]
+                        [hf-in-checkpoints] [then OUTPUT_DIR PRETRAINED_DIR ...]...
 
 In the order of the HuggingFace examples -- arguments, then `from_pretrained`, then the trainer -- with no other
 set-up: evaluate on a fixed set before training (skipped when resuming, or with `no-eval-first`), train STEPS
@@ -13,9 +13,8 @@ OUTPUT_DIR/lifecycle/rank<N>.json: evaluation losses, and per optimizer step the
 of the batches this rank trained on, and per checkpoint the default group's collective timeout right after
 save_model wrote into it and after the checkpoint was complete (on_save).
 
-With `then=OUTPUT_DIR_C` the same processes then run the job again from PRETRAINED_DIR into OUTPUT_DIR_C, new
-arguments and trainer, without the first evaluation and with one checkpoint at STEPS holding the HF weights: the
-test's run C, without a launch of its own.
+Each `then ...` is one more job, in order, in the same processes (new arguments and trainer;
+tests/distributed/workers/runs.py): the test's run C without a launch of its own.
 """
 
 import hashlib
@@ -31,6 +30,7 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.demo.data import TokenBlocks, stdlib_dataset, token_blocks
+from tests.distributed.workers.runs import split_runs
 
 MICRO_BATCH = 4
 EVAL_SAMPLES = 16
@@ -125,16 +125,13 @@ def main(
 
 
 if __name__ == "__main__":
-    rest = sys.argv[5:]
-    output_dir, pretrained, steps, save_steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    main(
-        output_dir,
-        pretrained,
-        steps,
-        save_steps,
-        resume=rest[0] if rest and rest[0] != "-" else None,
-        eval_first="no-eval-first" not in rest,
-        hf_in_checkpoints="hf-in-checkpoints" in rest,
-    )
-    for then in (a[len("then=") :] for a in rest if a.startswith("then=")):
-        main(then, pretrained, steps, steps, eval_first=False, hf_in_checkpoints=True)
+    for output_dir, pretrained, steps, save_steps, *rest in split_runs(sys.argv[1:]):
+        main(
+            output_dir,
+            pretrained,
+            int(steps),
+            int(save_steps),
+            resume=rest[0] if rest and rest[0] != "-" else None,
+            eval_first="no-eval-first" not in rest,
+            hf_in_checkpoints="hf-in-checkpoints" in rest,
+        )
