@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast lint format configs lock clean
+.PHONY: install demo test test-fast lint format configs docs lock clean
 
 install: $(STAMP)
 
@@ -40,12 +40,17 @@ format: $(STAMP)
 configs: $(STAMP)
 	$(BIN)/python -m hf_dist_recipes.parallel.shipped
 
+# The documentation site (mkdocs.yml, docs/) into site/, every warning an error (a broken link or anchor, a missing
+# page, an API name that moved). The CLI reference and the error index are generated during the build (docs/hooks/).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 # Re-pin after changing pyproject.toml's ranges: installs from the ranges, then freezes what was installed.
 lock:
 	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
-	DS_BUILD_OPS=0 .venv-lock/bin/python -m pip install --quiet torch==2.13.0 -e '.[dev]'
+	DS_BUILD_OPS=0 .venv-lock/bin/python -m pip install --quiet torch==2.13.0 -e '.[dev,docs]'
 	{ sed -n '1,3p' requirements.lock; .venv-lock/bin/pip freeze --exclude-editable | sed 's/+cpu$$//'; } > requirements.lock.new
 	mv requirements.lock.new requirements.lock && rm -rf .venv-lock
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site
