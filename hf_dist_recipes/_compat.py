@@ -467,6 +467,30 @@ def set_collective_timeout(seconds: float) -> int:
     return changed
 
 
+# The flight recorder (comm/flight_recorder.py). torch 2.13 keeps one recorder per event type: the CPU one
+# (`FlightRecorder<c10::Event>`, every Gloo collective, on by default: `TORCH_FR_BUFFER_SIZE`, older name
+# `TORCH_NCCL_TRACE_BUFFER_SIZE`, default 2000 entries, read once when the recorder is first used) and NCCL's
+# (`FlightRecorder<at::cuda::CUDAEvent>`, CUDA builds only). `torch._C._distributed_c10d._dump_fr_trace()` and
+# `_dump_nccl_trace()` return the pickle (format "version" 2.10: "entries" with "collective_seq_id",
+# "profiling_name" such as "gloo:all_reduce", "input_sizes", "state", "frames" (the Python call site) and
+# "process_group", plus "pg_config" and "pg_status") that NCCL's dump on timeout writes and
+# `torch.distributed.flight_recorder.fr_trace` reads. Neither is public API. Covered: torch 2.13.
+def flight_recorder_trace() -> bytes | None:
+    """This process's flight recorder as torch's pickle: NCCL's where the default group is NCCL, else the CPU
+    (Gloo) one; None when torch has no such dump or the recorder is off (no entries and no groups)."""
+    import pickle
+
+    import torch.distributed as dist
+    from torch._C import _distributed_c10d as c10d
+
+    dump = c10d._dump_fr_trace
+    if dist.is_initialized() and dist.get_backend() == "nccl" and hasattr(c10d, "_dump_nccl_trace"):
+        dump = c10d._dump_nccl_trace
+    raw = dump()
+    content = pickle.loads(raw)
+    return raw if content.get("entries") or content.get("pg_config") else None
+
+
 # The private `Trainer` methods the recipe overrides, all here: `RecipeTrainerMixin` inherits this class, so its
 # overrides run before the Trainer's and call it through super(). Covered: transformers 5.24 (signatures and call
 # sites checked by tests/unit/test_compat.py::test_the_private_trainer_methods_the_recipe_overrides).
@@ -535,3 +559,46 @@ def load_converted_checkpoint(model, checkpoint_dir: str) -> None:
     loaded = type(model).from_pretrained(checkpoint_dir, config=model.config, dtype=dtype)
     model.load_state_dict(loaded.state_dict(), strict=True)
     del loaded
+
+
+# torch's flight-recorder analyser, used as a library by comm/hang_report.py. torch 2.13 ships it as
+# `torch.distributed.flight_recorder` (the `fr_trace` script; its `components` modules are not documented API):
+# `build_groups_memberships(pg_config)` -> the groups and their ranks, `align_trace_from_beginning(entries)` -> every
+# rank's entries from the first record all ranks still hold, `build_collectives(entries, ...)` -> one `Collective`
+# per matched or unmatched collective, matched by (group, collective_seq_id) with `Op.match` (op, input/output sizes,
+# all_gather's world-size rule, dtypes, state); the first mismatch of a group has `pass_check` False and either
+# `missing_ranks` (members with no entry at that sequence id) or `mismatch_collectives` {rank: Collective whose
+# `type_of_mismatch` is a `MatchInfo` (`.state.name`, `.culprit` text)}. It logs its findings on the "Flight
+# Recorder" logger (silenced here: the report says them) and assumes NCCL's `pg_config`; Gloo's names its groups ""
+# with no ranks (seen on torch 2.13), so the caller passes the groups it rebuilt from the entries. Covered: torch 2.13
+# (tests/unit/test_hang_report.py::test_compat_*).
+FR_COLLECTIVE_FIELDS = (
+    "pass_check",
+    "collective_seq_id",
+    "group_id",
+    "pg_desc",
+    "collective_name",
+    "missing_ranks",
+    "mismatch_collectives",
+    "type_of_mismatch",
+)
+FR_LOGGER = "Flight Recorder"
+
+
+def fr_match_collectives(
+    entries: dict[int, list[dict]], groups: dict[str, tuple[str, list[int]]], version: str, mismatch_cap: int = 10
+) -> list:
+    """torch's `Collective` records for every rank's flight-recorder `entries` ({global rank: torch's entries}),
+    `groups` {process-group name: (description, member ranks)} (every group named in an entry), `version`: the
+    dump's "version". The entry lists are copied (torch's builder consumes them)."""
+    import logging
+
+    logging.getLogger(FR_LOGGER).disabled = True  # torch's analyser prints its findings; the report says them
+    from torch.distributed.flight_recorder.components.builder import build_collectives, build_groups_memberships
+    from torch.distributed.flight_recorder.components.utils import align_trace_from_beginning
+
+    config = {name: {"desc": desc, "ranks": str(sorted(ranks))} for name, (desc, ranks) in groups.items()}
+    _, by_guid, _, memberships, pg_guids = build_groups_memberships({rank: config for rank in entries})
+    aligned = align_trace_from_beginning({rank: list(rank_entries) for rank, rank_entries in entries.items()})
+    _, collectives, _ = build_collectives(aligned, by_guid, memberships, pg_guids, version, mismatch_cap)
+    return collectives

@@ -55,7 +55,8 @@ New fields, all at the end so positional use of TrainingArguments keeps working:
   torch's NCCL default; 0 keeps `ddp_timeout`): the collective timeout once the first optimizer step finished, which
   bounds a rank that is alive but stuck. On creation, where the backend is NCCL, the NCCL defaults of
   `hf_dist_recipes.comm.nccl_defaults` (async error handling, flight recorder dumped into
-  `<output_dir>/nccl_flight_recorder`) are set where the user has not set them, before the process group exists;
+  `<output_dir>/flight_recorder`; any other backend gets the recorder's buffer size only) are set where the user
+  has not set them, before the process group exists;
   `nccl_env_applied` keeps what was set. Where CUDA is used, `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` is
   set the same way, before CUDA initialises, unless the allocator was configured (`environment.alloc_defaults`);
   `env_applied` keeps every variable set (the NCCL defaults and this one);
@@ -81,7 +82,7 @@ from transformers.trainer_utils import SchedulerType
 from hf_dist_recipes import _compat, argument_classes
 from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_SIZE
 from hf_dist_recipes.comm import backend
-from hf_dist_recipes.comm.nccl_defaults import apply_nccl_env_defaults
+from hf_dist_recipes.comm.nccl_defaults import apply_flight_recorder_env_defaults, apply_nccl_env_defaults
 from hf_dist_recipes.comm.watchdog import validate_hang_settings
 from hf_dist_recipes.core.jsonfile import load_deepspeed_json
 from hf_dist_recipes.core.sizes import parse_size
@@ -436,6 +437,7 @@ def apply_process_effects(args: RecipeTrainingArguments) -> None:
       `deepspeed.init_distributed`; the engine builds cpu_adam & co. later);
     - the NCCL defaults (`comm.nccl_defaults`) where the backend is NCCL: before the stock post-init, where
       accelerate's PartialState creates the group on GPU hosts (torch reads them once, when ProcessGroupNCCL is built);
+      on any other backend the flight recorder's buffer size alone;
     - `PYTORCH_CUDA_ALLOC_CONF` (`environment.alloc_defaults`) where CUDA is used: before CUDA initialises (the bf16
       resolution after this reads the GPUs' capability); the estimate's fragmentation allowance assumes expandable
       segments;
@@ -446,6 +448,8 @@ def apply_process_effects(args: RecipeTrainingArguments) -> None:
         apply_nccl_env_defaults(args.output_dir or "trainer_output") if args.ddp_backend == backend.GPU_BACKEND else {}
     )
     gpus = 0 if args.use_cpu else backend.cuda_device_count()
-    args.env_applied = {**args.nccl_env_applied, **(apply_alloc_conf_default() if gpus else {})}
+    # Any other backend (Gloo) keeps the flight recorder on too: every rank dumps it when a job hangs.
+    recorder = apply_flight_recorder_env_defaults() if args.ddp_backend != backend.GPU_BACKEND else {}
+    args.env_applied = {**args.nccl_env_applied, **recorder, **(apply_alloc_conf_default() if gpus else {})}
     if args.autotp_size > 1:
         _compat.allow_weight_conversions_under_training_autotp()

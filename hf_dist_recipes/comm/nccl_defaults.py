@@ -18,9 +18,15 @@ reads a list of names, the first the current one; a later, older name is still r
   2000 entries, torch 2.13's default; 0 turns it off), `TORCH_NCCL_DUMP_ON_TIMEOUT=1` with
   `TORCH_NCCL_ENABLE_MONITORING=1` (the header: the dump needs both), and the dump file prefix
   `TORCH_FR_DUMP_TEMP_FILE` / `TORCH_NCCL_DEBUG_INFO_TEMP_FILE` (torch appends the rank; default
-  `/tmp/nccl_trace_rank_`, lost with the node) pointed into the run directory. Merge the dumps with
-  `python -m torch.distributed.flight_recorder.fr_trace <run_dir>/nccl_flight_recorder`, which names the first
-  collective the ranks disagree on.
+  `/tmp/nccl_trace_rank_`, lost with the node) pointed into the run directory, `<run_dir>/flight_recorder/`, where
+  every rank also writes its own dump and stacks when a job hangs (`comm.flight_recorder`); `hf-dist-recipes logs
+  hang <run_dir>` reads them.
+
+Every other backend (Gloo) gets the recorder's buffer size only (`FLIGHT_RECORDER_ENV_DEFAULTS`): torch 2.13
+records Gloo's collectives too, in a recorder of its own that reads the same two names once, when first used
+(default 2000, the value set here; explicit so that it shows in the run's summary and holds on a torch whose default
+differs). Its cost, measured on 2 CPU ranks: benchmarks/results/2026-12-04-flight-recorder-cpu.md. Nothing dumps it
+on its own: `comm.flight_recorder` does.
 """
 
 from __future__ import annotations
@@ -29,16 +35,22 @@ import logging
 import os
 from collections.abc import MutableMapping
 
+from hf_dist_recipes.comm.flight_recorder import FLIGHT_RECORDER_DIR, FLIGHT_RECORDER_PREFIX
+
 logger = logging.getLogger(__name__)
 
-FLIGHT_RECORDER_DIR = "nccl_flight_recorder"
-FLIGHT_RECORDER_PREFIX = "rank_"
+
+FLIGHT_RECORDER_BUFFER_SIZE = "2000"  # entries (torch 2.13's default); its cost: the module docstring
+# The recorder's defaults for any backend (torch reads both names; the first is the current one).
+FLIGHT_RECORDER_ENV_DEFAULTS: dict[str, str] = {
+    "TORCH_FR_BUFFER_SIZE": FLIGHT_RECORDER_BUFFER_SIZE,
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": FLIGHT_RECORDER_BUFFER_SIZE,
+}
 
 # The defaults that do not depend on the run; the image written by `pin` sets these.
 NCCL_ENV_DEFAULTS: dict[str, str] = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
-    "TORCH_FR_BUFFER_SIZE": "2000",
-    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    **FLIGHT_RECORDER_ENV_DEFAULTS,
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
     "TORCH_NCCL_ENABLE_MONITORING": "1",
 }
@@ -71,17 +83,25 @@ def apply_nccl_env_defaults(run_dir: str, environ: MutableMapping[str, str] | No
     already carries; return what was set (empty when the user set everything). A setting torch reads under two
     names is set under both or neither. Creates the dump directory when its prefix is applied. Logs the applied
     values once, on global rank 0 (`RANK`)."""
-    env = os.environ if environ is None else environ
-    applied = {
-        name: value
-        for name, value in nccl_env_defaults(run_dir).items()
-        if not any(alias in env for alias in ALIASES[name])
-    }
-    env.update(applied)
+    applied = _apply(nccl_env_defaults(run_dir), os.environ if environ is None else environ, "NCCL")
     if "TORCH_FR_DUMP_TEMP_FILE" in applied:
         os.makedirs(os.path.dirname(applied["TORCH_FR_DUMP_TEMP_FILE"]), exist_ok=True)
+    return applied
+
+
+def apply_flight_recorder_env_defaults(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """For a backend other than NCCL (Gloo): set the recorder's buffer size (`FLIGHT_RECORDER_ENV_DEFAULTS`) unless
+    the user set it under either name; return what was set. The dumps need no variable (`comm.flight_recorder`)."""
+    return _apply(FLIGHT_RECORDER_ENV_DEFAULTS, os.environ if environ is None else environ, "flight recorder")
+
+
+def _apply(defaults: dict[str, str], env: MutableMapping[str, str], what: str) -> dict[str, str]:
+    applied = {name: value for name, value in defaults.items() if not any(alias in env for alias in ALIASES[name])}
+    env.update(applied)
     if applied and env.get("RANK", "0") == "0":
         logger.info(
-            "NCCL defaults applied (unset before): %s", ", ".join(f"{name}={value}" for name, value in applied.items())
+            "%s defaults applied (unset before): %s",
+            what,
+            ", ".join(f"{name}={value}" for name, value in applied.items()),
         )
     return applied

@@ -23,6 +23,13 @@ the busiest rank writes (`hf_dist_recipes.parallel.checkpoint_bytes.save_timeout
 assumed 100 MiB/s per rank); the collective timeout is raised to it (never lowered) until the checkpoint is
 complete (`on_save`, after the engine's files) or `save_model` returns (a final save). The heartbeat thread beats on
 while the main thread writes, so the peer bound needs nothing.
+
+What each rank was doing: before a rank ends for a lost peer, and when a collective of `train()` fails or times out,
+it writes its flight recorder and its threads' stacks into `<output_dir>/flight_recorder/`
+(`comm.flight_recorder.dump_rank_state`; once per process, the first failure's); SIGUSR1 sent to a rank's process
+does the same on demand while training runs. Both messages name `hf-dist-recipes logs hang <output_dir>`, which
+reads every rank's dump and names the collective where the ranks part, the rank that never arrived and each rank's
+line of code.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from dataclasses import asdict, dataclass
 from transformers import TrainerCallback
 
 from hf_dist_recipes import _compat
+from hf_dist_recipes.comm.flight_recorder import AutomaticDump, SignalDump, flight_recorder_dir
 
 logger = logging.getLogger(__name__)
 
@@ -114,8 +122,27 @@ class PeerWatch:
         ]
 
 
+def hang_report_hint(output_dir: str | None) -> str:
+    """The sentence that points a failure message at the dumps and the command that reads them."""
+    if not output_dir:
+        return ""
+    return (
+        f" Each surviving rank wrote its flight recorder and stacks to {flight_recorder_dir(output_dir)}: run "
+        f"`hf-dist-recipes logs hang {output_dir}` for the collective where the ranks part, which rank never "
+        "arrived and each rank's line of code."
+    )
+
+
 def lost_peer_message(
-    *, rank: int, host: str, step: int, peer: int, beat: Beat | None, silent_s: float, timeout_s: float
+    *,
+    rank: int,
+    host: str,
+    step: int,
+    peer: int,
+    beat: Beat | None,
+    silent_s: float,
+    timeout_s: float,
+    output_dir: str | None = None,
 ) -> str:
     where = f"rank {peer} (host {beat.host})" if beat else f"rank {peer} (host unknown: it never sent a heartbeat)"
     last = f"its last step was {beat.step}" if beat else "it reached no step"
@@ -123,7 +150,7 @@ def lost_peer_message(
         f"lost {where}: no heartbeat for {silent_s:.0f} s (peer_timeout={timeout_s:g} s); {last}, this rank "
         f"{rank} on {host} is at step {step}. Ending rank {rank} with exit code {LOST_PEER_EXIT_CODE} instead of "
         f"waiting in a collective. Look at rank {peer}'s log and host (killed, out of memory, hardware); "
-        "peer_timeout sets the bound (0: off)."
+        "peer_timeout sets the bound (0: off)." + hang_report_hint(output_dir)
     )
 
 
@@ -140,14 +167,13 @@ def looks_like_lost_peer(error: BaseException) -> bool:
     )
 
 
-def stuck_rank_message(watchdog: HeartbeatWatchdog, timeout_s: float) -> str:
+def stuck_rank_message(watchdog: HeartbeatWatchdog, timeout_s: float, output_dir: str | None = None) -> str:
     peers = "; ".join(f"rank {p} ({b.host}): step {b.step}" for p, b in sorted(watchdog.watch.last_beat.items()) if b)
     return (
         f"a collective timed out after {timeout_s:g} s while the peers' heartbeats went on: a rank is alive but "
         f"stuck (data loading, I/O, a deadlock, or a collective the others did not call). Last steps: this rank "
-        f"{watchdog.rank} ({watchdog.host}): step {watchdog.step}; {peers}. Look at the stuck rank's stack "
-        "(py-spy dump --pid PID) and, on GPUs, the NCCL flight recorder dumps in "
-        "<output_dir>/nccl_flight_recorder; step_timeout sets this bound once steps run, ddp_timeout before."
+        f"{watchdog.rank} ({watchdog.host}): step {watchdog.step}; {peers}. step_timeout sets this bound once steps "
+        "run, ddp_timeout before." + hang_report_hint(output_dir)
     )
 
 
@@ -173,8 +199,10 @@ class HeartbeatWatchdog:
         clock: Callable[[], float] = time.monotonic,
         host: str | None = None,
         on_lost: Callable[[str], None] = _end_process,
+        output_dir: str | None = None,
     ):
         self.store, self.rank, self.timeout_s, self.clock, self.on_lost = store, rank, timeout_s, clock, on_lost
+        self.output_dir = output_dir  # named in the lost-peer message, where the ranks' dumps go
         self.interval_s = heartbeat_interval(timeout_s) if interval_s is None else interval_s
         self.host = host or socket.gethostname()
         self.step, self.seq = 0, 0
@@ -215,6 +243,7 @@ class HeartbeatWatchdog:
                 beat=self.watch.last_beat[peer],
                 silent_s=now - self.watch.last_change[peer],
                 timeout_s=self.timeout_s,
+                output_dir=self.output_dir,
             )
             if not self.store.check([LOST_KEY]):
                 self.store.set(LOST_KEY, message)
@@ -275,13 +304,19 @@ class HeartbeatWatchdog:
 class HangWatchdogCallback(TrainerCallback):
     """Starts the heartbeat watchdog when training begins (multi-rank runs, `peer_timeout` > 0), sets the
     collective timeout to `step_timeout` once the first optimizer step finished and back to the start-up
-    `ddp_timeout` when training ends (a save or evaluation after `train()` may again wait on one rank's I/O)."""
+    `ddp_timeout` when training ends (a save or evaluation after `train()` may again wait on one rank's I/O).
+    While training runs on several ranks, it dumps this rank's state (`comm.flight_recorder`) before a lost peer
+    ends the process, when `explain_failure` sees a collective error, and on SIGUSR1."""
 
     def __init__(self, peer_timeout: float, step_timeout: float, startup_timeout: float):
         self.peer_timeout, self.step_timeout, self.startup_timeout = peer_timeout, step_timeout, startup_timeout
         self.watchdog: HeartbeatWatchdog | None = None
         self.step_timeout_set = False
         self.save_timeout: float | None = None  # the raised collective timeout while a save runs
+        self.output_dir: str | None = None
+        self.dump: AutomaticDump | None = None  # set while a multi-rank train() runs
+        self.signal_dump: SignalDump | None = None
+        self.step = 0
 
     def current_timeout(self) -> float:
         """The collective timeout outside a save: step_timeout once steps run, else the start-up ddp_timeout."""
@@ -310,14 +345,31 @@ class HangWatchdogCallback(TrainerCallback):
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
             return
+        self.output_dir, self.step = args.output_dir, state.global_step
+        self.dump = AutomaticDump(args.output_dir)
+        if self.signal_dump is None and threading.current_thread() is threading.main_thread():
+            rank = dist.get_rank()
+            self.signal_dump = SignalDump(args.output_dir, describe=lambda: f" (rank {rank}, step {self.step})")
         if self.peer_timeout and self.watchdog is None:
             self.watchdog = HeartbeatWatchdog(
-                _compat.default_store(), dist.get_rank(), dist.get_world_size(), self.peer_timeout
+                _compat.default_store(),
+                dist.get_rank(),
+                dist.get_world_size(),
+                self.peer_timeout,
+                on_lost=self._on_lost,
+                output_dir=args.output_dir,
             )
             self.watchdog.step = state.global_step
             self.watchdog.start()
 
+    def _on_lost(self, message: str) -> None:
+        """The heartbeat named a lost peer: write this rank's state, then end the process (`_end_process`)."""
+        if self.dump is not None:
+            self.dump("lost_peer", message)
+        _end_process(message)
+
     def on_step_end(self, args, state, control, **kwargs):
+        self.step = state.global_step
         if self.watchdog is not None:
             self.watchdog.set_step(state.global_step)
         if self.step_timeout and not self.step_timeout_set and _distributed():
@@ -334,16 +386,26 @@ class HangWatchdogCallback(TrainerCallback):
         """After `train()` raised a collective error ("Connection closed by peer": Gloo raises within about a
         second when a peer's process dies, without naming it), give the heartbeat up to `peer_timeout` to find the
         lost peer; when it does, the process ends with the message naming the rank and its last step. Returns (and
-        the caller re-raises `error`) when every peer still beats: then the error was not a lost peer."""
-        if self.watchdog is None or not looks_like_lost_peer(error):
+        the caller re-raises `error`) when every peer still beats: then the error was not a lost peer.
+        First, for a collective error, this rank's state goes to disk (`comm.flight_recorder`), the main thread's
+        stack being the failed call's."""
+        if not looks_like_lost_peer(error):
             return
-        if "timed out" in str(error).lower():
+        timed_out = "timed out" in str(error).lower()
+        if self.dump is not None:
+            first_line = (str(error).splitlines() or [""])[0][:300]
+            self.dump("timeout" if timed_out else "lost_peer", f"step {self.step}: {first_line}", error)
+        if self.watchdog is None:
+            if self.dump is not None:
+                print(f"[hf_dist_recipes] a collective failed.{hang_report_hint(self.output_dir)}", file=sys.stderr)
+            return
+        if timed_out:
             # The collective waited its whole timeout while the heartbeats went on (a lost peer is found within
             # peer_timeout, shorter by default): some rank is alive but stuck. Say so, with every rank's last step.
             timeout = self.save_timeout or self.current_timeout()
             if self.watchdog.longest_silence() > 3 * self.watchdog.interval_s:  # a peer may be gone: let it tell
                 self.watchdog.join(self.peer_timeout + 2 * self.watchdog.interval_s)
-            message = stuck_rank_message(self.watchdog, timeout)
+            message = stuck_rank_message(self.watchdog, timeout, self.output_dir)
             logger.error(message)
             print(f"[hf_dist_recipes] {message}", file=sys.stderr, flush=True)
             return
@@ -358,6 +420,10 @@ class HangWatchdogCallback(TrainerCallback):
         if self.watchdog is not None:
             self.watchdog.stop()
             self.watchdog = None
+        if self.signal_dump is not None:
+            self.signal_dump.close()
+            self.signal_dump = None
+        self.dump = None
         if self.step_timeout_set:
             _compat.set_collective_timeout(self.startup_timeout)
             self.step_timeout_set = False

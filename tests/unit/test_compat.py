@@ -465,3 +465,35 @@ def test_the_private_trainer_methods_the_recipe_overrides():
     # The mixin itself overrides no other private Trainer method: they all live in _compat.
     private = {n for n in vars(RecipeTrainerMixin) if n.startswith("_") and not n.startswith("__")}
     assert not {n for n in private if hasattr(Trainer, n)}, "move the override into _compat.TrainerPrivateOverrides"
+
+
+def test_the_gloo_flight_recorder_dumps_what_the_hang_report_reads(monkeypatch):
+    """_compat.flight_recorder_trace: torch 2.13's CPU recorder records Gloo collectives by default (2000 entries,
+    `TORCH_FR_BUFFER_SIZE`) and `_dump_fr_trace` pickles them in format 2.10 with the fields `logs hang` reads."""
+    import pickle
+    from datetime import timedelta
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from tests.support.launch import free_port
+
+    header = Path(torch.__file__).parent / "include/torch/csrc/distributed/c10d/FlightRecorder.hpp"
+    assert '{"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"}, 2000' in header.read_text()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1, timeout=timedelta(seconds=30))
+    try:
+        dist.all_gather([torch.zeros(5)], torch.ones(5))
+        trace = pickle.loads(_compat.flight_recorder_trace())
+    finally:
+        dist.destroy_process_group()
+    assert trace["version"] == "2.10" and {"pg_config", "pg_status", "entries"} <= set(trace)
+    entry = trace["entries"][-1]
+    assert entry["profiling_name"] == "gloo:all_gather" and entry["input_sizes"] == [[5]]
+    assert entry["output_sizes"] == [[1, 5]] and entry["collective_seq_id"] >= 1
+    assert {"state", "process_group", "frames", "time_created_ns", "timeout_ms"} <= set(entry)
+    # The Python call site, innermost FIRST (the stack files of comm/flight_recorder.py are innermost last): how the
+    # report finds the user's line of a collective
+    assert entry["frames"][0]["name"] == "all_gather"
+    assert any(f["filename"] == __file__ and f["name"].startswith("test_the_gloo") for f in entry["frames"])

@@ -10,7 +10,9 @@ import torch
 
 from hf_dist_recipes.comm.nccl_defaults import (
     ALIASES,
+    FLIGHT_RECORDER_ENV_DEFAULTS,
     NCCL_ENV_DEFAULTS,
+    apply_flight_recorder_env_defaults,
     apply_nccl_env_defaults,
     flight_recorder_prefix,
     nccl_env_defaults,
@@ -22,12 +24,12 @@ TORCH_HEADERS = Path(torch.__file__).parent / "include" / "torch" / "csrc" / "di
 def test_empty_environment_gets_every_default_and_the_dump_dir(tmp_path):
     env: dict[str, str] = {}
     applied = apply_nccl_env_defaults(str(tmp_path), env)
-    prefix = str(tmp_path / "nccl_flight_recorder" / "rank_")
+    prefix = str(tmp_path / "flight_recorder" / "rank_")
     assert applied == env
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert env["TORCH_FR_DUMP_TEMP_FILE"] == env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == prefix
-    assert (tmp_path / "nccl_flight_recorder").is_dir()
+    assert (tmp_path / "flight_recorder").is_dir()
 
 
 def test_user_values_and_old_names_are_kept(tmp_path):
@@ -42,7 +44,7 @@ def test_user_values_and_old_names_are_kept(tmp_path):
     assert {k: env[k] for k in before} == before
     for name in ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE"):
         assert name not in env
-    assert not (tmp_path / "nccl_flight_recorder").exists()
+    assert not (tmp_path / "flight_recorder").exists()
 
 
 def test_everything_set_applies_nothing(tmp_path):
@@ -91,11 +93,27 @@ def test_the_arguments_apply_them_on_a_gpu_host_and_keep_what_the_user_set(tmp_p
     assert os.environ["TORCH_FR_DUMP_TEMP_FILE"].startswith(str(tmp_path))
 
 
-def test_a_cpu_host_gets_none_of_them(tmp_path, monkeypatch):
+def test_a_cpu_host_gets_the_flight_recorder_only(tmp_path, monkeypatch):
     from hf_dist_recipes import RecipeTrainingArguments
 
     monkeypatch.setattr("hf_dist_recipes.comm.backend.cuda_device_count", lambda: 0)
-    assert RecipeTrainingArguments(output_dir=str(tmp_path)).nccl_env_applied == {}
+    _unset(monkeypatch, ())
+    args = RecipeTrainingArguments(output_dir=str(tmp_path))
+    assert args.nccl_env_applied == {}
+    assert args.env_applied == FLIGHT_RECORDER_ENV_DEFAULTS == {
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    }
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert not (tmp_path / "flight_recorder").exists()  # Gloo writes no dump of its own: nothing to point at
+
+
+def test_a_users_recorder_size_is_kept_on_gloo_under_either_name():
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        env = {name: "0"}
+        assert apply_flight_recorder_env_defaults(env) == {} and env == {name: "0"}
+    env: dict[str, str] = {}
+    assert apply_flight_recorder_env_defaults(env) == env == FLIGHT_RECORDER_ENV_DEFAULTS
 
 
 # --- PYTORCH_CUDA_ALLOC_CONF (environment.alloc_defaults): set beside the NCCL defaults, where CUDA is used ---
@@ -166,4 +184,4 @@ def test_a_user_alloc_conf_is_kept_and_a_cpu_host_gets_none(tmp_path, monkeypatc
         "hf_dist_recipes.comm.backend.cuda_device_count", lambda: 0
     )  # a CPU host: nothing set or listed
     args = RecipeTrainingArguments(output_dir=str(tmp_path))
-    assert args.env_applied == {} and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
+    assert set(args.env_applied) <= set(FLIGHT_RECORDER_ENV_DEFAULTS) and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ

@@ -1,0 +1,245 @@
+"""Each rank's state at a hang, on disk: torch's flight recorder (the last collectives) and every thread's stack.
+
+`dump_rank_state(output_dir, reason, message)` writes, into `<output_dir>/flight_recorder/` (`FLIGHT_RECORDER_DIR`,
+where NCCL's own dump on timeout also lands, `comm.nccl_defaults`):
+- `rank_<N>`: torch's own pickle of its flight recorder (torch 2.13 records every collective of Gloo and NCCL: op,
+  sequence id, process group, sizes, the Python frames that called it), the file `python -m
+  torch.distributed.flight_recorder.fr_trace` reads (`_compat.flight_recorder_trace`);
+- `stack_rank_<N>.json`: `{"rank", "reason" ("lost_peer" | "timeout" | "signal"), "time" (unix seconds), "message",
+  "pid", "host", "flight_recorder" (the pickle's file name, null when the recorder gave none), "threads": [{"name",
+  "is_main", "frames": [{"file", "line", "function", "code"}]}]}`, innermost frame LAST;
+- `stack_rank_<N>.txt`: the same stacks as text for people, faulthandler's layout (most recent call first).
+Each file is written to a temporary name and renamed, so a reader never sees half a file.
+
+Who calls it (`comm.watchdog.HangWatchdogCallback`): every surviving rank when the heartbeat names a lost rank
+(before the process ends with exit code 3), a rank whose collective failed or timed out (from `RecipeTrainer.train`;
+the main thread's stack is then the failed call's, from the exception), and any rank sent `DUMP_SIGNAL` (SIGUSR1;
+`SignalDump`: a thread does the dump, because Python runs signal handlers only in the main thread, which a hung rank
+has blocked inside a C++ collective). `hf-dist-recipes logs hang <output_dir>` reads the files of all ranks.
+
+No torch.distributed or transformers import at module level: the offline reader imports the constants.
+"""
+
+from __future__ import annotations
+
+import json
+import linecache
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+FLIGHT_RECORDER_DIR = "flight_recorder"
+FLIGHT_RECORDER_PREFIX = "rank_"  # torch's dump (ours and NCCL's own) is <prefix><global rank>
+STACK_PREFIX = "stack_rank_"
+REASONS = ("lost_peer", "timeout", "signal")
+# SIGUSR1: neither torchrun (its agent handles SIGTERM, SIGINT, SIGHUP, SIGQUIT unless --signals-to-handle says
+# otherwise), accelerate, DeepSpeed nor transformers installs a handler for it (read in their sources, the versions in
+# _compat.COVERED). Send it to the rank processes, not to the launcher (whose default action for it is to exit).
+DUMP_SIGNAL = signal.SIGUSR1
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    function: str
+    code: str
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    name: str
+    is_main: bool
+    frames: list[Frame] = field(default_factory=list)  # innermost last
+
+
+def flight_recorder_dir(output_dir: str | os.PathLike) -> Path:
+    return Path(output_dir) / FLIGHT_RECORDER_DIR
+
+
+def _frames(summary: traceback.StackSummary) -> list[Frame]:
+    return [
+        Frame(f.filename, f.lineno or 0, f.name, (f.line or linecache.getline(f.filename, f.lineno or 0)).strip())
+        for f in summary
+    ]
+
+
+def error_frames(error: BaseException) -> list[Frame] | None:
+    """The stack of the call that raised `error`, outermost first: the frames above the one that caught it, then
+    the traceback down to the raise. None without a traceback."""
+    tb = error.__traceback__
+    if tb is None:
+        return None
+    return _frames(traceback.extract_stack(tb.tb_frame.f_back)) + _frames(traceback.extract_tb(tb))
+
+
+def thread_stacks(main_frames: list[Frame] | None = None) -> list[ThreadStack]:
+    """Every Python thread's stack now (the calling thread's too); `main_frames` replaces the main thread's (the
+    stack of a failed collective, whose frames have unwound by the time the failure is handled)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    main = threading.main_thread().ident
+    stacks = []
+    for ident, frame in sys._current_frames().items():
+        frames = _frames(traceback.extract_stack(frame))
+        if ident == main and main_frames is not None:
+            frames = main_frames
+        stacks.append(ThreadStack(names.get(ident, f"thread {ident}"), ident == main, frames))
+    stacks.sort(key=lambda s: (not s.is_main, s.name))
+    return stacks
+
+
+def stacks_text(stacks: list[ThreadStack]) -> str:
+    """faulthandler's layout: one block per thread, the current thread's calls most recent first."""
+    blocks = []
+    for s in stacks:
+        lines = [f'Thread "{s.name}"{" (main)" if s.is_main else ""} (most recent call first):']
+        for f in reversed(s.frames):
+            lines.append(f'  File "{f.file}", line {f.line} in {f.function}')
+            if f.code:
+                lines.append(f"    {f.code}")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _global_rank() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
+def dump_rank_state(
+    output_dir: str | os.PathLike,
+    reason: str,
+    message: str,
+    *,
+    error: BaseException | None = None,
+    rank: int | None = None,
+) -> Path:
+    """Write this rank's flight recorder and stacks into `<output_dir>/flight_recorder/`; returns the path of its
+    `stack_rank_<N>.json`. `error`: the collective's exception, whose traceback becomes the main thread's stack.
+    `rank` defaults to the global rank (the `RANK` variable before a process group exists). Never raises for a
+    recorder that cannot dump (off: `TORCH_FR_BUFFER_SIZE=0`): the stacks are written all the same."""
+    from hf_dist_recipes import _compat
+
+    if reason not in REASONS:
+        raise ValueError(f"reason={reason!r}: use one of {', '.join(REASONS)}")
+    rank = _global_rank() if rank is None else rank
+    directory = flight_recorder_dir(output_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    stacks = thread_stacks(error_frames(error) if error is not None else None)
+    recorder = f"{FLIGHT_RECORDER_PREFIX}{rank}"
+    try:
+        trace = _compat.flight_recorder_trace()
+    except Exception as err:  # a dump must not fail for want of the recorder's part
+        trace, message = None, f"{message} [flight recorder not dumped: {err}]"
+    if trace:
+        _write_atomic(directory / recorder, trace)
+    record = {
+        "rank": rank,
+        "reason": reason,
+        "time": time.time(),
+        "message": message,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "flight_recorder": recorder if trace else None,
+        "threads": [asdict(s) for s in stacks],
+    }
+    path = directory / f"{STACK_PREFIX}{rank}.json"
+    _write_atomic(directory / f"{STACK_PREFIX}{rank}.txt", f"# {reason}: {message}\n\n{stacks_text(stacks)}".encode())
+    _write_atomic(path, json.dumps(record, indent=1).encode())
+    return path
+
+
+class AutomaticDump:
+    """One automatic dump per process (a lost peer, a failed collective): the first failure's state is the one
+    that explains the hang; what follows it (the heartbeat naming the peer after a collective already failed) would
+    overwrite it with the stack of the error handling."""
+
+    def __init__(self, output_dir: str | os.PathLike):
+        self.output_dir = output_dir
+        self.path: Path | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, reason: str, message: str, error: BaseException | None = None) -> Path | None:
+        with self._lock:
+            if self.path is None:
+                try:
+                    self.path = dump_rank_state(self.output_dir, reason, message, error=error)
+                except Exception as err:  # a full disk must not keep the rank from ending
+                    print(f"[hf_dist_recipes] could not write the hang dump: {err}", file=sys.stderr, flush=True)
+            return self.path
+
+
+class SignalDump:
+    """Dump this rank's state each time it receives `signum` (default `DUMP_SIGNAL`), also while its main thread
+    is blocked in a collective: the signal's C-level handler writes its number to the wakeup fd
+    (`signal.set_wakeup_fd`), which a daemon thread reads. The Python-level handler only chains to the handler that
+    was installed before, if any. Where another wakeup fd is already set (an asyncio loop), that one is kept and
+    the dump runs in the Python-level handler instead (when the main thread next runs Python). Install from the main
+    thread; `close()` restores what was there."""
+
+    def __init__(self, output_dir: str | os.PathLike, signum: int = DUMP_SIGNAL, describe=lambda: ""):
+        self.output_dir, self.signum, self.describe = output_dir, signum, describe
+        self.dumps: list[Path] = []
+        self._previous = signal.signal(signum, self._handler)
+        self._reader, self._writer = socket.socketpair()
+        self._writer.setblocking(False)
+        old_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+        self._in_thread = old_fd == -1
+        if not self._in_thread:
+            signal.set_wakeup_fd(old_fd)
+        self._thread = threading.Thread(target=self._run, name="hf_dist_recipes-dump-on-signal", daemon=True)
+        self._thread.start()
+
+    def _dump(self) -> None:
+        name = signal.Signals(self.signum).name
+        message = f"{name} received by pid {os.getpid()}{self.describe()}"
+        try:
+            self.dumps.append(dump_rank_state(self.output_dir, "signal", message))
+            print(f"[hf_dist_recipes] {message}: state written to {self.dumps[-1].parent}", file=sys.stderr, flush=True)
+        except Exception as err:
+            print(f"[hf_dist_recipes] could not write the dump: {err}", file=sys.stderr, flush=True)
+
+    def _handler(self, signum, frame):
+        if not self._in_thread:
+            self._dump()
+        if callable(self._previous):
+            self._previous(signum, frame)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                data = self._reader.recv(64)
+            except OSError:
+                return
+            if not data:
+                return
+            if self._in_thread and self.signum in data:
+                self._dump()
+
+    def close(self) -> None:
+        if self._in_thread:
+            current = signal.set_wakeup_fd(-1)
+            if current != self._writer.fileno():  # someone replaced ours since: keep theirs
+                signal.set_wakeup_fd(current)
+        signal.signal(self.signum, self._previous if self._previous is not None else signal.SIG_DFL)
+        self._writer.close()  # the thread's recv then returns b"" and it ends
+        self._thread.join(timeout=5)
+        self._reader.close()

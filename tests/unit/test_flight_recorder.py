@@ -1,0 +1,132 @@
+"""The hang dump (comm/flight_recorder.py): torch's own recorder pickle and every thread's stack, written atomically
+in the layout `logs hang` reads, from a real one-rank Gloo group; the dump on SIGUSR1 while the main thread is
+blocked in C code."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from hf_dist_recipes.comm.flight_recorder import (
+    FLIGHT_RECORDER_DIR,
+    AutomaticDump,
+    SignalDump,
+    dump_rank_state,
+    stacks_text,
+    thread_stacks,
+)
+from tests.support.launch import free_port
+
+
+@pytest.fixture
+def gloo_group(monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1, timeout=timedelta(seconds=30))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _collective_here():
+    dist.all_reduce(torch.ones(3, 2))  # the call site the recorder keeps
+
+
+def test_dump_writes_torchs_pickle_and_the_stacks_innermost_last(tmp_path, gloo_group):
+    _collective_here()
+    path = dump_rank_state(tmp_path, "timeout", "why")
+    directory = tmp_path / FLIGHT_RECORDER_DIR
+    assert path == directory / "stack_rank_0.json"
+    assert sorted(p.name for p in directory.iterdir()) == ["rank_0", "stack_rank_0.json", "stack_rank_0.txt"]
+    trace = pickle.loads((directory / "rank_0").read_bytes())
+    last = trace["entries"][-1]
+    assert last["profiling_name"] == "gloo:all_reduce" and last["input_sizes"] == [[3, 2]]
+    assert any(f["name"] == "_collective_here" and f["filename"] == __file__ for f in last["frames"])
+    record = json.loads(path.read_text())
+    assert record["rank"] == 0 and record["reason"] == "timeout" and record["message"] == "why"
+    assert record["flight_recorder"] == "rank_0" and abs(record["time"] - time.time()) < 60
+    main = [t for t in record["threads"] if t["is_main"]]
+    assert len(main) == 1 and record["threads"][0] is not None
+    innermost = main[0]["frames"][-1]
+    assert innermost["function"] == "dump_rank_state" or innermost["file"].endswith("flight_recorder.py")
+    mine = [
+        f for f in main[0]["frames"] if f["function"] == "test_dump_writes_torchs_pickle_and_the_stacks_innermost_last"
+    ]
+    assert mine and mine[0]["code"].startswith("path = dump_rank_state(")
+    text = (directory / "stack_rank_0.txt").read_text()
+    assert text.startswith("# timeout: why") and "(most recent call first)" in text
+    assert not [p for p in directory.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_an_errors_traceback_is_the_main_threads_stack(tmp_path):
+    def failing_collective():
+        raise RuntimeError("Timed out waiting 5000ms for recv operation to complete")  # MARK
+
+    try:
+        failing_collective()
+    except RuntimeError as err:
+        path = dump_rank_state(tmp_path, "timeout", "t", error=err, rank=3)
+    record = json.loads(path.read_text())
+    assert path.name == "stack_rank_3.json" and record["rank"] == 3
+    frames = next(t for t in record["threads"] if t["is_main"])["frames"]
+    assert frames[-1]["function"] == "failing_collective" and frames[-1]["code"].endswith("# MARK")
+    assert frames[-2]["function"] == "test_an_errors_traceback_is_the_main_threads_stack"
+
+
+def test_reason_must_be_one_the_reader_knows(tmp_path):
+    with pytest.raises(ValueError, match="lost_peer, timeout, signal"):
+        dump_rank_state(tmp_path, "hang", "x", rank=0)
+
+
+def test_automatic_dump_keeps_the_first_failures_state(tmp_path):
+    dump = AutomaticDump(tmp_path)
+    first = dump("timeout", "first", None)
+    assert dump("lost_peer", "second") == first
+    assert json.loads(first.read_text())["message"] == "first"
+
+
+def test_other_threads_are_in_the_dump_with_their_names():
+    release = threading.Event()
+    worker = threading.Thread(target=release.wait, name="data-loader-like", daemon=True)
+    worker.start()
+    try:
+        stacks = thread_stacks()
+    finally:
+        release.set()
+    named = {s.name: s for s in stacks}
+    assert stacks[0].is_main and "data-loader-like" in named
+    assert named["data-loader-like"].frames[-1].function == "wait"
+    assert 'Thread "data-loader-like"' in stacks_text(stacks)
+
+
+def test_sigusr1_dumps_while_the_main_thread_is_blocked_in_c(tmp_path):
+    """time.sleep holds the main thread in C as a waiting collective does: Python would run a signal handler only
+    after it returns; the dump must come from the reading thread before that."""
+    dump = SignalDump(tmp_path, describe=lambda: " (test)")
+    try:
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+        start = time.monotonic()
+        deadline = start + 60
+        while not dump.dumps and time.monotonic() < deadline:
+            time.sleep(3)  # blocked in C; checked between sleeps
+            if dump.dumps:
+                break
+        assert dump.dumps, "no dump within 60 s"
+        record = json.loads(dump.dumps[0].read_text())
+        assert record["reason"] == "signal" and "SIGUSR1" in record["message"] and "(test)" in record["message"]
+        main = next(t for t in record["threads"] if t["is_main"])
+        assert main["frames"][-1]["code"].startswith("time.sleep(3)")  # caught inside the sleep, not after it
+    finally:
+        dump.close()
+    assert signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None)
+    assert signal.set_wakeup_fd(-1) == -1  # ours was removed
