@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hf_dist_recipes.core.layout import RankLayout
+from hf_dist_recipes.logs.event_writer import write_scalar_run
 from hf_dist_recipes.logs.events import RankEvents, find_rank_files, read_rank
 
 BLOCKS = 256
@@ -383,30 +384,12 @@ def summarize_logs(
 
 def write_aggregate_run(summary: LogSummary, run_dir: str | os.PathLike) -> str:
     """Write `<tag>/mean`, `/min`, `/max`, `/spread` (max - min across ranks) for every tag and step as one
-    TensorBoard run in `run_dir`; one event per step carries all of them. Returns the event file's path."""
-    from tensorboard.compat.proto.event_pb2 import Event
-    from tensorboard.compat.proto.summary_pb2 import Summary
-    from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
-    os.makedirs(run_dir, exist_ok=True)
-    writer = EventFileWriter(os.fspath(run_dir), filename_suffix=".aggregate")
-    # Step by step over the union of all tags' steps: one event at a time, never all of them in memory.
-    cols = [
-        (tag, s.steps, {"mean": s.mean, "min": s.min, "max": s.max, "spread": s.spread})
+    TensorBoard run in `run_dir`; one event per step carries all of them (`event_writer.write_scalar_run`).
+    Returns the run's directory."""
+    columns = [
+        (f"{tag}/{name}", s.steps, values)
         for tag, s in sorted(summary.stats.items())
+        for name, values in (("mean", s.mean), ("min", s.min), ("max", s.max), ("spread", s.spread))
     ]
-    pos = [0] * len(cols)
-    grid = np.unique(np.concatenate([c[1] for c in cols])) if cols else np.zeros(0, np.int64)
-    now = time.time()
-    for step in grid.tolist():
-        values = []
-        for k, (tag, steps, stats) in enumerate(cols):
-            i = pos[k]
-            if i < len(steps) and steps[i] == step:
-                values.extend(
-                    Summary.Value(tag=f"{tag}/{name}", simple_value=float(arr[i])) for name, arr in stats.items()
-                )
-                pos[k] = i + 1
-        writer.add_event(Event(wall_time=now, step=step, summary=Summary(value=values)))
-    writer.close()
-    return writer.get_logdir()
+    write_scalar_run(run_dir, columns, filename_suffix=".aggregate")
+    return os.fspath(run_dir)

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hf_dist_recipes.logs.crc32c import masked_crc32c
+
 CHUNK_BYTES = 4 * 1024 * 1024  # read size; a file is never held whole, at most one chunk plus one record
 _HEADER = struct.Struct("<QI")
 _LENGTH = struct.Struct("<Q")
@@ -31,12 +33,6 @@ _HOST_IN_TEXT = re.compile(r"\bhost(?:name)?\s*[=:]\s*([A-Za-z0-9_.-]+)")
 
 class CorruptRecordError(ValueError):
     pass
-
-
-def _masked_crc32c(data: bytes) -> int:
-    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
-
-    return masked_crc32c(data)
 
 
 def iter_record_batches(path: str | os.PathLike):
@@ -62,7 +58,7 @@ def iter_record_batches(path: str | os.PathLike):
                 header = buf[pos : pos + 12]
                 if header not in good_headers:
                     length, length_crc = _HEADER.unpack(header)
-                    if _masked_crc32c(header[:8]) != length_crc:
+                    if masked_crc32c(header[:8]) != length_crc:
                         yield batch
                         raise CorruptRecordError("record length fails its checksum")
                     good_headers.add(header)
