@@ -458,3 +458,20 @@ def test_error_index_lists_every_raise():
     )  # fmt: skip
     assert sum(map(len, messages.values())) == raises > 200
     assert "turns gradient clipping off" in index.render()
+
+
+def test_run_clm_command_is_the_one_the_test_launches():
+    """docs/your-script.md shows the command line tests/distributed/test_run_clm.py launches, flag for flag."""
+    from accelerate.commands.launch import launch_command_parser
+
+    from tests.distributed.test_run_clm import YAML, _command
+
+    (block,) = [b for b in _of("bash") if "tests/scripts/run_clm.py" in b.body]
+    (command,) = [c for c in _commands(block.body) if c.startswith("accelerate launch")]
+    parsed = launch_command_parser().parse_args(shlex.split(command)[2:])
+    data = {name: Path("/tmp/clm") / file for name, file in [("tokenizer", "tokenizer"), ("train", "train.txt"),
+                                                             ("validation", "validation.txt")]}  # fmt: skip
+    expected = _command(data, Path("/tmp/clm/run"))
+    assert REPO / parsed.config_file == YAML
+    assert REPO / parsed.training_script == Path(expected[0])
+    assert parsed.training_script_args == expected[1:]
