@@ -4,7 +4,14 @@ Reads the event files of each `rank<N>` directory under LOGDIR (ours, or any Sum
 (default LOGDIR/summary): `aggregate/`, a TensorBoard run with the mean, min, max and spread across ranks of every
 tag at every step (`tensorboard --logdir OUT`), and `report.md` with its plots. Prints the stragglers (ranks slower
 than the median step time) and the divergences (values that must agree across ranks and do not, with the first
-step where they part). A truncated or damaged event file is reported by name; the rest is still summarized."""
+step where they part). A truncated or damaged event file is reported by name; the rest is still summarized.
+
+`hf-dist-recipes logs hang DIR`: why a job hung. Reads the flight-recorder dumps and stacks every rank wrote into
+`<output_dir>/flight_recorder/` (when the watchdog named a lost rank, when a collective timed out, or on SIGUSR1) and
+prints where the ranks part: the collective (group, sequence id, op, sizes), which rank called what from which line,
+the ranks that never arrived, and each rank's stack top (hf_dist_recipes/comm/hang_report.py). Exit status: 0 when the
+dumps agree, 1 when ranks are named (core.findings.HANG_EXIT), 2 when DIR holds no dumps. --json: the same as JSON
+(schema: comm/hang_report.py HANG_SCHEMA, derived from the dataclasses)."""
 
 from __future__ import annotations
 
@@ -19,7 +26,7 @@ from hf_dist_recipes.core.user_values import writable_dir
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "logs",
-        help="summarize every rank's TensorBoard logs: aggregate run, stragglers, divergence, report",
+        help="every rank's logs: summarize (aggregate run, stragglers, divergence, report), hang (why a job hung)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -50,6 +57,21 @@ def register(subparsers) -> None:
     summarize.add_argument("--no-report", action="store_true", help="skip report.md and its plots")
     summarize.add_argument("--json", action="store_true", help="print the result as JSON")
     summarize.set_defaults(run=run_summarize)
+    hang = sub.add_parser(
+        "hang",
+        help="why a job hung: which rank, which collective, which line (from the ranks' hang dumps)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example: hf-dist-recipes logs hang runs/job  (the output_dir; the logging dir works too)",
+    )
+    hang.add_argument("dir", help="the job's output_dir or logging_dir, or its flight_recorder/ folder")
+    hang.add_argument(
+        "--world-size",
+        type=int,
+        help="the job's number of ranks, when the dumps may not show it (default: read from the dumps)",
+    )
+    hang.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    hang.set_defaults(run=run_hang)
 
 
 def run_summarize(args: argparse.Namespace) -> int:
@@ -98,4 +120,74 @@ def render(data: dict) -> str:
     lines.append(f"aggregate run: {run}  (view it: tensorboard --logdir {os.path.dirname(run)})")
     if data.get("report"):
         lines.append(f"report: {data['report']}")
+    return "\n".join(lines)
+
+
+def run_hang(args: argparse.Namespace) -> int:
+    from hf_dist_recipes.comm.hang_report import diagnose
+
+    if args.world_size is not None and args.world_size < 1:
+        raise ValueError(f"--world-size must be >= 1, got {args.world_size}")
+    diagnosis = diagnose(args.dir, world_size=args.world_size)
+    data = diagnosis.to_dict()
+    print(json.dumps(data, indent=2) if args.json else render_hang(data))
+    return data["exit_code"]
+
+
+def _at(frame: dict | None) -> str:
+    return f"{frame['file']}:{frame['line']} in {frame['function']}" if frame else "?"
+
+
+def _code(frame: dict | None, pad: str) -> list[str]:
+    return [f"{pad}{frame['code']}"] if frame and frame.get("code") else []
+
+
+def _call_line(call: dict) -> str:
+    return f"{call['op']} #{call['seq']} of group {call['group']} in={call['input_sizes']} out={call['output_sizes']}"
+
+
+def render_hang(data: dict) -> str:
+    """The text form of a `HangDiagnosis.to_dict()`: the verdict, the first divergence rank by rank, then each rank."""
+    import time
+
+    mark = "ERROR" if data["status"] == "error" else "ok"
+    lines = [f"{data['source']}: {data['world_size']} rank(s)", f"{mark}  {data['summary']}"]
+    first = data["first_divergence"]
+    if first:
+        lines.append(f"first divergence: collective #{first['seq']} of group {first['group']} ({first['kind']})")
+        for call in first["calls"]:
+            frame = call["user_frame"] or call["call_site"]
+            lines.append(f"  rank {call['rank']}: {_call_line(call)}")
+            lines.append(f"      called at {_at(frame)}")
+            lines += _code(frame, "        ")
+        for rank in first["not_arrived"]:
+            lines.append(f"  rank {rank}: never arrived")
+        if first["detail"]:
+            lines.append(f"  {first['detail']}")
+        if first["waited_s"] is not None:
+            lines.append(f"  from the first rank's call to the last dump: {first['waited_s']:.1f} s")
+    for other in data["divergences"][1:]:
+        lines.append(f"also: collective #{other['seq']} of group {other['group']} ({other['kind']}): {other['detail']}")
+    lines.append("ranks:")
+    for r in data["ranks"]:
+        if not r["has_recorder"] and not r["has_stack"]:
+            lines.append(f"  rank {r['rank']}: wrote nothing (lost, killed or frozen before it could dump)")
+            continue
+        when = time.strftime("%H:%M:%S", time.localtime(r["time"])) if r["time"] else "?"
+        head = f"  rank {r['rank']}" + (f" on {r['host']}" if r["host"] else "")
+        lines.append(
+            f"{head}: {r['reason'] or 'no stack file'} at {when}" + (f": {r['message']}" if r["message"] else "")
+        )
+        if r["last_call"]:
+            frame = r["last_call"]["user_frame"] or r["last_call"]["call_site"]
+            lines.append(f"    last collective: {_call_line(r['last_call'])} at {_at(frame)}")
+        elif not r["has_recorder"]:
+            lines.append("    no flight-recorder dump")
+        if r["stack_top"]:
+            lines.append(f"    stack top ({r['thread'] or 'main'} thread): {_at(r['stack_top'])}")
+            lines += _code(r["stack_top"], "      ")
+            if r["user_frame"] and r["user_frame"] != r["stack_top"]:
+                lines.append(f"    your code: {_at(r['user_frame'])}")
+                lines += _code(r["user_frame"], "      ")
+    lines += [f"note: {n}" for n in data["notes"]]
     return "\n".join(lines)

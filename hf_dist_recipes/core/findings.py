@@ -100,6 +100,7 @@ DOCTOR_EXIT = ExitCodes(ok=0, warning=0, error=2)  # a warning is advice unless 
 DOCTOR_STRICT_EXIT = ExitCodes(ok=0, warning=1, error=2)
 PREFLIGHT_EXIT = ExitCodes(ok=0, warning=1, error=2)  # a check that could not run is an error
 VALIDATE_EXIT = ExitCodes(ok=0, warning=0, error=1)  # config validate: warnings waste memory, errors stop the run
+HANG_EXIT = ExitCodes(ok=0, warning=0, error=1)  # logs hang: 1 when it names ranks (a desync, a rank lost)
 ExitCode = Literal[0, 1, 2]
 
 

@@ -23,12 +23,14 @@ EXPECTED_EXIT = {
     "doctor --strict": {"ok": 0, "warning": 1, "error": 2},
     "preflight": {"ok": 0, "warning": 1, "error": 2},
     "config validate": {"ok": 0, "warning": 0, "error": 1},
+    "logs hang": {"ok": 0, "warning": 0, "error": 1},
 }
 CODES = {
     "doctor": findings.DOCTOR_EXIT,
     "doctor --strict": findings.DOCTOR_STRICT_EXIT,
     "preflight": findings.PREFLIGHT_EXIT,
     "config validate": findings.VALIDATE_EXIT,
+    "logs hang": findings.HANG_EXIT,
 }
 
 
