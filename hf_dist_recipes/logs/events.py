@@ -1,74 +1,41 @@
-"""Read TensorBoard event files fast: our own TFRecord framing, tensorboard's compiled `Event` proto.
+"""Read TensorBoard event files fast: our own TFRecord framing, scalar events decoded with numpy
+(`record_scan`), tensorboard's compiled `Event` proto for any other event.
 
 A TFRecord is `length: u64 | masked crc32c(length): u32 | data | masked crc32c(data): u32` (little endian). Every
-length is checked against its CRC (a wrong length would derail every later record); the data CRC is not, because
-crc32c in pure Python costs more than decoding the record, and a damaged payload is caught by the proto decoder
-instead (a flipped bit inside a float goes unnoticed). A file
+length is checked against its CRC (a wrong length would derail every later record); the data CRC is not, and a
+damaged payload is caught by the decoders instead (a flipped bit inside a float goes unnoticed). A file
 cut short (a rank killed mid-write) or a damaged record ends the reading of that file with a warning naming it;
 what was read before stays.
 
 Scalars come from `simple_value` (torch's and tensorboardX's SummaryWriter) or from a rank-0 float tensor (the
 `scalars` plugin of `tf.summary`). Text summaries (`add_text`) are kept only to find the host name a run recorded.
+protobuf is imported only when a file holds an event other than plain scalars and the file_version header.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import struct
-from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from hf_dist_recipes.logs.crc32c import masked_crc32c
+from hf_dist_recipes.logs.record_scan import CorruptRecordError, frame_file, scan_scalars
+
+__all__ = ["CorruptRecordError", "RankEvents", "find_rank_files", "iter_record_batches", "iter_records", "read_rank"]
 
 CHUNK_BYTES = 4 * 1024 * 1024  # read size; a file is never held whole, at most one chunk plus one record
-_HEADER = struct.Struct("<QI")
-_LENGTH = struct.Struct("<Q")
 _RANK_DIR = re.compile(r"^rank(\d+)$")
 _HOST_IN_TEXT = re.compile(r"\bhost(?:name)?\s*[=:]\s*([A-Za-z0-9_.-]+)")
-
-
-class CorruptRecordError(ValueError):
-    pass
 
 
 def iter_record_batches(path: str | os.PathLike):
     """Yield lists of the data of consecutive TFRecords in `path`, one list per chunk read (streaming: at most a
     chunk and one record are held). Raises CorruptRecordError, after yielding every good record before it, on a
     truncated record or one whose length fails its checksum."""
-    # Headers already verified: records of one writer have few distinct lengths, so the pure-Python CRC runs a
-    # handful of times per file instead of once per record.
-    good_headers: set[bytes] = set()
-    unpack_length = _LENGTH.unpack_from
-    with open(path, "rb") as f:
-        buf = b""
-        while True:
-            more = f.read(CHUNK_BYTES)
-            buf = buf + more if buf else more
-            if not more:
-                if buf:
-                    raise CorruptRecordError(f"truncated record ({len(buf)} bytes at the end of the file)")
-                return
-            batch = []
-            pos, n = 0, len(buf)
-            while n - pos >= 12:
-                header = buf[pos : pos + 12]
-                if header not in good_headers:
-                    length, length_crc = _HEADER.unpack(header)
-                    if masked_crc32c(header[:8]) != length_crc:
-                        yield batch
-                        raise CorruptRecordError("record length fails its checksum")
-                    good_headers.add(header)
-                end = pos + 16 + unpack_length(buf, pos)[0]
-                if end > n:
-                    break
-                batch.append(buf[pos + 12 : end - 4])
-                pos = end
-            buf = buf[pos:]
-            yield batch
+    for buf, starts, lengths in frame_file(path, CHUNK_BYTES):
+        yield [buf[p + 12 : p + 12 + n] for p, n in zip(starts.tolist(), lengths.tolist(), strict=True)]
 
 
 def iter_records(path: str | os.PathLike):
@@ -118,55 +85,126 @@ def _tensor_value(v, out: RankEvents) -> float | None:
     return None
 
 
+def _has_summary(data: bytes) -> bool:
+    """Whether an Event's encoding holds a summary (field 5), walking its top-level fields without protobuf: the
+    file_version and source_metadata header of every file then costs no protobuf import."""
+    pos, n = 0, len(data)
+    try:
+        while pos < n:
+            key, pos = _varint(data, pos)
+            number, kind = key >> 3, key & 7
+            if number == 5:
+                return True
+            if kind == 0:
+                _, pos = _varint(data, pos)
+            elif kind == 1:
+                pos += 8
+            elif kind == 5:
+                pos += 4
+            elif kind == 2:
+                size, pos = _varint(data, pos)
+                pos += size
+            else:
+                return True  # not a shape we walk: let protobuf judge it
+    except IndexError:
+        return True
+    return False
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        b = data[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+
+
+class _Curves:
+    """One rank's scalars as they are read: per tag, arrays of (record number, step, value) pieces."""
+
+    def __init__(self):
+        self.pieces: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+
+    def add(self, tag: str, seq: np.ndarray, steps: np.ndarray, values: np.ndarray) -> None:
+        self.pieces.setdefault(tag, []).append((seq, steps, values))
+
+    def finish(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Per tag, sorted unique steps and their values; the last record of a step wins."""
+        out = {}
+        for tag, pieces in self.pieces.items():
+            seq, st, va = (np.concatenate([p[k] for p in pieces]) for k in range(3))
+            order = np.lexsort((seq, st))  # by step, then by record order
+            st, va = st[order].astype(np.int64), va[order].astype(np.float64)
+            last = np.ones(len(st), dtype=bool)
+            last[:-1] = st[1:] != st[:-1]
+            out[tag] = (st[last], va[last])
+        return out
+
+
+def _decode_events(records, curves: _Curves, out: RankEvents) -> tuple[int, Exception] | None:
+    """The events the scan left (anything but plain scalars), through tensorboard's `Event` proto: `records` are
+    (record number, data), in order. At the first record that does not decode (protobuf's DecodeError) it stops and
+    returns (its number, the error); what came before it is kept."""
+    found: dict[str, tuple[list, list, list]] = {}  # tag -> record numbers, steps, values
+    failure = None
+    for n, data in records:
+        if not _has_summary(data):
+            continue
+        from tensorboard.compat.proto.event_pb2 import Event  # here: a file of plain scalars never needs it
+
+        try:
+            event = Event.FromString(data)
+        except Exception as err:
+            failure = (n, err)
+            break
+        for v in event.summary.value:
+            x = v.simple_value
+            # 0.0 is also what an unset simple_value reads as: only then look at which field is set.
+            if x == 0.0 and v.WhichOneof("value") != "simple_value":
+                x = _tensor_value(v, out)
+                if x is None:
+                    continue
+            seq, steps, values = found.setdefault(v.tag, ([], [], []))
+            seq.append(n)
+            steps.append(event.step)
+            values.append(x)
+    for tag, (seq, steps, values) in found.items():
+        curves.add(tag, np.array(seq, np.int64), np.array(steps, np.int64), np.array(values, np.float64))
+    return failure
+
+
 def read_rank(rank: int, files: list[str]) -> RankEvents:
     """Read every event file of one rank (in name order: TensorBoard names them by creation time)."""
-    from tensorboard.compat.proto.event_pb2 import Event
-
-    # array, not list: 8 B per step and per value while a rank is read, instead of a Python object each.
-    steps: dict[str, array] = {}
-    values: dict[str, array] = {}
-    appenders: dict[str, tuple] = {}  # tag -> (steps.append, values.append): the hot loop does no lookups
     out = RankEvents(rank=rank)
-    decode = Event.FromString
+    curves = _Curves()
+    seen = 0  # records of the rank before this chunk: orders the writes of one step across chunks and files
     for path in sorted(files):
         n = 0
         try:
-            for batch in iter_record_batches(path):
-                for data in batch:
-                    n += 1
-                    event = decode(data)
-                    vals = event.summary.value  # empty for the other kinds of event (file_version, graph, ...)
-                    if not vals:
-                        continue
-                    step = event.step
-                    for v in vals:
-                        x = v.simple_value
-                        # 0.0 is also what an unset simple_value reads as: only then look at which field is set.
-                        if x == 0.0 and v.WhichOneof("value") != "simple_value":
-                            x = _tensor_value(v, out)
-                            if x is None:
-                                continue
-                        tag = v.tag
-                        app = appenders.get(tag)
-                        if app is None:
-                            steps[tag], values[tag] = array("q"), array("d")
-                            app = appenders[tag] = (steps[tag].append, values[tag].append)
-                        app[0](step)
-                        app[1](x)
+            for buf, starts, lengths in frame_file(path, CHUNK_BYTES):
+                scan = scan_scalars(buf, starts, lengths)
+                failure = None
+                if len(scan.other):
+                    others = ((int(i), int(starts[i]) + 12, int(lengths[i])) for i in scan.other)
+                    failure = _decode_events(((seen + i, buf[p : p + k]) for i, p, k in others), curves, out)
+                keep = len(starts) if failure is None else failure[0] - seen  # a sequential read stops there
+                ok = scan.record < keep
+                for t, tag in enumerate(scan.tags):
+                    mine = ok & (scan.tag == t)
+                    curves.add(tag, seen + scan.record[mine], scan.step[mine], scan.value[mine])
+                n += keep
+                seen += len(starts)
+                if failure is not None:
+                    raise failure[1]
         except CorruptRecordError as err:
             out.warnings.append(f"{path}: {err}; kept the {n} record(s) read before it")
         except Exception as err:  # a damaged payload: protobuf's DecodeError, or a file that vanished
             out.warnings.append(f"{path}: unreadable ({type(err).__name__}: {err}); kept what was read before it")
         out.records += n
-    for tag, s in steps.items():
-        st = np.asarray(s, dtype=np.int64)
-        va = np.asarray(values[tag], dtype=np.float64)
-        # Stable sort, then keep the last occurrence of each step: a rewritten step replaces the older value.
-        order = np.argsort(st, kind="stable")
-        st, va = st[order], va[order]
-        last = np.ones(len(st), dtype=bool)
-        last[:-1] = st[1:] != st[:-1]
-        out.scalars[tag] = (st[last], va[last])
+    out.scalars = curves.finish()
     return out
 
 
