@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import ast
 import builtins
+import glob
 import importlib
 import importlib.util
 import json
@@ -475,3 +476,77 @@ def test_run_clm_command_is_the_one_the_test_launches():
     assert REPO / parsed.config_file == YAML
     assert REPO / parsed.training_script == Path(expected[0])
     assert parsed.training_script_args == expected[1:]
+
+
+RUN_COMMANDS = {("config", word) for word in ("list", "copy", "path", "estimate", "generate", "validate")}
+
+
+def _page_commands(page: str) -> list[tuple[Block, str]]:
+    """The page's commands in order, each `$(...)` after the command holding it."""
+    found = []
+    for block in (b for b in _of("bash") if b.page == page):
+        for command in _commands(block.body):
+            found += [(block, inner) for inner in re.findall(r"\$\(([^)]*)\)", command)] + [(block, command)]
+    return found
+
+
+def _runs(command: str) -> bool:
+    argv = shlex.split(command)
+    return argv[0] == "hf-dist-recipes" and tuple(argv[1:3]) in RUN_COMMANDS
+
+
+CONFIG_PAGES = sorted({b.page for b in _of("bash") if any(_runs(c) for _, c in _page_commands(b.page))})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", CONFIG_PAGES)
+def test_config_commands_run(page, tmp_path, monkeypatch, capsys):
+    """The page's `hf-dist-recipes config ...` commands run, in page order, in a fresh folder (each writes where the
+    next reads: generate, then validate cfg/*.yaml), and exit 0. A command naming a file nobody wrote (a placeholder
+    such as NAME) is only parsed (test_bash_commands_parse)."""
+    from hf_dist_recipes.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # `config path` writes its copy there
+    (tmp_path / "accelerate_configs").symlink_to(REPO / "accelerate_configs")
+    ran = []
+    for block, command in _page_commands(page):
+        if not _runs(command):
+            continue
+        argv = shlex.split(command)
+        args = [a for word in argv[1:] for a in (sorted(glob.glob(word)) if glob.has_magic(word) else [word])]
+        if argv[2] == "validate" and not all(Path(a).exists() for a in args[2:] if not a.startswith("-")):
+            continue
+        assert main(args) == 0, f"{block}: {command}\n{capsys.readouterr().err[-3000:]}"
+        ran.append(command)
+    assert ran, f"{page}: none of its config commands ran"
+
+
+def test_pages_with_config_commands_are_found():
+    assert {"README.md", "docs/commands/config.md", "docs/getting-started.md"} <= set(CONFIG_PAGES)
+
+
+def _dotted_exists(name: str) -> bool:
+    """hf_dist_recipes.a.b[.Attr[.attr]]: a module (file or package), then names defined in its source."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        base = REPO.joinpath(*parts[:cut])
+        module = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        if module.is_file():
+            source = module.read_text()
+            return all(re.search(rf"^\s*(def|class)\s+{a}\b|^\s*{a}\s*[:=]", source, re.M) for a in parts[cut:])
+    return False
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_dotted_names_exist(page):
+    names = {n for n in re.findall(r"`(hf_dist_recipes(?:\.\w+)+)", PAGES[page]) if not n.endswith("__")}
+    missing = sorted(n for n in names if not _dotted_exists(n))
+    assert not missing, f"{page} names modules or attributes that do not exist: {missing}"
+
+
+def test_dotted_name_check():
+    assert _dotted_exists("hf_dist_recipes.parallel.plan.ParallelPlan")
+    assert _dotted_exists("hf_dist_recipes.core.findings")
+    assert not _dotted_exists("hf_dist_recipes.parallel.plan.NoSuchPlan")
+    assert not _dotted_exists("hf_dist_recipes.no_such_module")
