@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import hf_dist_recipes
 
 PACKAGE = Path(hf_dist_recipes.__file__).parent
@@ -208,15 +210,23 @@ print(json.dumps({{"ranks": summary.ranks, "heavy": heavy, "after": after}}))
 """
 
 
-def test_the_offline_log_reader_imports_neither_transformers_nor_torch_distributed(tmp_path):
+@pytest.fixture(scope="module")
+def rank_logs(tmp_path_factory):
+    """Two ranks' logs written by torch's SummaryWriter: a host line and ten step times each."""
     from torch.utils.tensorboard import SummaryWriter
 
+    root = tmp_path_factory.mktemp("import_rule_logs")
     for r in range(2):
-        w = SummaryWriter(str(tmp_path / "logs" / f"rank{r}"))
+        w = SummaryWriter(str(root / "logs" / f"rank{r}"))
         w.add_text("run", f"host=h{r} rank={r}")
         for s in range(1, 11):
             w.add_scalar("rank/step_time_s", 1.0 + r, s)
         w.close()
+    return root
+
+
+def test_the_offline_log_reader_imports_neither_transformers_nor_torch_distributed(rank_logs, tmp_path):
+    tmp_path = rank_logs
     proc = subprocess.run(
         [sys.executable, "-c", _CHILD.format(heavy=HEAVY), str(tmp_path / "logs"), str(tmp_path / "out")],
         capture_output=True,
@@ -228,3 +238,53 @@ def test_the_offline_log_reader_imports_neither_transformers_nor_torch_distribut
     assert result["ranks"] == [0, 1] and (tmp_path / "out" / "report.md").is_file()
     assert result["heavy"] == [], f"the offline log reader imported {result['heavy']}"
     assert "transformers" in result["after"], result
+
+
+# What `logs summarize --no-report` has no use for (issue 21: ~1 s of a 3 s command was imports): torch, transformers,
+# matplotlib (the report's plots), tensorboard's writer and its tensorflow stub (we write the aggregate run
+# ourselves), and the other subcommands' modules (cli/main.py imports only the one that runs).
+UNUSED_BY_SUMMARIZE = (
+    "torch",
+    "transformers",
+    "matplotlib",
+    "tensorboard.summary.writer",
+    "tensorboard.compat.tensorflow_stub",
+    "hf_dist_recipes.cli.config",
+    "hf_dist_recipes.cli.demo",
+    "hf_dist_recipes.cli.checkpoint",
+    "hf_dist_recipes.cli.preflight",
+)
+
+# The whole command in a fresh interpreter, as `hf-dist-recipes` runs it; then another subcommand and a live-job
+# module (transformers, so torch), so the probe is shown able to see them.
+_CLI_CHILD = """
+import json, sys
+from hf_dist_recipes.cli.main import main
+code = main(["logs", "summarize", sys.argv[1], "--out", sys.argv[2], "--no-report", "--json", "--workers", "2"])
+loaded = sorted(m for m in {unused!r} if m in sys.modules)
+import hf_dist_recipes.cli.demo, hf_dist_recipes.comm.watchdog
+after = sorted(m for m in {unused!r} if m in sys.modules)
+print(json.dumps({{"code": code, "loaded": loaded, "after": after}}))
+"""
+
+
+def test_logs_summarize_without_report_imports_only_what_it_uses(rank_logs, tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _CLI_CHILD.format(unused=UNUSED_BY_SUMMARIZE),
+            str(rank_logs / "logs"),
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    summary = json.loads(proc.stdout[: proc.stdout.rindex("\n{")])
+    assert result["code"] == 0 and summary["ranks"] == 2 and summary["hosts"] == {"0": "h0", "1": "h1"}
+    assert list((tmp_path / "out" / "aggregate").glob("events.out.tfevents.*"))
+    assert result["loaded"] == [], f"logs summarize --no-report imported {result['loaded']}"
+    assert {"torch", "transformers", "hf_dist_recipes.cli.demo"} <= set(result["after"]), result
