@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.launch import cpu_only_env
 from tests.support.paths import REPO
 
 DOCS = REPO / "docs"
@@ -172,7 +173,7 @@ def test_runnable_python_blocks_run(tmp_path):
         sys.exit(1 if failures else 0)
         """
     )
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)}
+    env = cpu_only_env({**os.environ, "PYTHONPATH": str(REPO)})  # a GPU host too: the explicit CPU request
     done = subprocess.run(
         [sys.executable, "-c", runner],
         input=json.dumps([(str(b), b.body) for b in RUNNABLE]),
