@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 
 from hf_dist_recipes.parallel.generate import (
@@ -22,6 +23,7 @@ from hf_dist_recipes.parallel.generate import (
     model_from,
     plan_from,
 )
+from hf_dist_recipes.parallel.launch_scripts import add_launcher_flags, check_launcher_options, script_from_args
 from hf_dist_recipes.parallel.plan import ParallelPlan
 
 
@@ -47,6 +49,7 @@ def register(subparsers) -> None:
     )
     add_plan_flags(gen)
     add_output_flags(gen)
+    add_launcher_flags(gen)
     gen.add_argument("--json", action="store_true", help="print what was written as JSON")
     gen.set_defaults(run=run_generate)
 
@@ -173,16 +176,25 @@ def hardware_from(args: argparse.Namespace):
 
 def run_generate(args: argparse.Namespace) -> int:
     argv = args.argv[args.argv.index("generate") + 1 :] if "generate" in args.argv else None
+    # The launch script's options are checked with the plan's, before any file is written.
+    check_launcher_options(
+        plan_from(args), args.launcher, log_dir=args.log_dir, socket_ifname=args.socket_ifname, ib_hca=args.ib_hca
+    )
+    if args.launcher:  # the script names the files by absolute paths: sbatch runs it from a spool directory
+        args.output = os.path.abspath(os.path.expanduser(args.output))
     # DeepSpeed is imported only once every input was checked (its import notice would make a refusal two lines);
     # its logger then binds stderr, keeping --json output clean.
     with contextlib.redirect_stdout(sys.stderr):
         result = generate_from_args(args, argv)
+    script = script_from_args(args, result, argv) if args.launcher else None
     if args.json:
-        print(json.dumps(result.as_dict(), indent=2))
+        print(json.dumps({**result.as_dict(), "launch_script": str(script) if script else None}, indent=2))
         return 0
     for w in result.warnings:
         print(f"warning: {w}")
     print(f"wrote {result.yaml_file}" + (f" and {result.deepspeed_file}" if result.deepspeed_file else ""))
+    if script:
+        print(f"wrote {script}; submit: sbatch {script} train.py [ARGS]")
     print(
         f"  world {result.plan.world_size}, data-parallel {result.plan.dp_size}, TP {result.plan.tp}, "
         f"EP {result.plan.ep}; launch: accelerate launch --config_file {result.yaml_file} train.py"

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hf_dist_recipes.core.findings import ERROR, WARNING, Finding
-from hf_dist_recipes.core.jsonfile import load_deepspeed_json
+from hf_dist_recipes.core.jsonfile import load_deepspeed_json, read_text_file
 from hf_dist_recipes.parallel.batch import tensor_parallel_size
 from hf_dist_recipes.parallel.initialize_rules import initialize_refusals
 from hf_dist_recipes.parallel.launch_config import LaunchConfig, check_launch_config, load_launch_config
 from hf_dist_recipes.parallel.launch_plan import is_loopback, plan_of_launch
+from hf_dist_recipes.parallel.launch_scripts import SCRIPT_SUFFIX, LaunchScript, check_launch_script
 
 # accelerate 1.16 (utils/dataclasses.py, DeepSpeedPlugin) refuses these YAML keys beside a deepspeed_config_file.
 IGNORED_WITH_DS_FILE = (
@@ -72,7 +73,9 @@ def lint_file(
         return lint_deepspeed(load_deepspeed_json(p), str(p))
     if p.suffix in (".yaml", ".yml"):
         return lint_accelerate(p, root=root, gpu_memory_gib=gpu_memory_gib, model=model, assume=assume)
-    raise ValueError(f"{p}: expected a DeepSpeed .json or an accelerate .yaml file")
+    if p.suffix == SCRIPT_SUFFIX:  # config generate --launcher's script, against its YAML's plan
+        return [LintFinding(f.name, f.status, f"{f.detail}; {f.fix}") for f in check_launch_script(p)]
+    raise ValueError(f"{p}: expected a DeepSpeed .json or an accelerate .yaml file, or a launch script (.sbatch)")
 
 
 def check_readable(path: str | Path, *, root: str | Path | None = None) -> None:
@@ -83,8 +86,11 @@ def check_readable(path: str | Path, *, root: str | Path | None = None) -> None:
         load_deepspeed_json(p)
     elif p.suffix in (".yaml", ".yml"):
         load_launch_config(p, root=root)
+    elif p.suffix == SCRIPT_SUFFIX:
+        text = read_text_file(p, "launch script", "pass a script written by config generate --launcher")
+        LaunchScript.parse(text, str(p))
     else:
-        raise ValueError(f"{p}: expected a DeepSpeed .json or an accelerate .yaml file")
+        raise ValueError(f"{p}: expected a DeepSpeed .json or an accelerate .yaml file, or a launch script (.sbatch)")
 
 
 def lint_deepspeed(

@@ -284,6 +284,11 @@ def test_seq_len_minimum_is_what_the_model_needs():
 WRITING_COMMANDS = {
     "demo": (["demo", "--output-dir"], "--output-dir", []),
     "config generate": (["config", "generate", "--cpu", "--gpus-per-node", "2", "--output"], "--output", []),
+    "config generate --log-dir": (
+        ["config", "generate", "--cpu", "--gpus-per-node", "2", "--output", "OUT", "--launcher", "slurm", "--log-dir"],
+        "--log-dir",
+        [],
+    ),
     "config copy": (["config", "copy", "cpu_zero3_2proc", "--output"], "--output", []),
     "pin": (["pin", "--output"], "--output", []),
     "checkpoint export": (["checkpoint", "export", "CKPT", "--output"], "--output", []),
@@ -294,7 +299,7 @@ WRITING_COMMANDS = {
         [],
     ),
 }
-OUTPUT_FLAGS = {"--output", "--output-dir", "--out"}
+OUTPUT_FLAGS = {"--output", "--output-dir", "--out", "--log-dir"}
 
 
 def _output_options(parser, path=()):
@@ -312,7 +317,8 @@ def _output_options(parser, path=()):
 def test_every_writing_command_is_covered_below():
     from hf_dist_recipes.cli.main import build_parser
 
-    assert set(_output_options(build_parser())) == {(cmd, flag) for cmd, (_, flag, _) in WRITING_COMMANDS.items()}
+    covered = {(cmd.split(" --")[0], flag) for cmd, (_, flag, _) in WRITING_COMMANDS.items()}
+    assert set(_output_options(build_parser())) == covered
 
 
 def _unwritable(kind, tmp_path) -> Path:
@@ -331,7 +337,7 @@ def test_unwritable_output_is_one_line_exit_2_for_every_writing_command(command,
     before, flag, after = WRITING_COMMANDS[command]
     bad = _unwritable(kind, tmp_path)
     (tmp_path / "logs").mkdir()
-    words = {"CKPT": str(tmp_path / "checkpoint-1"), "LOGDIR": str(tmp_path / "logs")}
+    words = {"CKPT": str(tmp_path / "checkpoint-1"), "LOGDIR": str(tmp_path / "logs"), "OUT": str(tmp_path / "cfg")}
     argv = [words.get(a, a) for a in before] + [str(bad)] + after
     code, out, err, seconds = _run(capsys, argv)
     line = _one_line_naming(err, flag)

@@ -1,0 +1,467 @@
+"""The script that starts a plan on the machines of a Slurm allocation: `config generate --launcher slurm|torchrun`.
+
+Data first: a `LaunchScript` holds what the script decides (nodes, processes and GPUs per node, the accelerate
+YAML, the rendezvous port, the log folder, the exported environment); `render` writes it as an `sbatch` script and
+`parse` reads one back, so that `config validate` checks a script, edited or not, against the plan its YAML holds
+(`check_launch_script`).
+
+Both forms are sbatch scripts with one task per node (`--ntasks-per-node=1`: the launcher on each node starts that
+node's processes) and the rendezvous on the allocation's first node (`scontrol show hostnames`). `slurm` runs
+`accelerate launch` with every multi-machine value on its command line (`--machine_rank $SLURM_NODEID`, the
+address, the port, the counts), so the YAML's `main_process_ip`, often the 127.0.0.1 of the machine the files were
+generated on, never decides where the ranks meet. `torchrun` runs torchrun with the c10d rendezvous (node ranks
+assigned by the rendezvous, `--rdzv-id $SLURM_JOB_ID`) and hands the DeepSpeed JSON to the Trainer through the
+variables `accelerate launch` itself sets for a DeepSpeed launch (accelerate 1.16, utils/launch.py,
+`prepare_deepspeed_cmd_env`: ACCELERATE_USE_DEEPSPEED, ACCELERATE_DEEPSPEED_CONFIG_FILE, ACCELERATE_MIXED_PRECISION;
+transformers' TrainingArguments and accelerate's DeepSpeedPlugin read them), so any Trainer script runs unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, get_args
+
+from hf_dist_recipes.comm.nccl_defaults import NCCL_ENV_DEFAULTS
+from hf_dist_recipes.core.findings import ERROR, WARNING, Finding
+from hf_dist_recipes.core.jsonfile import read_text_file
+from hf_dist_recipes.core.user_values import writable_dir
+from hf_dist_recipes.parallel.accelerate_config import DEFAULT_PORT
+from hf_dist_recipes.parallel.launch_config import load_launch_config
+from hf_dist_recipes.parallel.plan import ParallelPlan
+
+Launcher = Literal["slurm", "torchrun"]
+LAUNCHERS: tuple[str, ...] = get_args(Launcher)
+SUFFIXES: dict[str, str] = {"slurm": ".sbatch", "torchrun": ".torchrun.sbatch"}
+SCRIPT_SUFFIX = ".sbatch"  # what `config validate` reads as a launch script
+# What a user-given network filter may hold: NCCL's filter grammar (names, ^ = , : prefixes) and nothing the
+# shell would expand inside the script's double quotes.
+_FILTER = re.compile(r"^[A-Za-z0-9_.,:=^-]+$")
+# The plan's values, in this order, as plain NAME=value lines: what `parse` and `config validate` read back.
+PLAN_VARIABLES = ("CONFIG_FILE", "NUM_MACHINES", "PROCS_PER_NODE", "NUM_PROCESSES", "MAIN_PROCESS_PORT", "LOG_DIR")
+# Without pipefail inside: head exits after one line and scontrol, still writing a long node list, dies of SIGPIPE,
+# which pipefail would turn into the job's end.
+RENDEZVOUS = 'MAIN_PROCESS_IP=$(set +o pipefail; scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)'
+# The per-node command; single-quoted in the script, its values come from the exported plan variables.
+ACCELERATE_LINE = (
+    'exec accelerate launch --config_file "$CONFIG_FILE" --machine_rank "$SLURM_NODEID" '
+    '--main_process_ip "$MAIN_PROCESS_IP" --main_process_port "$MAIN_PROCESS_PORT" '
+    '--num_machines "$NUM_MACHINES" --num_processes "$NUM_PROCESSES" "$@"'
+)
+TORCHRUN_LINE = (
+    'exec torchrun --nnodes "$NUM_MACHINES" --nproc-per-node "$PROCS_PER_NODE" --rdzv-backend c10d '
+    '--rdzv-endpoint "$MAIN_PROCESS_IP:$MAIN_PROCESS_PORT" --rdzv-id "$SLURM_JOB_ID" "$@"'
+)
+
+
+@dataclass(frozen=True)
+class LaunchScript:
+    """One sbatch script. `procs_per_node`: processes each node's launcher starts; `gpus_per_node`: GPUs asked of
+    Slurm per node (0: a CPU plan, no GPU line); `config_file`: the accelerate YAML (absolute); `deepspeed_file`:
+    the DeepSpeed JSON the torchrun form exports (absolute; None in the slurm form, whose YAML names it);
+    `main_process_port`: the rendezvous port on the first node; `log_dir`: where the job's and each node's output
+    go (absolute); `env`: exported before `srun`, in order (values may name the plan variables, e.g.
+    "$LOG_DIR/..."); `header`: comment lines under the shebang."""
+
+    launcher: Launcher
+    job_name: str
+    nodes: int
+    procs_per_node: int
+    gpus_per_node: int
+    config_file: str
+    main_process_port: int
+    log_dir: str
+    deepspeed_file: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    header: tuple[str, ...] = ()
+
+    @property
+    def num_processes(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    def sbatch_options(self) -> dict[str, str]:
+        """The #SBATCH options, in the order written."""
+        options = {"job-name": self.job_name, "nodes": str(self.nodes), "ntasks-per-node": "1"}
+        if self.gpus_per_node:
+            options["gpus-per-node"] = str(self.gpus_per_node)
+        options["output"] = f"{self.log_dir}/%x-%j.out"
+        options["error"] = f"{self.log_dir}/%x-%j.err"
+        return options
+
+    def render(self, path: str | Path | None = None) -> str:
+        """The script's text; `path` (where it will be written) goes into the usage line."""
+        name = str(path) if path else f"{self.job_name}{SUFFIXES[self.launcher]}"
+        values = {
+            "CONFIG_FILE": self.config_file,
+            "NUM_MACHINES": self.nodes,
+            "PROCS_PER_NODE": self.procs_per_node,
+            "NUM_PROCESSES": self.num_processes,
+            "MAIN_PROCESS_PORT": self.main_process_port,
+            "LOG_DIR": self.log_dir,
+        }
+        lines = ["#!/bin/bash", *(f"# {line}" if line else "#" for line in self.header)]
+        lines += [f"#SBATCH --{key}={value}" for key, value in self.sbatch_options().items()]
+        lines += [
+            "# Add your cluster's #SBATCH --partition / --account / --time lines above.",
+            f"# Submit: sbatch {name} TRAINING_SCRIPT [ARGS...]",
+            "set -euo pipefail",
+            'if [ "$#" -eq 0 ]; then',
+            f'  echo "usage: sbatch {name} TRAINING_SCRIPT [ARGS...] (the training command each node launches)" >&2',
+            "  exit 2",
+            "fi",
+            "",
+            "# The plan (hf-dist-recipes config validate checks these against CONFIG_FILE).",
+            *(f"{key}={shlex.quote(str(value))}" for key, value in values.items()),
+            "export " + " ".join(PLAN_VARIABLES),
+            'if [ "${SLURM_NNODES:-$NUM_MACHINES}" != "$NUM_MACHINES" ]; then',
+            '  echo "this allocation has $SLURM_NNODES node(s), the plan $NUM_MACHINES: submit with '
+            '--nodes=$NUM_MACHINES or regenerate the plan" >&2',
+            "  exit 2",
+            "fi",
+            "",
+            "# The rendezvous: the first node of the allocation.",
+            RENDEZVOUS,
+            'if [ -z "$MAIN_PROCESS_IP" ]; then',
+            '  echo "no host in SLURM_JOB_NODELIST=${SLURM_JOB_NODELIST:-}: submit this script with sbatch" >&2',
+            "  exit 2",
+            "fi",
+            "export MAIN_PROCESS_IP",
+            "",
+            "# Every rank's environment: NCCL's hang-proof defaults and the flight recorder's buffer",
+            "# (hf_dist_recipes/comm/nccl_defaults.py), the network filters, the plan's own settings.",
+            *(
+                []
+                if "NCCL_SOCKET_IFNAME" in self.env
+                else [
+                    "# Interfaces not pinned: hf-dist-recipes doctor on a node says if they must be (--socket-ifname)."
+                ]
+            ),
+            *(f'export {key}="{value}"' for key, value in self.env.items()),
+            "",
+            'echo "job ${SLURM_JOB_ID}: ${NUM_MACHINES} node(s) x ${PROCS_PER_NODE} process(es), rendezvous '
+            "${MAIN_PROCESS_IP}:${MAIN_PROCESS_PORT}, node logs "
+            '${LOG_DIR}/${SLURM_JOB_NAME}-${SLURM_JOB_ID}-node*.out"',
+            "# One task per node; its launcher starts that node's processes. srun exports this environment.",
+            'srun --nodes="$NUM_MACHINES" --ntasks-per-node=1 --kill-on-bad-exit=1 \\',
+            '  --output="$LOG_DIR/%x-%j-node%n.out" \\',
+            f"  bash -c '{ACCELERATE_LINE if self.launcher == 'slurm' else TORCHRUN_LINE}' node \"$@\"",
+        ]
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def parse(cls, text: str, name: str = "script") -> LaunchScript:
+        """The LaunchScript a script's text describes: its #SBATCH options, plan variables and exports. ValueError
+        naming `name` when a plan variable is missing (not a script `config generate --launcher` wrote)."""
+        options = sbatch_options(text)
+        values = _assignments(text)
+        missing = [v for v in PLAN_VARIABLES if v not in values]
+        if missing:
+            raise ValueError(
+                f"{name}: no {', '.join(m + '=' for m in missing)} line; not a launch script config generate wrote: "
+                "regenerate it with hf-dist-recipes config generate ... --launcher slurm"
+            )
+        env = dict(re.findall(r'^export ([A-Z_][A-Z0-9_]*)="([^"]*)"$', text, flags=re.M))
+        ints = {}
+        for key in ("NUM_MACHINES", "PROCS_PER_NODE", "MAIN_PROCESS_PORT"):
+            if not values[key].isdigit():
+                raise ValueError(f"{name}: {key}={values[key]} is not a whole number; e.g. {key}=2")
+            ints[key] = int(values[key])
+        return cls(
+            launcher="torchrun" if "exec torchrun " in text else "slurm",
+            job_name=options.get("job-name", ""),
+            nodes=ints["NUM_MACHINES"],
+            procs_per_node=ints["PROCS_PER_NODE"],
+            gpus_per_node=_count(options.get("gpus-per-node", "0")),
+            config_file=values["CONFIG_FILE"],
+            main_process_port=ints["MAIN_PROCESS_PORT"],
+            log_dir=values["LOG_DIR"],
+            deepspeed_file=env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE"),
+            env=env,
+        )
+
+
+def sbatch_options(text: str) -> dict[str, str]:
+    """The #SBATCH options of a script, long names (`-N 2` read as nodes), as sbatch reads them: only the lines
+    before the first command count."""
+    short = {"N": "nodes", "J": "job-name", "o": "output", "e": "error", "G": "gpus"}
+    options: dict[str, str] = {}
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            break  # sbatch stops reading directives at the first command
+        if not stripped.startswith("#SBATCH"):
+            continue
+        words = shlex.split(stripped[len("#SBATCH") :], comments=True)
+        while words:
+            word = words.pop(0)
+            if word.startswith("--"):
+                key, eq, value = word[2:].partition("=")
+                options[key] = value if eq else (words.pop(0) if words and not words[0].startswith("-") else "")
+            elif word.startswith("-") and len(word) >= 2:
+                key, value = word[1], word[2:] or (words.pop(0) if words else "")
+                options[short.get(key, key)] = value
+    return options
+
+
+def _assignments(text: str) -> dict[str, str]:
+    """NAME=value lines at the start of a line (the plan variables), the value unquoted as the shell would."""
+    found = {}
+    for key, raw in re.findall(r"^([A-Z_][A-Z0-9_]*)=(.*)$", text, flags=re.M):
+        try:
+            words = shlex.split(raw)
+        except ValueError:
+            words = [raw]
+        found[key] = words[0] if len(words) == 1 else raw
+    return found
+
+
+def _count(value: str) -> int:
+    """GPUs of a --gpus-per-node value: "8" or "h100:8"; 0 when not a count."""
+    tail = value.rpartition(":")[2]
+    return int(tail) if tail.isdigit() else 0
+
+
+def add_launcher_flags(parser: argparse.ArgumentParser) -> None:
+    """`config generate`'s flags for the launch script."""
+    group = parser.add_argument_group("launch script (--launcher: an sbatch script beside the YAML)")
+    group.add_argument(
+        "--launcher",
+        choices=LAUNCHERS,
+        help="also write NAME.sbatch (slurm: srun + accelerate launch) or NAME.torchrun.sbatch (srun + torchrun, "
+        "c10d rendezvous); submit with: sbatch FILE train.py [ARGS]",
+    )
+    group.add_argument("--log-dir", help="with --launcher: the job's and each node's logs (default: OUTPUT/logs)")
+    group.add_argument("--socket-ifname", help="with --launcher: NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME (e.g. ib0)")
+    group.add_argument("--ib-hca", help="with --launcher: NCCL_IB_HCA, the InfiniBand ports (e.g. =mlx5_0,mlx5_1)")
+
+
+def check_launcher_options(
+    plan: ParallelPlan,
+    launcher: str | None,
+    *,
+    log_dir: str | Path | None = None,
+    socket_ifname: str | None = None,
+    ib_hca: str | None = None,
+) -> None:
+    """Raise ValueError naming the fix for launcher options that cannot make a script, before any file is written.
+    `log_dir` must be creatable (it is created by `write_launch_script`: Slurm does not create an --output
+    folder)."""
+    if launcher is None:
+        given = [f for f, v in (("--log-dir", log_dir), ("--socket-ifname", socket_ifname), ("--ib-hca", ib_hca)) if v]
+        if given:
+            raise ValueError(f"{given[0]} is a setting of the launch script; add --launcher slurm (or torchrun)")
+        return
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"--launcher {launcher}: expected one of {', '.join(LAUNCHERS)}; e.g. --launcher slurm")
+    if launcher == "torchrun" and plan.engine != "deepspeed":
+        raise ValueError(
+            "--launcher torchrun hands the Trainer a DeepSpeed JSON; an FSDP2 plan's settings live in the accelerate "
+            "YAML: use --launcher slurm (srun + accelerate launch)"
+        )
+    for flag, value, example in (("--socket-ifname", socket_ifname, "ib0"), ("--ib-hca", ib_hca, "=mlx5_0,mlx5_1")):
+        if value is not None and not _FILTER.match(value):
+            raise ValueError(f"{flag} {value!r}: interface names and NCCL's ^ = , : only; e.g. {flag} {example}")
+    if log_dir is not None:
+        writable_dir(log_dir, "--log-dir", "runs/logs")
+
+
+def launch_script(
+    plan: ParallelPlan,
+    launcher: Launcher,
+    *,
+    job_name: str,
+    config_file: str | Path,
+    deepspeed_file: str | Path | None,
+    main_process_port: int,
+    log_dir: str | Path,
+    socket_ifname: str | None = None,
+    ib_hca: str | None = None,
+    extra_env: dict[str, str] | None = None,
+    header: tuple[str, ...] = (),
+) -> LaunchScript:
+    """The LaunchScript of `plan` (paths made absolute). Its environment: NCCL_ENV_DEFAULTS (hang-proof NCCL, the
+    flight recorder's buffer); the network filters given; `extra_env` (e.g. the plan's
+    allocator setting); a CPU plan's explicit CPU request; the torchrun form's DeepSpeed hand-over."""
+    # Not the recorder's dump prefix: RecipeTrainingArguments points it at <output_dir>/flight_recorder/, beside the
+    # dumps and stacks every rank writes there on a hang, where `hf-dist-recipes logs hang` reads them.
+    env = dict(NCCL_ENV_DEFAULTS)
+    if socket_ifname:
+        env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = socket_ifname
+    if ib_hca:
+        env["NCCL_IB_HCA"] = ib_hca
+    env.update(extra_env or {})
+    if plan.device == "cpu":
+        # DeepSpeed picks its accelerator from what torch sees, and the recipe stops a CPU run on a GPU host unless
+        # asked for explicitly (environment.cuda_host): a CPU plan is that request.
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        env["HF_DIST_RECIPES_USE_CPU"] = "1"
+    ds = str(Path(deepspeed_file).resolve()) if deepspeed_file else None
+    if launcher == "torchrun":
+        if ds is None:
+            raise ValueError("--launcher torchrun needs the plan's DeepSpeed JSON; use --launcher slurm")
+        env.update(
+            ACCELERATE_USE_DEEPSPEED="true", ACCELERATE_DEEPSPEED_CONFIG_FILE=ds, ACCELERATE_MIXED_PRECISION="no"
+        )
+    return LaunchScript(
+        launcher=launcher,
+        job_name=job_name,
+        nodes=plan.nodes,
+        procs_per_node=plan.procs_per_node,
+        gpus_per_node=plan.procs_per_node if plan.device == "cuda" else 0,
+        config_file=str(Path(config_file).resolve()),
+        main_process_port=main_process_port,
+        log_dir=str(Path(log_dir).resolve()),
+        deepspeed_file=ds if launcher == "torchrun" else None,  # the slurm form's YAML names it
+        env=env,
+        header=header,
+    )
+
+
+def script_from_args(args: argparse.Namespace, generated, argv: list[str] | None = None) -> Path:
+    """Write the launch script of `config generate`'s parsed flags beside `generated` (a `generate.Generated`):
+    its name and port are the YAML's, the log folder `--log-dir` or OUTPUT/logs. `argv`: the flags as given, for
+    the header. Returns the script's path."""
+    from hf_dist_recipes.parallel.generate import model_from
+    from hf_dist_recipes.parallel.zero_buffers import recommended_env
+
+    plan = generated.plan
+    model = model_from(args.model, required=False)
+    yaml_file = Path(generated.yaml_file)
+    command = "hf-dist-recipes config generate" + (" " + shlex.join(argv) if argv else "")
+    header = (
+        f"Generated by: {command}",
+        f"{plan.nodes} node(s) x {plan.procs_per_node} {plan.device} process(es), {plan.world_size} in all; "
+        f"ZeRO-{plan.zero_stage}, TP {plan.tp}, EP {plan.ep}; the plan: {yaml_file.name}",
+    )
+    script = launch_script(
+        plan,
+        args.launcher,
+        job_name=yaml_file.stem,
+        config_file=yaml_file,
+        deepspeed_file=generated.deepspeed_file,
+        main_process_port=args.main_process_port,
+        log_dir=args.log_dir or yaml_file.parent / "logs",
+        socket_ifname=args.socket_ifname,
+        ib_hca=args.ib_hca,
+        extra_env=recommended_env(plan, model),
+        header=header,
+    )
+    return write_launch_script(script, yaml_file.parent)
+
+
+def write_launch_script(script: LaunchScript, output: str | Path) -> Path:
+    """Write `script` into `output` as JOB_NAME.sbatch (slurm) or JOB_NAME.torchrun.sbatch, executable, and create
+    its log folder. Returns the script's path."""
+    path = Path(output) / f"{script.job_name}{SUFFIXES[script.launcher]}"
+    Path(script.log_dir).mkdir(parents=True, exist_ok=True)
+    path.write_text(script.render(path))
+    path.chmod(0o755)
+    return path
+
+
+def check_launch_script(path: str | Path) -> list[Finding]:
+    """Findings for a launch script against the plan of the accelerate YAML it names (CONFIG_FILE): nodes,
+    processes and GPUs per node, tasks per node, the port, the machine rank's source, the torchrun form's DeepSpeed
+    JSON, the log folder. Each finding's `fix` says what to change. ValueError when the script cannot be read."""
+    p = Path(path)
+    text = read_text_file(p, "launch script", "pass a script written by config generate --launcher")
+    script = LaunchScript.parse(text, str(p))
+    out: list[Finding] = []
+
+    def add(status, detail, fix):
+        out.append(Finding(str(p), status, detail, fix))
+
+    options = sbatch_options(text)
+    regenerate = "or regenerate the files with hf-dist-recipes config generate ... --launcher " + script.launcher
+    try:
+        cfg = load_launch_config(script.config_file)
+    except ValueError as err:
+        add(ERROR, f"CONFIG_FILE: {err}", f"set CONFIG_FILE= to the plan's accelerate YAML, {regenerate}")
+        return out
+    name = Path(script.config_file).name
+    per_node, rest = divmod(cfg.num_processes, cfg.num_machines)
+    if script.nodes != cfg.num_machines:
+        add(
+            ERROR,
+            f"NUM_MACHINES={script.nodes} but {name} has num_machines {cfg.num_machines}",
+            f"set NUM_MACHINES={cfg.num_machines}, {regenerate}",
+        )
+    if options.get("nodes") != str(cfg.num_machines):
+        add(
+            ERROR,
+            f"#SBATCH --nodes={options.get('nodes')} but {name} has num_machines {cfg.num_machines}",
+            f"set #SBATCH --nodes={cfg.num_machines}",
+        )
+    if options.get("ntasks-per-node") != "1":
+        add(
+            ERROR,
+            f"#SBATCH --ntasks-per-node={options.get('ntasks-per-node')}: each node runs one launcher, "
+            "which starts that node's processes",
+            "set #SBATCH --ntasks-per-node=1",
+        )
+    if rest == 0 and script.procs_per_node != per_node:
+        add(
+            ERROR,
+            f"PROCS_PER_NODE={script.procs_per_node} but {name} has {cfg.num_processes} processes on "
+            f"{cfg.num_machines} machine(s), {per_node} per node",
+            f"set PROCS_PER_NODE={per_node}, {regenerate}",
+        )
+    values = _assignments(text)
+    if values.get("NUM_PROCESSES") != str(cfg.num_processes):
+        add(
+            ERROR,
+            f"NUM_PROCESSES={values.get('NUM_PROCESSES')} but {name} has num_processes {cfg.num_processes} "
+            "(all machines)",
+            f"set NUM_PROCESSES={cfg.num_processes}",
+        )
+    gpus = _count(options.get("gpus-per-node", "0"))
+    if not cfg.use_cpu and gpus != per_node:
+        add(
+            ERROR,
+            f"#SBATCH --gpus-per-node={options.get('gpus-per-node', '(none)')} but the plan runs {per_node} "
+            "GPU process(es) per node",
+            f"set #SBATCH --gpus-per-node={per_node}",
+        )
+    elif cfg.use_cpu and gpus:
+        add(
+            WARNING,
+            f"#SBATCH --gpus-per-node={gpus} for a CPU plan (use_cpu in {name}): GPUs held and unused",
+            "remove the #SBATCH --gpus-per-node line",
+        )
+    yaml_port = cfg.raw.get("main_process_port", DEFAULT_PORT)
+    if not 0 < script.main_process_port < 65536:
+        add(ERROR, f"MAIN_PROCESS_PORT={script.main_process_port} is no TCP port", "set a port in 1-65535, e.g. 29500")
+    elif script.main_process_port != yaml_port:
+        add(
+            WARNING,
+            f"MAIN_PROCESS_PORT={script.main_process_port} but {name} has main_process_port {yaml_port}; "
+            "the script's wins at launch",
+            f"make them equal: set MAIN_PROCESS_PORT={yaml_port}, {regenerate}",
+        )
+    # With one task per node SLURM_PROCID equals SLURM_NODEID; either numbers the machines.
+    if script.launcher == "slurm" and not re.search(r'--machine_rank "?\$\{?SLURM_(NODEID|PROCID)\b', text):
+        add(
+            ERROR,
+            "accelerate launch takes no --machine_rank from the scheduler ($SLURM_NODEID): every node would start "
+            "as machine 0",
+            'pass --machine_rank "$SLURM_NODEID" in the srun command',
+        )
+    if script.launcher == "torchrun" and script.deepspeed_file != (
+        str(cfg.deepspeed_file) if cfg.deepspeed_file else None
+    ):
+        add(
+            ERROR,
+            f"ACCELERATE_DEEPSPEED_CONFIG_FILE={script.deepspeed_file} but {name} names {cfg.deepspeed_file}",
+            f"export ACCELERATE_DEEPSPEED_CONFIG_FILE={cfg.deepspeed_file}",
+        )
+    if not Path(script.log_dir).is_dir():
+        add(
+            WARNING,
+            f"LOG_DIR {script.log_dir} does not exist; Slurm does not create the folder of --output and the "
+            "job fails at once",
+            f"mkdir -p {script.log_dir}",
+        )
+    return out

@@ -1,0 +1,236 @@
+"""Launch scripts (`parallel/launch_scripts.py`): what a rendered script holds, read back by `parse`, and every
+`config validate` finding on a script that drifted from its plan, with the fix it names. No process is launched
+(tests/distributed/test_launch_scripts.py runs the scripts as a two-node job)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from hf_dist_recipes.cli.main import main as cli
+from hf_dist_recipes.comm.nccl_defaults import NCCL_ENV_DEFAULTS
+from hf_dist_recipes.parallel.launch_scripts import (
+    LaunchScript,
+    check_launch_script,
+    launch_script,
+    sbatch_options,
+)
+from hf_dist_recipes.parallel.plan import ParallelPlan
+
+GPU_PLAN = ParallelPlan(nodes=2, procs_per_node=8)
+
+
+def _gpu_script(launcher="slurm", **kwargs) -> LaunchScript:
+    return launch_script(
+        GPU_PLAN,
+        launcher,
+        job_name="llama",
+        config_file="/cfg/llama.yaml",
+        deepspeed_file="/cfg/deepspeed/llama.json",
+        main_process_port=29511,
+        log_dir="/cfg/logs",
+        **kwargs,
+    )
+
+
+def test_the_slurm_script_holds_the_plan_the_rendezvous_and_the_launch():
+    text = _gpu_script(socket_ifname="ib0", ib_hca="=mlx5_0,mlx5_1").render("/cfg/llama.sbatch")
+    assert text.startswith("#!/bin/bash\n")
+    assert sbatch_options(text) == {
+        "job-name": "llama",
+        "nodes": "2",
+        "ntasks-per-node": "1",
+        "gpus-per-node": "8",
+        "output": "/cfg/logs/%x-%j.out",
+        "error": "/cfg/logs/%x-%j.err",
+    }
+    for line in ("CONFIG_FILE=/cfg/llama.yaml", "NUM_MACHINES=2", "PROCS_PER_NODE=8", "NUM_PROCESSES=16"):
+        assert f"\n{line}\n" in text
+    assert "\nMAIN_PROCESS_PORT=29511\n" in text and "\nLOG_DIR=/cfg/logs\n" in text
+    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1' in text
+    srun = text[text.index("\nsrun ") :]
+    assert '--nodes="$NUM_MACHINES" --ntasks-per-node=1' in srun and '--output="$LOG_DIR/%x-%j-node%n.out"' in srun
+    launch = re.search(r"exec accelerate launch [^']*", srun)[0]
+    for flag in ("--config_file", "--machine_rank", "--main_process_ip", "--main_process_port"):
+        assert flag in launch
+    assert '--machine_rank "$SLURM_NODEID"' in launch and '--num_processes "$NUM_PROCESSES"' in launch
+    assert srun.rstrip().endswith('node "$@"')  # the training command: sbatch SCRIPT train.py ARGS
+    for name, value in {**NCCL_ENV_DEFAULTS, "NCCL_SOCKET_IFNAME": "ib0", "NCCL_IB_HCA": "=mlx5_0,mlx5_1"}.items():
+        assert f'\nexport {name}="{value}"\n' in text
+    assert "CUDA_VISIBLE_DEVICES" not in text and "HF_DIST_RECIPES_USE_CPU" not in text  # a GPU plan
+    assert "usage: sbatch /cfg/llama.sbatch TRAINING_SCRIPT" in text
+
+
+def test_the_torchrun_form_uses_the_c10d_rendezvous_and_hands_deepspeed_over():
+    text = _gpu_script("torchrun").render()
+    launch = re.search(r"exec torchrun [^']*", text)[0]
+    assert '--nnodes "$NUM_MACHINES" --nproc-per-node "$PROCS_PER_NODE" --rdzv-backend c10d' in launch
+    assert '--rdzv-endpoint "$MAIN_PROCESS_IP:$MAIN_PROCESS_PORT" --rdzv-id "$SLURM_JOB_ID"' in launch
+    assert '\nexport ACCELERATE_USE_DEEPSPEED="true"\n' in text
+    assert '\nexport ACCELERATE_DEEPSPEED_CONFIG_FILE="/cfg/deepspeed/llama.json"\n' in text
+    assert "accelerate launch" not in text
+
+
+def test_a_cpu_plan_asks_for_no_gpus_and_hides_them():
+    plan = ParallelPlan(nodes=2, procs_per_node=1, device="cpu", precision="fp32")
+    script = launch_script(
+        plan, "slurm", job_name="c", config_file="/c.yaml", deepspeed_file=None, main_process_port=1234, log_dir="/logs"
+    )
+    text = script.render()
+    assert "gpus-per-node" not in sbatch_options(text)
+    assert '\nexport CUDA_VISIBLE_DEVICES=""\n' in text and '\nexport HF_DIST_RECIPES_USE_CPU="1"\n' in text
+
+
+@pytest.mark.parametrize("launcher", ["slurm", "torchrun"])
+def test_parse_reads_back_what_render_wrote(launcher):
+    script = _gpu_script(
+        launcher, socket_ifname="eth0", extra_env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    )
+    parsed = LaunchScript.parse(script.render())
+    assert parsed == LaunchScript(**{**script.__dict__, "header": ()})
+
+
+def test_sbatch_options_short_and_spaced_forms_and_only_before_the_first_command():
+    text = "#!/bin/bash\n#SBATCH -N 3\n#SBATCH --gpus-per-node h100:4 --job-name=x\n\necho hi\n#SBATCH --nodes=9\n"
+    assert sbatch_options(text) == {"nodes": "3", "gpus-per-node": "h100:4", "job-name": "x"}
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """A 2 x 8 GPU plan and a CPU plan written by config generate, each with both scripts."""
+    root = tmp_path_factory.mktemp("cfg")
+    for launcher in ("slurm", "torchrun"):
+        assert (
+            cli(
+                [
+                    "config",
+                    "generate",
+                    "--nodes",
+                    "2",
+                    "--gpus-per-node",
+                    "8",
+                    "--name",
+                    "gpu",
+                    "--output",
+                    str(root),
+                    "--launcher",
+                    launcher,
+                    "--main-process-ip",
+                    "10.0.0.1",
+                ]
+            )
+            == 0
+        )
+    return root
+
+
+def _findings(tmp_path, source: Path, old: str, new: str):
+    text = source.read_text()
+    assert old in text, old
+    edited = tmp_path / source.name
+    edited.write_text(text.replace(old, new, 1))
+    return check_launch_script(edited)
+
+
+# (the edit, the status, a phrase of the fix) for a script that drifted from its plan.
+DRIFTS = {
+    "nodes": ("#SBATCH --nodes=2", "#SBATCH --nodes=3", "error", "set #SBATCH --nodes=2"),
+    "nodes short form": ("#SBATCH --nodes=2", "#SBATCH -N 4", "error", "set #SBATCH --nodes=2"),
+    "num machines": ("\nNUM_MACHINES=2", "\nNUM_MACHINES=3", "error", "set NUM_MACHINES=2"),
+    "tasks per node": ("--ntasks-per-node=1\n", "--ntasks-per-node=8\n", "error", "set #SBATCH --ntasks-per-node=1"),
+    "procs per node": ("\nPROCS_PER_NODE=8", "\nPROCS_PER_NODE=4", "error", "set PROCS_PER_NODE=8"),
+    "num processes": ("\nNUM_PROCESSES=16", "\nNUM_PROCESSES=8", "error", "set NUM_PROCESSES=16"),
+    "gpus": ("#SBATCH --gpus-per-node=8", "#SBATCH --gpus-per-node=4", "error", "set #SBATCH --gpus-per-node=8"),
+    "no gpus": ("#SBATCH --gpus-per-node=8\n", "", "error", "set #SBATCH --gpus-per-node=8"),
+    "port": ("\nMAIN_PROCESS_PORT=29500", "\nMAIN_PROCESS_PORT=29501", "warning", "set MAIN_PROCESS_PORT=29500"),
+    "no port": ("\nMAIN_PROCESS_PORT=29500", "\nMAIN_PROCESS_PORT=70000", "error", "set a port in 1-65535"),
+    "machine rank": ('--machine_rank "$SLURM_NODEID"', "--machine_rank 0", "error", '--machine_rank "$SLURM_NODEID"'),
+    "log dir": ("\nLOG_DIR=", "\nLOG_DIR=/no/such/dir/", "warning", "mkdir -p /no/such/dir/"),
+    "config file": ("\nCONFIG_FILE=", "\nCONFIG_FILE=/no/such/", "error", "set CONFIG_FILE= to the plan's"),
+}
+
+
+def test_a_script_as_written_has_no_findings(written):
+    assert check_launch_script(written / "gpu.sbatch") == []
+    assert check_launch_script(written / "gpu.torchrun.sbatch") == []
+
+
+@pytest.mark.parametrize("drift", list(DRIFTS))
+def test_each_drift_is_one_finding_naming_the_fix(drift, written, tmp_path):
+    old, new, status, fix = DRIFTS[drift]
+    findings = _findings(tmp_path, written / "gpu.sbatch", old, new)
+    assert [f.status for f in findings] == [status], findings
+    assert fix in findings[0].fix and findings[0].name == str(tmp_path / "gpu.sbatch")
+
+
+def test_the_torchrun_form_must_hand_over_the_plans_json(written, tmp_path):
+    (f,) = _findings(
+        tmp_path,
+        written / "gpu.torchrun.sbatch",
+        'ACCELERATE_DEEPSPEED_CONFIG_FILE="',
+        'ACCELERATE_DEEPSPEED_CONFIG_FILE="/elsewhere',
+    )
+    assert f.status == "error" and f"export ACCELERATE_DEEPSPEED_CONFIG_FILE={written}/deepspeed/gpu.json" == f.fix
+
+
+def test_a_cpu_plan_with_gpus_is_a_warning(tmp_path):
+    assert (
+        cli(
+            [
+                "config",
+                "generate",
+                "--cpu",
+                "--nodes",
+                "2",
+                "--gpus-per-node",
+                "1",
+                "--name",
+                "cpu",
+                "--output",
+                str(tmp_path),
+                "--launcher",
+                "slurm",
+            ]
+        )
+        == 0
+    )
+    text = (
+        (tmp_path / "cpu.sbatch").read_text().replace("#SBATCH --ntasks", "#SBATCH --gpus-per-node=8\n#SBATCH --ntasks")
+    )
+    (tmp_path / "cpu.sbatch").write_text(text)
+    (f,) = check_launch_script(tmp_path / "cpu.sbatch")
+    assert f.status == "warning" and "remove the #SBATCH --gpus-per-node line" in f.fix
+
+
+def test_config_validate_prints_the_findings_and_exits_1(written, tmp_path, capsys):
+    _findings(tmp_path, written / "gpu.sbatch", "#SBATCH --nodes=2", "#SBATCH --nodes=3")
+    assert cli(["config", "validate", str(tmp_path / "gpu.sbatch"), "--json"]) == 1
+    (finding,) = json.loads(capsys.readouterr().out)
+    assert finding["level"] == "error" and finding["message"].endswith("; set #SBATCH --nodes=2")
+
+
+def test_a_script_config_generate_did_not_write_is_one_line_exit_2(tmp_path, capsys):
+    other = tmp_path / "other.sbatch"
+    other.write_text("#!/bin/bash\n#SBATCH --nodes=2\nsrun python train.py\n")
+    assert cli(["config", "validate", str(other)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "CONFIG_FILE=" in err and "--launcher slurm" in err
+
+
+def test_the_script_stops_without_a_training_command_or_in_the_wrong_allocation(written, tmp_path):
+    import subprocess
+
+    script = str(written / "gpu.sbatch")
+    env = dict(os.environ, SLURM_JOB_ID="1", SLURM_JOB_NAME="gpu", SLURM_JOB_NODELIST="a,b")
+    proc = subprocess.run(
+        ["bash", script], env=dict(env, SLURM_NNODES="2"), capture_output=True, text=True, cwd=tmp_path
+    )
+    assert proc.returncode == 2 and "usage: sbatch" in proc.stderr and "TRAINING_SCRIPT" in proc.stderr
+    proc = subprocess.run(
+        ["bash", script, "train.py"], env=dict(env, SLURM_NNODES="3"), capture_output=True, text=True, cwd=tmp_path
+    )
+    assert proc.returncode == 2 and "submit with --nodes=2" in proc.stderr and proc.stdout == ""
