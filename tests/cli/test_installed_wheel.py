@@ -1,7 +1,13 @@
 """The package as a user installs it, outside the checkout: `python -m build` makes an sdist and a wheel from it
-that `twine check` passes; the wheel, installed with pip into a folder of its own (`--target`, no dependencies: they
-come from this venv), lists, copies and names the shipped configs and runs the demo from another directory, with
-the checkout out of reach (the package imported is the installed one)."""
+that `twine check` passes; the wheel, installed by pip into a fresh virtual environment in a temporary folder, lists,
+copies and names the shipped configs and runs the demo from another directory through the environment's own
+`hf-dist-recipes` command, with the checkout out of reach (the package imported is the installed one).
+
+The environment's dependencies are the pinned stack already installed in this checkout's .venv, seen through a .pth
+file (its one line: that site-packages folder), instead of torch, DeepSpeed and transformers downloaded again (GBs,
+and CI runs offline). A path in a .pth file is added to sys.path but the .pth files inside it are not run, so the
+checkout's editable install (a .pth finder in .venv) stays out; `pip check` in the new environment then proves that
+the wheel's declared requirements are met by that stack. `make test`, and so .ci/run, runs this file."""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from email.parser import Parser
 from pathlib import Path
@@ -39,22 +46,37 @@ def dist(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def installed(dist, tmp_path_factory) -> dict:
-    """The wheel installed into its own folder; the environment and working directory that reach it and not the
-    checkout."""
-    site = tmp_path_factory.mktemp("site")
+    """A fresh virtual environment outside the checkout with the wheel installed by pip (no index, no dependencies
+    fetched: the stack comes through a .pth file, see the module docstring); the environment and working directory
+    that reach it and not the checkout."""
+    venv = tmp_path_factory.mktemp("venv")
+    proc = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    python = venv / "bin" / "python"
+    (site,) = venv.glob("lib/python3*/site-packages")
+    stack = Path(sysconfig.get_paths()["purelib"])  # this checkout's .venv: the pinned dependencies
+    (site / "_pinned_stack.pth").write_text(f"{stack}\n")
     (wheel,) = dist.glob("*.whl")
-    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target", str(site)]
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", "--no-index"]
     proc = subprocess.run([*pip, str(wheel)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     elsewhere = tmp_path_factory.mktemp("elsewhere")
-    env = dict(os.environ, PYTHONPATH=str(site), XDG_CACHE_HOME=str(elsewhere / "cache"))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env = dict(env, PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", XDG_CACHE_HOME=str(elsewhere / "cache"))
     env = cpu_only_env(dict(env, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
-    return {"site": site, "cwd": elsewhere, "env": env, "script": site / "bin" / "hf-dist-recipes"}
+    return {
+        "venv": venv,
+        "python": python,
+        "site": site,
+        "cwd": elsewhere,
+        "env": env,
+        "script": venv / "bin" / "hf-dist-recipes",
+    }
 
 
 def _run(installed, *argv, timeout=120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(installed["script"]), *argv],
+        [str(installed["script"]), *argv],
         cwd=installed["cwd"],
         env=installed["env"],
         capture_output=True,
@@ -80,8 +102,10 @@ def test_twine_check_passes_and_the_metadata_says_what_a_user_needs(dist):
 
 
 def test_the_installed_package_is_imported_not_the_checkout(installed):
+    # The command is the environment's own: its first line runs the new environment's python.
+    assert installed["script"].read_text().splitlines()[0] == f"#!{installed['python']}"
     proc = subprocess.run(
-        [sys.executable, "-c", "import hf_dist_recipes; print(hf_dist_recipes.__file__)"],
+        [str(installed["python"]), "-c", "import hf_dist_recipes; print(hf_dist_recipes.__file__)"],
         cwd=installed["cwd"],
         env=installed["env"],
         capture_output=True,
@@ -135,3 +159,19 @@ def test_demo_runs_from_another_directory(installed):
     assert Path(result["plan"]["config_file"]).is_relative_to(installed["cwd"] / "cache")
     assert result["plan"]["settings"]["output_dir"] == str(out)
     assert result["summary"]["steps"] == 4 and result["summary"]["ranks"] == 2
+
+
+def test_the_wheels_requirements_are_met_by_the_pinned_stack(installed):
+    """pip's own check, in the new environment: every requirement of the installed wheel (and of the stack it sees)
+    is installed at a version its range allows."""
+    pip = [sys.executable, "-m", "pip", "--python", str(installed["python"]), "check"]
+    proc = subprocess.run(pip, cwd=installed["cwd"], env=installed["env"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    listed = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(installed["python"]), "show", "-f", "hf-dist-recipes"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    location = next(line for line in listed.stdout.splitlines() if line.startswith("Location:"))
+    assert location == f"Location: {installed['site']}", listed.stdout  # the wheel, not the editable checkout
