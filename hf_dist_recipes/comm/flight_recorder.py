@@ -11,6 +11,12 @@ where NCCL's own dump on timeout also lands, `comm.nccl_defaults`):
 - `stack_rank_<N>.txt`: the same stacks as text for people, faulthandler's layout (most recent call first).
 Each file is written to a temporary name and renamed, so a reader never sees half a file.
 
+A rank that Gloo itself aborts writes none of them: a collective whose peer sent more bytes than it expects (the
+same op with other shapes; a skipped collective whose neighbour is larger) ends the process with SIGABRT from a
+Gloo thread ("op.preamble.length <= op.nbytes ... Is there a distributed collective mismatch in your code?"), where
+no Python runs. `FatalStacks` keeps `fatal_rank_<N>.txt` open for `faulthandler`, which writes every thread's
+Python stack into it on SIGABRT, SIGSEGV, SIGFPE, SIGBUS or SIGILL; the file is removed when it stayed empty.
+
 Who calls it (`comm.watchdog.HangWatchdogCallback`): every surviving rank when the heartbeat names a lost rank
 (before the process ends with exit code 3), a rank whose collective failed or timed out (from `RecipeTrainer.train`;
 the main thread's stack is then the failed call's, from the exception), and any rank sent `DUMP_SIGNAL` (SIGUSR1;
@@ -22,6 +28,8 @@ No torch.distributed or transformers import at module level: the offline reader 
 
 from __future__ import annotations
 
+import atexit
+import faulthandler
 import json
 import linecache
 import os
@@ -37,6 +45,7 @@ from pathlib import Path
 FLIGHT_RECORDER_DIR = "flight_recorder"
 FLIGHT_RECORDER_PREFIX = "rank_"  # torch's dump (ours and NCCL's own) is <prefix><global rank>
 STACK_PREFIX = "stack_rank_"
+FATAL_PREFIX = "fatal_rank_"  # faulthandler's text of a rank that died of a fatal signal (FatalStacks)
 REASONS = ("lost_peer", "timeout", "signal")
 # SIGUSR1: neither torchrun (its agent handles SIGTERM, SIGINT, SIGHUP, SIGQUIT unless --signals-to-handle says
 # otherwise), accelerate, DeepSpeed nor transformers installs a handler for it (read in their sources, the versions in
@@ -192,13 +201,27 @@ class SignalDump:
     is blocked in a collective: the signal's C-level handler writes its number to the wakeup fd
     (`signal.set_wakeup_fd`), which a daemon thread reads. The Python-level handler only chains to the handler that
     was installed before, if any. Where another wakeup fd is already set (an asyncio loop), that one is kept and
-    the dump runs in the Python-level handler instead (when the main thread next runs Python). Install from the main
-    thread; `close()` restores what was there."""
+    the dump runs in the Python-level handler instead (when the main thread next runs Python).
 
-    def __init__(self, output_dir: str | os.PathLike, signum: int = DUMP_SIGNAL, describe=lambda: ""):
+    With `on_terminate` (an `AutomaticDump`) and SIGTERM at its default action, SIGTERM first writes this rank's
+    state through it (unless a failure already did), then ends the process as before: torchrun ends the other ranks
+    with SIGTERM as soon as one fails, which would otherwise kill a rank that is still waiting out its own timeout
+    before it could say where it waits. Install from the main thread; `close()` restores what was there."""
+
+    def __init__(
+        self,
+        output_dir: str | os.PathLike,
+        signum: int = DUMP_SIGNAL,
+        describe=lambda: "",
+        on_terminate: AutomaticDump | None = None,
+    ):
         self.output_dir, self.signum, self.describe = output_dir, signum, describe
         self.dumps: list[Path] = []
-        self._previous = signal.signal(signum, self._handler)
+        self._previous = {signum: signal.signal(signum, self._handler)}
+        self._on_terminate = None
+        if on_terminate is not None and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            self._on_terminate = on_terminate
+            self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handler)
         self._reader, self._writer = socket.socketpair()
         self._writer.setblocking(False)
         old_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
@@ -208,20 +231,37 @@ class SignalDump:
         self._thread = threading.Thread(target=self._run, name="hf_dist_recipes-dump-on-signal", daemon=True)
         self._thread.start()
 
+    def _message(self, signum: int) -> str:
+        return f"{signal.Signals(signum).name} received by pid {os.getpid()}{self.describe()}"
+
     def _dump(self) -> None:
-        name = signal.Signals(self.signum).name
-        message = f"{name} received by pid {os.getpid()}{self.describe()}"
+        message = self._message(self.signum)
         try:
             self.dumps.append(dump_rank_state(self.output_dir, "signal", message))
             print(f"[hf_dist_recipes] {message}: state written to {self.dumps[-1].parent}", file=sys.stderr, flush=True)
         except Exception as err:
             print(f"[hf_dist_recipes] could not write the dump: {err}", file=sys.stderr, flush=True)
 
+    def _terminate(self) -> None:
+        message = self._message(signal.SIGTERM) + " (the launcher ends this rank: another rank failed, or the job)"
+        self._on_terminate("signal", message)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        # Only the main thread may restore the default action: end as a shell reports a SIGTERM death (128 + 15),
+        # without Python's cleanup, as the default action would.
+        os._exit(128 + signal.SIGTERM)
+
     def _handler(self, signum, frame):
+        if signum == signal.SIGTERM:
+            if not self._in_thread:  # else the thread writes and ends the process; the main thread goes on meanwhile
+                self._terminate()
+            return
         if not self._in_thread:
             self._dump()
-        if callable(self._previous):
-            self._previous(signum, frame)
+        previous = self._previous.get(signum)
+        if callable(previous):
+            previous(signum, frame)
 
     def _run(self) -> None:
         while True:
@@ -231,6 +271,8 @@ class SignalDump:
                 return
             if not data:
                 return
+            if self._in_thread and self._on_terminate is not None and signal.SIGTERM in data:
+                self._terminate()
             if self._in_thread and self.signum in data:
                 self._dump()
 
@@ -239,7 +281,37 @@ class SignalDump:
             current = signal.set_wakeup_fd(-1)
             if current != self._writer.fileno():  # someone replaced ours since: keep theirs
                 signal.set_wakeup_fd(current)
-        signal.signal(self.signum, self._previous if self._previous is not None else signal.SIG_DFL)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
         self._writer.close()  # the thread's recv then returns b"" and it ends
         self._thread.join(timeout=5)
         self._reader.close()
+
+
+class FatalStacks:
+    """While open, a fatal signal (Gloo's abort on a collective mismatch, a segfault) writes every thread's Python
+    stack into `<output_dir>/flight_recorder/fatal_rank_<rank>.txt` (`faulthandler`). Left alone when faulthandler
+    is already on (`python -X faulthandler`, PYTHONFAULTHANDLER: its stderr output is the user's choice).
+    `close()` (also at exit) turns it off and removes the file if nothing was written."""
+
+    def __init__(self, output_dir: str | os.PathLike, rank: int):
+        self.path: Path | None = None
+        self._file = None
+        if faulthandler.is_enabled():
+            return
+        directory = flight_recorder_dir(output_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / f"{FATAL_PREFIX}{rank}.txt"
+        self._file = open(self.path, "w")  # noqa: SIM115 -- faulthandler writes to it until close()
+        faulthandler.enable(self._file, all_threads=True)
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        if self._file is None:
+            return
+        faulthandler.disable()
+        self._file.close()
+        self._file = None
+        atexit.unregister(self.close)
+        if self.path is not None and self.path.exists() and self.path.stat().st_size == 0:
+            self.path.unlink()

@@ -27,7 +27,8 @@ while the main thread writes, so the peer bound needs nothing.
 What each rank was doing: before a rank ends for a lost peer, and when a collective of `train()` fails or times out,
 it writes its flight recorder and its threads' stacks into `<output_dir>/flight_recorder/`
 (`comm.flight_recorder.dump_rank_state`; once per process, the first failure's); SIGUSR1 sent to a rank's process
-does the same on demand while training runs. Both messages name `hf-dist-recipes logs hang <output_dir>`, which
+does the same on demand while training runs, and a rank that Gloo aborts (a collective mismatch) leaves its stacks
+in `fatal_rank_<N>.txt` there (`FatalStacks`). Both messages name `hf-dist-recipes logs hang <output_dir>`, which
 reads every rank's dump and names the collective where the ranks part, the rank that never arrived and each rank's
 line of code.
 """
@@ -47,7 +48,7 @@ from dataclasses import asdict, dataclass
 from transformers import TrainerCallback
 
 from hf_dist_recipes import _compat
-from hf_dist_recipes.comm.flight_recorder import AutomaticDump, SignalDump, flight_recorder_dir
+from hf_dist_recipes.comm.flight_recorder import AutomaticDump, FatalStacks, SignalDump, flight_recorder_dir
 
 logger = logging.getLogger(__name__)
 
@@ -316,6 +317,7 @@ class HangWatchdogCallback(TrainerCallback):
         self.output_dir: str | None = None
         self.dump: AutomaticDump | None = None  # set while a multi-rank train() runs
         self.signal_dump: SignalDump | None = None
+        self.fatal_stacks: FatalStacks | None = None
         self.step = 0
 
     def current_timeout(self) -> float:
@@ -347,9 +349,13 @@ class HangWatchdogCallback(TrainerCallback):
             return
         self.output_dir, self.step = args.output_dir, state.global_step
         self.dump = AutomaticDump(args.output_dir)
+        if self.fatal_stacks is None:
+            self.fatal_stacks = FatalStacks(args.output_dir, dist.get_rank())
         if self.signal_dump is None and threading.current_thread() is threading.main_thread():
             rank = dist.get_rank()
-            self.signal_dump = SignalDump(args.output_dir, describe=lambda: f" (rank {rank}, step {self.step})")
+            self.signal_dump = SignalDump(
+                args.output_dir, describe=lambda: f" (rank {rank}, step {self.step})", on_terminate=self.dump
+            )
         if self.peer_timeout and self.watchdog is None:
             self.watchdog = HeartbeatWatchdog(
                 _compat.default_store(),
@@ -366,6 +372,8 @@ class HangWatchdogCallback(TrainerCallback):
         """The heartbeat named a lost peer: write this rank's state, then end the process (`_end_process`)."""
         if self.dump is not None:
             self.dump("lost_peer", message)
+        if self.fatal_stacks is not None:
+            self.fatal_stacks.close()  # os._exit skips atexit: remove the unused file now
         _end_process(message)
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -423,6 +431,9 @@ class HangWatchdogCallback(TrainerCallback):
         if self.signal_dump is not None:
             self.signal_dump.close()
             self.signal_dump = None
+        if self.fatal_stacks is not None:
+            self.fatal_stacks.close()
+            self.fatal_stacks = None
         self.dump = None
         if self.step_timeout_set:
             _compat.set_collective_timeout(self.startup_timeout)

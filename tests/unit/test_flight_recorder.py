@@ -130,3 +130,55 @@ def test_sigusr1_dumps_while_the_main_thread_is_blocked_in_c(tmp_path):
         dump.close()
     assert signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None)
     assert signal.set_wakeup_fd(-1) == -1  # ours was removed
+
+
+def test_a_rank_gloo_aborts_leaves_its_stacks_and_a_healthy_one_no_file(tmp_path):
+    """Gloo ends a rank with SIGABRT on a collective size mismatch: no Python runs then, faulthandler writes."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, sys\n"
+        "from hf_dist_recipes.comm.flight_recorder import FatalStacks\n"
+        "def collective_here():\n"
+        "    os.abort()\n"
+        "fatal = FatalStacks(sys.argv[1], 5)\n"
+        "if sys.argv[2] == 'abort':\n"
+        "    collective_here()\n"
+        "fatal.close()\n"
+    )
+    aborted = subprocess.run([sys.executable, "-c", script, str(tmp_path / "a"), "abort"], capture_output=True)
+    assert aborted.returncode == -signal.SIGABRT
+    text = (tmp_path / "a" / FLIGHT_RECORDER_DIR / "fatal_rank_5.txt").read_text()
+    assert "Fatal Python error: Aborted" in text and "line 4 in collective_here" in text
+    healthy = subprocess.run([sys.executable, "-c", script, str(tmp_path / "h"), "no"], capture_output=True)
+    assert healthy.returncode == 0, healthy.stderr
+    assert list((tmp_path / "h" / FLIGHT_RECORDER_DIR).iterdir()) == []
+
+
+def test_sigterm_writes_the_state_first_then_ends_the_process(tmp_path):
+    """torchrun ends the other ranks with SIGTERM when one fails: a rank still waiting (in C: a sleep here) writes
+    where it waits, then dies of SIGTERM as before."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, time\n"
+        "from hf_dist_recipes.comm.flight_recorder import AutomaticDump, SignalDump\n"
+        "dump = SignalDump(sys.argv[1], on_terminate=AutomaticDump(sys.argv[1]))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(120)  # waiting\n"
+    )
+    (tmp_path / "waiting.py").write_text(script)  # a file, so that the stack shows its source lines
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "waiting.py"), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, RANK="1"),
+    )
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM  # from the reading thread, which cannot re-raise it
+    record = json.loads((tmp_path / FLIGHT_RECORDER_DIR / "stack_rank_1.json").read_text())
+    assert record["reason"] == "signal" and "SIGTERM" in record["message"]
+    assert next(t for t in record["threads"] if t["is_main"])["frames"][-1]["code"].endswith("# waiting")
