@@ -3,7 +3,7 @@
 Data first: a `LaunchScript` holds what the script decides (nodes, processes and GPUs per node, the accelerate
 YAML, the rendezvous port, the log folder, the exported environment); `render` writes it as an `sbatch` script and
 `parse` reads one back, so that `config validate` checks a script, edited or not, against the plan its YAML holds
-(`check_launch_script`).
+(`launch_script_check`).
 
 Both forms are sbatch scripts with one task per node (`--ntasks-per-node=1`: the launcher on each node starts that
 node's processes) and the rendezvous on the allocation's first node (`scontrol show hostnames`). `slurm` runs
@@ -26,11 +26,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from hf_dist_recipes.comm.nccl_defaults import NCCL_ENV_DEFAULTS
-from hf_dist_recipes.core.findings import ERROR, WARNING, Finding
-from hf_dist_recipes.core.jsonfile import read_text_file
 from hf_dist_recipes.core.user_values import writable_dir
-from hf_dist_recipes.parallel.accelerate_config import DEFAULT_PORT
-from hf_dist_recipes.parallel.launch_config import load_launch_config
 from hf_dist_recipes.parallel.plan import ParallelPlan
 
 Launcher = Literal["slurm", "torchrun"]
@@ -156,7 +152,7 @@ class LaunchScript:
         """The LaunchScript a script's text describes: its #SBATCH options, plan variables and exports. ValueError
         naming `name` when a plan variable is missing (not a script `config generate --launcher` wrote)."""
         options = sbatch_options(text)
-        values = _assignments(text)
+        values = assignments(text)
         missing = [v for v in PLAN_VARIABLES if v not in values]
         if missing:
             raise ValueError(
@@ -174,7 +170,7 @@ class LaunchScript:
             job_name=options.get("job-name", ""),
             nodes=ints["NUM_MACHINES"],
             procs_per_node=ints["PROCS_PER_NODE"],
-            gpus_per_node=_count(options.get("gpus-per-node", "0")),
+            gpus_per_node=gpu_count(options.get("gpus-per-node", "0")),
             config_file=values["CONFIG_FILE"],
             main_process_port=ints["MAIN_PROCESS_PORT"],
             log_dir=values["LOG_DIR"],
@@ -206,7 +202,7 @@ def sbatch_options(text: str) -> dict[str, str]:
     return options
 
 
-def _assignments(text: str) -> dict[str, str]:
+def assignments(text: str) -> dict[str, str]:
     """NAME=value lines at the start of a line (the plan variables), the value unquoted as the shell would."""
     found = {}
     for key, raw in re.findall(r"^([A-Z_][A-Z0-9_]*)=(.*)$", text, flags=re.M):
@@ -218,7 +214,7 @@ def _assignments(text: str) -> dict[str, str]:
     return found
 
 
-def _count(value: str) -> int:
+def gpu_count(value: str) -> int:
     """GPUs of a --gpus-per-node value: "8" or "h100:8"; 0 when not a count."""
     tail = value.rpartition(":")[2]
     return int(tail) if tail.isdigit() else 0
@@ -360,108 +356,3 @@ def write_launch_script(script: LaunchScript, output: str | Path) -> Path:
     path.write_text(script.render(path))
     path.chmod(0o755)
     return path
-
-
-def check_launch_script(path: str | Path) -> list[Finding]:
-    """Findings for a launch script against the plan of the accelerate YAML it names (CONFIG_FILE): nodes,
-    processes and GPUs per node, tasks per node, the port, the machine rank's source, the torchrun form's DeepSpeed
-    JSON, the log folder. Each finding's `fix` says what to change. ValueError when the script cannot be read."""
-    p = Path(path)
-    text = read_text_file(p, "launch script", "pass a script written by config generate --launcher")
-    script = LaunchScript.parse(text, str(p))
-    out: list[Finding] = []
-
-    def add(status, detail, fix):
-        out.append(Finding(str(p), status, detail, fix))
-
-    options = sbatch_options(text)
-    regenerate = "or regenerate the files with hf-dist-recipes config generate ... --launcher " + script.launcher
-    try:
-        cfg = load_launch_config(script.config_file)
-    except ValueError as err:
-        add(ERROR, f"CONFIG_FILE: {err}", f"set CONFIG_FILE= to the plan's accelerate YAML, {regenerate}")
-        return out
-    name = Path(script.config_file).name
-    per_node, rest = divmod(cfg.num_processes, cfg.num_machines)
-    if script.nodes != cfg.num_machines:
-        add(
-            ERROR,
-            f"NUM_MACHINES={script.nodes} but {name} has num_machines {cfg.num_machines}",
-            f"set NUM_MACHINES={cfg.num_machines}, {regenerate}",
-        )
-    if options.get("nodes") != str(cfg.num_machines):
-        add(
-            ERROR,
-            f"#SBATCH --nodes={options.get('nodes')} but {name} has num_machines {cfg.num_machines}",
-            f"set #SBATCH --nodes={cfg.num_machines}",
-        )
-    if options.get("ntasks-per-node") != "1":
-        add(
-            ERROR,
-            f"#SBATCH --ntasks-per-node={options.get('ntasks-per-node')}: each node runs one launcher, "
-            "which starts that node's processes",
-            "set #SBATCH --ntasks-per-node=1",
-        )
-    if rest == 0 and script.procs_per_node != per_node:
-        add(
-            ERROR,
-            f"PROCS_PER_NODE={script.procs_per_node} but {name} has {cfg.num_processes} processes on "
-            f"{cfg.num_machines} machine(s), {per_node} per node",
-            f"set PROCS_PER_NODE={per_node}, {regenerate}",
-        )
-    values = _assignments(text)
-    if values.get("NUM_PROCESSES") != str(cfg.num_processes):
-        add(
-            ERROR,
-            f"NUM_PROCESSES={values.get('NUM_PROCESSES')} but {name} has num_processes {cfg.num_processes} "
-            "(all machines)",
-            f"set NUM_PROCESSES={cfg.num_processes}",
-        )
-    gpus = _count(options.get("gpus-per-node", "0"))
-    if not cfg.use_cpu and gpus != per_node:
-        add(
-            ERROR,
-            f"#SBATCH --gpus-per-node={options.get('gpus-per-node', '(none)')} but the plan runs {per_node} "
-            "GPU process(es) per node",
-            f"set #SBATCH --gpus-per-node={per_node}",
-        )
-    elif cfg.use_cpu and gpus:
-        add(
-            WARNING,
-            f"#SBATCH --gpus-per-node={gpus} for a CPU plan (use_cpu in {name}): GPUs held and unused",
-            "remove the #SBATCH --gpus-per-node line",
-        )
-    yaml_port = cfg.raw.get("main_process_port", DEFAULT_PORT)
-    if not 0 < script.main_process_port < 65536:
-        add(ERROR, f"MAIN_PROCESS_PORT={script.main_process_port} is no TCP port", "set a port in 1-65535, e.g. 29500")
-    elif script.main_process_port != yaml_port:
-        add(
-            WARNING,
-            f"MAIN_PROCESS_PORT={script.main_process_port} but {name} has main_process_port {yaml_port}; "
-            "the script's wins at launch",
-            f"make them equal: set MAIN_PROCESS_PORT={yaml_port}, {regenerate}",
-        )
-    # With one task per node SLURM_PROCID equals SLURM_NODEID; either numbers the machines.
-    if script.launcher == "slurm" and not re.search(r'--machine_rank "?\$\{?SLURM_(NODEID|PROCID)\b', text):
-        add(
-            ERROR,
-            "accelerate launch takes no --machine_rank from the scheduler ($SLURM_NODEID): every node would start "
-            "as machine 0",
-            'pass --machine_rank "$SLURM_NODEID" in the srun command',
-        )
-    if script.launcher == "torchrun" and script.deepspeed_file != (
-        str(cfg.deepspeed_file) if cfg.deepspeed_file else None
-    ):
-        add(
-            ERROR,
-            f"ACCELERATE_DEEPSPEED_CONFIG_FILE={script.deepspeed_file} but {name} names {cfg.deepspeed_file}",
-            f"export ACCELERATE_DEEPSPEED_CONFIG_FILE={cfg.deepspeed_file}",
-        )
-    if not Path(script.log_dir).is_dir():
-        add(
-            WARNING,
-            f"LOG_DIR {script.log_dir} does not exist; Slurm does not create the folder of --output and the "
-            "job fails at once",
-            f"mkdir -p {script.log_dir}",
-        )
-    return out

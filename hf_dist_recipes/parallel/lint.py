@@ -17,7 +17,8 @@ from hf_dist_recipes.parallel.batch import tensor_parallel_size
 from hf_dist_recipes.parallel.initialize_rules import initialize_refusals
 from hf_dist_recipes.parallel.launch_config import LaunchConfig, check_launch_config, load_launch_config
 from hf_dist_recipes.parallel.launch_plan import is_loopback, plan_of_launch
-from hf_dist_recipes.parallel.launch_scripts import SCRIPT_SUFFIX, LaunchScript, check_launch_script
+from hf_dist_recipes.parallel.launch_script_check import check_launch_script
+from hf_dist_recipes.parallel.launch_scripts import SCRIPT_SUFFIX, LaunchScript
 
 # accelerate 1.16 (utils/dataclasses.py, DeepSpeedPlugin) refuses these YAML keys beside a deepspeed_config_file.
 IGNORED_WITH_DS_FILE = (

@@ -1,6 +1,6 @@
-"""Launch scripts (`parallel/launch_scripts.py`): what a rendered script holds, read back by `parse`, and every
-`config validate` finding on a script that drifted from its plan, with the fix it names. No process is launched
-(tests/distributed/test_launch_scripts.py runs the scripts as a two-node job)."""
+"""Launch scripts (`parallel/launch_scripts.py`, `parallel/launch_script_check.py`): what a rendered script holds,
+read back by `parse`, and every `config validate` finding on a script that drifted from its plan, with the fix it
+names. No training is launched (tests/distributed/test_launch_scripts.py runs the scripts as a two-node job)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,8 @@ import pytest
 
 from hf_dist_recipes.cli.main import main as cli
 from hf_dist_recipes.comm.nccl_defaults import NCCL_ENV_DEFAULTS
-from hf_dist_recipes.parallel.launch_scripts import (
-    LaunchScript,
-    check_launch_script,
-    launch_script,
-    sbatch_options,
-)
+from hf_dist_recipes.parallel.launch_script_check import check_launch_script
+from hf_dist_recipes.parallel.launch_scripts import LaunchScript, launch_script, sbatch_options
 from hf_dist_recipes.parallel.plan import ParallelPlan
 
 GPU_PLAN = ParallelPlan(nodes=2, procs_per_node=8)
