@@ -142,6 +142,15 @@ def _code(frame: dict | None, pad: str) -> list[str]:
     return [f"{pad}{frame['code']}"] if frame and frame.get("code") else []
 
 
+def _frames(frame: dict | None, user: dict | None, head: str, user_head: str) -> list[str]:
+    """`frame` (the innermost line that is not torch's) with its code, then the user's own frame when it differs."""
+    pad = " " * (len(head) - len(head.lstrip()) + 2)
+    lines = [f"{head}{_at(frame or user)}", *_code(frame or user, pad)]
+    if frame and user and user != frame:
+        lines += [f"{user_head}{_at(user)}", *_code(user, pad)]
+    return lines
+
+
 def _call_line(call: dict) -> str:
     return f"{call['op']} #{call['seq']} of group {call['group']} in={call['input_sizes']} out={call['output_sizes']}"
 
@@ -156,12 +165,23 @@ def render_hang(data: dict) -> str:
     if first:
         lines.append(f"first divergence: collective #{first['seq']} of group {first['group']} ({first['kind']})")
         for call in first["calls"]:
-            frame = call["user_frame"] or call["call_site"]
             lines.append(f"  rank {call['rank']}: {_call_line(call)}")
-            lines.append(f"      called at {_at(frame)}")
-            lines += _code(frame, "        ")
+            lines += _frames(call["call_site"], call["user_frame"], "      called at ", "      from your code ")
+        last = {r["rank"]: r["last_call"] for r in data["ranks"]}
         for rank in first["not_arrived"]:
-            lines.append(f"  rank {rank}: never arrived")
+            call = last.get(rank)
+            state = next(r for r in data["ranks"] if r["rank"] == rank)
+            if call is None and state["reason"] == "fatal_signal":
+                frame = state["user_frame"] or state["stack_top"]
+                lines.append(f"  rank {rank}: died ({state['message']}) at {_at(frame)}")
+                lines += _code(frame, "        ")
+            elif call is None:
+                lines.append(f"  rank {rank}: never arrived (no flight-recorder dump)")
+            else:
+                frame = call["call_site"] or call["user_frame"]
+                lines.append(
+                    f"  rank {rank}: never arrived; its last collective: #{call['seq']} {call['op']} at {_at(frame)}"
+                )
         if first["detail"]:
             lines.append(f"  {first['detail']}")
         if first["waited_s"] is not None:
@@ -173,21 +193,17 @@ def render_hang(data: dict) -> str:
         if not r["has_recorder"] and not r["has_stack"]:
             lines.append(f"  rank {r['rank']}: wrote nothing (lost, killed or frozen before it could dump)")
             continue
-        when = time.strftime("%H:%M:%S", time.localtime(r["time"])) if r["time"] else "?"
+        when = time.strftime(" at %H:%M:%S", time.localtime(r["time"])) if r["time"] else ""
         head = f"  rank {r['rank']}" + (f" on {r['host']}" if r["host"] else "")
-        lines.append(
-            f"{head}: {r['reason'] or 'no stack file'} at {when}" + (f": {r['message']}" if r["message"] else "")
-        )
+        said = f": {r['message']}" if r["message"] else ""
+        lines.append(f"{head}: {r['reason'] or 'no stack file'}{when}{said}")
         if r["last_call"]:
-            frame = r["last_call"]["user_frame"] or r["last_call"]["call_site"]
+            frame = r["last_call"]["call_site"] or r["last_call"]["user_frame"]
             lines.append(f"    last collective: {_call_line(r['last_call'])} at {_at(frame)}")
         elif not r["has_recorder"]:
             lines.append("    no flight-recorder dump")
         if r["stack_top"]:
-            lines.append(f"    stack top ({r['thread'] or 'main'} thread): {_at(r['stack_top'])}")
-            lines += _code(r["stack_top"], "      ")
-            if r["user_frame"] and r["user_frame"] != r["stack_top"]:
-                lines.append(f"    your code: {_at(r['user_frame'])}")
-                lines += _code(r["user_frame"], "      ")
+            top = f"    stack top ({r['thread'] or 'main'} thread): "
+            lines += _frames(r["stack_top"], r["user_frame"], top, "    your code: ")
     lines += [f"note: {n}" for n in data["notes"]]
     return "\n".join(lines)

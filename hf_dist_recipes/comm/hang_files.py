@@ -3,8 +3,10 @@
 `find_dump_dir(path)`: the `flight_recorder/` folder of a job given its output directory, its logging directory
 (`<output_dir>/runs/<run>`: the folder is looked for in up to `ANCESTORS` parents too) or the folder itself.
 `read_rank_files(directory)`: {rank: RankFiles} from `rank_<N>` (torch's pickle, read with `pickle` alone: plain
-dicts, lists and tuples, no torch needed) and `stack_rank_<N>.json` (the stacks `comm.flight_recorder` writes,
-innermost frame last). A rank may have either, both or neither (a lost or frozen rank writes nothing).
+dicts, lists and tuples, no torch needed), `stack_rank_<N>.json` (the stacks `comm.flight_recorder` writes,
+innermost frame last) and `fatal_rank_<N>.txt` (faulthandler's text of a rank that died of a fatal signal, such as
+Gloo's abort on a collective mismatch; an empty one is ignored). A rank may have any of them or none (a lost or
+frozen rank writes nothing).
 
 The frame rule (`frame_kind`, `top_frame`), by path only, since the dumps may be read on another machine: a frame is
 "torch" (torch's package), "stdlib" (under `lib/pythonX.Y/` outside site-packages, or `<frozen ...>` / `<string>`),
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from hf_dist_recipes.comm.flight_recorder import FLIGHT_RECORDER_DIR, FLIGHT_RECORDER_PREFIX, STACK_PREFIX
+from hf_dist_recipes.comm.flight_recorder import FATAL_PREFIX, FLIGHT_RECORDER_DIR, FLIGHT_RECORDER_PREFIX, STACK_PREFIX
 
 ANCESTORS = 3  # <output_dir>/runs/<run>/rank<N> is three levels under the output directory
 FrameKind = Literal["torch", "stdlib", "dumper", "library", "user"]
@@ -33,6 +35,9 @@ _STDLIB = re.compile(r"[/\\]lib[/\\]python\d+(?:\.\d+)?[/\\]")
 _DUMPERS = ("hf_dist_recipes/comm/flight_recorder.py", "hf_dist_recipes/comm/watchdog.py")
 _RANK_FILE = re.compile(rf"^{FLIGHT_RECORDER_PREFIX}(\d+)$")
 _STACK_FILE = re.compile(rf"^{STACK_PREFIX}(\d+)\.json$")
+_FATAL_FILE = re.compile(rf"^{FATAL_PREFIX}(\d+)\.txt$")
+_FAULT_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)", re.MULTILINE)
+_FAULT_FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
 
 
 @dataclass(frozen=True)
@@ -50,14 +55,25 @@ class Frame:
         return f"{self.file}:{self.line} in {self.function}"
 
 
+@dataclass(frozen=True)
+class FatalStack:
+    """A rank that died of a fatal signal: faulthandler's first line (`error`, "Fatal Python error: Aborted"), the
+    thread read (its id; faulthandler lists the main thread last) and its frames, innermost first."""
+
+    error: str
+    thread: str
+    frames: list[Frame]
+
+
 @dataclass
 class RankFiles:
-    """What one rank wrote: `dump` (torch's flight-recorder dict, None without a `rank_<N>` file) and `stack` (the
-    parsed `stack_rank_<N>.json`, None without one)."""
+    """What one rank wrote: `dump` (torch's flight-recorder dict, None without a `rank_<N>` file), `stack` (the
+    parsed `stack_rank_<N>.json`, None without one) and `fatal` (a non-empty `fatal_rank_<N>.txt`, else None)."""
 
     rank: int
     dump: dict | None = None
     stack: dict | None = None
+    fatal: FatalStack | None = None
 
 
 def frame_kind(file: str) -> FrameKind:
@@ -112,6 +128,18 @@ def _has_dumps(directory: Path) -> bool:
     return any(_RANK_FILE.match(p.name) or _STACK_FILE.match(p.name) for p in directory.iterdir())
 
 
+def parse_fatal(text: str) -> FatalStack | None:
+    """faulthandler's output (module docstring) -> its last thread's frames; None when it holds no frame."""
+    error = text.strip().splitlines()[0] if text.strip() else ""
+    starts = list(_FAULT_THREAD.finditer(text))
+    for m in reversed(starts):  # the main thread is listed last; a block may hold no Python frame
+        block = text[m.end() :].split("\n\n", 1)[0]
+        frames = [make_frame(f[1], int(f[2]), f[3]) for f in map(_FAULT_FRAME.match, block.splitlines()) if f]
+        if frames:
+            return FatalStack(error, m.group(1), frames)
+    return None
+
+
 def read_rank_files(directory: Path) -> dict[int, RankFiles]:
     """{rank: RankFiles} for every rank with a file in `directory`, by rank. ValueError naming a file that cannot be
     read (truncated, not torch's pickle, not JSON)."""
@@ -123,6 +151,8 @@ def read_rank_files(directory: Path) -> dict[int, RankFiles]:
         elif m := _STACK_FILE.match(p.name):
             rank = int(m.group(1))
             ranks.setdefault(rank, RankFiles(rank)).stack = _read_stack(p)
+        elif (m := _FATAL_FILE.match(p.name)) and (fatal := parse_fatal(p.read_text(errors="replace"))):
+            ranks.setdefault(int(m.group(1)), RankFiles(int(m.group(1)))).fatal = fatal
     return dict(sorted(ranks.items()))
 
 

@@ -46,6 +46,7 @@ from hf_dist_recipes.core.findings import ERROR, HANG_EXIT, OK, ExitCode, Status
 
 DivergenceKind = Literal["not_arrived", "op_mismatch", "shape_mismatch", "dtype_mismatch", "state_mismatch", "mismatch"]
 DEFAULT_GROUP_DESC = "default_pg"
+FATAL_REASON = "fatal_signal"  # a rank's reason when only faulthandler's text of its death is there
 # torch's MatchState names -> ours
 _KINDS: dict[str, DivergenceKind] = {
     "COLLECTIVE_TYPE_MISMATCH": "op_mismatch",
@@ -220,16 +221,20 @@ def _groups(files: dict[int, RankFiles], world: int) -> dict[str, tuple[str, lis
 
 def _rank_state(rank: int, f: RankFiles | None, labels: dict[str, str]) -> RankState:
     stack = (f.stack if f else None) or {}
+    fatal = f.fatal if f else None
     entries = ((f.dump if f else None) or {}).get("entries", [])
     thread, frames = thread_frames(stack) if stack else ("", [])
+    reason, message = str(stack.get("reason", "")), str(stack.get("message", ""))
+    if fatal and not stack:  # died of a fatal signal (Gloo's abort on a mismatch): faulthandler's stack instead
+        thread, frames, reason, message = f"thread {fatal.thread}", fatal.frames, FATAL_REASON, fatal.error
     return RankState(
         rank=rank,
         host=str(stack.get("host", "")),
-        reason=str(stack.get("reason", "")),
-        message=str(stack.get("message", "")),
+        reason=reason,
+        message=message,
         time=stack.get("time"),
         has_recorder=bool(f and f.dump is not None),
-        has_stack=bool(stack),
+        has_stack=bool(stack or fatal),
         recorded=len(entries),
         last_call=_call(rank, entries[-1], labels) if entries else None,
         thread=thread,
@@ -330,7 +335,15 @@ def diagnose(path: str | Path, world_size: int | None = None) -> HangDiagnosis:
         last = max(((r, e[-1]) for r, e in dumped.items() if e), key=lambda x: x[1].get("time_created_ns", 0))
         name, seq = _group_key(last[1]), _seq(last[1])
         if any(r in silent for r in groups[name][1]):
-            detail = f"rank(s) {', '.join(map(str, silent))} wrote no flight-recorder dump (lost, killed or frozen)"
+            dead = [r for r in silent if r in files and files[r].fatal is not None and files[r].stack is None]
+            lost = [r for r in silent if r not in dead]
+            said = [f"{rank_list(lost)} wrote no flight-recorder dump (lost, killed or frozen)"] if lost else []
+            if dead:
+                said.append(
+                    f"{rank_list(dead)} died of a fatal signal ({files[dead[0]].fatal.error}); Gloo aborts a rank "
+                    "that receives more bytes than it expects: a size or op mismatch at this collective"
+                )
+            detail = "; ".join(said)
             divergences.append(_divergence("not_arrived", name, seq, detail, groups, files, labels, dump_times))
     divergences.sort(key=lambda d: min((c.created for c in d.calls), default=0.0))
     states = [_rank_state(r, files.get(r), labels) for r in range(world)]
@@ -383,15 +396,19 @@ def _summary(first: Divergence | None, without: list[int], states: list[RankStat
         return "the ranks' records agree on every collective: no desync in the dumps (see each rank's stack)"
     parts: dict[str, list[int]] = {}
     for c in first.calls:
-        at = where(c.user_frame or c.call_site)
+        at = where(c.call_site or c.user_frame)  # the innermost line that is not torch's: the collective's caller
         parts.setdefault(f"{c.op} {c.input_sizes}" + (f" at {at}" if at else ""), []).append(c.rank)
     last = {s.rank: s.last_call for s in states}
+    by_rank = {s.rank: s for s in states}
     for r in first.not_arrived:
-        call = last.get(r)
-        if call is None:
+        call, state = last.get(r), by_rank.get(r)
+        if call is None and state is not None and state.reason == FATAL_REASON:
+            at = where(state.user_frame or state.stack_top)
+            parts.setdefault(f"died ({state.message})" + (f" at {at}" if at else ""), []).append(r)
+        elif call is None:
             parts.setdefault("no dump (lost, killed or frozen)", []).append(r)
         else:
-            at = where(call.user_frame or call.call_site)
+            at = where(call.call_site or call.user_frame)
             parts.setdefault(f"not arrived (last: {call.op} #{call.seq}" + (f" at {at})" if at else ")"), []).append(r)
     said = "; ".join(f"{rank_list(ranks)}: {what}" for what, ranks in parts.items())
     return f"ranks part at collective #{first.seq} of group {first.group} ({_KIND_WORDS[first.kind]}): {said}"

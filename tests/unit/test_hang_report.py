@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 from hf_dist_recipes import _compat
-from hf_dist_recipes.comm.hang_files import find_dump_dir, frame_kind
+from hf_dist_recipes.comm.hang_files import find_dump_dir, frame_kind, parse_fatal
 from hf_dist_recipes.comm.hang_report import HANG_SCHEMA, diagnose, rank_list
 from tests.support.hang_dumps import WORKER, hang_dumps, marker_line
 
@@ -80,14 +80,19 @@ def test_same_op_different_shapes_is_a_shape_mismatch(dumps):
 
 
 @distributed
-def test_a_size_mismatch_gloo_aborts_names_the_rank_that_wrote_nothing(dumps):
+def test_a_size_mismatch_gloo_aborts_names_the_dead_rank_and_its_line(dumps):
+    """Gloo aborts (SIGABRT) the rank that receives more bytes than it expects: no dump, only faulthandler's text
+    (`fatal_rank_0.txt`, comm.flight_recorder.FatalStacks); the survivor's dump has the sizes."""
     d = diagnose(dumps / "size_abort")
     first = d.first_divergence
-    assert d.ranks_without_files == [0] and first.not_arrived == [0]
+    assert d.ranks_without_files == [] and first.not_arrived == [0]
     assert (first.kind, first.op, first.seq) == ("not_arrived", "all_reduce", 3)
     assert _calls(first)[1].input_sizes == [[6]]
     assert _at(_calls(first)[1].user_frame) == (str(WORKER), marker_line("size_abort"))
-    assert "rank 0: no dump" in d.summary
+    rank0 = d.ranks[0]
+    assert (rank0.reason, rank0.message, rank0.has_recorder) == ("fatal_signal", "Fatal Python error: Aborted", False)
+    assert _at(rank0.stack_top) == (str(WORKER), marker_line("size_abort"))
+    assert "rank 0: died (Fatal Python error: Aborted)" in d.summary and "size or op mismatch" in first.detail
 
 
 @distributed
@@ -100,6 +105,18 @@ def test_a_frozen_rank_is_named_and_the_survivor_waits_at_its_line(dumps):
     assert rank0.reason == "timeout" and _at(rank0.stack_top) == (str(WORKER), marker_line("frozen-r0"))
     assert not d.ranks[1].has_recorder and not d.ranks[1].has_stack
     assert first.waited_s is not None and first.waited_s > 0
+
+
+@distributed
+def test_three_ranks_name_the_odd_one_and_keep_the_sub_group_apart(dumps):
+    d = diagnose(dumps / "three")
+    first = d.first_divergence
+    assert d.world_size == 3 and [x.group for x in d.divergences] == ["0 (default_pg)"]  # the pair agreed
+    assert (first.kind, first.op, first.seq, first.odd_ranks) == ("shape_mismatch", "all_reduce", 3, [2])
+    assert {c.rank: c.input_sizes for c in first.calls} == {0: [[4]], 1: [[4]], 2: [[2, 2]]}
+    assert {_at(c.user_frame) for c in first.calls} == {(str(WORKER), marker_line("three"))}
+    assert [r.last_call.group for r in d.ranks] == ["0 (default_pg)"] * 3
+    assert "ranks 0-1: all_reduce [[4]]" in d.summary and "rank 2: all_reduce [[2, 2]]" in d.summary
 
 
 @distributed
@@ -150,6 +167,21 @@ def test_no_dumps_and_unreadable_files_are_one_value_error(tmp_path):
     with pytest.raises(ValueError, match="rank_0: not a readable flight-recorder dump"):
         diagnose(tmp_path)
     assert find_dump_dir(tmp_path) == tmp_path / "flight_recorder"
+
+
+def test_faulthandler_text_gives_the_main_thread_frames_innermost_first():
+    text = (
+        "Fatal Python error: Aborted\n\nThread 0x00007f01 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/threading.py", line 320 in wait\n\n'
+        "Thread 0x00007f00 (most recent call first):\n"
+        '  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3245 in all_reduce\n'
+        '  File "/home/me/train.py", line 12 in step\n  File "/home/me/train.py", line 40 in <module>\n\n'
+        "Extension modules: torch._C (total: 1)\n"
+    )
+    fatal = parse_fatal(text)
+    assert (fatal.error, fatal.thread) == ("Fatal Python error: Aborted", "0x00007f00")
+    assert [(f.line, f.kind) for f in fatal.frames] == [(3245, "torch"), (12, "user"), (40, "user")]
+    assert parse_fatal("") is None
 
 
 def test_the_frame_rule():

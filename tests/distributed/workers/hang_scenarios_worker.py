@@ -13,7 +13,9 @@ Scenarios (after two matched all_reduces, the "steps" before the bug):
 - size_abort: both all_reduce, rank 0 4 elements, rank 1 6: Gloo aborts rank 0's process ("Received data size
   doesn't match expected size", SIGABRT: it writes nothing), rank 1 fails and dumps;
 - frozen: rank 1 stops itself (SIGSTOP) before the collective; rank 0 times out and dumps, rank 1 writes nothing
-  (the launcher SIGKILLs it at the end).
+  (the launcher SIGKILLs it at the end);
+- three (3 ranks, a sub-group "pair" of ranks 0 and 1): the pair all_reduces alike, then on the default group ranks
+  0 and 1 all_reduce 4 elements and rank 2 the same bytes as 2x2 (Gloo completes it); all three dumped on demand.
 The lines the diagnosis must name carry a `# HANG-MARK <name>` comment (tests read them from here).
 """
 
@@ -33,10 +35,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from hf_dist_recipes.comm.flight_recorder import dump_rank_state, flight_recorder_dir  # noqa: E402
+from hf_dist_recipes.comm.flight_recorder import FatalStacks, dump_rank_state, flight_recorder_dir  # noqa: E402
 from tests.support.launch import free_port  # noqa: E402
 
-SCENARIOS = ("skip", "op", "shape", "size_abort", "frozen")
+SCENARIOS = ("skip", "op", "shape", "size_abort", "frozen", "three")
+WORLD = {"three": 3}  # ranks per scenario; 2 unless named
 TIMEOUT_S = 4.0  # the process group's collective timeout: how long the hang lasts before the dumps
 DONE_S = 240.0  # a rank process that is not done by then is killed
 
@@ -64,6 +67,7 @@ def idle_then_dump(out: Path, after: Path | None, message: str) -> None:
 
 
 def scenario(name: str, rank: int, out: Path) -> None:
+    pair = dist.new_group([0, 1], group_desc="pair") if name == "three" else None  # every rank calls new_group
     t = torch.ones(4)
     dist.all_reduce(t)
     dist.all_reduce(t)
@@ -83,6 +87,11 @@ def scenario(name: str, rank: int, out: Path) -> None:
             idle_then_dump(out, None, "dumped on demand")
         elif name == "size_abort":
             dist.all_reduce(torch.ones(4 if rank == 0 else 6))  # HANG-MARK size_abort
+        elif name == "three":
+            if rank in (0, 1):
+                dist.all_reduce(t, group=pair)
+            dist.all_reduce(torch.ones(4) if rank != 2 else torch.ones(2, 2))  # HANG-MARK three
+            idle_then_dump(out, None, "dumped on demand")
         elif name == "frozen":
             if rank == 1:
                 os.kill(os.getpid(), signal.SIGSTOP)
@@ -92,8 +101,10 @@ def scenario(name: str, rank: int, out: Path) -> None:
 
 
 def rank_main(name: str, rank: int, port: int, out: Path) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    world = WORLD.get(name, 2)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    FatalStacks(out, rank)  # as the recipe's callback does: a rank Gloo aborts leaves its stacks
     scenario(name, rank, out)
 
 
@@ -104,7 +115,7 @@ def main(argv: list[str]) -> int:
     start = time.monotonic()
     for name in names:
         port = free_port()
-        for rank in (0, 1):
+        for rank in range(WORLD.get(name, 2)):
             pid = os.fork()
             if pid == 0:  # the rank: never returns into the launcher's code
                 code = 0
@@ -126,7 +137,7 @@ def main(argv: list[str]) -> int:
             if done:
                 del children[pid]
                 ended[name].append(rank)
-                if len(ended[name]) == 2:
+                if len(ended[name]) == WORLD.get(name, 2):
                     print(f"scenario {name}: {time.monotonic() - start:.1f} s", flush=True)
         time.sleep(0.05)
     for pid in children:
