@@ -88,11 +88,37 @@ def error_frames(error: BaseException) -> list[Frame] | None:
     return _frames(traceback.extract_stack(tb.tb_frame.f_back)) + _frames(traceback.extract_tb(tb))
 
 
+def is_collective_error(error: BaseException) -> bool:
+    """An error a failed collective raises: torch's DistError family, or the RuntimeError Gloo raises when a peer's
+    connection closes or resets or a collective times out (torch 2.13 raises a plain RuntimeError from
+    gloo/transport/tcp)."""
+    import torch.distributed as dist
+
+    if isinstance(error, getattr(dist, "DistError", ())):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(
+        marker in text for marker in ("connection closed by peer", "connection reset by peer", "gloo", "nccl")
+    )
+
+
+def _handled_collective_error(ident: int) -> BaseException | None:
+    """The collective error thread `ident` is handling now, if any (CPython's `sys._current_exceptions`: a
+    (type, value, traceback) tuple on 3.11, the exception from 3.12)."""
+    current = getattr(sys, "_current_exceptions", dict)().get(ident)
+    error = current[1] if isinstance(current, tuple) else current
+    return error if error is not None and is_collective_error(error) else None
+
+
 def thread_stacks(main_frames: list[Frame] | None = None) -> list[ThreadStack]:
     """Every Python thread's stack now (the calling thread's too); `main_frames` replaces the main thread's (the
-    stack of a failed collective, whose frames have unwound by the time the failure is handled)."""
+    stack of a failed collective, whose frames have unwound by the time the failure is handled). Without it, a
+    main thread that is handling a collective error (a signal or the heartbeat came between the raise and the
+    recipe's own dump) shows that error's stack, where it waited, not the error handling's."""
     names = {t.ident: t.name for t in threading.enumerate()}
     main = threading.main_thread().ident
+    if main_frames is None and (handled := _handled_collective_error(main)) is not None:
+        main_frames = error_frames(handled)
     stacks = []
     for ident, frame in sys._current_frames().items():
         frames = _frames(traceback.extract_stack(frame))

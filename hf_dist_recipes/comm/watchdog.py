@@ -48,7 +48,13 @@ from dataclasses import asdict, dataclass
 from transformers import TrainerCallback
 
 from hf_dist_recipes import _compat
-from hf_dist_recipes.comm.flight_recorder import AutomaticDump, FatalStacks, SignalDump, flight_recorder_dir
+from hf_dist_recipes.comm.flight_recorder import (
+    AutomaticDump,
+    FatalStacks,
+    SignalDump,
+    flight_recorder_dir,
+    is_collective_error,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -156,16 +162,9 @@ def lost_peer_message(
 
 
 def looks_like_lost_peer(error: BaseException) -> bool:
-    """An error a lost peer causes: torch's DistError family, or the RuntimeError Gloo raises when a peer's
-    connection closes or resets (torch 2.13 raises a plain RuntimeError from gloo/transport/tcp/pair.cc)."""
-    import torch.distributed as dist
-
-    if isinstance(error, getattr(dist, "DistError", ())):
-        return True
-    text = str(error).lower()
-    return isinstance(error, RuntimeError) and any(
-        marker in text for marker in ("connection closed by peer", "connection reset by peer", "gloo", "nccl")
-    )
+    """An error a lost peer causes: a collective error (`comm.flight_recorder.is_collective_error`: torch's
+    DistError family, or Gloo's RuntimeError when a peer's connection closes or resets)."""
+    return is_collective_error(error)
 
 
 def stuck_rank_message(watchdog: HeartbeatWatchdog, timeout_s: float, output_dir: str | None = None) -> str:

@@ -92,7 +92,12 @@ class Reporter:
                         f"the preflight stopped during this check: {message.split('. Ending')[0]}",
                         fix="look at that rank's host and log (killed, out of memory, a hung device "
                         "or a network fault); "
-                        "rerun the preflight once it is fixed",
+                        "rerun the preflight once it is fixed"
+                        + (
+                            f"; where the other ranks waited: `hf-dist-recipes logs hang {self.path.parent / name}`"
+                            if name in ("training", "failure_paths")
+                            else ""
+                        ),
                         ranks=(int(found.group(1)),) if found else (),
                     )
                 ],
@@ -156,7 +161,7 @@ def run_checks(args: argparse.Namespace, reporter: Reporter, rank: int, world: i
         reporter.finish(4, "plan", results)
 
     reporter.start(5, "training")
-    training = _training_results(args, plan, models, reporter)
+    training = _with_hang_report(_training_results(args, plan, models, reporter), args.output_dir)
     training += ranks_decided_alike(training, "training")
     reporter.finish(5, "training", [r for r in training if r.name == "training"])
     reporter.start(6, "failure_paths")
@@ -209,6 +214,21 @@ def _training_results(args, plan, models, reporter: Reporter) -> list[CheckResul
                 )
             )
     return out
+
+
+def _with_hang_report(results: list[CheckResult], output_dir) -> list[CheckResult]:
+    """A failed training run that left hang dumps (a collective timed out or failed: `comm.flight_recorder`) gets,
+    in its fix, the command that reads them: which collective the ranks parted at, and where each rank was."""
+    from dataclasses import replace
+
+    from hf_dist_recipes.comm.flight_recorder import FLIGHT_RECORDER_DIR
+
+    runs = [Path(output_dir) / run for run in ("training", "failure_paths")]
+    dumped = [run for run in runs if any((run / FLIGHT_RECORDER_DIR).glob("stack_rank_*.json"))]
+    if not dumped:
+        return results
+    command = " and ".join(f"`hf-dist-recipes logs hang {run}`" for run in dumped)
+    return [r if r.status != ERROR else replace(r, fix=f"{r.fix}; where the ranks waited: {command}") for r in results]
 
 
 def ranks_decided_alike(results: list[CheckResult], name: str, gather=gather_objects) -> list[CheckResult]:

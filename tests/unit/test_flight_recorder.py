@@ -182,3 +182,24 @@ def test_sigterm_writes_the_state_first_then_ends_the_process(tmp_path):
     record = json.loads((tmp_path / FLIGHT_RECORDER_DIR / "stack_rank_1.json").read_text())
     assert record["reason"] == "signal" and "SIGTERM" in record["message"]
     assert next(t for t in record["threads"] if t["is_main"])["frames"][-1]["code"].endswith("# waiting")
+
+
+def test_a_dump_while_the_main_thread_handles_a_collective_error_shows_where_it_waited(tmp_path):
+    """A signal or the heartbeat can come between Gloo's raise and the recipe's own dump: the stack is still the
+    failed call's."""
+
+    def waiting_collective():
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")  # WAITED HERE
+
+    try:
+        waiting_collective()
+    except RuntimeError:
+        path = dump_rank_state(tmp_path, "signal", "SIGTERM", rank=0)  # as the reading thread would, unaware
+    frames = next(t for t in json.loads(path.read_text())["threads"] if t["is_main"])["frames"]
+    assert frames[-1]["function"] == "waiting_collective" and frames[-1]["code"].endswith("# WAITED HERE")
+    try:
+        raise ValueError("not a collective")
+    except ValueError:
+        path = dump_rank_state(tmp_path, "signal", "x", rank=0)
+    frames = next(t for t in json.loads(path.read_text())["threads"] if t["is_main"])["frames"]
+    assert frames[-1]["file"].endswith("flight_recorder.py")  # any other error: the stack as it is
