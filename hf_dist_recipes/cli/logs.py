@@ -206,4 +206,5 @@ def render_hang(data: dict) -> str:
             top = f"    stack top ({r['thread'] or 'main'} thread): "
             lines += _frames(r["stack_top"], r["user_frame"], top, "    your code: ")
     lines += [f"note: {n}" for n in data["notes"]]
+    lines.append(f"next: {data['advice']}")
     return "\n".join(lines)

@@ -127,12 +127,14 @@ class Divergence:
 @dataclass(frozen=True)
 class HangDiagnosis:
     """Every rank's dump read together. `source`: the folder read; `ranks_without_files`: ranks of the world that
-    wrote nothing; `first_divergence`: the earliest of `divergences` (one per group at most); `summary`: one line."""
+    wrote nothing; `first_divergence`: the earliest of `divergences` (one per group at most); `summary`: one line;
+    `advice`: what to look at next (`ADVICE`, by the kind of the first divergence)."""
 
     source: str
     world_size: int
     status: Status
     summary: str
+    advice: str
     first_divergence: Divergence | None
     divergences: list[Divergence]
     ranks: list[RankState]
@@ -354,6 +356,7 @@ def diagnose(path: str | Path, world_size: int | None = None) -> HangDiagnosis:
         world_size=world,
         status=status,
         summary=_summary(first, ranks_without_files, states),
+        advice=ADVICE[first.kind] if first else (ADVICE["lost"] if ranks_without_files else ADVICE["agree"]),
         first_divergence=first,
         divergences=divergences,
         ranks=states,
@@ -362,6 +365,20 @@ def diagnose(path: str | Path, world_size: int | None = None) -> HangDiagnosis:
     )
 
 
+# What to look at next, by the first divergence's kind ("lost": ranks wrote nothing; "agree": nothing parts).
+ADVICE: dict[str, str] = {
+    "not_arrived": "look at the stack top of the ranks that never arrived: a rank-dependent branch, a shorter "
+    "dataset or an exception kept them from this collective; ranks that wrote nothing were lost, killed or frozen",
+    "op_mismatch": "the ranks reached different collectives at the same point: find the rank-dependent code path "
+    "between the last collective they shared and the lines above",
+    "shape_mismatch": "the ranks passed tensors of different sizes to the same collective: check the shapes at the "
+    "lines above (per-rank batch or sequence lengths, a rank-dependent slice)",
+    "dtype_mismatch": "the ranks passed different dtypes to the same collective: check the casts before those lines",
+    "state_mismatch": "the ranks disagree on the collective's state (NCCL): the rank still 'scheduled' never ran it",
+    "mismatch": "the ranks' records at this collective differ: compare the calls above",
+    "lost": "the ranks that wrote nothing were lost, killed or frozen: look at their logs and their hosts",
+    "agree": "no desync in the dumps: the collective was slow or a rank was stuck outside collectives (its stack top)",
+}
 _KIND_WORDS: dict[str, str] = {
     "not_arrived": "not every rank arrived",
     "op_mismatch": "different ops",

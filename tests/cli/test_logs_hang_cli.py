@@ -37,6 +37,7 @@ def test_text_names_the_ranks_the_collective_and_the_lines(capsys, op_job):
     assert f"called at {WORKER}:{marker_line('op-r1')} in scenario" in out
     assert "COLLECTIVE_TYPE_MISMATCH" in out
     assert f"stack top (MainThread thread): {WORKER}:{marker_line('op-r1')} in scenario" in out
+    assert out.splitlines()[-1].startswith("next: the ranks reached different collectives")
 
 
 def test_json_is_the_same_diagnosis_and_validates(capsys, op_job):
@@ -62,6 +63,14 @@ def test_dumps_that_agree_exit_0(capsys, op_job, tmp_path):
         path.write_bytes(pickle.dumps(dump))
     assert main(["logs", "hang", str(tmp_path)]) == 0
     assert "agree" in capsys.readouterr().out
+
+
+def test_world_size_counts_ranks_that_wrote_nothing(capsys, op_job):
+    assert main(["logs", "hang", str(op_job), "--json", "--world-size", "3"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert (data["world_size"], data["ranks_without_files"]) == (3, [2])
+    assert main(["logs", "hang", str(op_job), "--world-size", "0"]) == 2
+    assert "--world-size must be >= 1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("make", ["missing", "empty", "truncated"])
