@@ -94,6 +94,13 @@ def check_launch_script(path: str | Path) -> list[Finding]:
             "the script's wins at launch",
             f"make them equal: set MAIN_PROCESS_PORT={yaml_port}, {regenerate}",
         )
+    srun = text[text.find("\nsrun ") :]
+    if "--cpus-per-task" not in srun and "--exclusive" not in srun:
+        add(
+            WARNING,
+            "srun gives each task one CPU unless told; the node's launcher and all its ranks would share one core",
+            'pass --cpus-per-task="$SLURM_CPUS_ON_NODE" to srun',
+        )
     # With one task per node SLURM_PROCID equals SLURM_NODEID; either numbers the machines.
     if script.launcher == "slurm" and not re.search(r'--machine_rank "?\$\{?SLURM_(NODEID|PROCID)\b', text):
         add(

@@ -80,7 +80,8 @@ class LaunchScript:
 
     def sbatch_options(self) -> dict[str, str]:
         """The #SBATCH options, in the order written."""
-        options = {"job-name": self.job_name, "nodes": str(self.nodes), "ntasks-per-node": "1"}
+        # --exclusive: the job owns its nodes, every core included (the ranks' data loaders and CPU work need them).
+        options = {"job-name": self.job_name, "nodes": str(self.nodes), "ntasks-per-node": "1", "exclusive": ""}
         if self.gpus_per_node:
             options["gpus-per-node"] = str(self.gpus_per_node)
         options["output"] = f"{self.log_dir}/%x-%j.out"
@@ -99,7 +100,7 @@ class LaunchScript:
             "LOG_DIR": self.log_dir,
         }
         lines = ["#!/bin/bash", *(f"# {line}" if line else "#" for line in self.header)]
-        lines += [f"#SBATCH --{key}={value}" for key, value in self.sbatch_options().items()]
+        lines += [f"#SBATCH --{key}" + (f"={value}" if value else "") for key, value in self.sbatch_options().items()]
         lines += [
             "# Add your cluster's #SBATCH --partition / --account / --time lines above.",
             f"# Submit: sbatch {name} TRAINING_SCRIPT [ARGS...]",
@@ -140,8 +141,10 @@ class LaunchScript:
             'echo "job ${SLURM_JOB_ID}: ${NUM_MACHINES} node(s) x ${PROCS_PER_NODE} process(es), rendezvous '
             "${MAIN_PROCESS_IP}:${MAIN_PROCESS_PORT}, node logs "
             '${LOG_DIR}/${SLURM_JOB_NAME}-${SLURM_JOB_ID}-node*.out"',
-            "# One task per node; its launcher starts that node's processes. srun exports this environment.",
-            'srun --nodes="$NUM_MACHINES" --ntasks-per-node=1 --kill-on-bad-exit=1 \\',
+            "# One task per node; its launcher starts that node's processes, so the task gets the node's CPUs (srun's",
+            "# default is one CPU per task: every rank would share one core). srun exports this environment.",
+            'srun --nodes="$NUM_MACHINES" --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" '
+            "--kill-on-bad-exit=1 \\",
             '  --output="$LOG_DIR/%x-%j-node%n.out" \\',
             f"  bash -c '{ACCELERATE_LINE if self.launcher == 'slurm' else TORCHRUN_LINE}' node \"$@\"",
         ]

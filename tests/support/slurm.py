@@ -4,7 +4,7 @@ executables (tests/support/slurm_standins/) on PATH.
 `sbatch(script, args, nodelist=...)` does what sbatch and slurmd do for a batch job that matters to the script: it
 reads the #SBATCH options (sbatch's own parser in the package, `launch_scripts.sbatch_options`, would prove
 nothing about itself, so the options are read here with a regular expression), sets the variables a job sees
-(SLURM_JOB_ID, SLURM_JOB_NAME, SLURM_JOB_NODELIST, SLURM_NNODES, SLURM_SUBMIT_DIR, ...), runs the script with bash
+(SLURM_JOB_ID, SLURM_JOB_NAME, SLURM_JOB_NODELIST, SLURM_NNODES, SLURM_CPUS_ON_NODE, ...), runs the script with bash
 in the submission directory and writes its stdout and stderr where --output and --error say (%x, %j expanded).
 The hardware is faked: every "node" of the nodelist is this machine; say so in the tests that use it.
 """
@@ -72,6 +72,7 @@ def sbatch(
         "SLURM_JOB_NUM_NODES": str(nodes),
         "SLURM_SUBMIT_DIR": str(cwd),
         "SLURM_NTASKS_PER_NODE": options.get("ntasks-per-node", "1"),
+        "SLURM_CPUS_ON_NODE": str(os.cpu_count()),
     }
     # PATH: the stand-ins first, then this venv's executables (accelerate, torchrun), as an activated environment.
     path = os.pathsep.join([str(STANDINS), str(Path(sys.executable).parent), os.environ.get("PATH", "")])

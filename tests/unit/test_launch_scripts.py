@@ -40,6 +40,7 @@ def test_the_slurm_script_holds_the_plan_the_rendezvous_and_the_launch():
         "job-name": "llama",
         "nodes": "2",
         "ntasks-per-node": "1",
+        "exclusive": "",
         "gpus-per-node": "8",
         "output": "/cfg/logs/%x-%j.out",
         "error": "/cfg/logs/%x-%j.err",
@@ -49,7 +50,10 @@ def test_the_slurm_script_holds_the_plan_the_rendezvous_and_the_launch():
     assert "\nMAIN_PROCESS_PORT=29511\n" in text and "\nLOG_DIR=/cfg/logs\n" in text
     assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1' in text
     srun = text[text.index("\nsrun ") :]
-    assert '--nodes="$NUM_MACHINES" --ntasks-per-node=1' in srun and '--output="$LOG_DIR/%x-%j-node%n.out"' in srun
+    assert (
+        '--nodes="$NUM_MACHINES" --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_ON_NODE"' in srun
+        and '--output="$LOG_DIR/%x-%j-node%n.out"' in srun
+    )
     launch = re.search(r"exec accelerate launch [^']*", srun)[0]
     for flag in ("--config_file", "--machine_rank", "--main_process_ip", "--main_process_port"):
         assert flag in launch
@@ -145,6 +149,7 @@ DRIFTS = {
     "port": ("\nMAIN_PROCESS_PORT=29500", "\nMAIN_PROCESS_PORT=29501", "warning", "set MAIN_PROCESS_PORT=29500"),
     "no port": ("\nMAIN_PROCESS_PORT=29500", "\nMAIN_PROCESS_PORT=70000", "error", "set a port in 1-65535"),
     "machine rank": ('--machine_rank "$SLURM_NODEID"', "--machine_rank 0", "error", '--machine_rank "$SLURM_NODEID"'),
+    "one cpu": (' --cpus-per-task="$SLURM_CPUS_ON_NODE"', "", "warning", '--cpus-per-task="$SLURM_CPUS_ON_NODE"'),
     "log dir": ("\nLOG_DIR=", "\nLOG_DIR=/no/such/dir/", "warning", "mkdir -p /no/such/dir/"),
     "config file": ("\nCONFIG_FILE=", "\nCONFIG_FILE=/no/such/", "error", "set CONFIG_FILE= to the plan's"),
 }
