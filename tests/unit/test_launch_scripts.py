@@ -235,3 +235,35 @@ def test_the_script_stops_without_a_training_command_or_in_the_wrong_allocation(
         ["bash", script, "train.py"], env=dict(env, SLURM_NNODES="3"), capture_output=True, text=True, cwd=tmp_path
     )
     assert proc.returncode == 2 and "submit with --nodes=2" in proc.stderr and proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--launcher", "torchrun", "--engine", "fsdp2"], "--launcher slurm"),
+        (["--log-dir", "logs"], "add --launcher slurm"),
+        (["--socket-ifname", "lo"], "add --launcher slurm"),
+        (["--launcher", "slurm", "--socket-ifname", "eth0;rm -rf x"], "--socket-ifname ib0"),
+        (["--launcher", "slurm", "--ib-hca", "$(mlx5)"], "--ib-hca =mlx5_0,mlx5_1"),
+    ],
+)
+def test_launcher_flags_that_cannot_make_a_script_are_one_line_exit_2(flags, named, tmp_path, capsys):
+    out = tmp_path / "cfg"
+    code = cli(["config", "generate", "--nodes", "2", "--gpus-per-node", "8", "--output", str(out), *flags])
+    stdout, err = capsys.readouterr()
+    assert code == 2 and stdout == "" and err.count("\n") == 1 and named in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
+def test_generate_json_names_the_script_and_relative_paths_become_absolute(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = ["config", "generate", "--cpu", "--nodes", "2", "--gpus-per-node", "1", "--name", "c", "--output", "cfg"]
+    assert cli([*argv, "--launcher", "torchrun", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    script = Path(result["launch_script"])
+    assert script == tmp_path / "cfg" / "c.torchrun.sbatch" and os.access(script, os.X_OK)
+    parsed = LaunchScript.parse(script.read_text())
+    assert parsed.config_file == str(tmp_path / "cfg" / "c.yaml") == result["yaml_file"]
+    assert parsed.deepspeed_file == str(tmp_path / "cfg" / "deepspeed" / "c.json") == result["deepspeed_file"]
+    assert parsed.log_dir == str(tmp_path / "cfg" / "logs") and (tmp_path / "cfg" / "logs").is_dir()
+    assert check_launch_script(script) == []
