@@ -44,7 +44,9 @@ from hf_dist_recipes.comm.hang_files import (
 )
 from hf_dist_recipes.core.findings import ERROR, HANG_EXIT, OK, ExitCode, Status, exit_code, json_schema
 
-DivergenceKind = Literal["not_arrived", "op_mismatch", "shape_mismatch", "dtype_mismatch", "state_mismatch", "mismatch"]
+DivergenceKind = Literal[
+    "not_arrived", "aborted", "op_mismatch", "shape_mismatch", "dtype_mismatch", "state_mismatch", "mismatch"
+]
 DEFAULT_GROUP_DESC = "default_pg"
 FATAL_REASON = "fatal_signal"  # a rank's reason when only faulthandler's text of its death is there
 # torch's MatchState names -> ours
@@ -282,7 +284,7 @@ def _divergence(
         members=members,
         calls=calls,
         not_arrived=[r for r in members if r not in arrived],
-        odd_ranks=_majority_odd(calls) if kind != "not_arrived" else [],
+        odd_ranks=_majority_odd(calls) if kind not in ("not_arrived", "aborted") else [],
         detail=detail,
         waited_s=round(waited, 3) if waited is not None and waited >= 0 else None,
     )
@@ -346,7 +348,8 @@ def diagnose(path: str | Path, world_size: int | None = None) -> HangDiagnosis:
                     "that receives more bytes than it expects: a size or op mismatch at this collective"
                 )
             detail = "; ".join(said)
-            divergences.append(_divergence("not_arrived", name, seq, detail, groups, files, labels, dump_times))
+            kind: DivergenceKind = "aborted" if dead and not lost else "not_arrived"
+            divergences.append(_divergence(kind, name, seq, detail, groups, files, labels, dump_times))
     divergences.sort(key=lambda d: min((c.created for c in d.calls), default=0.0))
     states = [_rank_state(r, files.get(r), labels) for r in range(world)]
     first = divergences[0] if divergences else None
@@ -369,6 +372,8 @@ def diagnose(path: str | Path, world_size: int | None = None) -> HangDiagnosis:
 ADVICE: dict[str, str] = {
     "not_arrived": "look at the stack top of the ranks that never arrived: a rank-dependent branch, a shorter "
     "dataset or an exception kept them from this collective; ranks that wrote nothing were lost, killed or frozen",
+    "aborted": "Gloo aborted the ranks that died here: they received more bytes than they expected (another size, "
+    "or another op, on the other side); compare what each rank passes at the lines above",
     "op_mismatch": "the ranks reached different collectives at the same point: find the rank-dependent code path "
     "between the last collective they shared and the lines above",
     "shape_mismatch": "the ranks passed tensors of different sizes to the same collective: check the shapes at the "
@@ -381,6 +386,7 @@ ADVICE: dict[str, str] = {
 }
 _KIND_WORDS: dict[str, str] = {
     "not_arrived": "not every rank arrived",
+    "aborted": "a rank died in it",
     "op_mismatch": "different ops",
     "shape_mismatch": "different sizes",
     "dtype_mismatch": "different dtypes",

@@ -86,13 +86,14 @@ def test_a_size_mismatch_gloo_aborts_names_the_dead_rank_and_its_line(dumps):
     d = diagnose(dumps / "size_abort")
     first = d.first_divergence
     assert d.ranks_without_files == [] and first.not_arrived == [0]
-    assert (first.kind, first.op, first.seq) == ("not_arrived", "all_reduce", 3)
+    assert (first.kind, first.op, first.seq) == ("aborted", "all_reduce", 3)
     assert _calls(first)[1].input_sizes == [[6]]
     assert _at(_calls(first)[1].user_frame) == (str(WORKER), marker_line("size_abort"))
     rank0 = d.ranks[0]
     assert (rank0.reason, rank0.message, rank0.has_recorder) == ("fatal_signal", "Fatal Python error: Aborted", False)
     assert _at(rank0.stack_top) == (str(WORKER), marker_line("size_abort"))
     assert "rank 0: died (Fatal Python error: Aborted)" in d.summary and "size or op mismatch" in first.detail
+    assert d.advice.startswith("Gloo aborted the ranks that died here")
 
 
 @distributed
