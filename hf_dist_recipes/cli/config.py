@@ -185,7 +185,7 @@ def run_generate(args: argparse.Namespace) -> int:
     # DeepSpeed is imported only once every input was checked (its import notice would make a refusal two lines);
     # its logger then binds stderr, keeping --json output clean.
     with contextlib.redirect_stdout(sys.stderr):
-        result = generate_from_args(args, argv)
+        result = generate_from_args(args, argv, address_from_launcher=args.launcher is not None)
     script = script_from_args(args, result, argv) if args.launcher else None
     if args.json:
         print(json.dumps({**result.as_dict(), "launch_script": str(script) if script else None}, indent=2))

@@ -180,8 +180,11 @@ def fit_problem(
     return verdict.message(change="generate takes --seq-len, --micro-batch and --activation-checkpointing")
 
 
-def generate_from_args(args: argparse.Namespace, argv: list[str] | None = None) -> Generated:
-    """`write_configs` for parsed `generate_parser` flags; `argv` (those flags as given) goes into the header."""
+def generate_from_args(
+    args: argparse.Namespace, argv: list[str] | None = None, *, address_from_launcher: bool = False
+) -> Generated:
+    """`write_configs` for parsed `generate_parser` flags; `argv` (those flags as given) goes into the header;
+    `address_from_launcher` as in `write_configs`."""
     return write_configs(
         plan_from(args),
         args.output,
@@ -194,6 +197,7 @@ def generate_from_args(args: argparse.Namespace, argv: list[str] | None = None) 
         gpu_memory_gib=args.gpu_memory,
         hardware=args.hardware,
         force=args.force,
+        address_from_launcher=address_from_launcher,
     )
 
 
@@ -210,13 +214,15 @@ def write_configs(
     gpu_memory_gib: float | None = None,
     hardware: str | None = None,
     force: bool = False,
+    address_from_launcher: bool = False,
 ) -> Generated:
     """Validate the plan, then write `<output>/NAME.yaml` (and `<output>/deepspeed/NAME.json` for DeepSpeed).
     `command_args`: the `config generate` arguments recorded in the YAML's header. Every check runs before the
     first file is written: a refused plan or an unwritable `output` leaves nothing behind. A DeepSpeed GPU plan
     with a model is also checked against the GPU's memory (`gpu_memory_gib`, else `hardware`'s, else the largest
     GPU of `comm.HARDWARE`): a plan that does not fit by our estimate is refused (ValueError) unless `force`,
-    which writes it with a warning (`fit_problem`)."""
+    which writes it with a warning (`fit_problem`). `address_from_launcher`: a launch script written beside the
+    files (`--launcher`) passes the first node's address at launch, so a loopback `main_process_ip` is no problem."""
     writable_dir(output, "--output", "my_configs")
     if gpu_memory_gib is not None and not gpu_memory_gib > 0:
         raise ValueError(f"--gpu-memory must be a positive number of GiB, got {gpu_memory_gib:g}; e.g. --gpu-memory 80")
@@ -231,7 +237,7 @@ def write_configs(
     # After the checks: this imports DeepSpeed, whose import prints a notice (a refusal stays one line).
     from hf_dist_recipes.parallel.deepspeed_config import deepspeed_config
 
-    if plan.nodes > 1 and main_process_ip.startswith("127.") and plan.device == "cuda":
+    if plan.nodes > 1 and main_process_ip.startswith("127.") and plan.device == "cuda" and not address_from_launcher:
         warnings = warnings + [
             f"main_process_ip is {main_process_ip}: the other machines cannot reach it; pass "
             "--main-process-ip <rank-0 address> here or --main_process_ip at launch"

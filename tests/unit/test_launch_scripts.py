@@ -267,3 +267,13 @@ def test_generate_json_names_the_script_and_relative_paths_become_absolute(tmp_p
     assert parsed.deepspeed_file == str(tmp_path / "cfg" / "deepspeed" / "c.json") == result["deepspeed_file"]
     assert parsed.log_dir == str(tmp_path / "cfg" / "logs") and (tmp_path / "cfg" / "logs").is_dir()
     assert check_launch_script(script) == []
+
+
+@pytest.mark.parametrize("launcher", [None, "slurm"])
+def test_the_loopback_address_warning_only_where_no_script_passes_the_first_nodes_address(launcher, tmp_path, capsys):
+    # A 2-node GPU plan left at 127.0.0.1 cannot rendezvous when launched by hand; the script passes the first
+    # node of the allocation as --main_process_ip, so warning there would send the user after a non-problem.
+    argv = ["config", "generate", "--nodes", "2", "--gpus-per-node", "8", "--output", str(tmp_path / "cfg")]
+    assert cli(argv + (["--launcher", launcher] if launcher else [])) == 0
+    warned = "main_process_ip is 127.0.0.1" in capsys.readouterr().out
+    assert warned is (launcher is None)
