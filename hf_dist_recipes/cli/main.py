@@ -9,6 +9,7 @@ summarize` does not pay for importing `config`'s YAML and plan machinery or `dem
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from importlib import import_module
 
@@ -16,6 +17,7 @@ from importlib import import_module
 # register(subparsers) adds the command of this name (tests/cli/test_main_lazy.py checks they agree).
 SUBCOMMANDS = ("demo", "config", "checkpoint", "logs", "doctor", "pin", "commbench", "preflight")
 USAGE_ERROR = 2
+BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer that `| head` closed
 
 
 def _version() -> str:
@@ -65,10 +67,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return USAGE_ERROR
     try:
-        return args.run(args)
+        code = args.run(args)
+        sys.stdout.flush()  # a reader that went away (`| head`) raises here, inside the handler, not at exit
+        return code
     except ValueError as err:
         print(f"hf-dist-recipes {args.command}: error: {err}", file=sys.stderr)
         return USAGE_ERROR
+    except BrokenPipeError:
+        # Stop quietly as other Unix tools do; stdout goes to devnull so the interpreter's own flush at exit
+        # does not raise again (Python's documentation, "Note on SIGPIPE").
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE
 
 
 if __name__ == "__main__":

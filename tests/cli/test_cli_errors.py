@@ -126,3 +126,19 @@ def test_checkpoint_export_bad_shard_size(capsys, tmp_path, size):
         capsys, ["checkpoint", "export", str(tmp_path), "--output", str(tmp_path / "o"), f"--max-shard-size={size}"]
     )
     assert code == 2 and "--max-shard-size" in err and err.count("\n") == 1
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    # `hf-dist-recipes config list | head -0`: the pipe's reader is gone before the command writes. Without the
+    # handler the interpreter prints a BrokenPipeError traceback at exit (seen with `logs hang ... | head`).
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    done = subprocess.run(
+        [sys.executable, "-m", "hf_dist_recipes.cli.main", "config", "list"],
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+    )
+    os.close(write_end)
+    assert done.returncode == 141 and done.stderr == "", done.stderr
