@@ -1,10 +1,11 @@
 """TFRecord framing and the scalar events of a chunk of an event file, decoded with numpy instead of one protobuf
 object per record.
 
-`frame_file(path)` yields, per chunk read, the buffer and where its complete records start; a record's length is
-checked against its masked CRC-32C (a wrong length would derail every later record), once per distinct
-(length, CRC) pair: the records of one writer have a handful of lengths. The data CRC is not checked (as tensorboard's
-own loader does, a damaged payload is caught by the decoder; a flipped bit inside a float goes unnoticed).
+`frame_file(path, chunk_bytes)` yields, per chunk read, the buffer and where its complete records start; every
+record's length is checked against its masked CRC-32C (a wrong length would derail every later record). The records
+are found at once where they can be (`_frame_at_once`: every position that could start an event record, kept if they
+chain from the first; ~4x faster), else walked one by one. The data CRC is not checked: a damaged payload is caught
+by the decoders (a flipped bit inside a float goes unnoticed).
 
 `scan_scalars(buf, starts, lengths)` decodes, all at once, the records that are exactly what torch's and
 tensorboardX's `add_scalar` write, `Event{wall_time, step, summary{value{tag, simple_value}}}` (the encoding protobuf
@@ -166,8 +167,8 @@ def frame_file(path: str | os.PathLike, chunk_bytes: int):
 
 @dataclass
 class ScalarScan:
-    """The scalars found in a chunk: for record i of the chunk that is a plain scalar event, `rows[i]`'s tag index
-    into `tags`, its step and value; `other`: the indices of the records left to protobuf."""
+    """The plain scalar events of a chunk, one entry per record in `record` (its index in the chunk), `tag` (an
+    index into `tags`), `step` and `value`; `other`: the indices of the records left to protobuf, ascending."""
 
     tags: list[str]
     record: np.ndarray  # int64, index of the record in the chunk
