@@ -171,3 +171,27 @@ def test_fast_reader_equals_protobuf_on_summarywriter_files(tmp_path, monkeypatc
         steps, values = got.scalars[tag]
         assert steps.tolist() == sorted(by_step)
         assert values.tolist() == [by_step[s] for s in sorted(by_step)]
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_records_the_fast_framing_cannot_see_are_still_read(tmp_path, where):
+    # An event without wall_time (protobuf leaves a 0.0 out, so its data does not begin with 0x09) is no candidate
+    # for the at-once framing: the reader must walk instead, and at the end of a file must not call it truncated.
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    def scalar(step, value, wall_time):
+        summary = Summary(value=[Summary.Value(tag="x", simple_value=value)])
+        return event_writer.record(Event(wall_time=wall_time, step=step, summary=summary).SerializeToString())
+
+    events = [(s, float(s), 1.0) for s in range(10)]
+    odd = {"first": 0, "middle": 5, "last": 9}[where]
+    events[odd] = (odd, float(odd), 0.0)
+    (tmp_path / "rank0").mkdir()
+    path = tmp_path / "rank0" / "events.out.tfevents.0.h"
+    path.write_bytes(b"".join(scalar(*e) for e in events))
+    got = read_rank(0, [str(path)])
+    assert got.warnings == [] and got.records == 10
+    assert got.scalars["x"][0].tolist() == list(range(10)) and got.scalars["x"][1].tolist() == [
+        float(s) for s in range(10)
+    ]
