@@ -123,7 +123,8 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
 
 
 class _Curves:
-    """One rank's scalars as they are read: per tag, arrays of (record number, step, value) pieces."""
+    """One rank's scalars as they are read: per tag, arrays of (record number, step, value) pieces, 24 B a value
+    until `finish` (the record number orders two writes of one step; the result keeps 16 B a value)."""
 
     def __init__(self):
         self.pieces: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
