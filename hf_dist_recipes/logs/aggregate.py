@@ -6,8 +6,8 @@ into the running state as soon as it is read, then drops it. What is kept, for R
 - per rank, for the step time, the per-rank loss and the learning rate: means over at most BLOCKS blocks of steps
   (16 B x R x BLOCKS x 3: 256 ranks, 11 MB), for the straggler list, the heat map and the per-rank curves;
 - for each value that must agree, one reference curve per group (8 B x S per group).
-Plus the ranks being read or waiting to be folded in (at most 2 x `workers`), 16 B per value each
-(100k steps x 5 tags: 8 MB a rank). So 256 ranks x 100k steps x 5 tags stays under ~100 MB
+Plus the ranks being read or waiting to be folded in (at most 2 x `workers`), 16 B per value each, 24 B while
+being read (100k steps x 5 tags: 8-12 MB a rank). So 256 ranks x 100k steps x 5 tags stays under ~100 MB
 (a per-rank copy of everything would be 256 x 100k x 5 x 4 B = 512 MB at float32).
 
 Stragglers: a rank whose block-mean busy time (`train/straggler/busy_s`, logged by the live straggler check;
