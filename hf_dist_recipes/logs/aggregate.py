@@ -25,6 +25,7 @@ import os
 import time
 from concurrent.futures import FIRST_COMPLETED, Executor, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -385,11 +386,16 @@ def summarize_logs(
 def write_aggregate_run(summary: LogSummary, run_dir: str | os.PathLike) -> str:
     """Write `<tag>/mean`, `/min`, `/max`, `/spread` (max - min across ranks) for every tag and step as one
     TensorBoard run in `run_dir`; one event per step carries all of them (`event_writer.write_scalar_run`).
-    Returns the run's directory."""
+    The run's earlier aggregate files are removed once the new one is written: a re-run over more steps would
+    otherwise leave TensorBoard two copies of every point. Returns the run's directory."""
+    earlier = list(Path(run_dir).glob("events.out.tfevents.*.aggregate")) if Path(run_dir).is_dir() else []
     columns = [
         (f"{tag}/{name}", s.steps, values)
         for tag, s in sorted(summary.stats.items())
         for name, values in (("mean", s.mean), ("min", s.min), ("max", s.max), ("spread", s.spread))
     ]
-    write_scalar_run(run_dir, columns, filename_suffix=".aggregate")
+    written = Path(write_scalar_run(run_dir, columns, filename_suffix=".aggregate"))
+    for path in earlier:
+        if path != written:
+            path.unlink(missing_ok=True)
     return os.fspath(run_dir)

@@ -101,6 +101,15 @@ def test_aggregate_equals_numpy_across_ranks(run_dir, tmp_path):
         assert [e.step for e in got] == list(range(1, STEPS + 1))
         np.testing.assert_allclose([e.value for e in got], expected, rtol=1e-6)  # stored as float32
 
+    # A second summarize over the same logs replaces the aggregate run: one file, every step once.
+    first = set((tmp_path / "aggregate").iterdir())
+    write_aggregate_run(summary, tmp_path / "aggregate")
+    (after,) = list((tmp_path / "aggregate").iterdir())
+    assert after not in first
+    acc = EventAccumulator(str(tmp_path / "aggregate"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("rank/step_time_s/mean")] == list(range(1, STEPS + 1))
+
 
 def test_truncated_file_is_named_and_the_rest_aggregated(run_dir, tmp_path):
     root, values = run_dir
