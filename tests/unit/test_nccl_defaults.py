@@ -100,10 +100,14 @@ def test_a_cpu_host_gets_the_flight_recorder_only(tmp_path, monkeypatch):
     _unset(monkeypatch, ())
     args = RecipeTrainingArguments(output_dir=str(tmp_path))
     assert args.nccl_env_applied == {}
-    assert args.env_applied == FLIGHT_RECORDER_ENV_DEFAULTS == {
-        "TORCH_FR_BUFFER_SIZE": "2000",
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
-    }
+    assert (
+        args.env_applied
+        == FLIGHT_RECORDER_ENV_DEFAULTS
+        == {
+            "TORCH_FR_BUFFER_SIZE": "2000",
+            "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        }
+    )
     assert os.environ["TORCH_FR_BUFFER_SIZE"] == "2000"
     assert not (tmp_path / "flight_recorder").exists()  # Gloo writes no dump of its own: nothing to point at
 
