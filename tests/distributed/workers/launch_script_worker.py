@@ -1,4 +1,4 @@
-"""Run on every rank by tests/distributed/test_launch_scripts.py, under a generated launch script.
+"""Run on every rank by tests/distributed/test_launch_scripts_two_nodes.py, under a generated launch script.
 
     launch_script_worker.py OUTPUT_DIR STEPS MODEL
 
