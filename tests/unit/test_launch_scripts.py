@@ -1,6 +1,7 @@
 """Launch scripts (`parallel/launch_scripts.py`, `parallel/launch_script_check.py`): what a rendered script holds,
 read back by `parse`, and every `config validate` finding on a script that drifted from its plan, with the fix it
-names. No training is launched (tests/distributed/test_launch_scripts_two_nodes.py runs the scripts as a two-node job)."""
+names. No training is launched (tests/distributed/test_launch_scripts_two_nodes.py runs the scripts as a two-node
+job)."""
 
 from __future__ import annotations
 
