@@ -221,7 +221,9 @@ def test_skipped_collective(jobs):
     job = jobs["skip"]
     s0, s1 = job.stack(0), job.stack(1)
     assert s0 and s1, job.text[-4000:]
-    assert s0["reason"] == "timeout"  # rank 0 waited out step_timeout in the collective rank 1 skipped
+    # rank 0 waited in the collective rank 1 skipped until one of them timed out (its own timeout, or rank 1's end
+    # closing the connection first: both ranks wait out step_timeout at about the same moment)
+    assert s0["reason"] in ("timeout", "lost_peer")
     line = marker_line("skip", 0)
     assert _user_lines(s0)[-1] == line  # rank 0's stack top in the user's code: the callback's all_reduce
     a, b = _parted_at_one_collective(job)
