@@ -42,6 +42,8 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hf_dist_recipes.core.files import write_atomically
+
 FLIGHT_RECORDER_DIR = "flight_recorder"
 FLIGHT_RECORDER_PREFIX = "rank_"  # torch's dump (ours and NCCL's own) is <prefix><global rank>
 STACK_PREFIX = "stack_rank_"
@@ -142,15 +144,6 @@ def stacks_text(stacks: list[ThreadStack]) -> str:
     return "\n\n".join(blocks) + "\n"
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _global_rank() -> int:
     import torch.distributed as dist
 
@@ -185,7 +178,7 @@ def dump_rank_state(
     except Exception as err:  # a dump must not fail for want of the recorder's part
         trace, message = None, f"{message} [flight recorder not dumped: {err}]"
     if trace:
-        _write_atomic(directory / recorder, trace)
+        write_atomically(directory / recorder, trace, durable=True)
     record = {
         "rank": rank,
         "reason": reason,
@@ -197,8 +190,10 @@ def dump_rank_state(
         "threads": [asdict(s) for s in stacks],
     }
     path = directory / f"{STACK_PREFIX}{rank}.json"
-    _write_atomic(directory / f"{STACK_PREFIX}{rank}.txt", f"# {reason}: {message}\n\n{stacks_text(stacks)}".encode())
-    _write_atomic(path, json.dumps(record, indent=1).encode())
+    write_atomically(
+        directory / f"{STACK_PREFIX}{rank}.txt", f"# {reason}: {message}\n\n{stacks_text(stacks)}", durable=True
+    )
+    write_atomically(path, json.dumps(record, indent=1), durable=True)
     return path
 
 

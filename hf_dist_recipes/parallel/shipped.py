@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from hf_dist_recipes.core.files import write_atomically
 from hf_dist_recipes.core.user_values import writable_dir
 from hf_dist_recipes.parallel.generate import generate_from_args, generate_parser
 
@@ -96,15 +96,6 @@ def _yaml_scalar(text: str) -> str:
     return text if re.fullmatch(r"[\w./+~-]+", text) else json.dumps(text)
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """Write through a temporary file and a rename: a process reading `path` (another rank's node sharing a home
-    directory) sees the old file or the new one, never half of one."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 @dataclass(frozen=True)
 class CopiedConfig:
     """The files `copy_config` wrote, both absolute."""
@@ -140,8 +131,8 @@ def copy_config(name: str, output: str | Path, *, flag: str = "--output", exampl
         f"#   accelerate launch --config_file {yaml_file}",
     )
     ds_file.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomically(ds_file, json_text)
-    _write_atomically(yaml_file, yaml_text)
+    write_atomically(ds_file, json_text)
+    write_atomically(yaml_file, yaml_text)
     return CopiedConfig(name=config.name, yaml_file=yaml_file, deepspeed_file=ds_file)
 
 

@@ -24,6 +24,7 @@ import time
 import warnings
 from pathlib import Path
 
+from hf_dist_recipes.core.files import write_atomically
 from hf_dist_recipes.core.gather import gather_objects
 from hf_dist_recipes.preflight.result import CHECKS, ERROR, CheckResult, PreflightReport, worst
 
@@ -69,9 +70,7 @@ class Reporter:
         if self.rank != 0:
             return
         self.report.elapsed_s = time.perf_counter() - self.started
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.report.to_dict(), indent=2))
-        os.replace(tmp, self.path)
+        write_atomically(self.path, json.dumps(self.report.to_dict(), indent=2))
 
     def lost(self, message: str) -> None:
         """The watchdog's verdict (called from its thread while the main thread waits in a collective): rank 0
