@@ -5,6 +5,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# JOBS=N: test files spread over N pytest processes (pytest-xdist; tests/support/parallel_runs.py).
+JOBS ?=
 
 .PHONY: install demo test test-fast lint format configs docs lock clean
 
@@ -21,7 +23,7 @@ demo: $(STAMP)
 	$(BIN)/hf-dist-recipes demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(if $(JOBS),-n $(JOBS)) $(PYTEST_ARGS)
 
 # The unit tests only: seconds, no process launched.
 test-fast: $(STAMP)

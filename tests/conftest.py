@@ -44,3 +44,28 @@ def pytest_runtest_logstart(nodeid, location):
 def pytest_terminal_summary(terminalreporter):
     for line in LAUNCHES.summary_lines():
         terminalreporter.write_line(line)
+
+
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: its launches go to the controller's summary
+        workeroutput["launches_by_test"] = dict(LAUNCHES.by_test)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from tests.support.parallel_runs import ByFile
+
+    return ByFile(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    LAUNCHES.by_test.update(getattr(node, "workeroutput", {}).get("launches_by_test", {}))
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses", None):
+        from tests.support.parallel_runs import launching_first
+
+        launching_first(items)
