@@ -69,11 +69,8 @@ def check_process_group_backend(*, allow_gloo_on_cuda: bool = False, cuda_device
 
 
 def destroy_gloo_group_at_exit() -> None:
-    """Register (once) an exit handler that destroys a Gloo default process group before the interpreter shuts
-    down. Left to interpreter finalization, Gloo's worker threads can still hold work objects with Python
-    references, and destroying them then aborts the process (SIGABRT, "terminate called without an active
-    exception") after training has finished: seen here in about 1 of 20 CPU launches with DeepSpeed; PyTorch PR
-    179291 describes it and was abandoned. NCCL groups are left to the launcher."""
+    """Register (once) an exit handler that ends a Gloo default process group before the interpreter shuts down:
+    `destroy_gloo_group`, whose docstring says why. NCCL groups are left to the launcher."""
     global _EXIT_HANDLER_REGISTERED
     if not _EXIT_HANDLER_REGISTERED:
         atexit.register(destroy_gloo_group)
@@ -81,14 +78,43 @@ def destroy_gloo_group_at_exit() -> None:
 
 
 _EXIT_HANDLER_REGISTERED = False
+EXIT_BARRIER_TIMEOUT_S = 60.0  # how long a rank exiting cleanly waits for the others before it leaves anyway
 
 
-def destroy_gloo_group() -> bool:
-    """Destroy the default process group (and DeepSpeed's subgroups with it) when it runs on Gloo; True if done."""
+def exiting_cleanly() -> bool:
+    """False once an exception has ended the main program: Python has printed it (sys.last_exc / last_value)."""
+    import sys
+
+    return getattr(sys, "last_exc", None) is None and getattr(sys, "last_value", None) is None
+
+
+def destroy_gloo_group(*, barrier_timeout_s: float = EXIT_BARRIER_TIMEOUT_S) -> bool:
+    """Destroy the default process group (and DeepSpeed's subgroups with it) when it runs on Gloo; True if done.
+
+    Why at exit, and why the barrier first: a rank whose Gloo group is still alive when the interpreter finalizes
+    aborts (SIGABRT, "terminate called without an active exception") after the job has finished, often enough that
+    our CI saw it twice in about six runs of the suite (a 4-rank resume, a 2-machine preflight). PyTorch PR 179291
+    describes the abort and was abandoned. Destroying the group at exit is not enough: what matters is that no rank
+    tears its group down while a peer's is still working. Measured on the 2-core machine with 2 plain Gloo ranks
+    doing 200 all_reduces then exiting (20 jobs each, 2026-12-04): 8/20 aborted with no destroy, 7/20 and 9/20 with
+    a destroy at exit, 0/20 with `monitored_barrier` then destroy, 0/20 with `barrier` then destroy; rerun with
+    benchmarks/gloo_exit.py (results in benchmarks/results/).
+
+    So a rank exiting cleanly (no uncaught exception) first meets the others at `monitored_barrier`, which is
+    point to point with a timeout (unlike `barrier`, it cannot be mistaken for a peer's collective): after
+    `barrier_timeout_s` seconds (default 60), or at once when a peer is gone, it leaves as before. A rank ending
+    in an exception skips the wait: its peers are failing too, or the launcher is stopping them."""
     import torch
 
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()) or CPU_BACKEND not in str(dist.get_backend()):
         return False
+    if str(dist.get_backend()) == CPU_BACKEND and dist.get_world_size() > 1 and exiting_cleanly():
+        from datetime import timedelta
+
+        try:
+            dist.monitored_barrier(timeout=timedelta(seconds=barrier_timeout_s))
+        except RuntimeError:  # a peer gone, stuck or failing (DistBackendError is a RuntimeError): leave anyway
+            pass
     dist.destroy_process_group()
     return True

@@ -4,7 +4,8 @@ step is flushed, so steps 2 and 4 survive even SIGKILL; a probe scalar written (
 SIGTERM (the handler flushes, then the process still dies of SIGTERM) and the exception (train() closes the writer),
 and is lost to SIGKILL, which no handler sees. Then a second launch into the same directory is refused, and a
 refusal on one rank of a 2-rank launch stops both; a 2-rank run that ends normally has each rank's system
-scalars and one run id. Four single-rank processes (the SIGKILL run is shared) and two 2-rank launches."""
+scalars and one run id. Four single-rank processes (the SIGKILL run is shared) and one 2-rank launch (the normal
+run, then the refused one)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import sys
 import pytest
 
 from hf_dist_recipes.monitoring import read_scalars
-from tests.support.launch import accelerate_launch, check_launch, cpu_only_env
+from tests.distributed.workers.runs import THEN
+from tests.support.launch import accelerate_launch, cpu_only_env
 from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.distributed]
@@ -79,22 +81,34 @@ def test_a_second_launch_into_the_dead_runs_dir_is_refused(killed, tmp_path):
     assert "Use a new output_dir / logging_dir" in again.stderr
 
 
-def test_a_refusal_on_one_rank_stops_every_rank(tmp_path):
-    # Two real ranks (ZeRO-3 on CPU); only rank 1's directory holds an old run (written by SummaryWriter directly),
-    # e.g. a job relaunched with more ranks into the same logging_dir. Rank 0 alone has nothing to refuse, yet
-    # must not go on into training and wait there for rank 1: both stop with the refusal naming rank 1.
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """One 2-rank launch, two runs in the same ranks (tests/distributed/workers/runs.py): one that ends normally
+    after 4 steps, then one refused on rank 1 (which stops the launch, so it goes last). Returns (the first run's
+    directory, the second's, the launch)."""
     from torch.utils.tensorboard import SummaryWriter
 
-    with SummaryWriter(str(tmp_path / "tensorboard" / "rank1")) as w:
+    normal, refused = tmp_path_factory.mktemp("normal"), tmp_path_factory.mktemp("refused")
+    # Only rank 1's directory holds an old run (written by SummaryWriter directly), e.g. a job relaunched with more
+    # ranks into the same logging_dir.
+    with SummaryWriter(str(refused / "tensorboard" / "rank1")) as w:
         w.add_scalar("train/loss", 1.0, 1)
-    proc = accelerate_launch(ZERO3, [WORKER, str(tmp_path), "kill", "3"], timeout=300)
+    argv = [WORKER, str(normal), "none", "4", THEN, str(refused), "kill", "3"]
+    return normal, refused, accelerate_launch(ZERO3, argv, timeout=300)
+
+
+def test_a_refusal_on_one_rank_stops_every_rank(two_ranks):
+    # Rank 0 alone has nothing to refuse, yet must not go on into training and wait there for rank 1: both stop
+    # with the refusal naming rank 1.
+    _, refused, proc = two_ranks
     assert proc.returncode != 0
     assert proc.stderr.count("ValueError: rank 1 of 2 (1 refusing): ") == 2, proc.stderr[-4000:]
-    assert not (tmp_path / "tensorboard" / "rank0").exists()
+    assert not (refused / "tensorboard" / "rank0").exists()
 
 
-def test_two_ranks_each_record_their_system_scalars_and_one_shared_run_id(tmp_path):
-    check_launch(accelerate_launch(ZERO3, [WORKER, str(tmp_path), "none", "4"], timeout=300))
+def test_two_ranks_each_record_their_system_scalars_and_one_shared_run_id(two_ranks):
+    tmp_path, _, proc = two_ranks
+    assert (tmp_path / "rank_summaries" / "rank1.json").exists(), proc.stderr[-4000:]  # the first run ended
     runs = [json.loads((tmp_path / "tensorboard" / f"rank{r}" / "run.json").read_text()) for r in (0, 1)]
     summaries = [json.loads((tmp_path / "rank_summaries" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [(r["rank"], r["local_rank"]) for r in runs] == [(0, 0), (1, 1)]  # one host: local rank = rank

@@ -1,8 +1,8 @@
 """Live straggler detection on 2 real CPU ranks under DeepSpeed ZeRO-3 (accelerate_configs/cpu_zero3_2proc.yaml):
 rank 1 made slow on purpose (it sleeps 0.1 s at the start of each step up to step 10, where a slow data loader
 would) is flagged by both ranks with its host at the check that completes 2 slow windows of 5 steps, and reported
-recovered at the first check after the sleeps stop; a run without the delay flags nobody. 2 launches: 22 s on an
-idle 2-core machine, 55 s with other work on it."""
+recovered at the first check after the sleeps stop; a run without the delay flags nobody. Both runs in one launch,
+the calm one second in the same ranks."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from tests.distributed.workers.runs import THEN, output_of_run
 from tests.support.launch import accelerate_launch, check_launch
 from tests.support.paths import REPO
 
@@ -20,25 +21,13 @@ ZERO3 = REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml"
 K, M, THRESHOLD, DELAY_S = 5, 2, 0.2, 0.1
 
 
-def _run(out, steps: int, *extra: str) -> dict:
-    proc = accelerate_launch(
-        ZERO3,
-        [
-            WORKER,
-            str(out),
-            str(steps),
-            "--check-steps",
-            str(K),
-            "--windows",
-            str(M),
-            "--threshold",
-            str(THRESHOLD),
-            *extra,
-        ],
-    )
-    check_launch(proc)
-    ranks = [json.loads((out / "stragglers" / f"rank{r}.json").read_text()) for r in (0, 1)]
-    return {"ranks": ranks, "output": proc.stdout + proc.stderr}
+def _args(out, steps: int, *extra: str) -> list[str]:
+    opts = ["--check-steps", str(K), "--windows", str(M), "--threshold", str(THRESHOLD)]
+    return [str(out), str(steps), *opts, *extra]
+
+
+def _ranks(out) -> list[dict]:
+    return [json.loads((out / "stragglers" / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
 def _checks(rank: dict) -> dict[int, dict]:
@@ -49,16 +38,27 @@ def _checks(rank: dict) -> dict[int, dict]:
 
 
 @pytest.fixture(scope="module")
-def slow(tmp_path_factory):
+def runs(tmp_path_factory):
+    """One launch, two runs in the same ranks: the slow one, then the calm one (tests/distributed/workers/runs.py);
+    each run's console output is cut from the launch's at rank 0's end-of-run line."""
+    out = tmp_path_factory.mktemp("stragglers")
     # Sleeps while global_step <= 10, i.e. in the checks at steps 5 and 10 (each check runs in on_step_begin after
     # the sleep); the check at step 15 sees none. Each check's keys reach the log of the step it begins (logs
     # every step): steps 6, 11, 16.
-    return _run(
-        tmp_path_factory.mktemp("slow"), 16, "--slow-rank", "1", "--delay-s", str(DELAY_S), "--slow-until", "10"
-    )
+    slow = _args(out / "slow", 16, "--slow-rank", "1", "--delay-s", str(DELAY_S), "--slow-until", "10")
+    proc = accelerate_launch(ZERO3, [WORKER, *slow, THEN, *_args(out / "calm", 11)])
+    check_launch(proc)
+    return {
+        name: {
+            "ranks": _ranks(out / name),
+            "output": output_of_run(proc.stdout, index) + output_of_run(proc.stderr, index),
+        }
+        for index, name in enumerate(("slow", "calm"))
+    }
 
 
-def test_the_slow_rank_is_flagged_with_its_host_on_every_rank_then_recovers(slow):
+def test_the_slow_rank_is_flagged_with_its_host_on_every_rank_then_recovers(runs):
+    slow = runs["slow"]
     host1 = slow["ranks"][1]["host"]
     for rank in slow["ranks"]:
         assert rank["hosts"] == [r["host"] for r in slow["ranks"]]
@@ -77,8 +77,8 @@ def test_the_slow_rank_is_flagged_with_its_host_on_every_rank_then_recovers(slow
     assert slow["output"].count(f"Straggler check: step 10: straggler rank 1 (host {host1})") == 1  # rank 0 only
 
 
-def test_without_a_delay_nobody_is_flagged(tmp_path):
-    calm = _run(tmp_path, 11)
+def test_without_a_delay_nobody_is_flagged(runs):
+    calm = runs["calm"]
     for rank in calm["ranks"]:
         checks = _checks(rank)
         assert sorted(checks) == [6, 11]  # the checks ran

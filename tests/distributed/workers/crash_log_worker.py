@@ -3,7 +3,7 @@ a callback writes one unflushed probe scalar straight to the rank's writer, then
 `term` (SIGTERM to itself), `kill` (SIGKILL to itself) or `raise` (an exception out of train()). Mode `none`: no
 probe, no death; trains `die_at` steps and ends normally.
 
-Usage: crash_log_worker.py OUTPUT_DIR MODE DIE_AT
+Usage: crash_log_worker.py OUTPUT_DIR MODE DIE_AT [then OUTPUT_DIR MODE DIE_AT ...]  (tests/distributed/workers/runs.py)
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 from hf_dist_recipes.monitoring import PerRankTensorBoardCallback
+from tests.distributed.workers.runs import split_runs
 from tests.support.models import SMALL
 
 
@@ -58,4 +59,5 @@ def main(output_dir: str, mode: str, die_at: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    for output_dir, mode, die_at in split_runs(sys.argv[1:]):
+        main(output_dir, mode, int(die_at))

@@ -2,21 +2,24 @@
 launch` (CPU ranks, DeepSpeed ZeRO-3).
 
     straggler_worker.py OUTPUT_DIR STEPS [--slow-rank R --delay-s S [--slow-until G]] [--check-steps K]
-                        [--threshold T] [--windows M]
+                        [--threshold T] [--windows M] [then OUTPUT_DIR STEPS ...]
 
 RecipeTrainingArguments -> tiny DeepSeek-V3 (template shrunk, built with from_config: under ZeRO-3 inside zero.Init)
 -> RecipeTrainer. With --slow-rank, that rank alone sleeps S seconds at the beginning of every optimizer step (a
 callback registered before the trainer's own, so the sleep lies where a slow data loader would: after the batch is
 fetched, before the step's first collective), while the Trainer's global_step is <= G (default: always).
 Writes OUTPUT_DIR/stragglers/rank<N>.json: the rank, its host name, the Trainer's log_history, the callback's
-events and host list, and the train runtime.
+events and host list, and the train runtime. Runs joined by `then` run one after the other in the same processes
+(tests/distributed/workers/runs.py), rank 0 marking the end of each on stdout and stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -28,6 +31,7 @@ from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import TokenBlocks
 from hf_dist_recipes.monitoring.stragglers import StragglerCallback
 from hf_dist_recipes.parallel.models import template_config
+from tests.distributed.workers.runs import mark_run_end, split_runs
 
 SEQ, SAMPLES = 16, 256
 
@@ -52,7 +56,7 @@ class RankLogs(TrainerCallback):
         self.logs.append({**(logs or {}), "step": state.global_step})
 
 
-def main() -> None:
+def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("output_dir")
     p.add_argument("steps", type=int)
@@ -62,7 +66,7 @@ def main() -> None:
     p.add_argument("--check-steps", type=int, default=5)
     p.add_argument("--threshold", type=float, default=0.2)
     p.add_argument("--windows", type=int, default=2)
-    opts = p.parse_args()
+    opts = p.parse_args(argv)
     warnings.filterwarnings("ignore", category=FutureWarning)
     args = RecipeTrainingArguments(
         output_dir=opts.output_dir,
@@ -103,4 +107,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    runs = split_runs(sys.argv[1:])
+    for index, run in enumerate(runs):
+        main(run)
+        if index < len(runs) - 1:
+            mark_run_end(index, int(os.environ.get("RANK", "0")))
