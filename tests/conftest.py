@@ -8,7 +8,10 @@ import sys
 
 import pytest
 
+from tests.support.launch import launched_ranks_env
 from tests.support.launch_count import COUNTER as LAUNCHES
+
+WARM_SUMMARY: list[str] = []
 
 # One OpenMP thread in this process and the processes it starts (launched ranks get 1 from accelerate anyway):
 # on 2 busy cores two threads spin against each other. A tiny-deepseek-v3 step took 7.7 s with 2 threads and 0.24 s
@@ -30,6 +33,41 @@ def no_stale_deepspeed_locks():
 
 
 @pytest.fixture(autouse=True, scope="session")
+def warm_ranks(request, tmp_path_factory):
+    """Ranks forked from interpreters that imported the stack once (tests.support.warm_ranks), for a session that
+    launches anything; HF_DIST_RECIPES_WARM_RANKS=0 starts every rank fresh instead."""
+    from tests.support import warm_ranks
+
+    launching = any(item.get_closest_marker("distributed") for item in request.session.items)
+    if not launching or os.environ.get("HF_DIST_RECIPES_WARM_RANKS") == "0" or not LAUNCHES.available():
+        yield None
+        return
+    directory = tmp_path_factory.mktemp("warm")
+    servers = warm_ranks.WarmServers(directory, launched_ranks_env(os.environ))
+    LAUNCHES.excluded.update(process.pid for process in servers.processes)
+    servers.wait_ready()  # about 5 s once; a rank that came before would start fresh
+    saved = dict(os.environ)
+    os.environ.update(servers.env, **{warm_ranks.LOG: str(directory / "ranks.log")})
+    yield servers
+    os.environ.clear()
+    os.environ.update(saved)
+    servers.stop()
+    WARM_SUMMARY.extend(warm_ranks.summary(directory / "ranks.log"))
+
+
+@pytest.fixture(autouse=True)
+def keep_hash_seed_unset():
+    """`seed_everything` exports PYTHONHASHSEED for the processes a job starts later; a test that calls it in this
+    process would hand it to every later launch, whose ranks a warm server (one hash seed of its own) cannot serve."""
+    before = os.environ.get("PYTHONHASHSEED")
+    yield
+    if before is None:
+        os.environ.pop("PYTHONHASHSEED", None)
+    else:
+        os.environ["PYTHONHASHSEED"] = before
+
+
+@pytest.fixture(autouse=True, scope="session")
 def count_launches():
     """Count the session's multi-process launches (tests.support.launch_count), printed in the summary."""
     LAUNCHES.start()
@@ -42,7 +80,7 @@ def pytest_runtest_logstart(nodeid, location):
 
 
 def pytest_terminal_summary(terminalreporter):
-    for line in LAUNCHES.summary_lines():
+    for line in LAUNCHES.summary_lines() + WARM_SUMMARY:
         terminalreporter.write_line(line)
 
 

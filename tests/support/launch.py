@@ -34,9 +34,23 @@ def cpu_only_env(env: dict[str, str]) -> dict[str, str]:
     return dict(env, CUDA_VISIBLE_DEVICES="", HF_DIST_RECIPES_USE_CPU="1")
 
 
+# The ranks' environment: the repository importable (workers import `tests.support`), nothing downloaded.
+LAUNCH_ENV = {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
 def _launch_env() -> dict[str, str]:
-    """The ranks' environment: the repository importable (workers import `tests.support`), nothing downloaded."""
-    return dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    return dict(os.environ, **LAUNCH_ENV)
+
+
+def launched_ranks_env(env: dict[str, str]) -> dict[str, str]:
+    """What a CPU launch's ranks see of `env` at their start: the environment the warm rank servers import in."""
+    return cpu_only_env(dict(env, **LAUNCH_ENV))
+
+
+def fresh_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` without the warm rank servers: torchrun starts each rank as a new interpreter (tests.support.warm_ranks),
+    for a test about what happens before or during the imports."""
+    return {k: v for k, v in env.items() if k != "PYTHON_EXEC"}
 
 
 def accelerate_launch(

@@ -69,6 +69,9 @@ class LaunchCounter:
         self.current = "(session)"  # the test running now, set by the pytest_runtest_logstart hook
         self.by_test: Counter[str] = Counter()
         self._seen: set[int] = set()
+        # Warm rank servers (tests.support.warm_ranks): their forks show the server's starting environment, so a
+        # program a rank execs would look like a new rank 0; the rank was counted as its warm_python.py stand-in.
+        self.excluded: set[int] = set()
         self._kernel_forks: dict[int, set[int]] = {}  # kernel pid -> its forked children alive at the last look
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -99,7 +102,7 @@ class LaunchCounter:
     def _ours(self, pid: int) -> bool:
         for _ in range(64):  # ancestry depth bound: pytest -> CLI -> accelerate -> agent -> rank is 5
             parent = _parent(pid)
-            if parent is None or parent <= 1:
+            if parent is None or parent <= 1 or parent in self.excluded:
                 return False
             if parent == self.root:
                 return True

@@ -1,0 +1,125 @@
+"""The warm rank servers the suite's launches use (tests.support.warm_ranks): a rank forked from them must look to
+its script and to the elastic agent like the fresh `python -u script.py` torchrun would have started. Each case runs
+warm_python.py as torchrun does (`PYTHON_EXEC -u SCRIPT ARGS`, RANK set) on a small probe script."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.support.launch import launched_ranks_env
+from tests.support.paths import REPO
+
+pytestmark = [pytest.mark.distributed]
+
+PROBE = str(REPO / "tests" / "distributed" / "workers" / "warm_probe_worker.py")
+
+
+@pytest.fixture
+def client(warm_ranks):
+    if warm_ranks is None:
+        pytest.skip("warm rank servers are off in this session (HF_DIST_RECIPES_WARM_RANKS=0 or no /proc)")
+    return warm_ranks.env["PYTHON_EXEC"]
+
+
+# Ranks 2 and 3, an even and an odd one: the launch counter counts rank 0s, and these probes are not launches.
+def _start(client, tmp_path, name, action, rank=2, **env):
+    out = tmp_path / f"{name}.json"
+    env = dict(launched_ranks_env(os.environ), RANK=str(rank), WARM_PROBE_MARKER=name, **env)
+    proc = subprocess.Popen(
+        [client, "-u", PROBE, str(out), action], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    return proc, out
+
+
+def _run(client, tmp_path, name, action, rank=2, **env):
+    proc, out = _start(client, tmp_path, name, action, rank, **env)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, json.loads(out.read_text()), err.decode()
+
+
+def test_a_warm_rank_sees_what_a_fresh_one_would(client, tmp_path):
+    runs = [("even", 2), ("odd", 3), ("even-again", 2)]  # the last is a second fork of the first one's server
+    seen = {}
+    for name, rank in runs:
+        code, seen[name], _ = _run(client, tmp_path, name, "exit:0", rank=rank)
+        assert code == 0
+        assert seen[name]["preloaded"], "the stack was not already imported: the rank did not come from a server"
+        assert seen[name]["argv"] == [PROBE, str(tmp_path / f"{name}.json"), "exit:0"]
+        assert seen[name]["cwd"] == str(tmp_path) and seen[name]["path0"] == os.path.dirname(PROBE)
+        assert seen[name]["marker"] == name
+    # A fresh process seeds torch's and numpy's generators and Python's string hash from the OS: no two ranks draw
+    # alike. Forks of one server would share all three unless the rank draws new seeds.
+    for a, b in (("even", "odd"), ("even", "even-again"), ("odd", "even-again")):
+        assert seen[a]["torch"] != seen[b]["torch"] and seen[a]["numpy"] != seen[b]["numpy"], (a, b)
+        assert seen[a]["pid"] != seen[b]["pid"]
+    if "PYTHONHASHSEED" not in os.environ:  # a seed set for the session is every fresh process's seed too
+        assert seen["even"]["hash"] != seen["odd"]["hash"]
+
+
+@pytest.mark.parametrize(
+    ("action", "expected"),
+    [("exit:3", 3), ("raise", 1), (f"signal:{int(signal.SIGKILL)}", -signal.SIGKILL)],
+    ids=["exit-code", "uncaught-exception", "killed"],
+)
+def test_the_agent_sees_how_the_rank_ended(client, tmp_path, action, expected):
+    code, seen, err = _run(client, tmp_path, "end", action)
+    assert seen["preloaded"]
+    assert code == expected
+    if action == "raise":
+        assert "RuntimeError: the probe raised" in err
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_for(path, timeout_s=60.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return json.loads(path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):  # not there yet, or half written
+            assert time.monotonic() < deadline, f"{path} never written"
+            time.sleep(0.05)
+
+
+def test_a_signal_to_the_stand_in_reaches_the_rank(client, tmp_path):
+    proc, out = _start(client, tmp_path, "term", "sleep")
+    rank_pid = _wait_for(out)["pid"]
+    proc.send_signal(signal.SIGTERM)  # what the agent sends the other ranks when one fails
+    assert proc.wait(timeout=30) == -signal.SIGTERM
+    assert not _alive(rank_pid)
+
+
+def test_a_killed_stand_in_takes_its_rank_along(client, tmp_path):
+    proc, out = _start(client, tmp_path, "kill", "sleep")
+    rank_pid = _wait_for(out)["pid"]
+    proc.kill()  # SIGKILL cannot be forwarded: the server's reaper sees the connection close
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while _alive(rank_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(rank_pid)
+
+
+def test_ranks_that_import_differently_start_fresh(client, tmp_path):
+    (tmp_path / "numpy").mkdir()  # another copy of a module the servers imported, first on this rank's path
+    cases = {
+        "threads": {"OMP_NUM_THREADS": "3"},
+        "interpreter-flag": {"PYTHONFAULTHANDLER": "1"},
+        "shadowing-path": {"PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(tmp_path)])},
+    }
+    for name, env in cases.items():
+        code, seen, _ = _run(client, tmp_path, name, "exit:0", **env)
+        assert code == 0 and not seen["preloaded"], name
+        assert seen["cwd"] == str(tmp_path) and seen["marker"] == name

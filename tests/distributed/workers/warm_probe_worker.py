@@ -1,0 +1,40 @@
+"""Run by tests/distributed/test_warm_ranks.py through tests.support.warm_python, as torchrun would run a rank:
+
+    warm_probe_worker.py OUTPUT_JSON ACTION      ACTION: exit:N | raise | signal:N | sleep
+
+Writes what the rank saw at its start (were torch and the stack already imported, its argv, directory, path,
+environment, hash seed, first random numbers), then ends as ACTION says.
+"""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+seen = {
+    "preloaded": "torch" in sys.modules,  # checked before this script imports anything heavy
+    "pid": os.getpid(),
+    "argv": sys.argv,
+    "cwd": os.getcwd(),
+    "path0": sys.path[0],
+    "marker": os.environ.get("WARM_PROBE_MARKER"),
+    "hash": hash("warm ranks"),
+}
+if seen["preloaded"]:
+    import numpy
+    import torch
+
+    seen["numpy"] = numpy.random.random()
+    seen["torch"] = torch.rand(3).tolist()
+Path(sys.argv[1]).write_text(json.dumps(seen))
+
+action, _, number = sys.argv[2].partition(":")
+if action == "exit":
+    sys.exit(int(number))
+if action == "raise":
+    raise RuntimeError("the probe raised")
+if action == "signal":
+    os.kill(os.getpid(), int(number))
+if action == "sleep":
+    time.sleep(120)

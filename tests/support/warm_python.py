@@ -1,0 +1,133 @@
+"""The interpreter torchrun starts for each rank in the suite (`PYTHON_EXEC`, see tests.support.warm_ranks): it asks
+a warm server to fork the rank and stands in for it towards the elastic agent, or, when it cannot, becomes a fresh
+`python` itself (exec). Standard library only: it starts in about 30 ms.
+
+Called as torchrun calls an interpreter: `warm_python -u SCRIPT ARGS...` (or `-u -m MODULE ARGS...`);
+`warm_ranks.WarmServers` writes it as an executable file with this interpreter in its first line."""
+
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+
+SOCKETS = "HF_DIST_RECIPES_WARM_SOCKETS"  # the servers' socket paths, os.pathsep-separated
+PYTHON = "HF_DIST_RECIPES_WARM_PYTHON"  # the real interpreter, for the fallback
+SERVER_ENV = "HF_DIST_RECIPES_WARM_ENV"  # JSON: the servers' import-time variables and their PYTHONPATH
+LOG = "HF_DIST_RECIPES_WARM_LOG"  # a line per rank: "warm SCRIPT" or "fresh WHY SCRIPT"
+# Variables an import may read once (interpreter flags, thread pools, device visibility, offline mode): a rank
+# that sets any of them differently from the servers gets a fresh interpreter. PYTHON* is matched by prefix.
+IMPORT_TIME_ENV = (
+    "CUDA_VISIBLE_DEVICES",
+    "DS_ACCELERATOR",
+    "HF_HOME",
+    "HF_HUB_OFFLINE",
+    "LD_LIBRARY_PATH",
+    "LD_PRELOAD",
+    "MKL_NUM_THREADS",
+    "OMP_NUM_THREADS",
+    "TRANSFORMERS_OFFLINE",
+)
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def import_time_env(env) -> dict:
+    """The variables of `env` an import may have read. PYTHONPATH is left to `_shadowing` (accelerate appends the
+    working directory to it, so it differs from the servers' in most launches)."""
+    return {
+        k: v
+        for k, v in env.items()
+        if k in IMPORT_TIME_ENV or (k.startswith("PYTHON") and k not in ("PYTHON_EXEC", "PYTHONPATH"))
+    }
+
+
+def _shadowing(rank_path, server_path, modules_file):
+    """Entries of the rank's PYTHONPATH the servers lack that hold a module the servers imported: the rank must then
+    import its own copy, fresh. Unknown (servers not ready) counts as shadowing."""
+    extra = [e for e in rank_path.split(os.pathsep) if e and e not in server_path.split(os.pathsep)]
+    if not extra:
+        return []
+    try:
+        with open(modules_file) as f:
+            imported = set(f.read().split())
+    except OSError:
+        return extra
+    found = []
+    for entry in extra:
+        try:
+            names = os.listdir(entry)
+        except OSError:
+            continue
+        if any(name.split(".")[0] in imported for name in names):
+            found.append(entry)
+    return found
+
+
+def _note(line):
+    path = os.environ.get(LOG)
+    if path:
+        with open(path, "a") as log:
+            log.write(line + "\n")
+
+
+def _fresh(argv, why):
+    _note(f"fresh {why} {' '.join(argv[1:2])}")
+    python = os.environ.get(PYTHON, "python3")
+    os.execv(python, [python, *argv])
+
+
+def main(argv):
+    paths = os.environ.get(SOCKETS, "").split(os.pathsep)
+    if not paths[0]:
+        _fresh(argv, "no-server")
+    script_call = len(argv) >= 2 and argv[0] == "-u" and not argv[1].startswith("-")
+    module_call = len(argv) >= 3 and argv[:2] == ["-u", "-m"]
+    if not (script_call or module_call):
+        _fresh(argv, "not-a-script-call")
+    expected = json.loads(os.environ.get(SERVER_ENV) or "{}")
+    server_pythonpath = expected.pop("PYTHONPATH", "")
+    differing = sorted(set(import_time_env(os.environ).items()) ^ set(expected.items()))
+    if differing:
+        _fresh(argv, "env:" + ",".join(sorted({k for k, _ in differing})))
+    rank = int(os.environ.get("RANK", "0") or 0)
+    path = paths[rank % len(paths)]
+    if _shadowing(os.environ.get("PYTHONPATH", ""), server_pythonpath, path + ".modules"):
+        _fresh(argv, "pythonpath-shadows")
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+    except OSError:
+        _fresh(argv, "server-not-ready")
+    _note(f"warm {argv[1] if script_call else argv[2]}")
+    request = json.dumps({"argv": argv[1:], "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+    socket.send_fds(conn, [struct.pack("!I", len(request))], [0, 1, 2])
+    conn.sendall(request)
+
+    def forward(number, _frame):
+        try:
+            conn.sendall(b"%d " % number)
+        except OSError:
+            pass
+
+    for number in FORWARDED:
+        signal.signal(number, forward)
+    reply = b""
+    while not reply.endswith(b"\n"):
+        try:
+            chunk = conn.recv(256)
+        except InterruptedError:
+            continue
+        if not chunk:
+            sys.exit(1)  # the server went away without a word: the rank's fate is unknown
+        reply += chunk
+    outcome = json.loads(reply)
+    if "signal" in outcome:  # end the way the rank ended, so the agent reports the same signal
+        if outcome["signal"] not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset
+            signal.signal(outcome["signal"], signal.SIG_DFL)
+        os.kill(os.getpid(), outcome["signal"])
+    sys.exit(outcome.get("code", 1))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

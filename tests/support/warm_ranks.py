@@ -1,0 +1,244 @@
+"""Warm rank processes for the suite: a launched rank forked from an interpreter that has already imported torch,
+transformers, accelerate and DeepSpeed, instead of a fresh `python -u script.py` that imports them again.
+
+Why: every rank of every launch spends about 4 s of one core importing the stack before it runs a line of the
+worker, and the suite's ~60 launches are CPU-bound on 2 cores, so the imports alone were about a third of `make
+test`. The ranks stay real processes started by the real launcher: `accelerate launch` -> torchrun's elastic agent
+-> `PYTHON_EXEC` (torchrun's documented override of the interpreter it starts) -> `warm_python.py`, which hands its
+argv, environment, working directory and stdin/stdout/stderr to one of these servers and mirrors the rank's fate
+(exit code, or death by the same signal) back to the agent. Only the interpreter start differs, and
+`warm_python.py` starts a fresh interpreter instead whenever the rank asks for anything an import could have seen
+differently (PYTHON* variables, CUDA_VISIBLE_DEVICES, OMP threads, offline flags: `IMPORT_TIME_ENV`).
+
+What a fork shares that a fresh process would not, and what is done about it:
+- numpy's global random state and torch's default generator: seeded again in the rank from the OS, as a fresh
+  process seeds them (torch 2.13 too draws its default seed from the OS).
+- Python's string-hash seed: two servers started with their own random seeds serve even and odd ranks, so
+  neighbouring ranks disagree on set order as fresh processes would.
+Tests that must see a process start from nothing (faults injected before the imports, the stock Trainer's first
+import, the installed wheel) drop `PYTHON_EXEC` from their launch environment (tests.support.launch.fresh_env).
+
+Process layout: server -> (per rank) reaper -> rank. The reaper forwards the signals warm_python.py receives, kills
+the rank if warm_python.py disappears (SIGKILL cannot be forwarded), and reports how the rank ended.
+
+    python -u warm_ranks.py SOCKET_PATH     # prints "ready" once it accepts ranks
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+HEADER = struct.Struct("!I")  # the request's length in bytes; the three stdio fds ride along with it
+SERVERS = 2  # even and odd ranks get different string-hash seeds
+READY_TIMEOUT_S = 120  # importing the stack takes ~5 s per server on 2 idle cores
+
+
+LOG = "HF_DIST_RECIPES_WARM_LOG"  # warm_python.LOG, spelled here too so that importing this module stays light
+
+
+def summary(log: Path) -> list[str]:
+    """Lines for pytest's summary: how many ranks were forked warm, how many started fresh, and why."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    warm = sum(line.startswith("warm ") for line in lines)
+    reasons = Counter(line.split()[1] for line in lines if line.startswith("fresh "))
+    why = ", ".join(f"{n} {reason}" for reason, n in reasons.most_common())
+    return [f"ranks: {warm} forked warm, {sum(reasons.values())} started fresh" + (f" ({why})" if why else "")]
+
+
+class WarmServers:
+    """The running servers and the environment that points torchrun at them (`env`, to add to os.environ)."""
+
+    def __init__(self, directory: Path, server_env: dict[str, str]) -> None:
+        from tests.support import warm_python
+
+        self.directory = directory
+        self.log = directory / "servers.log"
+        client = directory / "python"
+        # -I: the client needs only the standard library, and no PYTHON* variable of the rank's may change it.
+        client.write_text(f"#!{sys.executable} -I\n" + Path(warm_python.__file__).read_text())
+        client.chmod(0o755)
+        sockets = [str(directory / f"rank{i}.sock") for i in range(SERVERS)]
+        with self.log.open("w") as log:
+            self.processes = [
+                subprocess.Popen(
+                    [sys.executable, "-u", __file__, path],
+                    env=server_env,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    bufsize=0,
+                )
+                for path in sockets
+            ]
+        self.env = {
+            "PYTHON_EXEC": str(client),
+            warm_python.SOCKETS: os.pathsep.join(sockets),
+            warm_python.PYTHON: sys.executable,
+            warm_python.SERVER_ENV: json.dumps(
+                dict(warm_python.import_time_env(server_env), PYTHONPATH=server_env.get("PYTHONPATH", ""))
+            ),
+        }
+
+    def wait_ready(self) -> None:
+        """Block until every server accepts ranks; raise with the servers' log if one died or took too long."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        for process in self.processes:
+            said = b""  # the imports log to stdout too (DeepSpeed's accelerator warning)
+            while b"ready\n" not in said:
+                ready, _, _ = select.select([process.stdout], [], [], max(0.0, deadline - time.monotonic()))
+                chunk = os.read(process.stdout.fileno(), 4096) if ready else b""
+                if not chunk:  # ended, or too slow
+                    self.stop()
+                    log = said.decode() + self.log.read_text()
+                    raise RuntimeError(f"a warm rank server did not start:\n{log[-3000:]}")
+                said += chunk
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def _die_with_parent() -> None:
+    """The server goes when pytest goes, however pytest ends (Linux prctl PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+def _preimport() -> None:
+    """Import what every worker imports."""
+    import accelerate  # noqa: F401
+    import datasets  # noqa: F401
+    import deepspeed  # noqa: F401
+    import deepspeed.runtime.zero.stage3  # noqa: F401
+    import transformers  # noqa: F401
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments  # noqa: F401
+
+
+def _serve(listener: socket.socket) -> socket.socket:
+    """Accept ranks forever; returns only in a forked reaper, with that rank's connection."""
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the reapers are reaped by the kernel
+    print("ready", flush=True)
+    while True:
+        conn, _ = listener.accept()
+        if os.fork() == 0:
+            listener.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            return conn
+        conn.close()
+
+
+def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
+    head, fds, _, _ = socket.recv_fds(conn, HEADER.size, 3)
+    while len(head) < HEADER.size:
+        head += conn.recv(HEADER.size - len(head))
+    (size,) = HEADER.unpack(head)
+    body = b""
+    while len(body) < size:
+        chunk = conn.recv(size - len(body))
+        if not chunk:
+            raise EOFError("warm_python.py went away mid-request")
+        body += chunk
+    return json.loads(body), fds
+
+
+def _reap(conn: socket.socket, rank_pid: int) -> None:
+    """Forward signal numbers from warm_python.py to the rank until it ends, then report how it ended."""
+    pidfd = os.pidfd_open(rank_pid)
+    while True:
+        ready, _, _ = select.select([conn, pidfd], [], [])
+        if pidfd in ready:
+            _, status = os.waitpid(rank_pid, 0)
+            report = {"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status) else {"code": os.WEXITSTATUS(status)}
+            try:
+                conn.sendall(json.dumps(report).encode() + b"\n")
+            except OSError:
+                pass
+            os._exit(0)
+        data = conn.recv(64)
+        if not data:  # warm_python.py is gone (SIGKILLed): its rank must not outlive it
+            os.kill(rank_pid, signal.SIGKILL)
+            os.waitpid(rank_pid, 0)
+            os._exit(0)
+        for number in data.split():
+            try:
+                os.kill(rank_pid, int(number))
+            except ProcessLookupError:
+                pass
+
+
+def _become_rank(request: dict, fds: list[int]) -> str:
+    """Turn this fork into the rank warm_python.py would have been; returns the script (or module) to run."""
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(number, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    argv = request["argv"]  # [SCRIPT, ARGS...] or ["-m", MODULE, ARGS...]
+    module = argv[1] if argv[0] == "-m" else None
+    # As a fresh interpreter builds it: the script's directory (the working directory for -m), the rank's
+    # PYTHONPATH, then the installation's.
+    sys.argv = ["-m", *argv[2:]] if module else list(argv)  # run_module puts the module's file in argv[0]
+    first = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0]))
+    server_path = os.path.dirname(os.path.abspath(__file__)), *_PYTHONPATH.split(os.pathsep)
+    rank_path = [e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
+    sys.path[:] = [first, *rank_path] + [e for e in sys.path[1:] if e not in server_path]
+
+    import numpy
+    import torch
+
+    torch.seed()  # from the OS, as torch seeds a new process's default generator
+    numpy.random.seed(int.from_bytes(os.urandom(4), "little"))
+    return module or argv[0]
+
+
+_PYTHONPATH = os.environ.get("PYTHONPATH", "")  # the server's, to tell its entries from the installation's
+
+if __name__ == "__main__":
+    _die_with_parent()
+    _preimport()
+    # What the servers imported, by top-level name, for warm_python.py to tell whether a rank's PYTHONPATH brings
+    # another copy of any of it (then the rank starts fresh).
+    Path(sys.argv[1] + ".modules").write_text("\n".join(sorted({name.split(".")[0] for name in sys.modules})))
+    _listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    _listener.bind(sys.argv[1])
+    _listener.listen(128)
+    _conn = _serve(_listener)
+    _request, _fds = _receive(_conn)
+    _rank_pid = os.fork()
+    if _rank_pid != 0:
+        for _fd in _fds:
+            os.close(_fd)
+        _reap(_conn, _rank_pid)
+    _conn.close()
+    _request_is_module = _request["argv"][0] == "-m"
+    _script = _become_rank(_request, _fds)
+    # At module level, outside any try: the script's SystemExit and uncaught exceptions end this process exactly as
+    # they end `python -u script.py` (traceback, sys.last_value, atexit handlers, exit code 1).
+    import runpy
+
+    del _conn, _request, _fds, _listener
+    if _request_is_module:
+        runpy.run_module(_script, run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(_script, run_name="__main__")
