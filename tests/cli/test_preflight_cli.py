@@ -24,7 +24,7 @@ from hf_dist_recipes.parallel import models  # noqa: F401  (torch + transformers
 from hf_dist_recipes.preflight.launch import KILL_GRACE_S, LOST_GRACE_S
 from hf_dist_recipes.preflight.result import CHECKS, REPORT_SCHEMA
 from tests.support.hosts import cpu_only_host
-from tests.support.launch import two_machine_config
+from tests.support.launch import fresh_env, two_machine_config
 from tests.support.paths import REPO
 from tests.support.preflight import recipe_learning_rates, rows_by_name
 
@@ -303,7 +303,9 @@ def test_a_stopped_rank_ends_the_preflight_naming_it(tmp_path):
 
     import psutil
 
-    env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}
+    # Fresh ranks: the rank to stop is found in the launch's process tree, where a warm rank's stand-in would be
+    # (tests.support.warm_ranks), and SIGSTOP cannot be forwarded.
+    env = fresh_env({k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"})
     env.update(PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     proc = subprocess.Popen(
         [
@@ -378,7 +380,9 @@ def test_a_stopped_rank_ends_the_preflight_naming_it(tmp_path):
 def test_the_outer_timeout_kills_the_launch_and_names_the_unfinished_checks(tmp_path):
     import psutil
 
-    env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}
+    # Fresh ranks: what must not outlive the preflight is the launch's process tree, and warm ranks live outside it
+    # (tests.support.warm_ranks).
+    env = fresh_env({k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"})
     env.update(PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     start = time.perf_counter()
     proc = subprocess.Popen(
