@@ -42,17 +42,16 @@ def warm_ranks(request, tmp_path_factory):
     if not launching or os.environ.get("HF_DIST_RECIPES_WARM_RANKS") == "0" or not LAUNCHES.available():
         yield None
         return
-    directory = tmp_path_factory.mktemp("warm")
-    servers = warm_ranks.WarmServers(directory, launched_ranks_env(os.environ))
+    servers = warm_ranks.WarmServers(tmp_path_factory.mktemp("warm"), launched_ranks_env(os.environ))
     LAUNCHES.excluded.update(process.pid for process in servers.processes)
     servers.wait_ready()  # about 5 s once; a rank that came before would start fresh
     saved = dict(os.environ)
-    os.environ.update(servers.env, **{warm_ranks.LOG: str(directory / "ranks.log")})
+    os.environ.update(servers.env)
     yield servers
     os.environ.clear()
     os.environ.update(saved)
     servers.stop()
-    WARM_SUMMARY.extend(warm_ranks.summary(directory / "ranks.log"))
+    WARM_SUMMARY.extend(servers.summary())
 
 
 @pytest.fixture(autouse=True)

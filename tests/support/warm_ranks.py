@@ -2,21 +2,23 @@
 transformers, accelerate and DeepSpeed, instead of a fresh `python -u script.py` that imports them again.
 
 Why: every rank of every launch spends about 4 s of one core importing the stack before it runs a line of the
-worker, and the suite's ~60 launches are CPU-bound on 2 cores, so the imports alone were about a third of `make
-test`. The ranks stay real processes started by the real launcher: `accelerate launch` -> torchrun's elastic agent
--> `PYTHON_EXEC` (torchrun's documented override of the interpreter it starts) -> `warm_python.py`, which hands its
-argv, environment, working directory and stdin/stdout/stderr to one of these servers and mirrors the rank's fate
-(exit code, or death by the same signal) back to the agent. Only the interpreter start differs, and
-`warm_python.py` starts a fresh interpreter instead whenever the rank asks for anything an import could have seen
-differently (PYTHON* variables, CUDA_VISIBLE_DEVICES, OMP threads, offline flags: `IMPORT_TIME_ENV`).
+worker, and the suite's ~66 launches are CPU-bound on 2 cores (2026-12-05, 2 cores: the whole suite 926.8 s with
+every rank fresh, 758.7 s warm). The ranks stay real processes started by the real launcher: `accelerate launch`
+-> torchrun's elastic agent -> `PYTHON_EXEC` (torchrun's documented override of the interpreter it starts) ->
+`warm_python.py`, which hands its argv, environment, working directory and stdin/stdout/stderr to one of these
+servers and mirrors the rank's fate (exit code, or death by the same signal) back to the agent. Only the
+interpreter start differs, and `warm_python.py` starts a fresh interpreter instead whenever the rank asks for
+anything an import could have seen differently (PYTHON* variables, CUDA_VISIBLE_DEVICES, OMP threads, offline
+flags: `IMPORT_TIME_ENV`).
 
 What a fork shares that a fresh process would not, and what is done about it:
 - numpy's global random state and torch's default generator: seeded again in the rank from the OS, as a fresh
   process seeds them (torch 2.13 too draws its default seed from the OS).
 - Python's string-hash seed: two servers started with their own random seeds serve even and odd ranks, so
   neighbouring ranks disagree on set order as fresh processes would.
-Tests that must see a process start from nothing (faults injected before the imports, the stock Trainer's first
-import, the installed wheel) drop `PYTHON_EXEC` from their launch environment (tests.support.launch.fresh_env).
+A test that looks for its ranks in the launch's process tree (to stop one from outside, or to see that none
+outlives a timeout) drops `PYTHON_EXEC` from its launch environment (tests.support.launch.fresh_env): a warm rank
+lives outside that tree, beside its stand-in, and SIGSTOP cannot be forwarded.
 
 Process layout: server -> (per rank) reaper -> rank. The reaper forwards the signals warm_python.py receives, kills
 the rank if warm_python.py disappears (SIGKILL cannot be forwarded), and reports how the rank ended.
@@ -44,17 +46,6 @@ SERVERS = 2  # even and odd ranks get different string-hash seeds
 READY_TIMEOUT_S = 120  # importing the stack takes ~5 s per server on 2 idle cores
 
 
-LOG = "HF_DIST_RECIPES_WARM_LOG"  # warm_python.LOG, spelled here too so that importing this module stays light
-
-
-def summary(log: Path) -> list[str]:
-    """Lines for pytest's summary: how many ranks were forked warm, how many started fresh, and why."""
-    lines = log.read_text().splitlines() if log.exists() else []
-    warm = sum(line.startswith("warm ") for line in lines)
-    reasons = Counter(line.split()[1] for line in lines if line.startswith("fresh "))
-    why = ", ".join(f"{n} {reason}" for reason, n in reasons.most_common())
-    return [f"ranks: {warm} forked warm, {sum(reasons.values())} started fresh" + (f" ({why})" if why else "")]
-
 
 class WarmServers:
     """The running servers and the environment that points torchrun at them (`env`, to add to os.environ)."""
@@ -80,8 +71,10 @@ class WarmServers:
                 )
                 for path in sockets
             ]
+        self.ranks_log = directory / "ranks.log"  # warm_python.py's line per rank
         self.env = {
             "PYTHON_EXEC": str(client),
+            warm_python.LOG: str(self.ranks_log),
             warm_python.SOCKETS: os.pathsep.join(sockets),
             warm_python.PYTHON: sys.executable,
             warm_python.SERVER_ENV: json.dumps(
@@ -102,6 +95,14 @@ class WarmServers:
                     log = said.decode() + self.log.read_text()
                     raise RuntimeError(f"a warm rank server did not start:\n{log[-3000:]}")
                 said += chunk
+
+    def summary(self) -> list[str]:
+        """Lines for pytest's summary: how many ranks were forked warm, how many started fresh, and why."""
+        lines = self.ranks_log.read_text().splitlines() if self.ranks_log.exists() else []
+        warm = sum(line.startswith("warm ") for line in lines)
+        reasons = Counter(line.split()[1] for line in lines if line.startswith("fresh "))
+        why = ", ".join(f"{n} {reason}" for reason, n in reasons.most_common())
+        return [f"ranks: {warm} forked warm, {sum(reasons.values())} started fresh" + (f" ({why})" if why else "")]
 
     def stop(self) -> None:
         for process in self.processes:
