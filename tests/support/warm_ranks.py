@@ -46,7 +46,6 @@ SERVERS = 2  # even and odd ranks get different string-hash seeds
 READY_TIMEOUT_S = 120  # importing the stack takes ~5 s per server on 2 idle cores
 
 
-
 class WarmServers:
     """The running servers and the environment that points torchrun at them (`env`, to add to os.environ)."""
 
