@@ -22,7 +22,7 @@ if "torch" in sys.modules:  # imported by a plugin before this file: the variabl
 
 # This environment's executables first on PATH, as in an activated environment (tests.support.slurm does the same for
 # its jobs). `make test` runs .venv/bin/python without activating, so launches started here found the system's ninja
-# (1.11) while the Slurm jobs and the installed-wheel run found the pinned one (1.13): each took the other's
+# (1.11) while the Slurm jobs found the pinned one (1.13): each took the other's
 # .ninja_log entries for a changed command and DeepSpeed rebuilt its shm op, ~25 s of both cores, about every other
 # launch (seen in .ninja_log: identical compile commands, alternating hashes).
 os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
