@@ -114,6 +114,7 @@ def test_a_killed_stand_in_takes_its_rank_along(client, tmp_path):
 
 def test_ranks_that_import_differently_start_fresh(client, tmp_path):
     (tmp_path / "numpy").mkdir()  # another copy of a module the servers imported, first on this rank's path
+    (tmp_path / "numpy" / "__init__.py").write_text("")
     cases = {
         "threads": {"OMP_NUM_THREADS": "3"},
         "interpreter-flag": {"PYTHONFAULTHANDLER": "1"},
@@ -123,3 +124,18 @@ def test_ranks_that_import_differently_start_fresh(client, tmp_path):
         code, seen, _ = _run(client, tmp_path, name, "exit:0", **env)
         assert code == 0 and not seen["preloaded"], name
         assert seen["cwd"] == str(tmp_path) and seen["marker"] == name
+
+
+def test_a_folder_that_cannot_shadow_keeps_the_rank_warm(client, tmp_path):
+    # A folder named like an imported package but without __init__.py (accelerate puts the launch's working directory
+    # on PYTHONPATH, and tests keep a `deepspeed/` folder of JSON there) is a namespace portion: a fresh interpreter
+    # still imports the installed package, so the rank need not start fresh. A file named like a module does shadow.
+    (tmp_path / "deepspeed").mkdir()
+    (tmp_path / "deepspeed" / "zero3.json").write_text("{}")
+    (tmp_path / "numpy.json").write_text("{}")
+    path = os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(tmp_path)])
+    code, seen, _ = _run(client, tmp_path, "namespace-folder", "exit:0", PYTHONPATH=path)
+    assert code == 0 and seen["preloaded"], "a folder without __init__.py made the rank start fresh"
+    (tmp_path / "torch.py").write_text("")
+    code, seen, _ = _run(client, tmp_path, "module-file", "exit:0", PYTHONPATH=path)
+    assert code == 0 and not seen["preloaded"], "torch.py first on the rank's path did not make it start fresh"

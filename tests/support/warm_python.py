@@ -11,6 +11,7 @@ import signal
 import socket
 import struct
 import sys
+from importlib.machinery import all_suffixes
 
 SOCKETS = "HF_DIST_RECIPES_WARM_SOCKETS"  # the servers' socket paths, os.pathsep-separated
 PYTHON = "HF_DIST_RECIPES_WARM_PYTHON"  # the real interpreter, for the fallback
@@ -59,9 +60,21 @@ def _shadowing(rank_path, server_path, modules_file):
             names = os.listdir(entry)
         except OSError:
             continue
-        if any(name.split(".")[0] in imported for name in names):
+        if any(_module_name(entry, name) in imported for name in names):
             found.append(entry)
     return found
+
+
+def _module_name(entry, name):
+    """The top-level module a fresh interpreter could import from `entry/name`, or None. Only a regular package
+    (`name/__init__.py`, `.pyc`, an extension) or a module file shadows the installation's copy. A folder without
+    `__init__` (a test's `deepspeed/` folder of JSON files, say) is a namespace portion (PEP 420): the import goes on
+    along sys.path to the regular package, and a namespace package the servers imported recomputes its portions from
+    the rank's sys.path on next use, as a fresh one would find them."""
+    full = os.path.join(entry, name)
+    if os.path.isdir(full):
+        return name if any(os.path.isfile(os.path.join(full, "__init__" + s)) for s in all_suffixes()) else None
+    return next((name[: -len(s)] for s in all_suffixes() if name.endswith(s)), None)
 
 
 def _note(line):
