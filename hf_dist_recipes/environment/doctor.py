@@ -3,7 +3,7 @@ report with its exit code and JSON schema.
 
 `run_checks(facts, lock=None)` returns a `DoctorReport` with, in order:
 - the checks of `doctor_checks.py` (`FACT_CHECKS`: versions, torch sees the GPUs, driver, nccl, infiniband, nccl
-  network, peer access, /dev/shm, debug variables, declared minimums, build locks);
+  network, peer access, /dev/shm, debug variables, declared minimums, build locks, ninja);
 - `known issues`: how many known-bad combinations (`environment/rules.py`) were checked, which could not be;
   then one `rule <id>` check per finding, its status from the rule's severity (info shows as ok, with its fix),
   except a finding that restates a check above already as severe (COVERED_BY), named in that check's source;

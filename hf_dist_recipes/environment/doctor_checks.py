@@ -19,7 +19,10 @@ warning / error, with the fix and the source of the rule. `FACT_CHECKS`, in orde
 - `debug variables`: NCCL_DEBUG=INFO/TRACE or TORCH_DISTRIBUTED_DEBUG=DETAIL left set (warning: NVIDIA's NCCL
   docs, slower and floods the logs);
 - `declared minimums`: the versions the installed packages declare they need (error);
-- `build locks`: a stale DeepSpeed JIT build lock (error: every later run hangs on it; `extensions.stale_locks`).
+- `build locks`: a stale DeepSpeed JIT build lock (error: every later run hangs on it; `extensions.stale_locks`);
+- `ninja`: the ninja DeepSpeed's op builds run (first on PATH) is the environment's own, or at least its version
+  (warning otherwise: jobs with and without the environment activated rebuild every op; `extensions.ninjas`), and
+  one exists when DeepSpeed is installed (warning: an op build stops with "Ninja is required").
 """
 
 from __future__ import annotations
@@ -316,6 +319,44 @@ def check_build_locks(facts: EnvironmentFacts, *, root=None) -> Check:
     return Check("build locks", "ok", f"no stale DeepSpeed build lock under {where}", source=source)
 
 
+def check_ninja(facts: EnvironmentFacts | None, *, search_path=None, interpreter=None) -> Check:
+    """The ninja torch runs for DeepSpeed's op builds (first on `search_path`, default $PATH) against the one beside
+    `interpreter` (default sys.executable). Reads the machine, like `check_build_locks`; `facts` only says whether
+    DeepSpeed is installed (None: assume it is)."""
+    import sys
+    from pathlib import Path
+
+    from hf_dist_recipes.environment import extensions
+
+    source = (
+        "torch cpp_extension verify_ninja_availability runs `ninja` from PATH; ninja log v7 (ninja-build/ninja 2519) "
+        "vs v6 (2240); hf_dist_recipes/environment/extensions.py"
+    )
+    used, beside = extensions.ninjas(search_path, interpreter)
+    bin_dir = Path(interpreter or sys.executable).parent
+    on_path_fix = f"activate the environment, or in every job script: export PATH={bin_dir}:$PATH"
+    if used is None:
+        if beside is not None:
+            detail = (
+                f"no ninja on PATH, though {beside.path} ({beside.version or 'version unknown'}) is installed beside "
+                "the interpreter: a DeepSpeed op build stops with 'Ninja is required to load C++ extensions'"
+            )
+            return Check("ninja", "warning", detail, on_path_fix, source)
+        if facts is not None and not facts.rule_facts().get("deepspeed"):
+            return Check("ninja", "ok", "no ninja, and no DeepSpeed to build ops with it", source=source)
+        detail = "no ninja anywhere: a DeepSpeed op build (cpu_adam, fused_adam, shm) stops with 'Ninja is required'"
+        return Check("ninja", "warning", detail, "pip install ninja (DeepSpeed's own requirement)", source)
+    shown = f"{used.path} ({used.version or 'version unknown'})"
+    if beside is None or os.path.samefile(used.path, beside.path) or used.version == beside.version:
+        return Check("ninja", "ok", f"DeepSpeed's ops build with {shown}", source=source)
+    detail = (
+        f"DeepSpeed's ops build with {shown}, the first on PATH, but the environment has {beside.path} "
+        f"({beside.version or 'version unknown'}): jobs run with and without the environment activated distrust "
+        "each other's .ninja_log and rebuild every op (a minute or more of every core, each job)"
+    )
+    return Check("ninja", "warning", detail, f"{on_path_fix} (or uninstall one of the two)", source)
+
+
 def check_declared_minimums(facts: EnvironmentFacts) -> Check:
     rf = facts.rule_facts()
     broken, sources = [], []
@@ -354,4 +395,5 @@ FACT_CHECKS: tuple[Callable[[EnvironmentFacts], Check], ...] = (
     check_debug_variables,
     check_declared_minimums,
     check_build_locks,
+    check_ninja,
 )

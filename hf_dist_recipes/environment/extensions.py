@@ -20,6 +20,14 @@ of them build while the others wait, so each node builds each op once; a node-lo
 later jobs on the node reuse the build. An explicit `TORCH_EXTENSIONS_DIR` is always kept.
 
 A lock older than a few minutes while no compiler runs is the leftover of a killed build: `check_no_stale_locks`.
+
+torch builds with the `ninja` first on PATH (cpp_extension `verify_ninja_availability` runs `ninja --version`), not
+the one installed beside the interpreter (DeepSpeed's `ninja` requirement). A job script that runs `.venv/bin/python`
+without activating the environment can therefore find another ninja than a job that activates it, or none at all
+("Ninja is required to load C++ extensions"). Two ninja versions do not trust each other's `.ninja_log` (1.13 writes
+log v7 with another command hash, ninja-build/ninja 2519; older ones v6, 2240), so jobs that alternate between them
+rebuild every op each time: measured in this repository's suite, deepspeed_shm_comm (about 25 s of both cores) was
+rebuilt on about every other launch until every launch used one ninja. `ninjas` finds both for the doctor.
 """
 
 from __future__ import annotations
@@ -28,9 +36,12 @@ import getpass
 import logging
 import os
 import re
+import shutil
 import stat
+import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -237,3 +248,29 @@ def check_no_stale_locks(root: str | Path | None = None) -> None:
             "every DeepSpeed run would wait on them forever. No build is running now; delete them "
             f"(rm {' '.join(map(str, locks))}) and start again"
         )
+
+
+@dataclass(frozen=True)
+class Ninja:
+    """A ninja executable and what `--version` printed ("" when it would not run)."""
+
+    path: Path
+    version: str
+
+
+def _ninja(path: str | Path | None) -> Ninja | None:
+    if path is None or not os.path.isfile(path) or not os.access(path, os.X_OK):
+        return None
+    try:
+        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    return Ninja(Path(path), out)
+
+
+def ninjas(search_path: str | None = None, interpreter: str | None = None) -> tuple[Ninja | None, Ninja | None]:
+    """(the ninja torch builds with: first on `search_path`, default $PATH; the one in `interpreter`'s folder,
+    default sys.executable's, which an activated environment puts first). Either is None when absent."""
+    path = os.environ.get("PATH", "") if search_path is None else search_path
+    beside = Path(interpreter or sys.executable).parent / "ninja"  # the venv's bin, not the resolved base Python
+    return _ninja(shutil.which("ninja", path=path)), _ninja(beside)

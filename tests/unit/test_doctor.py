@@ -360,6 +360,47 @@ def test_build_locks_check_reads_the_real_lock_files(tmp_path):
     assert check.status == "error" and str(lock) in check.detail and f"rm {lock}" in check.fix
 
 
+def _fake_ninja(folder, version):
+    # An executable that answers `--version` as that ninja release does: this machine may have one ninja or two, and
+    # which versions is not ours to choose. The check runs it as torch runs ninja.
+    folder.mkdir(parents=True, exist_ok=True)
+    exe = folder / "ninja"
+    exe.write_text(f"#!/bin/sh\necho {version}\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def test_ninja_check_compares_the_ninja_on_path_with_the_environments(tmp_path, h100):
+    env_bin, system_bin = tmp_path / "venv" / "bin", tmp_path / "usr" / "bin"
+    python = str(env_bin / "python")
+    _fake_ninja(env_bin, "1.13.2")
+    # activated environment: its own ninja is first on PATH
+    check = doctor_checks.check_ninja(h100, search_path=f"{env_bin}:{system_bin}", interpreter=python)
+    assert check.status == "ok" and str(env_bin / "ninja") in check.detail and "1.13.2" in check.detail
+    # not activated: the system's 1.11 builds the ops some jobs, the environment's 1.13 others
+    _fake_ninja(system_bin, "1.11.1")
+    check = doctor_checks.check_ninja(h100, search_path=f"{system_bin}:{env_bin}", interpreter=python)
+    assert check.status == "warning"
+    assert "1.11.1" in check.detail and "1.13.2" in check.detail and "rebuild every op" in check.detail
+    assert f"export PATH={env_bin}:$PATH" in check.fix
+    # two files of one version keep one log format: nothing to rebuild
+    _fake_ninja(system_bin, "1.13.2")
+    assert doctor_checks.check_ninja(h100, search_path=str(system_bin), interpreter=python).status == "ok"
+
+
+def test_ninja_check_names_a_ninja_missing_from_path(tmp_path, h100):
+    env_bin, empty = tmp_path / "venv" / "bin", tmp_path / "empty"
+    empty.mkdir()
+    _fake_ninja(env_bin, "1.13.2")
+    check = doctor_checks.check_ninja(h100, search_path=str(empty), interpreter=str(env_bin / "python"))
+    assert check.status == "warning" and "Ninja is required" in check.detail and str(env_bin) in check.fix
+    nowhere = str(tmp_path / "nowhere" / "python")
+    check = doctor_checks.check_ninja(h100, search_path=str(empty), interpreter=nowhere)
+    assert h100.rule_facts()["deepspeed"] and check.status == "warning" and "pip install ninja" in check.fix
+    no_deepspeed = replace(h100, packages={k: v for k, v in h100.packages.items() if k != "deepspeed"})
+    assert doctor_checks.check_ninja(no_deepspeed, search_path=str(empty), interpreter=nowhere).status == "ok"
+
+
 def test_an_info_rule_restating_a_quiet_check_is_folded_but_a_warning_is_not():
     checks = [Check("build locks", "ok", "none")]
     kept = doctor.fold_duplicates(checks, [Check("rule deepspeed-stale-jit-build-lock", "ok", "generic advice")])
