@@ -13,25 +13,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from hf_dist_recipes.core.launch import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "distributed" / "workers" / "gloo_exit_worker.py"
 MODES = ("none", "destroy", "recipe")
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def job(mode: str, collectives: int) -> bool:
     """One 2-rank job; True if a rank aborted."""
-    port = str(_port())
+    port = str(free_port())
     procs = []
     for rank in (0, 1):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank), WORLD_SIZE="2")

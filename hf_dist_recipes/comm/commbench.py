@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from hf_dist_recipes.comm.backend import resolve_backend
+    from hf_dist_recipes.comm.backend import destroy_gloo_group, resolve_backend
 
     p = argparse.ArgumentParser(prog="python -m hf_dist_recipes.comm.commbench", description=__doc__)
     p.add_argument("--backend", choices=("nccl", "gloo"), help="default: NCCL with CUDA GPUs, else Gloo")
@@ -313,10 +313,15 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             print(f"commbench [{backend}]: {line}", file=sys.stderr, flush=True)
 
+    finished = False
     try:
         result = run_benchmark(s, device, backend, progress)
+        finished = True
     finally:
-        dist.destroy_process_group()  # Gloo aborts at interpreter exit otherwise (see backend.destroy_gloo_group)
+        # A finished Gloo rank meets its peers before the destroy: torn down while a peer still works, it can abort
+        # after its results are in (backend.destroy_gloo_group, measured). A failing one, and NCCL, destroy at once.
+        if not (finished and destroy_gloo_group()):
+            dist.destroy_process_group()
     if rank == 0:
         if args.output:
             with open(args.output, "w", encoding="utf-8") as f:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,16 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hf_dist_recipes.core.launch import free_port  # the tests' launches pick ports as the product's do
 from tests.support.paths import REPO
 
 LAUNCH_TIMEOUT_S = 420  # one run; the first also JIT-builds DeepSpeed's shm op (about 60 s on 2 cores)
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now, so each multi-process test gets its own rendezvous."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_only_env(env: dict[str, str]) -> dict[str, str]:

@@ -4,7 +4,6 @@ scalars plugin's `/data/plugin/scalars/scalars` route, what the browser fetches)
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -16,15 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hf_dist_recipes.core.launch import free_port
 from hf_dist_recipes.logs.aggregate import summarize_logs, write_aggregate_run
 
 TIMEOUT_S = 60
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str):
@@ -45,7 +39,7 @@ def test_aggregate_run_is_served_by_tensorboard(tmp_path):
     write_aggregate_run(summarize_logs(tmp_path / "logs", workers=1), out / "aggregate")
 
     binary = Path(sys.executable).with_name("tensorboard")
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path / "tensorboard.log", "w+")  # a file, not a pipe: a full pipe would block the server
     proc = subprocess.Popen(
         [
