@@ -5,8 +5,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
-# JOBS=N: test files spread over N pytest processes (pytest-xdist; tests/support/parallel_runs.py).
-JOBS ?=
+# JOBS=N: test files spread over N pytest processes (pytest-xdist; tests/support/parallel_runs.py); JOBS= runs serially.
+# 4 by default: the suite is CPU-bound on 2 cores, and 4 processes fill the waits of one launch with another's work.
+JOBS ?= 4
 
 .PHONY: install demo test test-fast lint format configs docs lock clean
 
