@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import Counter
 
 import pytest
 
 from tests.support.launch import launched_ranks_env
 from tests.support.launch_count import COUNTER as LAUNCHES
 
-WARM_SUMMARY: list[str] = []
+WARM_COUNTS: Counter = Counter()  # how the ranks started, summed over xdist workers
 
 # One OpenMP thread in this process and the processes it starts (launched ranks get 1 from accelerate anyway):
 # on 2 busy cores two threads spin against each other. A tiny-deepseek-v3 step took 7.7 s with 2 threads and 0.24 s
@@ -58,7 +59,7 @@ def warm_ranks(request, tmp_path_factory):
     os.environ.clear()
     os.environ.update(saved)
     servers.stop()
-    WARM_SUMMARY.extend(servers.summary())
+    WARM_COUNTS.update(servers.counts())
 
 
 @pytest.fixture(autouse=True)
@@ -86,7 +87,9 @@ def pytest_runtest_logstart(nodeid, location):
 
 
 def pytest_terminal_summary(terminalreporter):
-    for line in LAUNCHES.summary_lines() + WARM_SUMMARY:
+    from tests.support.warm_ranks import summary_line
+
+    for line in LAUNCHES.summary_lines() + ([summary_line(WARM_COUNTS)] if WARM_COUNTS else []):
         terminalreporter.write_line(line)
 
 
@@ -94,6 +97,7 @@ def pytest_sessionfinish(session):
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: its launches go to the controller's summary
         workeroutput["launches_by_test"] = dict(LAUNCHES.by_test)
+        workeroutput["warm_counts"] = dict(WARM_COUNTS)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -105,7 +109,9 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
-    LAUNCHES.by_test.update(getattr(node, "workeroutput", {}).get("launches_by_test", {}))
+    output = getattr(node, "workeroutput", {})
+    LAUNCHES.by_test.update(output.get("launches_by_test", {}))
+    WARM_COUNTS.update(output.get("warm_counts", {}))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -46,6 +46,13 @@ SERVERS = 2  # even and odd ranks get different string-hash seeds
 READY_TIMEOUT_S = 120  # importing the stack takes ~5 s per server on 2 idle cores
 
 
+def summary_line(counts: Counter) -> str:
+    """pytest's summary line for `WarmServers.counts()`, summed over the xdist workers."""
+    fresh = Counter({key.split(":", 1)[1]: n for key, n in counts.items() if key.startswith("fresh:")})
+    why = ", ".join(f"{n} {reason}" for reason, n in fresh.most_common())
+    return f"ranks: {counts['warm']} forked warm, {fresh.total()} started fresh" + (f" ({why})" if why else "")
+
+
 class WarmServers:
     """The running servers and the environment that points torchrun at them (`env`, to add to os.environ)."""
 
@@ -95,13 +102,10 @@ class WarmServers:
                     raise RuntimeError(f"a warm rank server did not start:\n{log[-3000:]}")
                 said += chunk
 
-    def summary(self) -> list[str]:
-        """Lines for pytest's summary: how many ranks were forked warm, how many started fresh, and why."""
+    def counts(self) -> Counter:
+        """How this session's ranks started: {"warm": N, "fresh:<why>": M, ...} (`summary_line` renders a sum)."""
         lines = self.ranks_log.read_text().splitlines() if self.ranks_log.exists() else []
-        warm = sum(line.startswith("warm ") for line in lines)
-        reasons = Counter(line.split()[1] for line in lines if line.startswith("fresh "))
-        why = ", ".join(f"{n} {reason}" for reason, n in reasons.most_common())
-        return [f"ranks: {warm} forked warm, {sum(reasons.values())} started fresh" + (f" ({why})" if why else "")]
+        return Counter("warm" if line.startswith("warm ") else f"fresh:{line.split()[1]}" for line in lines)
 
     def stop(self) -> None:
         for process in self.processes:
