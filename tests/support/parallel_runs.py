@@ -9,7 +9,8 @@ files start.
 Measured on the 2-core machine (2026-12-04, whole suite, serial 1,143 s): `-n 3` by file with xdist's order (most
 tests first, so the launches came last), 916 s. The ranks of one launch already keep both cores busy most of the
 time; the gain is the idle waits (timeouts, stopped ranks, launcher start-up) that another file's work fills.
-2026-12-05, launching files first: serial 815 s, `-n 3` 574 s, `-n 4` 622 s with both ops built from scratch."""
+2026-12-05, launching files first: serial 815 s, `-n 3` 574 s, `-n 4` 622 s with both ops built from scratch;
+then with the warm servers' gc.freeze and no FusedAdam build, `-n 4` 474 s."""
 
 from __future__ import annotations
 

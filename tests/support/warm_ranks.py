@@ -29,6 +29,7 @@ the rank if warm_python.py disappears (SIGKILL cannot be forwarded), and reports
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import select
@@ -221,6 +222,11 @@ _PYTHONPATH = os.environ.get("PYTHONPATH", "")  # the server's, to tell its entr
 if __name__ == "__main__":
     _die_with_parent()
     _preimport()
+    # The imported stack (about a million objects) moves to the permanent generation: a rank's full collections
+    # then neither scan it nor write its GC headers, which would copy every page of it out of the shared fork
+    # (the CPython docs' advice for fork without exec).
+    gc.collect()
+    gc.freeze()
     # What the servers imported, by top-level name, for warm_python.py to tell whether a rank's PYTHONPATH brings
     # another copy of any of it (then the rank starts fresh).
     Path(sys.argv[1] + ".modules").write_text("\n".join(sorted({name.split(".")[0] for name in sys.modules})))
