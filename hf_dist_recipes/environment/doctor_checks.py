@@ -28,8 +28,10 @@ warning / error, with the fix and the source of the rule. `FACT_CHECKS`, in orde
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -323,9 +325,6 @@ def check_ninja(facts: EnvironmentFacts | None, *, search_path=None, interpreter
     """The ninja torch runs for DeepSpeed's op builds (first on `search_path`, default $PATH) against the one beside
     `interpreter` (default sys.executable). Reads the machine, like `check_build_locks`; `facts` only says whether
     DeepSpeed is installed (None: assume it is)."""
-    import sys
-    from pathlib import Path
-
     from hf_dist_recipes.environment import extensions
 
     source = (

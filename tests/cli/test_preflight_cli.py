@@ -333,23 +333,26 @@ def test_a_stopped_rank_ends_the_preflight_naming_it(tmp_path):
     stopped: list = []
     stopped_at: list[float] = []
 
+    def stop_rank_1() -> bool:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                if "preflight.worker" in " ".join(child.cmdline()) and child.environ().get("RANK") == "1":
+                    child.send_signal(signal.SIGSTOP)
+                    stopped.append(child)
+                    stopped_at.append(time.perf_counter())
+                    return True
+            except psutil.Error:
+                pass
+        return False
+
     def watch_progress():
         for line in proc.stderr:
             if "[2/7] backend ..." in line and not stopped:
                 # Looked for again for a while: on loaded cores one look once missed it (a child's environ or
                 # cmdline not readable at that instant).
                 deadline = time.monotonic() + 30
-                while not stopped and time.monotonic() < deadline:
-                    for child in psutil.Process(proc.pid).children(recursive=True):
-                        try:
-                            if "preflight.worker" in " ".join(child.cmdline()) and child.environ().get("RANK") == "1":
-                                child.send_signal(signal.SIGSTOP)
-                                stopped.append(child)
-                                stopped_at.append(time.perf_counter())
-                        except psutil.Error:
-                            pass
-                    if not stopped:
-                        time.sleep(0.2)
+                while not stop_rank_1() and time.monotonic() < deadline:
+                    time.sleep(0.2)
 
     watcher = threading.Thread(target=watch_progress, daemon=True)
     watcher.start()

@@ -222,7 +222,7 @@ _PYTHONPATH = os.environ.get("PYTHONPATH", "")  # the server's, to tell its entr
 if __name__ == "__main__":
     _die_with_parent()
     _preimport()
-    # The imported stack (about a million objects) moves to the permanent generation: a rank's full collections
+    # The imported stack (about 430,000 objects) moves to the permanent generation: a rank's full collections
     # then neither scan it nor write its GC headers, which would copy every page of it out of the shared fork
     # (the CPython docs' advice for fork without exec).
     gc.collect()

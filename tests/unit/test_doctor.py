@@ -364,10 +364,7 @@ def _fake_ninja(folder, version):
     # An executable that answers `--version` as that ninja release does: this machine may have one ninja or two, and
     # which versions is not ours to choose. The check runs it as torch runs ninja.
     folder.mkdir(parents=True, exist_ok=True)
-    exe = folder / "ninja"
-    exe.write_text(f"#!/bin/sh\necho {version}\n")
-    exe.chmod(0o755)
-    return exe
+    return fake_env.executable(folder / "ninja", f"echo {version}\n")
 
 
 def test_ninja_check_compares_the_ninja_on_path_with_the_environments(tmp_path, h100):
