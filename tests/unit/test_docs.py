@@ -10,6 +10,8 @@ test_readme.py does), and the pages the site generates at build time (CLI refere
 - text blocks that start with `hf-dist-recipes` are synopses: every `--flag` exists on that command;
 - yaml/json parse; backticked repository paths exist (here, or in the installed upstream package);
 - the troubleshooting page quotes messages that occur in the package's source.
+
+About 550 lines: one checker per kind of block above, each small; they share the page parsing at the top.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ Fakes: this machine has no NVIDIA GPU, driver, NVML, nvidia-smi or InfiniBand, s
 replayed through the probe's injected sources (tests/fixtures/env/, fake_env.py), with `torch.version.cuda` set to
 the CUDA build the recorded host runs. A single fact is then changed with dataclasses.replace where a check needs
 the failing case of one fact only.
+
+About 470 lines: one concept (each check of doctor_checks.py, once passing and once failing), sharing the recorded
+hosts' fixtures; split by check, every file would rebuild those hosts.
 """
 
 from __future__ import annotations
