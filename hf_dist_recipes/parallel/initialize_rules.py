@@ -46,9 +46,20 @@ def _enabled(section) -> bool | None:
     return None if value == "auto" else bool(value)
 
 
-def initialize_refusals(config: dict, *, world_size: int | None = None, use_cpu: bool | None = None) -> list[Refusal]:
+def cpu_fp16_supported() -> bool:
+    """Whether DeepSpeed's CPU accelerator takes fp16 on this host: where oneDNN has fp16 kernels (AVX512-FP16 or
+    AMX-FP16; DeepSpeed 0.19.8 `CPU_Accelerator.is_fp16_supported`, which returns None, not False, without)."""
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+    return bool(CPU_Accelerator().is_fp16_supported())
+
+
+def initialize_refusals(
+    config: dict, *, world_size: int | None = None, use_cpu: bool | None = None, cpu_fp16: bool | None = None
+) -> list[Refusal]:
     """The refusals of the module docstring for a DeepSpeed config dict. `world_size` (all processes) and
-    `use_cpu` (the accelerate YAML's) enable the rules that need them."""
+    `use_cpu` (the accelerate YAML's) enable the rules that need them. `cpu_fp16`: whether the CPUs that will run
+    a `use_cpu` launch have fp16 kernels (None: ask this host, `cpu_fp16_supported`)."""
     out: list[Refusal] = []
 
     def add(level: str, where: str, message: str) -> None:
@@ -269,11 +280,26 @@ def initialize_refusals(config: dict, *, world_size: int | None = None, use_cpu:
         )
 
     if use_cpu and fp16 is True:
-        add(
-            ERROR,
-            "runtime/engine.py:2004",
-            "fp16 enabled on a use_cpu launch: the CPU accelerator has no fp16; use bf16 or fp32",
-        )
+        # A host fact, not a constant: DeepSpeed's CPU accelerator refuses fp16 only on CPUs without fp16 kernels.
+        if cpu_fp16 is None:
+            cpu_fp16 = cpu_fp16_supported()
+        if cpu_fp16:
+            out.append(
+                Refusal(
+                    WARNING,
+                    "runtime/engine.py:2004",
+                    "fp16 enabled on a use_cpu launch: this host's CPU has fp16 kernels (AVX512-FP16/AMX) and "
+                    "DeepSpeed accepts it here, but refuses it on CPUs without them (runtime/engine.py:2004); "
+                    "use bf16 or fp32 to run anywhere",
+                )
+            )
+        else:
+            add(
+                ERROR,
+                "runtime/engine.py:2004",
+                "fp16 enabled on a use_cpu launch: DeepSpeed's CPU accelerator has no fp16 on CPUs without "
+                "AVX512-FP16/AMX, such as this host's; use bf16 or fp32",
+            )
 
     if tp > 1 and isinstance(tp_cfg, dict):
         inner = _integer((tp_cfg.get("tp") or {}).get("tp_size") if isinstance(tp_cfg.get("tp"), dict) else None)

@@ -127,8 +127,10 @@ REFUSED = {
         "runtime/engine.py:2022",
     ),
     "param_dtype_mismatch": ("tiny-llama", {"data_types": {"param_dtype": "bf16"}}, "runtime/engine.py:1827"),
-    "fp16_on_cpu": ("tiny-llama", {"fp16": {"enabled": True}}, "runtime/engine.py:2004"),
 }
+# A host fact: DeepSpeed's CPU accelerator refuses fp16 only on CPUs without fp16 kernels (AVX512-FP16/AMX). Run in
+# the same launch; what is expected is read from /proc/cpuinfo below, independently of the code under test.
+FP16_ON_CPU = ("tiny-llama", {"fp16": {"enabled": True}}, "runtime/engine.py:2004")
 # The same sections with the offending value fixed: they initialize, and the lint finds no error.
 CONTROLS = {
     "zero3_autoep": ("tiny-deepseek-v3", {"zero_optimization": {"stage": 3}, "expert_parallel": EP}),
@@ -178,6 +180,8 @@ def _initialize_all(out, refused: dict, controls: dict, world: int) -> dict:
     """Run the worker on `world` ranks over every case; rank 0's {name: {"ok", "type", "message", "where"}},
     after checking that every rank saw the same outcomes."""
     cases = [[n, model, cfg] for n, (model, cfg, _) in refused.items()]
+    if world == 1:
+        cases.append(["fp16_on_cpu", *FP16_ON_CPU[:2]])
     cases += [[n, model, cfg] for n, (model, cfg) in controls.items()]
     (out / "cases.json").write_text(json.dumps(cases))
     env = cpu_only_env(dict(os.environ, PYTHONPATH=str(REPO), MASTER_PORT=str(free_port()), HF_HUB_OFFLINE="1"))
@@ -240,3 +244,32 @@ def test_the_fixed_config_initializes_and_lints_clean(deepspeed_outcomes, name):
     _, config = CONTROLS[name]
     assert deepspeed_outcomes[name] == {"ok": True}
     assert [f.message for f in lint_deepspeed(config, name, use_cpu=True) if f.level == ERROR] == []
+
+
+def _cpu_flags() -> set[str]:
+    """This host's CPU flags as the kernel reports them (empty where /proc/cpuinfo is missing)."""
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return set()
+    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
+def test_fp16_on_cpu_is_refused_exactly_on_hosts_without_fp16_kernels(deepspeed_outcomes):
+    """Both kinds of machine prove something: a CPU with AVX512-FP16 (or AMX-FP16) initializes fp16 and the lint
+    only warns; one without is refused at the line, and the lint says so as an error."""
+    _, config, where = FP16_ON_CPU
+    outcome = deepspeed_outcomes["fp16_on_cpu"]
+    flags = _cpu_flags()
+    if not flags:
+        pytest.skip("no /proc/cpuinfo: the host's fp16 support cannot be read independently")
+    host_has_fp16 = bool(flags & {"avx512_fp16", "amx_fp16"})
+    findings = lint_deepspeed(config, "fp16_on_cpu", use_cpu=True)
+    errors = [f.message for f in findings if f.level == ERROR]
+    if host_has_fp16:
+        assert outcome == {"ok": True}, outcome
+        assert not any(where in m for m in errors), errors
+        assert any(where in f.message and "AVX512-FP16" in f.message for f in findings), findings
+    else:
+        assert not outcome["ok"] and outcome["where"] == where, outcome
+        assert any(where in m for m in errors), errors

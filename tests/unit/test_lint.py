@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from hf_dist_recipes.parallel.initialize_rules import initialize_refusals
 from hf_dist_recipes.parallel.lint import ERROR, WARNING, lint_deepspeed, lint_file
 
 Z3 = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto"}
@@ -221,3 +222,11 @@ def test_a_stage_left_to_auto_applies_no_stage_rule():
     assert "engine.py:2323" not in _messages(lint_deepspeed(auto, "ds.json"), ERROR)
     absent = {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}}  # DeepSpeed's default: ZeRO-0
     assert "engine.py:2323" in _messages(lint_deepspeed(absent, "ds.json"), ERROR)
+
+
+@pytest.mark.parametrize("cpu_fp16, level", [(False, ERROR), (True, WARNING)])
+def test_fp16_on_cpu_follows_the_cpus_fp16_kernels(cpu_fp16, level):
+    """DeepSpeed's CPU accelerator takes fp16 only on CPUs with fp16 kernels: the rule says which, for a given CPU."""
+    refusals = initialize_refusals({"fp16": {"enabled": True}}, use_cpu=True, cpu_fp16=cpu_fp16)
+    assert [(r.level, r.where) for r in refusals] == [(level, "runtime/engine.py:2004")]
+    assert initialize_refusals({"fp16": {"enabled": True}}, use_cpu=False, cpu_fp16=False) == []
