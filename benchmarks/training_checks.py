@@ -66,9 +66,9 @@ class GuardClock:
             "_observe_bucket",
             "on_pre_optimizer_step",
             "on_step_end",
-            "pop_pending",
+            "_log_counters",
         ),
-        RankAgreementCallback: ("observe", "on_step_end", "pop_pending"),
+        RankAgreementCallback: ("observe", "on_step_end"),
     }
 
     def __init__(self):

@@ -10,6 +10,7 @@ Covered: transformers 5.24, accelerate 1.16, deepspeed 0.19.8, torch 2.13.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -503,8 +504,17 @@ class TrainerPrivateOverrides:
         goes to `self.observe_grad_norm` (the gradient-health spike detector). Can go when a public hook receives
         the pre-clip norm (in 5.24 `on_pre_optimizer_step` gets none; `on_optimizer_step` neither)."""
         norm = super()._clip_grad_norm(model)
-        self.observe_grad_norm(norm)
+        self.runtime.grad_norm(norm)
         return norm
+
+    def _load_callback_state(self):
+        """transformers 5.24 `Trainer._load_callback_state()`: on a resume with
+        `restore_callback_states_from_checkpoint`, it rebuilds each stateful callback as `type(cb)(**saved_args)`
+        and appends the new one; a recipe callback rebuilt so holds a runtime of its own that nothing feeds. The run's
+        runtime is handed to it (`RecipeRuntime.adopt`). Can go when the Trainer restores a callback's state into
+        the instance it holds (or calls a public hook after restoring)."""
+        super()._load_callback_state()
+        self.runtime.adopt(self.callback_handler.callbacks)
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         """transformers 5.24 `Trainer._load_from_checkpoint(resume_from_checkpoint, model=None)`, which `train()`
@@ -516,6 +526,47 @@ class TrainerPrivateOverrides:
             load_converted_checkpoint(target, resume_from_checkpoint)
             return
         super()._load_from_checkpoint(resume_from_checkpoint, model)
+
+
+# Evaluation before training under DeepSpeed. transformers 5.24 (PR huggingface/transformers#44889, open; #30205 for
+# ZeRO-2): an evaluation before training builds an inference-only engine and keeps it as `model_wrapped`; `train()`
+# then destroys it (`accelerator.free_memory()`), sees a model that looks wrapped, skips preparing it and stops in
+# `accelerator.backward` ('NoneType' object has no attribute 'backward'). The evaluation also finalized the DeepSpeed
+# config, which accelerate and the Trainer share as one dict (`deepspeed_plugin.hf_ds_config.config`), for zero
+# steps and dropped its `optimizer` block. And AutoTP/AutoEP would rewrite the model in place for that engine
+# (DeepSpeed 0.19.8 cannot rewrite it a second time: "AutoEP: no MoE layers detected" when train() builds its engine).
+# Covered: transformers 5.24, accelerate 1.16, deepspeed 0.19.8; can go when #44889 is released and the evaluation
+# engine no longer shares the training config (equal losses: tests/distributed/test_checkpoint_lifecycle.py).
+def restore_deepspeed_config(trainer, config: dict) -> None:
+    """Put `config` (the snapshot taken when the trainer was built) back into the dict accelerate shares."""
+    import copy
+
+    shared = trainer.accelerator.state.deepspeed_plugin.hf_ds_config.config
+    shared.clear()
+    shared.update(copy.deepcopy(config))
+
+
+def forget_evaluation_engine(trainer, config: dict) -> None:
+    """Before `train()`: drop an engine an earlier evaluation built, and restore the training config."""
+    if trainer.is_deepspeed_enabled and trainer.model_wrapped is not trainer.model:
+        restore_deepspeed_config(trainer, config)
+        trainer.model_wrapped, trainer.deepspeed = trainer.model, None
+
+
+@contextlib.contextmanager
+def evaluation_without_model_parallelism(trainer, config: dict):
+    """Before training, build the evaluation engine as plain ZeRO-3 (no AutoTP/AutoEP sections), so the training
+    engine applies TP and EP to the untouched model; the evaluation's numbers are the same (TP/EP only split work)."""
+    if not trainer.is_deepspeed_enabled or trainer.deepspeed is not None:
+        yield
+        return
+    shared = trainer.accelerator.state.deepspeed_plugin.hf_ds_config.config
+    for key in ("tensor_parallel", "expert_parallel"):
+        shared.pop(key, None)
+    try:
+        yield
+    finally:
+        restore_deepspeed_config(trainer, config)
 
 
 # Resume of a model whose checkpoint layout differs from its parameters (MoE experts). transformers 5.24

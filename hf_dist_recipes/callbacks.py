@@ -1,25 +1,26 @@
 """The recipe's callbacks for given arguments, in the order they run: `recipe_callbacks`. The trainer wires them,
-the practices act (`RecipeTrainerMixin` adds this list after the Trainer's own callbacks).
+the practices act (`RecipeTrainerMixin` adds them after the Trainer's own callbacks).
 
-Order: each requirement is one `Before` entry of `ORDER`, with its reason (`order_problems` checks a list against
-them: tests/unit/test_callbacks.py). One more holds for the whole list: it runs after the Trainer's own callbacks
-(flow, `report_to` integrations, console), which the trainer guarantees by adding it after `Trainer.__init__`,
-because the `PendingLogs` callbacks add per-rank keys and texts to `logs` in `on_log` that must reach neither the
-integrations nor `log_history`, and `GradientHealthCallback.on_step_end` reads the flow callback's decision to log,
-save or stop.
-Where no requirement is stated, the order carries none (`RankMetrics.flush_window` gives the TensorBoard and summary
-callbacks the same numbers in either order).
+Every callback is built with the run's `RecipeRuntime` (`hf_dist_recipes.runtime`): what the trainer feeds them
+(each micro-batch's loss and batch, the pre-clip gradient norm, the bytes of a save) arrives as its events, and
+what they log goes into its `LogSink`, from which `RecipeTrainer.log` fills each log. So no callback depends on
+another's place in the list for its numbers.
 
-Callbacks that need RecipeTrainer to feed them (`core.feeding`): `GradientHealthCallback` (each micro-batch's loss),
-`RankAgreementCallback` with `tp_size` > 1 (each micro step's loss and batch), `PerRankTensorBoardCallback` and
-`RankSummaryCallback` (their `RankMetrics`). Under a plain `transformers.Trainer` they raise ValueError at the first
-optimizer step, naming the fix (`recipe(YourTrainer)`). The others work with any Trainer.
+Order: one requirement remains, a `Before` entry of `ORDER` with its reason (`order_problems` checks a list against
+it: tests/unit/test_callbacks.py). The list runs after the Trainer's own callbacks (flow, `report_to`
+integrations, console): `GradientHealthCallback.on_step_end` and the samplers read the flow callback's decision to
+log, save or stop, which the trainer guarantees by adding the list after `Trainer.__init__`.
+
+Callbacks that need RecipeTrainer to feed them: `GradientHealthCallback` (each micro-batch's loss),
+`RankAgreementCallback` under TP (each micro step's loss and batch), `PerRankTensorBoardCallback` and
+`RankSummaryCallback` (the runtime's `RankMetrics`). Under a plain `transformers.Trainer` they raise ValueError at
+the first optimizer step, naming the fix (`recipe(YourTrainer)`). The others work with any Trainer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from transformers import TrainerCallback
 from transformers.integrations import TensorBoardCallback
@@ -27,15 +28,14 @@ from transformers.integrations import TensorBoardCallback
 from hf_dist_recipes.arguments import RecipeTrainingArguments
 from hf_dist_recipes.comm.watchdog import HangWatchdogCallback
 from hf_dist_recipes.moe.expert_load import ExpertLoadCallback, has_routed_experts
-from hf_dist_recipes.monitoring.pending import PendingLogs
-from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
 from hf_dist_recipes.monitoring.stragglers import StragglerCallback
 from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
 from hf_dist_recipes.monitoring.system_metrics import SystemMetricsCallback
 from hf_dist_recipes.monitoring.tensorboard import PerRankTensorBoardCallback
+from hf_dist_recipes.parallel.checkpoint_bytes import save_timeout_s
 from hf_dist_recipes.parallel.plan_record import PlanConformanceCallback
 from hf_dist_recipes.reproducibility.rank_agreement import RankAgreementCallback, weights_checksum
-from hf_dist_recipes.reproducibility.seeding import SeedReport
+from hf_dist_recipes.runtime import RecipeRuntime
 from hf_dist_recipes.stability.gradient_health import GradientHealthCallback
 
 # Stock callbacks a recipe callback replaces: the stock TensorBoard callback writes rank 0 only, into the same root.
@@ -58,59 +58,72 @@ ORDER: tuple[Before, ...] = (
         "its on_train_begin starts the heartbeat before the other callbacks' train-begin collectives (rank agreement, "
         "launch identity), so that a rank lost in one of them is named",
     ),
-    Before(
-        PendingLogs,
-        (PerRankTensorBoardCallback, RankSummaryCallback),
-        "in on_log these write (TensorBoard) and keep (the summary's events) the keys the PendingLogs callbacks add",
-    ),
 )
+
+
+@dataclass(frozen=True)
+class RecipeCallbacks:
+    """The recipe's callbacks of one trainer, by role (None: not registered for these arguments or this model)."""
+
+    watchdog: HangWatchdogCallback
+    plan_conformance: PlanConformanceCallback
+    expert_load: ExpertLoadCallback | None
+    rank_agreement: RankAgreementCallback
+    gradient_health: GradientHealthCallback
+    stragglers: StragglerCallback
+    system_metrics: SystemMetricsCallback
+    tensorboard: PerRankTensorBoardCallback | None
+    summary: RankSummaryCallback
+
+    def in_order(self) -> list[TrainerCallback]:
+        """The callbacks to add, in the order they run (the fields' order)."""
+        return [c for c in (getattr(self, f.name) for f in fields(self)) if c is not None]
 
 
 def recipe_callbacks(
     args: RecipeTrainingArguments,
     model,
+    runtime: RecipeRuntime,
     *,
-    rank_metrics: RankMetrics,
-    seed_report: SeedReport | None = None,
-    tp_size: int = 1,
     registered: Sequence[TrainerCallback] = (),
-) -> list[TrainerCallback]:
-    """The recipe's callbacks for `args`, in order (module docstring), to add after the Trainer's own.
+) -> RecipeCallbacks:
+    """The recipe's callbacks for `args`, each built with `runtime` (module docstring), to add after the Trainer's
+    own in `in_order()`.
 
     `model`: the model as this rank built it (before any engine): its weights' checksum goes to the rank agreement
     check, and a model with routed experts gets the expert-load callback unless `registered` (the callbacks the
-    Trainer holds already) has one. `rank_metrics`: the counters the trainer feeds (`RankMetrics.add_micro_step`),
-    read by the TensorBoard and summary callbacks. `tp_size`: the DeepSpeed AutoTP degree (1 without)."""
-    callbacks: list[TrainerCallback] = [
+    Trainer holds already) has one."""
+    wants_expert_load = has_routed_experts(model) and not any(isinstance(c, ExpertLoadCallback) for c in registered)
+    return RecipeCallbacks(
         # A dead or stuck rank ends every rank within a bound instead of a silent wait in a collective.
-        HangWatchdogCallback(args.peer_timeout, args.step_timeout, args.ddp_timeout),
-        PlanConformanceCallback(args.launch_plan, allow=args.allow_no_recompute),
-    ]
-    if has_routed_experts(model) and not any(isinstance(c, ExpertLoadCallback) for c in registered):
-        callbacks.append(ExpertLoadCallback())
-    callbacks += [
-        RankAgreementCallback(
+        watchdog=HangWatchdogCallback(
+            args.peer_timeout, args.step_timeout, args.ddp_timeout, runtime=runtime, save_bound=save_timeout_s
+        ),
+        plan_conformance=PlanConformanceCallback(args.launch_plan, allow=args.allow_no_recompute),
+        expert_load=ExpertLoadCallback(runtime=runtime) if wants_expert_load else None,
+        rank_agreement=RankAgreementCallback(
             seed=args.seed,
             policy=args.seed_check,
             rank_check_steps=args.rank_check_steps,
-            tp_size=tp_size,
             per_rank_dropout=args.per_rank_dropout,
             # The weights as this rank built them, before the engine's broadcast from rank 0 makes every rank agree.
             weights=None if args.seed_check == "off" else weights_checksum(model),
+            runtime=runtime,
         ),
-        GradientHealthCallback(
+        gradient_health=GradientHealthCallback(
             nonfinite_policy=args.nonfinite_policy,
             max_consecutive_skips=args.max_consecutive_skips,
             spike_window=args.spike_window,
             spike_threshold=args.spike_threshold,
+            runtime=runtime,
         ),
-        StragglerCallback(args.straggler_check_steps, args.straggler_threshold, args.straggler_windows),
-        SystemMetricsCallback(),
-    ]
-    if args.per_rank_tensorboard:
-        callbacks.append(PerRankTensorBoardCallback(args.logging_dir, rank_metrics, seed_report))
-    callbacks.append(RankSummaryCallback(rank_metrics, args.logging_dir, seed_report))
-    return callbacks
+        stragglers=StragglerCallback(
+            args.straggler_check_steps, args.straggler_threshold, args.straggler_windows, runtime=runtime
+        ),
+        system_metrics=SystemMetricsCallback(runtime=runtime),
+        tensorboard=PerRankTensorBoardCallback(args.logging_dir, runtime) if args.per_rank_tensorboard else None,
+        summary=RankSummaryCallback(args.logging_dir, runtime),
+    )
 
 
 def order_problems(callbacks: Sequence[TrainerCallback], rules: Sequence[Before] = ORDER) -> list[str]:

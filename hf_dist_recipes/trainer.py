@@ -38,12 +38,8 @@ What it adds:
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import inspect
 import os
-import sys
-from collections.abc import Mapping
 
 import torch
 from transformers import PreTrainedModel, Trainer, TrainingArguments
@@ -54,29 +50,21 @@ from hf_dist_recipes import _compat
 from hf_dist_recipes._compat import forget_zero_hpz_group
 from hf_dist_recipes.argument_classes import recipe_arguments_class
 from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
-from hf_dist_recipes.callbacks import REPLACES, recipe_callbacks
+from hf_dist_recipes.callbacks import REPLACES, RecipeCallbacks, recipe_callbacks
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.checkpoint.gather import reference_model
 from hf_dist_recipes.checkpoint.writer import save_config_files
 from hf_dist_recipes.comm.backend import check_process_group_backend, destroy_gloo_group_at_exit
-from hf_dist_recipes.comm.watchdog import HangWatchdogCallback
 from hf_dist_recipes.environment.fingerprint import check_ranks_agree
 from hf_dist_recipes.monitoring.console import use_recipe_console
-from hf_dist_recipes.monitoring.pending import PendingLogs
-from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
-from hf_dist_recipes.monitoring.tensorboard import PerRankTensorBoardCallback
-from hf_dist_recipes.parallel.batch import tensor_parallel_size
-from hf_dist_recipes.parallel.checkpoint_bytes import SaveBytes, save_bytes, save_timeout_s
+from hf_dist_recipes.parallel.checkpoint_bytes import SaveBytes, save_bytes
 from hf_dist_recipes.parallel.construction import check_partitioned
-from hf_dist_recipes.parallel.plan_record import PlanConformanceCallback
-from hf_dist_recipes.reproducibility.rank_agreement import RankAgreementCallback
-from hf_dist_recipes.reproducibility.seeding import seed_everything
+from hf_dist_recipes.runtime import RecipeRuntime
 from hf_dist_recipes.schedules.warmup_cosine import (
     DEFAULT_NUM_CYCLES,
     WarmupCosineRestarts,
     warmup_cosine_restarts_scheduler,
 )
-from hf_dist_recipes.stability.gradient_health import GradientHealthCallback
 
 
 class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
@@ -114,9 +102,8 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
             args = recipe_arguments_class(self.recipe_arguments_base, RecipeTrainingArguments)(output_dir="tmp_trainer")
         args = RecipeTrainingArguments.from_training_arguments(args, self.recipe_arguments_base)
         bound.arguments["args"] = args
-        # Before super().__init__: it calls model_init, whose weights must come from the seeded state.
-        self.seed_report = seed_everything(args.seed, deterministic=args.full_determinism)
-        self.rank_metrics = RankMetrics()
+        # The arguments seeded the process when they were created (the upgrade above creates them); the stock
+        # __init__ seeds again before model_init (set_seed), so model_init builds the same weights on every rank.
         super().__init__(*bound.args, **bound.kwargs)
         use_recipe_console(self)  # loss, lr, grad norm, skips, spikes; the rest in TensorBoard
         # use_cpu (asked for, or set by the arguments where torch sees no GPU) is a CPU run: Gloo is right there.
@@ -132,31 +119,22 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
             and self.accelerator.state.deepspeed_plugin.hf_ds_config.is_zero3()
         ):
             check_partitioned(self.model, limit_bytes=args.max_unpartitioned_model_bytes, world_size=args.world_size)
-        callbacks = recipe_callbacks(
-            args,
-            self.model,
-            rank_metrics=self.rank_metrics,
-            seed_report=self.seed_report,
-            tp_size=tensor_parallel_size(
-                self.accelerator.state.deepspeed_plugin.hf_ds_config.config if self.is_deepspeed_enabled else {}
-            ),
-            registered=self.callback_handler.callbacks,
+        # The run's facts, feeds and log sink, handed to every recipe callback (hf_dist_recipes.runtime). Its facts
+        # hold the DeepSpeed config as the arguments made it, before an evaluation can finalize it for inference.
+        self.runtime = RecipeRuntime.for_trainer(self, args.seed_report)
+        self.recipe_callbacks: RecipeCallbacks = recipe_callbacks(
+            args, self.model, self.runtime, registered=self.callback_handler.callbacks
         )
-        self.plan_conformance = _one(callbacks, PlanConformanceCallback)
         # Before any engine: a model that will not recompute under a plan that assumed it stops here with the fix.
-        self.plan_conformance.check_before_training(self.model, args)
-        self.rank_agreement = _one(callbacks, RankAgreementCallback)
+        self.recipe_callbacks.plan_conformance.check_before_training(self.model, args)
+        callbacks = self.recipe_callbacks.in_order()
         for ours, stock in REPLACES.items():
             if any(isinstance(c, ours) for c in callbacks):
                 self.remove_callback(stock)
         for callback in callbacks:  # after the Trainer's own, in recipe_callbacks' order (hf_dist_recipes.callbacks)
             self.add_callback(callback)
-        # The DeepSpeed config as the arguments made it, before an evaluation can finalize it for inference.
-        self._deepspeed_config_at_init = (
-            copy.deepcopy(self.accelerator.state.deepspeed_plugin.hf_ds_config.config)
-            if self.is_deepspeed_enabled
-            else None
-        )
+        # An expert-load callback the user registered logs through this run's runtime too.
+        self.runtime.adopt(self.callback_handler.callbacks)
 
     def call_model_init(self, trial=None):
         """`Trainer.call_model_init`, which also rebuilds under ZeRO++ hpZ (`_compat.forget_zero_hpz_group`)."""
@@ -164,64 +142,40 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
         return super().call_model_init(trial)
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None):
-        """`Trainer.train`, which under DeepSpeed also works after `evaluate()` or `predict()`.
-
-        transformers 5.24 (PR huggingface/transformers#44889, open; #30205 for ZeRO-2): an evaluation before
-        training builds an inference-only engine and keeps it as `model_wrapped`; `train()` then destroys it
-        (`accelerator.free_memory()`), sees a model that looks wrapped, skips preparing it and stops in
-        `accelerator.backward` ('NoneType' object has no attribute 'backward'). The evaluation also finalized the
-        DeepSpeed config for zero steps and dropped its `optimizer` block. Here the stale engine is forgotten and
-        the config restored, so training builds its engine as if nothing had run before (equal losses:
+        """`Trainer.train`, which under DeepSpeed also works after `evaluate()` or `predict()`: the engine such an
+        evaluation built is forgotten and the training config restored (`_compat.forget_evaluation_engine`, with
+        the upstream issue), so training builds its engine as if nothing had run before (equal losses:
         tests/distributed/test_checkpoint_lifecycle.py)."""
-        if self.is_deepspeed_enabled and self.model_wrapped is not self.model:
-            self._restore_deepspeed_config()
-            self.model_wrapped, self.deepspeed = self.model, None
+        if self.runtime.facts.deepspeed is not None:
+            _compat.forget_evaluation_engine(self, self.runtime.facts.deepspeed)
         checkpoint = resume_from_checkpoint
         if checkpoint is True:
             checkpoint = get_last_checkpoint(self.args.output_dir)
         if checkpoint:  # the per-rank counters continue where the checkpoint left them
-            self.rank_metrics.load(checkpoint, self.args.process_index)
+            self.runtime.rank_metrics.load(checkpoint, self.args.process_index)
         try:
             return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
-        except BaseException:
-            # on_train_end is not called after an exception: write out what each rank logged before it.
-            for callback in self.callback_handler.callbacks:
-                if isinstance(callback, PerRankTensorBoardCallback):
-                    callback.close()
-            for callback in self.callback_handler.callbacks:
-                if isinstance(callback, HangWatchdogCallback):  # a lost peer: name it (ends the process)
-                    callback.explain_failure(sys.exc_info()[1])
+        except BaseException as error:
+            # on_train_end is not called after an exception: each rank writes out what it logged, then a lost peer
+            # is named (which ends the process).
+            self.runtime.failed(error)
             raise
+        finally:
+            self.runtime.logs.discard()  # what came after the last log: a next train() starts clean
 
     def evaluate(self, *args, **kwargs):
-        with self._evaluation_engine_without_model_parallelism():
+        with self._evaluation_engine():
             return super().evaluate(*args, **kwargs)
 
     def predict(self, *args, **kwargs):
-        with self._evaluation_engine_without_model_parallelism():
+        with self._evaluation_engine():
             return super().predict(*args, **kwargs)
 
-    @contextlib.contextmanager
-    def _evaluation_engine_without_model_parallelism(self):
-        """Before training, DeepSpeed builds an evaluation engine, and AutoTP/AutoEP would rewrite the model in
-        place for it (DeepSpeed 0.19.8 cannot rewrite it a second time: "AutoEP: no MoE layers detected" when
-        train() builds its engine). That engine is built as plain ZeRO-3 instead; the training engine applies
-        TP and EP to the untouched model. The evaluation's numbers are the same: TP/EP only split the work."""
-        if not self.is_deepspeed_enabled or self.deepspeed is not None:
-            yield
-            return
-        config = self.accelerator.state.deepspeed_plugin.hf_ds_config.config
-        for key in ("tensor_parallel", "expert_parallel"):
-            config.pop(key, None)
-        try:
-            yield
-        finally:
-            self._restore_deepspeed_config()
-
-    def _restore_deepspeed_config(self) -> None:
-        config = self.accelerator.state.deepspeed_plugin.hf_ds_config.config  # shared with accelerate: in place
-        config.clear()
-        config.update(copy.deepcopy(self._deepspeed_config_at_init))
+    def _evaluation_engine(self):
+        """Before training, DeepSpeed's evaluation engine without AutoTP/AutoEP, which would rewrite the model in
+        place and leave nothing for the training engine to rewrite (`_compat.evaluation_without_model_parallelism`).
+        """
+        return _compat.evaluation_without_model_parallelism(self, self.runtime.facts.deepspeed)
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         """The recipe's `WarmupCosineRestarts` for `lr_scheduler_type="cosine_with_restarts"`, else the stock one.
@@ -266,19 +220,18 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
             f"{PREFIX_CHECKPOINT_DIR}-"
         )
         hf_copy = not in_checkpoint or self.args.hf_weights_in_checkpoints
-        watchdog = next((c for c in self.callback_handler.callbacks if isinstance(c, HangWatchdogCallback)), None)
-        if watchdog is not None:
+        bounded = self.runtime.listening("begin_save")  # the hang watchdog bounds the save's collective timeout
+        if bounded:
             b = self._save_bytes(model)
-            bytes_per_rank = b.checkpoint_per_rank(hf_copy) if in_checkpoint else b.hf_per_rank
-            watchdog.begin_save(save_timeout_s(bytes_per_rank, watchdog.current_timeout()))
+            self.runtime.begin_save(b.checkpoint_per_rank(hf_copy) if in_checkpoint else b.hf_per_rank)
         try:
             if hf_copy:
                 save_hf_checkpoint(model, output_dir, max_shard_bytes=self.args.save_shard_bytes)
             elif self.args.should_save:
                 save_config_files(model.config, output_dir, getattr(model, "generation_config", None))
         finally:
-            if watchdog is not None and not in_checkpoint:  # a checkpoint's bound ends in on_save
-                watchdog.end_save()
+            if bounded and not in_checkpoint:  # a checkpoint's bound ends in on_save
+                self.runtime.end_save()
         if self.args.should_save:
             if self.processing_class is not None:
                 self.processing_class.save_pretrained(output_dir)
@@ -298,62 +251,60 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
         return self._save_bytes_cache
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """The stock log, with the numbers our callbacks prepared for it added first (tokens per expert, the
-        skipped-step and spike counts, the periodic rank check), so that `log_history` and every `report_to`
-        integration get them, not only the callbacks after ours. Only numbers a resumed run logs again alike: each
-        rank's own measurements, the train-begin rank checks and event texts join the log in the callbacks'
-        `on_log`, after `log_history` took its copy, for the per-rank TensorBoard run (`monitoring/pending.py`)."""
-        for callback in self.callback_handler.callbacks:
-            if isinstance(callback, PendingLogs):
-                logs.update(callback.pop_pending())
+        """The stock log, with what the recipe's callbacks put into the runtime's log sink since the last log
+        (`hf_dist_recipes.runtime.LogSink`): the `history` numbers (a resumed run logs them again alike) reach
+        `log_history`, every `report_to` integration, the console and TensorBoard; the `job` numbers (the per-rank
+        spread: the slowest rank, the largest memory) every integration and TensorBoard, but not `log_history`; the
+        `rank` values and texts only this rank's TensorBoard run and summary, which read them from the sink."""
+        record = self.runtime.logs.take()
+        logs.update(record.history)
+        logs.update(record.job)
+        history_length = len(self.state.log_history)
         super().log(logs, start_time)
+        if record.job and len(self.state.log_history) > history_length:
+            # The stock log appended its copy of `logs` before the integrations saw them: keep it reproducible.
+            entry = self.state.log_history[-1]
+            for key in record.job:
+                entry.pop(key, None)
         # After the log that showed it: else the Trainer's running loss stays NaN for the rest of the run.
         _compat.reset_nonfinite_running_loss(self)
 
     @property
-    def gradient_health(self) -> GradientHealthCallback:
-        """The gradient-health callback in use (a resume replaces it with one restored from the checkpoint)."""
-        for callback in self.callback_handler.callbacks:
-            if isinstance(callback, GradientHealthCallback):
-                return callback
-        return GradientHealthCallback(nonfinite_policy="off")  # removed by the user: nothing to feed
+    def gradient_health(self):
+        """The gradient-health callback built for this trainer."""
+        return self.recipe_callbacks.gradient_health
+
+    @property
+    def rank_agreement(self):
+        """The rank-agreement callback built for this trainer (its `mismatches`, `begin_report`)."""
+        return self.recipe_callbacks.rank_agreement
+
+    @property
+    def plan_conformance(self):
+        return self.recipe_callbacks.plan_conformance
+
+    @property
+    def seed_report(self):
+        """This process's seeding (when the arguments were created)."""
+        return self.runtime.seed_report
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """The stock loss; while training, handed to the gradient-health check, which multiplies a non-finite
-        loss by NaN so that no engine can apply its gradients (`hf_dist_recipes.stability.gradient_health`)."""
+        """The stock loss; while training, handed to the runtime (`loss` event), where the gradient-health check
+        multiplies a non-finite loss by NaN so that no engine can apply its gradients
+        (`hf_dist_recipes.stability.gradient_health`)."""
         result = super().compute_loss(
             model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
         )
         if not model.training:
             return result
-        health = self.gradient_health
         if return_outputs:
-            return health.watch_loss(result[0]), result[1]
-        return health.watch_loss(result)
-
-    def observe_grad_norm(self, norm) -> None:
-        """The pre-clip global gradient norm of this optimizer step (from the Trainer's clip call, through
-        `_compat.TrainerPrivateOverrides`), handed to the gradient-health spike detector."""
-        self.gradient_health.observe_grad_norm(norm)
+            return self.runtime.loss(result[0]), result[1]
+        return self.runtime.loss(result)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        tokens = _count_tokens(inputs)
         loss = super().training_step(model, inputs, num_items_in_batch)
-        self.rank_metrics.add_micro_step(loss, tokens)
-        self.rank_agreement.observe(loss, inputs)
+        self.runtime.micro_step(loss, inputs)  # per-rank counters, the TP-group agreement checks
         return loss
-
-
-def _one(callbacks: list, kind: type):
-    return next(c for c in callbacks if isinstance(c, kind))
-
-
-def _count_tokens(inputs) -> int:
-    if isinstance(inputs, Mapping):
-        ids = inputs.get("input_ids")
-        if isinstance(ids, torch.Tensor):
-            return ids.numel()
-    return 0
 
 
 def _trainer_signature(cls: type) -> inspect.Signature:

@@ -18,11 +18,12 @@ Two bounds, one per failure:
   `RecipeTrainingArguments.step_timeout` shortens once the first optimizer step finished (start-up keeps
   `ddp_timeout`, which must cover rank 0 reading a large checkpoint alone under ZeRO-3).
 
-A save is not a hang: `RecipeTrainer.save_model` calls `HangWatchdogCallback.begin_save` with a bound from the bytes
-the busiest rank writes (`hf_dist_recipes.parallel.checkpoint_bytes.save_timeout_s`: step timeout + bytes at an
-assumed 100 MiB/s per rank); the collective timeout is raised to it (never lowered) until the checkpoint is
-complete (`on_save`, after the engine's files) or `save_model` returns (a final save). The heartbeat thread beats on
-while the main thread writes, so the peer bound needs nothing.
+A save is not a hang: `RecipeTrainer.save_model` tells the run's runtime the bytes the busiest rank writes
+(`begin_save` event), and `HangWatchdogCallback.begin_save` raises the collective timeout to a bound from them (its
+`save_bound`, by default `hf_dist_recipes.parallel.checkpoint_bytes.save_timeout_s`: step timeout + bytes at an
+assumed 100 MiB/s per rank, handed over by `recipe_callbacks`); the collective timeout is raised to it (never
+lowered) until the checkpoint is complete (`on_save`, after the engine's files) or `save_model` returns (a final
+save). The heartbeat thread beats on while the main thread writes, so the peer bound needs nothing.
 
 What each rank was doing: before a rank ends for a lost peer, and when a collective of `train()` fails or times out,
 it writes its flight recorder and its threads' stacks into `<output_dir>/flight_recorder/`
@@ -308,8 +309,25 @@ class HangWatchdogCallback(TrainerCallback):
     While training runs on several ranks, it dumps this rank's state (`comm.flight_recorder`) before a lost peer
     ends the process, when `explain_failure` sees a collective error, and on SIGUSR1."""
 
-    def __init__(self, peer_timeout: float, step_timeout: float, startup_timeout: float):
+    def __init__(
+        self,
+        peer_timeout: float,
+        step_timeout: float,
+        startup_timeout: float,
+        *,
+        runtime=None,
+        save_bound: Callable[[int, float], float] | None = None,
+    ):
+        """`runtime`: the run's (`hf_dist_recipes.runtime.RecipeRuntime`): its `begin_save`/`end_save` events bound
+        the collective timeout of a save, with `save_bound(bytes_per_rank, current_timeout_s)` seconds; its
+        `explain` event (train() failed) names a lost peer. Without one, `begin_save`/`explain_failure` are called
+        directly."""
         self.peer_timeout, self.step_timeout, self.startup_timeout = peer_timeout, step_timeout, startup_timeout
+        if runtime is not None:
+            handlers = {"end_save": self.end_save, "explain": self.explain_failure}
+            if save_bound is not None:
+                handlers["begin_save"] = lambda n: self.begin_save(save_bound(n, self.current_timeout()))
+            runtime.listen(self, **handlers)
         self.watchdog: HeartbeatWatchdog | None = None
         self.step_timeout_set = False
         self.save_timeout: float | None = None  # the raised collective timeout while a save runs

@@ -26,7 +26,7 @@ from transformers import TrainerCallback
 
 from hf_dist_recipes._compat import is_zero_partitioned
 from hf_dist_recipes.moe.expert_load import ExpertLoadTracker, RoutedLayer
-from hf_dist_recipes.parallel.batch import rank_layout
+from hf_dist_recipes.runtime import JobFacts
 
 
 def bias_update(counts: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -69,7 +69,7 @@ class ExpertBiasBalancer(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         tracker = (
-            ExpertLoadTracker.for_model(model, tp_size=rank_layout(args).tp, device=args.device)
+            ExpertLoadTracker.for_model(model, tp_size=JobFacts.from_args(args).layout.tp, device=args.device)
             if model is not None
             else None
         )

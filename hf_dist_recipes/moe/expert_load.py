@@ -38,8 +38,7 @@ from transformers import TrainerCallback
 from hf_dist_recipes import _compat
 from hf_dist_recipes.core.gather import distributed
 from hf_dist_recipes.core.layout import RankLayout
-from hf_dist_recipes.monitoring.pending import PendingLogs
-from hf_dist_recipes.parallel.batch import rank_layout
+from hf_dist_recipes.runtime import RecipeRuntime
 
 # Above this many (MoE layer, expert) pairs only the per-layer summaries are logged by default: DeepSeek-V3 would
 # otherwise add 14,848 scalars per log step to every rank's TensorBoard.
@@ -250,7 +249,7 @@ def load_scalars(tokens: torch.Tensor, layers: list[RoutedLayer], *, per_expert:
     return out
 
 
-class ExpertLoadCallback(PendingLogs, TrainerCallback):
+class ExpertLoadCallback(TrainerCallback):
     """Logs how evenly the routers spread tokens over the experts, through the Trainer's logs (RecipeTrainer adds
     it, before its per-rank TensorBoard callback, when the model has routed experts; each key then shows as
     `train/<key>` on every rank's TensorBoard, with identical values: the counts are summed over all ranks).
@@ -272,28 +271,28 @@ class ExpertLoadCallback(PendingLogs, TrainerCallback):
     Args:
         per_expert: log the per-expert and per-EP-rank token counts too; None (default): when the model has at most
             `PER_EXPERT_SCALAR_LIMIT` (512) MoE layer x expert pairs.
+        runtime: the run's (`hf_dist_recipes.runtime`; RecipeTrainer hands its own to one the user registered).
 
-    Under RecipeTrainer the keys join the Trainer's own log (`RecipeTrainer.log`): `log_history`, every `report_to`
-    integration and the per-rank TensorBoard get them. With a plain Trainer they are added in `on_log`, which only
-    the callbacks after this one see (the stock integrations are added before every other callback).
+    The keys go to the runtime's `history` channel: under RecipeTrainer `log_history`, every `report_to` integration
+    and the per-rank TensorBoard get them. Under a plain Trainer nothing takes them into its logs.
     """
 
-    def __init__(self, per_expert: bool | None = None):
+    def __init__(self, per_expert: bool | None = None, runtime: RecipeRuntime | None = None):
+        self.runtime = runtime or RecipeRuntime()
         self.per_expert = per_expert
         self.tracker: ExpertLoadTracker | None = None
         self._window: torch.Tensor | None = None
         self._window_steps = 0
-        self._pending: dict[str, float] | None = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.tracker = (
-            ExpertLoadTracker.for_model(model, tp_size=rank_layout(args).tp, device=args.device)
+            ExpertLoadTracker.for_model(model, tp_size=self.runtime.job(args).layout.tp, device=args.device)
             if model is not None
             else None
         )
         if self.tracker is not None:
             self.tracker.reset()
-        self._window, self._window_steps, self._pending = None, 0, None
+        self._window, self._window_steps = None, 0
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.tracker is None:
@@ -314,5 +313,5 @@ class ExpertLoadCallback(PendingLogs, TrainerCallback):
         per_expert = self.per_expert
         if per_expert is None:
             per_expert = len(layers) * layers[0].num_experts <= PER_EXPERT_SCALAR_LIMIT
-        self._pending = load_scalars(tokens, layers, per_expert=per_expert)
+        self.runtime.logs.history(load_scalars(tokens, layers, per_expert=per_expert))
         self._window, self._window_steps = None, 0

@@ -1,8 +1,9 @@
 """What one rank measured about itself, shared by RecipeTrainer (which feeds it) and the per-rank callbacks.
 
-The Trainer logs one loss averaged over all ranks; a rank that diverges or crawls is invisible in it. RecipeTrainer
-adds each micro step's own loss and token count here; `RankSummaryCallback` (always registered) times the optimizer
-steps and closes the window at each log, so the summary has its numbers with or without the TensorBoard callback.
+The Trainer logs one loss averaged over all ranks; a rank that diverges or crawls is invisible in it. The run's
+runtime (`hf_dist_recipes.runtime`) owns one and adds each micro step's own loss and token count here;
+`RankSummaryCallback` (always registered) times the optimizer steps and closes the window at each log, so the
+summary has its numbers with or without the TensorBoard callback.
 """
 
 from __future__ import annotations
@@ -14,11 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hf_dist_recipes.core.feeding import TrainerFed
-
 
 @dataclass
-class RankMetrics(TrainerFed):
+class RankMetrics:
     """Running per-rank counters. Losses stay tensors until a log step reads them, so feeding them costs no
     device synchronisation."""
 
@@ -40,7 +39,6 @@ class RankMetrics(TrainerFed):
 
     def add_micro_step(self, loss: torch.Tensor, tokens: int) -> None:
         """Record one micro step: its (accumulation-scaled) loss as returned by `Trainer.training_step`."""
-        self.mark_fed()
         loss = loss.detach().float()
         self._window_loss = loss if self._window_loss is None else self._window_loss + loss
         self.tokens += tokens

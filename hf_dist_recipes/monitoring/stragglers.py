@@ -40,7 +40,7 @@ import torch
 from transformers import TrainerCallback
 
 from hf_dist_recipes.core.gather import gather_objects
-from hf_dist_recipes.monitoring.pending import PendingLogs
+from hf_dist_recipes.runtime import RecipeRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -115,18 +115,22 @@ class StragglerDetector:
         return newly, recovered
 
 
-class StragglerCallback(PendingLogs, TrainerCallback):
+class StragglerCallback(TrainerCallback):
     """Finds ranks slower than the others while training runs (module docstring: what is measured, why, cost).
     RecipeTrainer registers it with `straggler_check_steps`, `straggler_threshold`, `straggler_windows`.
 
-    Keys added to the next Trainer log after each check, for this rank's TensorBoard run (`train/<key>`) and not
-    `log_history` or `report_to`: they come from wall-clock times (`monitoring/pending.py`, the per-rank kind):
+    Keys added to the next Trainer log after each check (the runtime's `LogSink`). They come from wall-clock times,
+    so none reaches `log_history` (a resumed run would not log them alike). The job-wide ones, the same on every
+    rank, reach every `report_to` integration and TensorBoard (`job` channel); this rank's own, its TensorBoard run
+    and summary only (`rank` channel):
 
-    | key | meaning |
-    |---|---|
-    | `straggler/slowest_over_median` | the slowest rank's busy time per step over the median rank's (1.0: even) |
-    | `straggler/flagged_ranks` | how many ranks are flagged now |
-    | `straggler_event` | text, only in the log after a rank was flagged or recovered |
+    | key | channel | meaning |
+    |---|---|---|
+    | `straggler/slowest_over_median` | job | the slowest rank's busy time per step over the median rank's (1.0: even) |
+    | `straggler/slowest_rank` | job | the rank with the longest busy time per step in this window |
+    | `straggler/flagged_ranks` | job | how many ranks are flagged now |
+    | `straggler/busy_s` | rank | this rank's busy time per step in this window, s |
+    | `straggler_event` | rank | text, only in the log after a rank was flagged or recovered |
 
     An event reads "step 10: straggler rank 1 (host h) 35% slower than the median of ranks for 2 window(s) of 5
     steps (busy time per step ...)" or "step 20: rank 1 (host h) recovered (+3% from the median of ranks)";
@@ -140,7 +144,9 @@ class StragglerCallback(PendingLogs, TrainerCallback):
         check_steps: int = DEFAULT_STRAGGLER_CHECK_STEPS,
         threshold: float = DEFAULT_STRAGGLER_THRESHOLD,
         windows: int = DEFAULT_STRAGGLER_WINDOWS,
+        runtime: RecipeRuntime | None = None,
     ):
+        self.runtime = runtime or RecipeRuntime()
         self.check_steps, self.threshold, self.windows = validate_straggler_settings(check_steps, threshold, windows)
         self.detector = StragglerDetector(self.threshold, self.windows)
         self.hosts: list[str] = []
@@ -148,7 +154,6 @@ class StragglerCallback(PendingLogs, TrainerCallback):
         self._active = False
         self._window_start: float | None = None
         self._window_start_step = 0
-        self._rank_pending: dict[str, float | str] = {}
 
     def on_train_begin(self, args, state, control, **kwargs):
         dist = torch.distributed
@@ -156,7 +161,7 @@ class StragglerCallback(PendingLogs, TrainerCallback):
             self.check_steps > 0 and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         )
         self.detector = StragglerDetector(self.threshold, self.windows)
-        self._window_start, self._rank_pending = None, {}
+        self._window_start = None
         if self._active:
             self.hosts = [str(h) for h in gather_objects(socket.gethostname())]
 
@@ -201,13 +206,17 @@ class StragglerCallback(PendingLogs, TrainerCallback):
         # This rank's own busy time: the one per-rank time that differs between ranks in synchronous training,
         # so `logs summarize` finds stragglers offline from it (raw step times are everyone's).
         me = dist.get_rank()
-        self._rank_pending["straggler/busy_s"] = max(step_list[me] - wait_list[me], 0.0)
-        self._rank_pending["straggler/slowest_over_median"] = max(ratios)
-        self._rank_pending["straggler/flagged_ranks"] = len(self.detector.flagged)
+        self.runtime.logs.rank({"straggler/busy_s": max(step_list[me] - wait_list[me], 0.0)})
+        self.runtime.logs.job(
+            {
+                "straggler/slowest_over_median": max(ratios),
+                "straggler/slowest_rank": float(ratios.index(max(ratios))),
+                "straggler/flagged_ranks": len(self.detector.flagged),
+            }
+        )
         if events:
             self.events.extend(events)
-            earlier = self._rank_pending.get("straggler_event")
-            self._rank_pending["straggler_event"] = "; ".join(([earlier] if earlier else []) + events)
+            self.runtime.logs.rank({"straggler_event": "; ".join(events)})
             if args.process_index == 0:
                 for event in events:
                     logger.warning("Straggler check: %s", event)

@@ -6,8 +6,8 @@ partitions, or everything without ZeRO-3), first_rank_loss / last_rank_loss (thi
 last log), first_loss / last_loss (the Trainer's cross-rank loss, from the log history), seed, rng_fingerprint,
 logging_dir, host, local_rank, run_id (the launch's id, shared by all its ranks and recorded in the
 TensorBoard run too), events (every text this process's logs carried, the last `EVENTS_KEPT`, as {step, key, text}:
-`nonfinite_event`, `spike_event`, `straggler_event`, `system/nvml`; text never reaches `log_history`, see
-`monitoring/pending.py`). `hf_dist_recipes.logs.summary` reads them back.
+`nonfinite_event`, `spike_event`, `straggler_event`, `system/nvml`: the runtime's `rank` channel, which never
+reaches `log_history`). `hf_dist_recipes.logs.summary` reads them back.
 
 This callback also keeps the books it reports: it times every optimizer step (`RankMetrics.step_begin/step_end`)
 and closes the loss window at each log, so `per_rank_tensorboard=False` still gives full summaries.
@@ -26,35 +26,42 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from hf_dist_recipes._compat import held_elements
 from hf_dist_recipes.logs.summary import SUMMARY_DIRNAME
-from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
 from hf_dist_recipes.monitoring.system_metrics import launch_identity
-from hf_dist_recipes.reproducibility.seeding import SeedReport
+from hf_dist_recipes.runtime import RecipeRuntime
 
 EVENTS_KEPT = 1000  # events are rare (a skip, a spike, a straggler); a run that spikes every step keeps the last
 
 
 class RankSummaryCallback(TrainerCallback):
-    def __init__(self, metrics: RankMetrics, logging_dir: str | None, seed_report: SeedReport | None = None):
-        self.metrics = metrics
+    """`logging_dir`: recorded in the summary; `runtime`: the run's (its rank metrics, seeding, log sink)."""
+
+    def __init__(self, logging_dir: str | None, runtime: RecipeRuntime | None = None):
+        self.runtime = runtime or RecipeRuntime()
         self.logging_dir = logging_dir
-        self.seed_report = seed_report
         self.events: list[dict] = []  # {step, key, text} of each text in a log, in order
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._identity = launch_identity(args)  # collective, so taken at train begin on every rank
 
+    @property
+    def metrics(self):
+        return self.runtime.rank_metrics
+
+    @property
+    def seed_report(self):
+        return self.runtime.seed_report
+
     def on_step_begin(self, args, state, control, **kwargs):
         self.metrics.step_begin()
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.metrics.require_fed("RankSummaryCallback", "each micro step's loss and tokens (RankMetrics)")
+        self.runtime.require_fed("micro_step", "RankSummaryCallback", "each micro step's loss and tokens (RankMetrics)")
         self.metrics.step_end()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         # Sets this rank's first/last loss at the log steps; the TensorBoard callback reads the same window.
         self.metrics.flush_window(state.global_step)
-        # Registered after the callbacks that add per-rank texts (monitoring/pending.py): they are in `logs` here.
-        for key, value in (logs or {}).items():
+        for key, value in self.runtime.logs.last.rank.items():  # this log's texts (events), from every callback
             if isinstance(value, str):
                 self.events.append({"step": state.global_step, "key": key, "text": value})
         del self.events[:-EVENTS_KEPT]

@@ -14,9 +14,14 @@ When NVML cannot be used (not installed, no driver) the first log carries the te
 warning is logged once; the GPU keys from NVML are then absent. Never an error.
 
 These are this rank's wall-clock measurements (and one text), so they stay out of `log_history` and `report_to`
-(a resumed run would not log them again alike; integrations expect numbers): they are added to the log in
-`on_log` (`monitoring/pending.py`, the per-rank kind), which the per-rank TensorBoard callback, registered after
-this one, writes; the TensorBoard callback needs no knowledge of this one.
+(a resumed run would not log them again alike; integrations expect numbers): they go to the runtime's `rank`
+channel, which the per-rank TensorBoard callback writes; it needs no knowledge of this one.
+
+The spread over ranks goes to every `report_to` integration too (the runtime's `job` channel: the same on every
+rank, not in `log_history`), so a W&B or MLflow user sees the rank that holds the most memory without TensorBoard:
+`system/rss_gib_max` and `system/rss_gib_max_rank` (and with CUDA `gpu/max_reserved_gib_max` and
+`gpu/max_reserved_gib_max_rank`): the largest value over ranks and the rank holding it. One all-gather of two floats
+per rank at each logging step (every rank logs at the same steps).
 
 `RunIdentity` / `launch_identity`: host name, rank, local rank and a run id agreed by all ranks of one launch
 (rank 0 draws it and broadcasts it), recorded in each rank's TensorBoard run and summary.
@@ -25,6 +30,7 @@ this one, writes; the TensorBoard callback needs no knowledge of this one.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
@@ -34,7 +40,8 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers import TrainerCallback
 
-from hf_dist_recipes.monitoring.pending import PendingLogs
+from hf_dist_recipes.core.gather import gather_floats
+from hf_dist_recipes.runtime import RecipeRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -82,18 +89,18 @@ def launch_identity(args) -> RunIdentity:
     return RunIdentity(socket.gethostname(), int(args.process_index), int(local_rank), _run_id)
 
 
-class SystemMetricsCallback(PendingLogs, TrainerCallback):
+class SystemMetricsCallback(TrainerCallback):
     """See the module docstring for the keys. `nvml`: the pynvml module to use (None: import `pynvml`); tests pass
-    a fake one to cover GPU hosts on a machine without them."""
+    a fake one to cover GPU hosts on a machine without them. `runtime`: the run's (where the samples go)."""
 
-    def __init__(self, nvml=None):
+    def __init__(self, nvml=None, runtime: RecipeRuntime | None = None):
+        self.runtime = runtime or RecipeRuntime()
         self._nvml_module = nvml
         self._nvml = None  # the module once initialised
         self._nvml_handle = None
         self._nvml_note: str | None = None  # why NVML is unavailable, reported once
         self._nvml_tried = False
         self._process = None
-        self._rank_pending: dict[str, float | str] = {}
 
     def on_train_begin(self, args, state, control, **kwargs):
         import psutil
@@ -144,13 +151,28 @@ class SystemMetricsCallback(PendingLogs, TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         # DefaultFlowCallback (first in the list) has decided by now whether this step logs: sample only then.
         if control.should_log:
-            self._rank_pending.update(self.sample())
+            sample = self.sample()
+            self.runtime.logs.rank(sample)
+            self.runtime.logs.job(spread_over_ranks(sample))
             if self._nvml_note is not None:
-                self._rank_pending["system/nvml"] = self._nvml_note
+                self.runtime.logs.rank({"system/nvml": self._nvml_note})
                 self._nvml_note = None
 
-    def on_train_end(self, args, state, control, **kwargs):
-        self._rank_pending = {}
+
+SPREAD_KEYS = ("system/rss_gib", "gpu/max_reserved_gib")
+
+
+def spread_over_ranks(sample: dict[str, float]) -> dict[str, float]:
+    """The largest value over ranks of each `SPREAD_KEYS` key, and the rank holding it (`<key>_max`,
+    `<key>_max_rank`); one all-gather. A key no rank sampled is left out; every rank gets the same dict."""
+    rows = gather_floats([sample.get(key, math.nan) for key in SPREAD_KEYS])
+    out: dict[str, float] = {}
+    for i, key in enumerate(SPREAD_KEYS):
+        values = [(row[i], rank) for rank, row in enumerate(rows) if not math.isnan(row[i])]
+        if values:
+            value, rank = max(values)
+            out[f"{key}_max"], out[f"{key}_max_rank"] = value, float(rank)
+    return out
 
 
 def _device_index(args) -> int:

@@ -4,7 +4,9 @@ The stock TensorBoardCallback writes from rank 0 only. Point TensorBoard at `<lo
 as a run of its own, so the slow or diverging one stands out.
 
 Keys, at each logging step (x axis: optimizer step):
-- `train/<key>`: every number in the Trainer's logs (loss averaged over ranks, learning_rate, grad_norm, epoch);
+- `train/<key>`: every number in the Trainer's logs (loss averaged over ranks, learning_rate, grad_norm, epoch), the
+  recipe's job-wide values (the per-rank spread) and this rank's own values and event texts (the runtime's
+  `LogSink`: `rank` channel);
 - `rank/loss`: this rank's own mean loss since the previous log;
 - `rank/step_time_s`, `rank/tokens_per_s`: this rank's mean optimizer-step time and token throughput.
 The step timing is done by `RankSummaryCallback` (registered with or without this one); this callback only writes.
@@ -15,10 +17,10 @@ A new (not resumed) launch into a `rank<N>` that holds event files of another la
 curves would mix with the old ones. (Several `train()` calls in one process are one launch and share the run.)
 
 Crash safety: the writer is flushed at every logging step (the only steps it writes at, so a killed rank loses at
-most what it did since its last log), closed by RecipeTrainer.train on an exception, and flushed on SIGTERM (the
-handler flushes, then hands the signal to the handler that was there before, by default ending the process).
-Python runs signal handlers between bytecodes of the main thread, so a rank blocked inside one C call (a hung
-collective) dies of SIGTERM only when the call returns, or of the SIGKILL launchers send after it (torchrun: 30 s).
+most what it did since its last log), closed when train() fails (the runtime's `flush` event), and flushed on
+SIGTERM (the handler flushes, then hands the signal to the handler that was there before, by default ending the
+process). Python runs signal handlers between bytecodes of the main thread, so a rank blocked inside one C call (a
+hung collective) dies of SIGTERM only when the call returns, or of the SIGKILL launchers send after it (torchrun: 30 s).
 """
 
 from __future__ import annotations
@@ -34,9 +36,8 @@ from numbers import Number
 from transformers import TrainerCallback
 
 from hf_dist_recipes.core.gather import gather_objects
-from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
 from hf_dist_recipes.monitoring.system_metrics import RunIdentity, launch_identity
-from hf_dist_recipes.reproducibility.seeding import SeedReport
+from hf_dist_recipes.runtime import RecipeRuntime
 
 RUN_FILENAME = "run.json"
 
@@ -47,10 +48,11 @@ def rank_log_dir(logging_dir: str | os.PathLike, rank: int) -> str:
 
 
 class PerRankTensorBoardCallback(TrainerCallback):
-    def __init__(self, logging_dir: str, metrics: RankMetrics, seed_report: SeedReport | None = None):
+    """`logging_dir`: the root of the per-rank runs; `runtime`: the run's (its rank metrics, seeding, log sink)."""
+
+    def __init__(self, logging_dir: str, runtime: RecipeRuntime | None = None):
         self.logging_dir = logging_dir
-        self.metrics = metrics
-        self.seed_report = seed_report
+        self.runtime = runtime or RecipeRuntime()
         self.writer = None
         self._rank_scalars_step: int | None = None  # an evaluation log at the same step must not repeat them
         self._previous_sigterm = None
@@ -59,6 +61,7 @@ class PerRankTensorBoardCallback(TrainerCallback):
         from torch.utils.tensorboard import SummaryWriter
 
         identity = launch_identity(args)  # collective: before anything that may raise on one rank only
+        self.runtime.listen(self, flush=self.close)
         if self.writer is None:
             run_dir = rank_log_dir(self.logging_dir, args.process_index)
             resumed = state.global_step > 0
@@ -81,25 +84,28 @@ class PerRankTensorBoardCallback(TrainerCallback):
                 json.dump(identity.as_dict(), f)
             self._install_sigterm_flush()
         self.writer.add_text("run", identity.describe(), state.global_step)
-        if self.seed_report is not None:
-            r = self.seed_report
+        if self.runtime.seed_report is not None:
+            r = self.runtime.seed_report
             self.writer.add_text("seed", f"rank {args.process_index}: seed {r.seed}, rng fingerprint {r.fingerprint}")
         self.writer.flush()
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.metrics.require_fed("PerRankTensorBoardCallback", "each micro step's loss and tokens (RankMetrics)")
+        self.runtime.require_fed(
+            "micro_step", "PerRankTensorBoardCallback", "each micro step's loss and tokens (RankMetrics)"
+        )
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.writer is None:
             return
-        for key, value in (logs or {}).items():
+        # The log as the integrations saw it, then this rank's own values and texts of the same log.
+        for key, value in {**(logs or {}), **self.runtime.logs.last.rank}.items():
             if isinstance(value, Number) and not isinstance(value, bool):
                 self.writer.add_scalar(f"train/{key}", value, state.global_step)
             elif isinstance(value, str):  # events (a skipped non-finite step, a spike) as text at their step
                 self.writer.add_text(f"train/{key}", value, state.global_step)
         if self._rank_scalars_step != state.global_step:
             self._rank_scalars_step = state.global_step
-            for key, value in self.metrics.flush_window(state.global_step).items():
+            for key, value in self.runtime.rank_metrics.flush_window(state.global_step).items():
                 self.writer.add_scalar(f"rank/{key}", value, state.global_step)
         self.writer.flush()
 

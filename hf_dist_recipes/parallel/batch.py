@@ -37,14 +37,6 @@ def data_parallel_size(world_size: int, tp_size: int = 1) -> int:
     return RankLayout(world_size, tp_size).dp
 
 
-def rank_layout(args) -> RankLayout:
-    """The rank layout of Trainer arguments: `args.world_size` ranks (1 when absent) in TP groups of the AutoTP
-    degree of their DeepSpeed config (1 without one)."""
-    ds = getattr(args, "hf_deepspeed_config", None)
-    world = max(getattr(args, "world_size", 1), 1)
-    return RankLayout(world, tensor_parallel_size(ds.config) if ds is not None else 1)
-
-
 @dataclass(frozen=True)
 class BatchFix:
     """Outcome of `fix_tp_batch_size`: the config to use and what changed (None when nothing did)."""

@@ -38,14 +38,14 @@ the ranks and the step, and the last step at which they still agreed.
 Policy `seed_check` ("error" default: RuntimeError on every rank, the launch fails with the message; "warn": a
 warning line in every rank's log; "off": nothing gathered, only the dropout streams are set). Whatever the policy,
 every mismatch found is kept in `mismatches` as (step, or None at train begin, `Mismatch`), the same on every rank:
-what the preflight reports (`hf_dist_recipes.preflight.training`). Keys added to the
-next Trainer log (`monitoring/pending.py`): after each check step `rank_check/ok` (1.0 or 0.0), by
-`RecipeTrainer.log`, so `log_history`, `report_to` and TensorBoard see it (a resumed run checks at the same steps);
-after train begin `rank_check/seed_ok`, `rank_check/data_ok`, `rank_check/weights_ok` (1.0 agree, 0.0 mismatch,
--1.0 not checkable: weights built under zero.Init) for the per-rank TensorBoard run only: they come with the first
-log of every `train()` call, so a resumed run would log them where the uninterrupted one did not (the values are
-kept in `begin_report`). All ranks gather the same data
-and decide alike, so "error" stops every rank at the same point instead of leaving some waiting in a collective.
+what the preflight reports (`hf_dist_recipes.preflight.training`). Keys added to the next Trainer log (the runtime's
+`LogSink`): after each check step `rank_check/ok` (1.0 or 0.0), in the `history` channel, so `log_history`,
+`report_to` and TensorBoard see it (a resumed run checks at the same steps); after train begin `rank_check/seed_ok`,
+`rank_check/data_ok`, `rank_check/weights_ok` (1.0 agree, 0.0 mismatch, -1.0 not checkable: weights built under
+zero.Init) in the `rank` channel, for the per-rank TensorBoard run only: they come with the first log of every
+`train()` call, so a resumed run would log them where the uninterrupted one did not (the values are kept in
+`begin_report`). All ranks gather the same data and decide alike, so "error" stops every rank at the same point
+instead of leaving some waiting in a collective.
 """
 
 from __future__ import annotations
@@ -61,10 +61,9 @@ import torch
 from transformers import TrainerCallback
 
 from hf_dist_recipes._compat import is_zero_partitioned
-from hf_dist_recipes.core.feeding import TrainerFed
 from hf_dist_recipes.core.gather import gather_floats, gather_objects
 from hf_dist_recipes.core.layout import RankLayout
-from hf_dist_recipes.monitoring.pending import PendingLogs
+from hf_dist_recipes.runtime import RecipeRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -204,10 +203,11 @@ def _hex_to_float(text: str | None) -> float:
     return -1.0 if text is None else float(int(text[:13], 16))  # 52 bits: exact in a float64
 
 
-class RankAgreementCallback(TrainerFed, PendingLogs, TrainerCallback):
-    """See the module docstring. `weights`: this rank's `weights_checksum` at construction. Works under a plain
-    Trainer except for the periodic checks inside a TP group (`tp_size` > 1), which need each micro step's loss and
-    batch (`observe`, fed by RecipeTrainer): there the first optimizer step raises ValueError (`core.feeding`)."""
+class RankAgreementCallback(TrainerCallback):
+    """See the module docstring. `weights`: this rank's `weights_checksum` at construction; `runtime`: the run's
+    (`hf_dist_recipes.runtime`): its layout gives the TP groups, its `micro_step` event each micro step's loss and
+    batch. Works under a plain Trainer except for the periodic checks inside a TP group, which need that feeding:
+    there the first optimizer step raises ValueError naming the fix (`RecipeRuntime.require_fed`)."""
 
     def __init__(
         self,
@@ -215,35 +215,38 @@ class RankAgreementCallback(TrainerFed, PendingLogs, TrainerCallback):
         seed: int,
         policy: SeedCheck = "error",
         rank_check_steps: int = 100,
-        tp_size: int = 1,
         per_rank_dropout: bool = False,
         weights: tuple[float, float] | str | None = None,
+        runtime: RecipeRuntime | None = None,
     ):
+        self.runtime = runtime or RecipeRuntime()
         self.seed = seed
         self.policy = validate_policy(policy)
         self.rank_check_steps = validate_rank_check_steps(rank_check_steps)
-        self.tp_size = tp_size
         self.per_rank_dropout = per_rank_dropout
         self.weights = weights
         self.begin_report: dict[str, float] = {}
         self.last_agreed_step: int | None = None
         self._loss: torch.Tensor | None = None
         self._ids: torch.Tensor | None = None
-        self._pending: dict[str, float] = {}  # rank_check/ok
-        self._rank_pending: dict[str, float] = {}  # the train-begin report
         # Every disagreement found, as (step, or None at train begin, Mismatch): the same list on every rank (all
         # decide from the same gathered data), for callers that report instead of stopping (the preflight).
         self.mismatches: list[tuple[int | None, Mismatch]] = []
 
+    @property
+    def tp_size(self) -> int:
+        """The job's AutoTP degree (the runtime's layout; 1 until a bare runtime read its job at train begin)."""
+        return self.runtime.facts.layout.tp if self.runtime.facts is not None else 1
+
     def observe(self, loss: torch.Tensor, inputs) -> None:
-        """Called by `RecipeTrainer.training_step` with each micro step's loss and inputs: keeps references only."""
-        self.mark_fed()
+        """Each micro step's loss and inputs (the runtime's `micro_step` event): keeps references only."""
         self._loss = loss
         ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else None
         self._ids = ids if isinstance(ids, torch.Tensor) else None
 
     def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
-        layout = RankLayout(max(args.world_size, 1), self.tp_size)
+        self.runtime.listen(self, micro_step=self.observe)
+        layout = self.runtime.job(args).layout
         dp_rank = layout.dp_rank(args.process_index)
         torch.manual_seed(dropout_seed(self.seed, dp_rank, self.per_rank_dropout))  # every CUDA device as well
         if self.policy == "off":
@@ -302,7 +305,7 @@ class RankAgreementCallback(TrainerFed, PendingLogs, TrainerCallback):
             "rank_check/data_ok": float(not data_bad),
             "rank_check/weights_ok": float(not weights_bad) if weights_known else -1.0,
         }
-        self._rank_pending.update(self.begin_report)
+        self.runtime.logs.rank(self.begin_report)  # the first log of this train() only: not log_history's
         self.mismatches += [(None, m) for m in seed_bad + data_bad + weights_bad]
         apply_policy(self.policy, seed_bad + data_bad + weights_bad)
 
@@ -310,7 +313,9 @@ class RankAgreementCallback(TrainerFed, PendingLogs, TrainerCallback):
         if self.policy == "off" or not self.rank_check_steps:
             return
         if self.tp_size > 1:
-            self.require_fed("RankAgreementCallback with tp_size > 1", "each micro step's loss and batch (observe)")
+            self.runtime.require_fed(
+                "micro_step", "RankAgreementCallback with tp_size > 1", "each micro step's loss and batch (observe)"
+            )
         if state.global_step % self.rank_check_steps:
             return
         lr = float(optimizer.param_groups[0]["lr"]) if optimizer is not None and optimizer.param_groups else -1.0
@@ -360,6 +365,6 @@ class RankAgreementCallback(TrainerFed, PendingLogs, TrainerCallback):
             bad = [Mismatch(m.what + since, m.ranks, m.group, m.values, m.fix) for m in bad]
         else:
             self.last_agreed_step = state.global_step
-        self._pending["rank_check/ok"] = float(not bad)
+        self.runtime.logs.history({"rank_check/ok": float(not bad)})
         self.mismatches += [(state.global_step, m) for m in bad]
         apply_policy(self.policy, bad, step=state.global_step)

@@ -9,7 +9,8 @@ clip and before the optimizer, one collective for all of it); the pieces that st
 `GradientHealthCallback` (registered by `RecipeTrainer`, one per trainer) works like this.
 
 Finding a non-finite value, per rank, without a host sync per micro-step:
-- the loss: `RecipeTrainer.compute_loss` hands each training micro-batch's loss to `watch_loss`, which ORs
+- the loss: `RecipeTrainer.compute_loss` hands each training micro-batch's loss to the runtime (`hf_dist_recipes.
+  runtime`), whose `loss` event reaches `watch_loss`, which ORs
   `~isfinite(loss)` into a device flag and returns the loss multiplied by 1 (finite: bit-for-bit the same loss)
   or by NaN (non-finite). The multiplication makes every gradient of that rank NaN, so a non-finite loss whose
   gradients happened to be finite can never be applied by an engine that only looks at gradients;
@@ -68,15 +69,16 @@ skipped as above, the last good state saved, and every rank raises `NonFiniteHal
 Spikes: each applied step's loss (mean over ranks) and pre-clip gradient norm go to a `SpikeDetector` per value
 (`stability.spikes`: robust z-score against the last `spike_window` values).
 
-Keys added to the next Trainer log (`monitoring/pending.py`):
+Keys added to the next Trainer log (the runtime's `LogSink`):
 - `skipped_steps` (every log): optimizer steps skipped for a non-finite value since the run began;
 - `loss_spikes`, `grad_norm_spikes` (every log): spikes found since the run began;
-  these three by `RecipeTrainer.log`: `log_history`, every `report_to` integration, the console and TensorBoard (as
-  `train/<key>`) get them, and a resumed run logs them alike (they are saved in checkpoints, below);
+  these three in the `history` channel, at each step that logs: `log_history`, every `report_to` integration, the
+  console and TensorBoard (as `train/<key>`) get them, and a resumed run logs them alike (saved in checkpoints,
+  below);
 - `nonfinite_event` (text, in the first log after a skip): "step 5: non-finite loss/gradient on rank(s) 1 ...";
 - `spike_event` (text, in the first log after a spike);
-  these two in `on_log`, for the per-rank TensorBoard run (text `train/<key>`) and the rank summary's `events`:
-  text stays out of `log_history` and `report_to`.
+  these two in the `rank` channel, for the per-rank TensorBoard run (text `train/<key>`) and the rank summary's
+  `events`: text stays out of `log_history` and `report_to`.
 Each event is also a warning line in every rank's log. State saved in checkpoints (`ExportableState`): the
 counters, the consecutive-skip count, the steps skipped (last 100), and both spike windows; a resumed run
 continues them (read back at train begin from the checkpoint's trainer state, whether or not
@@ -103,9 +105,8 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from hf_dist_recipes import _compat
-from hf_dist_recipes.core.feeding import TrainerFed
 from hf_dist_recipes.core.gather import distributed, gather_objects
-from hf_dist_recipes.monitoring.pending import PendingLogs
+from hf_dist_recipes.runtime import RecipeRuntime
 from hf_dist_recipes.stability.nonfinite import (
     DEFAULT_MAX_CONSECUTIVE_SKIPS,
     REPORT_NAME,
@@ -135,9 +136,10 @@ def _under_deepspeed(optimizer) -> bool:
     return isinstance(optimizer, DeepSpeedOptimizerWrapper)
 
 
-class GradientHealthCallback(TrainerFed, PendingLogs, TrainerCallback, ExportableState):
-    """See the module docstring. Built by `RecipeTrainer` from the arguments' fields of the same names; needs its
-    feeding (`watch_loss`), so under a plain Trainer the first optimizer step raises ValueError (`core.feeding`)."""
+class GradientHealthCallback(TrainerCallback, ExportableState):
+    """See the module docstring. Built by `RecipeTrainer` from the arguments' fields of the same names and its
+    `runtime`, which feeds it each micro-batch's loss and the pre-clip norm; without a trainer's runtime (a plain
+    Trainer) the first optimizer step raises ValueError naming the fix (`RecipeRuntime.require_fed`)."""
 
     def __init__(
         self,
@@ -145,7 +147,11 @@ class GradientHealthCallback(TrainerFed, PendingLogs, TrainerCallback, Exportabl
         max_consecutive_skips: int = DEFAULT_MAX_CONSECUTIVE_SKIPS,
         spike_window: int = DEFAULT_SPIKE_WINDOW,
         spike_threshold: float = DEFAULT_SPIKE_THRESHOLD,
+        runtime: RecipeRuntime | None = None,
     ):
+        # Last and optional: the Trainer rebuilds this callback from state()'s "args" alone on a resume with
+        # restore_callback_states_from_checkpoint; RecipeTrainer then hands it the run's runtime (`adopt`).
+        self.runtime = runtime or RecipeRuntime()
         self.nonfinite_policy = validate_nonfinite_policy(nonfinite_policy)
         self.max_consecutive_skips = validate_max_consecutive_skips(max_consecutive_skips)
         self.spike_window, self.spike_threshold = validate_spike_settings(spike_window, spike_threshold)
@@ -174,7 +180,6 @@ class GradientHealthCallback(TrainerFed, PendingLogs, TrainerCallback, Exportabl
         self._index: dict[int, int] = {}  # id(parameter) -> its slot in _grad_sums
         self._unchecked: list[tuple] = []  # (step, this rank's loss tensor or None, grad norm) awaiting spike checks
         self._skipping = False  # this step's optimizer step is being skipped (non-DeepSpeed: undo the mark after)
-        self._events: dict[str, list[str]] = {}
         self.halt_report: NonFiniteReport | None = None
         self.reports: list[NonFiniteReport] = []  # this run's last _SKIPS_KEPT reports, for callers to read
 
@@ -202,12 +207,11 @@ class GradientHealthCallback(TrainerFed, PendingLogs, TrainerCallback, Exportabl
     def active(self) -> bool:
         return self.nonfinite_policy != "off"
 
-    # Fed by RecipeTrainer
+    # Fed through the runtime
     def watch_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """Record a training micro-batch's loss; return it unchanged if finite, else multiplied by NaN."""
         if not self.active or not isinstance(loss, torch.Tensor):
             return loss
-        self.mark_fed()
         value = loss.detach()
         finite = torch.isfinite(value).all()
         if self._loss_bad is None or self._loss_bad.device != value.device:
@@ -225,21 +229,6 @@ class GradientHealthCallback(TrainerFed, PendingLogs, TrainerCallback, Exportabl
             return
         self._grad_norm = float(norm.item() if isinstance(norm, torch.Tensor) else norm)
 
-    def pop_pending(self) -> dict:
-        """The counters for the next Trainer log (see the module docstring); the same until they change."""
-        if not self.active:
-            return {}
-        return {
-            "skipped_steps": self.skipped_steps,
-            "loss_spikes": self.loss_spikes,
-            "grad_norm_spikes": self.grad_norm_spikes,
-        }
-
-    def pop_rank_pending(self) -> dict:
-        """The event texts not logged yet (`nonfinite_event`, `spike_event`), once."""
-        events, self._events = self._events, {}
-        return {key: " | ".join(lines) for key, lines in events.items()}
-
     # TrainerCallback
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         # A resume loads the checkpoint's TrainerState, which holds what state() returned when it was saved; the
@@ -250,6 +239,8 @@ class GradientHealthCallback(TrainerFed, PendingLogs, TrainerCallback, Exportabl
                 setattr(self, key, value)
         if not self.active or model is None:
             return
+        self.runtime.listen(self, loss=self.watch_loss, grad_norm=self.observe_grad_norm)
+        self._log_counters()
         self._remove_hooks()
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self._names = [n for n, _ in params]
@@ -305,7 +296,9 @@ class GradientHealthCallback(TrainerFed, PendingLogs, TrainerCallback, Exportabl
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, model=None, **kwargs):
         if not self.active:
             return
-        self.require_fed("GradientHealthCallback", "every training micro-batch's loss (RecipeTrainer.compute_loss)")
+        self.runtime.require_fed(
+            "loss", "GradientHealthCallback", "every training micro-batch's loss (RecipeTrainer.compute_loss)"
+        )
         step = state.global_step + 1  # the step being taken now; global_step counts it after on_optimizer_step
         if self._zero3:
             self._zero3_step(args, state, control, optimizer, step)
@@ -413,7 +406,8 @@ class GradientHealthCallback(TrainerFed, PendingLogs, TrainerCallback, Exportabl
         report.action = action
         message = report.message()
         logger.warning("Non-finite loss or gradient: %s", message)
-        self._events.setdefault("nonfinite_event", []).append(message)
+        self.runtime.logs.rank({"nonfinite_event": message})
+        self._log_counters()
         control.should_log = True
         if action == "halt":
             self.halt_report = report
@@ -458,7 +452,18 @@ class GradientHealthCallback(TrainerFed, PendingLogs, TrainerCallback, Exportabl
                 f"{self.spike_window} steps (robust z {z:.1f} > {self.spike_threshold:g})"
             )
             logger.warning("Spike: %s", message)
-            self._events.setdefault("spike_event", []).append(message)
+            self.runtime.logs.rank({"spike_event": message})
+            self._log_counters()
+
+    def _log_counters(self) -> None:
+        """Every log carries the run-long counters (a resumed run continues them, so logs them alike)."""
+        self.runtime.logs.standing(
+            {
+                "skipped_steps": self.skipped_steps,
+                "loss_spikes": self.loss_spikes,
+                "grad_norm_spikes": self.grad_norm_spikes,
+            }
+        )
 
     def _reset_step(self) -> None:
         if self._grad_sums is not None:
@@ -473,6 +478,7 @@ class GradientHealthCallback(TrainerFed, PendingLogs, TrainerCallback, Exportabl
         # After DefaultFlowCallback (first in the list) decided; the log, the save and the stop come after this.
         if self._unchecked and (control.should_log or control.should_save or control.should_training_stop):
             self._check_unchecked()
+
         if self._skipping:  # after the Trainer read it to leave the scheduler alone
             _compat.mark_optimizer_step_skipped(optimizer, False)
             self._skipping = False

@@ -1,29 +1,30 @@
-"""`hf_dist_recipes.callbacks`: the recipe's callbacks in order, and what the fed ones do under a plain Trainer.
+"""`hf_dist_recipes.callbacks`: the recipe's callbacks in order, each built with the run's runtime, and what the fed
+ones do under a plain Trainer.
 
-The order rules are checked against the list `recipe_callbacks` returns and against a real RecipeTrainer's handler;
+The order rule is checked against the list `recipe_callbacks` returns and against a real RecipeTrainer's handler;
 the plain-Trainer cases train a tiny DeepSeek model through `transformers.Trainer` itself, one process."""
 
 from __future__ import annotations
 
 import pytest
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainingArguments
 from transformers.integrations import TensorBoardCallback
 from transformers.trainer_callback import DefaultFlowCallback
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.callbacks import ORDER, Before, order_problems, recipe_callbacks
 from hf_dist_recipes.comm.watchdog import HangWatchdogCallback
+from hf_dist_recipes.core.layout import RankLayout
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 from hf_dist_recipes.moe.expert_load import ExpertLoadCallback
-from hf_dist_recipes.monitoring.pending import PendingLogs
-from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
 from hf_dist_recipes.monitoring.stragglers import StragglerCallback
 from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
 from hf_dist_recipes.monitoring.system_metrics import SystemMetricsCallback
 from hf_dist_recipes.monitoring.tensorboard import PerRankTensorBoardCallback
 from hf_dist_recipes.parallel.plan_record import PlanConformanceCallback
 from hf_dist_recipes.reproducibility.rank_agreement import RankAgreementCallback
+from hf_dist_recipes.runtime import JobFacts, RecipeRuntime
 from hf_dist_recipes.stability.gradient_health import GradientHealthCallback
 from tests.support.models import SMALL
 
@@ -53,26 +54,28 @@ def moe_model():
 @pytest.mark.parametrize("per_rank_tensorboard", [True, False])
 def test_the_list_for_given_arguments_keeps_every_order_rule(tmp_path, moe_model, per_rank_tensorboard):
     args = _args(tmp_path, per_rank_tensorboard=per_rank_tensorboard)
-    callbacks = recipe_callbacks(args, moe_model, rank_metrics=RankMetrics())
+    runtime = RecipeRuntime()
+    callbacks = recipe_callbacks(args, moe_model, runtime).in_order()
     expected = FULL if per_rank_tensorboard else [c for c in FULL if c is not PerRankTensorBoardCallback]
     assert [type(c) for c in callbacks] == expected
     assert order_problems(callbacks) == []
+    # Every callback that takes the runtime got this one (the watchdog listens to it instead of keeping it).
+    assert all(c.runtime is runtime for c in callbacks if hasattr(c, "runtime"))
+    assert sum(hasattr(c, "runtime") for c in callbacks) == len(expected) - 2  # all but watchdog and plan
     # A dense model has no experts to count; an expert-load callback the user registered is not doubled.
-    dense = recipe_callbacks(args, None, rank_metrics=RankMetrics())
+    dense = recipe_callbacks(args, None, RecipeRuntime()).in_order()
     assert ExpertLoadCallback not in {type(c) for c in dense} and order_problems(dense) == []
-    users = recipe_callbacks(args, moe_model, rank_metrics=RankMetrics(), registered=[ExpertLoadCallback()])
+    users = recipe_callbacks(args, moe_model, RecipeRuntime(), registered=[ExpertLoadCallback()]).in_order()
     assert ExpertLoadCallback not in {type(c) for c in users}
 
 
 def test_order_problems_names_a_broken_rule(tmp_path):
-    metrics = RankMetrics()
-    swapped = [RankSummaryCallback(metrics, str(tmp_path)), SystemMetricsCallback()]
+    swapped = [RankSummaryCallback(str(tmp_path)), HangWatchdogCallback(0, 0, 0)]
     (problem,) = order_problems(swapped)
-    assert problem.startswith("SystemMetricsCallback must come before RankSummaryCallback: ")
+    assert problem.startswith("HangWatchdogCallback must come before RankSummaryCallback: ")
     assert order_problems([HangWatchdogCallback(0, 0, 0)]) == []  # never compared with itself
     # Every rule names classes the list can hold, and a reason.
     assert all(isinstance(rule, Before) and rule.because for rule in ORDER)
-    assert any(rule.first is PendingLogs for rule in ORDER)
 
 
 def test_recipe_trainer_adds_them_after_the_stock_callbacks_in_order(tmp_path, moe_model):
@@ -85,6 +88,7 @@ def test_recipe_trainer_adds_them_after_the_stock_callbacks_in_order(tmp_path, m
     assert held[first_ours:] == ours  # nothing stock after ours
     assert not any(isinstance(c, TensorBoardCallback) for c in held)  # replaced by the per-rank one
     assert trainer.rank_agreement is ours[3] and trainer.plan_conformance is ours[1]
+    assert all(c.runtime is trainer.runtime for c in ours if hasattr(c, "runtime"))
 
 
 def _plain_trainer(tmp_path, callbacks, **fields) -> Trainer:
@@ -112,8 +116,8 @@ def _plain_trainer(tmp_path, callbacks, **fields) -> Trainer:
     "make",
     [
         lambda tmp: GradientHealthCallback(),
-        lambda tmp: RankSummaryCallback(RankMetrics(), str(tmp / "tb")),
-        lambda tmp: PerRankTensorBoardCallback(str(tmp / "tb"), RankMetrics()),
+        lambda tmp: RankSummaryCallback(str(tmp / "tb")),
+        lambda tmp: PerRankTensorBoardCallback(str(tmp / "tb")),
     ],
     ids=["gradient_health", "rank_summary", "per_rank_tensorboard"],
 )
@@ -126,7 +130,8 @@ def test_a_fed_callback_under_a_plain_trainer_names_the_fix(tmp_path, make):
 
 def test_rank_agreement_inside_a_tp_group_needs_feeding_under_a_plain_trainer(tmp_path):
     # With tp_size 2 the periodic checks compare each micro step's loss and batch, which only RecipeTrainer observes.
-    trainer = _plain_trainer(tmp_path, [RankAgreementCallback(seed=7, rank_check_steps=1, tp_size=2)])
+    tp2 = RecipeRuntime(JobFacts(layout=RankLayout(2, tp=2)))
+    trainer = _plain_trainer(tmp_path, [RankAgreementCallback(seed=7, rank_check_steps=1, runtime=tp2)])
     with pytest.raises(ValueError, match="RankAgreementCallback with tp_size > 1 needs"):
         trainer.callback_handler.on_step_end(trainer.args, trainer.state, trainer.control)
 
@@ -134,21 +139,18 @@ def test_rank_agreement_inside_a_tp_group_needs_feeding_under_a_plain_trainer(tm
 def test_the_unfed_callbacks_work_under_a_plain_trainer(tmp_path):
     # One process: the rank agreement's train-begin record and periodic check (step, learning rate) need no feeding,
     # nor do the stragglers (idle in one process), the system metrics and the watchdog.
-    agreement = RankAgreementCallback(seed=7, rank_check_steps=1, weights=(1.0, 2.0))
-    others = [SystemMetricsCallback(), StragglerCallback(1, 0.2, 2), HangWatchdogCallback(120, 600, 7200)]
-    seen = _Seen()
-    trainer = _plain_trainer(tmp_path, [agreement, *others, seen])
+    runtime = RecipeRuntime()
+    agreement = RankAgreementCallback(seed=7, rank_check_steps=1, weights=(1.0, 2.0), runtime=runtime)
+    others = [
+        SystemMetricsCallback(runtime=runtime),
+        StragglerCallback(1, 0.2, 2),
+        HangWatchdogCallback(120, 600, 7200),
+    ]
+    trainer = _plain_trainer(tmp_path, [agreement, *others])
     trainer.train()
     assert trainer.state.global_step == 2
     assert agreement.begin_report["rank_check/seed_ok"] == 1.0 and agreement.last_agreed_step == 2
-    # Under a plain Trainer the keys join the log in on_log: the callbacks after them see them.
-    assert [e.get("rank_check/ok") for e in seen.logs if "loss" in e] == [1.0, 1.0]
-    assert all("system/rss_gib" in e for e in seen.logs if "loss" in e)
-
-
-class _Seen(TrainerCallback):
-    def __init__(self):
-        self.logs: list[dict] = []
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        self.logs.append(dict(logs or {}))
+    # Under a plain Trainer nothing takes the runtime's channels into the logs: they wait there, not in log_history.
+    pending = runtime.logs.peek()
+    assert pending.history == {"rank_check/ok": 1.0} and "system/rss_gib" in pending.rank
+    assert not any("rank_check/ok" in e or "system/rss_gib" in e for e in trainer.state.log_history)

@@ -453,7 +453,7 @@ def test_the_private_trainer_methods_the_recipe_overrides():
     from hf_dist_recipes.trainer import RecipeTrainer, RecipeTrainerMixin
 
     overrides = {n for n in vars(_compat.TrainerPrivateOverrides) if n.startswith("_") and not n.startswith("__")}
-    assert overrides == {"_clip_grad_norm", "_load_from_checkpoint"}
+    assert overrides == {"_clip_grad_norm", "_load_from_checkpoint", "_load_callback_state"}
     for name in overrides:
         ours, theirs = (
             inspect.signature(getattr(_compat.TrainerPrivateOverrides, name)),
@@ -465,6 +465,9 @@ def test_the_private_trainer_methods_the_recipe_overrides():
     # Called where the overrides assume: the clip call's value is the step's grad norm; train() resumes through it.
     assert "grad_norm = self._clip_grad_norm(model)" in inspect.getsource(Trainer._run_epoch)
     assert "self._load_from_checkpoint(resume_from_checkpoint)" in inspect.getsource(Trainer.train)
+    # A restored callback is a new instance built from its saved arguments alone, then put into the handler.
+    restore = inspect.getsource(Trainer._load_callback_state)
+    assert "new_callback = type(callback)(**args)" in restore and "self.callback_handler.add_callback" in restore
     # The mixin itself overrides no other private Trainer method: they all live in _compat.
     private = {n for n in vars(RecipeTrainerMixin) if n.startswith("_") and not n.startswith("__")}
     assert not {n for n in private if hasattr(Trainer, n)}, "move the override into _compat.TrainerPrivateOverrides"

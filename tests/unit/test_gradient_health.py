@@ -307,7 +307,7 @@ def test_fp16_loss_scaler_overflows_are_not_counted_as_non_finite_steps(fp16):
     args = SimpleNamespace(fp16=fp16, device=torch.device("cpu"))
     state, control = TrainerState(), TrainerControl()
     cb.on_train_begin(args, state, control, model=model)
-    loss = cb.watch_loss((model(torch.ones(1, 3)) * 0).sum() + 1.0)  # finite loss
+    loss = cb.runtime.loss((model(torch.ones(1, 3)) * 0).sum() + 1.0)  # finite loss
     loss.backward()
     model.weight.grad.fill_(math.inf)  # the hook already summed the finite gradient: poison the sum it saw
     cb._sum_values[-1] = torch.tensor(math.inf)

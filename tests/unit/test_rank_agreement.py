@@ -23,6 +23,7 @@ from hf_dist_recipes.reproducibility.rank_agreement import (
     validate_rank_check_steps,
     weights_checksum,
 )
+from hf_dist_recipes.runtime import RecipeRuntime
 
 
 def test_dropout_seed_is_shared_unless_per_rank():
@@ -129,7 +130,7 @@ class _Args:
 
 
 def test_single_process_callback_reseeds_and_logs_its_keys():
-    cb = RankAgreementCallback(seed=9, rank_check_steps=2, weights=(1.0, 2.0))
+    cb = RankAgreementCallback(seed=9, rank_check_steps=2, weights=(1.0, 2.0), runtime=(runtime := RecipeRuntime()))
     torch.manual_seed(0)
     cb.on_train_begin(_Args(), _State(0), None)
     after = torch.rand(3)
@@ -137,9 +138,10 @@ def test_single_process_callback_reseeds_and_logs_its_keys():
     assert torch.equal(after, torch.rand(3))  # the dropout stream is the seed's
     # The train-begin report goes to the per-rank TensorBoard, not log_history: only the first log of a train()
     # call would carry it, so a resumed run would log it where the uninterrupted one did not.
-    assert cb.pop_pending() == {}
-    logs = cb.pop_rank_pending()
-    assert cb.pop_rank_pending() == {}  # logged once
+    record = runtime.logs.take()
+    assert record.history == {}
+    logs = record.rank
+    assert runtime.logs.take().rank == {}  # logged once
     assert logs["rank_check/seed_ok"] == 1.0 and logs["rank_check/weights_ok"] == 1.0
     cb.observe(torch.tensor(2.5), {"input_ids": torch.tensor([[1, 2]])})
     cb.on_step_end(_Args(), _State(1), None)  # not a check step

@@ -12,6 +12,7 @@ from hf_dist_recipes.monitoring.stragglers import (
     busy_ratios,
     validate_straggler_settings,
 )
+from hf_dist_recipes.runtime import LogRecord
 
 
 def test_busy_ratios_subtract_each_ranks_wait():
@@ -96,4 +97,4 @@ def test_one_process_checks_nothing_and_logs_nothing():
     for step in range(5):
         State.global_step = step
         cb.on_step_begin(Args(), State(), None)
-    assert cb.pop_pending() == cb.pop_rank_pending() == {} and cb.events == []
+    assert cb.runtime.logs.take() == LogRecord() and cb.events == []

@@ -112,7 +112,7 @@ def test_nvml_values_are_converted_to_the_units_in_the_key_names(monkeypatch):
     assert sample["gpu/utilization_percent"] == 87.0
     assert sample["gpu/memory_used_gib"] == 3.5
     assert sample["gpu/power_w"] == 251.5
-    assert cb.pop_rank_pending() == {}  # nothing to report: NVML worked
+    assert cb.runtime.logs.peek().rank == {}  # nothing to report: NVML worked
 
 
 def test_nvml_that_fails_mid_run_is_reported_and_dropped():

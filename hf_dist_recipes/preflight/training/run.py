@@ -42,7 +42,6 @@ def run_once(
     NaN at that step; `digests`: the weights' digest at every step; `resume`: a checkpoint to resume from;
     `stop_after`: the last step; `timeouts`: `peer_timeout` / `step_timeout` for the arguments."""
     from hf_dist_recipes.arguments import RecipeTrainingArguments
-    from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
     from hf_dist_recipes.preflight.training.trainer import NanLoss, PreflightTrainer, StepRecorder
 
     trainer = None
@@ -64,7 +63,7 @@ def run_once(
         history = trainer.state.log_history
         health = trainer.gradient_health
         # Event texts stay out of log_history; the rank summary callback keeps those this rank's logs carried.
-        summary = next(c for c in trainer.callback_handler.callbacks if isinstance(c, RankSummaryCallback))
+        summary = trainer.recipe_callbacks.summary
         return RunFacts(
             rank=args.process_index,
             world_size=args.world_size,
