@@ -514,7 +514,7 @@ class TrainerPrivateOverrides:
         runtime is handed to it (`RecipeRuntime.adopt`). Can go when the Trainer restores a callback's state into
         the instance it holds (or calls a public hook after restoring)."""
         super()._load_callback_state()
-        self.runtime.adopt(self.callback_handler.callbacks)
+        self.recipe_callbacks = self.recipe_callbacks.replaced_by(self.runtime.adopt(self.callback_handler.callbacks))
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         """transformers 5.24 `Trainer._load_from_checkpoint(resume_from_checkpoint, model=None)`, which `train()`

@@ -19,6 +19,7 @@ the first optimizer step, naming the fix (`recipe(YourTrainer)`). The others wor
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
@@ -74,6 +75,19 @@ class RecipeCallbacks:
     system_metrics: SystemMetricsCallback
     tensorboard: PerRankTensorBoardCallback | None
     summary: RankSummaryCallback
+
+    def replaced_by(self, callbacks: Sequence[TrainerCallback]) -> RecipeCallbacks:
+        """These roles, each filled by the one of `callbacks` of the same class where there is one (a callback the
+        Trainer rebuilt from a checkpoint replaces the instance built here)."""
+        by_class = {type(c): c for c in callbacks}
+        return dataclasses.replace(
+            self,
+            **{
+                f.name: by_class[type(c)]
+                for f in fields(self)
+                if (c := getattr(self, f.name)) is not None and type(c) in by_class
+            },
+        )
 
     def in_order(self) -> list[TrainerCallback]:
         """The callbacks to add, in the order they run (the fields' order)."""

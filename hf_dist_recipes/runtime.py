@@ -153,7 +153,7 @@ class RecipeRuntime:
         self.seed_report = seed_report
         self.logs = LogSink()
         self.rank_metrics = RankMetrics()
-        self._listeners: dict[str, dict[int, Callable]] = {name: {} for name in EVENTS}
+        self._listeners: dict[str, dict[type, Callable]] = {name: {} for name in EVENTS}
         self._fed: set[str] = set()
         self.listen(self, micro_step=self._count_micro_step)
 
@@ -171,12 +171,13 @@ class RecipeRuntime:
 
     # Listening
     def listen(self, owner, **handlers: Callable) -> None:
-        """Register `owner`'s handlers by event name (`EVENTS`); a second call by the same owner replaces its
-        handlers, so a callback may listen again at every train()."""
+        """Register `owner`'s handlers by event name (`EVENTS`). One listener per class: a second call by the same
+        owner, or by another instance of its class (the Trainer's rebuild of a callback restored from a checkpoint),
+        replaces the handlers, so a callback may listen again at every train() and a replaced one stops hearing."""
         for event, handler in handlers.items():
             if event not in self._listeners:
                 raise ValueError(f"unknown runtime event {event!r}; the events are {', '.join(EVENTS)}")
-            self._listeners[event][id(owner)] = handler
+            self._listeners[event][type(owner)] = handler
 
     def listening(self, event: str) -> bool:
         return bool(self._listeners[event])
@@ -228,13 +229,17 @@ class RecipeRuntime:
                 f"and feed it (do not add a second one; an override of compute_loss or training_step must call super())"
             )
 
-    def adopt(self, callbacks) -> None:
-        """Hand this runtime to the recipe callbacks among `callbacks` that hold another: the one place that looks
-        through a trainer's callbacks, for those the Trainer rebuilt from a checkpoint's saved arguments
-        (`restore_callback_states_from_checkpoint`), which were built without it."""
+    def adopt(self, callbacks) -> list:
+        """Hand this runtime to the recipe callbacks among `callbacks` that hold another, and return them: the one
+        place that looks through a trainer's callbacks, for those the user registered (an `ExpertLoadCallback`) and
+        those the Trainer rebuilt from a checkpoint's saved arguments (`restore_callback_states_from_checkpoint`),
+        which were built without it."""
+        adopted = []
         for callback in callbacks:
             if isinstance(getattr(callback, "runtime", None), RecipeRuntime) and callback.runtime is not self:
                 callback.runtime = self
+                adopted.append(callback)
+        return adopted
 
 
 def count_tokens(inputs) -> int:

@@ -5,16 +5,21 @@ upgraded to `RecipeTrainingArguments`, a subclass `C` of it (`Seq2SeqTrainingArg
 `Recipe<C>` that is both (see `RecipeTrainingArguments.from_training_arguments`). Everything is in
 `RecipeTrainerMixin`, so any Trainer class takes it: `recipe(SFTTrainer)` (`hf_dist_recipes.trainer_classes`).
 
-What it adds:
-- practice 4: `seed_everything(args.seed)` before anything else, so `model_init` builds identical weights on every
-  rank; the rank's `SeedReport` is kept as `trainer.seed_report` and logged; `RankAgreementCallback`
+What it adds, through one `RecipeRuntime` per trainer (`hf_dist_recipes.runtime`), built after the stock constructor
+and handed to every recipe callback (`hf_dist_recipes.callbacks.recipe_callbacks`): the trainer feeds it what no
+callback hook carries (each micro-batch's loss, the batch, the pre-clip gradient norm, the bytes of a save, a failure)
+and empties its log sink into each log.
+- practice 4: the arguments seeded every process when they were created, and the stock constructor seeds again before
+  `model_init`, so it builds identical weights on every rank; the arguments' `SeedReport` is kept as
+  `trainer.seed_report` and logged; `RankAgreementCallback`
   (`reproducibility.rank_agreement`, `trainer.rank_agreement`) checks across ranks at train begin and every
   `rank_check_steps` that the ranks agree on what they must (seeds, data order, built weights, step, learning rate,
   TP-group loss) and sets the dropout streams by role (`per_rank_dropout`);
 - practice 5: `GradientHealthCallback` (`hf_dist_recipes.stability.gradient_health`, `trainer.gradient_health`) finds a
   non-finite loss or gradient on any rank with one all-reduce per step and skips that optimizer step on every
   rank or halts with a report (`nonfinite_policy`), and names loss and grad-norm spikes; it sees each training
-  loss through `compute_loss` and the clip call's pre-clip norm through `_clip_grad_norm` (`_compat`);
+  loss through `compute_loss` and the clip call's pre-clip norm through `_clip_grad_norm` (`_compat`), by the
+  runtime's events;
 - practice 2: after the process group exists, its backend is checked (Gloo on a CUDA host is an error);
 - practice 1: then every rank's environment fingerprint (Python, torch build, CUDA, NCCL, driver, the HF stack) is
   all-gathered and the constructor stops on every rank, naming the rank and host that differ, when they do not

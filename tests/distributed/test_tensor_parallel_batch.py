@@ -51,6 +51,10 @@ def test_recipe_trainer_trains_with_tp2_and_auto_batch(tp_config):
         assert r["deepspeed_counter_batch"] == 8
         assert len(r["losses"]) == STEPS and all(math.isfinite(x) for x in r["losses"])
         assert r["losses"][-1] < r["losses"][0]
+        # The runtime's one rank layout is DeepSpeed's truth of group membership (deepspeed.utils.groups): both
+        # ranks form the one TP group of 2 processes under TP 2, and each is its own data-parallel group.
+        assert r["runtime_tp_group"] == r["deepspeed_tp_group"] == [0, 1]
+        assert r["runtime_dp_group"] == [r["rank"]]
     # Per-rank model-state elements: exactly what the estimator says for this plan (from_config: zero.Init).
     plan = ParallelPlan(procs_per_node=2, device="cpu", precision="fp32", tp=2)
     expected = rank_elements(plan, introspect("tiny-llama")).params

@@ -142,11 +142,20 @@ def test_a_run_with_no_logging_step(tmp_path):
     assert "run/text_summary" in read_texts(run_dir)
 
 
-def test_a_run_resumed_from_a_checkpoint(tmp_path, monkeypatch):
+@pytest.mark.parametrize("restore", [False, True], ids=["own_state", "restore_callback_states"])
+def test_a_run_resumed_from_a_checkpoint(tmp_path, monkeypatch, restore):
     _trainer(tmp_path, save_strategy="steps", save_steps=2).train()
     monkeypatch.setattr(system_metrics, "_run_id", None)  # the resume is a new launch: accepted, not refused
-    trainer = _trainer(tmp_path, save_strategy="steps", save_steps=2, max_steps=6)
+    trainer = _trainer(
+        tmp_path, save_strategy="steps", save_steps=2, max_steps=6, restore_callback_states_from_checkpoint=restore
+    )
+    built = trainer.gradient_health
     trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    # With restore, the Trainer rebuilt the stateful gradient-health callback from its saved arguments: the new
+    # instance is the one in use, fed through the trainer's runtime (else its first step would stop, unfed).
+    held = [c for c in trainer.callback_handler.callbacks if isinstance(c, GradientHealthCallback)]
+    assert held == [trainer.gradient_health] and (held[0] is not built) == restore
+    assert held[0].runtime is trainer.runtime
     summary = _after_train_end(trainer)
     assert summary["steps"] == 6
     scalars = read_scalars(tmp_path / "tensorboard" / "rank0")

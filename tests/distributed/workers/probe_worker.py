@@ -80,6 +80,17 @@ def main(
     }
     out = Path(output_dir) / "probe"
     out.mkdir(parents=True, exist_ok=True)
+    groups = {}
+    if hasattr(trainer, "runtime"):  # RecipeTrainer: its layout against DeepSpeed's own group membership
+        import torch.distributed as dist
+        from deepspeed.utils import groups as ds_groups
+
+        layout = trainer.runtime.facts.layout
+        groups = {
+            "runtime_tp_group": layout.tp_group(args.process_index),
+            "runtime_dp_group": layout.dp_group(args.process_index),
+            "deepspeed_tp_group": dist.get_process_group_ranks(ds_groups.get_tensor_model_parallel_group()),
+        }
     (out / f"rank{args.process_index}.json").write_text(
         json.dumps(
             {
@@ -95,6 +106,7 @@ def main(
                 "engine_grad_accum": trainer.model_wrapped.gradient_accumulation_steps(),
                 "optimizer_steps": trainer.state.global_step,
                 "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
+                **groups,
             }
         )
     )
