@@ -1,10 +1,11 @@
-"""What this host has, read from the host and not through the code under test (torch's GPUs, the CPU flags of
+"""What this host has, read from the host and not through the code under test (torch's GPUs, NVML, the CPU flags of
 /proc/cpuinfo), counted once in the pytest process (where no test hid the GPUs), and the skips that follow from it,
 each written once. A test expects what its host has, never the build machine's facts written as constants: CI and
 developers run on 2-core CPU machines whose CPUs differ, and `make test` also runs on GPU hosts."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -33,6 +34,39 @@ cpu_only_host = pytest.mark.skipif(
     NVIDIA_HOST,
     reason="a DeepSpeed CPU launch on a GPU host needs ACCELERATE_USE_CPU, which drops DeepSpeed (tests.support.hosts)",
 )
+
+
+def _nvml_note() -> str | None:
+    """What NVML says on this host, asked of pynvml directly (not through monitoring.system_metrics) for the GPU this
+    process's device 0 is: None when it answers the per-GPU queries the system metrics sample (utilization, memory,
+    power), else the start of the note those metrics write instead: "NVML unavailable" (no driver library, no GPU;
+    nvidia-ml-py itself is in requirements.lock, so it imports everywhere) or "NVML stopped answering" (a query the
+    GPU refuses, such as utilization under MIG)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no driver library (a CPU host), a driver that does not load
+        return "NVML unavailable"
+    try:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(int(visible) if visible.isdigit() else 0)
+        except Exception:
+            return "NVML unavailable"
+        try:
+            pynvml.nvmlDeviceGetUtilizationRates(handle)
+            pynvml.nvmlDeviceGetMemoryInfo(handle)
+            pynvml.nvmlDeviceGetPowerUsage(handle)
+        except Exception:
+            return "NVML stopped answering"
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()  # NVML counts its inits: a callback's own nvmlInit later is unaffected
+
+
+NVML_NOTE = _nvml_note()
 
 
 def cpu_flags() -> frozenset[str]:
