@@ -43,6 +43,7 @@ def _run(out, *, resume=None, tqdm: bool):
         save_strategy="steps", save_steps=SAVE_AT, disable_tqdm=not tqdm, report_to="none", seed=7,
         rank_check_steps=2,  # rank_check/ok at steps 2, 4, 6, 8: before and after the checkpoint
         spike_window=3, spike_threshold=1.0,  # low on purpose: spikes (counts and event texts) in 8 steps
+        use_cpu=True,  # the histories are compared bit for bit: the CPU's fp32 kernels, on a GPU host too
     )  # fmt: skip
     trainer = RecipeTrainer(model_init=lambda: build_tiny_deepseek(**SMALL), args=args,
                             train_dataset=stdlib_dataset(seq_len=16, max_bytes=4_000))  # fmt: skip
