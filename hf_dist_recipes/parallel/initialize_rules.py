@@ -47,8 +47,10 @@ def _enabled(section) -> bool | None:
 
 
 def cpu_fp16_supported() -> bool:
-    """Whether DeepSpeed's CPU accelerator takes fp16 on this host: where oneDNN has fp16 kernels (AVX512-FP16 or
-    AMX-FP16; DeepSpeed 0.19.8 `CPU_Accelerator.is_fp16_supported`, which returns None, not False, without)."""
+    """Whether DeepSpeed's CPU accelerator takes fp16 on this host: where oneDNN has fp16 kernels (DeepSpeed 0.19.8
+    `CPU_Accelerator.is_fp16_supported`, which returns None, not False, without). torch asks ideep, which wants
+    oneDNN's avx512_core_fp16 level (AVX512-FP16; AMX-FP16 CPUs have it too) or, on CPUs without AVX-512,
+    avx2_vnni_2 (AVX-NE-CONVERT and AVX-VNNI-INT8: Arrow Lake, Sierra Forest); ONEDNN_MAX_CPU_ISA can lower it."""
     from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
     return bool(CPU_Accelerator().is_fp16_supported())
@@ -288,9 +290,9 @@ def initialize_refusals(
                 Refusal(
                     WARNING,
                     "runtime/engine.py:2004",
-                    "fp16 enabled on a use_cpu launch: this host's CPU has fp16 kernels (AVX512-FP16/AMX) and "
-                    "DeepSpeed accepts it here, but refuses it on CPUs without them (runtime/engine.py:2004); "
-                    "use bf16 or fp32 to run anywhere",
+                    "fp16 enabled on a use_cpu launch: this host's CPU has oneDNN fp16 kernels (AVX512-FP16, "
+                    "AMX-FP16 or AVX-NE-CONVERT) and DeepSpeed accepts it here, but refuses it on CPUs without "
+                    "them (runtime/engine.py:2004); use bf16 or fp32 to run anywhere",
                 )
             )
         else:
@@ -298,7 +300,8 @@ def initialize_refusals(
                 ERROR,
                 "runtime/engine.py:2004",
                 "fp16 enabled on a use_cpu launch: DeepSpeed's CPU accelerator has no fp16 on CPUs without "
-                "AVX512-FP16/AMX, such as this host's; use bf16 or fp32",
+                "oneDNN fp16 kernels (AVX512-FP16, AMX-FP16 or AVX-NE-CONVERT), such as this host's; use bf16 or "
+                "fp32",
             )
 
     if tp > 1 and isinstance(tp_cfg, dict):

@@ -113,7 +113,13 @@ class ParallelPlan:
                 f"format; use --grad-reduce-dtype {fix}"
             )
         if self.device == "cpu" and self.precision == "fp16":
-            raise ValueError("fp16 needs CUDA; use --precision bf16 or fp32 on CPU")
+            # Not a constant of CPUs: some have fp16 kernels. A plan describes machines it cannot ask (the lint of a
+            # launch asks its host: initialize_rules.cpu_fp16_supported), so it keeps to what runs on every CPU.
+            raise ValueError(
+                "fp16 on CPU runs only where the CPUs have oneDNN fp16 kernels (AVX512-FP16, AMX-FP16 or "
+                "AVX-NE-CONVERT), and DeepSpeed refuses it on the others (runtime/engine.py:2004); use --precision "
+                "bf16 or fp32 on CPU"
+            )
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.zero_stage not in (0, 1, 2, 3):

@@ -17,6 +17,7 @@ import sys
 import pytest
 
 from hf_dist_recipes.parallel.lint import ERROR, lint_deepspeed
+from tests.support.hosts import cpu_fp16_kernels
 from tests.support.launch import cpu_only_env, free_port
 from tests.support.paths import REPO
 
@@ -128,8 +129,9 @@ REFUSED = {
     ),
     "param_dtype_mismatch": ("tiny-llama", {"data_types": {"param_dtype": "bf16"}}, "runtime/engine.py:1827"),
 }
-# A host fact: DeepSpeed's CPU accelerator refuses fp16 only on CPUs without fp16 kernels (AVX512-FP16/AMX). Run in
-# the same launch; what is expected is read from /proc/cpuinfo below, independently of the code under test.
+# A host fact: DeepSpeed's CPU accelerator refuses fp16 only on CPUs without oneDNN fp16 kernels (AVX512-FP16, AMX-FP16
+# or AVX-NE-CONVERT). Run in the same launch; what is expected is read from /proc/cpuinfo (tests.support.hosts),
+# independently of the code under test.
 FP16_ON_CPU = ("tiny-llama", {"fp16": {"enabled": True}}, "runtime/engine.py:2004")
 # The same sections with the offending value fixed: they initialize, and the lint finds no error.
 CONTROLS = {
@@ -246,30 +248,23 @@ def test_the_fixed_config_initializes_and_lints_clean(deepspeed_outcomes, name):
     assert [f.message for f in lint_deepspeed(config, name, use_cpu=True) if f.level == ERROR] == []
 
 
-def _cpu_flags() -> set[str]:
-    """This host's CPU flags as the kernel reports them (empty where /proc/cpuinfo is missing)."""
-    try:
-        text = open("/proc/cpuinfo").read()
-    except OSError:
-        return set()
-    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
-
-
 def test_fp16_on_cpu_is_refused_exactly_on_hosts_without_fp16_kernels(deepspeed_outcomes):
-    """Both kinds of machine prove something: a CPU with AVX512-FP16 (or AMX-FP16) initializes fp16 and the lint
-    only warns; one without is refused at the line, and the lint says so as an error."""
+    """Both kinds of machine prove something: a CPU with fp16 kernels initializes fp16 and the lint only warns; one
+    without is refused at the line, and the lint says so as an error. Which kind this host is comes from its CPU
+    flags (tests.support.hosts.cpu_fp16_kernels); where they cannot tell (a CPU without AVX-512 but with AVX-VNNI,
+    or a capped oneDNN), DeepSpeed's real outcome decides, and the lint must still agree with it."""
     _, config, where = FP16_ON_CPU
     outcome = deepspeed_outcomes["fp16_on_cpu"]
-    flags = _cpu_flags()
-    if not flags:
-        pytest.skip("no /proc/cpuinfo: the host's fp16 support cannot be read independently")
-    host_has_fp16 = bool(flags & {"avx512_fp16", "amx_fp16"})
+    host_has_fp16, unknown = cpu_fp16_kernels()
+    expected_from = f"DeepSpeed's outcome ({unknown})" if unknown else "this host's /proc/cpuinfo"
+    if host_has_fp16 is None:
+        host_has_fp16 = outcome["ok"]
     findings = lint_deepspeed(config, "fp16_on_cpu", use_cpu=True)
     errors = [f.message for f in findings if f.level == ERROR]
     if host_has_fp16:
-        assert outcome == {"ok": True}, outcome
-        assert not any(where in m for m in errors), errors
+        assert outcome == {"ok": True}, (expected_from, outcome)
+        assert not any(where in m for m in errors), (expected_from, errors)
         assert any(where in f.message and "AVX512-FP16" in f.message for f in findings), findings
     else:
-        assert not outcome["ok"] and outcome["where"] == where, outcome
-        assert any(where in m for m in errors), errors
+        assert not outcome["ok"] and outcome["where"] == where, (expected_from, outcome)
+        assert any(where in m for m in errors), (expected_from, errors)

@@ -167,6 +167,7 @@ def _train(tmp_path, what: str, step: int, steps: int = 5, **fields):
         disable_tqdm=True,
         per_rank_tensorboard=fields.pop("per_rank_tensorboard", False),
         seed_check="off",
+        use_cpu=True,  # weights are compared bit for bit, some with a checkpoint loaded on the CPU: on a GPU host too
         lr_scheduler_type="linear",
         warmup_steps=0,
         **fields,
@@ -296,8 +297,9 @@ def test_a_loss_and_grad_norm_spike_is_an_event_naming_the_step(tmp_path, caplog
 
 @pytest.mark.parametrize("fp16", [False, True])
 def test_fp16_loss_scaler_overflows_are_not_counted_as_non_finite_steps(fp16):
-    # fp16 needs CUDA, which this machine lacks: the callback is driven directly with args.fp16 set, the way the
-    # Trainer calls it, on an inf gradient under a finite loss (what a loss-scaler overflow looks like).
+    # fp16 training needs CUDA (or a CPU with fp16 kernels), which a test host may lack: the callback is driven
+    # directly with args.fp16 set, the way the Trainer calls it, on an inf gradient under a finite loss (what a
+    # loss-scaler overflow looks like).
     from types import SimpleNamespace
 
     from transformers import TrainerControl, TrainerState

@@ -198,7 +198,12 @@ def test_auto_values_turn_initialize_refusals_into_warnings():
     assert "CPU memory, not on NVMe" in _messages(lint_deepspeed(nvme2, "ds.json"), WARNING)
 
 
-def test_fp16_on_a_cpu_launch(tmp_path):
+@pytest.mark.parametrize("cpu_fp16, level", [(False, ERROR), (True, WARNING)])
+def test_fp16_on_a_cpu_launch(tmp_path, monkeypatch, cpu_fp16, level):
+    # Fake: the CPU's fp16 kernels, which the rule asks of the host running the lint (a CPU with AVX512-FP16 gets a
+    # warning, one without an error; tests/distributed/test_initialize_refusals.py checks the real answer against
+    # DeepSpeed's). What is tested here: the YAML's use_cpu reaches the rule, and a GPU launch never meets it.
+    monkeypatch.setattr("hf_dist_recipes.parallel.initialize_rules.cpu_fp16_supported", lambda: cpu_fp16)
     ds = {**Z3, "fp16": {"enabled": True}}
     path = _yaml(
         tmp_path,
@@ -206,11 +211,13 @@ def test_fp16_on_a_cpu_launch(tmp_path):
         "deepspeed_config:\n  deepspeed_config_file: DS\n",
         ds,
     )
-    assert "engine.py:2004" in _messages(lint_file(path), ERROR)
+    findings = lint_file(path)
+    assert "engine.py:2004" in _messages(findings, level)
+    assert "engine.py:2004" not in _messages(findings, WARNING if level == ERROR else ERROR)
     gpu = _yaml(
         tmp_path, "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  deepspeed_config_file: DS\n", ds
     )
-    assert "engine.py:2004" not in _messages(lint_file(gpu), ERROR)
+    assert "engine.py:2004" not in _messages(lint_file(gpu), ERROR) + _messages(lint_file(gpu), WARNING)
 
 
 def test_a_stage_left_to_auto_applies_no_stage_rule():

@@ -17,9 +17,11 @@ from tests.support.models import SMALL
 
 
 def _run(out, resume=None) -> dict[int, float]:
+    # use_cpu=True: the comparison below needs the CPU's fp32 kernels, on a GPU host too (its default, bf16 on CUDA,
+    # need not repeat a step's loss to 1e-6).
     args = RecipeTrainingArguments(output_dir=str(out), max_steps=4, per_device_train_batch_size=2, learning_rate=3e-3,
                                    logging_steps=1, save_strategy="steps", save_steps=2, disable_tqdm=True,
-                                   report_to="none", seed=7)  # fmt: skip
+                                   report_to="none", seed=7, use_cpu=True)  # fmt: skip
     trainer = RecipeTrainer(model_init=lambda: build_tiny_deepseek(**SMALL), args=args,
                             train_dataset=stdlib_dataset(seq_len=16, max_bytes=4_000))  # fmt: skip
     trainer.train(resume_from_checkpoint=resume)

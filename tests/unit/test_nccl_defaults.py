@@ -74,8 +74,8 @@ def test_every_name_is_one_torch_reads():
 
 
 def test_the_arguments_apply_them_on_a_gpu_host_and_keep_what_the_user_set(tmp_path, monkeypatch):
-    # Fake: this host has no GPU; only the device count the backend policy reads is replaced, so the arguments take
-    # the NCCL path. The environment is real (os.environ, restored by monkeypatch).
+    # Fake: only the device count the backend policy reads is replaced (8, whatever this host has), so the arguments
+    # take the NCCL path. The environment is real (os.environ, restored by monkeypatch).
     from hf_dist_recipes import RecipeTrainingArguments
 
     monkeypatch.setattr("hf_dist_recipes.comm.backend.cuda_device_count", lambda: 8)
@@ -83,9 +83,10 @@ def test_the_arguments_apply_them_on_a_gpu_host_and_keep_what_the_user_set(tmp_p
         for name in names:
             monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")  # the user's choice
-    # bf16=False: transformers itself checks bf16 against the real (absent) GPU. The arguments then go on to create
-    # the NCCL process group (accelerate's PartialState), which this CPU host cannot: that failure shows the defaults
-    # were in the environment BEFORE the group was attempted, which is when torch reads them.
+    # bf16=False: transformers checks bf16 against the real device, not the faked GPUs. The arguments then go on to
+    # accelerate's PartialState, which with the NCCL backend asks for the world size of a process group that nothing
+    # launched in this process created (ValueError, on any host): that failure shows the defaults were in the
+    # environment BEFORE the group was needed, which is when torch reads them.
     with pytest.raises(ValueError, match="process group"):
         RecipeTrainingArguments(output_dir=str(tmp_path), bf16=False)
     assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0"  # kept
@@ -93,10 +94,22 @@ def test_the_arguments_apply_them_on_a_gpu_host_and_keep_what_the_user_set(tmp_p
     assert os.environ["TORCH_FR_DUMP_TEMP_FILE"].startswith(str(tmp_path))
 
 
+def _cpu_host(monkeypatch, tmp_path) -> None:
+    """Fake a CPU host in full: torch sees no GPU and the machine has none (no NVIDIA device files, no nvidia-smi).
+    The device count alone is not a CPU host on a GPU machine: there the arguments stop at GPUs torch cannot see
+    (environment.cuda_host) before any default is applied."""
+    from hf_dist_recipes.environment import cuda_host
+
+    monkeypatch.setattr("hf_dist_recipes.comm.backend.cuda_device_count", lambda: 0)
+    (tmp_path / "dev").mkdir(exist_ok=True)
+    monkeypatch.setattr(cuda_host, "DEV_DIR", str(tmp_path / "dev"))
+    monkeypatch.setattr(cuda_host, "NVIDIA_SMI", str(tmp_path / "no-nvidia-smi"))
+
+
 def test_a_cpu_host_gets_the_flight_recorder_only(tmp_path, monkeypatch):
     from hf_dist_recipes import RecipeTrainingArguments
 
-    monkeypatch.setattr("hf_dist_recipes.comm.backend.cuda_device_count", lambda: 0)
+    _cpu_host(monkeypatch, tmp_path)
     _unset(monkeypatch, ())
     args = RecipeTrainingArguments(output_dir=str(tmp_path))
     assert args.nccl_env_applied == {}
@@ -153,7 +166,7 @@ def test_every_alloc_conf_name_is_one_torch_reads():
 
 
 def test_the_arguments_set_expandable_segments_on_a_gpu_host_before_cuda(tmp_path, monkeypatch):
-    # Fake: this host has no GPU; only the device count the arguments read is replaced (8), so they take the CUDA
+    # Fake: only the device count the arguments read is replaced (8, whatever this host has), so they take the CUDA
     # path. The environment and the allocator config are real: os.environ (restored by monkeypatch) and this
     # process's torch allocator settings, which a CPU build parses too (and ignores), reset before and after.
     from hf_dist_recipes import RecipeTrainingArguments, _compat
@@ -163,8 +176,8 @@ def test_the_arguments_set_expandable_segments_on_a_gpu_host_before_cuda(tmp_pat
     _unset(monkeypatch, ALLOC_CONF_NAMES)
     _compat.set_allocator_settings("expandable_segments:False")
     try:
-        # As in the NCCL test above: the arguments then go on to create the NCCL process group, which this CPU host
-        # cannot; the allocator setting was applied before (and before anything read the GPUs' capability).
+        # As in the NCCL test above: the arguments then fail at the NCCL process group nothing launched here; the
+        # allocator setting was applied before (and before anything read the GPUs' capability).
         with pytest.raises(ValueError, match="process group"):
             RecipeTrainingArguments(output_dir=str(tmp_path), bf16=False)
         assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
@@ -184,8 +197,6 @@ def test_a_user_alloc_conf_is_kept_and_a_cpu_host_gets_none(tmp_path, monkeypatc
         RecipeTrainingArguments(output_dir=str(tmp_path), bf16=False)
     assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ and os.environ["PYTORCH_ALLOC_CONF"] == "max_split_size_mb:256"
     monkeypatch.delenv("PYTORCH_ALLOC_CONF")
-    monkeypatch.setattr(
-        "hf_dist_recipes.comm.backend.cuda_device_count", lambda: 0
-    )  # a CPU host: nothing set or listed
+    _cpu_host(monkeypatch, tmp_path)  # nothing set or listed
     args = RecipeTrainingArguments(output_dir=str(tmp_path))
     assert set(args.env_applied) <= set(FLIGHT_RECORDER_ENV_DEFAULTS) and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ

@@ -33,7 +33,7 @@ def test_sizes_must_be_positive_integers(field, value):
     [
         (dict(device="tpu"), "device must be one of"),
         (dict(precision="fp8"), "precision must be one of"),
-        (dict(device="cpu", precision="fp16"), "fp16 needs CUDA"),
+        (dict(device="cpu", precision="fp16"), "fp16 on CPU runs only where the CPUs have oneDNN fp16 kernels"),
         (dict(zero_stage=4), "ZeRO stage must be 0, 1, 2 or 3"),
         (dict(zero_stage=0, offload_optimizer=True), "optimizer offload needs ZeRO stage 1"),
         (dict(zero_stage=2, offload_params=True), "parameter offload needs ZeRO stage 3"),
