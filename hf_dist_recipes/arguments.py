@@ -365,7 +365,10 @@ class RecipeTrainingArguments(TrainingArguments):
             cuda_host.check_torch_sees_gpus(
                 cuda_devices=gpus, allow_cpu_with_gpus=self.allow_cpu_with_gpus, cpu_requested_by=cpu_asked
             )
-        if self.ddp_backend is not None or gpus:
+        # A process no launcher started (`python train.py` on one GPU) has no process group to create: NCCL there
+        # makes the stock post-init ask a group nobody made for its world size. Left unset, as the stock default.
+        launched = "LOCAL_RANK" in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1
+        if self.ddp_backend is not None or (gpus and launched):
             # Without CUDA and without a request, the launcher's Gloo default is right and left alone.
             self.ddp_backend = backend.resolve_backend(
                 self.ddp_backend, allow_gloo_on_cuda=self.allow_gloo_on_cuda, cuda_devices=gpus

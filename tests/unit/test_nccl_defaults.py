@@ -79,6 +79,7 @@ def test_the_arguments_apply_them_on_a_gpu_host_and_keep_what_the_user_set(tmp_p
     from hf_dist_recipes import RecipeTrainingArguments
 
     monkeypatch.setattr("hf_dist_recipes.comm.backend.cuda_device_count", lambda: 8)
+    monkeypatch.setenv("LOCAL_RANK", "0")  # a rank a launcher started: NCCL is chosen only there
     for names in ALIASES.values():
         for name in names:
             monkeypatch.delenv(name, raising=False)
@@ -87,7 +88,7 @@ def test_the_arguments_apply_them_on_a_gpu_host_and_keep_what_the_user_set(tmp_p
     # accelerate's PartialState, which with the NCCL backend asks for the world size of a process group that nothing
     # launched in this process created (ValueError, on any host): that failure shows the defaults were in the
     # environment BEFORE the group was needed, which is when torch reads them.
-    with pytest.raises(ValueError, match="process group"):
+    with pytest.raises(ValueError, match="rendezvous"):
         RecipeTrainingArguments(output_dir=str(tmp_path), bf16=False)
     assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0"  # kept
     assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == NCCL_ENV_DEFAULTS["TORCH_NCCL_ASYNC_ERROR_HANDLING"]
@@ -173,12 +174,13 @@ def test_the_arguments_set_expandable_segments_on_a_gpu_host_before_cuda(tmp_pat
     from hf_dist_recipes.environment.alloc_defaults import ALLOC_CONF_NAMES
 
     monkeypatch.setattr("hf_dist_recipes.comm.backend.cuda_device_count", lambda: 8)
+    monkeypatch.setenv("LOCAL_RANK", "0")  # a rank a launcher started: NCCL is chosen only there
     _unset(monkeypatch, ALLOC_CONF_NAMES)
     _compat.set_allocator_settings("expandable_segments:False")
     try:
         # As in the NCCL test above: the arguments then fail at the NCCL process group nothing launched here; the
         # allocator setting was applied before (and before anything read the GPUs' capability).
-        with pytest.raises(ValueError, match="process group"):
+        with pytest.raises(ValueError, match="rendezvous"):
             RecipeTrainingArguments(output_dir=str(tmp_path), bf16=False)
         assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
         assert _compat.allocator_settings() == "expandable_segments:True"  # the running process's allocator too
@@ -191,12 +193,14 @@ def test_a_user_alloc_conf_is_kept_and_a_cpu_host_gets_none(tmp_path, monkeypatc
     from hf_dist_recipes.environment.alloc_defaults import ALLOC_CONF_NAMES
 
     monkeypatch.setattr("hf_dist_recipes.comm.backend.cuda_device_count", lambda: 8)  # fake, as above
+    monkeypatch.setenv("LOCAL_RANK", "0")  # a rank a launcher started: NCCL is chosen only there
     _unset(monkeypatch, ALLOC_CONF_NAMES)
     monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:256")  # the user's, under torch's newer name
-    with pytest.raises(ValueError, match="process group"):
+    with pytest.raises(ValueError, match="rendezvous"):
         RecipeTrainingArguments(output_dir=str(tmp_path), bf16=False)
     assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ and os.environ["PYTORCH_ALLOC_CONF"] == "max_split_size_mb:256"
     monkeypatch.delenv("PYTORCH_ALLOC_CONF")
+    monkeypatch.delenv("LOCAL_RANK")  # one process on its own again
     _cpu_host(monkeypatch, tmp_path)  # nothing set or listed
     args = RecipeTrainingArguments(output_dir=str(tmp_path))
     assert set(args.env_applied) <= set(FLIGHT_RECORDER_ENV_DEFAULTS) and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ

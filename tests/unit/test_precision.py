@@ -51,6 +51,7 @@ def test_arguments_turn_bf16_on_on_a_faked_bf16_gpu_host(tmp_path, monkeypatch):
     from transformers import TrainingArguments
 
     monkeypatch.setattr("hf_dist_recipes.comm.backend.cuda_device_count", lambda: 8)
+    monkeypatch.setenv("LOCAL_RANK", "0")  # a rank a launcher started: NCCL is chosen only there
     monkeypatch.setattr("hf_dist_recipes.environment.precision.cuda_bf16_supported", lambda: True)
     monkeypatch.setattr(TrainingArguments, "__post_init__", lambda self: None)
     args = RecipeTrainingArguments(output_dir=str(tmp_path))
@@ -80,3 +81,18 @@ def test_auto_json_takes_bf16_from_the_arguments(tmp_path):
     hf = HfTrainerDeepSpeedConfig(config)
     hf.trainer_config_process(args)
     assert hf.config["bf16"]["enabled"] is args.bf16 is False
+
+
+def test_a_process_no_launcher_started_gets_no_nccl_on_a_gpu_host(tmp_path, monkeypatch):
+    # Fake: 8 GPUs, as above; no launcher variables. `python train.py` on one GPU must not ask for a process group
+    # that nothing creates (the stock post-init would fail on NCCL with "Default process group has not been
+    # initialized"): the backend stays unset, as in transformers, and precision is still chosen for the GPU.
+    from transformers import TrainingArguments
+
+    monkeypatch.setattr("hf_dist_recipes.comm.backend.cuda_device_count", lambda: 8)
+    monkeypatch.setattr("hf_dist_recipes.environment.precision.cuda_bf16_supported", lambda: True)
+    monkeypatch.setattr(TrainingArguments, "__post_init__", lambda self: None)
+    for name in ("LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    args = RecipeTrainingArguments(output_dir=str(tmp_path))
+    assert args.ddp_backend is None and args.bf16 is True and args.use_cpu is False
