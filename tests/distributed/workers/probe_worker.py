@@ -81,7 +81,8 @@ def main(
     out = Path(output_dir) / "probe"
     out.mkdir(parents=True, exist_ok=True)
     groups = {}
-    if hasattr(trainer, "runtime"):  # RecipeTrainer: its layout against DeepSpeed's own group membership
+    if hasattr(trainer, "runtime") and trainer.runtime.facts.layout.tp > 1:  # RecipeTrainer under AutoTP: its
+        # layout against DeepSpeed's own group membership (DeepSpeed makes a TP group only under AutoTP)
         import torch.distributed as dist
         from deepspeed.utils import groups as ds_groups
 

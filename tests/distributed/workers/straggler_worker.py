@@ -29,7 +29,6 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import TokenBlocks
-from hf_dist_recipes.monitoring.stragglers import StragglerCallback
 from hf_dist_recipes.parallel.models import template_config
 from tests.distributed.workers.runs import mark_run_end, split_runs
 
@@ -46,14 +45,16 @@ class Slow(TrainerCallback):
 
 
 class RankLogs(TrainerCallback):
-    """Each log as the callbacks after RecipeTrainer's see it, as the per-rank TensorBoard run does: with this
-    rank's straggler keys, which stay out of log_history (wall-clock values a resumed run would not repeat)."""
+    """Each log as the per-rank TensorBoard run writes it: what the integrations saw, with this rank's own values and
+    texts of the same log from the run's runtime (its `rank` channel), which stay out of log_history (wall-clock
+    values a resumed run would not repeat)."""
 
-    def __init__(self):
+    def __init__(self, runtime):
+        self.runtime = runtime
         self.logs: list[dict] = []
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        self.logs.append({**(logs or {}), "step": state.global_step})
+        self.logs.append({**(logs or {}), **self.runtime.logs.last.rank, "step": state.global_step})
 
 
 def main(argv: list[str]) -> None:
@@ -88,10 +89,10 @@ def main(argv: list[str]) -> None:
     data = TokenBlocks(torch.randint(0, config.vocab_size, (SAMPLES, SEQ), generator=torch.Generator().manual_seed(0)))
     slow = Slow(opts.slow_rank, opts.delay_s, opts.slow_until)
     trainer = RecipeTrainer(model=model, args=args, train_dataset=data, callbacks=[slow])
-    rank_logs = RankLogs()
+    rank_logs = RankLogs(trainer.runtime)
     trainer.add_callback(rank_logs)  # after RecipeTrainer's callbacks
     result = trainer.train()
-    straggler = next(c for c in trainer.callback_handler.callbacks if isinstance(c, StragglerCallback))
+    straggler = trainer.recipe_callbacks.stragglers
     out = {
         "rank": args.process_index,
         "host": socket.gethostname(),
