@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -53,8 +54,10 @@ def accelerate_launch(
     cwd: Path = REPO,
     timeout: int = LAUNCH_TIMEOUT_S,
     num_processes: int | None = None,
+    env: Mapping[str, str | None] | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run `accelerate launch --config_file config_file ...` and return it with output captured."""
+    """Run `accelerate launch --config_file config_file ...` and return it with output captured. `env`: variables
+    to set for the launch and its ranks (None: unset it)."""
     cmd = [
         sys.executable,
         "-m",
@@ -66,7 +69,8 @@ def accelerate_launch(
     ]
     if num_processes:
         cmd += ["--num_processes", str(num_processes)]
-    env = _launch_env()
+    overrides, env = env or {}, _launch_env()
+    env = {k: v for k, v in {**env, **overrides}.items() if v is not None}
     if (yaml.safe_load(Path(config_file).read_text()) or {}).get("use_cpu"):
         env = cpu_only_env(env)
     return subprocess.run(cmd + script_and_args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)

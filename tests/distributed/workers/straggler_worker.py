@@ -2,15 +2,18 @@
 launch` (CPU ranks, DeepSpeed ZeRO-3).
 
     straggler_worker.py OUTPUT_DIR STEPS [--slow-rank R --delay-s S [--slow-until G]] [--check-steps K]
-                        [--threshold T] [--windows M] [then OUTPUT_DIR STEPS ...]
+                        [--threshold T] [--windows M] [--mlflow] [then OUTPUT_DIR STEPS ...]
 
 RecipeTrainingArguments -> tiny DeepSeek-V3 (template shrunk, built with from_config: under ZeRO-3 inside zero.Init)
 -> RecipeTrainer. With --slow-rank, that rank alone sleeps S seconds at the beginning of every optimizer step (a
 callback registered before the trainer's own, so the sleep lies where a slow data loader would: after the batch is
 fetched, before the step's first collective), while the Trainer's global_step is <= G (default: always).
 Writes OUTPUT_DIR/stragglers/rank<N>.json: the rank, its host name, the Trainer's log_history, the callback's
-events and host list, and the train runtime. Runs joined by `then` run one after the other in the same processes
-(tests/distributed/workers/runs.py), rank 0 marking the end of each on stdout and stderr.
+events and host list, and the train runtime. With --mlflow the run also reports to MLflow (`report_to=["mlflow"]`,
+the MLflow run named after OUTPUT_DIR's last part; the store and the experiment come from the launch's
+MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_NAME), and rank 0 writes OUTPUT_DIR/trainer_state.json (`save_state`).
+Runs joined by `then` run one after the other in the same processes (tests/distributed/workers/runs.py), rank 0
+marking the end of each on stdout and stderr.
 """
 
 from __future__ import annotations
@@ -45,9 +48,10 @@ class Slow(TrainerCallback):
 
 
 class RankLogs(TrainerCallback):
-    """Each log as the per-rank TensorBoard run writes it: what the integrations saw, with this rank's own values and
-    texts of the same log from the run's runtime (its `rank` channel), which stay out of log_history (wall-clock
-    values a resumed run would not repeat)."""
+    """Each log as the per-rank TensorBoard run gets it (monitoring/tensorboard.py): the log the callbacks see
+    (with the job channel's spread: slowest rank, largest RSS) and this rank's own values and event texts from the
+    runtime's rank channel (`straggler_event`, `system/rss_gib`), which no `logs` dict carries. Both stay out of
+    log_history (wall-clock values a resumed run would not repeat)."""
 
     def __init__(self, runtime):
         self.runtime = runtime
@@ -67,6 +71,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--check-steps", type=int, default=5)
     p.add_argument("--threshold", type=float, default=0.2)
     p.add_argument("--windows", type=int, default=2)
+    p.add_argument("--mlflow", action="store_true")
     opts = p.parse_args(argv)
     warnings.filterwarnings("ignore", category=FutureWarning)
     args = RecipeTrainingArguments(
@@ -77,7 +82,8 @@ def main(argv: list[str]) -> None:
         learning_rate=1e-3,
         logging_steps=1,
         save_strategy="no",
-        report_to="none",
+        report_to=["mlflow"] if opts.mlflow else "none",
+        run_name=Path(opts.output_dir).name,
         disable_tqdm=True,
         per_rank_tensorboard=False,
         straggler_check_steps=opts.check_steps,
@@ -92,6 +98,8 @@ def main(argv: list[str]) -> None:
     rank_logs = RankLogs(trainer.runtime)
     trainer.add_callback(rank_logs)  # after RecipeTrainer's callbacks
     result = trainer.train()
+    if opts.mlflow:
+        trainer.save_state()  # trainer_state.json: the log_history a user finds on disk, next to MLflow's record
     straggler = trainer.recipe_callbacks.stragglers
     out = {
         "rank": args.process_index,
