@@ -37,10 +37,11 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from hf_dist_recipes.core.findings import Finding
+from hf_dist_recipes.core.sizes import MIB, format_size
 from hf_dist_recipes.environment import cuda_host
 from hf_dist_recipes.environment.facts import EnvironmentFacts
 
-SHM_MIN_BYTES = 512 * 1024**2  # deepspeed/env_report.py get_shm_size: below this ds_report warns
+SHM_MIN_BYTES = 512 * MIB  # deepspeed/env_report.py get_shm_size: below this ds_report warns
 STACK = ("deepspeed", "transformers", "accelerate", "datasets")
 
 # (package, its versions, needs package, needs versions, source): version-facts.md "Declared minimums", from the
@@ -272,7 +273,7 @@ def check_shm(facts: EnvironmentFacts) -> Check:
     fix = "docker run --shm-size=1g or larger (or --ipc=host); Kubernetes: an emptyDir with medium: Memory at /dev/shm"
     if facts.shm_bytes is None:
         return Check("/dev/shm", "warning", f"size unknown ({facts.shm_error})", fix, source)
-    size = f"{facts.shm_bytes / 1024**2:,.0f} MiB"
+    size = format_size(facts.shm_bytes, digits=0)
     if facts.shm_bytes < SHM_MIN_BYTES:
         return Check(
             "/dev/shm",

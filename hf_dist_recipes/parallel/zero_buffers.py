@@ -55,11 +55,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from hf_dist_recipes.core.sizes import GIB
 from hf_dist_recipes.parallel.elements import BYTES_PER_ELEMENT, head_logits_bytes, rank_elements
 from hf_dist_recipes.parallel.models import ModelShape
 from hf_dist_recipes.parallel.plan import ParallelPlan
 
-GIB = 2**30
 # DeepSpeed 0.19.8 defaults (runtime/zero/config.py DeepSpeedZeroConfig), in elements.
 DEFAULT_PREFETCH_BUCKET = 50_000_000
 DEFAULT_MAX_LIVE_PARAMETERS = 1_000_000_000
