@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hf_dist_recipes.core.findings import ERROR, WARNING
+from hf_dist_recipes.core.jsonfile import json_int
 
 # engine.py:1986 `_is_supported_optimizer`: DeepSpeed's own optimizers (config.py:63, matched lower-case) or a
 # class of torch.optim (matched as written).
@@ -36,10 +37,6 @@ class Refusal:
     level: str
     where: str
     message: str
-
-
-def _integer(value, default=None):
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def _enabled(section) -> bool | None:
@@ -99,12 +96,12 @@ class Settings:
         return cls(
             config=config,
             zero=zero,
-            stage=_integer(zero.get("stage", 0)),  # DeepSpeed's default stage is 0
+            stage=json_int(zero.get("stage", 0)),  # DeepSpeed's default stage is 0
             # AutoEP replaces the MoE layers whenever the section is enabled, autoep_size 1 included (seen on CPU).
             autoep=isinstance(ep, dict) and ep.get("enabled") is True,
-            hpz=_integer(zero.get("zero_hpz_partition_size"), 1),
+            hpz=json_int(zero.get("zero_hpz_partition_size"), 1),
             tp_section=tp_section,
-            tp=_integer(tp_section.get("autotp_size"), 1),
+            tp=json_int(tp_section.get("autotp_size"), 1),
             fp16=_enabled(config.get("fp16")),
             bf16=_enabled(config.get("bf16")),
             grad_accum_dtype=_DTYPES.get(str(data_types.get("grad_accum_dtype", "")).lower()),
@@ -151,7 +148,7 @@ def _quantized_gradients_with_autoep(s: Settings) -> Finding | None:
 
 
 def _expert_tensor_parallel(s: Settings) -> Finding | None:
-    etp = _integer(s.ep_section.get("expert_tensor_parallel_size"), 1) if s.autoep else 1
+    etp = json_int(s.ep_section.get("expert_tensor_parallel_size"), 1) if s.autoep else 1
     # With a world size the lint runs DeepSpeed's own validate_autoep_config, which raises this itself.
     if etp != 1 and s.world_size is None:
         return ERROR, (
@@ -300,7 +297,7 @@ def _master_weights(stages: tuple[int, ...]) -> Callable[[Settings], Finding | N
 
 
 def _odd_allgather_bucket(s: Settings) -> Finding | None:
-    allgather = _integer(s.zero.get("allgather_bucket_size")) if s.stage in (1, 2) else None
+    allgather = json_int(s.zero.get("allgather_bucket_size")) if s.stage in (1, 2) else None
     if allgather is not None and allgather % 2:
         return ERROR, (
             f"allgather_bucket_size={allgather} must be even (4-byte alignment of 16-bit elements); use {allgather + 1}"
@@ -361,7 +358,7 @@ def _fp16_on_cpu(s: Settings) -> Finding | None:
 
 def _inner_tp_size(s: Settings) -> Finding | None:
     inner = s.tp_section.get("tp")
-    inner = _integer(inner.get("tp_size")) if isinstance(inner, dict) else None
+    inner = json_int(inner.get("tp_size")) if isinstance(inner, dict) else None
     if s.tp > 1 and inner is not None and inner not in (1, s.tp):
         return ERROR, (
             f"tensor_parallel.tp.tp_size={inner} differs from tensor_parallel.autotp_size={s.tp}; drop tp.tp_size"
