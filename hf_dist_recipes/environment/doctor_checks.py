@@ -11,7 +11,7 @@ warning / error, with the fix and the source of the rule. `FACT_CHECKS`, in orde
 - `infiniband`: an InfiniBand/RoCE port is ACTIVE (ok "not present" without any; warning when every port is down,
   NCCL then falls back to TCP sockets);
 - `nccl network`: the InfiniBand/RoCE ports and the IP interfaces NCCL would use, by NCCL's documented selection
-  rules (`comm/nccl_net.py`); a warning naming the NCCL_IB_HCA / NCCL_SOCKET_IFNAME values that pin the choice
+  rules (`nccl_net.py`); a warning naming the NCCL_IB_HCA / NCCL_SOCKET_IFNAME values that pin the choice
   when it is ambiguous (several interfaces qualify, ports on two fabrics, a filter that is a prefix of more names) or
   an NCCL_IB_HCA matches no port; an error when NCCL_SOCKET_IFNAME matches no interface (NCCL stops at init);
 - `peer access`: with 2 or more GPUs, every pair can access each other (warning otherwise: NVIDIA/nccl 631);
@@ -215,9 +215,9 @@ def check_infiniband(facts: EnvironmentFacts) -> Check:
 
 
 def check_nccl_network(facts: EnvironmentFacts) -> Check:
-    """Which HCA ports and IP interfaces NCCL would use (`comm.nccl_net`, NCCL's documented rules) and, when
+    """Which HCA ports and IP interfaces NCCL would use (`nccl_net`, NCCL's documented rules) and, when
     that choice is ambiguous, the NCCL_IB_HCA / NCCL_SOCKET_IFNAME values that pin it."""
-    from hf_dist_recipes.comm.nccl_net import nccl_net_choice
+    from hf_dist_recipes.environment.nccl_net import nccl_net_choice
 
     source = (
         "NCCL user guide, Environment Variables: NCCL_SOCKET_IFNAME, NCCL_IB_HCA "
