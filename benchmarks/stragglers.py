@@ -6,7 +6,8 @@
 What a check costs: two all-gathers of one float64 per rank every K steps (and one `all_gather_object` of the host
 names at train begin). The check runs in `on_step_begin`, so the step timer here is the whole loop iteration (one
 `on_step_begin` to the next), not `benchmarks/_timing.StepTimer`'s begin -> end, which would leave the check out.
-Also timed directly: each check on rank 0 (`StragglerCallback._check`, wall clock), whose mean divided by K is the
+Also timed directly: each check on rank 0 (wall clock of the straggler callback's `on_step_begin` on the steps it
+checks, between two timing callbacks placed around it in the trainer's callback list), whose mean divided by K is the
 cost per step. The first --skip iterations of each run are not timed. Prints medians, means and the ratios on / off
 (1.00 = no cost), from rank 0. With one process the callback does nothing (nothing to compare).
 """
@@ -20,7 +21,9 @@ import tempfile
 import time
 import warnings
 
+import torch
 from _timing import IterationTimer  # benchmarks/ is on sys.path when a benchmark runs as a script
+from transformers import TrainerCallback
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import stdlib_dataset
@@ -28,18 +31,36 @@ from hf_dist_recipes.demo.model import build_tiny_deepseek
 from hf_dist_recipes.monitoring.stragglers import StragglerCallback
 
 
+class _Stamp(TrainerCallback):
+    """Calls `at(state)` in `on_step_begin`; one goes right before the straggler callback, one right after."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.at(state)
+
+
 def timed_checks(trainer: RecipeTrainer) -> list[float]:
-    """Wraps the trainer's straggler callback's check with a wall-clock timer; returns the list it fills."""
+    """Times the trainer's straggler callback's checks through public hooks only: a callback on each side of it in
+    `callback_handler.callbacks`; the time between them on a step the callback checks (every `check_steps`-th,
+    after the first step) is the check's. Returns the list it fills."""
     seconds: list[float] = []
-    callback = next(c for c in trainer.callback_handler.callbacks if isinstance(c, StragglerCallback))
-    check = callback._check
+    callbacks = trainer.callback_handler.callbacks
+    at = next(i for i, c in enumerate(callbacks) if isinstance(c, StragglerCallback))
+    k = callbacks[at].check_steps
+    started = [0.0]
 
-    def timed(*a, **kw):
-        start = time.perf_counter()
-        check(*a, **kw)
-        seconds.append(time.perf_counter() - start)
+    def start(state) -> None:
+        started[0] = time.perf_counter()
 
-    callback._check = timed
+    def stop(state) -> None:
+        # The callback checks only with more than one process (torch.distributed initialised by then).
+        checks = k and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+        if checks and state.global_step and state.global_step % k == 0:
+            seconds.append(time.perf_counter() - started[0])
+
+    callbacks[at : at + 1] = [_Stamp(start), callbacks[at], _Stamp(stop)]
     return seconds
 
 

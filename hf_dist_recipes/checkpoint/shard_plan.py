@@ -51,9 +51,6 @@ class ShardPlan:
     def owners_of(self, names: Iterable[str], writers: int) -> set[int]:
         return {self.owner(self.shard_of[n], writers) for n in names}
 
-    def files_of(self, writer: int, writers: int) -> list[str]:
-        return [f for k, f in enumerate(self.files) if self.owner(k, writers) == writer]
-
 
 def plan_shards(groups: Iterable[dict[str, torch.Tensor]], max_shard_bytes: int) -> ShardPlan:
     """The shard boundaries `ShardedSafetensorsWriter` would choose for these groups (on-disk names, in order);

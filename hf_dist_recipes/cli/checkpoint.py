@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict
 
 from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_SIZE
-from hf_dist_recipes.core.sizes import parse_size
+from hf_dist_recipes.core.sizes import format_size, parse_size
 from hf_dist_recipes.core.user_values import writable_dir
 
 
@@ -93,7 +93,7 @@ def run_export(args: argparse.Namespace) -> int:
 def render(data: dict) -> str:
     return (
         f"wrote {data['output_dir']}: {data['parameters']:,} parameters in {data['tensors']} tensors, "
-        f"{data['bytes'] / 1024**2:,.1f} MiB in {len(data['files'])} file(s), {data['seconds']:.1f} s"
+        f"{format_size(data['bytes'])} in {len(data['files'])} file(s), {data['seconds']:.1f} s"
         + (f" ({len(data['written_by'])} writers)" if data.get("written_by") else "")
         + "\n"
         f"  load it: AutoModelForCausalLM.from_pretrained({data['output_dir']!r})"

@@ -14,6 +14,7 @@ Definitions, per op and size:
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 import statistics
@@ -256,10 +257,97 @@ def run_benchmark(s: BenchSettings, device, backend: str, progress: Callable[[st
     }
 
 
+COMMAND_DESCRIPTION = """Measure all_reduce, all_gather and reduce_scatter on N local processes with the real backend
+(NCCL on GPUs, Gloo on CPU), per message size, with the nccl-tests definitions of algbw and busbw; then each ring link
+alone, flagging links and ranks far below the median.
+
+`--backend gloo` on a GPU host runs Gloo AND NCCL and shows them side by side: what a training that fell back to
+Gloo pays on each collective. Inside your own launch (other hosts too):
+`torchrun ... -m hf_dist_recipes.comm.commbench`."""
+
+
+def commbench_command_parser(subparsers=None) -> argparse.ArgumentParser:
+    """commbench's flags, defined once (accelerate's `commands/*_command_parser` shape). With `subparsers`: the
+    `hf-dist-recipes commbench` subcommand, which launches the ranks (`--num-processes`); the caller sets what it
+    runs. Without: the parser of one rank inside a launch (`python -m hf_dist_recipes.comm.commbench`), with the
+    flags the launcher hands its ranks (`--output`, `--allow-gloo-on-cuda`; `settings_args`)."""
+    if subparsers is not None:
+        parser = subparsers.add_parser(
+            "commbench",
+            help="measure collective bandwidth (all_reduce, all_gather, reduce_scatter) and ring links",
+            description=COMMAND_DESCRIPTION,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            epilog="Example: hf-dist-recipes commbench --sizes 1M,64M,256M --iters 50\n"
+            "On a GPU host: hf-dist-recipes commbench --backend gloo   (Gloo next to NCCL, with the ratio)",
+        )
+        parser.add_argument("--num-processes", type=int, help="local processes (default: one per visible GPU, else 2)")
+    else:
+        parser = argparse.ArgumentParser(prog="python -m hf_dist_recipes.comm.commbench", description=__doc__)
+    parser.add_argument(
+        "--backend",
+        choices=("nccl", "gloo"),
+        help="default: NCCL with GPUs, Gloo without (hf-dist-recipes commbench --backend gloo on a GPU host: both, "
+        "side by side)",
+    )
+    parser.add_argument(
+        "--sizes",
+        default=DEFAULT_SIZES,
+        help="message sizes, comma-separated; 1K = 1KiB = 1024 bytes, 1KB = 1000, and so on (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--iters", type=int, default=DEFAULT_ITERS, help="timed iterations per op and size (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=DEFAULT_WARMUP, help="untimed iterations first (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--link-size", default=DEFAULT_LINK_SIZE, help="bytes per ring-link send (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--fraction",
+        type=float,
+        default=DEFAULT_FRACTION,
+        help="flag a link or rank below this fraction of the median (default: %(default)s)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")
+    if subparsers is None:
+        parser.add_argument(
+            "--allow-gloo-on-cuda", action="store_true", help="measure Gloo on a GPU host (CUDA tensors)"
+        )
+        parser.add_argument("--output", help="rank 0 writes the JSON result here (default: print it)")
+    return parser
+
+
+def settings_of(args: argparse.Namespace) -> BenchSettings:
+    """The `BenchSettings` of parsed commbench flags; ValueError naming the flag of a size it cannot read."""
+    return BenchSettings(
+        sizes=parse_sizes(args.sizes, "--sizes"),
+        iters=args.iters,
+        warmup=args.warmup,
+        link_bytes=parse_size(args.link_size, "--link-size"),
+        fraction=args.fraction,
+    )
+
+
+def settings_args(s: BenchSettings) -> list[str]:
+    """The commbench flags that give `s` back through `settings_of` (what the launcher passes its ranks)."""
+    return [
+        "--sizes",
+        ",".join(map(str, s.sizes)),
+        "--iters",
+        str(s.iters),
+        "--warmup",
+        str(s.warmup),
+        "--link-size",
+        str(s.link_bytes),
+        "--fraction",
+        str(s.fraction),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point inside a launch: reads RANK/WORLD_SIZE/LOCAL_RANK and MASTER_ADDR/PORT (torchrun and accelerate
     set them), initialises the process group, measures, and rank 0 writes JSON to --output or prints a report."""
-    import argparse
     import json
     from datetime import timedelta
 
@@ -268,33 +356,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from hf_dist_recipes.comm.backend import destroy_gloo_group, resolve_backend
 
-    p = argparse.ArgumentParser(prog="python -m hf_dist_recipes.comm.commbench", description=__doc__)
-    p.add_argument("--backend", choices=("nccl", "gloo"), help="default: NCCL with CUDA GPUs, else Gloo")
-    p.add_argument("--allow-gloo-on-cuda", action="store_true", help="measure Gloo on a GPU host (CUDA tensors)")
-    p.add_argument(
-        "--sizes", default=DEFAULT_SIZES, help="comma-separated, 1K = 1KiB, 1KB = 1000 (default: %(default)s)"
-    )
-    p.add_argument("--iters", type=int, default=DEFAULT_ITERS, help="timed iterations (default: %(default)s)")
-    p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed iterations (default: %(default)s)")
-    p.add_argument("--link-size", default=DEFAULT_LINK_SIZE, help="bytes per ring-link send (default: %(default)s)")
-    p.add_argument(
-        "--fraction",
-        type=float,
-        default=DEFAULT_FRACTION,
-        help="flag a link or rank below this fraction of the median (default: %(default)s)",
-    )
-    p.add_argument("--output", help="rank 0 writes the JSON result here (default: print it)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    args = p.parse_args(argv)
-    s = check_settings(
-        BenchSettings(
-            sizes=parse_sizes(args.sizes, "--sizes"),
-            iters=args.iters,
-            warmup=args.warmup,
-            link_bytes=parse_size(args.link_size, "--link-size"),
-            fraction=args.fraction,
-        )
-    )
+    args = commbench_command_parser().parse_args(argv)
+    s = check_settings(settings_of(args))
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) < 2:
         raise ValueError(
             "run inside a launch of >= 2 processes (torchrun --nproc-per-node 2 -m "

@@ -9,7 +9,7 @@ import tempfile
 from dataclasses import dataclass
 
 from hf_dist_recipes.comm import backend as backends
-from hf_dist_recipes.comm.commbench import BenchSettings, check_settings
+from hf_dist_recipes.comm.commbench import BenchSettings, check_settings, settings_args
 from hf_dist_recipes.core.launch import Launch, run_launch
 from hf_dist_recipes.core.user_values import positive_int
 
@@ -58,23 +58,7 @@ def plan_commbench(
 
 def worker_launch(plan: CommbenchPlan, backend: str, output: str) -> Launch:
     """The torchrun launch of the ranks measuring `backend` (on 127.0.0.1, a free port), rank 0 writing `output`."""
-    s = plan.settings
-    args = [
-        "--backend",
-        backend,
-        "--output",
-        output,
-        "--sizes",
-        ",".join(map(str, s.sizes)),
-        "--iters",
-        str(s.iters),
-        "--warmup",
-        str(s.warmup),
-        "--link-size",
-        str(s.link_bytes),
-        "--fraction",
-        str(s.fraction),
-    ]
+    args = ["--backend", backend, "--output", output, *settings_args(plan.settings)]
     if backend == backends.CPU_BACKEND and backends.GPU_BACKEND in plan.backends:
         args.append("--allow-gloo-on-cuda")  # asked for explicitly: the side-by-side with NCCL
     return Launch(

@@ -4,12 +4,11 @@ run inside a launch, and the launcher both use it without importing each other."
 
 from __future__ import annotations
 
+from hf_dist_recipes.core.sizes import format_size
 
-def human_bytes(n: int) -> str:
-    for unit, scale in (("G", 1024**3), ("M", 1024**2), ("K", 1024)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale}{unit}"
-    return f"{n}B" if n < 1024 else f"{n / 1024:.1f}K"
+
+def _size(n: int) -> str:
+    return format_size(n, short=True)  # "64M": nccl-tests' labels, and what --sizes takes
 
 
 def _num(x: float | None, fmt: str) -> str:
@@ -27,7 +26,7 @@ def render(result: dict) -> str:
         lines.append(f"  {'op':<15}{'size':>8}{'nccl us':>12}{'gloo us':>12}{'gloo/nccl':>11}")
         for r in result["comparison"]:
             lines.append(
-                f"  {r['op']:<15}{human_bytes(r['size_bytes']):>8}{r['nccl_time_us']:>12.1f}"
+                f"  {r['op']:<15}{_size(r['size_bytes']):>8}{r['nccl_time_us']:>12.1f}"
                 f"{r['gloo_time_us']:>12.1f}{r['gloo_slower_x']:>10.1f}x"
             )
         return "\n".join(lines)
@@ -39,11 +38,11 @@ def render(result: dict) -> str:
     ]
     for r in result["results"]:
         lines.append(
-            f"  {r['op']:<15}{human_bytes(r['size_bytes']):>8}{_num(r['time_us'], '12.1f')}"
+            f"  {r['op']:<15}{_size(r['size_bytes']):>8}{_num(r['time_us'], '12.1f')}"
             f"{_num(r['algbw_GBps'], '9.3f')}{_num(r['busbw_GBps'], '9.3f')}  {r['call']} {r['note']}".rstrip()
         )
     lines.append(
-        f"ring links (each alone, {human_bytes(result['links'][0]['size_bytes'])} per send):"
+        f"ring links (each alone, {_size(result['links'][0]['size_bytes'])} per send):"
         if result["links"]
         else f"ring links: {result.get('links_note') or 'none'}"
     )
@@ -56,8 +55,7 @@ def render(result: dict) -> str:
     for x in result["ranks"]:
         flag = "  SLOW" if x["flagged"] else ""
         lines.append(
-            f"  rank {x['rank']} ({x['host']}): own all_reduce {human_bytes(x['size_bytes'])} "
-            f"{x['time_us']:.1f} us{flag}"
+            f"  rank {x['rank']} ({x['host']}): own all_reduce {_size(x['size_bytes'])} {x['time_us']:.1f} us{flag}"
         )
     flagged = result["flagged"]
     if flagged["links"] or flagged["ranks"]:

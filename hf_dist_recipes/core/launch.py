@@ -162,9 +162,6 @@ class LaunchResult:
             return f"was stopped after its timeout of {self.timeout_s:g} s (the whole process tree was killed)"
         return f"ended with exit code {self.returncode}"
 
-    def completed(self) -> subprocess.CompletedProcess:
-        return subprocess.CompletedProcess(self.argv, self.returncode, self.stdout, self.stderr)
-
 
 def run_launch(
     launch: Launch,

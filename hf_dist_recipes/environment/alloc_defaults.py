@@ -25,11 +25,11 @@ import os
 from collections.abc import Callable, MutableMapping
 
 from hf_dist_recipes import _compat
-from hf_dist_recipes.parallel.zero_buffers import ALLOC_CONF
 
 logger = logging.getLogger(__name__)
 
 ALLOC_CONF_VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
+ALLOC_CONF = "expandable_segments:True"  # also what `parallel.zero_buffers.recommended_env` names for a launch
 # Every name torch reads the allocator settings from: one of them set means the user chose.
 ALLOC_CONF_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
 

@@ -11,7 +11,7 @@ warning / error, with the fix and the source of the rule. `FACT_CHECKS`, in orde
 - `infiniband`: an InfiniBand/RoCE port is ACTIVE (ok "not present" without any; warning when every port is down,
   NCCL then falls back to TCP sockets);
 - `nccl network`: the InfiniBand/RoCE ports and the IP interfaces NCCL would use, by NCCL's documented selection
-  rules (`comm/nccl_net.py`); a warning naming the NCCL_IB_HCA / NCCL_SOCKET_IFNAME values that pin the choice
+  rules (`nccl_net.py`); a warning naming the NCCL_IB_HCA / NCCL_SOCKET_IFNAME values that pin the choice
   when it is ambiguous (several interfaces qualify, ports on two fabrics, a filter that is a prefix of more names) or
   an NCCL_IB_HCA matches no port; an error when NCCL_SOCKET_IFNAME matches no interface (NCCL stops at init);
 - `peer access`: with 2 or more GPUs, every pair can access each other (warning otherwise: NVIDIA/nccl 631);
@@ -37,10 +37,11 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from hf_dist_recipes.core.findings import Finding
+from hf_dist_recipes.core.sizes import MIB, format_size
 from hf_dist_recipes.environment import cuda_host
 from hf_dist_recipes.environment.facts import EnvironmentFacts
 
-SHM_MIN_BYTES = 512 * 1024**2  # deepspeed/env_report.py get_shm_size: below this ds_report warns
+SHM_MIN_BYTES = 512 * MIB  # deepspeed/env_report.py get_shm_size: below this ds_report warns
 STACK = ("deepspeed", "transformers", "accelerate", "datasets")
 
 # (package, its versions, needs package, needs versions, source): version-facts.md "Declared minimums", from the
@@ -214,9 +215,9 @@ def check_infiniband(facts: EnvironmentFacts) -> Check:
 
 
 def check_nccl_network(facts: EnvironmentFacts) -> Check:
-    """Which HCA ports and IP interfaces NCCL would use (`comm.nccl_net`, NCCL's documented rules) and, when
+    """Which HCA ports and IP interfaces NCCL would use (`nccl_net`, NCCL's documented rules) and, when
     that choice is ambiguous, the NCCL_IB_HCA / NCCL_SOCKET_IFNAME values that pin it."""
-    from hf_dist_recipes.comm.nccl_net import nccl_net_choice
+    from hf_dist_recipes.environment.nccl_net import nccl_net_choice
 
     source = (
         "NCCL user guide, Environment Variables: NCCL_SOCKET_IFNAME, NCCL_IB_HCA "
@@ -272,7 +273,7 @@ def check_shm(facts: EnvironmentFacts) -> Check:
     fix = "docker run --shm-size=1g or larger (or --ipc=host); Kubernetes: an emptyDir with medium: Memory at /dev/shm"
     if facts.shm_bytes is None:
         return Check("/dev/shm", "warning", f"size unknown ({facts.shm_error})", fix, source)
-    size = f"{facts.shm_bytes / 1024**2:,.0f} MiB"
+    size = format_size(facts.shm_bytes, digits=0)
     if facts.shm_bytes < SHM_MIN_BYTES:
         return Check(
             "/dev/shm",

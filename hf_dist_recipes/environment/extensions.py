@@ -41,14 +41,11 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import psutil
-
-if TYPE_CHECKING:
-    from hf_dist_recipes.parallel.plan import ParallelPlan
 
 logger = logging.getLogger(__name__)
 
@@ -186,19 +183,9 @@ def use_node_local_extensions_dir(environ: dict | None = None) -> Path | None:
     return target
 
 
-def launch_header_lines(plan: ParallelPlan | None = None) -> list[str]:
-    """Comment lines for a generated launch config: where DeepSpeed's ops build and why. `plan`: its engine,
-    device and offload say which ops; None: any DeepSpeed launch. No lines for a plan that does not use DeepSpeed."""
-    if plan is not None and plan.engine != "deepspeed":
-        return []
-    ops = [
-        op
-        for op, used in (
-            ("cpu_adam", plan is None or plan.offload_optimizer),
-            ("deepspeed_shm_comm", plan is None or plan.device == "cpu"),
-        )
-        if used
-    ]
+def launch_header_lines(ops: Sequence[str] = ()) -> list[str]:
+    """Comment lines for a generated DeepSpeed launch config: where DeepSpeed's ops build and why. `ops`: the ops
+    the launch JIT-builds, as its plan says (`parallel.generate.jit_built_ops`); none named: "its ops"."""
     what = f"its ops ({', '.join(ops)})" if ops else "its ops"
     return [
         f"DeepSpeed JIT-builds {what} once per node: unless {ENV} is set,",

@@ -9,30 +9,23 @@ stops at the same point instead of some waiting in a collective.
 
 The fingerprint is cheap (no deepspeed import; versions from importlib.metadata, which also reads what a rank's
 sys.path would import): host (reported, never compared: it differs across nodes by design), python, torch with its
-build label, torch's CUDA, the NCCL torch was compiled against, the installed nvidia-nccl-* distribution, deepspeed,
-transformers, accelerate, datasets, hf-dist-recipes, and the NVIDIA driver when NVML answers (CUDA builds only).
+build label, torch's CUDA, the NCCL torch was compiled against, the installed nvidia-nccl-* distribution
+(`probe_nccl.NCCL_DISTRIBUTIONS`), the packages the doctor reports (`probe.PACKAGES`: deepspeed, transformers,
+accelerate, datasets, hf-dist-recipes), and the NVIDIA driver when NVML answers (CUDA builds only).
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import platform
 import socket
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from hf_dist_recipes.core.gather import gather_objects
+from hf_dist_recipes.environment.probe import PACKAGES, installed_version
+from hf_dist_recipes.environment.probe_nccl import NCCL_DISTRIBUTIONS
 
-PACKAGES = ("deepspeed", "transformers", "accelerate", "datasets", "hf-dist-recipes")
-NCCL_DISTRIBUTIONS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
 NOT_COMPARED = ("host",)
-
-
-def _version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _driver() -> str | None:
@@ -59,7 +52,7 @@ def environment_fingerprint() -> dict[str, str | None]:
             nccl_compiled = ".".join(map(str, torch.cuda.nccl.version()))
         except Exception:  # a build without NCCL
             nccl_compiled = None
-    nccl_installed = next((f"{d}=={v}" for d in NCCL_DISTRIBUTIONS if (v := _version(d))), None)
+    nccl_installed = next((f"{d}=={v}" for d in NCCL_DISTRIBUTIONS if (v := installed_version(d))), None)
     return {
         "host": socket.gethostname(),
         "python": platform.python_version(),
@@ -67,7 +60,7 @@ def environment_fingerprint() -> dict[str, str | None]:
         "torch_cuda": torch.version.cuda,
         "nccl_compiled": nccl_compiled,
         "nccl_installed": nccl_installed,
-        **{name: _version(name) for name in PACKAGES},
+        **{name: installed_version(name) for name in PACKAGES},
         "driver": _driver() if torch.version.cuda else None,
     }
 

@@ -47,10 +47,6 @@ class TorchRelease:
     builds: dict[str, str | None] = field(default_factory=dict)
     versions: tuple[str, ...] = ()
 
-    @property
-    def default_nccl(self) -> str | None:
-        return self.builds[self.default_cuda]
-
 
 RELEASES: tuple[TorchRelease, ...] = (
     # NCCL linked statically in 1.13; its version is not confirmed (version-facts.md).

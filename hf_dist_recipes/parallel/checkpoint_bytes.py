@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_BYTES
+from hf_dist_recipes.core.sizes import MIB, format_size
 
 if TYPE_CHECKING:
     from hf_dist_recipes.parallel.models import ModelShape
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 ENGINE_BYTES_PER_ELEMENT = 12  # fp32 master + Adam exp_avg + exp_avg_sq, per partitioned element
 # Per rank, sustained, to the checkpoint folder: a conservative figure for a shared parallel file system with 8 ranks
 # of a node writing at once (local NVMe gives GB/s). Only the timeout during a save depends on it.
-ASSUMED_WRITE_BYTES_PER_S = 100 * 1024**2
+ASSUMED_WRITE_BYTES_PER_S = 100 * MIB
 PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 DEFAULT_SHARD_BYTES = DEFAULT_MAX_SHARD_BYTES  # save_shard_size's default, "5GB" = 5e9 bytes
 
@@ -132,15 +133,14 @@ def save_timeout_s(bytes_per_rank: int, base_s: float, write_bytes_per_s: float 
     return base_s + bytes_per_rank / write_bytes_per_s
 
 
-def human_bytes(n: float) -> str:
-    """1,234.5 GB, or 12.3 MB below a gigabyte (decimal units, as the shard sizes)."""
-    return f"{n / 1e9:,.1f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
+def _gb(n: float) -> str:
+    return format_size(n, decimal=True)  # decimal units, as the shard sizes
 
 
 def render(b: SaveBytes) -> str:
     """One line for `config estimate`."""
     return (
-        f"checkpoint per save: {human_bytes(b.engine_per_rank)} per rank, {human_bytes(b.engine_total)} in all "
-        f"(engine files, every rank at once); HF copy (save_model) {human_bytes(b.hf_total)}, "
-        f"at most {human_bytes(b.hf_per_rank)} per rank"
+        f"checkpoint per save: {_gb(b.engine_per_rank)} per rank, {_gb(b.engine_total)} in all "
+        f"(engine files, every rank at once); HF copy (save_model) {_gb(b.hf_total)}, "
+        f"at most {_gb(b.hf_per_rank)} per rank"
     )

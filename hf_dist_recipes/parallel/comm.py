@@ -377,11 +377,6 @@ def offload_parts(plan: ParallelPlan, optimizer_elements: int, param_elements: i
     }
 
 
-def offload_seconds(plan: ParallelPlan, optimizer_elements: int, param_elements: int, hw: Hardware) -> float:
-    """Seconds per step that offload adds: the sum of `offload_parts`."""
-    return sum(offload_parts(plan, optimizer_elements, param_elements, hw).values())
-
-
 def step_estimate(
     plan: ParallelPlan,
     model: ModelShape,

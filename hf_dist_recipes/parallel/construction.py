@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from hf_dist_recipes._compat import is_zero_partitioned
+from hf_dist_recipes.core.sizes import format_size
 
 FIX = (
     "build the model after RecipeTrainingArguments(...) with from_pretrained / from_config (they partition it "
@@ -36,12 +37,8 @@ def check_partitioned(model: torch.nn.Module, *, limit_bytes: int | None, world_
     size = unpartitioned_bytes(model)
     if limit_bytes is not None and size > limit_bytes:
         raise ValueError(
-            f"{type(model).__name__} was built without ZeRO-3 partitioning: {_human(size)} of parameters "
-            f"on every rank ({world_size} full copies, {_human(world_size * size)} over the job) before "
+            f"{type(model).__name__} was built without ZeRO-3 partitioning: {format_size(size)} of parameters "
+            f"on every rank ({world_size} full copies, {format_size(world_size * size)} over the job) before "
             f"DeepSpeed starts. Fix: {FIX}."
         )
     return size
-
-
-def _human(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"

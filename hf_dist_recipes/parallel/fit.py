@@ -12,10 +12,10 @@ import math
 import shlex
 from dataclasses import dataclass, field, replace
 
+from hf_dist_recipes.core.sizes import GIB
 from hf_dist_recipes.parallel.models import ModelShape
 from hf_dist_recipes.parallel.plan import ParallelPlan
 
-GIB = 2**30
 # Where a value of the plan came from, for the verdict's words; a key missing here reads "default".
 SOURCES = ("seq_len", "micro_batch", "activation_checkpointing")
 

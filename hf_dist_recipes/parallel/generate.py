@@ -201,6 +201,13 @@ def generate_from_args(
     )
 
 
+def jit_built_ops(plan: ParallelPlan) -> list[str]:
+    """The DeepSpeed ops a launch of `plan` JIT-builds on its nodes (`environment.extensions`): cpu_adam under
+    optimizer offload, deepspeed_shm_comm (DeepSpeed's CPU collectives) on CPU."""
+    used = {"cpu_adam": plan.offload_optimizer, "deepspeed_shm_comm": plan.device == "cpu"}
+    return [op for op, needed in used.items() if needed]
+
+
 def write_configs(
     plan: ParallelPlan,
     output: str | Path,
@@ -271,7 +278,6 @@ def write_configs(
     ]
     if plan.nodes > 1:
         header.append("On machine N: add --machine_rank N (and --main_process_ip <rank-0 address> if not set here)")
-    from hf_dist_recipes.environment.extensions import launch_header_lines
     from hf_dist_recipes.parallel.zero_buffers import recommended_env, zero_buffer_notes
 
     notes = zero_buffer_notes(plan, model) if plan.engine == "deepspeed" else []
@@ -282,7 +288,10 @@ def write_configs(
         # hf_dist_recipes.environment.alloc_defaults: the arguments set it in every rank, before CUDA initialises.
         header.append("RecipeTrainingArguments sets this where unset; with the stock Trainer, before launching:")
         header.append("  " + " ".join(f"export {k}={v}" for k, v in env.items()))
-    header += launch_header_lines(plan)
+    if plan.engine == "deepspeed":
+        from hf_dist_recipes.environment.extensions import launch_header_lines
+
+        header += launch_header_lines(jit_built_ops(plan))
     header += [f"Warning: {w}" for w in warnings]
     yaml_file = out / f"{name}.yaml"
     yaml_file.write_text(render_yaml(config, "\n".join(header)))

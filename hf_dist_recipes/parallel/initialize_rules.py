@@ -9,13 +9,18 @@ lists them all in a table (raising line, linted, CPU test), with the refusals no
 
 Values the Trainer fills at run time ("auto") are unknown here: a rule that needs one is not applied, except where
 the Trainer's default makes the refusal the likely outcome (then it is a warning that names the argument).
+
+The rules are the table `RULES`: each one DeepSpeed raising line and a small function of the config's values
+(`Settings`, read once) that returns a finding or None, applied in the table's order.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hf_dist_recipes.core.findings import ERROR, WARNING
+from hf_dist_recipes.core.jsonfile import json_int
 
 # engine.py:1986 `_is_supported_optimizer`: DeepSpeed's own optimizers (config.py:63, matched lower-case) or a
 # class of torch.optim (matched as written).
@@ -34,16 +39,18 @@ class Refusal:
     message: str
 
 
-def _integer(value, default=None):
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
 def _enabled(section) -> bool | None:
     """A `{"enabled": ...}` section's flag: True / False, None for "auto" (the Trainer decides)."""
     if not isinstance(section, dict):
         return False
     value = section.get("enabled", False)
     return None if value == "auto" else bool(value)
+
+
+def _section(config: dict, key: str) -> dict:
+    """`config[key]` when it is a JSON object, else {} (absent, null, or not an object: DeepSpeed's defaults)."""
+    value = config.get(key) or {}
+    return value if isinstance(value, dict) else {}
 
 
 def cpu_fp16_supported() -> bool:
@@ -56,277 +63,385 @@ def cpu_fp16_supported() -> bool:
     return bool(CPU_Accelerator().is_fp16_supported())
 
 
+@dataclass(frozen=True)
+class Settings:
+    """The values of a DeepSpeed config the rules read, each read once with DeepSpeed's default; None where the
+    Trainer fills it ("auto"). `stage`: a non-integer ("auto") leaves every stage rule unapplied (None matches
+    none). `world_size`, `use_cpu`, `cpu_fp16`: the launch's, as `initialize_refusals` was given them."""
+
+    config: dict
+    zero: dict
+    stage: int | None
+    autoep: bool
+    hpz: int
+    tp_section: dict
+    tp: int
+    fp16: bool | None
+    bf16: bool | None
+    grad_accum_dtype: str | None
+    offloads_optimizer: bool
+    optimizer: str | None
+    world_size: int | None
+    use_cpu: bool | None
+    cpu_fp16: bool | None
+
+    @classmethod
+    def read(cls, config: dict, *, world_size: int | None, use_cpu: bool | None, cpu_fp16: bool | None) -> Settings:
+        zero = _section(config, "zero_optimization")
+        ep = config.get("expert_parallel") or {}
+        tp_section = _section(config, "tensor_parallel")
+        data_types = _section(config, "data_types")
+        offload = zero.get("offload_optimizer")
+        optimizer = config.get("optimizer")
+        return cls(
+            config=config,
+            zero=zero,
+            stage=json_int(zero.get("stage", 0)),  # DeepSpeed's default stage is 0
+            # AutoEP replaces the MoE layers whenever the section is enabled, autoep_size 1 included (seen on CPU).
+            autoep=isinstance(ep, dict) and ep.get("enabled") is True,
+            hpz=json_int(zero.get("zero_hpz_partition_size"), 1),
+            tp_section=tp_section,
+            tp=json_int(tp_section.get("autotp_size"), 1),
+            fp16=_enabled(config.get("fp16")),
+            bf16=_enabled(config.get("bf16")),
+            grad_accum_dtype=_DTYPES.get(str(data_types.get("grad_accum_dtype", "")).lower()),
+            offloads_optimizer=isinstance(offload, dict) and str(offload.get("device", "none")).lower() != "none",
+            optimizer=optimizer.get("type") if isinstance(optimizer, dict) else None,
+            world_size=world_size,
+            use_cpu=use_cpu,
+            cpu_fp16=cpu_fp16,
+        )
+
+    @property
+    def model_dtype(self) -> str:
+        """The parameters' dtype the enabled precision gives (meaningful when neither flag is "auto")."""
+        return "fp16" if self.fp16 else "bf16" if self.bf16 else "fp32"
+
+    @property
+    def ep_section(self) -> dict:
+        return _section(self.config, "expert_parallel")
+
+    def nvme(self, key: str) -> dict | None:
+        """The `zero_optimization.<key>` section when it offloads to NVMe, else None."""
+        section = self.zero.get(key)
+        if not isinstance(section, dict) or str(section.get("device", "")).lower() != "nvme":
+            return None
+        return section
+
+
+Finding = tuple[str, str]  # (level, message); an error's message gets DeepSpeed's raising line appended
+
+
+def _hpz_with_autoep(s: Settings) -> Finding | None:
+    if s.stage == 3 and s.autoep and s.hpz > 1:
+        return ERROR, (
+            f"zero_hpz_partition_size={s.hpz} with ZeRO-3 + AutoEP: hpZ's secondary groups are not supported "
+            "with AutoEP; remove zero_hpz_partition_size (config generate leaves it out under EP)"
+        )
+    return None
+
+
+def _quantized_gradients_with_autoep(s: Settings) -> Finding | None:
+    if s.stage == 3 and s.autoep and s.zero.get("zero_quantized_gradients") is True:
+        return ERROR, "zero_quantized_gradients with ZeRO-3 + AutoEP is not supported; set it to false"
+    return None
+
+
+def _expert_tensor_parallel(s: Settings) -> Finding | None:
+    etp = json_int(s.ep_section.get("expert_tensor_parallel_size"), 1) if s.autoep else 1
+    # With a world size the lint runs DeepSpeed's own validate_autoep_config, which raises this itself.
+    if etp != 1 and s.world_size is None:
+        return ERROR, (
+            f"expert_parallel.expert_tensor_parallel_size={etp}: AutoEP does not support expert tensor "
+            "parallelism yet (ZeRO-3's own refusal, engine.py:2231, is never reached); remove it"
+        )
+    return None
+
+
+def _nvme_without_path(key: str, who: str) -> Callable[[Settings], Finding | None]:
+    def rule(s: Settings) -> Finding | None:
+        section = s.nvme(key)
+        if s.stage == 3 and section is not None and not section.get("nvme_path"):
+            return ERROR, (
+                f'{key}.device "nvme" without {key}.nvme_path: DeepSpeed joins None into {who}; set nvme_path '
+                'to a directory on a local NVMe disk, or use device "cpu"'
+            )
+        return None
+
+    return rule
+
+
+def _nvme_under_zero_1_or_2(s: Settings) -> Finding | None:
+    if s.stage in (1, 2) and s.nvme("offload_optimizer") is not None:
+        return WARNING, (
+            f'offload_optimizer.device "nvme" under ZeRO-{s.stage}: ZeRO-1/2 keep the optimizer states in '
+            'CPU memory, not on NVMe (only ZeRO-3 swaps to disk); say device "cpu" or use ZeRO-3'
+        )
+    return None
+
+
+def _zero0_grad_accum_dtype(s: Settings) -> Finding | None:
+    accum = s.grad_accum_dtype
+    if s.stage != 0 or accum is None:
+        return None
+    if s.fp16 is None or s.bf16 is None:
+        if accum != "fp32":
+            return None
+        return WARNING, (
+            'ZeRO-0 with data_types.grad_accum_dtype "fp32" and bf16/fp16 "auto": when the Trainer '
+            "runs with --bf16 or --fp16, DeepSpeed refuses the mix (NotImplementedError in "
+            "deepspeed.initialize, runtime/engine.py:2323); use ZeRO-1 or more, or drop grad_accum_dtype"
+        )
+    if accum != s.model_dtype:
+        return ERROR, (
+            f"ZeRO-0 with {s.model_dtype} parameters and data_types.grad_accum_dtype {accum!r}: without ZeRO "
+            "DeepSpeed accumulates gradients only in the parameters' dtype; use ZeRO stage 1 or more "
+            "(it keeps fp32 gradients), or drop grad_accum_dtype"
+        )
+    return None
+
+
+def _param_dtype(s: Settings) -> Finding | None:
+    param_dtype = _DTYPES.get(str(_section(s.config, "data_types").get("param_dtype", "")).lower())
+    if param_dtype is None or s.fp16 is None or s.bf16 is None or param_dtype == s.model_dtype:
+        return None
+    return ERROR, (
+        f"data_types.param_dtype {param_dtype!r} but the enabled precision is {s.model_dtype}: set the matching "
+        "bf16/fp16 enabled flag, or drop param_dtype"
+    )
+
+
+def _reduce_scatters(s: Settings, stage: int) -> bool:
+    """Whether ZeRO-`stage` reduce-scatters the gradients here (ZeRO-2 and 3 do unless told not to; ZeRO-1 never)."""
+    return s.stage == stage and s.zero.get("reduce_scatter", True) is not False
+
+
+def _predivide(stage: int) -> Callable[[Settings], Finding | None]:
+    def rule(s: Settings) -> Finding | None:
+        predivide = s.config.get("gradient_predivide_factor", 1.0)
+        number = isinstance(predivide, (int, float)) and not isinstance(predivide, bool)
+        if _reduce_scatters(s, stage) and number and predivide != 1.0:
+            return ERROR, (
+                f"gradient_predivide_factor={predivide:g} with ZeRO-{stage}'s reduce-scatter is not supported; "
+                "remove it (or set zero_optimization.reduce_scatter false)"
+            )
+        return None
+
+    return rule
+
+
+def _prescale(stage: int) -> Callable[[Settings], Finding | None]:
+    def rule(s: Settings) -> Finding | None:
+        if _reduce_scatters(s, stage) and s.config.get("prescale_gradients") is True:
+            return ERROR, f"prescale_gradients with ZeRO-{stage}'s reduce-scatter is not supported; remove it"
+        return None
+
+    return rule
+
+
+def _no_grad_norm(s: Settings) -> bool:
+    return s.zero.get("compute_grad_norm") is False
+
+
+def _no_grad_norm_with_clipping(s: Settings) -> Finding | None:
+    if s.stage not in (1, 2) or not _no_grad_norm(s):
+        return None
+    clip = s.config.get("gradient_clipping", 1.0)  # DeepSpeed's default (constants.py GRADIENT_CLIPPING_DEFAULT)
+    if clip == "auto":
+        return WARNING, (
+            'compute_grad_norm false with gradient_clipping "auto": the Trainer fills max_grad_norm '
+            "(1.0 by default) and DeepSpeed then refuses it (runtime/zero/stage_1_and_2.py:213); train "
+            "with max_grad_norm=0 or drop compute_grad_norm"
+        )
+    if isinstance(clip, (int, float)) and clip > 0:
+        return ERROR, (
+            f"compute_grad_norm false needs gradient_clipping 0 (it is {clip:g}); set it to 0 or drop compute_grad_norm"
+        )
+    return None
+
+
+def _no_grad_norm_with_offload(s: Settings) -> Finding | None:
+    if s.stage in (1, 2) and _no_grad_norm(s) and s.offloads_optimizer:
+        return ERROR, "compute_grad_norm false with optimizer offload is not supported; drop one of them"
+    return None
+
+
+def _no_grad_norm_zero1_bf16(s: Settings) -> Finding | None:
+    if s.stage == 1 and _no_grad_norm(s) and s.bf16 and s.grad_accum_dtype == "fp32" and not s.offloads_optimizer:
+        return ERROR, (
+            "compute_grad_norm false under ZeRO-1 with bf16 parameters and fp32 gradient accumulation is not "
+            "supported; drop compute_grad_norm"
+        )
+    return None
+
+
+def _master_weights(stages: tuple[int, ...]) -> Callable[[Settings], Finding | None]:
+    # base_optimizer.py _configure_master_weights calls the stage's validator: 16-bit master weights need the
+    # optimizer on the CPU (DeepSpeedCPUAdam, which accelerate maps the Trainer's AdamW to under offload)
+    def rule(s: Settings) -> Finding | None:
+        bf16, fp16 = _section(s.config, "bf16"), _section(s.config, "fp16")
+        if bf16.get("bf16_master_weights_and_grads") is True and not bf16.get("bf16_optimizer_states"):
+            master = "bf16.bf16_master_weights_and_grads"
+        elif fp16.get("fp16_master_weights_and_grads") is True:
+            master = "fp16.fp16_master_weights_and_grads"
+        else:
+            return None
+        if s.stage not in stages or s.offloads_optimizer:
+            return None
+        return ERROR, (
+            f"{master} needs optimizer offload (ZeRO-Offload with DeepSpeedCPUAdam); add "
+            'zero_optimization.offload_optimizer {"device": "cpu"} or drop it'
+        )
+
+    return rule
+
+
+def _odd_allgather_bucket(s: Settings) -> Finding | None:
+    allgather = json_int(s.zero.get("allgather_bucket_size")) if s.stage in (1, 2) else None
+    if allgather is not None and allgather % 2:
+        return ERROR, (
+            f"allgather_bucket_size={allgather} must be even (4-byte alignment of 16-bit elements); use {allgather + 1}"
+        )
+    return None
+
+
+def _unmanaged_accumulation_with_overlap(s: Settings) -> Finding | None:
+    unmanaged = s.config.get("managed_gradient_accumulation") is False
+    if unmanaged and s.stage in (0, 1, 3) and s.zero.get("overlap_comm") is True:
+        return ERROR, (
+            f"managed_gradient_accumulation false with overlap_comm under ZeRO-{s.stage}: only ZeRO-2 supports "
+            "it; set overlap_comm false"
+        )
+    return None
+
+
+def _unknown_optimizer(s: Settings) -> Finding | None:
+    name = s.optimizer
+    if not isinstance(name, str) or name.lower() in DEEPSPEED_OPTIMIZERS:
+        return None
+    import torch
+
+    if getattr(torch.optim, name, None) is not None:
+        return None
+    return ERROR, (
+        f"optimizer.type {name!r} is neither a DeepSpeed optimizer ({', '.join(DEEPSPEED_OPTIMIZERS)}) "
+        "nor a torch.optim class; fix the name, or remove the optimizer section (the Trainer then builds "
+        "its own AdamW)"
+    )
+
+
+def _lamb_static_loss_scale(s: Settings) -> Finding | None:
+    # engine.py:1782 dynamic_loss_scale() reads fp16.loss_scale whether fp16 is enabled or not
+    loss_scale = _section(s.config, "fp16").get("loss_scale", 0)
+    if isinstance(s.optimizer, str) and s.optimizer.lower() == "lamb" and loss_scale not in (0, "auto"):
+        return ERROR, f"the LAMB optimizer needs dynamic loss scaling, but fp16.loss_scale is {loss_scale}; set it to 0"
+    return None
+
+
+def _fp16_on_cpu(s: Settings) -> Finding | None:
+    if not (s.use_cpu and s.fp16 is True):
+        return None
+    # A host fact, not a constant: DeepSpeed's CPU accelerator refuses fp16 only on CPUs without fp16 kernels.
+    supported = cpu_fp16_supported() if s.cpu_fp16 is None else s.cpu_fp16
+    if supported:
+        return WARNING, (
+            "fp16 enabled on a use_cpu launch: this host's CPU has oneDNN fp16 kernels (AVX512-FP16, "
+            "AMX-FP16 or AVX-NE-CONVERT) and DeepSpeed accepts it here, but refuses it on CPUs without "
+            "them (runtime/engine.py:2004); use bf16 or fp32 to run anywhere"
+        )
+    return ERROR, (
+        "fp16 enabled on a use_cpu launch: DeepSpeed's CPU accelerator has no fp16 on CPUs without "
+        "oneDNN fp16 kernels (AVX512-FP16, AMX-FP16 or AVX-NE-CONVERT), such as this host's; use bf16 or "
+        "fp32"
+    )
+
+
+def _inner_tp_size(s: Settings) -> Finding | None:
+    inner = s.tp_section.get("tp")
+    inner = json_int(inner.get("tp_size")) if isinstance(inner, dict) else None
+    if s.tp > 1 and inner is not None and inner not in (1, s.tp):
+        return ERROR, (
+            f"tensor_parallel.tp.tp_size={inner} differs from tensor_parallel.autotp_size={s.tp}; drop tp.tp_size"
+        )
+    return None
+
+
+def _vocab_parallel_backend(s: Settings) -> Finding | None:
+    backend = s.tp_section.get("vocab_parallel_ce_backend", "torch")
+    if s.tp > 1 and backend != "torch" and not s.tp_section.get("vocab_parallel_lm_head"):
+        return ERROR, (
+            f"vocab_parallel_ce_backend={backend!r} needs vocab_parallel_lm_head true (a vocabulary-parallel "
+            "LM head); set it, or drop the backend"
+        )
+    return None
+
+
+def _hpz_not_dividing_world(s: Settings) -> Finding | None:
+    world = s.world_size
+    if s.stage == 3 and world is not None and s.hpz > 1 and world % min(s.hpz, world):
+        return ERROR, (
+            f"zero_hpz_partition_size={s.hpz} does not divide the {world} processes; use the GPUs per node (a "
+            f"divisor of {world})"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One refusal: DeepSpeed 0.19.8's raising line and the test that returns (level, message) or None."""
+
+    where: str
+    check: Callable[[Settings], Finding | None]
+
+
+# The rules in the order their findings are reported; the table in docs/commands/config.md lists them all.
+RULES: tuple[Rule, ...] = (
+    Rule("runtime/engine.py:2226", _hpz_with_autoep),
+    Rule("runtime/engine.py:2223", _quantized_gradients_with_autoep),
+    Rule("module_inject/auto_ep_folding.py:215", _expert_tensor_parallel),
+    # stage3.py:840 `os.path.join(offload_optimizer_config.nvme_path, ...)` -> TypeError on None
+    Rule("runtime/zero/stage3.py:840", _nvme_without_path("offload_optimizer", "the optimizer states' swap folder")),
+    Rule("runtime/zero/stage_1_and_2.py:220", _nvme_under_zero_1_or_2),
+    # partition_parameters.py:1229 asserts (zero.Init: at from_pretrained, or inside initialize)
+    Rule(
+        "runtime/zero/partition_parameters.py:1229", _nvme_without_path("offload_param", "the parameters' swap folder")
+    ),
+    Rule("runtime/engine.py:2323", _zero0_grad_accum_dtype),
+    Rule("runtime/engine.py:1827", _param_dtype),
+    Rule("runtime/zero/stage3.py:395", _predivide(3)),
+    Rule("runtime/zero/stage3.py:396", _prescale(3)),
+    Rule("runtime/zero/stage_1_and_2.py:350", _predivide(2)),
+    Rule("runtime/zero/stage_1_and_2.py:351", _prescale(2)),
+    Rule("runtime/zero/stage_1_and_2.py:213", _no_grad_norm_with_clipping),
+    Rule("runtime/zero/stage_1_and_2.py:218", _no_grad_norm_with_offload),
+    Rule("runtime/engine.py:2308", _no_grad_norm_zero1_bf16),
+    Rule("runtime/zero/stage3.py:300", _master_weights((3,))),
+    Rule("runtime/zero/stage_1_and_2.py:332", _master_weights((1, 2))),
+    Rule("runtime/zero/stage_1_and_2.py:390", _odd_allgather_bucket),
+    Rule("runtime/engine.py:2031", _unmanaged_accumulation_with_overlap),
+    Rule("runtime/engine.py:2018", _unknown_optimizer),
+    Rule("runtime/engine.py:2022", _lamb_static_loss_scale),
+    Rule("runtime/engine.py:2004", _fp16_on_cpu),
+    Rule("runtime/engine.py:1021", _inner_tp_size),
+    Rule("runtime/engine.py:1076", _vocab_parallel_backend),
+    Rule("utils/groups.py:71", _hpz_not_dividing_world),
+)
+
+
 def initialize_refusals(
     config: dict, *, world_size: int | None = None, use_cpu: bool | None = None, cpu_fp16: bool | None = None
 ) -> list[Refusal]:
     """The refusals of the module docstring for a DeepSpeed config dict. `world_size` (all processes) and
     `use_cpu` (the accelerate YAML's) enable the rules that need them. `cpu_fp16`: whether the CPUs that will run
     a `use_cpu` launch have fp16 kernels (None: ask this host, `cpu_fp16_supported`)."""
-    out: list[Refusal] = []
-
-    def add(level: str, where: str, message: str) -> None:
-        out.append(Refusal(level, where, f"{message} (DeepSpeed refuses it in deepspeed.initialize, {where})"))
-
-    zero = config.get("zero_optimization") or {}
-    zero = zero if isinstance(zero, dict) else {}
-    # DeepSpeed's default stage is 0; a non-integer ("auto") leaves every stage rule unapplied (None matches none)
-    stage = _integer(zero.get("stage", 0))
-    ep = config.get("expert_parallel") or {}
-    tp_cfg = config.get("tensor_parallel") or {}
-    # AutoEP replaces the MoE layers whenever the section is enabled, autoep_size 1 included (seen on CPU).
-    autoep = isinstance(ep, dict) and ep.get("enabled") is True
-    tp = _integer(tp_cfg.get("autotp_size"), 1) if isinstance(tp_cfg, dict) else 1
-
-    if stage == 3 and autoep:
-        hpz = _integer(zero.get("zero_hpz_partition_size"), 1)
-        if hpz > 1:
-            add(
-                ERROR,
-                "runtime/engine.py:2226",
-                f"zero_hpz_partition_size={hpz} with ZeRO-3 + AutoEP: hpZ's secondary groups are not supported "
-                "with AutoEP; remove zero_hpz_partition_size (config generate leaves it out under EP)",
-            )
-        if zero.get("zero_quantized_gradients") is True:
-            add(
-                ERROR,
-                "runtime/engine.py:2223",
-                "zero_quantized_gradients with ZeRO-3 + AutoEP is not supported; set it to false",
-            )
-
-    etp = _integer(ep.get("expert_tensor_parallel_size"), 1) if autoep else 1
-    if etp != 1 and world_size is None:
-        # With a world size the lint runs DeepSpeed's own validate_autoep_config, which raises this itself.
-        add(
-            ERROR,
-            "module_inject/auto_ep_folding.py:215",
-            f"expert_parallel.expert_tensor_parallel_size={etp}: AutoEP does not support expert tensor "
-            "parallelism yet (ZeRO-3's own refusal, engine.py:2231, is never reached); remove it",
-        )
-
-    for key, where, who in (
-        # stage3.py:840 `os.path.join(offload_optimizer_config.nvme_path, ...)` -> TypeError on None
-        ("offload_optimizer", "runtime/zero/stage3.py:840", "the optimizer states' swap folder"),
-        # partition_parameters.py:1229 asserts (zero.Init: at from_pretrained, or inside initialize)
-        ("offload_param", "runtime/zero/partition_parameters.py:1229", "the parameters' swap folder"),
-    ):
-        section = zero.get(key)
-        if not isinstance(section, dict) or str(section.get("device", "")).lower() != "nvme":
+    settings = Settings.read(config, world_size=world_size, use_cpu=use_cpu, cpu_fp16=cpu_fp16)
+    out = []
+    for rule in RULES:
+        found = rule.check(settings)
+        if found is None:
             continue
-        if stage == 3 and not section.get("nvme_path"):
-            add(
-                ERROR,
-                where,
-                f'{key}.device "nvme" without {key}.nvme_path: DeepSpeed joins None into {who}; set nvme_path '
-                'to a directory on a local NVMe disk, or use device "cpu"',
-            )
-        elif stage in (1, 2) and key == "offload_optimizer":
-            out.append(
-                Refusal(
-                    WARNING,
-                    "runtime/zero/stage_1_and_2.py:220",
-                    f'offload_optimizer.device "nvme" under ZeRO-{stage}: ZeRO-1/2 keep the optimizer states in '
-                    'CPU memory, not on NVMe (only ZeRO-3 swaps to disk); say device "cpu" or use ZeRO-3',
-                )
-            )
-
-    fp16, bf16 = _enabled(config.get("fp16")), _enabled(config.get("bf16"))
-    data_types = config.get("data_types") or {}
-    data_types = data_types if isinstance(data_types, dict) else {}
-    accum = _DTYPES.get(str(data_types.get("grad_accum_dtype", "")).lower())
-    if stage == 0 and accum is not None:
-        if fp16 is None or bf16 is None:
-            if accum == "fp32":
-                out.append(
-                    Refusal(
-                        WARNING,
-                        "runtime/engine.py:2323",
-                        'ZeRO-0 with data_types.grad_accum_dtype "fp32" and bf16/fp16 "auto": when the Trainer '
-                        "runs with --bf16 or --fp16, DeepSpeed refuses the mix (NotImplementedError in "
-                        "deepspeed.initialize, runtime/engine.py:2323); use ZeRO-1 or more, or drop grad_accum_dtype",
-                    )
-                )
-        else:
-            model = "fp16" if fp16 else "bf16" if bf16 else "fp32"
-            if accum != model:
-                add(
-                    ERROR,
-                    "runtime/engine.py:2323",
-                    f"ZeRO-0 with {model} parameters and data_types.grad_accum_dtype {accum!r}: without ZeRO "
-                    "DeepSpeed accumulates gradients only in the parameters' dtype; use ZeRO stage 1 or more "
-                    "(it keeps fp32 gradients), or drop grad_accum_dtype",
-                )
-    param_dtype = _DTYPES.get(str(data_types.get("param_dtype", "")).lower())
-    if param_dtype is not None and fp16 is not None and bf16 is not None:
-        model = "fp16" if fp16 else "bf16" if bf16 else "fp32"
-        if param_dtype != model:
-            add(
-                ERROR,
-                "runtime/engine.py:1827",
-                f"data_types.param_dtype {param_dtype!r} but the enabled precision is {model}: set the matching "
-                "bf16/fp16 enabled flag, or drop param_dtype",
-            )
-
-    if stage in (2, 3) and zero.get("reduce_scatter", True) is not False:
-        # ZeRO-3: stage3.py:395/396; ZeRO-2: stage_1_and_2.py:350/351 (ZeRO-1 does not reduce-scatter gradients)
-        file = "runtime/zero/stage3.py" if stage == 3 else "runtime/zero/stage_1_and_2.py"
-        lines = (395, 396) if stage == 3 else (350, 351)
-        predivide = config.get("gradient_predivide_factor", 1.0)
-        if isinstance(predivide, (int, float)) and not isinstance(predivide, bool) and predivide != 1.0:
-            add(
-                ERROR,
-                f"{file}:{lines[0]}",
-                f"gradient_predivide_factor={predivide:g} with ZeRO-{stage}'s reduce-scatter is not supported; "
-                "remove it (or set zero_optimization.reduce_scatter false)",
-            )
-        if config.get("prescale_gradients") is True:
-            add(
-                ERROR,
-                f"{file}:{lines[1]}",
-                f"prescale_gradients with ZeRO-{stage}'s reduce-scatter is not supported; remove it",
-            )
-
-    if stage in (1, 2) and zero.get("compute_grad_norm") is False:
-        clip = config.get("gradient_clipping", 1.0)  # DeepSpeed's default (constants.py GRADIENT_CLIPPING_DEFAULT)
-        if clip == "auto":
-            out.append(
-                Refusal(
-                    WARNING,
-                    "runtime/zero/stage_1_and_2.py:213",
-                    'compute_grad_norm false with gradient_clipping "auto": the Trainer fills max_grad_norm '
-                    "(1.0 by default) and DeepSpeed then refuses it (runtime/zero/stage_1_and_2.py:213); train "
-                    "with max_grad_norm=0 or drop compute_grad_norm",
-                )
-            )
-        elif isinstance(clip, (int, float)) and clip > 0:
-            add(
-                ERROR,
-                "runtime/zero/stage_1_and_2.py:213",
-                f"compute_grad_norm false needs gradient_clipping 0 (it is {clip:g}); set it to 0 or drop "
-                "compute_grad_norm",
-            )
-        offload = zero.get("offload_optimizer")
-        if isinstance(offload, dict) and str(offload.get("device", "none")).lower() != "none":
-            add(
-                ERROR,
-                "runtime/zero/stage_1_and_2.py:218",
-                "compute_grad_norm false with optimizer offload is not supported; drop one of them",
-            )
-
-    offload_opt = zero.get("offload_optimizer")
-    offloads = isinstance(offload_opt, dict) and str(offload_opt.get("device", "none")).lower() != "none"
-    if stage == 1 and zero.get("compute_grad_norm") is False and bf16 and accum == "fp32" and not offloads:
-        add(
-            ERROR,
-            "runtime/engine.py:2308",
-            "compute_grad_norm false under ZeRO-1 with bf16 parameters and fp32 gradient accumulation is not "
-            "supported; drop compute_grad_norm",
-        )
-    bf16_section = config.get("bf16") if isinstance(config.get("bf16"), dict) else {}
-    fp16_section = config.get("fp16") if isinstance(config.get("fp16"), dict) else {}
-    master = (
-        "bf16.bf16_master_weights_and_grads"
-        if bf16_section.get("bf16_master_weights_and_grads") is True and not bf16_section.get("bf16_optimizer_states")
-        else "fp16.fp16_master_weights_and_grads"
-        if fp16_section.get("fp16_master_weights_and_grads") is True
-        else None
-    )
-    if master and stage in (1, 2, 3) and not offloads:
-        # base_optimizer.py _configure_master_weights calls the stage's validator: 16-bit master weights need the
-        # optimizer on the CPU (DeepSpeedCPUAdam, which accelerate maps the Trainer's AdamW to under offload)
-        add(
-            ERROR,
-            "runtime/zero/stage3.py:300" if stage == 3 else "runtime/zero/stage_1_and_2.py:332",
-            f"{master} needs optimizer offload (ZeRO-Offload with DeepSpeedCPUAdam); add "
-            'zero_optimization.offload_optimizer {"device": "cpu"} or drop it',
-        )
-
-    if stage in (1, 2):
-        allgather = _integer(zero.get("allgather_bucket_size"))
-        if allgather is not None and allgather % 2:
-            add(
-                ERROR,
-                "runtime/zero/stage_1_and_2.py:390",
-                f"allgather_bucket_size={allgather} must be even (4-byte alignment of 16-bit elements); use "
-                f"{allgather + 1}",
-            )
-
-    if config.get("managed_gradient_accumulation") is False and stage in (0, 1, 3) and zero.get("overlap_comm") is True:
-        add(
-            ERROR,
-            "runtime/engine.py:2031",
-            f"managed_gradient_accumulation false with overlap_comm under ZeRO-{stage}: only ZeRO-2 supports "
-            "it; set overlap_comm false",
-        )
-
-    optimizer = config.get("optimizer")
-    name = optimizer.get("type") if isinstance(optimizer, dict) else None
-    if isinstance(name, str) and name.lower() not in DEEPSPEED_OPTIMIZERS:
-        import torch
-
-        if getattr(torch.optim, name, None) is None:
-            add(
-                ERROR,
-                "runtime/engine.py:2018",
-                f"optimizer.type {name!r} is neither a DeepSpeed optimizer ({', '.join(DEEPSPEED_OPTIMIZERS)}) "
-                "nor a torch.optim class; fix the name, or remove the optimizer section (the Trainer then builds "
-                "its own AdamW)",
-            )
-
-    loss_scale = (config.get("fp16") or {}).get("loss_scale", 0) if isinstance(config.get("fp16"), dict) else 0
-    if isinstance(name, str) and name.lower() == "lamb" and loss_scale not in (0, "auto"):
-        # engine.py:1782 dynamic_loss_scale() reads fp16.loss_scale whether fp16 is enabled or not
-        add(
-            ERROR,
-            "runtime/engine.py:2022",
-            f"the LAMB optimizer needs dynamic loss scaling, but fp16.loss_scale is {loss_scale}; set it to 0",
-        )
-
-    if use_cpu and fp16 is True:
-        # A host fact, not a constant: DeepSpeed's CPU accelerator refuses fp16 only on CPUs without fp16 kernels.
-        if cpu_fp16 is None:
-            cpu_fp16 = cpu_fp16_supported()
-        if cpu_fp16:
-            out.append(
-                Refusal(
-                    WARNING,
-                    "runtime/engine.py:2004",
-                    "fp16 enabled on a use_cpu launch: this host's CPU has oneDNN fp16 kernels (AVX512-FP16, "
-                    "AMX-FP16 or AVX-NE-CONVERT) and DeepSpeed accepts it here, but refuses it on CPUs without "
-                    "them (runtime/engine.py:2004); use bf16 or fp32 to run anywhere",
-                )
-            )
-        else:
-            add(
-                ERROR,
-                "runtime/engine.py:2004",
-                "fp16 enabled on a use_cpu launch: DeepSpeed's CPU accelerator has no fp16 on CPUs without "
-                "oneDNN fp16 kernels (AVX512-FP16, AMX-FP16 or AVX-NE-CONVERT), such as this host's; use bf16 or "
-                "fp32",
-            )
-
-    if tp > 1 and isinstance(tp_cfg, dict):
-        inner = _integer((tp_cfg.get("tp") or {}).get("tp_size") if isinstance(tp_cfg.get("tp"), dict) else None)
-        if inner is not None and inner not in (1, tp):
-            add(
-                ERROR,
-                "runtime/engine.py:1021",
-                f"tensor_parallel.tp.tp_size={inner} differs from tensor_parallel.autotp_size={tp}; drop tp.tp_size",
-            )
-        backend = tp_cfg.get("vocab_parallel_ce_backend", "torch")
-        if backend != "torch" and not tp_cfg.get("vocab_parallel_lm_head"):
-            add(
-                ERROR,
-                "runtime/engine.py:1076",
-                f"vocab_parallel_ce_backend={backend!r} needs vocab_parallel_lm_head true (a vocabulary-parallel "
-                "LM head); set it, or drop the backend",
-            )
-
-    hpz = _integer(zero.get("zero_hpz_partition_size"), 1)
-    if stage == 3 and world_size is not None and hpz > 1 and world_size % min(hpz, world_size):
-        add(
-            ERROR,
-            "utils/groups.py:71",
-            f"zero_hpz_partition_size={hpz} does not divide the {world_size} processes; use the GPUs per node (a "
-            f"divisor of {world_size})",
-        )
+        level, message = found
+        if level == ERROR:
+            message = f"{message} (DeepSpeed refuses it in deepspeed.initialize, {rule.where})"
+        out.append(Refusal(level, rule.where, message))
     return out

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from hf_dist_recipes.core.jsonfile import load_deepspeed_json, read_text_file
+from hf_dist_recipes.core.jsonfile import json_int, load_deepspeed_json, read_text_file
 from hf_dist_recipes.parallel.batch import data_parallel_size, tensor_parallel_size
 
 
@@ -45,12 +45,12 @@ class LaunchConfig:
         """DeepSpeed AutoEP degree: `expert_parallel.autoep_size` when the section is enabled (its `enabled`, else
         present), 1 otherwise or when the size is not an integer."""
         ep = (self.deepspeed or {}).get("expert_parallel") or {}
-        return _integer(ep.get("autoep_size"), 1) if ep.get("enabled", bool(ep)) else 1
+        return json_int(ep.get("autoep_size"), 1) if ep.get("enabled", bool(ep)) else 1
 
     @cached_property
     def zero_stage(self) -> int:
         """`zero_optimization.stage` (0 when absent or not an integer)."""
-        return _integer(((self.deepspeed or {}).get("zero_optimization") or {}).get("stage"), 0)
+        return json_int(((self.deepspeed or {}).get("zero_optimization") or {}).get("stage"), 0)
 
 
 def load_launch_config(path: str | Path, *, root: str | Path | None = None) -> LaunchConfig:
@@ -121,7 +121,7 @@ def check_launch_config(cfg: LaunchConfig, *, num_processes: int | None = None) 
         cfg.deepspeed.get(k)
         for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
     ]
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in batch):
+    if all(json_int(v) is not None for v in batch):
         total, micro, accum = batch
         if total != micro * accum * dp:
             raise ValueError(
@@ -138,7 +138,3 @@ def _positive_int(data: dict, key: str, path: Path, *, default: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{path}: {key} must be a positive integer, got {value!r}")
     return value
-
-
-def _integer(value, default: int) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default

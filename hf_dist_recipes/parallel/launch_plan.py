@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hf_dist_recipes.core.jsonfile import json_int
 from hf_dist_recipes.parallel.launch_config import LaunchConfig
 from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.parallel.plan_record import recorded_plan
@@ -23,9 +24,6 @@ def plan_of_launch(cfg: LaunchConfig, world: int) -> tuple[ParallelPlan, str | N
     record = recorded_plan(ds)
     zero = ds.get("zero_optimization") or {}
 
-    def integer(value, default):
-        return value if isinstance(value, int) and not isinstance(value, bool) else default
-
     plan = ParallelPlan(
         nodes=cfg.num_machines,
         procs_per_node=max(1, world // cfg.num_machines),
@@ -35,8 +33,8 @@ def plan_of_launch(cfg: LaunchConfig, world: int) -> tuple[ParallelPlan, str | N
         offload_params=bool(zero.get("offload_param")),
         tp=cfg.tp,
         ep=cfg.ep,
-        micro_batch=integer(ds.get("train_micro_batch_size_per_gpu"), record.get("micro_batch", 1)),
-        grad_accum=integer(ds.get("gradient_accumulation_steps"), record.get("grad_accum", 1)),
+        micro_batch=json_int(ds.get("train_micro_batch_size_per_gpu"), record.get("micro_batch", 1)),
+        grad_accum=json_int(ds.get("gradient_accumulation_steps"), record.get("grad_accum", 1)),
         seq_len=record.get("seq_len", ParallelPlan.seq_len),
         precision=record.get("precision", "fp32" if cfg.use_cpu else "bf16"),
         activation_checkpointing=bool(record.get("activation_checkpointing", False)),

@@ -73,7 +73,8 @@ def recomputes(model) -> bool:
 def _estimates_gib(record: dict, model) -> tuple[float, float] | None:
     """(with, without recomputation) GiB per GPU of the recorded plan for `model`'s config by the recipe's estimate;
     None when the record or the model does not allow one (the message then goes without the numbers)."""
-    from hf_dist_recipes.parallel.memory import GIB, estimate
+    from hf_dist_recipes.core.sizes import GIB
+    from hf_dist_recipes.parallel.memory import estimate
     from hf_dist_recipes.parallel.models import introspect
 
     try:

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from hf_dist_recipes.core.sizes import GIB
 from hf_dist_recipes.parallel.comm import Hardware, StepEstimate, describe, step_estimate
-from hf_dist_recipes.parallel.memory import GIB, MemoryEstimate, estimate, render_table
+from hf_dist_recipes.parallel.memory import MemoryEstimate, estimate, render_table
 from hf_dist_recipes.parallel.models import ModelShape
 from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.parallel.zero_buffers import hpz_partition_size, use_vocab_parallel_lm_head

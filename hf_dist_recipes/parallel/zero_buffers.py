@@ -55,11 +55,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from hf_dist_recipes.core.sizes import GIB
+from hf_dist_recipes.environment.alloc_defaults import ALLOC_CONF, ALLOC_CONF_VARIABLE
 from hf_dist_recipes.parallel.elements import BYTES_PER_ELEMENT, head_logits_bytes, rank_elements
 from hf_dist_recipes.parallel.models import ModelShape
 from hf_dist_recipes.parallel.plan import ParallelPlan
 
-GIB = 2**30
 # DeepSpeed 0.19.8 defaults (runtime/zero/config.py DeepSpeedZeroConfig), in elements.
 DEFAULT_PREFETCH_BUCKET = 50_000_000
 DEFAULT_MAX_LIVE_PARAMETERS = 1_000_000_000
@@ -72,7 +73,6 @@ HPZ_MAX_SECONDARY_BYTES = 8 * GIB
 # `outputs.logits`: 1 GiB. Below it the saving is inside the estimate's 2 GiB allowance, and the all-gather it
 # avoids (at most 1 GiB per micro step, over NVLink) costs milliseconds.
 VOCAB_PARALLEL_MIN_SAVING_BYTES = 1 * GIB
-ALLOC_CONF = "expandable_segments:True"
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,7 @@ def recommended_env(plan: ParallelPlan, model: ModelShape | None = None) -> dict
     allocator into blocks too small to reuse; expandable segments grow one mapping per stream instead."""
     if plan.device != "cuda" or not (plan.zero_stage == 3 or (model is not None and model.is_moe)):
         return {}
-    return {"PYTORCH_CUDA_ALLOC_CONF": ALLOC_CONF}
+    return {ALLOC_CONF_VARIABLE: ALLOC_CONF}
 
 
 def _e(n: int) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from hf_dist_recipes.core.sizes import format_size
 from hf_dist_recipes.preflight.result import ERROR, OK, WARNING, CheckResult
 
 PREFLIGHT_SIZES = "4K,256K,4M"
@@ -90,7 +91,7 @@ def interpret(result: dict) -> list[CheckResult]:
     data = {k: result[k] for k in ("backend", "device", "world_size", "results", "links", "ranks", "flagged")}
     if not out:
         what = ", ".join(
-            f"{op} {r['size_bytes'] // 1024} KiB {r['busbw_GBps']:.3f} GB/s busbw" for op, r in summary.items()
+            f"{op} {format_size(r['size_bytes'])} {r['busbw_GBps']:.3f} GB/s busbw" for op, r in summary.items()
         )
         links = [x["GBps"] for x in result["links"]]
         out.append(

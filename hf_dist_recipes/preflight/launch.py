@@ -75,10 +75,10 @@ def plan_preflight(
     from hf_dist_recipes.parallel.lint import ERROR as LINT_ERROR
     from hf_dist_recipes.parallel.lint import lint_accelerate
     from hf_dist_recipes.preflight.plan_checks import launch_plan, resolve_models, validate_against_model
+    from hf_dist_recipes.reproducibility.seeding import validate_seed
 
     positive_int(steps, "--steps", 20, minimum=8, unit="optimizer steps")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"--seed must be an integer >= 0, got {seed!r}; e.g. --seed 42")
+    validate_seed(seed, "--seed")  # the arguments' rule: a seed the ranks would refuse stops here, before launching
     from hf_dist_recipes.comm.watchdog import validate_hang_settings
 
     if not peer_timeout_s:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from hf_dist_recipes.core.sizes import GIB, format_size
 from hf_dist_recipes.parallel.launch_config import LaunchConfig, check_launch_config, load_launch_config
 from hf_dist_recipes.parallel.launch_plan import plan_of_launch
 from hf_dist_recipes.parallel.plan import ParallelPlan
@@ -28,7 +29,6 @@ from hf_dist_recipes.preflight.result import ERROR, OK, WARNING, CheckResult
 DEFAULT_MODEL = "demo-deepseek-v3"  # the demo's model: MLA + MoE, what the shipped CPU configs train
 STAND_IN_MAX_PARAMS = 20_000_000  # a named model up to this size trains as itself in the training checks
 WARN_FRACTION = 0.9  # an estimate above this fraction of the device's memory is a warning, above 1 an error
-GIB = 2**30
 
 
 def launch_plan(
@@ -265,14 +265,15 @@ def checkpoint_space_result(plan: ParallelPlan, model_shape, free_bytes: int, wh
     """Check 4's disk finding: warn when `free_bytes` (free space of the output directory's file system, `where`)
     holds fewer than SAVES_TO_HOLD checkpoints of `plan` (`parallel.checkpoint_bytes`: the engine's files of every
     rank, with the output directory shared by all nodes, as a parallel file system is)."""
-    from hf_dist_recipes.parallel.checkpoint_bytes import human_bytes, plan_save_bytes
+    from hf_dist_recipes.parallel.checkpoint_bytes import plan_save_bytes
 
     b = plan_save_bytes(plan, model_shape)
     per_save = b.checkpoint_total()
+    sizes = (free_bytes, per_save, b.checkpoint_per_rank(), b.hf_total)
+    free, save, rank, hf = (format_size(n, decimal=True) for n in sizes)  # decimal units, as the shard sizes
     detail = (
-        f"{where}: {human_bytes(free_bytes)} free; one checkpoint of this plan is {human_bytes(per_save)} "
-        f"({human_bytes(b.checkpoint_per_rank())} per rank x {plan.world_size}), the final save_model "
-        f"{human_bytes(b.hf_total)}"
+        f"{where}: {free} free; one checkpoint of this plan is {save} ({rank} per rank x {plan.world_size}), the "
+        f"final save_model {hf}"
     )
     data = {"free_bytes": free_bytes, "where": where, "save_bytes": b.as_dict()}
     if free_bytes < SAVES_TO_HOLD * per_save:

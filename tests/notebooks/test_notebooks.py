@@ -65,7 +65,8 @@ def check_parallel_figure(nb) -> None:
     independently of the notebook's kernel, segment by segment (GiB per GPU by kind, offloaded kinds 0)."""
     from dataclasses import replace
 
-    from hf_dist_recipes.parallel.memory import GIB, estimate
+    from hf_dist_recipes.core.sizes import GIB
+    from hf_dist_recipes.parallel.memory import estimate
     from hf_dist_recipes.parallel.models import introspect
     from hf_dist_recipes.parallel.plan import ParallelPlan
 

@@ -20,8 +20,8 @@ _made: dict[str, object] = {}
 
 
 def hang_dumps() -> Path:
-    """The folder holding one `<scenario>/flight_recorder/` per scenario of the worker. The launch's output is in
-    `launch_output()`; a launch that fails raises AssertionError with it."""
+    """The folder holding one `<scenario>/flight_recorder/` per scenario of the worker; a launch that fails raises
+    AssertionError with its output."""
     if "dir" not in _made:
         out = Path(tempfile.mkdtemp(prefix="hang_dumps_"))
         atexit.register(shutil.rmtree, out, True)
@@ -35,10 +35,6 @@ def hang_dumps() -> Path:
         _made["ok"] = proc.returncode == 0
     assert _made["ok"], f"the hang scenarios' launch failed:\n{_made['output']}"
     return _made["dir"]  # type: ignore[return-value]
-
-
-def launch_output() -> str:
-    return str(_made.get("output", ""))
 
 
 def marker_line(name: str) -> int:

@@ -4,14 +4,19 @@ the plan (GPU counts passed in, since this machine has none) and the Gloo/NCCL s
 
 from __future__ import annotations
 
+import argparse
+import re
+
 import pytest
 
 from hf_dist_recipes.comm.commbench import (
     BenchSettings,
     bandwidths,
     bus_factor,
+    commbench_command_parser,
     flag_outliers,
     message_bytes,
+    settings_of,
 )
 from hf_dist_recipes.comm.commbench_launch import plan_commbench, side_by_side, worker_command
 from hf_dist_recipes.comm.commbench_render import render
@@ -89,6 +94,26 @@ def test_plan_on_a_gpu_host_puts_gloo_next_to_nccl():
         plan_commbench(BenchSettings(), num_processes=9, cuda_devices=8)
     with pytest.raises(ValueError, match="2 needs 2 GPUs .* 1 visible; one GPU has no GPU-to-GPU link"):
         plan_commbench(BenchSettings(), cuda_devices=1)
+
+
+def _flags(parser: argparse.ArgumentParser) -> set[str]:
+    return set(re.findall(r"--[\w-]+", parser.format_usage())) - {"--help"}
+
+
+def test_one_parser_for_the_subcommand_the_ranks_and_the_launcher_between_them():
+    """The flags are defined once (commbench_command_parser): the subcommand adds the launcher's, the rank's parser
+    what the launcher hands it; the launcher's argv parses back into the settings it came from."""
+    sub = commbench_command_parser(argparse.ArgumentParser().add_subparsers())
+    rank = commbench_command_parser()
+    shared = {"--backend", "--sizes", "--iters", "--warmup", "--link-size", "--fraction", "--json"}
+    assert _flags(sub) == shared | {"--num-processes"}
+    assert _flags(rank) == shared | {"--output", "--allow-gloo-on-cuda"}
+    settings = BenchSettings(sizes=(1000, 4096), iters=3, warmup=1, link_bytes=65536, fraction=0.25)
+    plan = plan_commbench(settings, cuda_devices=0)
+    argv = worker_command(plan, "gloo", "out.json")
+    args = rank.parse_args(argv[argv.index("hf_dist_recipes.comm.commbench") + 1 :])
+    assert settings_of(args) == settings and (args.backend, args.output) == ("gloo", "out.json")
+    assert settings_of(sub.parse_args([])) == settings_of(rank.parse_args([])) == BenchSettings()
 
 
 def _run(backend, times):

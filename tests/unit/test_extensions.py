@@ -137,16 +137,23 @@ def test_network_or_noexec_tmpdir_is_passed_over(unset, monkeypatch, caplog):
     assert "TORCH_EXTENSIONS_DIR" not in os.environ and "set TORCH_EXTENSIONS_DIR" in caplog.text
 
 
-def test_launch_header_names_the_ops_of_the_plan():
+def test_launch_header_names_the_ops_of_the_plan(tmp_path):
+    from hf_dist_recipes.parallel.generate import jit_built_ops, write_configs
     from hf_dist_recipes.parallel.plan import ParallelPlan
 
-    cpu_offload = " ".join(extensions.launch_header_lines(ParallelPlan(device="cpu", offload_optimizer=True)))
-    gpu = " ".join(extensions.launch_header_lines(ParallelPlan()))
+    assert jit_built_ops(ParallelPlan(device="cpu", offload_optimizer=True)) == ["cpu_adam", "deepspeed_shm_comm"]
+    assert jit_built_ops(ParallelPlan()) == []
+    cpu_offload = " ".join(extensions.launch_header_lines(["cpu_adam", "deepspeed_shm_comm"]))
+    gpu = " ".join(extensions.launch_header_lines())
     assert "cpu_adam" in cpu_offload and "deepspeed_shm_comm" in cpu_offload
     assert "cpu_adam" not in gpu and "once per node" in gpu and "TORCH_EXTENSIONS_DIR" in gpu
-    assert extensions.launch_header_lines(ParallelPlan(engine="fsdp2", tp=2)) == []
-    lines = extensions.launch_header_lines(None)
+    lines = extensions.launch_header_lines(["cpu_adam", "deepspeed_shm_comm"])
     assert 1 <= len(lines) <= 3 and all(len("# " + line) <= 120 for line in lines)
+    # In the files: a DeepSpeed plan's YAML carries the lines, another engine's does not.
+    ds = write_configs(ParallelPlan(device="cpu", procs_per_node=2, offload_optimizer=True), tmp_path / "ds", name="ds")
+    fsdp = write_configs(ParallelPlan(engine="fsdp2", tp=2, procs_per_node=2), tmp_path / "fsdp", name="fsdp")
+    assert "JIT-builds its ops (cpu_adam, deepspeed_shm_comm)" in ds.yaml_file.read_text()
+    assert "JIT-builds" not in fsdp.yaml_file.read_text()
 
 
 def test_real_lock_and_real_process_scan_live_while_a_build_runs_stale_after(tmp_path):

@@ -4,8 +4,8 @@ from dataclasses import replace
 import pytest
 import torch
 
+from hf_dist_recipes.core.sizes import GIB
 from hf_dist_recipes.parallel.memory import (
-    GIB,
     activation_bytes,
     estimate,
     layer_bytes_per_token,

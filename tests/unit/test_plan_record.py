@@ -95,7 +95,8 @@ def test_each_way_a_model_does_not_recompute_names_its_fix():
 
 
 def test_the_message_gives_the_estimate_with_and_without_recomputation():
-    from hf_dist_recipes.parallel.memory import GIB, estimate
+    from hf_dist_recipes.core.sizes import GIB
+    from hf_dist_recipes.parallel.memory import estimate
     from hf_dist_recipes.parallel.models import introspect
 
     plan = ParallelPlan(procs_per_node=2, seq_len=512, activation_checkpointing=True)

@@ -62,6 +62,19 @@ def test_a_launch_config_read_once_is_handed_on(tmp_path):
         plan_checks.launch_plan(path)
 
 
+@pytest.mark.parametrize("seed", [-1, 2**32, True, "42"])
+def test_the_seed_follows_the_arguments_rule(seed, tmp_path):
+    """A seed the ranks' RecipeTrainingArguments would refuse stops the plan, with the arguments' own message."""
+    from hf_dist_recipes.preflight.launch import plan_preflight
+    from hf_dist_recipes.reproducibility.seeding import validate_seed
+
+    with pytest.raises(ValueError) as expected:
+        validate_seed(seed, "--seed")
+    with pytest.raises(ValueError) as refused:
+        plan_preflight(write_config(tmp_path, processes=2), seed=seed, output_dir=tmp_path / "out")
+    assert str(refused.value) == str(expected.value) and "e.g. --seed 42" in str(refused.value)
+
+
 def test_tp_not_dividing_the_processes_is_refused(tmp_path):
     with pytest.raises(ValueError, match="not divisible by the tensor-parallel degree 2"):
         plan_checks.launch_plan(write_config(tmp_path, processes=3, tp=2))

@@ -1,5 +1,6 @@
 """The one size grammar (`core.sizes`) and every setting that reads it: the trainer's arguments, `checkpoint
-export --max-shard-size`, `commbench --sizes` / `--link-size`. Expected bytes are worked out by hand in each line."""
+export --max-shard-size`, `commbench --sizes` / `--link-size`; and `format_size`, the way back. Expected bytes and
+texts are worked out by hand in each line."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from hf_dist_recipes import RecipeTrainingArguments
 from hf_dist_recipes.cli.main import main as cli_main
 from hf_dist_recipes.comm.commbench import BenchSettings
-from hf_dist_recipes.core.sizes import parse_size, parse_sizes
+from hf_dist_recipes.core.sizes import format_size, parse_size, parse_sizes
 
 
 @pytest.mark.parametrize(
@@ -82,3 +83,27 @@ def test_commbench_reads_the_same_grammar(capsys):
     code = cli_main(["commbench", "--num-processes", "2", "--sizes", "1KB,2GiB", "--link-size", "2 gigs"])
     err = capsys.readouterr().err
     assert code == 2 and "--link-size: '2 gigs' is not a size in bytes" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "n, options, text",
+    [
+        (3 * 2**30 // 2, {}, "1.5 GiB"),  # from one GiB up: GiB
+        (4_000_000, {}, "3.8 MiB"),  # 4,000,000 / 1,048,576 = 3.81
+        (512 * 2**20, {"digits": 0}, "512 MiB"),
+        (1_234_500_000_000, {"decimal": True}, "1,234.5 GB"),  # decimal: the shard sizes' units
+        (12_340_000, {"decimal": True}, "12.3 MB"),
+        (64 * 2**20, {"short": True}, "64M"),  # the short form, as --sizes takes it and nccl-tests prints it
+        (2**30, {"short": True}, "1G"),
+        (3 * 2**19, {"short": True}, "1536K"),  # 1.5 MiB: a whole number of KiB only
+        (512, {"short": True}, "512B"),
+        (1536 + 100, {"short": True}, "1.6K"),  # 1636 / 1024 = 1.598
+    ],
+)
+def test_format_size(n, options, text):
+    assert format_size(n, **options) == text
+
+
+def test_the_short_form_reads_back():
+    for n in (1024, 4096, 64 * 2**20, 2**30, 3 * 2**19, 100):
+        assert parse_size(format_size(n, short=True)) == n

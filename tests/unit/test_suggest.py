@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from hf_dist_recipes.cli.main import main
-from hf_dist_recipes.parallel.memory import GIB
+from hf_dist_recipes.core.sizes import GIB
 from hf_dist_recipes.parallel.models import introspect
 from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.parallel.suggest import (

@@ -4,8 +4,9 @@ import math
 import pytest
 from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
+from hf_dist_recipes.core.sizes import GIB
 from hf_dist_recipes.parallel.deepspeed_config import deepspeed_config
-from hf_dist_recipes.parallel.memory import GIB, estimate
+from hf_dist_recipes.parallel.memory import estimate
 from hf_dist_recipes.parallel.models import introspect
 from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.parallel.zero_buffers import (
