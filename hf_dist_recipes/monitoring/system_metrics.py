@@ -41,11 +41,10 @@ import torch
 from transformers import TrainerCallback
 
 from hf_dist_recipes.core.gather import gather_floats
+from hf_dist_recipes.core.sizes import GIB
 from hf_dist_recipes.runtime import RecipeRuntime
 
 logger = logging.getLogger(__name__)
-
-GIB = 1024**3
 
 
 @dataclass(frozen=True)
