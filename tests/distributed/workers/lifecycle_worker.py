@@ -99,7 +99,7 @@ def main(
     process_state = ProcessStateAtTrainBegin()
     with recipe_warnings() as warned_by_trainer:
         trainer = Recorder(model=model, args=args, train_dataset=train, eval_dataset=evaluation)
-    trainer.add_callback(process_state)
+    trainer.add_callback(process_state)  # after the recipe's callbacks: sees the state they leave at train begin
     trainer.add_callback(AfterSave())  # after the recipe's watchdog callback: sees what its on_save left
     eval_before = trainer.evaluate()["eval_loss"] if eval_first and not resume else None
     trainer.train(resume_from_checkpoint=resume)

@@ -107,8 +107,9 @@ def sft(output_dir: str, steps: int, lines: list[str], tokenizer) -> dict:
             args=args,
             train_dataset=Dataset.from_dict({"text": lines}),
             processing_class=tokenizer,
-            callbacks=[probe, process_state],
+            callbacks=[probe],
         )
+    trainer.add_callback(process_state)  # after the recipe's callbacks: sees the state they leave at train begin
     probe.trainer = trainer
     trainer.train()
     engine = trainer.model_wrapped
