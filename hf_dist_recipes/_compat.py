@@ -468,6 +468,40 @@ def set_collective_timeout(seconds: float) -> int:
     return changed
 
 
+# The start-up timeout (comm/process_setup.py). Where the process group is created, with what timeout, read in
+# transformers 5.24, accelerate 1.16, deepspeed 0.19.8 and torch 2.13, and measured on 2 CPU ranks
+# (tests/distributed/test_other_trainers.py, test_checkpoint_lifecycle.py):
+# - `TrainingArguments.__post_init__` (training_args.py:1661) reads `self.device` -> `_setup_devices`, which gives
+#   accelerate's `PartialState` `timeout=ddp_timeout` on the DeepSpeed and GPU branches (training_args.py:1888,
+#   1891) but none with `use_cpu` (training_args.py:1876-1879, which the recipe sets on every CPU host). There
+#   accelerate's MULTI_CPU branch calls `init_process_group(backend="gloo", rank=, world_size=)` (accelerate
+#   state.py:282) and the group gets torch's default, 30 minutes (distributed_c10d.py:849 `_get_default_timeout`).
+# - Without `use_cpu`, under a DeepSpeed launch (ACCELERATE_USE_DEEPSPEED, also a CPU one: accelerate's DeepSpeed
+#   launcher does not pass use_cpu on) `PartialState` calls `deepspeed.comm.init_distributed(timeout=ddp_timeout)`
+#   (accelerate state.py:212 -> deepspeed comm/comm.py:910 -> comm/torch.py:282 `init_process_group`); that is the
+#   NCCL path, and the plain route's (a script's own TrainingArguments, with the stock ddp_timeout, 1800 s).
+# - `new_group` without a timeout (DeepSpeed's groups: `utils/groups.py` `_clone_world_group` and the TP/EP
+#   groups, made when the engine is built) takes `_get_default_timeout` too: 30 minutes on Gloo, 10 on NCCL.
+# `collective_timeout` reads a group's timeout back from its backend's options (private); `set_collective_timeout`
+# above changes it on every existing group. Remove the reading when torch exposes a group's timeout; the recipe
+# route's change (not the plain route's) when transformers passes ddp_timeout with use_cpu too
+# (tests/unit/test_compat.py::test_transformers_gives_a_use_cpu_group_no_timeout fails then).
+def collective_timeout(group=None) -> float | None:
+    """The collective timeout in seconds of `group` (default: the default group), from its NCCL backend where it has
+    one, else its Gloo backend; None without a process group or without either backend."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    group = dist.group.WORLD if group is None else group
+    devices = group._device_types
+    for device in (torch.device("cuda"), torch.device("cpu")):
+        if device in devices:
+            return group._get_backend(device).options._timeout.total_seconds()
+    return None
+
+
 # The flight recorder (comm/flight_recorder.py). torch 2.13 keeps one recorder per event type: the CPU one
 # (`FlightRecorder<c10::Event>`, every Gloo collective, on by default: `TORCH_FR_BUFFER_SIZE`, older name
 # `TORCH_NCCL_TRACE_BUFFER_SIZE`, default 2000 entries, read once when the recorder is first used) and NCCL's

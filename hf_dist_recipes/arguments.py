@@ -3,7 +3,8 @@
 (Longer than a few hundred lines because each of its fields carries its command-line help.) On creation,
 `__post_init__` checks every field and derives the fields set after construction (`validate`, which changes nothing
 outside the object), then applies the process-wide effects (`apply_process_effects`: environment variables, an
-upstream patch), then runs the stock post-init, and seeds every process last.
+upstream patch), then runs the stock post-init (which creates the process group on a multi-process launch), then
+sets the start-up timeout on the group (`apply_group_effects`), and seeds every process last.
 
 Changed defaults (everything else is the stock default):
 - `lr_scheduler_type="cosine_with_restarts"` with `lr_scheduler_kwargs={"num_cycles": 3}` and `warmup_steps=0.05`
@@ -17,7 +18,9 @@ Changed defaults (everything else is the stock default):
 - `ddp_timeout=7200` s instead of 1800: under ZeRO-3 rank 0 alone reads the checkpoint in `from_pretrained` while
   the other ranks wait in collectives, and the first run of a node JIT-builds DeepSpeed's ops while its other ranks
   wait; 30 minutes is too short for a 1.3 TB checkpoint on network storage (about 45 minutes at 500 MB/s). It is the
-  start-up timeout: once the first optimizer step finished, `step_timeout` takes over (below);
+  start-up timeout: once the first optimizer step finished, `step_timeout` takes over (below). Every process group
+  has it once the arguments exist, whoever created the group (`comm.process_setup`: transformers gives a use_cpu
+  group none, torch's 30 minutes; a script's own TrainingArguments give theirs);
 - `ddp_backend`: NCCL on a CUDA host, Gloo only without CUDA (an explicit "gloo" on a CUDA host is an error) --
   practice 2; `use_cpu=True` on hosts without CUDA, where the stock default miscounts the world size.
 
@@ -59,11 +62,15 @@ New fields, all at the end so positional use of TrainingArguments keeps working:
   has not set them, before the process group exists;
   `nccl_env_applied` keeps what was set. Where CUDA is used, `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` is
   set the same way, before CUDA initialises, unless the allocator was configured (`environment.alloc_defaults`);
-  `env_applied` keeps every variable set (the NCCL defaults and this one);
-- `allow_gloo_on_cuda`, `allow_unclipped_gradients`, `allow_cpu_with_gpus`, `allow_no_recompute` (default False):
-  explicit opt-outs. `allow_cpu_with_gpus` is for a machine with NVIDIA GPUs that torch cannot use (CPU-only wheel,
-  old driver, every GPU hidden), which otherwise stops with the reason and the fix instead of training on the CPU
-  (`hf_dist_recipes.environment.cuda_host`).
+  `env_applied` keeps every variable set (the NCCL defaults and this one); `process_setup` lists each of them and the
+  collective timeout with when it was applied (`comm.process_setup.ProcessSetting`: before the process group
+  existed, after it, or too late). A group that existed before the arguments (a script's own TrainingArguments made
+  it, and RecipeTrainer upgraded them) read none of these variables: one warning names them with the fix; on NCCL it
+  is an error unless `allow_late_process_setup=True`;
+- `allow_gloo_on_cuda`, `allow_unclipped_gradients`, `allow_cpu_with_gpus`, `allow_no_recompute`,
+  `allow_late_process_setup` (default False): explicit opt-outs. `allow_cpu_with_gpus` is for a machine with NVIDIA
+  GPUs that torch cannot use (CPU-only wheel, old driver, every GPU hidden), which otherwise stops with the reason
+  and the fix instead of training on the CPU (`hf_dist_recipes.environment.cuda_host`).
 
 On creation the arguments also point `TORCH_EXTENSIONS_DIR`, when it is unset, at a node-local folder, so that
 DeepSpeed's JIT-built ops are built once per node rather than by every node into one shared home folder
@@ -81,7 +88,7 @@ from transformers.trainer_utils import SchedulerType
 
 from hf_dist_recipes import _compat, argument_classes
 from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_SIZE
-from hf_dist_recipes.comm import backend
+from hf_dist_recipes.comm import backend, process_setup
 from hf_dist_recipes.comm.nccl_defaults import apply_flight_recorder_env_defaults, apply_nccl_env_defaults
 from hf_dist_recipes.comm.watchdog import validate_hang_settings
 from hf_dist_recipes.core.jsonfile import load_deepspeed_json
@@ -295,6 +302,15 @@ class RecipeTrainingArguments(TrainingArguments):
             "(normally an error naming the fix: its memory estimate does not hold without it)."
         },
     )
+    allow_late_process_setup: bool = field(
+        default=False,
+        metadata={
+            "help": "Accept an NCCL process group created before these arguments (by a script's own "
+            "TrainingArguments), which never read the recipe's NCCL error handling and flight recorder settings "
+            "(normally an error naming them; a warning on Gloo). Arguments without this field: "
+            "HF_DIST_RECIPES_ALLOW_LATE_PROCESS_SETUP=1."
+        },
+    )
     # Set on creation, never given: init=False keeps them out of the constructor, HfArgumentParser and to_dict()
     # (training_args.json); compare=False keeps equality about what the user chose.
     save_shard_bytes: int = _derived(0, "save_shard_size in bytes")
@@ -307,20 +323,27 @@ class RecipeTrainingArguments(TrainingArguments):
     )
     nccl_env_applied: dict = _derived(dict, "NCCL environment variables set on creation (`comm.nccl_defaults`)")
     env_applied: dict = _derived(dict, "every environment variable set on creation (NCCL's and the allocator's)")
+    process_setup: tuple = _derived(
+        tuple, "what creation applied to the process and when, around the process group (`comm.process_setup`)"
+    )
     seed_report: SeedReport | None = _derived(None, "this process's seeding on creation (`seed_everything`)")
 
     def __post_init__(self):
         """Check every field and derive the fields above (`validate`: nothing outside this object changes), then
         apply the process-wide effects (`apply_process_effects`: environment variables, the upstream patch), then
-        the stock post-init; seed every process last."""
+        the stock post-init, which creates the process group, then what needs the group (`apply_group_effects`: the
+        start-up timeout); seed every process last."""
         self.validate()
-        apply_process_effects(self)
+        # Before anything of ours: a group that exists now was made by someone else's arguments (the plain route).
+        group_existed = process_setup.group_exists()
+        apply_process_effects(self, group_existed=group_existed)
         # After the allocator default (apply_process_effects): reading the GPUs' capability initialises CUDA.
         gpus = 0 if self.use_cpu else backend.cuda_device_count()
         self.bf16 = resolve_bf16(
             self.bf16, fp16=self.fp16, cuda_devices=gpus, bf16_supported=bool(gpus) and precision.cuda_bf16_supported()
         )
         super().__post_init__()
+        apply_group_effects(self, group_existed=group_existed)
         schedule_kwargs_into_fields(self)  # after super(): it parses a JSON string
         if self.lr_scheduler_type == RECIPE_SCHEDULER and not self.lr_scheduler_kwargs:
             self.lr_scheduler_kwargs = {"num_cycles": DEFAULT_NUM_CYCLES}
@@ -430,10 +453,11 @@ class RecipeTrainingArguments(TrainingArguments):
         return argument_classes.upgrade(args, base, RecipeTrainingArguments)
 
 
-def apply_process_effects(args: RecipeTrainingArguments) -> None:
+def apply_process_effects(args: RecipeTrainingArguments, *, group_existed: bool | None = None) -> None:
     """What creating the arguments changes for the whole process, after `args.validate()`; run once by
     `__post_init__` before the stock post-init (seeding, last, is the post-init's own). Records in
-    `args.nccl_env_applied` and `args.env_applied` the environment variables it set.
+    `args.nccl_env_applied` and `args.env_applied` the environment variables it set, and in `args.process_setup`
+    each with when (`group_existed`: the process group existed before the arguments; None: look now).
 
     - `TORCH_EXTENSIONS_DIR` (when unset) at a node-local folder: before DeepSpeed builds or loads any op (on GPU
       hosts the stock post-init already starts DeepSpeed's comm: accelerate 1.16 PartialState ->
@@ -454,5 +478,33 @@ def apply_process_effects(args: RecipeTrainingArguments) -> None:
     # Any other backend (Gloo) keeps the flight recorder on too: every rank dumps it when a job hangs.
     recorder = apply_flight_recorder_env_defaults() if args.ddp_backend != backend.GPU_BACKEND else {}
     args.env_applied = {**args.nccl_env_applied, **recorder, **(apply_alloc_conf_default() if gpus else {})}
+    if group_existed is None:
+        group_existed = process_setup.group_exists()
+    args.process_setup = tuple(process_setup.environment_settings(args.env_applied, group_existed=group_existed))
     if args.autotp_size > 1:
         _compat.allow_weight_conversions_under_training_autotp()
+
+
+def apply_group_effects(args: RecipeTrainingArguments, *, group_existed: bool) -> None:
+    """After the stock post-init, which creates the process group on a multi-process launch: every group's collective
+    timeout becomes `ddp_timeout` (`comm.process_setup.apply_startup_timeout`), recorded in `args.process_setup`,
+    before the script loads its model. Then what could not take effect because the group existed before the
+    arguments (`group_existed`: a script's own TrainingArguments made it) is named in one warning with the fix, an
+    error on NCCL unless `allow_late_process_setup` (`comm.process_setup.check_late_setup`)."""
+    timeout = process_setup.apply_startup_timeout(args.ddp_timeout, group_existed=group_existed)
+    if timeout is not None:
+        args.process_setup = (*args.process_setup, timeout)
+    base = getattr(type(args), "_recipe_base", None)  # set on a Recipe<C> (argument_classes)
+    arguments = (
+        "RecipeTrainingArguments(...)"
+        if base is None
+        else f"recipe_arguments_class({base.__name__}, RecipeTrainingArguments)(...) (hf_dist_recipes."
+        f"argument_classes: a {base.__name__} with the recipe)"
+    )
+    process_setup.check_late_setup(
+        list(args.process_setup),
+        group_existed=group_existed,
+        arguments=arguments,
+        backend=process_setup.group_backend(),
+        allow=args.allow_late_process_setup,
+    )

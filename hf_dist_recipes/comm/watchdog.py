@@ -364,6 +364,11 @@ class HangWatchdogCallback(TrainerCallback):
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
             return
+        if not self.step_timeout_set:
+            # The arguments gave every group the start-up timeout; DeepSpeed's groups, made since with the engine
+            # (`new_group` without a timeout: torch's 30 minutes on Gloo, 10 on NCCL, `_compat.collective_timeout`),
+            # get it here, so that start-up means the same on every group until the first step sets step_timeout.
+            _compat.set_collective_timeout(self.startup_timeout)
         self.output_dir, self.step = args.output_dir, state.global_step
         self.dump = AutomaticDump(args.output_dir)
         if self.fatal_stacks is None:

@@ -5,9 +5,10 @@ tokens_per_s, param_elements (all parameters' elements), param_elements_local (w
 partitions, or everything without ZeRO-3), first_rank_loss / last_rank_loss (this rank's own loss at its first and
 last log), first_loss / last_loss (the Trainer's cross-rank loss, from the log history), seed, rng_fingerprint,
 logging_dir, host, local_rank, run_id (the launch's id, shared by all its ranks and recorded in the
-TensorBoard run too), events (every text this process's logs carried, the last `EVENTS_KEPT`, as {step, key, text}:
-`nonfinite_event`, `spike_event`, `straggler_event`, `system/nvml`: the runtime's `rank` channel, which never
-reaches `log_history`). `hf_dist_recipes.logs.summary` reads them back.
+TensorBoard run too), nccl_env_applied / env_applied / process_setup (what the arguments applied to the process,
+the last with when: `comm.process_setup`), events (every text this process's logs carried, the last `EVENTS_KEPT`,
+as {step, key, text}: `nonfinite_event`, `spike_event`, `straggler_event`, `system/nvml`: the runtime's `rank`
+channel, which never reaches `log_history`). `hf_dist_recipes.logs.summary` reads them back.
 
 This callback also keeps the books it reports: it times every optimizer step (`RankMetrics.step_begin/step_end`)
 and closes the loss window at each log, so `per_rank_tensorboard=False` still gives full summaries.
@@ -18,6 +19,7 @@ loads them on resume, so a resumed job's summary counts the whole job, not only 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -95,6 +97,8 @@ class RankSummaryCallback(TrainerCallback):
             # every environment default it set, the CUDA allocator's included (environment.alloc_defaults).
             "nccl_env_applied": dict(getattr(args, "nccl_env_applied", None) or {}),
             "env_applied": dict(getattr(args, "env_applied", None) or {}),
+            # Each of them and the collective timeout with when, around the process group (comm.process_setup).
+            "process_setup": [dataclasses.asdict(s) for s in getattr(args, "process_setup", None) or ()],
             "events": list(self.events),
         }
         identity = getattr(self, "_identity", None)

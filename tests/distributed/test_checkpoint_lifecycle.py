@@ -26,6 +26,7 @@ from hf_dist_recipes.monitoring.tensorboard import rank_log_dir, read_scalars
 from tests.distributed.workers.lifecycle_worker import datasets
 from tests.support.launch import accelerate_launch, check_launch
 from tests.support.paths import REPO
+from tests.support.process_state import check_process_state
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -266,6 +267,17 @@ def test_a_save_raises_the_collective_timeout_by_its_bytes_and_restores_it(job):
     for r in _ranks(job["a"]):
         assert r["save_timeouts"] == {str(s): [pytest.approx(bound, abs=2e-3), 600.0] for s in (SAVE_AT, STEPS)}
         assert bound > 600.0  # raised, if by little for a tiny model
+
+
+def test_the_recipe_route_sets_the_process_up_before_the_group(job):
+    """Issue 30 section 1: RecipeTrainingArguments, the process's first arguments in runs A and B, apply the
+    process settings before their post-init creates the group; transformers 5.24 gives that (use_cpu) group no
+    timeout, so torch's 1800 s until the recipe sets ddp_timeout on it. At train begin every group's timeout is
+    ddp_timeout, with what was applied and when: the same expectation as the plain route's
+    (tests/distributed/test_other_trainers.py). Before the fix: 1800 s on every rank, nothing listed with its time."""
+    for run in ("a", "b"):
+        for r in _ranks(job[run]):
+            check_process_state(r["process_state"], r["recipe_warnings"], rank=r["rank"], group_before_arguments=False)
 
 
 def test_offline_export_names_a_missing_rank_file(job, tmp_path):

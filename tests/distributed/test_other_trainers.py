@@ -13,6 +13,7 @@ import pytest
 from hf_dist_recipes.monitoring import read_scalars
 from tests.support.launch import accelerate_launch, check_launch
 from tests.support.paths import REPO
+from tests.support.process_state import check_process_state
 
 pytestmark = [pytest.mark.distributed]
 
@@ -89,6 +90,19 @@ def test_sft_per_rank_tensorboard(job):
         scalars = read_scalars(out / "sft" / "tensorboard" / f"rank{rank}")
         assert len(scalars["train/loss"]) == STEPS, sorted(scalars)
         assert len(scalars["train/learning_rate"]) == STEPS
+
+
+def test_the_plain_route_ends_in_the_recipe_process_state(job):
+    """Issue 30 section 1: the SFTConfig, the process's first arguments, created the process group (transformers'
+    post-init -> accelerate's PartialState -> DeepSpeed's init_distributed, with the stock ddp_timeout 1800 s)
+    before the recipe upgraded them. At train begin every group's timeout is nevertheless the recipe's ddp_timeout,
+    the recipe applied what RecipeTrainingArguments applies (tests/distributed/test_checkpoint_lifecycle.py checks
+    that route against the same expectation), and the variables torch had read already are listed as too late and
+    named in one warning with the fix. Before the fix: 1800 s on both ranks, nothing listed with its time."""
+    _, ranks = job
+    for rank, result in enumerate(ranks):
+        sft = result["sft"]
+        check_process_state(sft["process_state"], sft["recipe_warnings"], rank=rank, group_before_arguments=True)
 
 
 def test_seq2seq_predicts_with_generation_capped_at_generation_max_length(job):

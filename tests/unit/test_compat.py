@@ -473,6 +473,48 @@ def test_the_private_trainer_methods_the_recipe_overrides():
     assert not {n for n in private if hasattr(Trainer, n)}, "move the override into _compat.TrainerPrivateOverrides"
 
 
+def test_transformers_gives_a_use_cpu_group_no_timeout(monkeypatch, tmp_path):
+    """Why the recipe sets ddp_timeout on the group itself (_compat.collective_timeout's note): transformers 5.24
+    `_setup_devices` hands accelerate's PartialState `timeout=ddp_timeout` on the GPU branch but none with use_cpu,
+    where accelerate then creates the Gloo group with torch's 30 minutes. When this fails, transformers passes it:
+    the recipe route's group is then created with ddp_timeout (comm/process_setup.py records BEFORE_GROUP)."""
+    from datetime import timedelta
+
+    from accelerate.utils import DistributedType
+
+    seen: list[dict] = []
+
+    class Recording:  # PartialState's constructor arguments, no process group
+        def __init__(self, cpu=False, **kwargs):
+            seen.append({"cpu": cpu, **kwargs})
+            self.device, self.distributed_type = torch.device("cpu"), DistributedType.NO
+
+    monkeypatch.setattr(hf_args, "PartialState", Recording)
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    hf_args.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, ddp_timeout=7200)
+    hf_args.TrainingArguments(output_dir=str(tmp_path), ddp_timeout=7200)
+    assert seen[0]["cpu"] is True and "timeout" not in seen[0]
+    assert seen[1]["timeout"] == timedelta(seconds=7200)
+
+
+def test_collective_timeout_reads_the_groups_backend(tmp_path):
+    """_compat.collective_timeout: torch 2.13 keeps a group's timeout in its backend's options (`_get_backend`,
+    `options._timeout`, both private); fails when they move."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    assert _compat.collective_timeout() is None  # no group
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1, timeout=timedelta(seconds=123)
+    )
+    try:
+        assert _compat.collective_timeout() == 123
+        assert _compat.collective_timeout(dist.new_group([0])) == 1800  # new_group: torch's default, not the group's
+    finally:
+        dist.destroy_process_group()
+
+
 def test_the_gloo_flight_recorder_dumps_what_the_hang_report_reads(monkeypatch):
     """_compat.flight_recorder_trace: torch 2.13's CPU recorder records Gloo collectives by default (2000 entries,
     `TORCH_FR_BUFFER_SIZE`) and `_dump_fr_trace` pickles them in format 2.10 with the fields `logs hang` reads."""

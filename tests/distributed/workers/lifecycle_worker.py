@@ -11,7 +11,8 @@ files), then the same weights with the single writer (rank 0 writes every file, 
 OUTPUT_DIR/final_single, for the tests to compare byte for byte. Each rank writes
 OUTPUT_DIR/lifecycle/rank<N>.json: evaluation losses, and per optimizer step the loss, learning rate and the hashes
 of the batches this rank trained on, and per checkpoint the default group's collective timeout right after
-save_model wrote into it and after the checkpoint was complete (on_save).
+save_model wrote into it and after the checkpoint was complete (on_save), and the process state at train begin
+with the recipe's warnings (`tests.support.process_state`: the recipe route of issue 30 section 1).
 
 Each `then ...` is one more job, in order, in the same processes (new arguments and trainer;
 tests/distributed/workers/runs.py): the test's run C without a launch of its own.
@@ -31,6 +32,7 @@ from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.demo.data import TokenBlocks, stdlib_dataset, token_blocks
 from tests.distributed.workers.runs import split_runs
+from tests.support.process_state import ProcessStateAtTrainBegin, recipe_warnings
 
 MICRO_BATCH = 4
 EVAL_SAMPLES = 16
@@ -54,22 +56,23 @@ def main(
     hf_in_checkpoints: bool = False,
 ) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
-    args = RecipeTrainingArguments(
-        output_dir=output_dir,
-        max_steps=steps,
-        per_device_train_batch_size=MICRO_BATCH,
-        per_device_eval_batch_size=MICRO_BATCH,
-        learning_rate=3e-3,
-        warmup_steps=2,
-        logging_steps=1,
-        save_strategy="steps",
-        save_steps=save_steps,
-        report_to="none",
-        dataloader_drop_last=True,
-        disable_tqdm=True,
-        save_shard_size=SHARD,
-        hf_weights_in_checkpoints=hf_in_checkpoints,
-    )
+    with recipe_warnings() as warned:
+        args = RecipeTrainingArguments(
+            output_dir=output_dir,
+            max_steps=steps,
+            per_device_train_batch_size=MICRO_BATCH,
+            per_device_eval_batch_size=MICRO_BATCH,
+            learning_rate=3e-3,
+            warmup_steps=2,
+            logging_steps=1,
+            save_strategy="steps",
+            save_steps=save_steps,
+            report_to="none",
+            dataloader_drop_last=True,
+            disable_tqdm=True,
+            save_shard_size=SHARD,
+            hf_weights_in_checkpoints=hf_in_checkpoints,
+        )
     model = AutoModelForCausalLM.from_pretrained(pretrained)
     train, evaluation = datasets(model.config.vocab_size)
     batches: dict[int, list[str]] = {}
@@ -93,7 +96,10 @@ def main(
             if _internal_call:
                 timeouts.setdefault(self.state.global_step, []).append(world_timeout())
 
-    trainer = Recorder(model=model, args=args, train_dataset=train, eval_dataset=evaluation)
+    process_state = ProcessStateAtTrainBegin()
+    with recipe_warnings() as warned_by_trainer:
+        trainer = Recorder(model=model, args=args, train_dataset=train, eval_dataset=evaluation)
+    trainer.add_callback(process_state)  # after the recipe's callbacks: sees the state they leave at train begin
     trainer.add_callback(AfterSave())  # after the recipe's watchdog callback: sees what its on_save left
     eval_before = trainer.evaluate()["eval_loss"] if eval_first and not resume else None
     trainer.train(resume_from_checkpoint=resume)
@@ -119,6 +125,8 @@ def main(
                 "history": history,
                 "batches": batches,
                 "save_timeouts": timeouts,
+                "process_state": process_state.state,
+                "recipe_warnings": warned + warned_by_trainer,
             }
         )
     )

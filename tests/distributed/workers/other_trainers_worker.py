@@ -7,7 +7,9 @@
    tokenizer trained here with `tokenizers` (no downloads), from an `SFTConfig` that leaves the schedule at the
    recipe's defaults (warm-up 5% of the steps, 3 cosine cycles with hard restarts, no floor). Every optimizer step
    records the learning rate the live engine's optimizer holds (what that step applies) and, after training, the
-   clip value the engine applies.
+   clip value the engine applies. The `SFTConfig` is the process's first arguments: its post-init creates the
+   process group, before the recipe upgrades it (the plain route of issue 30 section 1); the process state at
+   train begin and the recipe's warnings are recorded (`tests.support.process_state`).
 2. `recipe(Seq2SeqTrainer)` trains a tiny T5 (from a config) for a few steps to copy short token sequences, then
    `predict()`s with `predict_with_generate=True` and `generation_max_length=7` (ZeRO-3: every rank generates,
    `synced_gpus`), and evaluates.
@@ -40,6 +42,7 @@ from trl import SFTConfig, SFTTrainer
 
 from hf_dist_recipes import RecipeTrainingArguments, recipe
 from hf_dist_recipes.parallel.models import template_config
+from tests.support.process_state import ProcessStateAtTrainBegin, recipe_warnings
 
 GENERATION_MAX_LENGTH = 7
 SEQ2SEQ_STEPS = 6
@@ -82,28 +85,31 @@ def sft(output_dir: str, steps: int, lines: list[str], tokenizer) -> dict:
         None,
     )
     # As a trl user writes it; bf16=False: trl's default (bf16 unless fp16) refuses a CPU run before any recipe code.
-    args = SFTConfig(
-        output_dir=output_dir,
-        per_device_train_batch_size=4,
-        learning_rate=3e-3,
-        max_steps=steps,
-        max_length=48,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        bf16=False,
-        seed=7,
-    )
-    probe = EngineLearningRates()
-    set_seed(args.seed)  # an SFTConfig does not seed: as transformers' examples do, before building the model
-    trainer = recipe(SFTTrainer)(
-        model=AutoModelForCausalLM.from_config(config),
-        args=args,
-        train_dataset=Dataset.from_dict({"text": lines}),
-        processing_class=tokenizer,
-        callbacks=[probe],
-    )
+    # The first arguments of the process: their own post-init creates the process group (the plain route).
+    with recipe_warnings() as warnings_seen:
+        args = SFTConfig(
+            output_dir=output_dir,
+            per_device_train_batch_size=4,
+            learning_rate=3e-3,
+            max_steps=steps,
+            max_length=48,
+            logging_steps=1,
+            save_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            bf16=False,
+            seed=7,
+        )
+        probe, process_state = EngineLearningRates(), ProcessStateAtTrainBegin()
+        set_seed(args.seed)  # an SFTConfig does not seed: as transformers' examples do, before building the model
+        trainer = recipe(SFTTrainer)(
+            model=AutoModelForCausalLM.from_config(config),
+            args=args,
+            train_dataset=Dataset.from_dict({"text": lines}),
+            processing_class=tokenizer,
+            callbacks=[probe],
+        )
+    trainer.add_callback(process_state)  # after the recipe's callbacks: sees the state they leave at train begin
     probe.trainer = trainer
     trainer.train()
     engine = trainer.model_wrapped
@@ -123,6 +129,8 @@ def sft(output_dir: str, steps: int, lines: list[str], tokenizer) -> dict:
         "zero_clip_grad": getattr(engine.optimizer, "clip_grad", None),
         "zero_stage": engine.zero_optimization_stage(),
         "logging_dir": trainer.args.logging_dir,
+        "process_state": process_state.state,
+        "recipe_warnings": warnings_seen,
     }
 
 
