@@ -118,15 +118,11 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
         destroy_gloo_group_at_exit()
         # Every rank's versions, build, NCCL and driver agree, or every rank stops here, naming who differs.
         check_ranks_agree()
-        if (
-            self.is_deepspeed_enabled
-            and self.model is not None
-            and self.accelerator.state.deepspeed_plugin.hf_ds_config.is_zero3()
-        ):
-            check_partitioned(self.model, limit_bytes=args.max_unpartitioned_model_bytes, world_size=args.world_size)
         # The run's facts, feeds and log sink, handed to every recipe callback (hf_dist_recipes.runtime). Its facts
         # hold the DeepSpeed config as the arguments made it, before an evaluation can finalize it for inference.
         self.runtime = RecipeRuntime.for_trainer(self, args.seed_report)
+        if self.runtime.facts.zero_stage == 3 and self.model is not None:
+            check_partitioned(self.model, limit_bytes=args.max_unpartitioned_model_bytes, world_size=args.world_size)
         self.recipe_callbacks: RecipeCallbacks = recipe_callbacks(
             args, self.model, self.runtime, registered=self.callback_handler.callbacks
         )

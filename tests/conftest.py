@@ -63,15 +63,17 @@ def warm_ranks(request, tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def keep_hash_seed_unset():
-    """`seed_everything` exports PYTHONHASHSEED for the processes a job starts later; a test that calls it in this
-    process would hand it to every later launch, whose ranks a warm server (one hash seed of its own) cannot serve."""
-    before = os.environ.get("PYTHONHASHSEED")
+def keep_process_environment():
+    """Each test leaves this process's environment as it found it. Creating RecipeTrainingArguments exports what a
+    job's later processes need (PYTHONHASHSEED from `seed_everything`, the flight recorder's and NCCL's defaults,
+    TORCH_EXTENSIONS_DIR): left behind, they reach every later launch of the same pytest worker, whose ranks then
+    see them as the user's own (the process-setup tests found them not applied) and a warm server (one hash seed of
+    its own) cannot serve them."""
+    before = dict(os.environ)
     yield
-    if before is None:
-        os.environ.pop("PYTHONHASHSEED", None)
-    else:
-        os.environ["PYTHONHASHSEED"] = before
+    if os.environ != before:
+        os.environ.clear()
+        os.environ.update(before)
 
 
 @pytest.fixture(autouse=True, scope="session")
