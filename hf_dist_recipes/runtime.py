@@ -55,10 +55,19 @@ class JobFacts:
     launch_plan: dict = field(default_factory=dict)
 
     @property
+    def zero(self):
+        """The config's `zero_optimization` section as DeepSpeed's own typed model (`DeepSpeedZeroConfig`: its
+        defaults filled, the offload sections typed); None without DeepSpeed. Parsed on first use."""
+        if self.deepspeed is None:
+            return None
+        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+        return DeepSpeedZeroConfig(**(self.deepspeed.get("zero_optimization") or {}))
+
+    @property
     def zero_stage(self) -> int:
-        """The ZeRO stage of the DeepSpeed config (0 without DeepSpeed or without a stage)."""
-        stage = ((self.deepspeed or {}).get("zero_optimization") or {}).get("stage", 0)
-        return stage if isinstance(stage, int) else 0
+        """The ZeRO stage of the DeepSpeed config (0 without DeepSpeed, as DeepSpeed's own default)."""
+        return int(self.zero.stage) if self.deepspeed is not None else 0
 
     @classmethod
     def from_args(cls, args) -> JobFacts:

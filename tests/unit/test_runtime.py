@@ -1,0 +1,79 @@
+"""`hf_dist_recipes.runtime`: the job's facts read once, the events, and the log sink's three channels."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from hf_dist_recipes.runtime import JobFacts, LogRecord, RecipeRuntime
+
+
+def _args(world=4, rank=1):
+    return SimpleNamespace(world_size=world, process_index=rank, launch_plan={"tp": 2})
+
+
+def test_facts_read_the_layout_and_deepspeeds_typed_zero_section():
+    config = {
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+        "tensor_parallel": {"autotp_size": 2},
+        "expert_parallel": {"enabled": True, "autoep_size": 2},
+    }
+    facts = JobFacts.read(_args(), config)
+    assert (facts.layout.world, facts.layout.tp, facts.layout.ep, facts.rank) == (4, 2, 2, 1)
+    assert facts.layout.tp_group(1) == [0, 1] and facts.layout.dp_group(1) == [1, 3]
+    assert facts.zero_stage == 3 and facts.zero.offload_optimizer.device == "cpu"  # DeepSpeed's model, typed
+    config["zero_optimization"]["stage"] = 1  # a snapshot: later edits of the engine's dict do not reach it
+    assert facts.zero_stage == 3 and facts.launch_plan == {"tp": 2}
+    assert JobFacts.read(_args(), None).zero_stage == 0 and JobFacts.read(_args(), None).zero is None
+    with pytest.raises(ValueError, match="autotp_size"):  # a TP degree that does not divide the world
+        JobFacts.read(_args(world=3), {"tensor_parallel": {"autotp_size": 2}})
+
+
+def test_the_channels_reach_the_next_log_once_and_standing_numbers_every_log():
+    runtime = RecipeRuntime()
+    logs = runtime.logs
+    logs.standing({"skipped_steps": 0})
+    logs.history({"rank_check/ok": 1.0})
+    logs.job({"straggler/slowest_rank": 1.0})
+    logs.rank({"spike_event": "step 3: loss"})
+    logs.rank({"spike_event": "step 3: grad_norm", "system/rss_gib": 0.5})
+    first = logs.take()
+    assert first == LogRecord(
+        history={"skipped_steps": 0, "rank_check/ok": 1.0},
+        job={"straggler/slowest_rank": 1.0},
+        rank={"spike_event": "step 3: loss | step 3: grad_norm", "system/rss_gib": 0.5},
+    )
+    assert logs.last is first
+    logs.standing({"skipped_steps": 1})
+    assert logs.take() == LogRecord(history={"skipped_steps": 1})  # the rest once; the counter in every log
+    with pytest.raises(ValueError, match="takes numbers"):
+        logs.job({"straggler_event": "text"})  # texts would reach integrations that expect numbers
+    with pytest.raises(ValueError, match="takes numbers"):
+        logs.history({"flag": True})
+
+
+def test_events_reach_one_listener_per_class_and_the_trainer_feed_is_required():
+    runtime = RecipeRuntime()
+    with pytest.raises(ValueError, match="only RecipeTrainer hands it"):
+        runtime.require_fed("loss", "GradientHealthCallback", "each loss")
+
+    class Doubler:
+        def __init__(self, seen):
+            self.seen = seen
+            runtime.listen(self, loss=lambda loss: loss * 2, grad_norm=seen.append)
+
+    first, second = [], []
+    Doubler(first)
+    Doubler(second)  # another instance of the class replaces the first (a callback restored from a checkpoint)
+    assert runtime.loss(torch.tensor(1.5)).item() == 3.0
+    runtime.grad_norm(0.25)
+    assert (first, second) == ([], [0.25])
+    runtime.require_fed("loss", "x", "y")  # fed now: no error
+    with pytest.raises(ValueError, match="require_fed|only RecipeTrainer"):
+        runtime.require_fed("micro_step", "RankSummaryCallback", "each micro step")
+    runtime.micro_step(torch.tensor(2.0), {"input_ids": torch.zeros(2, 8, dtype=torch.long)})
+    assert runtime.rank_metrics.tokens == 16  # the runtime's own counters listen to the micro steps
+    with pytest.raises(ValueError, match="unknown runtime event"):
+        runtime.listen(object(), lossy=print)
