@@ -98,6 +98,10 @@ def plan_demo(
         config_file=Path(config_file).resolve(),
         num_processes=world,
         cwd=root,
+        # Without a CUDA device DeepSpeed 0.19 picks its CPU accelerator by itself, and says so in every process
+        # (launcher and ranks: "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to
+        # detect it."). Naming the CPU keeps its choice and drops the guess; a DS_ACCELERATOR of the user's wins.
+        env_defaults={} if gpus else {"DS_ACCELERATOR": "cpu"},
     )
     return DemoPlan(
         config_file=Path(config_file).resolve(),
@@ -115,19 +119,11 @@ def check_user_data(settings: DemoSettings) -> list[str]:
     """The absolute paths of `settings.data_files` (the ranks run in another directory), after building their byte
     blocks once here: a file that gives no training data fails now, in one line, not on every rank after the
     launch; and the ranks then load the blocks from datasets' cache."""
-    from hf_dist_recipes.demo.data import check_data_files, text_files_dataset
+    from hf_dist_recipes.demo.data import check_data_files, quiet_datasets, text_files_dataset
 
     _, files = check_data_files(settings.data_files)  # before importing datasets (a second): a missing file is quick
-    import datasets
-
-    # The CLI's own output stays the plan, or the one-line error; the ranks show datasets' progress if they build.
-    was_enabled = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
-    try:
+    with quiet_datasets():  # the CLI's own output stays the plan, or the one-line error
         text_files_dataset(files, seq_len=settings.seq_len, text_field=settings.text_field)
-    finally:
-        if was_enabled:
-            datasets.enable_progress_bars()
     return files
 
 

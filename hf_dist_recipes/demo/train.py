@@ -13,13 +13,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 import warnings
 
 import torch
 
 from hf_dist_recipes.arguments import RecipeTrainingArguments
 from hf_dist_recipes.comm import backend
-from hf_dist_recipes.demo.data import stdlib_dataset, text_files_dataset
+from hf_dist_recipes.demo.data import (
+    describe_blocks,
+    files_up_to,
+    quiet_datasets,
+    stdlib_dataset,
+    stdlib_source_files,
+    text_files_dataset,
+)
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 from hf_dist_recipes.demo.settings import DemoSettings, add_training_flags, settings_from
 from hf_dist_recipes.trainer import RecipeTrainer
@@ -52,12 +60,23 @@ def train_dataset(s: DemoSettings):
     return stdlib_dataset(seq_len=s.seq_len, max_bytes=s.max_bytes)
 
 
+def data_source(s: DemoSettings) -> tuple[list, str]:
+    """(the files the blocks come from, whose they are), for the console's data line."""
+    if s.data_files:
+        return list(s.data_files), "yours"
+    files = files_up_to(stdlib_source_files(), s.max_bytes)
+    return files, f"the standard library, {files[0].parent}"
+
+
 def run(s: DemoSettings) -> RecipeTrainer:
     args = training_arguments(s)
     # The local main process builds (or finds) the cached blocks first; the other ranks then load its cache files
-    # instead of packing the same data at the same time.
-    with args.main_process_first(desc="byte blocks"):
+    # instead of packing the same data at the same time. The console gets one line about it, from rank 0.
+    started = time.time()
+    with args.main_process_first(desc="byte blocks"), quiet_datasets():
         data = train_dataset(s)
+    if args.process_index == 0:
+        print(describe_blocks(data, s.seq_len, *data_source(s), started), flush=True)
     trainer = RecipeTrainer(model_init=lambda: build_tiny_deepseek(), args=args, train_dataset=data)
     trainer.train()
     if s.save_final:

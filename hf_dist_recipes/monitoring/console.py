@@ -12,11 +12,21 @@ begin they print, once, where the rest is: the per-rank TensorBoard folder.
 Only the printed copy is filtered: `log_history`, `report_to` and TensorBoard get every key they got before. The
 per-rank values (system, stragglers, event texts) never reach the console: they join the log after it
 (`monitoring/pending.py`).
+
+Events (a spike, a skipped step, ranks that disagree, NVML missing on a GPU run) are said once, by global rank 0,
+naming the rank(s) they are about (`warn_once`, `rank_list`): every rank knows them alike, because they come from
+values the ranks gathered or agreed on, and a line from each rank said the same thing N times with no rank named
+(`make demo` printed each spike twice, issue 30). Each rank's own logs (TensorBoard, its summary) still keep them.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
+
 from transformers import PrinterCallback, ProgressCallback
+
+from hf_dist_recipes.core.gather import distributed
 
 # Keys our callbacks add that the console leaves to TensorBoard (expert_load.py, rank_agreement.py,
 # system_metrics.py, stragglers.py, gradient_health.py); skipped_steps, loss_spikes, grad_norm_spikes are shown.
@@ -76,3 +86,32 @@ def use_recipe_console(trainer) -> None:
             continue
         trainer.remove_callback(callback)
         trainer.add_callback(replacement)
+
+
+def on_rank_zero() -> bool:
+    """True on global rank 0, and in a process outside any process group (one process, a notebook)."""
+    if not distributed():
+        return True
+    import torch.distributed as dist
+
+    return dist.get_rank() == 0
+
+
+def warn_once(logger: logging.Logger, message: str, *args) -> None:
+    """`logger.warning(message, *args)` on global rank 0 only, for an event every rank holds alike; the message
+    names the rank(s) it is about."""
+    if on_rank_zero():
+        logger.warning(message, *args)
+
+
+def rank_list(ranks: Iterable[int]) -> str:
+    """Ranks as the console writes them: sorted, runs of 3 or more as first-last ("0-7, 9, 12, 13")."""
+    parts: list[str] = []
+    run: list[int] = []
+    for rank in sorted(set(ranks)) + [None]:
+        if run and (rank is None or rank != run[-1] + 1):
+            parts += [f"{run[0]}-{run[-1]}"] if len(run) >= 3 else [str(r) for r in run]
+            run = []
+        if rank is not None:
+            run.append(rank)
+    return ", ".join(parts)

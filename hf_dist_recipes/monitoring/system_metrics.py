@@ -7,11 +7,14 @@ sampling cost is bounded by the logging frequency, and measured in benchmarks/sy
   exceed 100 with several threads);
 - with CUDA: `gpu/max_allocated_gib`, `gpu/max_reserved_gib`: torch's peak allocated / reserved memory on this
   rank's device since the start (torch.cuda), GiB;
-- with NVML (`pip install hf-dist-recipes[nvml]`, i.e. nvidia-ml-py, and a driver): `gpu/utilization_percent`
-  (busy time over the driver's last sample period), `gpu/memory_used_gib` (the whole device, every process), GiB,
-  `gpu/power_w`, watts.
-When NVML cannot be used (not installed, no driver) the first log carries the text `system/nvml` saying why, and a
-warning is logged once; the GPU keys from NVML are then absent. Never an error.
+- with NVML (`pip install hf-dist-recipes[nvml]`, i.e. nvidia-ml-py, and a driver), on a run that trains on CUDA
+  devices: `gpu/utilization_percent` (busy time over the driver's last sample period), `gpu/memory_used_gib` (the
+  whole device, every process), GiB, `gpu/power_w`, watts.
+A run on the CPU does not try NVML and says nothing about it: there is no GPU of its own to sample (`make demo` on a
+host without one printed "NVML unavailable" from every rank, issue 30). When NVML cannot be used on a GPU run (not
+installed, no driver) the first log of each rank carries the text `system/nvml` saying why, and the console says it
+once: the ranks gather their reasons at train begin (one `all_gather_object`, GPU runs only) and rank 0 logs one
+warning per reason, naming its ranks. The GPU keys from NVML are then absent. Never an error.
 
 These are this rank's wall-clock measurements (and one text), so they stay out of `log_history` and `report_to`
 (a resumed run would not log them again alike; integrations expect numbers): they go to the runtime's `rank`
@@ -40,11 +43,14 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers import TrainerCallback
 
-from hf_dist_recipes.core.gather import gather_floats
+from hf_dist_recipes.core.gather import gather_floats, gather_objects
 from hf_dist_recipes.core.sizes import GIB
+from hf_dist_recipes.monitoring.console import rank_list, warn_once
 from hf_dist_recipes.runtime import RecipeRuntime
 
 logger = logging.getLogger(__name__)
+
+NVML_KEYS_ABSENT = "no gpu/utilization_percent, gpu/memory_used_gib, gpu/power_w"
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,7 @@ class SystemMetricsCallback(TrainerCallback):
         self._nvml_handle = None
         self._nvml_note: str | None = None  # why NVML is unavailable, reported once
         self._nvml_tried = False
+        self._rank = 0
         self._process = None
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -109,9 +116,12 @@ class SystemMetricsCallback(TrainerCallback):
         self._process.cpu_percent(None)  # starts the interval the first sample measures
         if not self._nvml_tried:
             self._nvml_tried = True
-            self._init_nvml(args)
+            self._rank = int(args.process_index)
+            if _trains_on_gpu(args):  # the same on every rank: so is the gather in _init_nvml
+                self._init_nvml(args)
 
     def _init_nvml(self, args) -> None:
+        reason = None
         try:
             nvml = self._nvml_module
             if nvml is None:
@@ -120,11 +130,14 @@ class SystemMetricsCallback(TrainerCallback):
             self._nvml_handle = nvml.nvmlDeviceGetHandleByIndex(_device_index(args))
             self._nvml = nvml
         except Exception as e:  # ImportError, NVMLError (no driver, no device): GPU keys absent, never a crash
-            self._nvml_note = (
-                f"NVML unavailable, no gpu/utilization_percent, gpu/memory_used_gib, gpu/power_w: "
-                f"{type(e).__name__}: {e}"
-            )
-            logger.warning("rank %s: %s", args.process_index, self._nvml_note)
+            reason = f"{type(e).__name__}: {e}"
+            self._nvml_note = f"NVML unavailable, {NVML_KEYS_ABSENT}: {reason}"
+        by_reason: dict[str, list[int]] = {}
+        for rank, why in enumerate(gather_objects(reason)):
+            if why is not None:
+                by_reason.setdefault(why, []).append(rank)
+        for why, ranks in by_reason.items():
+            warn_once(logger, "NVML unavailable on rank(s) %s, %s: %s", rank_list(ranks), NVML_KEYS_ABSENT, why)
 
     def sample(self) -> dict[str, float]:
         """One sample of every available key (see the module docstring)."""
@@ -144,7 +157,7 @@ class SystemMetricsCallback(TrainerCallback):
             except Exception as e:  # a device that stops answering mid-run: stop asking, say so once
                 self._nvml = None
                 self._nvml_note = f"NVML stopped answering: {type(e).__name__}: {e}"
-                logger.warning(self._nvml_note)
+                logger.warning("rank %s: %s", self._rank, self._nvml_note)  # this rank's own event, said by it
         return out
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -172,6 +185,10 @@ def spread_over_ranks(sample: dict[str, float]) -> dict[str, float]:
             value, rank = max(values)
             out[f"{key}_max"], out[f"{key}_max_rank"] = value, float(rank)
     return out
+
+
+def _trains_on_gpu(args) -> bool:
+    return getattr(getattr(args, "device", None), "type", None) == "cuda"
 
 
 def _device_index(args) -> int:

@@ -63,6 +63,7 @@ from transformers import TrainerCallback
 from hf_dist_recipes._compat import is_zero_partitioned
 from hf_dist_recipes.core.gather import gather_floats, gather_objects
 from hf_dist_recipes.core.layout import RankLayout
+from hf_dist_recipes.monitoring.console import warn_once
 from hf_dist_recipes.runtime import RecipeRuntime
 
 logger = logging.getLogger(__name__)
@@ -173,13 +174,14 @@ def find_mismatches(values: Sequence[object], groups: Sequence[Sequence[int]], w
 
 
 def apply_policy(policy: str, mismatches: Sequence[Mismatch], step: int | None = None) -> None:
-    """Raise (error) or warn (warn) about `mismatches`; nothing for none or policy off."""
+    """Raise (error, on every rank) or warn (warn, once: rank 0; every rank gathered the same values) about
+    `mismatches`, which name the ranks; nothing for none or policy off."""
     if not mismatches or policy == "off":
         return
     text = "Ranks disagree:\n  " + "\n  ".join(m.message(step) for m in mismatches)
     if policy == "error":
         raise RuntimeError(text + "\n(seed_check='warn' reports this without stopping; 'off' skips the check)")
-    logger.warning(text)
+    warn_once(logger, "%s", text)
 
 
 def first_batches(train_dataloader) -> tuple[str | None, str | None, int | None]:

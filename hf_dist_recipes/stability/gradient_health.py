@@ -1,7 +1,7 @@
 """Practice 5 while the job runs: a non-finite loss or gradient on any rank is found, skipped on every rank or
 stopped with a report, never averaged away; loss and gradient-norm spikes are named.
 
-Why one file of about 490 lines, 85 of them this docstring: finding, deciding and skipping are one protocol whose
+Why one file of about 525 lines, 95 of them this docstring: finding, deciding and skipping are one protocol whose
 order inside a step is the correctness argument (the flag set before the engine's check, the decision after the
 clip and before the optimizer, one collective for all of it); the pieces that stand alone live beside it
 (`nonfinite.py` for the report and halt, `spikes.py` for the spike rules).
@@ -17,28 +17,32 @@ Finding a non-finite value, per rank, without a host sync per micro-step:
 - the gradients, under DeepSpeed ZeRO-3: each bucket of the rank's own gradients, just before the engine
   reduce-scatters it (`_compat.watch_zero3_gradients`), gets one 2-norm per parameter from one fused call
   (`_compat.tensor_norms`), added into one float32 slot per parameter (on CPU, where reading a value waits for no
-  device, one sum over the bucket first, and the norms only when it is not finite): a few kernels per bucket, and
+  device, one 2-norm over the bucket first, and the norms only when it is not finite): a few kernels per bucket, and
   DeepSpeed keeps one bucket per backward at its default `reduce_bucket_size` (5e8 elements). A hook per parameter
   tensor instead costs a Python call and a kernel per tensor per micro-step (see
   benchmarks/results/2026-12-03-training-checks-cpu.md);
 - the gradients, everywhere else (one process, DDP, ZeRO-1/2): a tensor hook on every trainable parameter
-  (registered at train begin, after the engine built the model) keeps `grad.sum(dtype=float32)`; once per step
+  (registered at train begin, after the engine built the model) keeps the gradient's float32 2-norm; once per step
   they are added into the same slots.
-NaN and Inf survive a sum or a norm, so a non-finite slot means that parameter's *local* gradient (before any
-reduction) was non-finite on this rank. A finite gradient whose float32 sum or norm overflows also counts.
+NaN and Inf survive a norm, so a non-finite slot means that parameter's *local* gradient (before any reduction) was
+non-finite on this rank. A finite gradient whose float32 norm overflows also counts. The same norms, squared and
+summed, give this rank's *local gradient norm* (its own gradient before the reduction; with gradient accumulation
+the root of the sum of its micro-batches' squared norms), which names the rank of a gradient-norm spike.
 
 Deciding, once per optimizer step, in `on_pre_optimizer_step` (after `_clip_grad_norm`, before
 `optimizer.step()`):
 - DeepSpeed ZeRO-3: the engine has already decided, the same way on every rank: its `step` all-reduces the global
   gradient norm, which is non-finite exactly when some rank's gradient is (a NaN survives the reduce-scatter), and
   refuses the step when it is (see below). A healthy step (applied, norm finite) needs no collective of ours:
-  its spike checks wait, with this rank's loss, for a step that logs, saves or stops, where one all-reduce of the
-  waiting losses gives each step's mean over ranks and the checks run in step order (the events reach the same
+  its spike checks wait, with this rank's loss and local gradient norm, for a step that logs, saves or stops,
+  where one all-gather of the waiting values (`core.gather.gather_floats`) gives every rank's loss (their mean is
+  the step's loss) and local norm of each waiting step, and the checks run in step order (the events reach the same
   log as they would at once; the warnings come at that log). Only a refused step gathers (`all_gather_object`)
   each rank's loss flag and the names of the parameters whose slots are non-finite, for the report.
-- Elsewhere: one all-reduce (SUM) of `world_size + 1` float64 values, each rank writing its own flag in its slot
-  and its mean micro-batch loss in the last, tells every rank which ranks saw a non-finite value and the mean loss
-  over ranks. Only when a flag is set, a second collective (`all_gather_object`) collects the parameter names.
+- Elsewhere: one all-reduce (SUM) of `3 x world_size` float64 values, each rank writing its own slots (its flag,
+  its mean micro-batch loss, its local gradient norm), tells every rank which ranks saw a non-finite value and
+  every rank's loss and norm. Only when a flag is set, a second collective (`all_gather_object`) collects the
+  parameter names.
 
 Skipping the same step on every rank (`nonfinite_policy="skip"`, the default):
 - DeepSpeed: accelerate's `DeepSpeedEngineWrapper.backward` runs `engine.backward` *and* `engine.step` inside
@@ -67,7 +71,8 @@ skipped as above, the last good state saved, and every rank raises `NonFiniteHal
 (`stability.nonfinite`).
 
 Spikes: each applied step's loss (mean over ranks) and pre-clip gradient norm go to a `SpikeDetector` per value
-(`stability.spikes`: robust z-score against the last `spike_window` values).
+(`stability.spikes`: robust z-score against the last `spike_window` values). A spike names the rank with the
+highest own value at that step (its loss; its local gradient norm), against the median over ranks.
 
 Keys added to the next Trainer log (the runtime's `LogSink`):
 - `skipped_steps` (every log): optimizer steps skipped for a non-finite value since the run began;
@@ -79,10 +84,11 @@ Keys added to the next Trainer log (the runtime's `LogSink`):
 - `spike_event` (text, in the first log after a spike);
   these two in the `rank` channel, for the per-rank TensorBoard run (text `train/<key>`) and the rank summary's
   `events`: text stays out of `log_history` and `report_to`.
-Each event is also a warning line in every rank's log. State saved in checkpoints (`ExportableState`): the
-counters, the consecutive-skip count, the steps skipped (last 100), and both spike windows; a resumed run
-continues them (read back at train begin from the checkpoint's trainer state, whether or not
-`restore_callback_states_from_checkpoint` is set).
+Every rank holds the same events (they come from gathered values), so the console gets each one once: a warning
+line from global rank 0 (`monitoring.console.warn_once`), naming the rank(s).
+State saved in checkpoints (`ExportableState`): the counters, the consecutive-skip count, the steps skipped (last
+100), and both spike windows; a resumed run continues them (read back at train begin from the checkpoint's trainer
+state, whether or not `restore_callback_states_from_checkpoint` is set).
 
 fp16 (`args.fp16`): a step whose gradients overflow under a finite loss is the loss scaler's own skip (it halves the
 scale and tries again), counted in `loss_scale_overflows` only, never as a non-finite step; a non-finite loss still
@@ -105,7 +111,8 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from hf_dist_recipes import _compat
-from hf_dist_recipes.core.gather import distributed, gather_objects
+from hf_dist_recipes.core.gather import distributed, gather_floats, gather_objects
+from hf_dist_recipes.monitoring.console import warn_once
 from hf_dist_recipes.runtime import RecipeRuntime
 from hf_dist_recipes.stability.nonfinite import (
     DEFAULT_MAX_CONSECUTIVE_SKIPS,
@@ -121,6 +128,7 @@ from hf_dist_recipes.stability.spikes import (
     DEFAULT_SPIKE_THRESHOLD,
     DEFAULT_SPIKE_WINDOW,
     SpikeDetector,
+    highest_rank,
     validate_spike_settings,
 )
 
@@ -174,11 +182,13 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         self._loss_sum: torch.Tensor | None = None
         self._micro_steps = 0
         self._grad_norm: float | None = None
+        self._local_sq: torch.Tensor | None = None  # this step's squared local gradient norm (module docstring)
         # DeepSpeed ZeRO-3: gradients watched per bucket (`_compat.watch_zero3_gradients`), the engine decides.
         self._zero3 = False
         self._optimizer = None
         self._index: dict[int, int] = {}  # id(parameter) -> its slot in _grad_sums
-        self._unchecked: list[tuple] = []  # (step, this rank's loss tensor or None, grad norm) awaiting spike checks
+        # (step, this rank's loss tensor or None, its local gradient norm tensor, grad norm) awaiting spike checks
+        self._unchecked: list[tuple] = []
         self._skipping = False  # this step's optimizer step is being skipped (non-DeepSpeed: undo the mark after)
         self.halt_report: NonFiniteReport | None = None
         self.reports: list[NonFiniteReport] = []  # this run's last _SKIPS_KEPT reports, for callers to read
@@ -245,6 +255,7 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self._names = [n for n, _ in params]
         self._grad_sums = torch.zeros(len(params), dtype=torch.float32, device=args.device)
+        self._local_sq = torch.zeros((), dtype=torch.float64, device=args.device)
         if _compat.watch_zero3_gradients(optimizer, self._observe_bucket):
             self._zero3, self._optimizer = True, optimizer
             self._index = {id(p): i for i, (_, p) in enumerate(params)}
@@ -255,8 +266,13 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
     @torch.no_grad()
     def _observe_bucket(self, params: list, flat: torch.Tensor | None) -> None:
         # A few kernels per bucket (one bucket per backward at DeepSpeed's default 5e8 elements), not per tensor.
-        if flat is not None and flat.device.type == "cpu" and math.isfinite(float(flat.sum())):
-            return  # all finite: one sum, and reading a CPU tensor waits for no device (on GPU it would sync)
+        if flat is not None and flat.device.type == "cpu":
+            # A norm, not a sum: it also gives the local gradient norm a spike names the rank by. Measured on the
+            # demo's 1,012,224 gradients, one CPU thread: 140 us per micro-step (the sum it replaced: 55 us).
+            norm = float(torch.linalg.vector_norm(flat, dtype=torch.float32))
+            if math.isfinite(norm):
+                self._local_sq += norm * norm
+                return  # all finite: one norm, and reading a CPU tensor waits for no device (on GPU it would sync)
         index = [self._index.get(id(p), -1) for p in params]
         if -1 in index:  # not a parameter of the model seen at train begin: nothing to name it by
             params = [p for p, i in zip(params, index, strict=True) if i >= 0]
@@ -265,20 +281,23 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
             return
         # One fused call for all the bucket's norms; NaN and Inf survive them.
         norms = _compat.tensor_norms([p.grad for p in params]).to(self._grad_sums.device)
+        self._local_sq += norms.double().square().sum()
         self._grad_sums.index_add_(0, torch.tensor(index, device=self._grad_sums.device), norms)
 
     def _grad_hook(self, index: int):
-        # One reduction per gradient and nothing else on the hot path; the sums are placed once per step.
+        # One reduction per gradient and nothing else on the hot path; the norms are placed once per step.
         def hook(grad):
             self._sum_index.append(index)
-            self._sum_values.append(grad.detach().sum(dtype=torch.float32))
+            self._sum_values.append(torch.linalg.vector_norm(grad.detach(), dtype=torch.float32))
 
         return hook
 
     def _collect_grad_sums(self) -> None:
         if self._sum_values:
             index = torch.tensor(self._sum_index, device=self._grad_sums.device)
-            self._grad_sums.index_add_(0, index, torch.stack(self._sum_values).to(self._grad_sums.device))
+            norms = torch.stack(self._sum_values).to(self._grad_sums.device)
+            self._local_sq += norms.double().square().sum()
+            self._grad_sums.index_add_(0, index, norms)
             self._sum_index, self._sum_values = [], []
 
     def _remove_hooks(self) -> None:
@@ -317,15 +336,19 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         )
         world = torch.distributed.get_world_size() if distributed() else 1
         rank = torch.distributed.get_rank() if distributed() else 0
-        flags = torch.zeros(world + 1, dtype=torch.float64, device=device)
+        # Each rank's slots: its flag, its mean micro-batch loss, its local gradient norm.
+        flags = torch.zeros(3 * world, dtype=torch.float64, device=device)
         flags[rank] = (loss_bad | bad_params.any()).double() + 2 * loss_bad.double()  # 1: gradient, 3: loss too
         if self._micro_steps:
-            flags[world] = self._loss_sum.to(device) / self._micro_steps
+            flags[world + rank] = self._loss_sum.to(device) / self._micro_steps
+        if self._local_sq is not None:
+            flags[2 * world + rank] = self._local_sq.to(device).sqrt()
         if world > 1:
             torch.distributed.all_reduce(flags)  # the one collective of a healthy step
         values = flags.tolist()
         ranks = [r for r in range(world) if values[r] > 0]
         loss_ranks = [r for r in range(world) if values[r] > 2]
+        rank_losses, rank_norms = values[world : 2 * world], values[2 * world :]
         engine_skipped = _under_deepspeed(optimizer) and bool(optimizer.step_was_skipped)
         if getattr(args, "fp16", False) and not loss_ranks and (ranks or engine_skipped):
             # fp16 dynamic loss scaling: inf gradients under a finite loss are the scaler's overflow, which it
@@ -342,7 +365,8 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
             self._nonfinite_step(args, control, optimizer, step, ranks, loss_ranks, parameters, applied)
         else:
             self.consecutive_skips = 0
-            self._check_spikes(step, values[world] / world if self._micro_steps else None, self._grad_norm)
+            loss = sum(rank_losses) / world if self._micro_steps else None
+            self._check_spikes(step, loss, self._grad_norm, rank_losses, rank_norms)
         self._reset_step()
 
     def _zero3_step(self, args, state, control, optimizer, step: int) -> None:
@@ -355,7 +379,7 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         if not skipped and (norm is None or math.isfinite(norm)):
             self.consecutive_skips = 0
             loss = self._loss_sum / self._micro_steps if self._micro_steps else None  # a new tensor, no sync
-            self._unchecked.append((step, loss, norm))
+            self._unchecked.append((step, loss, self._local_sq.sqrt(), norm))
             return
         self._check_unchecked()  # every rank is here together: the earlier steps' spikes first, in order
         loss_bad = self._loss_bad is not None and bool(self._loss_bad)
@@ -370,20 +394,23 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         self._nonfinite_step(args, control, optimizer, step, ranks, loss_ranks, parameters, applied=not skipped)
 
     def _check_unchecked(self) -> None:
-        """Spike checks of the healthy ZeRO-3 steps since the last call, in step order: one all-reduce of their
-        losses (the mean over ranks), where a check per step would cost a collective per step. Called where every
-        rank is at once and before anything reads the windows or the counters: at a step that logs, saves or
-        stops (`on_step_end`), before a refused step's report, at train end. Every rank holds the same steps."""
+        """Spike checks of the healthy ZeRO-3 steps since the last call, in step order: one all-gather of every
+        rank's loss and local gradient norm of those steps (the mean loss over ranks, and the rank a spike names),
+        where a check per step would cost a collective per step. Called where every rank is at once and before
+        anything reads the windows or the counters: at a step that logs, saves or stops (`on_step_end`), before a
+        refused step's report, at train end. Every rank holds the same steps."""
         if not self._unchecked:
             return
         entries, self._unchecked = self._unchecked, []
         nan = torch.tensor(math.nan, dtype=torch.float64, device=self._grad_sums.device)
-        losses = torch.stack([nan if loss is None else loss.to(nan.device) for _, loss, _ in entries])
-        world = torch.distributed.get_world_size() if distributed() else 1
-        if world > 1:
-            torch.distributed.all_reduce(losses)
-        for (step, _, norm), total in zip(entries, (losses / world).tolist(), strict=True):
-            self._check_spikes(step, total if math.isfinite(total) else None, norm)
+        mine = torch.stack(
+            [v for _, loss, local, _ in entries for v in (nan if loss is None else loss.to(nan), local.to(nan))]
+        )
+        rows = gather_floats(mine.tolist())  # rank r: [loss, local norm] of each waiting step, in step order
+        for i, (step, _, _, norm) in enumerate(entries):
+            rank_losses, rank_norms = [row[2 * i] for row in rows], [row[2 * i + 1] for row in rows]
+            total = sum(rank_losses) / len(rows)
+            self._check_spikes(step, total if math.isfinite(total) else None, norm, rank_losses, rank_norms)
 
     def _nonfinite_step(self, args, control, optimizer, step, ranks, loss_ranks, parameters, applied: bool):
         report = NonFiniteReport(step=step, ranks=ranks, loss_ranks=loss_ranks, parameters=parameters)
@@ -405,7 +432,7 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
             )
         report.action = action
         message = report.message()
-        logger.warning("Non-finite loss or gradient: %s", message)
+        warn_once(logger, "Non-finite loss or gradient: %s", message)
         self.runtime.logs.rank({"nonfinite_event": message})
         self._log_counters()
         control.should_log = True
@@ -427,10 +454,13 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         _compat.mark_optimizer_step_skipped(optimizer, True)
         self._skipping = True
 
-    def _check_spikes(self, step: int, loss: float | None, grad_norm: float | None) -> None:
-        for what, value, window in (
-            ("loss", loss, self.loss_window),
-            ("grad_norm", grad_norm, self.grad_norm_window),
+    def _check_spikes(
+        self, step: int, loss: float | None, grad_norm: float | None, rank_losses: list, rank_norms: list
+    ) -> None:
+        """`rank_losses`, `rank_norms`: every rank's own loss and local gradient norm at `step`, in rank order."""
+        for what, value, window, per_rank in (
+            ("loss", loss, self.loss_window, rank_losses),
+            ("grad_norm", grad_norm, self.grad_norm_window, rank_norms),
         ):
             if value is None:
                 continue
@@ -449,9 +479,10 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
                 self.grad_norm_spikes += 1
             message = (
                 f"step {step}: {what} spike {value:.6g} against a median of {median:.6g} over the last "
-                f"{self.spike_window} steps (robust z {z:.1f} > {self.spike_threshold:g})"
+                f"{self.spike_window} steps (robust z {z:.1f} > {self.spike_threshold:g}); "
+                + highest_rank(per_rank, "loss" if what == "loss" else "local gradient norm")
             )
-            logger.warning("Spike: %s", message)
+            warn_once(logger, "Spike: %s", message)
             self.runtime.logs.rank({"spike_event": message})
             self._log_counters()
 
@@ -471,6 +502,8 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         if self._loss_bad is not None:
             self._loss_bad.zero_()
             self._loss_sum.zero_()
+        if self._local_sq is not None:
+            self._local_sq.zero_()
         self._micro_steps = 0
         self._grad_norm = None
 

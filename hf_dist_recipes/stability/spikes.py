@@ -6,6 +6,10 @@ returns; under DeepSpeed the engine's) more than `spike_threshold` robust z-scor
 at 1e-3 x |median| so that a flat window does not call noise a spike. Checked once the window is full. Only
 values above the window count (a falling loss is not a spike).
 
+The rank a spike is about: the one whose own value at that step (its loss; its local gradient norm, before the
+reduction) is the highest, shown against the median over ranks (`highest_rank`), so one rank's bad batch stands out
+and a spike every rank shares shows as such.
+
 The callback that feeds it once per optimizer step: `stability.gradient_health`.
 """
 
@@ -59,3 +63,16 @@ class SpikeDetector:
         self.values.append(float(value))
         del self.values[: -self.window]
         return z if z is not None and z > self.threshold else None
+
+
+def highest_rank(values: Sequence[float], what: str) -> str:
+    """Names the rank with the highest finite value of `values` (one per rank, in rank order), e.g. "highest loss
+    on rank 1: 600.2 (median of 2 ranks 303.1)"; with one rank "on rank 0"."""
+    finite = [(v, r) for r, v in enumerate(values) if math.isfinite(v)]
+    if not finite:
+        return f"{what} of no rank known"
+    value, rank = max(finite, key=lambda vr: (vr[0], -vr[1]))  # the lowest rank among equals
+    if len(values) == 1:
+        return f"on rank {rank}"
+    median = statistics.median(v for v, _ in finite)
+    return f"highest {what} on rank {rank}: {value:.6g} (median of {len(values)} ranks {median:.6g})"

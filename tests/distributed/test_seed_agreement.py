@@ -112,7 +112,8 @@ def test_rank_built_from_another_rng_state_stops_the_launch_named(seed42_then_sk
 
 def test_warn_policy_logs_the_skewed_rank_and_trains(seed43_then_warn):
     other, warn, proc = seed43_then_warn
-    assert "rank(s) 1 disagree with ranks [0, 1] on the weights they built" in proc.stdout + proc.stderr
+    # Once, from rank 0: both ranks gathered the same values (each printed it before, issue 30).
+    assert (proc.stdout + proc.stderr).count("rank(s) 1 disagree with ranks [0, 1] on the weights they built") == 1
     for rank in _read(other):  # the seed-43 run before it agreed: the warning is the warn run's
         assert rank["rank_check"]["rank_check/weights_ok"] == -1.0 and rank["rank_check"]["rank_check/ok"] == 1.0
     for rank in _read(warn):

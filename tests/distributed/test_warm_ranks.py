@@ -139,3 +139,13 @@ def test_a_folder_that_cannot_shadow_keeps_the_rank_warm(client, tmp_path):
     (tmp_path / "torch.py").write_text("")
     code, seen, _ = _run(client, tmp_path, "module-file", "exit:0", PYTHONPATH=path)
     assert code == 0 and not seen["preloaded"], "torch.py first on the rank's path did not make it start fresh"
+
+
+def test_a_rank_naming_the_accelerator_the_servers_chose_stays_warm(client, tmp_path):
+    # `hf-dist-recipes demo` names DeepSpeed's accelerator where there is no CUDA device (DS_ACCELERATOR=cpu): the
+    # one the servers' DeepSpeed detected while importing, under the suite's hidden GPUs, so the rank would import
+    # the same state. Another name is another import.
+    code, seen, _ = _run(client, tmp_path, "same-accelerator", "exit:0", DS_ACCELERATOR="cpu")
+    assert code == 0 and seen["preloaded"], "DS_ACCELERATOR=cpu, the servers' own choice, made the rank start fresh"
+    code, seen, _ = _run(client, tmp_path, "other-accelerator", "exit:0", DS_ACCELERATOR="cuda")
+    assert code == 0 and not seen["preloaded"], "DS_ACCELERATOR=cuda did not make the rank start fresh"

@@ -230,6 +230,11 @@ if __name__ == "__main__":
     # What the servers imported, by top-level name, for warm_python.py to tell whether a rank's PYTHONPATH brings
     # another copy of any of it (then the rank starts fresh).
     Path(sys.argv[1] + ".modules").write_text("\n".join(sorted({name.split(".")[0] for name in sys.modules})))
+    # The accelerator DeepSpeed chose while being imported, for warm_python.py: a rank whose DS_ACCELERATOR names
+    # that one (the demo names "cpu" on a host without CUDA) would import the same state.
+    from deepspeed.accelerator import get_accelerator
+
+    Path(sys.argv[1] + ".accelerator").write_text(get_accelerator().device_name())
     _listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     _listener.bind(sys.argv[1])
     _listener.listen(128)

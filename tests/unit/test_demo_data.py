@@ -2,12 +2,19 @@
 cached by fingerprint. Expected blocks are the files' bytes, cut by hand below."""
 
 import os
+import time
 
 import datasets
 import pytest
 import torch
 
-from hf_dist_recipes.demo.data import check_data_files, stdlib_dataset, text_files_dataset
+from hf_dist_recipes.demo.data import (
+    check_data_files,
+    describe_blocks,
+    quiet_datasets,
+    stdlib_dataset,
+    text_files_dataset,
+)
 
 
 def _bytes(row) -> bytes:
@@ -39,6 +46,27 @@ def test_stdlib_blocks_are_the_source_bytes_and_the_second_build_is_the_cache(tm
     (root / "a.py").write_text("z = 3\n")
     os.utime(root / "a.py", ns=(1_000_000_000, 1_000_000_000))
     assert _bytes(stdlib_dataset(seq_len=4, max_bytes=1000, root=root, cache_dir=cache)[0]) == b"z = "
+
+
+def test_the_data_step_is_one_line_of_ours_and_none_of_datasets(tmp_path, capfd):
+    """Issue 30: on a fresh machine datasets' bars said "Downloading data: 74/74 files" (local files),
+    "Generating train split" and "byte blocks of 128" from the demo's data step. Inside `quiet_datasets` they say
+    nothing; `describe_blocks` says what happened: built on the first call, loaded from the cache on the second."""
+    root = tmp_path / "lib"
+    root.mkdir()
+    (root / "a.py").write_text("x = 1\n")
+    (root / "b.py").write_text("y = 22\n")
+    stdlib_dataset(seq_len=4, max_bytes=1000, root=root, cache_dir=tmp_path / "loud")  # the control: bars shown
+    assert "Generating train split" in capfd.readouterr().err
+    cache = tmp_path / "cache"
+    for how in ("built and cached in", "loaded from the cache in"):
+        started = time.time()
+        with quiet_datasets():
+            blocks = stdlib_dataset(seq_len=4, max_bytes=1000, root=root, cache_dir=cache)
+        line = describe_blocks(blocks, 4, sorted(root.iterdir()), "the test's", started, cache_dir=cache)
+        assert line == f"data: 3 blocks of 4 bytes from 2 local files (the test's), {how} {cache}; nothing downloaded"
+    assert capfd.readouterr() == ("", "")
+    assert datasets.is_progress_bar_enabled()  # as it was before
 
 
 def test_stdlib_max_bytes_caps_the_blocks(tmp_path):

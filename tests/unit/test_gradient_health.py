@@ -17,7 +17,7 @@ from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
 from hf_dist_recipes.stability.gradient_health import GradientHealthCallback
 from hf_dist_recipes.stability.nonfinite import NonFiniteHalt, NonFiniteReport, next_action, validate_nonfinite_policy
-from hf_dist_recipes.stability.spikes import SpikeDetector, robust_z, validate_spike_settings
+from hf_dist_recipes.stability.spikes import SpikeDetector, highest_rank, robust_z, validate_spike_settings
 
 SEQ, SAMPLES, VOCAB = 8, 32, 64
 
@@ -47,6 +47,15 @@ def test_spike_detector_waits_for_a_full_window_and_only_flags_values_above():
     assert d.check(-1e6) is None  # far below is no spike
     assert d.check(math.nan) is None and d.check(math.inf) is None
     assert len(d.values) == 5 and all(math.isfinite(v) for v in d.values)
+
+
+def test_a_spike_names_the_rank_with_the_highest_own_value():
+    # 4 ranks' losses: rank 2's is the highest; the median of 4 values is the mean of the middle two, (4 + 5) / 2.
+    assert highest_rank([4.0, 5.0, 480.0, 3.0], "loss") == "highest loss on rank 2: 480 (median of 4 ranks 4.5)"
+    # Equal values (tensor-parallel ranks share their loss): the lowest rank; a NaN is never named.
+    assert highest_rank([2.0, 2.0, math.nan], "local gradient norm").startswith("highest local gradient norm on rank 0")
+    assert highest_rank([7.0], "loss") == "on rank 0"  # one process: its rank, nothing to compare
+    assert highest_rank([math.nan, math.nan], "loss") == "loss of no rank known"
 
 
 @pytest.mark.parametrize("window,threshold", [(2, 6.0), (True, 6.0), (50, 0), (50, math.inf), (50, "6")])
@@ -292,7 +301,9 @@ def test_a_loss_and_grad_norm_spike_is_an_event_naming_the_step(tmp_path, caplog
     assert list(events) == [6]
     event = events[6]
     assert event.startswith("step 6: loss spike") and " | step 6: grad_norm spike" in event
-    assert any(r.getMessage().startswith("Spike: step 6: loss spike") for r in caplog.records)
+    assert event.count("; on rank 0") == 2  # each spike names its rank: here the only one
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Spike: step 6:")]
+    assert len(said) == 2 and said[0].startswith("Spike: step 6: loss spike")  # once each
 
 
 @pytest.mark.parametrize("fp16", [False, True])

@@ -1,4 +1,5 @@
-"""The NCCL defaults are applied only where no name of the same setting is set, and their names are torch's."""
+"""The NCCL defaults are applied only where no name of the same setting is set, under the names torch reads without
+a deprecation warning (an older name set too made every rank warn: issue 30)."""
 
 from __future__ import annotations
 
@@ -28,8 +29,10 @@ def test_empty_environment_gets_every_default_and_the_dump_dir(tmp_path):
     assert applied == env
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-    assert env["TORCH_FR_DUMP_TEMP_FILE"] == env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == prefix
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == prefix
     assert (tmp_path / "flight_recorder").is_dir()
+    # Only the current names: torch 2.13 warns for an older one (Utils.hpp getCvar*, WARN_ENV_VAR_ONCE).
+    assert not {"TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"} & set(env)
 
 
 def test_user_values_and_old_names_are_kept(tmp_path):
@@ -53,10 +56,7 @@ def test_everything_set_applies_nothing(tmp_path):
 
 
 def test_static_dict_is_the_run_independent_part(tmp_path):
-    assert set(nccl_env_defaults(str(tmp_path))) - set(NCCL_ENV_DEFAULTS) == {
-        "TORCH_FR_DUMP_TEMP_FILE",
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
-    }
+    assert set(nccl_env_defaults(str(tmp_path))) - set(NCCL_ENV_DEFAULTS) == {"TORCH_FR_DUMP_TEMP_FILE"}
     assert flight_recorder_prefix("rel").startswith(os.path.abspath("rel"))
 
 
@@ -114,15 +114,8 @@ def test_a_cpu_host_gets_the_flight_recorder_only(tmp_path, monkeypatch):
     _unset(monkeypatch, ())
     args = RecipeTrainingArguments(output_dir=str(tmp_path))
     assert args.nccl_env_applied == {}
-    assert (
-        args.env_applied
-        == FLIGHT_RECORDER_ENV_DEFAULTS
-        == {
-            "TORCH_FR_BUFFER_SIZE": "2000",
-            "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
-        }
-    )
-    assert os.environ["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert args.env_applied == FLIGHT_RECORDER_ENV_DEFAULTS == {"TORCH_FR_BUFFER_SIZE": "2000"}
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == "2000" and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in os.environ
     assert not (tmp_path / "flight_recorder").exists()  # Gloo writes no dump of its own: nothing to point at
 
 
@@ -204,3 +197,38 @@ def test_a_user_alloc_conf_is_kept_and_a_cpu_host_gets_none(tmp_path, monkeypatc
     _cpu_host(monkeypatch, tmp_path)  # nothing set or listed
     args = RecipeTrainingArguments(output_dir=str(tmp_path))
     assert set(args.env_applied) <= set(FLIGHT_RECORDER_ENV_DEFAULTS) and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
+
+
+_RECORDER_PROCESS = """
+import sys, torch, torch.distributed as dist
+from hf_dist_recipes.comm.nccl_defaults import apply_flight_recorder_env_defaults
+print(apply_flight_recorder_env_defaults())
+dist.init_process_group("gloo", rank=0, world_size=1, init_method="file://" + sys.argv[1])
+dist.all_reduce(torch.ones(1))  # the recorder reads its size here, at its first use
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("older_name_too", [False, True])
+def test_the_recorder_default_draws_no_deprecation_warning_from_torch(tmp_path, older_name_too):
+    """What every rank of `make demo` printed (issue 30): "Environment variable TORCH_NCCL_TRACE_BUFFER_SIZE is
+    deprecated; use TORCH_FR_BUFFER_SIZE instead". A fresh process applies the Gloo default and runs a collective:
+    torch says nothing. The control sets the older name as well, as the defaults did: torch warns, so the check
+    sees the warning where it is."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not any(k in names for names in ALIASES.values())}
+    if older_name_too:
+        env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = "2000"
+    proc = subprocess.run(
+        [sys.executable, "-W", "always", "-c", _RECORDER_PROCESS, str(tmp_path / "store")],
+        env=dict(env, PYTHONPATH=str(Path(__file__).resolve().parents[2])),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    warned = "TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated" in proc.stdout + proc.stderr
+    assert warned is older_name_too, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[0] == ("{}" if older_name_too else "{'TORCH_FR_BUFFER_SIZE': '2000'}")

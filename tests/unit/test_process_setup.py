@@ -151,7 +151,7 @@ def test_recipe_arguments_made_after_the_group_fix_its_timeout_and_name_the_rest
     )
     assert _compat.collective_timeout() == args.ddp_timeout == 7200
     (message,) = [r.getMessage() for r in caplog.records if "process group existed" in r.getMessage()]
-    assert "TORCH_NCCL_TRACE_BUFFER_SIZE=2000" in message
+    assert "TORCH_FR_BUFFER_SIZE=2000" in message and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in message  # current name
 
 
 def test_recipe_arguments_without_a_group_apply_everything_before_it(no_recorder_env, tmp_path, monkeypatch):

@@ -47,11 +47,12 @@ def _system(trainer) -> SystemMetricsCallback:
     return next(c for c in trainer.callback_handler.callbacks if isinstance(c, SystemMetricsCallback))
 
 
-def test_system_keys_reach_the_rank_run_not_log_history_and_missing_nvml_is_said_once(tmp_path, caplog):
-    # Nothing faked: where NVML answers (tests.support.hosts.NVML_NOTE, asked of pynvml directly) its keys are
-    # asserted, elsewhere the note that says why, once (no driver: nvmlInit fails; a GPU refusing a query). This
-    # rank's measurements go to its TensorBoard run only: log_history holds what a resumed run logs again alike
-    # (tests/unit/test_log_history.py), and no text.
+def test_system_keys_reach_the_rank_run_not_log_history_and_nvml_only_on_a_gpu_run(tmp_path, caplog):
+    # Nothing faked. A run on the CPU says nothing about NVML: no text, no warning (issue 30: every rank of `make
+    # demo` printed "NVML unavailable" on a host without a GPU). A run on CUDA: where NVML answers
+    # (tests.support.hosts.NVML_NOTE, asked of pynvml directly) its keys are asserted, elsewhere the note that says
+    # why, once (no driver: nvmlInit fails; a GPU refusing a query). This rank's measurements go to its TensorBoard
+    # run only: log_history holds what a resumed run logs again alike (tests/unit/test_log_history.py), and no text.
     trainer = _trainer(tmp_path)
     with caplog.at_level(logging.WARNING, logger="hf_dist_recipes.monitoring.system_metrics"):
         trainer.train()
@@ -66,7 +67,10 @@ def test_system_keys_reach_the_rank_run_not_log_history_and_missing_nvml_is_said
         assert 0.05 < rss <= rss_now * 1.5
     assert all(cpu >= 0 for _, cpu in scalars["train/system/cpu_percent"])
     texts = read_texts(tmp_path / "tensorboard" / "rank0")
-    if NVML_NOTE is None:
+    if trainer.args.device.type != "cuda":
+        assert "train/system/nvml/text_summary" not in texts and "train/gpu/power_w" not in scalars
+        assert not [r for r in caplog.records if "NVML" in r.getMessage()]
+    elif NVML_NOTE is None:
         assert "train/system/nvml/text_summary" not in texts
         assert 0 <= scalars["train/gpu/utilization_percent"][0][1] <= 100 and scalars["train/gpu/power_w"][0][1] > 0
     else:
@@ -107,7 +111,7 @@ def test_nvml_values_are_converted_to_the_units_in_the_key_names(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # fakes a host without torch CUDA but with NVML
     fake = FakeNvml()
     cb = SystemMetricsCallback(nvml=fake)
-    args = SimpleNamespace(process_index=1, local_process_index=1)
+    args = SimpleNamespace(process_index=1, local_process_index=1, device=torch.device("cuda", 1))
     cb.on_train_begin(args, None, None)
     sample = cb.sample()
     assert fake.indices == [5]
@@ -123,10 +127,34 @@ def test_nvml_that_fails_mid_run_is_reported_and_dropped():
             raise RuntimeError("GPU is lost")  # fakes a driver error we cannot cause without a GPU
 
     cb = SystemMetricsCallback(nvml=Dying())
-    cb.on_train_begin(SimpleNamespace(process_index=0, local_process_index=0), None, None)
+    cb.on_train_begin(
+        SimpleNamespace(process_index=0, local_process_index=0, device=torch.device("cuda", 0)), None, None
+    )
     assert "gpu/power_w" not in cb.sample()
     assert "gpu/utilization_percent" not in cb.sample()  # not asked again
     assert "system/rss_gib" in cb.sample()
+
+
+def test_nvml_is_tried_only_on_a_gpu_run_and_its_absence_said_once_naming_the_ranks(caplog):
+    class Missing(FakeNvml):
+        def nvmlInit(self):
+            raise ImportError("No module named 'pynvml'")  # fakes a GPU host without nvidia-ml-py
+
+    tried = FakeNvml()
+    cpu_run = SystemMetricsCallback(nvml=tried)
+    cpu_run.on_train_begin(SimpleNamespace(process_index=0, local_process_index=0, device=torch.device("cpu")), 0, 0)
+    assert tried.indices == [] and "gpu/power_w" not in cpu_run.sample()  # a CPU run: no GPU to ask about
+    gpu_run = SystemMetricsCallback(nvml=Missing())
+    with caplog.at_level(logging.WARNING, logger="hf_dist_recipes.monitoring.system_metrics"):
+        gpu_run.on_train_begin(
+            SimpleNamespace(process_index=0, local_process_index=0, device=torch.device("cuda")), 0, 0
+        )
+    assert [r.getMessage() for r in caplog.records] == [
+        "NVML unavailable on rank(s) 0, no gpu/utilization_percent, gpu/memory_used_gib, gpu/power_w: "
+        "ImportError: No module named 'pynvml'"
+    ]
+    gpu_run.on_step_end(None, None, SimpleNamespace(should_log=True))
+    assert gpu_run.runtime.logs.peek().rank["system/nvml"].startswith("NVML unavailable, no gpu/utilization_percent")
 
 
 def _new_launch(monkeypatch):

@@ -2,16 +2,18 @@
 
     nonfinite_worker.py OUTPUT_DIR STEPS [--model tiny-llama|tiny-deepseek-v3] [--inject-rank R --inject-step K
                         --what loss|grad] [--policy skip|halt] [--resume CHECKPOINT]
+                        [--spike-rank R --spike-step K] [--spike-window N]
 
 RecipeTrainingArguments -> model (template shrunk, built with from_config: under ZeRO-3 inside zero.Init) ->
 RecipeTrainer. At optimizer step K (1-based) on rank R only, the model's own loss is made NaN (a forward hook) or
 the gradient of one parameter is (a tensor hook registered before the engine's, so DeepSpeed's reduction and the
-trainer see it). After every optimizer step each rank records, from the live DeepSpeed engine:
-`was_step_applied()`, the engine's `gradient_clipping()` and the clip value its ZeRO-3 optimizer applies
-(`clip_grad`), the learning rate in the engine optimizer's param_groups, a SHA-256 of the full weights (ZeRO
-partitions gathered with `GatheredParameters`: under TP each rank's TP shard), whether they are finite, and how the
-gradient-health callback watches the gradients (hooks per parameter tensor, or DeepSpeed ZeRO-3's buckets). Writes
-OUTPUT_DIR/health/rank<N>.json (with the Trainer's log_history) unless the job halts.
+trainer see it). At step K of --spike-step, rank R of --spike-rank multiplies its loss by 100 (its gradients too):
+a spike of the mean loss and of the gradient norm that one rank made. After every optimizer step each rank records,
+from the live DeepSpeed engine: `was_step_applied()`, the engine's `gradient_clipping()` and the clip value its
+ZeRO-3 optimizer applies (`clip_grad`), the learning rate in the engine optimizer's param_groups, a SHA-256 of the
+full weights (ZeRO partitions gathered with `GatheredParameters`: under TP each rank's TP shard), whether they are
+finite, and how the gradient-health callback watches the gradients (hooks per parameter tensor, or DeepSpeed
+ZeRO-3's buckets). Writes OUTPUT_DIR/health/rank<N>.json (with the Trainer's log_history) unless the job halts.
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ def token_data(vocab: int) -> TokenBlocks:
 
 
 class Inject(TrainerCallback):
-    def __init__(self, model, rank: int | None, step: int, what: str, param: str):
+    def __init__(self, model, rank: int | None, step: int, what: str, param: str, spike: tuple = (None, None)):
         self.rank, self.step, self.what, self.active = rank, step, what, False
+        self.spike, self.spiking = spike, False
         model.register_forward_hook(self._loss)
         dict(model.named_parameters())[param].register_hook(
             lambda g: g * math.nan if self.active and self.what == "grad" else g
@@ -51,10 +54,13 @@ class Inject(TrainerCallback):
     def _loss(self, module, inputs, output):
         if self.active and self.what == "loss" and module.training:
             output.loss = output.loss * math.nan
+        if self.spiking and module.training:
+            output.loss = output.loss * 100.0
         return output
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.active = args.process_index == self.rank and state.global_step + 1 == self.step
+        self.spiking = (args.process_index, state.global_step + 1) == self.spike
 
 
 class Record(TrainerCallback):
@@ -100,6 +106,9 @@ def main() -> None:
     p.add_argument("--what", default="loss")
     p.add_argument("--policy", default="skip")
     p.add_argument("--resume", default=None)
+    p.add_argument("--spike-rank", type=int, default=None)
+    p.add_argument("--spike-step", type=int, default=None)
+    p.add_argument("--spike-window", type=int, default=50)
     opts = p.parse_args()
     warnings.filterwarnings("ignore", category=FutureWarning)
     args = RecipeTrainingArguments(
@@ -116,12 +125,14 @@ def main() -> None:
         lr_scheduler_type="linear",
         warmup_steps=0,
         nonfinite_policy=opts.policy,
+        spike_window=opts.spike_window,
     )
     overrides = {"hidden_size": 32, "num_hidden_layers": 2} if opts.model == "tiny-deepseek-v3" else {}
     config = template_config(opts.model, **overrides)
     model = AutoModelForCausalLM.from_config(config)
     record = Record()
-    callbacks = [Inject(model, opts.inject_rank, opts.inject_step, opts.what, POISONED[opts.model]), record]
+    spike = (opts.spike_rank, opts.spike_step)
+    callbacks = [Inject(model, opts.inject_rank, opts.inject_step, opts.what, POISONED[opts.model], spike), record]
     trainer = RecipeTrainer(model=model, args=args, train_dataset=token_data(config.vocab_size), callbacks=callbacks)
     record.trainer = trainer
     trainer.train(resume_from_checkpoint=opts.resume)
