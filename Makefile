@@ -41,7 +41,7 @@ format: $(STAMP)
 
 # Regenerate accelerate_configs/ from its manifest (tests/unit/test_shipped_configs.py checks they match).
 configs: $(STAMP)
-	$(BIN)/python -m hf_dist_recipes.parallel.shipped
+	$(BIN)/python -m hf_dist_recipes.planning.shipped
 
 # The documentation site (mkdocs.yml, docs/) into site/, every warning an error (a broken link or anchor, a missing
 # page, an API name that moved). The CLI reference and the error index are generated during the build (docs/hooks/).

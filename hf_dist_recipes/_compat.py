@@ -25,7 +25,7 @@ COVERED = {"transformers": "5.24", "accelerate": "1.16", "deepspeed": "0.19", "t
 # - transformers 5.24 `Trainer.get_tp_size` reads the DeepSpeed TP degree only from `args.hf_deepspeed_config`
 #   -> arguments.py adopts a launcher TP config into `args.deepspeed`;
 # - accelerate 1.16 `DeepSpeedPlugin` refuses mixed_precision & co. beside a deepspeed_config_file
-#   -> parallel/accelerate_config.py never writes them, parallel/lint.py reports them.
+#   -> planning/accelerate_config.py never writes them, planning/lint.py reports them.
 
 # transformers 5.24 `TrainingArguments.__post_init__` turns these fields' declared default None into this value, so
 # a plain TrainingArguments holds it whether or not the user chose it (`from_training_arguments` treats it as unset).

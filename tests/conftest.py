@@ -32,7 +32,7 @@ os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.enviro
 @pytest.fixture(autouse=True, scope="session")
 def no_stale_deepspeed_locks():
     """Fail at once, naming the files, instead of letting every DeepSpeed launch hang on a stale build lock."""
-    from hf_dist_recipes.environment.extensions import check_no_stale_locks
+    from hf_dist_recipes.doctor.op_builds import check_no_stale_locks
 
     try:
         check_no_stale_locks()

@@ -16,15 +16,15 @@ import json
 import os
 import sys
 
-from hf_dist_recipes.parallel.generate import (
+from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.planning.generate import (
     add_output_flags,
     add_plan_flags,
     generate_from_args,
     model_from,
     plan_from,
 )
-from hf_dist_recipes.parallel.launch_scripts import add_launcher_flags, check_launcher_options, script_from_args
-from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.planning.launch_scripts import add_launcher_flags, check_launcher_options, script_from_args
 
 
 def register(subparsers) -> None:
@@ -83,7 +83,7 @@ def register(subparsers) -> None:
         "gathers and activations (model states exact, activations estimated; see "
         "hf_dist_recipes/parallel/memory.py), and whether it fits --gpu-memory; then "
         "the bytes each rank sends per step inside the node and across nodes, and an "
-        "estimated step time on the given hardware (hf_dist_recipes/parallel/comm.py "
+        "estimated step time on the given hardware (hf_dist_recipes/planning/comm.py "
         "states the model).",
         epilog="Example: hf-dist-recipes config estimate --model deepseek-v3 --nodes 8 "
         "--gpu-memory 80 --activation-checkpointing --suggest",
@@ -134,7 +134,7 @@ def _check_gpu_memory(gib: float | None) -> None:
 
 
 def _hardware_flags(parser: argparse.ArgumentParser) -> None:
-    from hf_dist_recipes.parallel.comm import HARDWARE
+    from hf_dist_recipes.planning.comm import HARDWARE
 
     group = parser.add_argument_group("hardware (step-time model; defaults from --hardware)")
     group.add_argument(
@@ -157,7 +157,7 @@ def hardware_from(args: argparse.Namespace):
     """The Hardware of --hardware with the flags given on top."""
     from dataclasses import replace
 
-    from hf_dist_recipes.parallel.comm import HARDWARE
+    from hf_dist_recipes.planning.comm import HARDWARE
 
     changes = {
         field: getattr(args, flag)
@@ -211,7 +211,7 @@ def run_validate(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from hf_dist_recipes.core.findings import VALIDATE_EXIT, count_statuses, exit_code, render_json, render_table
-    from hf_dist_recipes.parallel.lint import check_readable, lint_file
+    from hf_dist_recipes.planning.lint import check_readable, lint_file
 
     for path in args.files:  # a file that cannot be read: exit 2 in one line; findings in files read: exit 1
         check_readable(path)
@@ -247,7 +247,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         )
     warnings = [] if args.suggest else plan.validate(model)  # --suggest tries its own plans
     _deepspeed_logs_to_stderr()  # after every check: its import notice would make a refusal two lines
-    from hf_dist_recipes.parallel.suggest import (
+    from hf_dist_recipes.planning.suggest import (
         compact_rows,
         evaluate,
         offload_warning,
@@ -258,7 +258,7 @@ def run_estimate(args: argparse.Namespace) -> int:
 
     target = None
     if args.suggest:
-        from hf_dist_recipes.parallel.suggest import target_sequences
+        from hf_dist_recipes.planning.suggest import target_sequences
 
         target = target_sequences(plan.seq_len, sequences=args.global_batch, tokens=args.global_batch_tokens)
         chosen, rows = suggest(plan, model, args.gpu_memory, hardware, target=target)
@@ -310,7 +310,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         for line in reasons(chosen, rows) if chosen else []:
             print(f"  {line}")
     else:
-        from hf_dist_recipes.parallel.comm import describe
+        from hf_dist_recipes.planning.comm import describe
 
         print(f"step: {describe(rows[0].step)}")
     if save:

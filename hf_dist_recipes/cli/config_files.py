@@ -48,7 +48,7 @@ def register(sub) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from hf_dist_recipes.parallel.shipped import shipped_configs
+    from hf_dist_recipes.planning.shipped import shipped_configs
 
     data = [c.as_dict() for c in shipped_configs()]
     print(json.dumps(data, indent=2) if args.json else render_list(data))
@@ -64,7 +64,7 @@ def render_list(data: list[dict]) -> str:
 
 
 def run_copy(args: argparse.Namespace) -> int:
-    from hf_dist_recipes.parallel.shipped import copy_config
+    from hf_dist_recipes.planning.shipped import copy_config
 
     copied = copy_config(args.name, args.output)
     data = copied.as_dict()
@@ -77,7 +77,7 @@ def run_copy(args: argparse.Namespace) -> int:
 
 
 def run_path(args: argparse.Namespace) -> int:
-    from hf_dist_recipes.parallel.shipped import config_path
+    from hf_dist_recipes.planning.shipped import config_path
 
     print(config_path(args.name))  # the path alone: made for "$(...)"
     return 0

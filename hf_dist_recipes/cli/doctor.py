@@ -1,13 +1,13 @@
 """`hf-dist-recipes doctor [--json] [--strict] [--lock FILE]`: is this environment sound for distributed training?
 
 Probes the environment (versions, torch's CUDA and NCCL, the NCCL installed, driver, GPUs, peer access and NVLink,
-InfiniBand ports, /dev/shm, NCCL_/TORCH_/CUDA_ variables; hf_dist_recipes/environment/probe.py) and prints one
-line per check, ok / warning / error, with the fix under each finding: the checks of environment/doctor_checks.py
-and every known-bad combination of environment/rules.py that matches. --lock FILE adds an error for each package whose
+InfiniBand ports, /dev/shm, NCCL_/TORCH_/CUDA_ variables; hf_dist_recipes/doctor/probe.py) and prints one
+line per check, ok / warning / error, with the fix under each finding: the checks of doctor/doctor_checks.py
+and every known-bad combination of doctor/rules.py that matches. --lock FILE adds an error for each package whose
 installed version differs from a lock written by `hf-dist-recipes pin`.
 
 Exit status: 0 when nothing is wrong, 2 on an error, 1 on a warning with --strict. --json prints
-{"facts": ..., "checks": [...], "exit_code": N} (schema: environment/doctor.py REPORT_SCHEMA, derived from the
+{"facts": ..., "checks": [...], "exit_code": N} (schema: doctor/doctor.py REPORT_SCHEMA, derived from the
 dataclasses). Imports no DeepSpeed (its version comes from the package metadata): answers in a few seconds.
 """
 
@@ -40,14 +40,14 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Imported here so that `hf-dist-recipes --help` and the other subcommands do not pay for them.
-    from hf_dist_recipes.environment import doctor
-    from hf_dist_recipes.environment import probe as probe_module
+    from hf_dist_recipes.doctor import doctor
+    from hf_dist_recipes.doctor import probe as probe_module
 
     lock = None
     if args.lock:
         if not os.path.isfile(args.lock):
             raise ValueError(f"--lock {args.lock}: no such file; write one with hf-dist-recipes pin --output DIR")
-        from hf_dist_recipes.environment.lock import read_lock
+        from hf_dist_recipes.doctor.lock import read_lock
 
         lock = read_lock(args.lock)
     from hf_dist_recipes.core.findings import render_json

@@ -40,7 +40,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_dist_recipes.environment.pin import pin
+    from hf_dist_recipes.doctor.pin import pin
 
     result = pin(args.output, args.torch, args.cuda)
     data = result.to_dict()

@@ -2,7 +2,7 @@
 one JSON renderer, and JSON schemas derived from dataclasses.
 
 - `Status` ("ok" < "warning" < "error"), the words every table and --json shows; `Severity` ("error", "warning",
-  "info"), the words a known-issue rule is written with (`environment/known_issues.toml`), and `status_of_severity`
+  "info"), the words a known-issue rule is written with (`doctor/known_issues.toml`), and `status_of_severity`
   between them (an "info" rule shows as ok, with its fix).
 - `Finding(name, status, detail, fix)`: one judged thing. The doctor's `Check` adds the source of the rule, the
   preflight's `CheckResult` the ranks and measured data, `config validate`'s finding names the file.

@@ -16,19 +16,19 @@ from hf_dist_recipes.comm import backend
 from hf_dist_recipes.core.launch import Launch, run_launch
 from hf_dist_recipes.core.user_values import positive_int, writable_dir
 from hf_dist_recipes.demo.settings import DemoSettings, check_settings
-from hf_dist_recipes.environment.extensions import check_no_stale_locks
+from hf_dist_recipes.doctor.op_builds import check_no_stale_locks
 from hf_dist_recipes.logs.summary import SUMMARY_DIRNAME, RunSummary, read_rank_summaries, summarize_ranks
-from hf_dist_recipes.parallel.launch_config import check_launch_config, load_launch_config
+from hf_dist_recipes.planning.launch_config import check_launch_config, load_launch_config
 
-CPU_CONFIG = "cpu_zero3_2proc.yaml"  # shipped configs (parallel.shipped), generated from their manifest
+CPU_CONFIG = "cpu_zero3_2proc.yaml"  # shipped configs (planning.shipped), generated from their manifest
 GPU_CONFIG = "zero3_1node_8gpu.yaml"
 
 
 def default_config(name: str) -> tuple[Path, Path]:
     """(YAML, launch directory) of shipped config `name`. In a source checkout, accelerate_configs/NAME with the
     checkout's root (the YAML's relative DeepSpeed path resolves there); from an installed package, a copy whose
-    DeepSpeed path is absolute (`parallel.shipped.config_path`), launched from the current directory."""
-    from hf_dist_recipes.parallel.shipped import SHIPPED_PREFIX, config_path
+    DeepSpeed path is absolute (`planning.shipped.config_path`), launched from the current directory."""
+    from hf_dist_recipes.planning.shipped import SHIPPED_PREFIX, config_path
 
     checkout = Path(hf_dist_recipes.__file__).resolve().parents[1]
     if (checkout / SHIPPED_PREFIX / name).is_file():

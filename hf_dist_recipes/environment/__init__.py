@@ -1,8 +1,8 @@
-"""Is this environment sound for distributed training? Facts, known-bad rules, the doctor, pins and images.
+"""Practice 1 inside a training rank: what the arguments apply to this process's environment and check in it.
 
-One module per concept, imported directly (this package imports nothing, so `hf-dist-recipes doctor` pays only
-for what it uses): `probe` (with `probe_gpus`, `probe_nccl`) collects the facts (versions, driver, GPUs, links,
-/dev/shm, environment variables) into the dataclasses of `facts`, `doctor_checks` judges them, `doctor` assembles the
-report (`nccl_net`: the network ports NCCL would pick from these facts), `rules` (with `rule_conditions`) holds the
-known-bad version and hardware combinations.
+`cuda_host` (GPUs torch cannot use: stop), `precision` (bf16 where supported), `alloc_defaults` (the CUDA allocator
+setting), `extensions` (DeepSpeed's ops built in a node-local folder), `fingerprint` (every rank's versions compared
+before training). The doctor, the probe of the machine, the known-bad rules and `pin` run from the command line:
+`hf_dist_recipes.doctor`, which imports this folder, never the other way. Modules are imported directly; this
+package imports nothing.
 """

@@ -10,22 +10,34 @@ stops at the same point instead of some waiting in a collective.
 The fingerprint is cheap (no deepspeed import; versions from importlib.metadata, which also reads what a rank's
 sys.path would import): host (reported, never compared: it differs across nodes by design), python, torch with its
 build label, torch's CUDA, the NCCL torch was compiled against, the installed nvidia-nccl-* distribution
-(`probe_nccl.NCCL_DISTRIBUTIONS`), the packages the doctor reports (`probe.PACKAGES`: deepspeed, transformers,
-accelerate, datasets, hf-dist-recipes), and the NVIDIA driver when NVML answers (CUDA builds only).
+(`NCCL_DISTRIBUTIONS`), the packages the doctor reports too (`PACKAGES`: deepspeed, transformers, accelerate,
+datasets, hf-dist-recipes), and the NVIDIA driver when NVML answers (CUDA builds only). Those two lists and
+`installed_version` live here, in the rank, and the doctor's probe (`doctor/probe.py`, `doctor/probe_nccl.py`)
+reads them from here: a rank imports none of the doctor.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import platform
 import socket
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from hf_dist_recipes.core.gather import gather_objects
-from hf_dist_recipes.environment.probe import PACKAGES, installed_version
-from hf_dist_recipes.environment.probe_nccl import NCCL_DISTRIBUTIONS
 
+PACKAGES = ("deepspeed", "transformers", "accelerate", "datasets", "hf-dist-recipes")
+# The wheels torch depends on for its NCCL, newest CUDA first (version-facts.md, the wheels' Requires-Dist).
+NCCL_DISTRIBUTIONS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
 NOT_COMPARED = ("host",)
+
+
+def installed_version(name: str) -> str | None:
+    """Version of the installed distribution `name`, or None."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _driver() -> str | None:

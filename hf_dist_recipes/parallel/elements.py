@@ -1,6 +1,6 @@
 """Where each parameter lands and how many elements a rank holds: the counting layer under the memory estimate
-(`memory`), the ZeRO-3 buffer sizes (`zero_buffers`) and the traffic model (`comm`), which all read it and which it
-imports none of. The placement rules (TP/EP splits, ZeRO groups) are stated in `memory`'s module docstring."""
+(`memory`), the ZeRO-3 buffer sizes (`zero_buffers`) and the traffic model (`planning.comm`), which all read it and
+which it imports none of. The placement rules (TP/EP splits, ZeRO groups) are stated in `memory`'s module docstring."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class RankElements:
 def placements(plan: ParallelPlan, model: ModelShape) -> list[tuple[str, int, list[int], str]]:
     """Where each parameter lands, by the rules of `memory`'s module docstring: (name, elements on a rank after TP/EP,
     the tensors ZeRO partitions them as, ZeRO group "dp" | "edp" | "world"). The one place these rules live:
-    `rank_elements` and the traffic model (`comm.zero_groups`) both read them."""
+    `rank_elements` and the traffic model (`planning.comm.zero_groups`) both read them."""
     autotp = None
     if plan.tp > 1:
         from deepspeed.module_inject.autotp_config import AutoTPConfig

@@ -94,7 +94,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from hf_dist_recipes.core.sizes import GIB
-from hf_dist_recipes.parallel.comm import grad_reduce_bytes
 from hf_dist_recipes.parallel.elements import (
     BYTES_PER_ELEMENT,
     COMPUTE_BYTES,
@@ -103,7 +102,7 @@ from hf_dist_recipes.parallel.elements import (
     rank_elements,
 )
 from hf_dist_recipes.parallel.models import ModelShape
-from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.parallel.plan import ParallelPlan, grad_reduce_bytes
 from hf_dist_recipes.parallel.zero_buffers import use_vocab_parallel_lm_head, zero_buffers
 
 NORM_FP32_BYTES = 4  # RMSNorm computes in fp32 and keeps its upcast input for the backward pass

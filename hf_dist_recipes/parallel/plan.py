@@ -220,5 +220,11 @@ class ParallelPlan:
         return warnings
 
 
+def grad_reduce_bytes(plan: ParallelPlan) -> int:
+    """Bytes per gradient element in the reduce-scatter / all-reduce: `plan.grad_reduce_dtype` (the JSON's
+    `communication_data_type`), 4 under fp32 compute whatever it says."""
+    return 4 if plan.precision == "fp32" or plan.grad_reduce_dtype == "fp32" else 2
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]

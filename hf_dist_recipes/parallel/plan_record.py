@@ -1,7 +1,9 @@
 """The plan a DeepSpeed JSON was generated for, written into the JSON itself, so the running job can honour it.
 
 `config generate` adds a section `"hf_dist_recipes"` to the DeepSpeed JSON (DeepSpeed 0.19.8 and accelerate 1.16
-ignore unknown top-level keys; `config validate` parses every generated file with DeepSpeed's own config class).
+ignore unknown top-level keys; `config validate` parses every generated file with DeepSpeed's own config class):
+`planning.deepspeed_config.plan_record` writes it, with the keys of `RECORDED` under `PLAN_KEY`; this module is the
+rank's side, reading it back and holding the model to it.
 It records what the memory estimate assumed: the layout, micro batch, sequence length, precision and activation
 checkpointing. `RecipeTrainingArguments` reads it from the launcher's config: a plan that assumed activation
 checkpointing turns `activation_checkpointing` on unless the arguments say otherwise, and `RecipeTrainer` stops, naming
@@ -17,8 +19,6 @@ import logging
 from dataclasses import replace
 
 from transformers import TrainerCallback
-
-from hf_dist_recipes.parallel.plan import ParallelPlan
 
 logger = logging.getLogger(__name__)
 
@@ -37,14 +37,6 @@ RECORDED = (
     "offload_optimizer",
     "offload_params",
 )
-
-
-def plan_record(plan: ParallelPlan, model_name: str | None) -> dict:
-    """The section written into a generated DeepSpeed JSON."""
-    return {
-        "generated_for": {"model": model_name, **{k: getattr(plan, k) for k in RECORDED}},
-        "note": "written by hf-dist-recipes config generate; read by RecipeTrainingArguments; DeepSpeed ignores it",
-    }
 
 
 def recorded_plan(config: dict | None) -> dict:
@@ -76,6 +68,7 @@ def _estimates_gib(record: dict, model) -> tuple[float, float] | None:
     from hf_dist_recipes.core.sizes import GIB
     from hf_dist_recipes.parallel.memory import estimate
     from hf_dist_recipes.parallel.models import introspect
+    from hf_dist_recipes.parallel.plan import ParallelPlan
 
     try:
         plan = ParallelPlan(**{k: record[k] for k in RECORDED if k != "activation_checkpointing"})

@@ -1,5 +1,5 @@
-"""DeepSpeed ZeRO-3 buffer sizes for a ParallelPlan, chosen once: the generated JSON (`deepspeed_config`) writes
-them, the memory estimate (`memory.estimate`) counts them, and `zero_buffer_notes` says why.
+"""DeepSpeed ZeRO-3 buffer sizes for a ParallelPlan, chosen once: the generated JSON (`planning.deepspeed_config`)
+writes them, the memory estimate (`memory.estimate`) counts them, and `zero_buffer_notes` says why.
 
 What DeepSpeed 0.19.8 does with each (files under deepspeed/runtime/):
 - `stage3_prefetch_bucket_size` (default 5e7 elements) and `stage3_max_live_parameters` (1e9):

@@ -34,8 +34,8 @@ def merge_by_rank(name: str, per_rank: Sequence[Sequence[dict]], hosts: Sequence
 
 def local_doctor() -> list[dict]:
     """This rank's doctor findings that are not ok (the doctor's checks on `probe()`'s facts)."""
-    from hf_dist_recipes.environment.doctor import run_checks
-    from hf_dist_recipes.environment.probe import probe
+    from hf_dist_recipes.doctor.doctor import run_checks
+    from hf_dist_recipes.doctor.probe import probe
 
     try:
         report = run_checks(probe())

@@ -72,8 +72,8 @@ def plan_preflight(
 ) -> PreflightPlan:
     """Check the launch without launching (module docstring); the returned plan carries the command."""
     from hf_dist_recipes.core.user_values import positive_int, writable_dir
-    from hf_dist_recipes.parallel.lint import ERROR as LINT_ERROR
-    from hf_dist_recipes.parallel.lint import lint_accelerate
+    from hf_dist_recipes.planning.lint import ERROR as LINT_ERROR
+    from hf_dist_recipes.planning.lint import lint_accelerate
     from hf_dist_recipes.preflight.plan_checks import launch_plan, resolve_models, validate_against_model
     from hf_dist_recipes.reproducibility.seeding import validate_seed
 

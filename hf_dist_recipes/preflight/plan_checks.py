@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hf_dist_recipes.core.sizes import GIB, format_size
-from hf_dist_recipes.parallel.launch_config import LaunchConfig, check_launch_config, load_launch_config
-from hf_dist_recipes.parallel.launch_plan import plan_of_launch
 from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.planning.launch_config import LaunchConfig, check_launch_config, load_launch_config
+from hf_dist_recipes.planning.launch_plan import plan_of_launch
 from hf_dist_recipes.preflight.result import ERROR, OK, WARNING, CheckResult
 
 DEFAULT_MODEL = "demo-deepseek-v3"  # the demo's model: MLA + MoE, what the shipped CPU configs train

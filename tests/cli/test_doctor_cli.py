@@ -23,9 +23,9 @@ sys.path.insert(0, str(FIXTURES))
 from fake_env import fake_host  # noqa: E402
 
 from hf_dist_recipes.cli.main import main  # noqa: E402
-from hf_dist_recipes.environment import doctor as doctor_module  # noqa: E402
-from hf_dist_recipes.environment import probe as probe_module  # noqa: E402
-from hf_dist_recipes.environment.doctor import REPORT_SCHEMA  # noqa: E402
+from hf_dist_recipes.doctor import doctor as doctor_module  # noqa: E402
+from hf_dist_recipes.doctor import probe as probe_module  # noqa: E402
+from hf_dist_recipes.doctor.doctor import REPORT_SCHEMA  # noqa: E402
 
 STACK = {
     "deepspeed": "0.19.8",
@@ -139,7 +139,7 @@ def test_doctor_does_not_import_deepspeed():
 
 
 def _lock_text(deepspeed: str) -> str:
-    """A lock in `pin`'s format (environment/lock.py docstring), written here from importlib.metadata: every
+    """A lock in `pin`'s format (doctor/lock.py docstring), written here from importlib.metadata: every
     installed distribution pinned, torch without its local label, which goes to the torch-build header."""
     import importlib.metadata
     import platform
@@ -157,7 +157,7 @@ def _lock_text(deepspeed: str) -> str:
 
 
 def test_lock_drift_names_the_package_and_both_versions(tmp_path, capsys):
-    pytest.importorskip("hf_dist_recipes.environment.lock")
+    pytest.importorskip("hf_dist_recipes.doctor.lock")
     import importlib.metadata
 
     installed = importlib.metadata.version("deepspeed")

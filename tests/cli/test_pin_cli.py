@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from hf_dist_recipes.cli.main import main
-from hf_dist_recipes.environment.lock import read_lock
+from hf_dist_recipes.doctor.lock import read_lock
 
 
 def test_pin_chosen_build_writes_lock_and_dockerfile_and_json(capsys, tmp_path):

@@ -1,6 +1,6 @@
 """ZeRO-3 gradient reduction in the dtype the generated JSON names (`communication_data_type`), on 2 real CPU ranks
 training tiny-llama in bf16: the shipped JSON (fp32) makes DeepSpeed reduce-scatter fp32 tensors, twice the bytes of
-the same run with `--grad-reduce-dtype bf16`, as `parallel/comm.py` counts them; both train."""
+the same run with `--grad-reduce-dtype bf16`, as `planning/comm.py` counts them; both train."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from hf_dist_recipes.parallel.deepspeed_config import deepspeed_config
 from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.planning.deepspeed_config import deepspeed_config
 from tests.support.launch import accelerate_launch, check_launch, write_cpu_deepspeed_yaml
 from tests.support.paths import REPO
 

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from hf_dist_recipes.parallel.lint import ERROR, lint_deepspeed
+from hf_dist_recipes.planning.lint import ERROR, lint_deepspeed
 from tests.support.hosts import cpu_fp16_kernels
 from tests.support.launch import cpu_only_env, free_port
 from tests.support.paths import REPO

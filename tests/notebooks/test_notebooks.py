@@ -102,7 +102,8 @@ def check_parallel_figure(nb) -> None:
 
 
 def test_notebook_02_calls_the_library_not_the_cli():
-    """Notebook 02 shows the library: `hf_dist_recipes.parallel` functions, no CLI `main`, argv or shell."""
+    """Notebook 02 shows the library: `hf_dist_recipes.parallel` and `.planning` functions, no CLI `main`, argv or
+    shell."""
     nb = nbformat.read(REPO / "notebooks" / PARALLEL, as_version=4)
     cells = [c.source for c in nb.cells if c.cell_type == "code"]
     assert not [line for src in cells for line in src.splitlines() if line.lstrip().startswith(("!", "%"))]
@@ -116,6 +117,10 @@ def test_notebook_02_calls_the_library_not_the_cli():
     }
     assert not [m for m in modules if m.startswith("hf_dist_recipes.cli") or m in ("subprocess", "os", "runpy")]
     assert not called & {"main", "system", "run", "Popen", "check_output"}, called
-    used = {m.rsplit(".", 1)[-1] for m in modules if m.startswith("hf_dist_recipes.parallel.")}
+    used = {
+        m.rsplit(".", 1)[-1]
+        for m in modules
+        if m.startswith(("hf_dist_recipes.parallel.", "hf_dist_recipes.planning."))
+    }
     assert used >= {"models", "plan", "fit", "suggest", "memory", "generate", "lint"}, used
     assert {"introspect", "check_fit", "suggest", "estimate", "write_configs", "lint_file"} <= called

@@ -5,7 +5,9 @@ from dataclasses import replace
 
 import pytest
 
-from hf_dist_recipes.parallel.comm import (
+from hf_dist_recipes.parallel.models import ModelShape, introspect, template_config
+from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.planning.comm import (
     HARDWARE,
     Hardware,
     Span,
@@ -17,8 +19,6 @@ from hf_dist_recipes.parallel.comm import (
     step_estimate,
     traffic,
 )
-from hf_dist_recipes.parallel.models import ModelShape, introspect, template_config
-from hf_dist_recipes.parallel.plan import ParallelPlan
 
 MB = 1e6
 
@@ -206,7 +206,7 @@ def test_published_moe_layout_deepseek_v3_expert_parallel_across_nodes():
     # DeepSeek-V3 report (arXiv:2412.19437, section 3.2): 64-way expert parallelism spanning 8 nodes of 8 H800
     # (NVLink 160 GB/s, InfiniBand 50 GB/s per GPU, section 3.2.2). On 8 x 8 80 GB GPUs the fastest plan that fits
     # must likewise spread the experts over nodes (EP > 8), not keep them whole on every rank (EP 1).
-    from hf_dist_recipes.parallel.suggest import suggest
+    from hf_dist_recipes.planning.suggest import suggest
 
     v3 = introspect("deepseek-v3")
     h800 = Hardware("h800", gpu_tflops=989, intra_node_gbps=160, inter_node_gbps=50, memory_gib=80)

@@ -41,7 +41,7 @@ def test_trainer_reads_the_tp_degree_only_from_the_arguments_config():
 
 
 def test_accelerate_refuses_the_keys_lint_reports_beside_a_deepspeed_file():
-    from hf_dist_recipes.parallel.lint import IGNORED_WITH_DS_FILE
+    from hf_dist_recipes.planning.lint import IGNORED_WITH_DS_FILE
 
     src = inspect.getsource(acc_dataclasses.DeepSpeedPlugin)
     assert "will be ignored" in src

@@ -25,9 +25,9 @@ sys.path.insert(0, str(FIXTURES))
 import fake_env  # noqa: E402
 from fake_env import fake_host  # noqa: E402
 
-from hf_dist_recipes.environment import doctor, doctor_checks  # noqa: E402
-from hf_dist_recipes.environment.doctor import run_checks  # noqa: E402
-from hf_dist_recipes.environment.doctor_checks import Check  # noqa: E402
+from hf_dist_recipes.doctor import doctor, doctor_checks  # noqa: E402
+from hf_dist_recipes.doctor.doctor import run_checks  # noqa: E402
+from hf_dist_recipes.doctor.doctor_checks import Check  # noqa: E402
 
 # Written out here, independently of core/findings.py: statuses least to most severe, and how a rule's severity shows.
 STATUSES = ("ok", "warning", "error")
@@ -229,7 +229,7 @@ def test_exit_codes(h100):
 
 
 def test_lock_drift_is_an_error_per_package_naming_both_versions(h100):
-    # lock_drift stands in for environment/lock.py's (same signature), to test the doctor's side alone.
+    # lock_drift stands in for doctor/lock.py's (same signature), to test the doctor's side alone.
     def drift(lock, installed):
         return [
             SimpleNamespace(package=p, locked=lock.packages.get(p), installed=installed.get(p))
@@ -263,7 +263,7 @@ def test_lock_drift_is_an_error_per_package_naming_both_versions(h100):
 
 def test_the_packaged_rules_are_wired_in(tmp_path, monkeypatch):
     # helper B's rules: every finding of evaluate() on the facts is one check, with the finding's status and source.
-    rules = pytest.importorskip("hf_dist_recipes.environment.rules")
+    rules = pytest.importorskip("hf_dist_recipes.doctor.rules")
     # torch 2.2 with its NCCL 2.19.3 on the recorded H100 node: cuMem all-to-all deadlock (NVIDIA/nccl 1116).
     monkeypatch.setattr(torch.version, "cuda", "12.1")
     facts = fake_host(tmp_path, "nvml_h100x8.json", packages={**STACK, "nvidia-nccl-cu12": "2.19.3"})
@@ -336,7 +336,7 @@ def test_a_rule_restating_a_failing_check_is_folded_into_it():
 
 
 def test_small_shm_is_one_line_with_the_packaged_rules(h100):
-    pytest.importorskip("hf_dist_recipes.environment.rules")
+    pytest.importorskip("hf_dist_recipes.doctor.rules")
     checks = run_checks(replace(h100, shm_bytes=64 * 1024 * 1024)).checks
     shm = [c for c in checks if "shm" in c.name]
     assert [(c.name, c.status) for c in shm] == [("/dev/shm", "warning")]
@@ -348,9 +348,9 @@ def test_build_locks_check_reads_the_real_lock_files(tmp_path):
     import os
     import time
 
-    from hf_dist_recipes.environment import extensions
+    from hf_dist_recipes.doctor import op_builds
 
-    if extensions.build_running():
+    if op_builds.build_running():
         pytest.skip("a compiler runs on this machine now: a lock may be live")
     facts = None  # the check reads the machine, not the probe's facts
     assert doctor_checks.check_build_locks(facts, root=tmp_path).status == "ok"
@@ -409,7 +409,7 @@ def test_an_info_rule_restating_a_quiet_check_is_folded_but_a_warning_is_not():
     assert [c.name for c in kept] == ["rule shm-below-512mb"]
 
 
-# --- nccl network: which HCA ports and IP interfaces NCCL would use (environment/nccl_net.py) ---
+# --- nccl network: which HCA ports and IP interfaces NCCL would use (doctor/nccl_net.py) ---
 # sysfs_multi_nic is a recorded multi-NIC host: IP interfaces lo (index 1), eno1 (2, management), ens1f0 (3, the
 # RoCE NIC's netdev), ens1f1 (4, down), docker0 (5); verbs ports mlx5_0, mlx5_1, mlx5_10 (InfiniBand, ACTIVE),
 # mlx5_2 (Ethernet = RoCE, ACTIVE), mlx5_3 (Ethernet, DOWN).

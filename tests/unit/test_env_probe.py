@@ -24,8 +24,8 @@ sys.path.insert(0, str(FIXTURES))
 import fake_env  # noqa: E402
 from fake_env import FakeNvml, fake_host  # noqa: E402
 
-from hf_dist_recipes.environment.facts import RULE_FACT_KEYS  # noqa: E402
-from hf_dist_recipes.environment.probe import probe  # noqa: E402
+from hf_dist_recipes.doctor.facts import RULE_FACT_KEYS  # noqa: E402
+from hf_dist_recipes.doctor.probe import probe  # noqa: E402
 
 # The flat keys helper B's rules read, written out from the brief (not from the module).
 BRIEF_KEYS = [
@@ -291,14 +291,14 @@ def test_loaded_nccl_from_proc_maps(tmp_path, cuda124):
 
 
 def test_nccl_version_integers():
-    from hf_dist_recipes.environment.probe_nccl import nccl_version_from_int
+    from hf_dist_recipes.doctor.probe_nccl import nccl_version_from_int
 
     assert nccl_version_from_int(22105) == "2.21.5"  # NCCL_VERSION(2,21,5) = 2*10000 + 21*100 + 5 (>= 2.9)
     assert nccl_version_from_int(2804) == "2.8.4"  # before 2.9: 2*1000 + 8*100 + 4
 
 
 def test_no_libnccl_mapped_in_this_cpu_process():
-    from hf_dist_recipes.environment.probe_nccl import loaded_nccl
+    from hf_dist_recipes.doctor.probe_nccl import loaded_nccl
 
     if torch.version.cuda is None:  # a CPU torch loads no NCCL
         assert loaded_nccl() == (None, None)

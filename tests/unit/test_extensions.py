@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from hf_dist_recipes.doctor import op_builds
+from hf_dist_recipes.doctor.op_builds import check_no_stale_locks, stale_locks
 from hf_dist_recipes.environment import extensions
-from hf_dist_recipes.environment.extensions import check_no_stale_locks, stale_locks
 
 
 def _lock(root, age_s):
@@ -23,7 +24,7 @@ def _lock(root, age_s):
 
 def test_old_lock_without_a_build_is_stale(tmp_path, monkeypatch):
     # Fake: the process scan's answer (no build runs); the real scan is tested with a stand-in compiler below.
-    monkeypatch.setattr(extensions, "build_running", lambda: False)
+    monkeypatch.setattr(op_builds, "build_running", lambda: False)
     lock = _lock(tmp_path, 3600)
     assert stale_locks(tmp_path) == [lock]
     with pytest.raises(ValueError, match=f"rm {lock}"):
@@ -32,16 +33,16 @@ def test_old_lock_without_a_build_is_stale(tmp_path, monkeypatch):
 
 def test_fresh_lock_or_running_build_is_not_stale(tmp_path, monkeypatch):
     # Fake: the process scan's answer (no build runs); the real scan is tested with a stand-in compiler below.
-    monkeypatch.setattr(extensions, "build_running", lambda: False)
+    monkeypatch.setattr(op_builds, "build_running", lambda: False)
     _lock(tmp_path, 10)
     assert stale_locks(tmp_path) == []
-    monkeypatch.setattr(extensions, "build_running", lambda: True)  # Fake: a build runs
+    monkeypatch.setattr(op_builds, "build_running", lambda: True)  # Fake: a build runs
     assert stale_locks(tmp_path, older_than_s=0) == []
 
 
 def test_root_follows_torch_extensions_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    assert extensions.extensions_root() == tmp_path
+    assert op_builds.extensions_root() == tmp_path
     assert stale_locks() == []
 
 
@@ -50,7 +51,7 @@ def test_the_demo_refuses_to_launch_into_a_stale_lock(tmp_path, monkeypatch, cap
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     # Fake: the process scan's answer (no build runs); the real scan is tested with a stand-in compiler below.
-    monkeypatch.setattr(extensions, "build_running", lambda: False)
+    monkeypatch.setattr(op_builds, "build_running", lambda: False)
     _lock(tmp_path, 3600)
     assert main(["demo", "--dry-run"]) == 2
     assert "stale DeepSpeed build lock" in capsys.readouterr().err
@@ -73,7 +74,7 @@ def test_unset_dir_is_set_to_a_private_node_local_folder(unset):
     assert chosen.parent == unset / f"torch_extensions-{getpass.getuser()}"
     assert stat.S_IMODE(chosen.parent.stat().st_mode) == 0o700  # nobody else can put a library there
     assert torch.__version__.split("+")[0] in chosen.name
-    assert extensions.extensions_root() == chosen
+    assert op_builds.extensions_root() == chosen
 
 
 def test_incompatible_builds_get_different_folders(unset, monkeypatch):
@@ -90,13 +91,13 @@ def test_explicit_dir_is_kept(unset, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(unset / "mine"))
     assert extensions.use_node_local_extensions_dir() == unset / "mine"
     assert os.environ["TORCH_EXTENSIONS_DIR"] == str(unset / "mine")
-    assert extensions.extensions_root() == unset / "mine"
+    assert op_builds.extensions_root() == unset / "mine"
     assert not (unset / f"torch_extensions-{getpass.getuser()}").exists()
 
 
 def test_stale_lock_check_looks_where_builds_now_go(unset, monkeypatch):
     # Fake: the process scan's answer (no build runs); the real scan is tested with a stand-in compiler below.
-    monkeypatch.setattr(extensions, "build_running", lambda: False)
+    monkeypatch.setattr(op_builds, "build_running", lambda: False)
     lock = _lock(extensions.node_local_extensions_dir(), 3600)
     assert stale_locks() == [lock]
 
@@ -138,16 +139,16 @@ def test_network_or_noexec_tmpdir_is_passed_over(unset, monkeypatch, caplog):
 
 
 def test_launch_header_names_the_ops_of_the_plan(tmp_path):
-    from hf_dist_recipes.parallel.generate import jit_built_ops, write_configs
     from hf_dist_recipes.parallel.plan import ParallelPlan
+    from hf_dist_recipes.planning.generate import jit_built_ops, launch_header_lines, write_configs
 
     assert jit_built_ops(ParallelPlan(device="cpu", offload_optimizer=True)) == ["cpu_adam", "deepspeed_shm_comm"]
     assert jit_built_ops(ParallelPlan()) == []
-    cpu_offload = " ".join(extensions.launch_header_lines(["cpu_adam", "deepspeed_shm_comm"]))
-    gpu = " ".join(extensions.launch_header_lines())
+    cpu_offload = " ".join(launch_header_lines(["cpu_adam", "deepspeed_shm_comm"]))
+    gpu = " ".join(launch_header_lines())
     assert "cpu_adam" in cpu_offload and "deepspeed_shm_comm" in cpu_offload
     assert "cpu_adam" not in gpu and "once per node" in gpu and "TORCH_EXTENSIONS_DIR" in gpu
-    lines = extensions.launch_header_lines(["cpu_adam", "deepspeed_shm_comm"])
+    lines = launch_header_lines(["cpu_adam", "deepspeed_shm_comm"])
     assert 1 <= len(lines) <= 3 and all(len("# " + line) <= 120 for line in lines)
     # In the files: a DeepSpeed plan's YAML carries the lines, another engine's does not.
     ds = write_configs(ParallelPlan(device="cpu", procs_per_node=2, offload_optimizer=True), tmp_path / "ds", name="ds")
@@ -167,7 +168,7 @@ def test_real_lock_and_real_process_scan_live_while_a_build_runs_stale_after(tmp
 
     from torch.utils.file_baton import FileBaton
 
-    if extensions.build_running():
+    if op_builds.build_running():
         pytest.skip("a real compiler or ninja runs on this machine now: a lock cannot be seen going stale")
     build_dir = tmp_path / "py311_cpu" / "cpu_adam"
     build_dir.mkdir(parents=True)
@@ -181,7 +182,7 @@ def test_real_lock_and_real_process_scan_live_while_a_build_runs_stale_after(tmp
     shutil.copy2(shutil.which("sleep"), ninja)
     build = subprocess.Popen([str(ninja), "60"])
     try:
-        assert extensions.build_running()
+        assert op_builds.build_running()
         assert stale_locks(tmp_path) == []  # live: a build holds it
         check_no_stale_locks(tmp_path)
     finally:

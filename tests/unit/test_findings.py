@@ -12,9 +12,9 @@ import pytest
 
 from hf_dist_recipes.core import findings
 from hf_dist_recipes.core.findings import JSON_TYPE, Finding, exit_code, json_schema, render_table, schema_of
-from hf_dist_recipes.environment.doctor import REPORT_SCHEMA, run_checks
-from hf_dist_recipes.environment.facts import EnvironmentFacts
-from hf_dist_recipes.environment.probe import probe
+from hf_dist_recipes.doctor.doctor import REPORT_SCHEMA, run_checks
+from hf_dist_recipes.doctor.facts import EnvironmentFacts
+from hf_dist_recipes.doctor.probe import probe
 
 # Each command's exit status for the worst status of its findings, as the CLIs documented them before core/findings:
 # doctor 0 / 2 (--strict: 1 on a warning), preflight 0 / 1 / 2, config validate 1 on an error only.

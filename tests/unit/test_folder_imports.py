@@ -1,16 +1,20 @@
 """Folders import one way too: no two folders of hf_dist_recipes (comm/, environment/, parallel/, ...) import each
 other, function-level imports included (tests/unit/test_one_way_imports.py holds modules to the same rule). When two
 do, a piece sits on the wrong side; move it to the side that owns its concept (as `nccl_net`, the ports NCCL would
-pick from this host's facts, moved from comm/ to environment/; the allocator setting from parallel/zero_buffers.py
-to environment/alloc_defaults.py; and which ops a plan JIT-builds from environment/extensions.py to
-parallel/generate.py). The modules at the top of the package (trainer.py, arguments.py, _compat.py, ...) are no
-folder: the entry points and the shared upstream shims."""
+pick from this host's facts, moved from comm/ to environment/, now doctor/; the allocator setting from
+parallel/zero_buffers.py to environment/alloc_defaults.py; and which ops a plan JIT-builds from
+environment/extensions.py to what is now planning/generate.py). The modules at the top of the package (trainer.py,
+arguments.py, _compat.py, ...) are no folder: the entry points and the shared upstream shims.
+
+The folders also say who runs their code: parallel/ and environment/ hold what a training rank imports, planning/
+and doctor/ what the command line plans and checks with (issue 30). No module a rank imports, function-level
+imports included, is in planning/ or doctor/, and every module of parallel/ and environment/ is one a rank imports."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from tests.support.import_graph import MODULES, all_imports, package_imports
+from tests.support.import_graph import MODULES, PACKAGE, all_imports, package_imports
 
 Edges = dict[tuple[str, str], list[str]]
 
@@ -66,3 +70,49 @@ def test_the_scan_sees_a_cycle_through_a_function_level_import():
     assert two_cycles(edges) == [("env", "par")]
     del imports["p.env.alloc"]
     assert two_cycles(folder_edges(imports)) == []
+
+
+# What runs inside a training rank: the entry points at the top (RecipeTrainer, the arguments, the callbacks, the
+# runtime, the upstream shims), the checkpoint export `save_model` calls, the demo's per-rank script, and preflight's
+# training check (a RecipeTrainer in every rank). Not preflight/worker.py: a preflight's ranks run the doctor and the
+# plan check on each machine on purpose, the command line's checks launched there.
+RANK_ENTRY_POINTS = (
+    "trainer",
+    "trainer_classes",
+    "arguments",
+    "argument_classes",
+    "callbacks",
+    "runtime",
+    "_compat",
+    "checkpoint.export",
+    "demo.train",
+    "preflight.training",
+)
+IN_RANK = ("parallel", "environment")
+PLANNING = ("planning", "doctor")
+
+
+def rank_closure(imports: Mapping[str, Mapping[str, int]]) -> set[str]:
+    """Every module of the package a rank can import from RANK_ENTRY_POINTS, function-level imports included."""
+    seen: set[str] = set()
+    todo = [f"{PACKAGE.name}.{m}" for m in RANK_ENTRY_POINTS]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo += imports.get(module, {})
+    return seen
+
+
+def test_the_folders_say_what_runs_inside_a_rank():
+    imports = all_imports()
+    closure = rank_closure(imports)
+    assert "hf_dist_recipes.parallel.memory" in closure and "hf_dist_recipes.environment.fingerprint" in closure
+    leaked = sorted(m for m in closure if folder(m) in PLANNING)
+    idle = sorted(m for m in MODULES if folder(m) in IN_RANK and m not in closure)
+    assert not leaked, (
+        f"a rank imports planning/ or doctor/ (move the piece it uses into parallel/ or environment/): {leaked}"
+    )
+    assert not idle, (
+        f"modules of parallel/ or environment/ that no rank imports (move them to planning/ or doctor/): {idle}"
+    )

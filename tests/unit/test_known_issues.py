@@ -1,4 +1,4 @@
-"""The known-issues rules (hf_dist_recipes/environment/known_issues.toml) and their evaluator.
+"""The known-issues rules (hf_dist_recipes/doctor/known_issues.toml) and their evaluator.
 
 Every rule is checked against a host it must fire on and one it must not, both written by hand below from
 shared/reference/version-facts.md (the torch -> CUDA -> NCCL table, the known-bad rows, the declared minimums and
@@ -17,8 +17,8 @@ import tomllib
 
 import pytest
 
-from hf_dist_recipes.environment import rule_conditions
-from hf_dist_recipes.environment.rules import RuleFinding, evaluate, load_rules, not_checkable
+from hf_dist_recipes.doctor import rule_conditions
+from hf_dist_recipes.doctor.rules import RuleFinding, evaluate, load_rules, not_checkable
 from tests.support.paths import REPO
 
 RULES = load_rules()
@@ -500,15 +500,15 @@ def test_findings_carry_evidence_and_come_errors_first():
 
 def test_default_rules_are_the_packaged_file_and_ship_as_package_data():
     assert [r.id for r in load_rules()] == [r.id for r in RULES]
-    path = REPO / "hf_dist_recipes" / "environment" / "known_issues.toml"
+    path = REPO / "hf_dist_recipes" / "doctor" / "known_issues.toml"
     assert [r.id for r in load_rules(path)] == [r.id for r in RULES]
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    shipped = pyproject["tool"]["setuptools"]["package-data"]["hf_dist_recipes.environment"]
+    shipped = pyproject["tool"]["setuptools"]["package-data"]["hf_dist_recipes.doctor"]
     assert "known_issues.toml" in shipped
 
 
 def test_env_prefixes_match_what_the_probe_collects():
-    from hf_dist_recipes.environment import facts, probe
+    from hf_dist_recipes.doctor import facts, probe
 
     assert tuple(rule_conditions.COLLECTED_ENV_PREFIXES) == tuple(probe.ENV_PREFIXES)
     assert set(rule_conditions.VERSION_FACTS) <= set(facts.RULE_FACT_KEYS)

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from hf_dist_recipes.parallel.launch_config import check_launch_config, load_launch_config
+from hf_dist_recipes.planning.launch_config import check_launch_config, load_launch_config
 from tests.support.paths import REPO
 
 

@@ -1,4 +1,4 @@
-"""Launch scripts (`parallel/launch_scripts.py`, `parallel/launch_script_check.py`): what a rendered script holds,
+"""Launch scripts (`planning/launch_scripts.py`, `planning/launch_script_check.py`): what a rendered script holds,
 read back by `parse`, and every `config validate` finding on a script that drifted from its plan, with the fix it
 names. No training is launched (tests/distributed/test_launch_scripts_two_nodes.py runs the scripts as a two-node
 job)."""
@@ -14,9 +14,9 @@ import pytest
 
 from hf_dist_recipes.cli.main import main as cli
 from hf_dist_recipes.comm.nccl_defaults import NCCL_ENV_DEFAULTS
-from hf_dist_recipes.parallel.launch_script_check import check_launch_script
-from hf_dist_recipes.parallel.launch_scripts import LaunchScript, launch_script, sbatch_options
 from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.planning.launch_script_check import check_launch_script
+from hf_dist_recipes.planning.launch_scripts import LaunchScript, launch_script, sbatch_options
 
 GPU_PLAN = ParallelPlan(nodes=2, procs_per_node=8)
 

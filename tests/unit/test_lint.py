@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from hf_dist_recipes.parallel.initialize_rules import initialize_refusals
-from hf_dist_recipes.parallel.lint import ERROR, WARNING, lint_deepspeed, lint_file
+from hf_dist_recipes.planning.initialize_rules import initialize_refusals
+from hf_dist_recipes.planning.lint import ERROR, WARNING, lint_deepspeed, lint_file
 
 Z3 = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto"}
 
@@ -203,7 +203,7 @@ def test_fp16_on_a_cpu_launch(tmp_path, monkeypatch, cpu_fp16, level):
     # Fake: the CPU's fp16 kernels, which the rule asks of the host running the lint (a CPU with AVX512-FP16 gets a
     # warning, one without an error; tests/distributed/test_initialize_refusals.py checks the real answer against
     # DeepSpeed's). What is tested here: the YAML's use_cpu reaches the rule, and a GPU launch never meets it.
-    monkeypatch.setattr("hf_dist_recipes.parallel.initialize_rules.cpu_fp16_supported", lambda: cpu_fp16)
+    monkeypatch.setattr("hf_dist_recipes.planning.initialize_rules.cpu_fp16_supported", lambda: cpu_fp16)
     ds = {**Z3, "fp16": {"enabled": True}}
     path = _yaml(
         tmp_path,

@@ -69,7 +69,7 @@ def test_lower_zero_stages_keep_whole_copies():
 
 
 def test_bytes_per_element_and_offload_placement():
-    from hf_dist_recipes.parallel.deepspeed_config import deepspeed_config
+    from hf_dist_recipes.planning.deepspeed_config import deepspeed_config
 
     plan = ParallelPlan(procs_per_node=8)
     # The generated JSON accumulates gradients in fp32, so a bf16 plan's gradient partitions take 4 B.

@@ -43,8 +43,8 @@ def test_no_module_outside_cli_imports_cli():
 
 
 def test_the_scan_finds_each_way_of_importing_cli():
-    """The scan would catch the import `parallel/shipped.py` used to make, and the other spellings of it."""
-    module = "hf_dist_recipes.parallel.shipped"
+    """The scan would catch the import `planning/shipped.py` used to make, and the other spellings of it."""
+    module = "hf_dist_recipes.planning.shipped"
     assert cli_imports("def f():\n    from hf_dist_recipes.cli.main import main\n", module) == [
         "hf_dist_recipes.cli.main",
         "hf_dist_recipes.cli.main.main",
@@ -57,7 +57,7 @@ def test_the_scan_finds_each_way_of_importing_cli():
 
 def test_no_import_cycles():
     imports = all_imports()
-    assert len(imports) > 50 and "hf_dist_recipes.parallel.memory" in imports["hf_dist_recipes.parallel.fit"]
+    assert len(imports) > 50 and "hf_dist_recipes.parallel.memory" in imports["hf_dist_recipes.planning.fit"]
     cycles = import_cycles({module: set(found) for module, found in imports.items()})
     detail = [
         "; ".join(

@@ -1,4 +1,4 @@
-"""The lock (environment/lock.py), the torch build table and the Dockerfile `pin` writes (environment/pin.py).
+"""The lock (doctor/lock.py), the torch build table and the Dockerfile `pin` writes (doctor/pin.py).
 
 Expected values come from independent sources: `pip freeze --all` of this interpreter for the installed versions,
 /work/shared/reference/version-facts.md for torch 2.13.0's default build (CUDA 13.0, NCCL 2.29.7), hand-written
@@ -16,9 +16,9 @@ import pytest
 from packaging.utils import canonicalize_name
 
 from hf_dist_recipes.comm.nccl_defaults import NCCL_ENV_DEFAULTS
-from hf_dist_recipes.environment import doctor, torch_builds
-from hf_dist_recipes.environment.lock import Drift, Lock, installed_versions, lock_drift, read_lock, write_lock
-from hf_dist_recipes.environment.pin import pin, plan_lock
+from hf_dist_recipes.doctor import doctor, torch_builds
+from hf_dist_recipes.doctor.lock import Drift, Lock, installed_versions, lock_drift, read_lock, write_lock
+from hf_dist_recipes.doctor.pin import pin, plan_lock
 from tests.support.paths import REPO
 
 

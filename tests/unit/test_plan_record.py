@@ -8,7 +8,6 @@ import torch
 from deepspeed.runtime.config import DeepSpeedConfig
 
 from hf_dist_recipes import RecipeTrainingArguments, _compat
-from hf_dist_recipes.parallel.deepspeed_config import deepspeed_config
 from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.parallel.plan_record import (
     PLAN_KEY,
@@ -17,6 +16,7 @@ from hf_dist_recipes.parallel.plan_record import (
     can_recompute,
     recorded_plan,
 )
+from hf_dist_recipes.planning.deepspeed_config import deepspeed_config
 
 
 def _launch_with(tmp_path, monkeypatch, plan: ParallelPlan):

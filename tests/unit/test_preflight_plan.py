@@ -51,7 +51,7 @@ def test_shipped_cpu_config_plans_the_demo_model():
 def test_a_launch_config_read_once_is_handed_on(tmp_path):
     """The plan check and the lint take the LaunchConfig already read: the files are not read again (here they
     are gone once read; only accelerate's own loader, inside the lint, reads the YAML itself)."""
-    from hf_dist_recipes.parallel.launch_config import load_launch_config
+    from hf_dist_recipes.planning.launch_config import load_launch_config
 
     path = write_config(tmp_path, processes=4, tp=2, ep=2)
     cfg = load_launch_config(path)

@@ -5,7 +5,6 @@ import pytest
 from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
 from hf_dist_recipes.core.sizes import GIB
-from hf_dist_recipes.parallel.deepspeed_config import deepspeed_config
 from hf_dist_recipes.parallel.memory import estimate
 from hf_dist_recipes.parallel.models import introspect
 from hf_dist_recipes.parallel.plan import ParallelPlan
@@ -16,6 +15,7 @@ from hf_dist_recipes.parallel.zero_buffers import (
     zero_buffer_notes,
     zero_buffers,
 )
+from hf_dist_recipes.planning.deepspeed_config import deepspeed_config
 
 V3 = introspect("deepseek-v3")
 LLAMA = introspect("llama-3.1-8b")

@@ -2,7 +2,7 @@
 reads them; the doctor's checks and the known-issues rules judge them).
 
 `EnvironmentFacts.rule_facts()` flattens them into the `RuleFacts` mapping the known-issues rules evaluate
-(`environment/rules.py`); its keys, in order, are `RULE_FACT_KEYS`, None where a fact is unknown. The JSON of
+(`doctor/rules.py`); its keys, in order, are `RULE_FACT_KEYS`, None where a fact is unknown. The JSON of
 `to_dict()` (what `doctor --json` prints under "facts") is these dataclasses' fields, with `peer_access` as
 `PeerPair` objects and `rule_facts` added; `core.findings.json_schema` derives its schema from them.
 """

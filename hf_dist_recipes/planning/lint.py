@@ -14,11 +14,11 @@ from pathlib import Path
 from hf_dist_recipes.core.findings import ERROR, WARNING, Finding
 from hf_dist_recipes.core.jsonfile import load_deepspeed_json, read_text_file
 from hf_dist_recipes.parallel.batch import tensor_parallel_size
-from hf_dist_recipes.parallel.initialize_rules import initialize_refusals
-from hf_dist_recipes.parallel.launch_config import LaunchConfig, check_launch_config, load_launch_config
-from hf_dist_recipes.parallel.launch_plan import is_loopback, plan_of_launch
-from hf_dist_recipes.parallel.launch_script_check import check_launch_script
-from hf_dist_recipes.parallel.launch_scripts import SCRIPT_SUFFIX, LaunchScript
+from hf_dist_recipes.planning.initialize_rules import initialize_refusals
+from hf_dist_recipes.planning.launch_config import LaunchConfig, check_launch_config, load_launch_config
+from hf_dist_recipes.planning.launch_plan import is_loopback, plan_of_launch
+from hf_dist_recipes.planning.launch_script_check import check_launch_script
+from hf_dist_recipes.planning.launch_scripts import SCRIPT_SUFFIX, LaunchScript
 
 # accelerate 1.16 (utils/dataclasses.py, DeepSpeedPlugin) refuses these YAML keys beside a deepspeed_config_file.
 IGNORED_WITH_DS_FILE = (
@@ -268,9 +268,9 @@ def _memory_findings(
 ) -> list[LintFinding]:
     from dataclasses import replace
 
-    from hf_dist_recipes.parallel.fit import SOURCES, check_fit
     from hf_dist_recipes.parallel.models import introspect
     from hf_dist_recipes.parallel.plan_record import recorded_plan
+    from hf_dist_recipes.planning.fit import SOURCES, check_fit
 
     name = str(cfg.path)
     plan, recorded_model = plan_of_launch(cfg, world)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from hf_dist_recipes.core.findings import ERROR, WARNING, Finding
 from hf_dist_recipes.core.jsonfile import read_text_file
-from hf_dist_recipes.parallel.accelerate_config import DEFAULT_PORT
-from hf_dist_recipes.parallel.launch_config import load_launch_config
-from hf_dist_recipes.parallel.launch_scripts import LaunchScript, assignments, gpu_count, sbatch_options
+from hf_dist_recipes.planning.accelerate_config import DEFAULT_PORT
+from hf_dist_recipes.planning.launch_config import load_launch_config
+from hf_dist_recipes.planning.launch_scripts import LaunchScript, assignments, gpu_count, sbatch_options
 
 
 def check_launch_script(path: str | Path) -> list[Finding]:

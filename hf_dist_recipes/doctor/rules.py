@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hf_dist_recipes.core.findings import SEVERITIES, Severity, Status, severity_rank, status_of_severity
-from hf_dist_recipes.environment.rule_conditions import Condition, all3, compile_condition
+from hf_dist_recipes.doctor.rule_conditions import Condition, all3, compile_condition
 
 RULES_FILE = "known_issues.toml"
 RULE_KEYS = ("id", "severity", "symptom", "fix", "source", "when")
@@ -122,7 +122,7 @@ def parse_rules(data: Mapping[str, object]) -> list[Rule]:
 
 @functools.lru_cache(maxsize=1)
 def _packaged_rules() -> tuple[Rule, ...]:
-    text = importlib.resources.files("hf_dist_recipes.environment").joinpath(RULES_FILE).read_text(encoding="utf-8")
+    text = importlib.resources.files("hf_dist_recipes.doctor").joinpath(RULES_FILE).read_text(encoding="utf-8")
     return tuple(parse_rules(tomllib.loads(text)))
 
 

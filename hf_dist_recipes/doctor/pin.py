@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from packaging.utils import canonicalize_name
 
-from hf_dist_recipes.environment import cuda_host, dockerfile, torch_builds
-from hf_dist_recipes.environment.lock import (
+from hf_dist_recipes.doctor import dockerfile, torch_builds
+from hf_dist_recipes.doctor.lock import (
     Lock,
     installed_versions,
     local_distributions,
@@ -30,6 +30,7 @@ from hf_dist_recipes.environment.lock import (
     running_torch_build,
     write_lock,
 )
+from hf_dist_recipes.environment import cuda_host
 
 # What a torch wheel pulls in for its CUDA build and pins itself: replaced along with torch.
 _TORCH_RUNTIME = re.compile(r"^(nvidia-.*|cuda-.*|triton|pytorch-triton)$")
@@ -74,7 +75,7 @@ def refusing_findings(
 ) -> list:
     """The "error" findings of the known-issues rules on the facts a lock of `build` + `packages` produces."""
     if evaluate is None:
-        from hf_dist_recipes.environment.rules import evaluate
+        from hf_dist_recipes.doctor.rules import evaluate
     facts = {
         "python": python,
         "torch": build.torch,

@@ -10,10 +10,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from hf_dist_recipes.environment.facts import NcclFacts
-
-# The wheels torch depends on for its NCCL, newest CUDA first (version-facts.md, the wheels' Requires-Dist).
-NCCL_DISTRIBUTIONS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
+from hf_dist_recipes.doctor.facts import NcclFacts
+from hf_dist_recipes.environment.fingerprint import NCCL_DISTRIBUTIONS  # the wheels torch takes its NCCL from
 
 
 def nccl_version_from_int(code: int) -> str:

@@ -104,7 +104,7 @@ def local_distributions() -> dict[str, str]:
 def running_torch_build() -> tuple[str | None, str | None]:
     """(build tag, CUDA) of the running torch: its local label when it has one, else what torch.version.cuda says
     (PyPI's untagged linux wheel is a CUDA build). (None, None) without torch."""
-    from hf_dist_recipes.environment.torch_builds import CPU, build_tag, normalize_cuda
+    from hf_dist_recipes.doctor.torch_builds import CPU, build_tag, normalize_cuda
 
     try:
         import torch
@@ -221,7 +221,7 @@ def lock_drift(lock: Lock, installed: Mapping[str, str]) -> list[Drift]:
     installed, or installed but not locked, is drift too (None on the missing side). `installed`: name -> version
     as installed (`installed_versions()`). torch compares its release and its build: an installed local label
     ("+cu126") must be the lock's `torch_build`; an unlabelled torch is PyPI's default build of that release."""
-    from hf_dist_recipes.environment.torch_builds import default_tag
+    from hf_dist_recipes.doctor.torch_builds import default_tag
 
     have = {canonicalize_name(k): v for k, v in installed.items()}
     out = []

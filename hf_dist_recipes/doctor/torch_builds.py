@@ -172,7 +172,7 @@ def lookup(torch_version: str, cuda: str | None = None) -> TorchBuild:
     if release is None:
         raise ValueError(
             f"no torch {torch_version} in the table of known builds; known: {'; '.join(known_builds())}"
-            " (hf_dist_recipes/environment/torch_builds.py, from the wheels' metadata and pytorch "
+            " (hf_dist_recipes/doctor/torch_builds.py, from the wheels' metadata and pytorch "
             "RELEASE.md)"
         )
     base = Version(torch_version).base_version

@@ -64,7 +64,7 @@ from dataclasses import asdict, dataclass, field
 
 from hf_dist_recipes.parallel.elements import placements, rank_elements
 from hf_dist_recipes.parallel.models import ModelShape, component_of
-from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.parallel.plan import ParallelPlan, grad_reduce_bytes
 
 GB = 1e9  # bandwidths in GB/s (10^9 bytes per second), as nccl-tests and NVIDIA's data sheets give them
 PERSISTENCE_THRESHOLD = 100_000  # DeepSpeed's stage3_param_persistence_threshold default: smaller tensors stay whole
@@ -229,12 +229,6 @@ def compute_flops(plan: ParallelPlan, model: ModelShape) -> float:
     qk, v = attention_widths(model)
     attention = model.num_layers * 2 * b * s * s * (qk + v) / 2  # causal: half of the score matrix
     return passes * (matmul + attention) * plan.grad_accum / plan.tp
-
-
-def grad_reduce_bytes(plan: ParallelPlan) -> int:
-    """Bytes per gradient element in the reduce-scatter / all-reduce: `plan.grad_reduce_dtype` (the JSON's
-    `communication_data_type`), 4 under fp32 compute whatever it says."""
-    return 4 if plan.precision == "fp32" or plan.grad_reduce_dtype == "fp32" else 2
 
 
 def traffic(plan: ParallelPlan, model: ModelShape, *, hpz: int = 1, vocab_parallel: bool = False) -> Traffic:

@@ -19,9 +19,9 @@ warning / error, with the fix and the source of the rule. `FACT_CHECKS`, in orde
 - `debug variables`: NCCL_DEBUG=INFO/TRACE or TORCH_DISTRIBUTED_DEBUG=DETAIL left set (warning: NVIDIA's NCCL
   docs, slower and floods the logs);
 - `declared minimums`: the versions the installed packages declare they need (error);
-- `build locks`: a stale DeepSpeed JIT build lock (error: every later run hangs on it; `extensions.stale_locks`);
+- `build locks`: a stale DeepSpeed JIT build lock (error: every later run hangs on it; `op_builds.stale_locks`);
 - `ninja`: the ninja DeepSpeed's op builds run (first on PATH) is the environment's own, or at least its version
-  (warning otherwise: jobs with and without the environment activated rebuild every op; `extensions.ninjas`), and
+  (warning otherwise: jobs with and without the environment activated rebuild every op; `op_builds.ninjas`), and
   one exists when DeepSpeed is installed (warning: an op build stops with "Ninja is required").
 """
 
@@ -38,8 +38,8 @@ from packaging.version import InvalidVersion, Version
 
 from hf_dist_recipes.core.findings import Finding
 from hf_dist_recipes.core.sizes import MIB, format_size
+from hf_dist_recipes.doctor.facts import EnvironmentFacts
 from hf_dist_recipes.environment import cuda_host
-from hf_dist_recipes.environment.facts import EnvironmentFacts
 
 SHM_MIN_BYTES = 512 * MIB  # deepspeed/env_report.py get_shm_size: below this ds_report warns
 STACK = ("deepspeed", "transformers", "accelerate", "datasets")
@@ -217,7 +217,7 @@ def check_infiniband(facts: EnvironmentFacts) -> Check:
 def check_nccl_network(facts: EnvironmentFacts) -> Check:
     """Which HCA ports and IP interfaces NCCL would use (`nccl_net`, NCCL's documented rules) and, when
     that choice is ambiguous, the NCCL_IB_HCA / NCCL_SOCKET_IFNAME values that pin it."""
-    from hf_dist_recipes.environment.nccl_net import nccl_net_choice
+    from hf_dist_recipes.doctor.nccl_net import nccl_net_choice
 
     source = (
         "NCCL user guide, Environment Variables: NCCL_SOCKET_IFNAME, NCCL_IB_HCA "
@@ -305,11 +305,11 @@ def check_debug_variables(facts: EnvironmentFacts) -> Check:
 
 def check_build_locks(facts: EnvironmentFacts, *, root=None) -> Check:
     """Stale DeepSpeed JIT build locks under the extensions root (`root`, default where the next run builds)."""
-    from hf_dist_recipes.environment import extensions
+    from hf_dist_recipes.doctor import op_builds
 
-    source = "known_issues.toml deepspeed-stale-jit-build-lock; hf_dist_recipes/environment/extensions.py"
-    where = root if root is not None else extensions.extensions_root()
-    locks = extensions.stale_locks(where)
+    source = "known_issues.toml deepspeed-stale-jit-build-lock; hf_dist_recipes/doctor/op_builds.py"
+    where = root if root is not None else op_builds.extensions_root()
+    locks = op_builds.stale_locks(where)
     if locks:
         return Check(
             "build locks",
@@ -326,13 +326,13 @@ def check_ninja(facts: EnvironmentFacts | None, *, search_path=None, interpreter
     """The ninja torch runs for DeepSpeed's op builds (first on `search_path`, default $PATH) against the one beside
     `interpreter` (default sys.executable). Reads the machine, like `check_build_locks`; `facts` only says whether
     DeepSpeed is installed (None: assume it is)."""
-    from hf_dist_recipes.environment import extensions
+    from hf_dist_recipes.doctor import op_builds
 
     source = (
         "torch cpp_extension verify_ninja_availability runs `ninja` from PATH; ninja log v7 (ninja-build/ninja 2519) "
-        "vs v6 (2240); hf_dist_recipes/environment/extensions.py"
+        "vs v6 (2240); hf_dist_recipes/doctor/op_builds.py"
     )
-    used, beside = extensions.ninjas(search_path, interpreter)
+    used, beside = op_builds.ninjas(search_path, interpreter)
     bin_dir = Path(interpreter or sys.executable).parent
     on_path_fix = f"activate the environment, or in every job script: export PATH={bin_dir}:$PATH"
     if used is None:

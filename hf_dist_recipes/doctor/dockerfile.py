@@ -19,7 +19,7 @@ import json
 import re
 from collections.abc import Mapping
 
-from hf_dist_recipes.environment.lock import Lock
+from hf_dist_recipes.doctor.lock import Lock
 
 LOCK_NAME = "requirements.lock"
 DOCKERFILE_NAME = "Dockerfile"

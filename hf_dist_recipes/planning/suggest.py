@@ -7,7 +7,7 @@ accumulation only amortises per-step costs (optimizer offload's CPU Adam, ZeRO-1
 never slower per token, and the target is what bounds it. Plans within NEAR_MARGIN of the fastest count as equally
 fast; among them the pick has the least offload, then the least traffic across nodes per token trained.
 
-Memory of one plan: `hf_dist_recipes.parallel.memory`; its traffic and step time: `hf_dist_recipes.parallel.comm`.
+Memory of one plan: `hf_dist_recipes.parallel.memory`; its traffic and step time: `hf_dist_recipes.planning.comm`.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hf_dist_recipes.core.sizes import GIB
-from hf_dist_recipes.parallel.comm import Hardware, StepEstimate, describe, step_estimate
 from hf_dist_recipes.parallel.memory import MemoryEstimate, estimate, render_table
 from hf_dist_recipes.parallel.models import ModelShape
 from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.parallel.zero_buffers import hpz_partition_size, use_vocab_parallel_lm_head
+from hf_dist_recipes.planning.comm import Hardware, StepEstimate, describe, step_estimate
 
 # The default batch target: 4M tokens (4,194,304 = 1,024 sequences of 4,096), the Llama 3 report's initial batch
 # for its 405B model (arXiv:2407.21783, section 3.4.1; later doubled to 8M and 16M). DeepSeek-V3 ramped from 3,072
@@ -70,7 +70,7 @@ def candidate_plans(base: ParallelPlan, model: ModelShape) -> list[ParallelPlan]
 @dataclass(frozen=True)
 class Candidate:
     """A plan with its memory (`hf_dist_recipes.parallel.memory`) and its traffic and step time
-    (`hf_dist_recipes.parallel.comm`); `target_sequences`: the batch target it was sized for (None: a plan given
+    (`hf_dist_recipes.planning.comm`); `target_sequences`: the batch target it was sized for (None: a plan given
     as it is)."""
 
     memory: MemoryEstimate

@@ -10,8 +10,8 @@ CUDA_VISIBLE_DEVICES) with NVML's link counts.
 
 from __future__ import annotations
 
+from hf_dist_recipes.doctor.facts import DriverFacts, Gpu, TorchFacts
 from hf_dist_recipes.environment import cuda_host
-from hf_dist_recipes.environment.facts import DriverFacts, Gpu, TorchFacts
 
 NVML_FEATURE_ENABLED = 1  # pynvml.NVML_FEATURE_ENABLED: an NVLink link that is up
 NVML_INSTALL_HINT = "pip install hf-dist-recipes[nvml] (nvidia-ml-py)"

@@ -323,8 +323,8 @@ def script_from_args(args: argparse.Namespace, generated, argv: list[str] | None
     """Write the launch script of `config generate`'s parsed flags beside `generated` (a `generate.Generated`):
     its name and port are the YAML's, the log folder `--log-dir` or OUTPUT/logs. `argv`: the flags as given, for
     the header. Returns the script's path."""
-    from hf_dist_recipes.parallel.generate import model_from
     from hf_dist_recipes.parallel.zero_buffers import recommended_env
+    from hf_dist_recipes.planning.generate import model_from
 
     plan = generated.plan
     model = model_from(args.model, required=False)

@@ -4,10 +4,10 @@ report with its exit code and JSON schema.
 `run_checks(facts, lock=None)` returns a `DoctorReport` with, in order:
 - the checks of `doctor_checks.py` (`FACT_CHECKS`: versions, torch sees the GPUs, driver, nccl, infiniband, nccl
   network, peer access, /dev/shm, debug variables, declared minimums, build locks, ninja);
-- `known issues`: how many known-bad combinations (`environment/rules.py`) were checked, which could not be;
+- `known issues`: how many known-bad combinations (`doctor/rules.py`) were checked, which could not be;
   then one `rule <id>` check per finding, its status from the rule's severity (info shows as ok, with its fix),
   except a finding that restates a check above already as severe (COVERED_BY), named in that check's source;
-- with a lock (`environment/lock.py`), one `lock <package>` error per package whose installed version differs
+- with a lock (`doctor/lock.py`), one `lock <package>` error per package whose installed version differs
   (and `lock python` when the interpreter differs), else one ok `lock` check.
 
 `DoctorReport.exit_code(strict)`: 2 with an error, 1 with a warning under `strict`, else 0
@@ -30,8 +30,8 @@ from hf_dist_recipes.core.findings import (
     severity_rank,
     status_of_severity,
 )
-from hf_dist_recipes.environment.doctor_checks import FACT_CHECKS, Check
-from hf_dist_recipes.environment.facts import EnvironmentFacts
+from hf_dist_recipes.doctor.doctor_checks import FACT_CHECKS, Check
+from hf_dist_recipes.doctor.facts import EnvironmentFacts
 
 
 @dataclass(frozen=True)
@@ -56,12 +56,12 @@ class DoctorReport:
 
 
 def rule_checks(facts: EnvironmentFacts, evaluate: Callable | None = None) -> list[Check]:
-    """One check per finding of the known-issues rules (`environment.rules.evaluate` unless given). With the
+    """One check per finding of the known-issues rules (`doctor.rules.evaluate` unless given). With the
     packaged rules, a first `known issues` check says how many were checked and which could not be for want of a
     fact (a GPU rule on a host without NVML), so a clean table is not read as "every rule passed"."""
     if evaluate is not None:
         return _finding_checks(evaluate(facts.rule_facts()))
-    from hf_dist_recipes.environment import rules
+    from hf_dist_recipes.doctor import rules
 
     rule_facts = facts.rule_facts()
     fired, unknown = rules.evaluate(rule_facts), rules.not_checkable(rule_facts)
@@ -71,7 +71,7 @@ def rule_checks(facts: EnvironmentFacts, evaluate: Callable | None = None) -> li
         "ok",
         f"{len(rules.load_rules())} known-bad combinations checked, {len(fired)} "
         "apply" + (f"; {len(unknown)} not checkable here (a fact they need is unknown): {shown}" if unknown else ""),
-        source="hf_dist_recipes/environment/known_issues.toml",
+        source="hf_dist_recipes/doctor/known_issues.toml",
     )
     return [summary, *_finding_checks(fired)]
 
@@ -132,10 +132,10 @@ def fold_duplicates(checks: list[Check], rules: list[Check]) -> list[Check]:
 def lock_checks(
     lock, installed: Mapping[str, str] | None = None, drift: Callable | None = None, python: str | None = None
 ) -> list[Check]:
-    """One error per package whose installed version differs from `lock` (`environment.lock.lock_drift`, over
+    """One error per package whose installed version differs from `lock` (`doctor.lock.lock_drift`, over
     `installed`, default `lock.installed_versions()`), and one when `python` differs from the lock's Python."""
     if drift is None or installed is None:
-        from hf_dist_recipes.environment import lock as lock_module
+        from hf_dist_recipes.doctor import lock as lock_module
 
         drift = drift or lock_module.lock_drift
         installed = lock_module.installed_versions() if installed is None else installed
@@ -169,7 +169,7 @@ def lock_checks(
 def run_checks(
     facts: EnvironmentFacts, lock=None, *, evaluate: Callable | None = None, installed: Mapping[str, str] | None = None
 ) -> DoctorReport:
-    """Every check of the module docstring on `facts`; `lock` (a `environment.lock.Lock`) adds the drift errors.
+    """Every check of the module docstring on `facts`; `lock` (a `doctor.lock.Lock`) adds the drift errors.
     `evaluate` / `installed` replace the rules and the installed distributions, for tests."""
     checks = [check(facts) for check in FACT_CHECKS]
     checks += fold_duplicates(checks, rule_checks(facts, evaluate))

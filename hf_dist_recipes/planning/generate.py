@@ -1,5 +1,5 @@
 """Write the accelerate YAML and DeepSpeed JSON of a plan: what `hf-dist-recipes config generate` writes, and what
-`parallel.shipped` writes for each entry of accelerate_configs/manifest.json.
+`planning.shipped` writes for each entry of accelerate_configs/manifest.json.
 
 The flags that describe a plan are defined here (`add_plan_flags`, `add_output_flags`), so that the command line and
 the manifest's argument lists are read by one parser; `write_configs` takes the plan itself.
@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from hf_dist_recipes.core.user_values import writable_dir
-from hf_dist_recipes.parallel.accelerate_config import DEFAULT_PORT, accelerate_config, render_yaml
-from hf_dist_recipes.parallel.comm import HARDWARE
 from hf_dist_recipes.parallel.plan import ENGINES, GRAD_REDUCE_DTYPES, PRECISIONS, ParallelPlan
+from hf_dist_recipes.planning.accelerate_config import DEFAULT_PORT, accelerate_config, render_yaml
+from hf_dist_recipes.planning.comm import HARDWARE
 
 
 def add_plan_flags(parser: argparse.ArgumentParser) -> None:
@@ -155,7 +156,7 @@ def fit_problem(
     a file written elsewhere may not record what it was sized for."""
     if plan.device != "cuda" or plan.engine != "deepspeed":
         return None
-    from hf_dist_recipes.parallel.fit import SOURCES, check_fit
+    from hf_dist_recipes.planning.fit import SOURCES, check_fit
 
     if gpu_memory_gib is not None:
         gib, source, name = gpu_memory_gib, "--gpu-memory", hardware
@@ -208,6 +209,20 @@ def jit_built_ops(plan: ParallelPlan) -> list[str]:
     return [op for op, needed in used.items() if needed]
 
 
+def launch_header_lines(ops: Sequence[str] = ()) -> list[str]:
+    """Comment lines for a generated DeepSpeed launch config: where DeepSpeed's ops build and why
+    (`environment.extensions`, what each rank sets). `ops`: the ops the launch JIT-builds, as its plan says
+    (`jit_built_ops`); none named: "its ops"."""
+    from hf_dist_recipes.environment.extensions import ENV
+
+    what = f"its ops ({', '.join(ops)})" if ops else "its ops"
+    return [
+        f"DeepSpeed JIT-builds {what} once per node: unless {ENV} is set,",
+        "RecipeTrainingArguments sets it to $TMPDIR (else /tmp)/torch_extensions-<user>/<python_cuda_torch>, not",
+        "~/.cache, which all nodes share behind one lock file that a node killed mid-build leaves to hang the rest",
+    ]
+
+
 def write_configs(
     plan: ParallelPlan,
     output: str | Path,
@@ -242,7 +257,7 @@ def write_configs(
             raise ValueError(f"{problem}; or pass --force to write the files anyway")
         warnings = warnings + ([problem] if problem else [])
     # After the checks: this imports DeepSpeed, whose import prints a notice (a refusal stays one line).
-    from hf_dist_recipes.parallel.deepspeed_config import deepspeed_config
+    from hf_dist_recipes.planning.deepspeed_config import deepspeed_config
 
     if plan.nodes > 1 and main_process_ip.startswith("127.") and plan.device == "cuda" and not address_from_launcher:
         warnings = warnings + [
@@ -289,8 +304,6 @@ def write_configs(
         header.append("RecipeTrainingArguments sets this where unset; with the stock Trainer, before launching:")
         header.append("  " + " ".join(f"export {k}={v}" for k, v in env.items()))
     if plan.engine == "deepspeed":
-        from hf_dist_recipes.environment.extensions import launch_header_lines
-
         header += launch_header_lines(jit_built_ops(plan))
     header += [f"Warning: {w}" for w in warnings]
     yaml_file = out / f"{name}.yaml"

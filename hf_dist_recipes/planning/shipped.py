@@ -2,7 +2,7 @@
 the package as `hf_dist_recipes/configs/` (in the repository a link to accelerate_configs/).
 
 Each manifest entry holds `config generate` flags; they are read by the same parser and written by the same
-function as the command line's (`hf_dist_recipes.parallel.generate`), without going through the command line.
+function as the command line's (`hf_dist_recipes.planning.generate`), without going through the command line.
 
 The shipped YAMLs name their DeepSpeed JSON relative to the repository root (`accelerate_configs/deepspeed/...`),
 which accelerate resolves against the launch directory. `copy_config` writes a YAML whose JSON path is absolute, so
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from hf_dist_recipes.core.files import write_atomically
 from hf_dist_recipes.core.user_values import writable_dir
-from hf_dist_recipes.parallel.generate import generate_from_args, generate_parser
+from hf_dist_recipes.planning.generate import generate_from_args, generate_parser
 
 # How the shipped YAMLs name their JSON and their own launch line (regenerate's output directory).
 SHIPPED_PREFIX = "accelerate_configs"

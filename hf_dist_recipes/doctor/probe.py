@@ -16,7 +16,8 @@ Collected (each source can be injected, so tests replay recorded GPU hosts on a 
 - nvcc's CUDA release (`nvcc --version`, from PATH or `$CUDA_HOME/bin`), which DeepSpeed's op JIT build compares
   with torch's;
 - versions of deepspeed, transformers, accelerate, datasets and hf-dist-recipes from importlib.metadata: never
-  imported (importing deepspeed alone takes seconds; the doctor answers in under 3 s);
+  imported (importing deepspeed alone takes seconds; the doctor answers in under 3 s); the list and the reader are
+  `environment/fingerprint.py`'s, the versions every rank compares;
 - the environment variables set whose names start with NCCL_, TORCH_ or CUDA_.
 A source that cannot be read is a fact ("unavailable: <why>"), never an exception. The facts' types and the flat
 mapping the known-issues rules read (`rule_facts()`) are in `facts.py`.
@@ -24,7 +25,6 @@ mapping the known-issues rules read (`rule_facts()`) are in `facts.py`.
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import platform
 import re
@@ -34,23 +34,15 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
+from hf_dist_recipes.doctor.facts import DriverFacts, EnvironmentFacts, IbPort, NetInterface
+from hf_dist_recipes.doctor.probe_gpus import merge_gpus, probe_nvml, probe_torch
+from hf_dist_recipes.doctor.probe_nccl import loaded_nccl, probe_nccl
 from hf_dist_recipes.environment import cuda_host
-from hf_dist_recipes.environment.facts import DriverFacts, EnvironmentFacts, IbPort, NetInterface
-from hf_dist_recipes.environment.probe_gpus import merge_gpus, probe_nvml, probe_torch
-from hf_dist_recipes.environment.probe_nccl import loaded_nccl, probe_nccl
+from hf_dist_recipes.environment.fingerprint import PACKAGES, installed_version
 
-PACKAGES = ("deepspeed", "transformers", "accelerate", "datasets", "hf-dist-recipes")
 ENV_PREFIXES = ("NCCL_", "TORCH_", "CUDA_")
 CONTAINER_MARKERS = ("/.dockerenv", "/run/.containerenv")  # Docker's, Podman's
 NVCC_TIMEOUT_S = 5.0  # nvcc --version answers in tens of milliseconds; a broken toolkit must not stall the doctor
-
-
-def installed_version(name: str) -> str | None:
-    """Version of the installed distribution `name`, or None."""
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _read(path: str) -> str | None:
@@ -166,7 +158,7 @@ def probe(
     )
 
 
-if __name__ == "__main__":  # python -m hf_dist_recipes.environment.probe: the facts as JSON
+if __name__ == "__main__":  # python -m hf_dist_recipes.doctor.probe: the facts as JSON
     import json
 
     json.dump(probe().to_dict(), sys.stdout, indent=2)

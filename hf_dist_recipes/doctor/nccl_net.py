@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hf_dist_recipes.environment.facts import IbPort, NetInterface
+from hf_dist_recipes.doctor.facts import IbPort, NetInterface
 
 # NCCL's automatic search order without NCCL_SOCKET_IFNAME (ncclFindInterfaces); "^docker,lo": all but those.
 SOCKET_SEARCH = ("ib", "^docker,lo", "docker", "lo")
