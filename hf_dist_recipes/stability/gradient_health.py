@@ -35,8 +35,8 @@ Deciding, once per optimizer step, in `on_pre_optimizer_step` (after `_clip_grad
   gradient norm, which is non-finite exactly when some rank's gradient is (a NaN survives the reduce-scatter), and
   refuses the step when it is (see below). A healthy step (applied, norm finite) needs no collective of ours:
   its spike checks wait, with this rank's loss and local gradient norm, for a step that logs, saves or stops,
-  where one all-gather of the waiting values (`core.gather.gather_floats`) gives every rank's loss (their mean is
-  the step's loss) and local norm of each waiting step, and the checks run in step order (the events reach the same
+  where one all-reduce of the waiting values (each rank its own row of a zeroed table) gives every rank's loss
+  (their mean is the step's loss) and local norm of each waiting step, and the checks run in step order (the events reach the same
   log as they would at once; the warnings come at that log). Only a refused step gathers (`all_gather_object`)
   each rank's loss flag and the names of the parameters whose slots are non-finite, for the report.
 - Elsewhere: one all-reduce (SUM) of `3 x world_size` float64 values, each rank writing its own slots (its flag,
@@ -111,7 +111,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from hf_dist_recipes import _compat
-from hf_dist_recipes.core.gather import distributed, gather_floats, gather_objects
+from hf_dist_recipes.core.gather import distributed, gather_objects
 from hf_dist_recipes.monitoring.console import warn_once
 from hf_dist_recipes.runtime import RecipeRuntime
 from hf_dist_recipes.stability.nonfinite import (
@@ -394,9 +394,13 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         self._nonfinite_step(args, control, optimizer, step, ranks, loss_ranks, parameters, applied=not skipped)
 
     def _check_unchecked(self) -> None:
-        """Spike checks of the healthy ZeRO-3 steps since the last call, in step order: one all-gather of every
-        rank's loss and local gradient norm of those steps (the mean loss over ranks, and the rank a spike names),
-        where a check per step would cost a collective per step. Called where every rank is at once and before
+        """Spike checks of the healthy ZeRO-3 steps since the last call, in step order: one all-reduce of every
+        rank's loss and local gradient norm of those steps, each rank writing its own row of a zeroed table (the mean
+        loss over ranks, and the rank a spike names), where a check per step would cost a collective per step. An
+        all-reduce, not an all-gather: a rank whose data ran out reaches this at its last step while the others
+        all-gather ZeRO-3 parameters in their next one, and Gloo then aborts on the mismatched all-gather sizes
+        instead of leaving the hang that the watchdog names and dumps (tests/distributed/test_hang_diagnosis.py,
+        short case). Called where every rank is at once and before
         anything reads the windows or the counters: at a step that logs, saves or stops (`on_step_end`), before a
         refused step's report, at train end. Every rank holds the same steps."""
         if not self._unchecked:
@@ -406,7 +410,12 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         mine = torch.stack(
             [v for _, loss, local, _ in entries for v in (nan if loss is None else loss.to(nan), local.to(nan))]
         )
-        rows = gather_floats(mine.tolist())  # rank r: [loss, local norm] of each waiting step, in step order
+        world = torch.distributed.get_world_size() if distributed() else 1
+        table = torch.zeros(world, mine.numel(), dtype=torch.float64, device=mine.device)
+        table[torch.distributed.get_rank() if distributed() else 0] = mine
+        if world > 1:
+            torch.distributed.all_reduce(table)  # SUM: row r holds rank r's values alone
+        rows = table.tolist()  # rank r: [loss, local norm] of each waiting step, in step order
         for i, (step, _, _, norm) in enumerate(entries):
             rank_losses, rank_norms = [row[2 * i] for row in rows], [row[2 * i + 1] for row in rows]
             total = sum(rank_losses) / len(rows)
