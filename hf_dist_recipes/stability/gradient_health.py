@@ -33,12 +33,12 @@ Deciding, once per optimizer step, in `on_pre_optimizer_step` (after `_clip_grad
 `optimizer.step()`):
 - DeepSpeed ZeRO-3: the engine has already decided, the same way on every rank: its `step` all-reduces the global
   gradient norm, which is non-finite exactly when some rank's gradient is (a NaN survives the reduce-scatter), and
-  refuses the step when it is (see below). A healthy step (applied, norm finite) needs no collective of ours:
-  its spike checks wait, with this rank's loss and local gradient norm, for a step that logs, saves or stops,
-  where one all-reduce of the waiting values (each rank its own row of a zeroed table) gives every rank's loss
-  (their mean is the step's loss) and local norm of each waiting step, and the checks run in step order (the events reach the same
-  log as they would at once; the warnings come at that log). Only a refused step gathers (`all_gather_object`)
-  each rank's loss flag and the names of the parameters whose slots are non-finite, for the report.
+  refuses the step when it is (see below). A healthy step (applied, norm finite) needs no collective of ours: its
+  spike checks wait, with this rank's loss and local gradient norm, for a step that logs, saves or stops, where one
+  all-reduce of the waiting values (each rank its own row of a zeroed table) gives every rank's loss (their mean is
+  the step's loss) and local norm of each waiting step, and the checks run in step order (the events reach the same
+  log as they would at once; the warnings come at that log). Only a refused step gathers (`all_gather_object`) each
+  rank's loss flag and the names of the parameters whose slots are non-finite, for the report.
 - Elsewhere: one all-reduce (SUM) of `3 x world_size` float64 values, each rank writing its own slots (its flag,
   its mean micro-batch loss, its local gradient norm), tells every rank which ranks saw a non-finite value and
   every rank's loss and norm. Only when a flag is set, a second collective (`all_gather_object`) collects the
