@@ -110,7 +110,11 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
         # The arguments seeded the process when they were created (the upgrade above creates them); the stock
         # __init__ seeds again before model_init (set_seed), so model_init builds the same weights on every rank.
         super().__init__(*bound.args, **bound.kwargs)
-        use_recipe_console(self)  # loss, lr, grad norm, skips, spikes; the rest in TensorBoard
+        # The one read of the callbacks the stock constructor registered (its own and the user's): the stock
+        # console is replaced, a user's expert-load callback is not doubled, and every recipe callback among them
+        # gets this run's runtime. Nothing else looks through the list (a restored callback aside: `_compat`).
+        held = list(self.callback_handler.callbacks)
+        use_recipe_console(self, held)  # loss, lr, grad norm, skips, spikes; the rest in TensorBoard
         # use_cpu (asked for, or set by the arguments where torch sees no GPU) is a CPU run: Gloo is right there.
         check_process_group_backend(
             allow_gloo_on_cuda=args.allow_gloo_on_cuda, cuda_devices=0 if args.use_cpu else None
@@ -123,9 +127,7 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
         self.runtime = RecipeRuntime.for_trainer(self, args.seed_report)
         if self.runtime.facts.zero_stage == 3 and self.model is not None:
             check_partitioned(self.model, limit_bytes=args.max_unpartitioned_model_bytes, world_size=args.world_size)
-        self.recipe_callbacks: RecipeCallbacks = recipe_callbacks(
-            args, self.model, self.runtime, registered=self.callback_handler.callbacks
-        )
+        self.recipe_callbacks: RecipeCallbacks = recipe_callbacks(args, self.model, self.runtime, registered=held)
         # Before any engine: a model that will not recompute under a plan that assumed it stops here with the fix.
         self.recipe_callbacks.plan_conformance.check_before_training(self.model, args)
         callbacks = self.recipe_callbacks.in_order()
@@ -135,7 +137,7 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
         for callback in callbacks:  # after the Trainer's own, in recipe_callbacks' order (hf_dist_recipes.callbacks)
             self.add_callback(callback)
         # An expert-load callback the user registered logs through this run's runtime too.
-        self.runtime.adopt(self.callback_handler.callbacks)
+        self.runtime.adopt(held)
 
     def call_model_init(self, trial=None):
         """`Trainer.call_model_init`, which also rebuilds under ZeRO++ hpZ (`_compat.forget_zero_hpz_group`)."""

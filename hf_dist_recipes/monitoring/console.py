@@ -73,11 +73,11 @@ class RecipePrinterCallback(PrinterCallback):
         super().on_log(args, state, control, logs=None if logs is None else console_logs(logs), **kwargs)
 
 
-def use_recipe_console(trainer) -> None:
-    """Replace the trainer's stock `ProgressCallback` / `PrinterCallback` by the ones above (public
-    `remove_callback` / `add_callback`; the Trainer adds its progress callback last, so the order is kept when this
-    runs right after `Trainer.__init__`)."""
-    for callback in list(trainer.callback_handler.callbacks):
+def use_recipe_console(trainer, held) -> None:
+    """Replace the trainer's stock `ProgressCallback` / `PrinterCallback` among `held` (the callbacks it holds) by
+    the ones above (public `remove_callback` / `add_callback`; the Trainer adds its progress callback last, so the
+    order is kept when this runs right after `Trainer.__init__`)."""
+    for callback in held:
         if type(callback) is ProgressCallback:
             replacement = RecipeProgressCallback(max_str_len=callback.max_str_len)
         elif type(callback) is PrinterCallback:

@@ -91,6 +91,13 @@ def test_recipe_trainer_adds_them_after_the_stock_callbacks_in_order(tmp_path, m
     assert all(c.runtime is trainer.runtime for c in ours if hasattr(c, "runtime"))
 
 
+def test_an_expert_load_callback_the_user_registered_logs_through_the_trainers_runtime(tmp_path, moe_model):
+    mine = ExpertLoadCallback(per_expert=True)
+    trainer = RecipeTrainer(model=moe_model, args=_args(tmp_path), callbacks=[mine])
+    assert [c for c in trainer.callback_handler.callbacks if isinstance(c, ExpertLoadCallback)] == [mine]
+    assert mine.runtime is trainer.runtime and trainer.recipe_callbacks.expert_load is None  # not doubled
+
+
 def _plain_trainer(tmp_path, callbacks, **fields) -> Trainer:
     args = TrainingArguments(
         output_dir=str(tmp_path),
