@@ -1,7 +1,7 @@
 """Practice 5 while the job runs: a non-finite loss or gradient on any rank is found, skipped on every rank or
 stopped with a report, never averaged away; loss and gradient-norm spikes are named.
 
-Why one file of about 525 lines, 95 of them this docstring: finding, deciding and skipping are one protocol whose
+Why one file of about 540 lines, 95 of them this docstring: finding, deciding and skipping are one protocol whose
 order inside a step is the correctness argument (the flag set before the engine's check, the decision after the
 clip and before the optimizer, one collective for all of it); the pieces that stand alone live beside it
 (`nonfinite.py` for the report and halt, `spikes.py` for the spike rules).
