@@ -80,7 +80,7 @@ class JobFacts:
         """The facts of a job run with `args` (RecipeTrainingArguments) under `deepspeed_config` (the engine's
         config dict, None without DeepSpeed)."""
         ds = copy.deepcopy(deepspeed_config) if deepspeed_config is not None else None
-        ep = ((ds or {}).get("expert_parallel") or {}) if ds else {}
+        ep = (ds or {}).get("expert_parallel") or {}
         ep_size = ep.get("autoep_size", 1) if isinstance(ep, dict) and ep.get("enabled") else 1
         world = max(int(getattr(args, "world_size", 1) or 1), 1)
         layout = RankLayout(world, tensor_parallel_size(ds or {}), int(ep_size or 1))
