@@ -1,5 +1,6 @@
 # Two commands on a fresh machine: `make demo` (the main job) and `make test` (the whole suite).
-# Both create .venv when missing and install the exact stack pinned in requirements.lock.
+# Both create .venv when missing and install the exact development stack pinned in requirements-dev.lock: the
+# runtime lock (requirements.lock, what a training image installs) plus the test, lint, docs and report tools.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -14,9 +15,9 @@ JOBS ?= 4
 install: $(STAMP)
 
 # DS_BUILD_OPS=0: DeepSpeed installs as pure Python and JIT-builds the ops it needs on first use.
-$(STAMP): requirements.lock pyproject.toml
+$(STAMP): requirements-dev.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	DS_BUILD_OPS=0 $(BIN)/python -m pip install --quiet -r requirements.lock
+	DS_BUILD_OPS=0 $(BIN)/python -m pip install --quiet -r requirements-dev.lock
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
@@ -48,12 +49,24 @@ configs: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
-# Re-pin after changing pyproject.toml's ranges: installs from the ranges, then freezes what was installed.
+# Re-pin after changing pyproject.toml's ranges: installs from the ranges into a scratch venv, freezes the runtime
+# (the package's own requirements: requirements.lock), then adds the extras and freezes again (requirements-dev.lock).
+# The runtime pins come first, so the development lock holds them unchanged (tests/unit/test_lock.py checks).
+LOCK_NOTE = \# torch is pinned without a local tag: the CPU wheel on a CPU host, PyPI's CUDA 13.0 build (NCCL 2.29.7) on a GPU host.
 lock:
 	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
-	DS_BUILD_OPS=0 .venv-lock/bin/python -m pip install --quiet torch==2.13.0 -e '.[dev,docs]'
-	{ sed -n '1,3p' requirements.lock; .venv-lock/bin/pip freeze --exclude-editable | sed 's/+cpu$$//'; } > requirements.lock.new
-	mv requirements.lock.new requirements.lock && rm -rf .venv-lock
+	DS_BUILD_OPS=0 .venv-lock/bin/python -m pip install --quiet torch==2.13.0 -e .
+	{ echo "# The runtime lock (generated: make lock): hf-dist-recipes' requirements and theirs, exactly; no test, lint"; \
+	  echo "# or docs tool. A training image installs it: pip install -r requirements.lock hf-dist-recipes"; \
+	  echo "$(LOCK_NOTE)"; \
+	  .venv-lock/bin/pip freeze --exclude-editable | sed 's/+cpu$$//'; } > requirements.lock.new
+	DS_BUILD_OPS=0 .venv-lock/bin/python -m pip install --quiet -e '.[dev,docs,report,trl]'
+	{ echo "# The development lock (generated: make lock): requirements.lock plus the extras dev, docs, report and trl;"; \
+	  echo "# what make installs into .venv. tests/unit/test_lock.py checks both locks against pyproject.toml."; \
+	  echo "$(LOCK_NOTE)"; \
+	  .venv-lock/bin/pip freeze --exclude-editable | sed 's/+cpu$$//'; } > requirements-dev.lock.new
+	mv requirements.lock.new requirements.lock && mv requirements-dev.lock.new requirements-dev.lock
+	rm -rf .venv-lock
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache site

@@ -11,6 +11,7 @@ _PUBLIC = {
     "RecipeTrainerMixin": "hf_dist_recipes.trainer",
     "recipe": "hf_dist_recipes.trainer_classes",
     "RecipeTrainingArguments": "hf_dist_recipes.arguments",
+    "recipe_arguments": "hf_dist_recipes.arguments",
     "ExpertBiasBalancer": "hf_dist_recipes.moe.expert_balance",
     "GradientHealthCallback": "hf_dist_recipes.stability.gradient_health",
     "RankAgreementCallback": "hf_dist_recipes.reproducibility.rank_agreement",

@@ -21,14 +21,11 @@ The recipe class is passed in, not imported: `hf_dist_recipes.arguments` imports
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
 
 from transformers import TrainingArguments
 
 from hf_dist_recipes import _compat
-
-logger = logging.getLogger(__name__)
 
 _CLASSES: dict[tuple[type, type], type] = {}  # (recipe class, base) -> Recipe<base>
 _LOCK = threading.Lock()
@@ -115,17 +112,34 @@ def upgrade(args: TrainingArguments, base: type[TrainingArguments] | None, recip
         elif f.name not in ours and _default(target_fields[f.name]) != default:
             kept[f.name] = default  # the source class's default, as a to_dict() rebuild would carry it
     upgraded = target(**kept)
-    recipe_defaults = sorted(
-        name for name in target_fields if name not in kept and getattr(upgraded, name) != getattr(args, name, None)
+    # What the user's class would have used and the recipe replaced: said once at start-up (RecipeTrainer), with how
+    # to keep theirs. Only the stock fields the recipe declares: the recipe's own fields replace nothing.
+    upgraded.replaced_defaults = tuple(
+        (name, getattr(args, name), getattr(upgraded, name))
+        for name in sorted(ours)
+        if name in source_defaults and name not in kept and getattr(upgraded, name) != getattr(args, name)
     )
-    if recipe_defaults:
-        logger.info(
-            "RecipeTrainer upgraded %s to %s; recipe defaults for: %s",
-            type(args).__name__,
-            target.__name__,
-            ", ".join(recipe_defaults),
-        )
     return upgraded
+
+
+def describe_replaced_defaults(args, trainer_name: str) -> str | None:
+    """The start-up line naming the defaults of the user's arguments class that the recipe replaced, and how to keep
+    them (`args.replaced_defaults`, set by `upgrade`); None when nothing was replaced."""
+    replaced = getattr(args, "replaced_defaults", ())
+    if not replaced:
+        return None
+    base = getattr(type(args), "_recipe_base", TrainingArguments)
+    changes = ", ".join(f"{name} {_shown(theirs)} -> {_shown(ours)}" for name, theirs, ours in replaced)
+    keep = ", ".join(f"{name}={_shown(theirs)}" for name, theirs, _ in replaced)
+    return (
+        f"{trainer_name}: {base.__name__} fields left at their defaults take the recipe's: {changes}. "
+        f"To keep {base.__name__}'s, build the arguments as hf_dist_recipes.recipe_arguments({base.__name__})"
+        f"(..., {keep}): values given to a recipe arguments class are kept as given."
+    )
+
+
+def _shown(value) -> str:
+    return repr(getattr(value, "value", value))  # an enum (SchedulerType) as the string a user writes
 
 
 def _post_init_defaults(declared: dict[str, object]) -> dict[str, object]:

@@ -327,6 +327,11 @@ class RecipeTrainingArguments(TrainingArguments):
         tuple, "what creation applied to the process and when, around the process group (`comm.process_setup`)"
     )
     seed_report: SeedReport | None = _derived(None, "this process's seeding on creation (`seed_everything`)")
+    replaced_defaults: tuple = _derived(
+        tuple,
+        "((field, the user's class's default, the recipe's value), ...): the stock defaults an upgrade of the user's "
+        "arguments replaced by the recipe's (`argument_classes.upgrade`); said once at start-up by RecipeTrainer",
+    )
 
     def __post_init__(self):
         """Check every field and derive the fields above (`validate`: nothing outside this object changes), then
@@ -451,6 +456,15 @@ class RecipeTrainingArguments(TrainingArguments):
         if base is None and cls is not RecipeTrainingArguments:  # a subclass of ours: upgrade into it
             base = cls
         return argument_classes.upgrade(args, base, RecipeTrainingArguments)
+
+
+def recipe_arguments(base: type[TrainingArguments]) -> type[RecipeTrainingArguments]:
+    """The recipe's arguments class for the arguments class `base` (`recipe_arguments(SFTConfig)` is
+    `RecipeSFTConfig`: an `SFTConfig` and a `RecipeTrainingArguments`; `TrainingArguments` gives
+    `RecipeTrainingArguments`). Build the arguments with it to keep a stock default the recipe would replace:
+    every value given to it is kept as given, where an upgraded `SFTConfig` cannot tell a value left at its default
+    from the same value given (`argument_classes.upgrade`)."""
+    return argument_classes.recipe_arguments_class(base, RecipeTrainingArguments)
 
 
 def apply_process_effects(args: RecipeTrainingArguments, *, group_existed: bool | None = None) -> None:

@@ -44,6 +44,7 @@ and empties its log sink into each log.
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 
 import torch
@@ -53,7 +54,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 from hf_dist_recipes import _compat
 from hf_dist_recipes._compat import forget_zero_hpz_group
-from hf_dist_recipes.argument_classes import recipe_arguments_class
+from hf_dist_recipes.argument_classes import describe_replaced_defaults, recipe_arguments_class
 from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
 from hf_dist_recipes.callbacks import REPLACES, RecipeCallbacks, recipe_callbacks
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
@@ -61,7 +62,7 @@ from hf_dist_recipes.checkpoint.gather import reference_model
 from hf_dist_recipes.checkpoint.writer import save_config_files
 from hf_dist_recipes.comm.backend import check_process_group_backend, destroy_gloo_group_at_exit
 from hf_dist_recipes.environment.fingerprint import check_ranks_agree
-from hf_dist_recipes.monitoring.console import use_recipe_console
+from hf_dist_recipes.monitoring.console import use_recipe_console, warn_once
 from hf_dist_recipes.parallel.checkpoint_bytes import SaveBytes, save_bytes
 from hf_dist_recipes.parallel.construction import check_partitioned
 from hf_dist_recipes.runtime import RecipeRuntime
@@ -70,6 +71,9 @@ from hf_dist_recipes.schedules.warmup_cosine import (
     WarmupCosineRestarts,
     warmup_cosine_restarts_scheduler,
 )
+
+
+logger = logging.getLogger(__name__)
 
 
 class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
@@ -115,6 +119,9 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
         # gets this run's runtime. Nothing else looks through the list (a restored callback aside: `_compat`).
         held = list(self.callback_handler.callbacks)
         use_recipe_console(self, held)  # loss, lr, grad norm, skips, spikes; the rest in TensorBoard
+        replaced = describe_replaced_defaults(args, type(self).__name__)
+        if replaced:  # a trl user's SFTConfig schedule became the recipe's: said once, with how to keep theirs
+            warn_once(logger, replaced)
         # use_cpu (asked for, or set by the arguments where torch sees no GPU) is a CPU run: Gloo is right there.
         check_process_group_backend(
             allow_gloo_on_cuda=args.allow_gloo_on_cuda, cuda_devices=0 if args.use_cpu else None

@@ -86,10 +86,13 @@ def run_summarize(args: argparse.Namespace) -> int:
     data = summary.to_dict()
     data["aggregate_run"] = write_aggregate_run(summary, os.path.join(out, "aggregate"))
     if not args.no_report:
-        from hf_dist_recipes.logs.report import write_report
+        from hf_dist_recipes.logs.report import plots_unavailable, write_report
 
         data["report"] = write_report(summary, out)
-    for line in summary.warnings:
+        data["report_plots_missing"] = plots_unavailable()
+        if data["report_plots_missing"]:
+            data["warnings"].append(f"report.md has {data['report_plots_missing']}")
+    for line in data["warnings"]:
         print(f"warning: {line}", file=sys.stderr)
     print(json.dumps(data, indent=2) if args.json else render(data))
     return 0

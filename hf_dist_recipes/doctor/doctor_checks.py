@@ -123,7 +123,7 @@ def check_driver(facts: EnvironmentFacts) -> Check:
             name,
             "warning",
             f"the driver version could not be read ({facts.driver.nvml_unavailable})",
-            "install nvidia-ml-py (pip install hf-dist-recipes[nvml]) or put nvidia-smi on PATH",
+            "install nvidia-ml-py (a dependency of hf-dist-recipes: pip install 'nvidia-ml-py>=13,<14') or put nvidia-smi on PATH",
             source,
         )
     floor = cuda_host.min_driver_for_cuda(build)

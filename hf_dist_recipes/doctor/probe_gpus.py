@@ -14,7 +14,8 @@ from hf_dist_recipes.doctor.facts import DriverFacts, Gpu, TorchFacts
 from hf_dist_recipes.environment import cuda_host
 
 NVML_FEATURE_ENABLED = 1  # pynvml.NVML_FEATURE_ENABLED: an NVLink link that is up
-NVML_INSTALL_HINT = "pip install hf-dist-recipes[nvml] (nvidia-ml-py)"
+# A dependency of the package: missing only after `pip install --no-deps` or an image built from another lock.
+NVML_INSTALL_HINT = "pip install 'nvidia-ml-py>=13,<14', a dependency of hf-dist-recipes"
 
 
 def _text(value) -> str:

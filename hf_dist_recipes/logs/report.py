@@ -1,5 +1,8 @@
 """`report.md` and its PNG plots for a `LogSummary`: loss per rank, learning rate, a rank x time heat map of the
-step time, then the straggler and divergence tables. Plots use matplotlib's Agg backend (no display needed)."""
+step time, then the straggler and divergence tables. Plots use matplotlib's Agg backend (no display needed).
+
+matplotlib is the `[report]` extra (`pip install 'hf-dist-recipes[report]'`): a training image does not need it.
+Without it the report keeps its tables and says, in the report and in `missing`, how to get the plots."""
 
 from __future__ import annotations
 
@@ -8,6 +11,18 @@ import os
 import numpy as np
 
 from hf_dist_recipes.logs.aggregate import BLOCKS, LR_TAG, STEP_TIME_TAG, LogSummary, block_matrix
+
+
+REPORT_EXTRA_HINT = "pip install 'hf-dist-recipes[report]' (matplotlib)"
+
+
+def plots_unavailable() -> str | None:
+    """Why the report can have no plots (matplotlib not installed, with the install line), or None."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return f"no plots: matplotlib is not installed ({REPORT_EXTRA_HINT})"
+    return None
 
 
 def _pyplot():
@@ -118,7 +133,10 @@ def write_report(summary: LogSummary, out_dir: str | os.PathLike) -> str:
     else:
         lines.append("None: the learning rate (and, with --tp, the loss inside each TP group) agree on every rank.")
     lines += ["", "## Plots", ""]
-    for name, title, plot in (
+    missing = plots_unavailable()
+    if missing:
+        lines += [missing[0].upper() + missing[1:] + ".", ""]
+    for name, title, plot in () if missing else (
         ("loss_per_rank.png", "Loss per rank", plot_loss_per_rank),
         ("learning_rate.png", "Learning rate", plot_learning_rate),
         ("step_time_heatmap.png", "Step time, rank x time", plot_step_time_heatmap),

@@ -7,7 +7,7 @@ sampling cost is bounded by the logging frequency, and measured in benchmarks/sy
   exceed 100 with several threads);
 - with CUDA: `gpu/max_allocated_gib`, `gpu/max_reserved_gib`: torch's peak allocated / reserved memory on this
   rank's device since the start (torch.cuda), GiB;
-- with NVML (`pip install hf-dist-recipes[nvml]`, i.e. nvidia-ml-py, and a driver), on a run that trains on CUDA
+- with NVML (nvidia-ml-py, a dependency of the package, and a driver), on a run that trains on CUDA
   devices: `gpu/utilization_percent` (busy time over the driver's last sample period), `gpu/memory_used_gib` (the
   whole device, every process), GiB, `gpu/power_w`, watts.
 A run on the CPU does not try NVML and says nothing about it: there is no GPU of its own to sample (`make demo` on a

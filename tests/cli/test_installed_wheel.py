@@ -1,7 +1,8 @@
 """The package as a user installs it, outside the checkout: `python -m build` makes an sdist and a wheel from it
 that `twine check` passes; the wheel, installed by pip into a fresh virtual environment in a temporary folder, lists,
 copies and names the shipped configs and runs the demo from another directory through the environment's own
-`hf-dist-recipes` command, with the checkout out of reach (the package imported is the installed one).
+`hf-dist-recipes` command, with the checkout out of reach (the package imported is the installed one). pip installs
+the wheel with its dependencies from no index, so it can change nothing of the stack: its dry run says so first.
 
 The environment's dependencies are the pinned stack already installed in this checkout's .venv, seen through a .pth
 file (its one line: that site-packages folder), instead of torch, DeepSpeed and transformers downloaded again (GBs,
@@ -57,8 +58,15 @@ def installed(dist, tmp_path_factory) -> dict:
     stack = Path(sysconfig.get_paths()["purelib"])  # this checkout's .venv: the pinned dependencies
     (site / "_pinned_stack.pth").write_text(f"{stack}\n")
     (wheel,) = dist.glob("*.whl")
-    pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", "--no-index"]
-    proc = subprocess.run([*pip, str(wheel)], capture_output=True, text=True, timeout=300)
+    # With its dependencies, as a user installs it, but from no index: every requirement must be met by the stack as
+    # it is. First a dry run whose report says what pip would install (the test below: the wheel alone).
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index"]
+    report = venv / "dry_run.json"
+    proc = subprocess.run(
+        [*pip, "--dry-run", "--quiet", "--report", str(report), str(wheel)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.run([*pip, "--quiet", str(wheel)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     elsewhere = tmp_path_factory.mktemp("elsewhere")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
@@ -66,6 +74,7 @@ def installed(dist, tmp_path_factory) -> dict:
     env = cpu_only_env(dict(env, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
     return {
         "venv": venv,
+        "dry_run": json.loads(report.read_text()),
         "python": python,
         "site": site,
         "cwd": elsewhere,
@@ -93,7 +102,7 @@ def test_twine_check_passes_and_the_metadata_says_what_a_user_needs(dist):
     with zipfile.ZipFile(wheel) as whl:
         names = set(whl.namelist())
         meta = Parser().parsestr(whl.read("hf_dist_recipes-0.1.0.dist-info/METADATA").decode())
-    assert {"dev", "nvml", "trl"} <= set(meta.get_all("Provides-Extra"))
+    assert {"dev", "report", "trl"} <= set(meta.get_all("Provides-Extra"))
     assert "Programming Language :: Python :: 3.11" in meta.get_all("Classifier")
     assert meta["Description-Content-Type"] == "text/markdown" and "hf-dist-recipes" in meta.get_payload()
     # Every shipped file travels with the package, under hf_dist_recipes/configs/.
@@ -175,3 +184,24 @@ def test_the_wheels_requirements_are_met_by_the_pinned_stack(installed):
     )
     location = next(line for line in listed.stdout.splitlines() if line.startswith("Location:"))
     assert location == f"Location: {installed['site']}", listed.stdout  # the wheel, not the editable checkout
+
+
+def test_installing_the_wheel_changes_nothing_of_the_stack_it_lands_in(installed):
+    """Issue 31: the package installs into the stack a team already has (here the development lock: torch 2.13.0,
+    transformers 5.25.0, ...): pip's dry run would install the wheel alone, and after the real install torch and
+    transformers are the versions the stack had (read in this interpreter, which the new environment sees)."""
+    from importlib.metadata import version
+
+    would_install = [item["metadata"]["name"] for item in installed["dry_run"]["install"]]
+    assert would_install == ["hf-dist-recipes"], would_install
+    code = "from importlib.metadata import version; print(version('torch'), version('transformers'))"
+    proc = subprocess.run(
+        [str(installed["python"]), "-c", code],
+        cwd=installed["cwd"],
+        env=installed["env"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [version("torch"), version("transformers")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -64,3 +65,19 @@ def test_dir_without_ranks_is_one_line_exit_2(capsys, tmp_path):
     code = main(["logs", "summarize", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2 and "no event files in rank<N>" in err and err.count("\n") == 1
+
+
+def test_without_the_report_extra_the_tables_are_written_and_the_extra_named(capsys, logdir, tmp_path, monkeypatch):
+    # matplotlib is installed here (the dev lock); a None entry in sys.modules makes its import fail as an absent
+    # package does, the state of a training image installed without the [report] extra.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    code = main(["logs", "summarize", str(logdir), "--out", str(tmp_path / "out"), "--json", "--workers", "1"])
+    captured = capsys.readouterr()
+    assert code == 0
+    data = json.loads(captured.out)
+    hint = "pip install 'hf-dist-recipes[report]'"
+    assert hint in data["report_plots_missing"] and any(hint in w for w in data["warnings"])
+    assert f"warning: report.md has no plots: matplotlib is not installed ({hint}" in captured.err
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "| 2 | h2 | 197% | 10 |" in report and hint in report
+    assert not list((tmp_path / "out").glob("*.png"))

@@ -1,6 +1,6 @@
 """Issue 19 section 3: the recipe applied to the Trainers people use, on 2 real CPU ranks under the shipped ZeRO-3
 config (accelerate_configs/cpu_zero3_2proc.yaml), in one launch: trl's `SFTTrainer` as `recipe(SFTTrainer)` on a
-tiny Llama-style model, then transformers' `Seq2SeqTrainer` as `recipe(Seq2SeqTrainer)` on a tiny T5 predicting
+tiny Llama-style model, trl's `DPOTrainer` with its reference model (issue 31), then transformers' `Seq2SeqTrainer` as `recipe(Seq2SeqTrainer)` on a tiny T5 predicting
 with generation (under ZeRO-3 every rank generates, `synced_gpus`: the path a single process never takes)."""
 
 from __future__ import annotations
@@ -103,6 +103,46 @@ def test_the_plain_route_ends_in_the_recipe_process_state(job):
     for rank, result in enumerate(ranks):
         sft = result["sft"]
         check_process_state(sft["process_state"], sft["recipe_warnings"], rank=rank, group_before_arguments=True)
+
+
+def test_trl_users_are_told_once_which_defaults_the_recipe_replaced_and_how_to_keep_them(job):
+    """Issue 31 section 6: the SFTConfig leaves four stock fields at transformers' defaults (trl does not re-declare
+    them), which the recipe declares otherwise (docs/practices/6-schedule.md, 5-gradients.md, 2-nccl.md): rank 0 says so in one
+    line naming each and the way to keep trl's; rank 1 says nothing."""
+    _, ranks = job
+    lines = [[w for w in r["sft"]["recipe_warnings"] if "take the recipe's" in w] for r in ranks]
+    assert lines[1] == [] and len(lines[0]) == 1, lines
+    (line,) = lines[0]
+    for change in (
+        "lr_scheduler_type 'linear' -> 'cosine_with_restarts'",
+        "warmup_steps 0 -> 0.05",
+        "logging_nan_inf_filter True -> False",
+        "ddp_timeout 1800 -> 7200",
+    ):
+        assert change in line, line
+    assert line.startswith("RecipeSFTTrainer: SFTConfig fields left at their defaults"), line
+    assert "hf_dist_recipes.recipe_arguments(SFTConfig)(..., ddp_timeout=1800, " in line, line
+    assert "learning_rate" not in line and "max_length" not in line  # trl's own and the user's values stay
+
+
+def test_dpo_trains_under_zero3_against_an_untouched_reference_model(job):
+    """Issue 31 section 6: a real DPO run, 2 ranks, ZeRO-3, the reference model a ZeRO-3 inference engine of its own.
+    Policy and reference start equal, so the first loss is -log(sigmoid(0)) = log 2 whatever the data; it falls as
+    the policy learns to prefer the true continuation; the reference, gathered after training, holds its initial
+    weights bit for bit while the policy moved."""
+    _, ranks = job
+    for rank in ranks:
+        dpo = rank["dpo"]
+        assert (dpo["trainer_class"], dpo["args_class"]) == ("RecipeDPOTrainer", "RecipeDPOConfig")
+        assert dpo["zero_stage"] == 3 and dpo["ref_zero_stage"] == 3 and dpo["ref_is_engine"] == "DeepSpeedEngine"
+        assert dpo["lr_scheduler_type"] == "cosine_with_restarts"
+        assert dpo["starts_equal"] and dpo["ref_unchanged"]
+        assert dpo["policy_changed"], "the policy did not move: the reference check proves nothing"
+    losses = ranks[0]["dpo"]["losses"]
+    print(f"\nDPO losses: {[round(x, 4) for x in losses]}")
+    assert len(losses) == 12 and all(math.isfinite(x) for x in losses)
+    assert losses[0] == pytest.approx(math.log(2), abs=1e-5)
+    assert sum(losses[-4:]) / 4 < math.log(2) - 0.1
 
 
 def test_seq2seq_predicts_with_generation_capped_at_generation_max_length(job):

@@ -96,6 +96,52 @@ def test_trl_config_keeps_trl_defaults_and_takes_the_recipes(tmp_path):
     assert up.activation_checkpointing_from_plan is False
 
 
+def test_the_upgrade_records_the_defaults_it_replaced_and_a_recipe_arguments_class_keeps_what_it_is_given(tmp_path):
+    from hf_dist_recipes import recipe_arguments
+    from hf_dist_recipes.argument_classes import describe_replaced_defaults
+
+    # trl's SFTConfig keeps transformers' defaults for these four (the recipe's are in docs/practices/); bf16 and the
+    # learning rate are the user's here, so they are not replaced.
+    up = RecipeTrainingArguments.from_training_arguments(
+        SFTConfig(output_dir=str(tmp_path), bf16=False, learning_rate=1e-4)
+    )
+    assert [(n, str(getattr(a, "value", a)), str(getattr(b, "value", b))) for n, a, b in up.replaced_defaults] == [
+        ("ddp_timeout", "1800", "7200"),
+        ("logging_nan_inf_filter", "True", "False"),
+        ("lr_scheduler_type", "linear", "cosine_with_restarts"),
+        ("warmup_steps", "0", "0.05"),
+    ]
+    line = describe_replaced_defaults(up, "RecipeSFTTrainer")
+    assert "recipe_arguments(SFTConfig)(..., ddp_timeout=1800, logging_nan_inf_filter=True, " in line, line
+    # Following the line keeps trl's values: nothing replaced, nothing said.
+    kept = recipe_arguments(SFTConfig)(
+        output_dir=str(tmp_path),
+        bf16=False,
+        ddp_timeout=1800,
+        logging_nan_inf_filter=True,
+        lr_scheduler_type="linear",
+        warmup_steps=0,
+    )
+    assert RecipeTrainingArguments.from_training_arguments(kept, SFTConfig) is kept
+    assert (kept.ddp_timeout, kept.logging_nan_inf_filter, kept.lr_scheduler_type, kept.warmup_steps) == (
+        1800,
+        True,
+        "linear",
+        0,
+    )
+    assert describe_replaced_defaults(kept, "RecipeSFTTrainer") is None
+    # Arguments the user gave in full replace nothing either.
+    given = SFTConfig(
+        output_dir=str(tmp_path),
+        bf16=False,
+        ddp_timeout=600,
+        logging_nan_inf_filter=False,
+        lr_scheduler_type="constant",
+        warmup_steps=3,
+    )
+    assert RecipeTrainingArguments.from_training_arguments(given).replaced_defaults == ()
+
+
 def test_plain_arguments_for_a_trl_trainer_become_its_config_as_trl_would(tmp_path):
     plain = TrainingArguments(output_dir=str(tmp_path), seed=11)
     up = RecipeTrainingArguments.from_training_arguments(plain, SFTConfig)

@@ -10,7 +10,12 @@
    clip value the engine applies. The `SFTConfig` is the process's first arguments: its post-init creates the
    process group, before the recipe upgrades it (the plain route of issue 30 section 1); the process state at
    train begin and the recipe's warnings are recorded (`tests.support.process_state`).
-2. `recipe(Seq2SeqTrainer)` trains a tiny T5 (from a config) for a few steps to copy short token sequences, then
+2. `recipe(DPOTrainer)` trains a second tiny Llama-style model by DPO on a preference set made here from the same
+   text (prompt: a line's start; chosen: its true continuation; rejected: that continuation reversed), with an
+   explicit reference model built from the same seed, so policy and reference start equal. Records the logged
+   losses, whether the reference model (a ZeRO-3 inference engine of its own, trl's `prepare_deepspeed`) still holds
+   its initial weights after training, gathered, and whether the policy moved.
+3. `recipe(Seq2SeqTrainer)` trains a tiny T5 (from a config) for a few steps to copy short token sequences, then
    `predict()`s with `predict_with_generate=True` and `generation_max_length=7` (ZeRO-3: every rank generates,
    `synced_gpus`), and evaluates.
 
@@ -38,7 +43,7 @@ from transformers import (
     TrainerCallback,
     set_seed,
 )
-from trl import SFTConfig, SFTTrainer
+from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
 from hf_dist_recipes import RecipeTrainingArguments, recipe
 from hf_dist_recipes.parallel.models import template_config
@@ -46,6 +51,7 @@ from tests.support.process_state import ProcessStateAtTrainBegin, recipe_warning
 
 GENERATION_MAX_LENGTH = 7
 SEQ2SEQ_STEPS = 6
+DPO_STEPS = 12
 
 
 class EngineLearningRates(TrainerCallback):
@@ -134,6 +140,73 @@ def sft(output_dir: str, steps: int, lines: list[str], tokenizer) -> dict:
     }
 
 
+def _preferences(lines: list[str]) -> Dataset:
+    """Prompt: a line's first 12 characters; chosen: the next 12 as written; rejected: those 12 reversed."""
+    rows = [(line[:12], line[12:24], line[12:24][::-1]) for line in lines if len(line) >= 24]
+    return Dataset.from_dict({k: [r[i] for r in rows] for i, k in enumerate(("prompt", "chosen", "rejected"))})
+
+
+def _full_weights(module) -> dict[str, torch.Tensor]:
+    """Every parameter of `module` (ZeRO-3 partitioned or not) as full CPU tensors, on every rank."""
+    import deepspeed
+
+    params = dict(module.named_parameters())
+    with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=None):
+        return {name: p.detach().clone().cpu() for name, p in params.items()}
+
+
+def dpo(output_dir: str, lines: list[str], tokenizer) -> dict:
+    config = template_config("tiny-llama")
+    config.vocab_size = len(tokenizer)
+    config.pad_token_id, config.eos_token_id, config.bos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id, None
+    args = DPOConfig(
+        output_dir=output_dir,
+        per_device_train_batch_size=4,
+        learning_rate=3e-3,
+        max_steps=DPO_STEPS,
+        max_length=32,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        bf16=False,
+        seed=7,
+    )
+    set_seed(args.seed)
+    model = AutoModelForCausalLM.from_config(config)
+    set_seed(args.seed)
+    ref_model = AutoModelForCausalLM.from_config(config)  # the same seed: the reference equals the start
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    starts_equal = all(torch.equal(initial[name], p) for name, p in ref_model.named_parameters())
+    with recipe_warnings() as warnings_seen:
+        trainer = recipe(DPOTrainer)(
+            model=model,
+            ref_model=ref_model,
+            args=args,
+            train_dataset=_preferences(lines),
+            processing_class=tokenizer,
+        )
+    trainer.train()
+    engine = trainer.model_wrapped
+    ref_after = _full_weights(trainer.ref_model.module if hasattr(trainer.ref_model, "module") else trainer.ref_model)
+    policy_after = _full_weights(engine.module)
+    return {
+        "trainer_class": type(trainer).__name__,
+        "args_class": type(trainer.args).__name__,
+        "zero_stage": engine.zero_optimization_stage(),
+        "ref_is_engine": type(trainer.ref_model).__name__,
+        "ref_zero_stage": trainer.ref_model.zero_optimization_stage(),
+        "starts_equal": starts_equal,
+        "ref_unchanged": sorted(ref_after) == sorted(initial)
+        and all(torch.equal(ref_after[n], initial[n]) for n in initial),
+        "policy_changed": [n for n in initial if not torch.equal(policy_after[n], initial[n])],
+        "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
+        "rewards_accuracies": [e["rewards/accuracies"] for e in trainer.state.log_history if "rewards/accuracies" in e],
+        "lr_scheduler_type": str(getattr(trainer.args.lr_scheduler_type, "value", trainer.args.lr_scheduler_type)),
+        "recipe_warnings": warnings_seen,
+    }
+
+
 def seq2seq(output_dir: str, tokenizer) -> dict:
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     config = T5Config(
@@ -210,6 +283,7 @@ def main(output_dir: str, steps: int) -> None:
     out = Path(output_dir)
     result = {
         "sft": sft(str(out / "sft"), steps, lines, tokenizer),
+        "dpo": dpo(str(out / "dpo"), lines, tokenizer),
         "seq2seq": seq2seq(str(out / "seq2seq"), tokenizer),
     }
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
