@@ -72,7 +72,6 @@ from hf_dist_recipes.schedules.warmup_cosine import (
     warmup_cosine_restarts_scheduler,
 )
 
-
 logger = logging.getLogger(__name__)
 
 

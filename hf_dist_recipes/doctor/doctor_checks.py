@@ -39,6 +39,7 @@ from packaging.version import InvalidVersion, Version
 from hf_dist_recipes.core.findings import Finding
 from hf_dist_recipes.core.sizes import MIB, format_size
 from hf_dist_recipes.doctor.facts import EnvironmentFacts
+from hf_dist_recipes.doctor.probe_gpus import NVML_INSTALL_HINT
 from hf_dist_recipes.environment import cuda_host
 
 SHM_MIN_BYTES = 512 * MIB  # deepspeed/env_report.py get_shm_size: below this ds_report warns
@@ -123,7 +124,7 @@ def check_driver(facts: EnvironmentFacts) -> Check:
             name,
             "warning",
             f"the driver version could not be read ({facts.driver.nvml_unavailable})",
-            "install nvidia-ml-py (a dependency of hf-dist-recipes: pip install 'nvidia-ml-py>=13,<14') or put nvidia-smi on PATH",
+            f"{NVML_INSTALL_HINT}, or put nvidia-smi on PATH",
             source,
         )
     floor = cuda_host.min_driver_for_cuda(build)

@@ -12,7 +12,6 @@ import numpy as np
 
 from hf_dist_recipes.logs.aggregate import BLOCKS, LR_TAG, STEP_TIME_TAG, LogSummary, block_matrix
 
-
 REPORT_EXTRA_HINT = "pip install 'hf-dist-recipes[report]' (matplotlib)"
 
 
@@ -136,10 +135,14 @@ def write_report(summary: LogSummary, out_dir: str | os.PathLike) -> str:
     missing = plots_unavailable()
     if missing:
         lines += [missing[0].upper() + missing[1:] + ".", ""]
-    for name, title, plot in () if missing else (
-        ("loss_per_rank.png", "Loss per rank", plot_loss_per_rank),
-        ("learning_rate.png", "Learning rate", plot_learning_rate),
-        ("step_time_heatmap.png", "Step time, rank x time", plot_step_time_heatmap),
+    for name, title, plot in (
+        ()
+        if missing
+        else (
+            ("loss_per_rank.png", "Loss per rank", plot_loss_per_rank),
+            ("learning_rate.png", "Learning rate", plot_learning_rate),
+            ("step_time_heatmap.png", "Step time, rank x time", plot_step_time_heatmap),
+        )
     ):
         if plot(summary, os.path.join(out_dir, name)):
             lines += [f"### {title}", "", f"![{title}]({name})", ""]
