@@ -1,7 +1,7 @@
 """Issue 19 section 3: the recipe applied to the Trainers people use, on 2 real CPU ranks under the shipped ZeRO-3
 config (accelerate_configs/cpu_zero3_2proc.yaml), in one launch: trl's `SFTTrainer` as `recipe(SFTTrainer)` on a
-tiny Llama-style model, trl's `DPOTrainer` with its reference model (issue 31), then transformers' `Seq2SeqTrainer` as `recipe(Seq2SeqTrainer)` on a tiny T5 predicting
-with generation (under ZeRO-3 every rank generates, `synced_gpus`: the path a single process never takes)."""
+tiny Llama-style model, trl's `DPOTrainer` with its reference model (issue 31), then transformers'
+`Seq2SeqTrainer` as `recipe(Seq2SeqTrainer)` on a tiny T5 predicting with generation (under ZeRO-3 every rank generates, `synced_gpus`: the path a single process never takes)."""
 
 from __future__ import annotations
 
@@ -107,8 +107,8 @@ def test_the_plain_route_ends_in_the_recipe_process_state(job):
 
 def test_trl_users_are_told_once_which_defaults_the_recipe_replaced_and_how_to_keep_them(job):
     """Issue 31 section 6: the SFTConfig leaves four stock fields at transformers' defaults (trl does not re-declare
-    them), which the recipe declares otherwise (docs/practices/6-schedule.md, 5-gradients.md, 2-nccl.md): rank 0 says so in one
-    line naming each and the way to keep trl's; rank 1 says nothing."""
+    them), which the recipe declares otherwise (docs/practices/6-schedule.md, 5-gradients.md, 2-nccl.md): rank 0
+    says so in one line naming each and the way to keep trl's; rank 1 says nothing."""
     _, ranks = job
     lines = [[w for w in r["sft"]["recipe_warnings"] if "take the recipe's" in w] for r in ranks]
     assert lines[1] == [] and len(lines[0]) == 1, lines
