@@ -1,7 +1,8 @@
 """Issue 19 section 3: the recipe applied to the Trainers people use, on 2 real CPU ranks under the shipped ZeRO-3
 config (accelerate_configs/cpu_zero3_2proc.yaml), in one launch: trl's `SFTTrainer` as `recipe(SFTTrainer)` on a
 tiny Llama-style model, trl's `DPOTrainer` with its reference model (issue 31), then transformers'
-`Seq2SeqTrainer` as `recipe(Seq2SeqTrainer)` on a tiny T5 predicting with generation (under ZeRO-3 every rank generates, `synced_gpus`: the path a single process never takes)."""
+`Seq2SeqTrainer` as `recipe(Seq2SeqTrainer)` on a tiny T5 predicting with generation (under ZeRO-3 every rank
+generates, `synced_gpus`: the path a single process never takes)."""
 
 from __future__ import annotations
 
