@@ -5,7 +5,10 @@ installed upstream no longer behaves as assumed here. tests/unit/test_private_up
 upstream name is used anywhere else in the package. One file, longer than the others, so that every private touch
 can be reviewed (and dropped) in one place.
 
-Covered: transformers 5.24, accelerate 1.16, deepspeed 0.19.8, torch 2.13.
+Proven: every release from the floor to the newest of each range in pyproject.toml (`PROVEN`; .ci/run runs these
+tests at both ends). The workarounds (`WORKAROUNDS`) apply only where the installed release needs them: each names
+the releases that behave so, the upstream issue and when it can go, and its contract test checks both ways that the
+installed release behaves as its entry says.
 """
 
 from __future__ import annotations
@@ -18,7 +21,73 @@ from dataclasses import dataclass
 
 from hf_dist_recipes.core.jsonfile import load_deepspeed_json
 
-COVERED = {"transformers": "5.24", "accelerate": "1.16", "deepspeed": "0.19", "torch": "2.13"}
+# The releases these private touches were read in and tested at (tests/unit/test_compat.py runs against what is
+# installed and fails outside these: re-read the touches against the new release, then widen). The lower ends are
+# pyproject.toml's floors, the upper ends the newest releases tested (the development lock).
+PROVEN = {
+    "transformers": ">=5.22,<=5.25.0",
+    "accelerate": ">=1.16,<=1.16.0",
+    "deepspeed": ">=0.19.8,<=0.19.8",
+    "torch": ">=2.13,<=2.13.0",
+}
+
+
+@dataclass(frozen=True)
+class Workaround:
+    """An upstream behaviour the package works around. `affected`: the releases of `package` that behave so (PEP 440;
+    open above while no release fixes it); `upstream`: the issue or the place in upstream's code; `remove_when`: what
+    lets the workaround go."""
+
+    package: str
+    affected: str
+    upstream: str
+    remove_when: str
+
+    def needed(self, installed: str | None = None) -> bool:
+        """Whether `installed` (default: the installed release of `package`) is one of the affected releases."""
+        from importlib.metadata import version
+
+        from packaging.specifiers import SpecifierSet
+
+        return SpecifierSet(self.affected).contains(installed or version(self.package), prereleases=True)
+
+
+WORKAROUNDS = {
+    "autotp_weight_conversion": Workaround(
+        "transformers",
+        ">=5.22",
+        "integrations/deepspeed.py `_apply_weight_conversions_to_state_dict` refuses any `autotp_size > 1`, though "
+        "training AutoTP slices nothing before `deepspeed.initialize` (no upstream issue yet)",
+        "the guard tells inference TP from training AutoTP: close `affected` below that release",
+    ),
+    "evaluation_before_training": Workaround(
+        "transformers",
+        ">=5.22",
+        "huggingface/transformers#44889 (open): an evaluation before `train()` leaves an inference engine that "
+        "`train()` destroys and then uses",
+        "#44889 is released: close `affected` below that release",
+    ),
+    "moe_resume_conversion": Workaround(
+        "transformers",
+        ">=5.22",
+        "huggingface/transformers#48805 (PR 48822, open): `Trainer._load_from_checkpoint` loads safetensors without "
+        "the weight conversion, so MoE experts keep their fresh values",
+        "PR 48822 is released: close `affected` below that release",
+    ),
+    "hpz_group_per_process": Workaround(
+        "deepspeed",
+        ">=0.19.8",
+        "deepspeed/utils/groups.py `_create_zero_param_parallel_group` asserts the hpZ group is created once per "
+        "process (no upstream issue yet)",
+        "zero.Init reuses or replaces the group: close `affected` below that release",
+    ),
+}
+
+
+def needed(name: str) -> bool:
+    """Whether the installed upstream needs the workaround `name` (a key of `WORKAROUNDS`)."""
+    return WORKAROUNDS[name].needed()
+
 
 # Upstream behaviour other modules work around (public API only, so the code lives there; the tests in
 # tests/unit/test_compat.py fail when upstream changes):
@@ -83,6 +152,8 @@ _UNGUARDED = "_hf_dist_recipes_unguarded"
 def allow_weight_conversions_under_training_autotp() -> None:
     """Install (once) the wrapper that lets `from_pretrained` convert weights while a training AutoTP config is
     active. Covered: transformers 5.24. Inference TP (`inference.tensor_parallel`) keeps upstream's guard."""
+    if not needed("autotp_weight_conversion"):
+        return
     import transformers.integrations.deepspeed as hf_ds
 
     original = getattr(hf_ds, _CONVERSIONS)
@@ -162,7 +233,7 @@ def forget_zero_hpz_group() -> None:
     calls `model_init`. The old group is not destroyed (the first model may still use it); it costs one idle
     process group. Does nothing when DeepSpeed is not imported or no group exists."""
     groups = sys.modules.get(_HPZ_GROUPS_MODULE)
-    if groups is not None and getattr(groups, _HPZ_GROUP, None) is not None:
+    if groups is not None and getattr(groups, _HPZ_GROUP, None) is not None and needed("hpz_group_per_process"):
         setattr(groups, _HPZ_GROUP, None)
 
 
@@ -556,7 +627,7 @@ class TrainerPrivateOverrides:
         (`resume_needs_conversion`, below). Can go when transformers PR 48822 (issue 48805) is released and the
         minimum transformers includes it (equal losses after resume: tests/unit/test_moe_resume.py)."""
         target = self.model if model is None else model
-        if resume_needs_conversion(self, resume_from_checkpoint, target):
+        if needed("moe_resume_conversion") and resume_needs_conversion(self, resume_from_checkpoint, target):
             load_converted_checkpoint(target, resume_from_checkpoint)
             return
         super()._load_from_checkpoint(resume_from_checkpoint, model)
@@ -582,6 +653,8 @@ def restore_deepspeed_config(trainer, config: dict) -> None:
 
 def forget_evaluation_engine(trainer, config: dict) -> None:
     """Before `train()`: drop an engine an earlier evaluation built, and restore the training config."""
+    if not needed("evaluation_before_training"):
+        return
     if trainer.is_deepspeed_enabled and trainer.model_wrapped is not trainer.model:
         restore_deepspeed_config(trainer, config)
         trainer.model_wrapped, trainer.deepspeed = trainer.model, None
@@ -591,7 +664,7 @@ def forget_evaluation_engine(trainer, config: dict) -> None:
 def evaluation_without_model_parallelism(trainer, config: dict):
     """Before training, build the evaluation engine as plain ZeRO-3 (no AutoTP/AutoEP sections), so the training
     engine applies TP and EP to the untouched model; the evaluation's numbers are the same (TP/EP only split work)."""
-    if not trainer.is_deepspeed_enabled or trainer.deepspeed is not None:
+    if not needed("evaluation_before_training") or not trainer.is_deepspeed_enabled or trainer.deepspeed is not None:
         yield
         return
     shared = trainer.accelerator.state.deepspeed_plugin.hf_ds_config.config

@@ -51,7 +51,7 @@ FATAL_PREFIX = "fatal_rank_"  # faulthandler's text of a rank that died of a fat
 REASONS = ("lost_peer", "timeout", "signal")
 # SIGUSR1: neither torchrun (its agent handles SIGTERM, SIGINT, SIGHUP, SIGQUIT unless --signals-to-handle says
 # otherwise), accelerate, DeepSpeed nor transformers installs a handler for it (read in their sources, the versions in
-# _compat.COVERED). Send it to the rank processes, not to the launcher (whose default action for it is to exit).
+# _compat.PROVEN). Send it to the rank processes, not to the launcher (whose default action for it is to exit).
 DUMP_SIGNAL = signal.SIGUSR1
 
 

@@ -11,13 +11,52 @@ import accelerate.utils.launch as acc_launch
 import pytest
 import torch
 import transformers.training_args as hf_args
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
 from hf_dist_recipes import _compat
 
 
-def test_installed_versions_are_the_covered_ones():
-    for package, prefix in _compat.COVERED.items():
-        assert version(package).startswith(prefix), f"{package} {version(package)}: re-check _compat.py, then COVERED"
+def test_installed_versions_are_the_proven_ones():
+    """The contract tests below run against whatever is installed; a release outside PROVEN has not been read."""
+    for package, spec in _compat.PROVEN.items():
+        assert SpecifierSet(spec).contains(version(package), prereleases=True), (
+            f"{package} {version(package)} is outside {spec}: re-read _compat.py's touches, then widen PROVEN"
+        )
+
+
+def test_proven_floors_are_the_declared_floors():
+    declared = {Requirement(r).name: Requirement(r).specifier for r in _project_dependencies()}
+    for package, spec in _compat.PROVEN.items():
+        floors = {s.version for s in SpecifierSet(spec) if s.operator == ">="}
+        assert floors == {s.version for s in declared[package] if s.operator == ">="}, package
+
+
+def _project_dependencies() -> list[str]:
+    import tomllib
+
+    from tests.support.paths import REPO
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+
+
+def test_a_workaround_is_needed_exactly_in_its_affected_releases():
+    fixed_in_5_27 = _compat.Workaround("transformers", ">=5.22,<5.27", "upstream", "5.27")
+    assert [fixed_in_5_27.needed(v) for v in ("5.21.1", "5.22.0", "5.26.3", "5.27.0", "6.0.0")] == [
+        False,
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert set(_compat.WORKAROUNDS) == {
+        "autotp_weight_conversion",
+        "evaluation_before_training",
+        "moe_resume_conversion",
+        "hpz_group_per_process",
+    }
+    for entry in _compat.WORKAROUNDS.values():
+        assert entry.package in _compat.PROVEN and entry.upstream and entry.remove_when
 
 
 def test_accelerate_hands_the_deepspeed_file_to_the_ranks_under_the_assumed_names():
@@ -54,9 +93,10 @@ def test_accelerate_refuses_the_keys_lint_reports_beside_a_deepspeed_file():
         assert f'"{env}"' in src, env
 
 
-def test_from_pretrained_still_refuses_weight_conversions_under_training_autotp():
-    """_compat.allow_weight_conversions_under_training_autotp hides training TP from this guard. When this test
-    fails, upstream changed the guard: re-check whether the wrapper is still needed."""
+def test_from_pretrained_refuses_weight_conversions_under_training_autotp_where_the_workaround_says():
+    """_compat.allow_weight_conversions_under_training_autotp hides training TP from this guard, in the releases
+    WORKAROUNDS["autotp_weight_conversion"] names. When this test fails, upstream changed the guard: re-check
+    whether the wrapper is still needed, and close the entry's `affected` below the release that fixed it."""
     import transformers.integrations.deepspeed as hf_ds
     from transformers import AutoModelForCausalLM
     from transformers.conversion_mapping import get_model_conversion_mapping
@@ -66,7 +106,8 @@ def test_from_pretrained_still_refuses_weight_conversions_under_training_autotp(
 
     _compat.allow_weight_conversions_under_training_autotp()
     patched = hf_ds._apply_weight_conversions_to_state_dict
-    original = patched.__wrapped__
+    original = getattr(patched, "__wrapped__", patched)
+    assert (patched is not original) == _compat.needed("autotp_weight_conversion")
     model = AutoModelForCausalLM.from_config(template_config("tiny-deepseek-v3"))
     experts = model.model.layers[1].mlp.experts
     on_disk = {}
@@ -77,8 +118,12 @@ def test_from_pretrained_still_refuses_weight_conversions_under_training_autotp(
     mapping = get_model_conversion_mapping(model)
     ds = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "tensor_parallel": {"autotp_size": 2}})
     try:
-        with pytest.raises(NotImplementedError, match="Tensor Parallelism"):
+        try:
             next(original(model, dict(on_disk), mapping))
+            refused = False
+        except NotImplementedError as e:
+            refused = "Tensor Parallelism" in str(e)
+        assert refused == _compat.needed("autotp_weight_conversion"), f"the stock guard refused: {refused}"
         converted = {}
         for part in patched(model, dict(on_disk), mapping):
             converted.update(part)
@@ -88,13 +133,15 @@ def test_from_pretrained_still_refuses_weight_conversions_under_training_autotp(
         del ds
 
 
-def test_evaluation_before_training_still_builds_an_engine_that_train_destroys():
-    """RecipeTrainer.train/evaluate work around this (transformers PR 44889). When this fails, upstream changed
-    the evaluation-first path: re-check whether RecipeTrainer's override is still needed."""
+def test_evaluation_before_training_builds_an_engine_that_train_destroys_where_the_workaround_says():
+    """RecipeTrainer.train/evaluate work around this (transformers PR 44889) in the releases
+    WORKAROUNDS["evaluation_before_training"] names. When this fails, upstream changed the evaluation-first path:
+    re-check whether RecipeTrainer's override is still needed, and close the entry's `affected`."""
     from transformers import Trainer
 
-    assert "deepspeed_init(self, num_training_steps=0, inference=True)" in inspect.getsource(Trainer.evaluation_loop)
-    assert "self.accelerator.free_memory()" in inspect.getsource(Trainer._inner_training_loop)
+    builds = "deepspeed_init(self, num_training_steps=0, inference=True)" in inspect.getsource(Trainer.evaluation_loop)
+    destroys = "self.accelerator.free_memory()" in inspect.getsource(Trainer._inner_training_loop)
+    assert (builds and destroys) == _compat.needed("evaluation_before_training"), (builds, destroys)
 
 
 def test_deepspeed_still_refuses_the_consolidated_save_under_autoep():
@@ -127,23 +174,26 @@ def test_moe_routers_return_their_top_k_indices_where_assumed():
     assert "self.router = TokenChoiceTopKRouter(" in layer_src and "self.ep_size = ep_size" in layer_src
 
 
-def test_deepspeed_still_refuses_a_second_hpz_group_in_one_process():
+def test_deepspeed_refuses_a_second_hpz_group_in_one_process_where_the_workaround_says():
     """RecipeTrainer.call_model_init forgets this global (_compat.forget_zero_hpz_group) so that `train()` can call
-    `model_init` again under hpZ. When this fails, upstream changed how zero.Init keeps the hpZ group: re-check
-    whether the reset is still needed and still enough."""
+    `model_init` again under hpZ, in the releases WORKAROUNDS["hpz_group_per_process"] names. When this fails,
+    upstream changed how zero.Init keeps the hpZ group: re-check whether the reset is still needed and still enough."""
     import deepspeed.utils.groups as groups
     from deepspeed.runtime.zero.partition_parameters import Init
 
-    assert hasattr(groups, _compat._HPZ_GROUP)
-    assert "ZeRO parameter intra parallel group is already initialized" in inspect.getsource(
-        groups._create_zero_param_parallel_group
+    refuses = (
+        hasattr(groups, _compat._HPZ_GROUP)
+        and "ZeRO parameter intra parallel group is already initialized"
+        in inspect.getsource(groups._create_zero_param_parallel_group)
+        and "groups._create_zero_param_parallel_group(" in inspect.getsource(Init.__init__)
     )
-    assert "groups._create_zero_param_parallel_group(" in inspect.getsource(Init.__init__)
+    assert refuses == _compat.needed("hpz_group_per_process")
     before = getattr(groups, _compat._HPZ_GROUP)
     try:
-        setattr(groups, _compat._HPZ_GROUP, object())  # stands in for a process group; none exists in this process
+        stand_in = object()  # stands in for a process group; none exists in this process
+        setattr(groups, _compat._HPZ_GROUP, stand_in)
         _compat.forget_zero_hpz_group()
-        assert getattr(groups, _compat._HPZ_GROUP) is None
+        assert getattr(groups, _compat._HPZ_GROUP) is (None if refuses else stand_in)
     finally:
         setattr(groups, _compat._HPZ_GROUP, before)
 

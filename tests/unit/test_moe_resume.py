@@ -37,8 +37,10 @@ def test_resumed_run_repeats_the_uninterrupted_losses(tmp_path):
     assert [resumed[s] for s in (3, 4)] == pytest.approx([full[s] for s in (3, 4)], rel=1e-6, abs=0)
 
 
-def test_stock_resume_still_loses_the_experts(tmp_path):
-    # Fails when upstream converts on resume (transformers PR 48822): then drop _compat.load_converted_checkpoint.
+def test_stock_resume_loses_the_experts_exactly_where_the_workaround_says(tmp_path):
+    # The contract of _compat.WORKAROUNDS["moe_resume_conversion"] at the installed transformers: the stock resume
+    # loses the experts where the entry says it is needed, and keeps them where it says not. Fails when upstream
+    # converts on resume (transformers PR 48822): then close the entry's `affected` below that release.
     _run(tmp_path / "full")
     checkpoint = str(tmp_path / "full" / "checkpoint-2")
     torch.manual_seed(0)
@@ -55,6 +57,7 @@ def test_stock_resume_still_loses_the_experts(tmp_path):
     stock._load_from_checkpoint(checkpoint)
     saved = type(model).from_pretrained(checkpoint).state_dict()
     expert = "model.layers.1.mlp.experts.gate_up_proj"
-    assert not torch.equal(model.state_dict()[expert], saved[expert]), "upstream now converts experts on resume"
+    lost = not torch.equal(model.state_dict()[expert], saved[expert])
+    assert lost == _compat.needed("moe_resume_conversion"), f"stock resume lost the experts: {lost}"
     dense = "model.layers.0.mlp.up_proj.weight"  # same name on both sides: loaded
     assert torch.equal(model.state_dict()[dense], saved[dense])
