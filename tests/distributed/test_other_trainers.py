@@ -137,6 +137,7 @@ def test_dpo_trains_under_zero3_against_an_untouched_reference_model(job):
         assert (dpo["trainer_class"], dpo["args_class"]) == ("RecipeDPOTrainer", "RecipeDPOConfig")
         assert dpo["zero_stage"] == 3 and dpo["ref_zero_stage"] == 3 and dpo["ref_is_engine"] == "DeepSpeedEngine"
         assert dpo["lr_scheduler_type"] == "cosine_with_restarts"
+        assert dpo["ref_partitioned"]  # the reference is sharded too, so "untouched" is read from its gathered weights
         assert dpo["starts_equal"] and dpo["ref_unchanged"]
         assert dpo["policy_changed"], "the policy did not move: the reference check proves nothing"
     losses = ranks[0]["dpo"]["losses"]

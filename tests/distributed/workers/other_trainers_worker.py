@@ -155,6 +155,11 @@ def _full_weights(module) -> dict[str, torch.Tensor]:
         return {name: p.detach().clone().cpu() for name, p in params.items()}
 
 
+def _partitioned(module) -> bool:
+    """Every parameter of `module` is a ZeRO-3 partition (its local tensor empty until gathered)."""
+    return all(hasattr(p, "ds_id") and p.numel() == 0 for p in module.parameters())
+
+
 def dpo(output_dir: str, lines: list[str], tokenizer) -> dict:
     config = template_config("tiny-llama")
     config.vocab_size = len(tokenizer)
@@ -176,8 +181,12 @@ def dpo(output_dir: str, lines: list[str], tokenizer) -> dict:
     model = AutoModelForCausalLM.from_config(config)
     set_seed(args.seed)
     ref_model = AutoModelForCausalLM.from_config(config)  # the same seed: the reference equals the start
-    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
-    starts_equal = all(torch.equal(initial[name], p) for name, p in ref_model.named_parameters())
+    # Built under the DPOConfig's ZeRO-3 (zero.Init: each rank holds a partition), so read gathered.
+    initial = _full_weights(model)
+    ref_initial = _full_weights(ref_model)
+    starts_equal = sorted(ref_initial) == sorted(initial) and all(
+        torch.equal(ref_initial[n], initial[n]) for n in initial
+    )
     with recipe_warnings() as warnings_seen:
         trainer = recipe(DPOTrainer)(
             model=model,
@@ -199,6 +208,7 @@ def dpo(output_dir: str, lines: list[str], tokenizer) -> dict:
         "starts_equal": starts_equal,
         "ref_unchanged": sorted(ref_after) == sorted(initial)
         and all(torch.equal(ref_after[n], initial[n]) for n in initial),
+        "ref_partitioned": _partitioned(trainer.ref_model),
         "policy_changed": [n for n in initial if not torch.equal(policy_after[n], initial[n])],
         "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
         "rewards_accuracies": [e["rewards/accuracies"] for e in trainer.state.log_history if "rewards/accuracies" in e],
