@@ -7,8 +7,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 # JOBS=N: test files spread over N pytest processes (pytest-xdist; tests/support/parallel_runs.py); JOBS= runs serially.
-# 4 by default: the suite is CPU-bound on 2 cores, and 4 processes fill the waits of one launch with another's work.
-JOBS ?= 4
+# 3 by default: the suite is CPU-bound on 2 cores; a third process fills the waits of one launch with another's work,
+# a fourth only adds contention (docs/testing.md has the measurements).
+JOBS ?= 3
 
 .PHONY: install demo test test-fast lint format configs docs lock clean
 

@@ -1,4 +1,4 @@
-"""`make test` (pytest-xdist `-n 4`, `JOBS` in the Makefile): which tests share a worker process, and in which order
+"""`make test` (pytest-xdist `-n 3`, `JOBS` in the Makefile): which tests share a worker process, and in which order
 files start.
 
 - A file is one unit of work (its module-scoped fixtures launch once, in one worker), and so are the files that share
