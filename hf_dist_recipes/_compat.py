@@ -169,14 +169,19 @@ def allow_weight_conversions_under_training_autotp() -> None:
         read_config = hf_ds.deepspeed_config
         hf_ds.deepspeed_config = lambda: without_training_tp(read_config())
         try:
-            # The guard runs at the generator's first step: hide training TP for that step only.
             conversions = original(model, state_dict, weight_mapping)
+            if isinstance(conversions, dict):  # transformers 5.22: converts at once, the guard ran in the call
+                return conversions
+            # transformers 5.23 and later: a generator, the guard runs at its first step; hide TP for that step only
             first = next(conversions, None)
         finally:
             hf_ds.deepspeed_config = read_config
+        return _resumed(first, conversions)
+
+    def _resumed(first, rest):
         if first is not None:
             yield first
-            yield from conversions
+            yield from rest
 
     setattr(convert, _UNGUARDED, True)
     convert.__wrapped__ = original

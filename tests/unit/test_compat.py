@@ -119,14 +119,15 @@ def test_from_pretrained_refuses_weight_conversions_under_training_autotp_where_
     ds = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "tensor_parallel": {"autotp_size": 2}})
     try:
         try:
-            next(original(model, dict(on_disk), mapping))
+            stock = original(model, dict(on_disk), mapping)
+            if not isinstance(stock, dict):  # 5.23 and later: a generator, the guard runs at its first step
+                next(stock)
             refused = False
         except NotImplementedError as e:
             refused = "Tensor Parallelism" in str(e)
         assert refused == _compat.needed("autotp_weight_conversion"), f"the stock guard refused: {refused}"
-        converted = {}
-        for part in patched(model, dict(on_disk), mapping):
-            converted.update(part)
+        result = patched(model, dict(on_disk), mapping)
+        converted = dict(result) if isinstance(result, dict) else {k: v for part in result for k, v in part.items()}
         assert torch.equal(converted["model.layers.1.mlp.experts.gate_up_proj"], experts.gate_up_proj.detach())
         assert hf_ds.deepspeed_config()["tensor_parallel"]["autotp_size"] == 2  # the config is left as it was
     finally:
