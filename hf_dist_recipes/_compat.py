@@ -28,7 +28,7 @@ PROVEN = {
     "transformers": ">=5.22,<=5.25.0",
     "accelerate": ">=1.16,<=1.16.0",
     "deepspeed": ">=0.19.8,<=0.19.8",
-    "torch": ">=2.13,<=2.13.0",
+    "torch": ">=2.13,<=2.14.1",
 }
 
 
@@ -80,6 +80,15 @@ WORKAROUNDS = {
         "deepspeed/utils/groups.py `_create_zero_param_parallel_group` asserts the hpZ group is created once per "
         "process (no upstream issue yet)",
         "zero.Init reuses or replaces the group: close `affected` below that release",
+    ),
+    "jit_build_lock_file": Workaround(
+        "torch",
+        "<2.14",
+        "torch/utils/cpp_extension.py `_jit_compile` builds behind `FileBaton(<build dir>/lock)`: every process waits "
+        "while the file exists, so a build killed mid-way leaves a file that hangs every later run; torch 2.14 holds "
+        "an OS-level lock on the same file instead (`FileLock`, released when its holder dies), and the file that "
+        "stays after each load means nothing (doctor/op_builds.py looks for stale files only where they block)",
+        "the torch floor is 2.14: the stale-lock check goes with it",
     ),
 }
 
@@ -533,13 +542,16 @@ def set_collective_timeout(seconds: float) -> int:
     """Set the timeout of every process group this rank belongs to; returns how many groups were changed."""
     from datetime import timedelta
 
+    import torch.distributed as torch_distributed
     from torch.distributed import distributed_c10d
 
     changed = 0
     for group in list(distributed_c10d._world.pg_map):
         if distributed_c10d._rank_not_in_group(group):
             continue
-        distributed_c10d._set_pg_timeout(timedelta(seconds=seconds), group)
+        # torch 2.14 makes it public as `set_timeout` (the private name warns there); 2.13 has the private one only.
+        set_timeout = getattr(torch_distributed, "set_timeout", None) or distributed_c10d._set_pg_timeout
+        set_timeout(timedelta(seconds=seconds), group)
         changed += 1
     return changed
 

@@ -3,6 +3,8 @@ the builds use. `doctor` reports both; the demo refuses to launch over a stale l
 (node-local, per user and build) is `environment/extensions.py`.
 
 A lock older than a few minutes while no compiler runs is the leftover of a killed build: `check_no_stale_locks`.
+Only where the file itself blocks (torch 2.13; `_compat.WORKAROUNDS["jit_build_lock_file"]`): torch 2.14 locks the
+same file at the OS level and leaves it behind after every load, harmless.
 
 torch builds with the `ninja` first on PATH (cpp_extension `verify_ninja_availability` runs `ninja --version`), not
 the one installed beside the interpreter (DeepSpeed's `ninja` requirement). A job script that runs `.venv/bin/python`
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import psutil
 
+from hf_dist_recipes import _compat
 from hf_dist_recipes.environment.extensions import ENV, node_local_extensions_dir
 
 STALE_AFTER_S = 300  # a CPU build of one op takes about 60 s on 2 cores
@@ -53,8 +56,16 @@ def build_running() -> bool:
     return False
 
 
+def lock_file_blocks() -> bool:
+    """Whether the installed torch's JIT build waits while a `lock` file exists (torch 2.13; not 2.14)."""
+    return _compat.needed("jit_build_lock_file")
+
+
 def stale_locks(root: str | Path | None = None, *, older_than_s: float = STALE_AFTER_S) -> list[Path]:
-    """Lock files under `root` (default `extensions_root()`) older than `older_than_s` seconds, when no build runs."""
+    """Lock files under `root` (default `extensions_root()`) older than `older_than_s` seconds, when no build runs and
+    the installed torch waits on such a file; [] elsewhere."""
+    if not lock_file_blocks():
+        return []
     base = Path(root) if root is not None else extensions_root()
     if not base.is_dir():
         return []

@@ -54,6 +54,7 @@ def test_a_workaround_is_needed_exactly_in_its_affected_releases():
         "evaluation_before_training",
         "moe_resume_conversion",
         "hpz_group_per_process",
+        "jit_build_lock_file",
     }
     for entry in _compat.WORKAROUNDS.values():
         assert entry.package in _compat.PROVEN and entry.upstream and entry.remove_when
@@ -197,6 +198,17 @@ def test_deepspeed_refuses_a_second_hpz_group_in_one_process_where_the_workaroun
         assert getattr(groups, _compat._HPZ_GROUP) is (None if refuses else stand_in)
     finally:
         setattr(groups, _compat._HPZ_GROUP, before)
+
+
+def test_torch_waits_on_the_build_lock_file_where_the_workaround_says():
+    """doctor/op_builds.py reports stale build locks only where torch's JIT build waits while the file exists
+    (FileBaton, torch 2.13); torch 2.14 takes an OS-level lock on it and leaves the file after every load."""
+    from torch.utils import cpp_extension
+
+    from hf_dist_recipes.doctor import op_builds
+
+    blocks = "FileBaton(" in inspect.getsource(cpp_extension._jit_compile)
+    assert blocks == _compat.needed("jit_build_lock_file") == op_builds.lock_file_blocks()
 
 
 def test_gradient_health_upstream_assumptions():

@@ -13,6 +13,13 @@ from hf_dist_recipes.doctor.op_builds import check_no_stale_locks, stale_locks
 from hf_dist_recipes.environment import extensions
 
 
+@pytest.fixture(autouse=True)
+def _a_lock_file_blocks(monkeypatch):
+    """Fake: torch 2.13's build lock, a file that blocks while it exists, whatever torch is installed (torch 2.14's
+    OS-level lock never goes stale; test_compat checks which one the installed torch has)."""
+    monkeypatch.setattr(op_builds, "lock_file_blocks", lambda: True)
+
+
 def _lock(root, age_s):
     path = root / "py311_cpu" / "fused_adam" / "lock"
     path.parent.mkdir(parents=True)
