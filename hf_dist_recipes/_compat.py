@@ -530,7 +530,7 @@ class ZeroCheckpointKeys:
 # group's Gloo and NCCL backends: later collectives of that group use the new timeout (Gloo raises when it passes;
 # ProcessGroupNCCL's watchdog aborts, and with TORCH_NCCL_ASYNC_ERROR_HANDLING tears the process down). A group made
 # by `new_group` (DeepSpeed's ZeRO/TP/EP groups) keeps the timeout it was created with, so every group in
-# `_world.pg_map` is changed. Covered: torch 2.13.
+# `_world.pg_map` is changed. Covered: torch 2.13 and 2.14 (PROVEN).
 def default_store():
     """The default process group's store (torch 2.13 `_get_default_store`)."""
     from torch.distributed import distributed_c10d
@@ -597,7 +597,7 @@ def collective_timeout(group=None) -> float | None:
 # `_dump_nccl_trace()` return the pickle (format "version" 2.10: "entries" with "collective_seq_id",
 # "profiling_name" such as "gloo:all_reduce", "input_sizes", "state", "frames" (the Python call site) and
 # "process_group", plus "pg_config" and "pg_status") that NCCL's dump on timeout writes and
-# `torch.distributed.flight_recorder.fr_trace` reads. Neither is public API. Covered: torch 2.13.
+# `torch.distributed.flight_recorder.fr_trace` reads. Neither is public API. Covered: torch 2.13 and 2.14 (PROVEN).
 def flight_recorder_trace() -> bytes | None:
     """This process's flight recorder as torch's pickle: NCCL's where the default group is NCCL, else the CPU
     (Gloo) one; None when torch has no such dump or the recorder is off (no entries and no groups)."""
@@ -745,7 +745,7 @@ def load_converted_checkpoint(model, checkpoint_dir: str) -> None:
 # `missing_ranks` (members with no entry at that sequence id) or `mismatch_collectives` {rank: Collective whose
 # `type_of_mismatch` is a `MatchInfo` (`.state.name`, `.culprit` text)}. It logs its findings on the "Flight
 # Recorder" logger (silenced here: the report says them) and assumes NCCL's `pg_config`; Gloo's names its groups ""
-# with no ranks (seen on torch 2.13), so the caller passes the groups it rebuilt from the entries. Covered: torch 2.13
+# with no ranks (seen on torch 2.13), so the caller passes the groups it rebuilt from the entries. Covered: torch 2.13 and 2.14
 # (tests/unit/test_hang_report.py::test_compat_*).
 FR_COLLECTIVE_FIELDS = (
     "pass_check",
