@@ -745,8 +745,8 @@ def load_converted_checkpoint(model, checkpoint_dir: str) -> None:
 # `missing_ranks` (members with no entry at that sequence id) or `mismatch_collectives` {rank: Collective whose
 # `type_of_mismatch` is a `MatchInfo` (`.state.name`, `.culprit` text)}. It logs its findings on the "Flight
 # Recorder" logger (silenced here: the report says them) and assumes NCCL's `pg_config`; Gloo's names its groups ""
-# with no ranks (seen on torch 2.13), so the caller passes the groups it rebuilt from the entries. Covered: torch 2.13 and 2.14
-# (tests/unit/test_hang_report.py::test_compat_*).
+# with no ranks (seen on torch 2.13), so the caller passes the groups it rebuilt from the entries. Covered: torch
+# 2.13 and 2.14 (tests/unit/test_hang_report.py::test_compat_*).
 FR_COLLECTIVE_FIELDS = (
     "pass_check",
     "collective_seq_id",
