@@ -25,7 +25,7 @@ from hf_dist_recipes.core.jsonfile import load_deepspeed_json
 # installed and fails outside these: re-read the touches against the new release, then widen). The lower ends are
 # pyproject.toml's floors, the upper ends the newest releases tested (the development lock).
 PROVEN = {
-    "transformers": ">=5.22,<=5.25.0",
+    "transformers": ">=5.23,<=5.25.0",
     "accelerate": ">=1.16,<=1.16.0",
     "deepspeed": ">=0.19.8,<=0.19.8",
     "torch": ">=2.13,<=2.14.1",
@@ -62,14 +62,14 @@ WORKAROUNDS = {
     ),
     "evaluation_before_training": Workaround(
         "transformers",
-        ">=5.22",
+        ">=5.23",
         "huggingface/transformers#44889 (open): an evaluation before `train()` leaves an inference engine that "
         "`train()` destroys and then uses",
         "#44889 is released: close `affected` below that release",
     ),
     "moe_resume_conversion": Workaround(
         "transformers",
-        ">=5.22",
+        ">=5.23",
         "huggingface/transformers#48805 (PR 48822, open): `Trainer._load_from_checkpoint` loads safetensors without "
         "the weight conversion, so MoE experts keep their fresh values",
         "PR 48822 is released: close `affected` below that release",
