@@ -62,14 +62,13 @@ def installed(dist, tmp_path_factory) -> dict:
     # it is. First a dry run whose report says what pip would install (the test below: the wheel alone).
     pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index"]
     report = venv / "dry_run.json"
-    proc = subprocess.run(
-        [*pip, "--dry-run", "--quiet", "--report", str(report), str(wheel)], capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = subprocess.run([*pip, "--quiet", str(wheel)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    # No PYTHONPATH: a checkout on it holds the sdist build's hf_dist_recipes.egg-info, which pip would take for an
+    # installed hf-dist-recipes 0.1.0 and so install nothing.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    for argv in ([*pip, "--dry-run", "--quiet", "--report", str(report), str(wheel)], [*pip, "--quiet", str(wheel)]):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=venv)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
     env = dict(env, PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", XDG_CACHE_HOME=str(elsewhere / "cache"))
     env = cpu_only_env(dict(env, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
     return {
@@ -178,6 +177,7 @@ def test_the_wheels_requirements_are_met_by_the_pinned_stack(installed):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     listed = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(installed["python"]), "show", "-f", "hf-dist-recipes"],
+        env=installed["env"],
         capture_output=True,
         text=True,
         timeout=300,
