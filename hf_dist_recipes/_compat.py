@@ -26,7 +26,7 @@ from hf_dist_recipes.core.jsonfile import load_deepspeed_json
 # pyproject.toml's floors, the upper ends the newest releases tested (the development lock).
 PROVEN = {
     "transformers": ">=5.23,<=5.25.0",
-    "accelerate": ">=1.16,<=1.16.0",
+    "accelerate": ">=1.10,<=1.16.0",
     "deepspeed": ">=0.19.8,<=0.19.8",
     "torch": ">=2.13,<=2.14.1",
 }
