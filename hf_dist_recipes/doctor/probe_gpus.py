@@ -15,7 +15,7 @@ from hf_dist_recipes.environment import cuda_host
 
 NVML_FEATURE_ENABLED = 1  # pynvml.NVML_FEATURE_ENABLED: an NVLink link that is up
 # A dependency of the package: missing only after `pip install --no-deps` or an image built from another lock.
-NVML_INSTALL_HINT = "pip install 'nvidia-ml-py>=13,<14', a dependency of hf-dist-recipes"
+NVML_INSTALL_HINT = "pip install 'nvidia-ml-py>=13.580.65,<14', a dependency of hf-dist-recipes"
 
 
 def _text(value) -> str:
