@@ -28,6 +28,7 @@ TORCH_HEADERS = Path(torch.__file__).parent / "include" / "torch" / "csrc" / "di
 # which is what these tests read.
 NO_GROUP_HERE = r"rendezvous|backend nccl is not avaliable"
 
+
 def test_empty_environment_gets_every_default_and_the_dump_dir(tmp_path):
     env: dict[str, str] = {}
     applied = apply_nccl_env_defaults(str(tmp_path), env)
