@@ -310,6 +310,9 @@ def test_a_stopped_rank_ends_the_preflight_naming_it(tmp_path):
     # (tests.support.warm_ranks), and SIGSTOP cannot be forwarded.
     env = fresh_env({k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"})
     env.update(PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    # stdout into a file: the watcher below must be the only reader of stderr. With communicate() reading it as well,
+    # the "[2/7] backend" line once went to communicate() on loaded cores and rank 1 was never stopped.
+    stdout_file = (tmp_path / "stdout.json").open("w")
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -326,7 +329,7 @@ def test_a_stopped_rank_ends_the_preflight_naming_it(tmp_path):
         ],
         cwd=REPO,
         env=env,
-        stdout=subprocess.PIPE,
+        stdout=stdout_file,
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -357,7 +360,8 @@ def test_a_stopped_rank_ends_the_preflight_naming_it(tmp_path):
     watcher = threading.Thread(target=watch_progress, daemon=True)
     watcher.start()
     try:
-        out, _ = proc.communicate(timeout=600)
+        proc.wait(timeout=600)
+        watcher.join(timeout=30)  # stderr is at its end once the process is
     finally:
         for child in stopped:  # whatever happens, leave no stopped process behind
             try:
@@ -367,6 +371,8 @@ def test_a_stopped_rank_ends_the_preflight_naming_it(tmp_path):
         if proc.poll() is None:
             proc.kill()
     ended = time.perf_counter()
+    stdout_file.close()
+    out = (tmp_path / "stdout.json").read_text()
     assert stopped, "rank 1 was not found to stop"
     print(f"stopped rank 1: the preflight ended {ended - stopped_at[0]:.1f} s later")
     # The bound from the settings: the heartbeat's 10 s of silence, noticed at the next check (one interval), then
