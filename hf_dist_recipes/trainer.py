@@ -57,6 +57,7 @@ from hf_dist_recipes._compat import forget_zero_hpz_group
 from hf_dist_recipes.argument_classes import describe_replaced_defaults, recipe_arguments_class
 from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
 from hf_dist_recipes.callbacks import REPLACES, RecipeCallbacks, recipe_callbacks
+from hf_dist_recipes.checkpoint.dequantize import check_not_fp8
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.checkpoint.gather import reference_model
 from hf_dist_recipes.checkpoint.writer import save_config_files
@@ -130,6 +131,7 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
         check_ranks_agree()
         # The run's facts, feeds and log sink, handed to every recipe callback (hf_dist_recipes.runtime). Its facts
         # hold the DeepSpeed config as the arguments made it, before an evaluation can finalize it for inference.
+        check_not_fp8(self.model)  # before any engine: DeepSeek's published FP8 weights, loaded as they are
         self.runtime = RecipeRuntime.for_trainer(self, args.seed_report)
         if self.runtime.facts.zero_stage == 3 and self.model is not None:
             check_partitioned(self.model, limit_bytes=args.max_unpartitioned_model_bytes, world_size=args.world_size)

@@ -1,5 +1,7 @@
 """`hf-dist-recipes checkpoint export`: a DeepSpeed training checkpoint (ZeRO-3, with or without AutoTP and AutoEP)
 to a HuggingFace checkpoint that `from_pretrained` loads, in one process on one machine, without a launch.
+`hf-dist-recipes checkpoint dequantize`: an FP8 block-scaled checkpoint (DeepSeek-V3's published weights) to bf16,
+the checkpoint a fine-tune starts from.
 
 For the job that died between two saves: point it at the last `checkpoint-N` the Trainer wrote. The weights are
 the fp32 master copies DeepSpeed checkpointed, written in the training dtype (or --dtype), per-expert layout as
@@ -56,6 +58,53 @@ def register(subparsers) -> None:
     )
     export.add_argument("--json", action="store_true", help="print the result as JSON")
     export.set_defaults(run=run_export)
+
+    dequantize = sub.add_parser(
+        "dequantize",
+        help="turn an FP8 block-scaled checkpoint (DeepSeek-V3's published weights) into bf16 safetensors",
+        description="Every FP8 weight times the scale of its block (the config's weight_block_size, partial last "
+        "blocks included, as DeepSeek's weight_dequant), written shard by shard under the same file and tensor "
+        "names, without the scales; config.json without its quantization_config; the other files copied.",
+        epilog="Example: hf-dist-recipes checkpoint dequantize DeepSeek-V3 --output DeepSeek-V3-bf16 --workers 8",
+    )
+    dequantize.add_argument("source", help="the folder of the FP8 checkpoint (config.json and its safetensors)")
+    dequantize.add_argument("--output", required=True, help="directory to write the bf16 checkpoint into")
+    dequantize.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="dtype written (%(default)s)")
+    dequantize.add_argument(
+        "--workers", type=int, default=1, help="processes, each converting a share of the files (%(default)s)"
+    )
+    dequantize.add_argument("--json", action="store_true", help="print the result as JSON")
+    dequantize.set_defaults(run=run_dequantize)
+
+
+def run_dequantize(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from hf_dist_recipes.checkpoint.dequantize import dequantize_checkpoint
+
+    if args.workers < 1:
+        raise ValueError(f"--workers {args.workers}: use 1 or more processes")
+    writable_dir(args.output, "--output", "DeepSeek-V3-bf16")
+    start = time.perf_counter()
+    with tqdm(desc="dequantizing", unit="file", disable=args.json) as bar:
+
+        def progress(done, total):
+            bar.total = total
+            bar.update(done - bar.n)
+
+        result = dequantize_checkpoint(
+            args.source, args.output, dtype=args.dtype, workers=args.workers, progress=progress
+        )
+    data = {**asdict(result), "source": args.source, "seconds": round(time.perf_counter() - start, 3)}
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print(
+            f"wrote {data['output_dir']}: {data['dequantized']} weights dequantized (blocks of {data['block'][0]} x "
+            f"{data['block'][1]}), {data['kept']} kept, {format_size(data['bytes'])} in {len(data['files'])} file(s), "
+            f"{data['seconds']:.1f} s\n  load it: AutoModelForCausalLM.from_pretrained({data['output_dir']!r})"
+        )
+    return 0
 
 
 def run_export(args: argparse.Namespace) -> int:

@@ -292,6 +292,7 @@ WRITING_COMMANDS = {
     "config copy": (["config", "copy", "cpu_zero3_2proc", "--output"], "--output", []),
     "pin": (["pin", "--output"], "--output", []),
     "checkpoint export": (["checkpoint", "export", "CKPT", "--output"], "--output", []),
+    "checkpoint dequantize": (["checkpoint", "dequantize", "CKPT", "--output"], "--output", []),
     "logs summarize": (["logs", "summarize", "LOGDIR", "--out"], "--out", []),
     "preflight": (
         ["preflight", "--config-file", str(REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml"), "--output-dir"],
