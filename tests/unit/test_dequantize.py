@@ -78,7 +78,9 @@ def fp8(tmp_path_factory):
             tensors = {k: st.get_tensor(k) for k in st.keys()}
         fp8_tensors, ref_tensors = {}, {}
         for key, t in tensors.items():
-            if key.endswith(("proj.weight", "proj_with_mqa.weight")) and t.dim() == 2:  # as DeepSeek: not embeddings, norms, router
+            if (
+                key.endswith(("proj.weight", "proj_with_mqa.weight")) and t.dim() == 2
+            ):  # as DeepSeek: not embeddings, norms, router
                 q, s = _quantize(t)
                 fp8_tensors[key], ref_tensors[key] = q, _by_hand(q, s)
                 scales_for[files[(n + 1) % len(files)]][key + "_scale_inv"] = s

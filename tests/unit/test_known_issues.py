@@ -5,7 +5,7 @@ shared/reference/version-facts.md (the torch -> CUDA -> NCCL table, the known-ba
 driver floors): the expectations come from that file, not from running the rules. GPU hosts are plain fact
 mappings (the shape of probe.EnvironmentFacts.rule_facts()), since this machine has no GPU, driver or NCCL.
 
-About 560 lines because each of the 37 rules has its hand-written matching and non-matching hosts here (CASES),
+About 560 lines because each of the 38 rules has its hand-written matching and non-matching hosts here (CASES),
 from the rows of version-facts.md they come from.
 """
 
@@ -33,7 +33,7 @@ HEALTHY = {
     "nccl": "2.29.7",
     "nccl_compiled": "2.29.7",
     "deepspeed": "0.19.8",
-    "transformers": "5.24.0",
+    "transformers": "5.25.0",
     "accelerate": "1.16.0",
     "datasets": "5.2.0",
     "driver": "580.65.06",
@@ -56,6 +56,7 @@ HEALTHY_INFOS = {
     "torch-2.6-weights-only-zero-checkpoint",
     "transformers-autotp-train-batch-size-auto",
     "deepspeed-stale-jit-build-lock",
+    "transformers-fp8-dequant-block-from-scale-grid",
 }
 
 
@@ -267,7 +268,7 @@ CASES: dict[str, tuple[list[dict], list[dict]]] = {
         [host(deepspeed="0.19.4"), host(deepspeed="0.19.8")],
     ),
     "transformers-autotp-train-batch-size-auto": ([host()], [host(deepspeed=None)]),
-    "deepspeed-stale-jit-build-lock": ([host()], [host(deepspeed=None)]),
+    "deepspeed-stale-jit-build-lock": ([host()], [host(deepspeed=None), host(torch="2.14.1")]),
     # accelerate's check: more than one GPU whose name contains "RTX 40", driver below 550.40.07.
     "rtx40-driver-lt-550.40.07-p2p-ib": (
         [host(RTX4090_PAIR, driver="545.29.06", driver_cuda="12.3", cuda="12.1")],
@@ -312,6 +313,10 @@ CASES: dict[str, tuple[list[dict], list[dict]]] = {
             host(shm_bytes=DOCKER_SHM, env={"NCCL_SHM_DISABLE": "1"}),
             host(shm_bytes=DOCKER_SHM, gpu_count=1, gpu_names=["NVIDIA H100 80GB HBM3"], compute_capabilities=["9.0"]),
         ],
+    ),
+    "transformers-fp8-dequant-block-from-scale-grid": (
+        [host(transformers="5.24.0"), host(transformers="5.25.0")],
+        [host(transformers="5.23.0"), host(transformers="5.26.0")],
     ),
     "transformers5-accelerate-below-1.1.0": (
         [host(transformers="5.0.0", accelerate="1.0.1")],
