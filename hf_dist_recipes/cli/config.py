@@ -178,7 +178,13 @@ def run_generate(args: argparse.Namespace) -> int:
     argv = args.argv[args.argv.index("generate") + 1 :] if "generate" in args.argv else None
     # The launch script's options are checked with the plan's, before any file is written.
     check_launcher_options(
-        plan_from(args), args.launcher, log_dir=args.log_dir, socket_ifname=args.socket_ifname, ib_hca=args.ib_hca
+        plan_from(args),
+        args.launcher,
+        log_dir=args.log_dir,
+        socket_ifname=args.socket_ifname,
+        ib_hca=args.ib_hca,
+        time_limit=args.time,
+        env_setup=args.env_setup,
     )
     if args.launcher:  # the script names the files by absolute paths: sbatch runs it from a spool directory
         args.output = os.path.abspath(os.path.expanduser(args.output))

@@ -12,7 +12,13 @@ from hf_dist_recipes.core.findings import ERROR, WARNING, Finding
 from hf_dist_recipes.core.jsonfile import read_text_file
 from hf_dist_recipes.planning.accelerate_config import DEFAULT_PORT
 from hf_dist_recipes.planning.launch_config import load_launch_config
-from hf_dist_recipes.planning.launch_scripts import LaunchScript, assignments, gpu_count, sbatch_options
+from hf_dist_recipes.planning.launch_scripts import (
+    ENV_SETUP_COMMENT,
+    LaunchScript,
+    assignments,
+    gpu_count,
+    sbatch_options,
+)
 
 
 def check_launch_script(path: str | Path) -> list[Finding]:
@@ -93,6 +99,20 @@ def check_launch_script(path: str | Path) -> list[Finding]:
             f"MAIN_PROCESS_PORT={script.main_process_port} but {name} has main_process_port {yaml_port}; "
             "the script's wins at launch",
             f"make them equal: set MAIN_PROCESS_PORT={yaml_port}, {regenerate}",
+        )
+    if not script.env_setup:
+        add(
+            WARNING,
+            "the script activates no Python environment: each node runs the python first on the batch shell's PATH, "
+            "which may not hold torch or this package",
+            f"add a line under '{ENV_SETUP_COMMENT}:', {regenerate} (--env-setup to name another environment)",
+        )
+    if "mem" not in options:
+        add(
+            WARNING,
+            "no #SBATCH --mem: Slurm grants its default memory, often far below what pinned optimizer states and a "
+            "resume's checkpoint loads need",
+            f"add #SBATCH --mem=0 (all of each node's memory), {regenerate}",
         )
     srun = text[text.find("\nsrun ") :]
     if "--cpus-per-task" not in srun and "--exclusive" not in srun:

@@ -37,6 +37,14 @@ SCRIPT_SUFFIX = ".sbatch"  # what `config validate` reads as a launch script
 # shell would expand inside the script's double quotes.
 _FILTER = re.compile(r"^[A-Za-z0-9_.,:=^-]+$")
 # The plan's values, in this order, as plain NAME=value lines: what `parse` and `config validate` read back.
+# --time when not given: a day. A partition whose limit is lower refuses the job at submission, naming its limit.
+DEFAULT_TIME = "24:00:00"
+_TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$|^\d+-\d{1,2}$")  # sbatch's forms: M, M:S, H:M:S, D-H, D-H:M:S
+# The line under this comment activates the Python environment on every node (config validate reads it back).
+ENV_SETUP_COMMENT = "# The Python environment every node runs"
+# Slurm sends SIGUSR1 to the batch shell 10 minutes before --time runs out (B: the shell, not the ranks) and may
+# requeue the job (--requeue); the save on that signal and the resume of the requeued job are issue 33's.
+SIGNAL = "B:USR1@600"
 PLAN_VARIABLES = ("CONFIG_FILE", "NUM_MACHINES", "PROCS_PER_NODE", "NUM_PROCESSES", "MAIN_PROCESS_PORT", "LOG_DIR")
 # Without pipefail inside: head exits after one line and scontrol, still writing a long node list, dies of SIGPIPE,
 # which pipefail would turn into the job's end.
@@ -73,6 +81,8 @@ class LaunchScript:
     deepspeed_file: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     header: tuple[str, ...] = ()
+    time_limit: str = DEFAULT_TIME
+    env_setup: str = ""
 
     @property
     def num_processes(self) -> int:
@@ -84,6 +94,12 @@ class LaunchScript:
         options = {"job-name": self.job_name, "nodes": str(self.nodes), "ntasks-per-node": "1", "exclusive": ""}
         if self.gpus_per_node:
             options["gpus-per-node"] = str(self.gpus_per_node)
+        # --mem=0: all of each node's memory. Without it Slurm grants its default per CPU or node, often far below
+        # what pinned optimizer states and a resume's loads need (issue 32: ~1.25 TiB per node for DeepSeek-V3).
+        options["mem"] = "0"
+        options["time"] = self.time_limit
+        options["signal"] = SIGNAL
+        options["requeue"] = ""
         options["output"] = f"{self.log_dir}/%x-%j.out"
         options["error"] = f"{self.log_dir}/%x-%j.err"
         return options
@@ -102,9 +118,14 @@ class LaunchScript:
         lines = ["#!/bin/bash", *(f"# {line}" if line else "#" for line in self.header)]
         lines += [f"#SBATCH --{key}" + (f"={value}" if value else "") for key, value in self.sbatch_options().items()]
         lines += [
-            "# Add your cluster's #SBATCH --partition / --account / --time lines above.",
+            "# Add your cluster's #SBATCH --partition / --account lines above.",
             f"# Submit: sbatch {name} TRAINING_SCRIPT [ARGS...]",
             "set -euo pipefail",
+            *(
+                [f"{ENV_SETUP_COMMENT} (config generate --env-setup to change it):", self.env_setup]
+                if self.env_setup
+                else []
+            ),
             'if [ "$#" -eq 0 ]; then',
             f'  echo "usage: sbatch {name} TRAINING_SCRIPT [ARGS...] (the training command each node launches)" >&2',
             "  exit 2",
@@ -168,8 +189,12 @@ class LaunchScript:
             if not values[key].isdigit():
                 raise ValueError(f"{name}: {key}={values[key]} is not a whole number; e.g. {key}=2")
             ints[key] = int(values[key])
+        lines = text.splitlines()
+        setup = next((lines[i + 1] for i, line in enumerate(lines[:-1]) if line.startswith(ENV_SETUP_COMMENT)), "")
         return cls(
             launcher="torchrun" if "exec torchrun " in text else "slurm",
+            time_limit=options.get("time", ""),
+            env_setup=setup,
             job_name=options.get("job-name", ""),
             nodes=ints["NUM_MACHINES"],
             procs_per_node=ints["PROCS_PER_NODE"],
@@ -235,6 +260,16 @@ def add_launcher_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--log-dir", help="with --launcher: the job's and each node's logs (default: OUTPUT/logs)")
     group.add_argument("--socket-ifname", help="with --launcher: NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME (e.g. ib0)")
     group.add_argument("--ib-hca", help="with --launcher: NCCL_IB_HCA, the InfiniBand ports (e.g. =mlx5_0,mlx5_1)")
+    group.add_argument(
+        "--time",
+        help=f"with --launcher: the job's time limit, as sbatch takes it (default {DEFAULT_TIME}; e.g. 2-00:00:00)",
+    )
+    group.add_argument(
+        "--env-setup",
+        help="with --launcher: the shell line that activates the Python environment on every node (default: the "
+        "environment config generate runs in, e.g. 'source /shared/venv/bin/activate'; e.g. 'module load cuda/12.4 "
+        "&& conda activate train')",
+    )
 
 
 def check_launcher_options(
@@ -244,12 +279,16 @@ def check_launcher_options(
     log_dir: str | Path | None = None,
     socket_ifname: str | None = None,
     ib_hca: str | None = None,
+    time_limit: str | None = None,
+    env_setup: str | None = None,
 ) -> None:
     """Raise ValueError naming the fix for launcher options that cannot make a script, before any file is written.
     `log_dir` must be creatable (it is created by `write_launch_script`: Slurm does not create an --output
     folder)."""
     if launcher is None:
-        given = [f for f, v in (("--log-dir", log_dir), ("--socket-ifname", socket_ifname), ("--ib-hca", ib_hca)) if v]
+        flags = (("--log-dir", log_dir), ("--socket-ifname", socket_ifname), ("--ib-hca", ib_hca))
+        flags += (("--time", time_limit), ("--env-setup", env_setup))
+        given = [f for f, v in flags if v]
         if given:
             raise ValueError(f"{given[0]} is a setting of the launch script; add --launcher slurm (or torchrun)")
         return
@@ -263,6 +302,10 @@ def check_launcher_options(
     for flag, value, example in (("--socket-ifname", socket_ifname, "ib0"), ("--ib-hca", ib_hca, "=mlx5_0,mlx5_1")):
         if value is not None and not _FILTER.match(value):
             raise ValueError(f"{flag} {value!r}: interface names and NCCL's ^ = , : only; e.g. {flag} {example}")
+    if time_limit is not None and not _TIME.match(time_limit):
+        raise ValueError(f"--time {time_limit!r}: sbatch's forms are MINUTES, H:M:S or D-H:M:S; e.g. --time 2-00:00:00")
+    if env_setup is not None and ("\n" in env_setup or not env_setup.strip()):
+        raise ValueError("--env-setup: one shell line; e.g. --env-setup 'source /shared/venv/bin/activate'")
     if log_dir is not None:
         writable_dir(log_dir, "--log-dir", "runs/logs")
 
@@ -280,6 +323,8 @@ def launch_script(
     ib_hca: str | None = None,
     extra_env: dict[str, str] | None = None,
     header: tuple[str, ...] = (),
+    time_limit: str | None = None,
+    env_setup: str | None = None,
 ) -> LaunchScript:
     """The LaunchScript of `plan` (paths made absolute). Its environment: NCCL_ENV_DEFAULTS (hang-proof NCCL, the
     flight recorder's buffer); the network filters given; `extra_env` (e.g. the plan's
@@ -287,6 +332,10 @@ def launch_script(
     # Not the recorder's dump prefix: RecipeTrainingArguments points it at <output_dir>/flight_recorder/, beside the
     # dumps and stacks every rank writes there on a hang, where `hf-dist-recipes logs hang` reads them.
     env = dict(NCCL_ENV_DEFAULTS)
+    if plan.device == "cuda":
+        # NCCL's own warnings (a transport that fell back, a failed connection) in the node logs, unless the job's
+        # environment asks for more or less.
+        env["NCCL_DEBUG"] = "${NCCL_DEBUG:-WARN}"
     if socket_ifname:
         env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = socket_ifname
     if ib_hca:
@@ -316,7 +365,23 @@ def launch_script(
         deepspeed_file=ds if launcher == "torchrun" else None,  # the slurm form's YAML names it
         env=env,
         header=header,
+        time_limit=time_limit or DEFAULT_TIME,
+        env_setup=env_setup if env_setup is not None else this_environment(),
     )
+
+
+def this_environment() -> str:
+    """The shell line that activates the Python environment this process runs in: a venv's activate script, a
+    conda environment, else this interpreter's folder first on PATH."""
+    import os
+    import sys
+
+    if sys.prefix != sys.base_prefix and os.path.isfile(os.path.join(sys.prefix, "bin", "activate")):
+        return f"source {shlex.quote(os.path.join(sys.prefix, 'bin', 'activate'))}"
+    conda = os.environ.get("CONDA_PREFIX")
+    if conda and os.path.realpath(conda) == os.path.realpath(sys.prefix):
+        return f'eval "$(conda shell.bash hook)" && conda activate {shlex.quote(conda)}'
+    return f'export PATH={shlex.quote(os.path.dirname(sys.executable))}:"$PATH"'
 
 
 def script_from_args(args: argparse.Namespace, generated, argv: list[str] | None = None) -> Path:
@@ -347,6 +412,8 @@ def script_from_args(args: argparse.Namespace, generated, argv: list[str] | None
         ib_hca=args.ib_hca,
         extra_env=recommended_env(plan, model),
         header=header,
+        time_limit=args.time,
+        env_setup=args.env_setup,
     )
     return write_launch_script(script, yaml_file.parent)
 

@@ -43,6 +43,12 @@ def test_the_slurm_script_holds_the_plan_the_rendezvous_and_the_launch():
         "ntasks-per-node": "1",
         "exclusive": "",
         "gpus-per-node": "8",
+        # issue 32 section 5: all of each node's memory, a time limit (a day unless --time), SIGUSR1 to the batch
+        # shell 10 minutes before it, requeue allowed
+        "mem": "0",
+        "time": "24:00:00",
+        "signal": "B:USR1@600",
+        "requeue": "",
         "output": "/cfg/logs/%x-%j.out",
         "error": "/cfg/logs/%x-%j.err",
     }
@@ -64,6 +70,40 @@ def test_the_slurm_script_holds_the_plan_the_rendezvous_and_the_launch():
         assert f'\nexport {name}="{value}"\n' in text
     assert "CUDA_VISIBLE_DEVICES" not in text and "HF_DIST_RECIPES_USE_CPU" not in text  # a GPU plan
     assert "usage: sbatch /cfg/llama.sbatch TRAINING_SCRIPT" in text
+
+
+def test_every_node_activates_the_environment_generate_ran_in_or_the_one_given(tmp_path):
+    import shlex
+    import subprocess
+    import sys
+
+    text = _gpu_script().render()
+    lines = text.splitlines()
+    setup = lines[lines.index(next(x for x in lines if x.startswith("# The Python environment"))) + 1]
+    # This test runs in the project's venv: its activate script, which puts this interpreter first on PATH.
+    assert setup == f"source {shlex.quote(str(Path(sys.prefix) / 'bin' / 'activate'))}"
+    probe = subprocess.run(
+        ["bash", "-c", f"set -euo pipefail; {setup}; command -v python"],
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert probe.returncode == 0 and Path(probe.stdout.strip()).parent == Path(sys.executable).parent, probe
+    given = _gpu_script(env_setup="module load cuda/12.4 && conda activate train", time_limit="2-00:00:00")
+    back = LaunchScript.parse(given.render())
+    assert back.env_setup == "module load cuda/12.4 && conda activate train" and back.time_limit == "2-00:00:00"
+    assert 'export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"' in text  # NCCL's warnings in the node logs on a GPU plan
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [(["--time", "tomorrow"], "--time 'tomorrow'"), (["--env-setup", " "], "--env-setup: one shell line")],
+)
+def test_a_time_or_environment_line_sbatch_cannot_take_is_one_line_exit_2(flags, named, tmp_path, capsys):
+    argv = ["config", "generate", "--cpu", "--gpus-per-node", "2", "--output", str(tmp_path), "--launcher", "slurm"]
+    assert cli([*argv, *flags]) == 2
+    assert named in capsys.readouterr().err and not list(tmp_path.iterdir())
 
 
 def test_the_torchrun_form_uses_the_c10d_rendezvous_and_hands_deepspeed_over():
@@ -153,6 +193,8 @@ DRIFTS = {
     "one cpu": (' --cpus-per-task="$SLURM_CPUS_ON_NODE"', "", "warning", '--cpus-per-task="$SLURM_CPUS_ON_NODE"'),
     "log dir": ("\nLOG_DIR=", "\nLOG_DIR=/no/such/dir/", "warning", "mkdir -p /no/such/dir/"),
     "config file": ("\nCONFIG_FILE=", "\nCONFIG_FILE=/no/such/", "error", "set CONFIG_FILE= to the plan's"),
+    "no memory": ("#SBATCH --mem=0\n", "", "warning", "add #SBATCH --mem=0"),
+    "no environment": ("# The Python environment every node runs", "# ", "warning", "--env-setup"),
 }
 
 
