@@ -62,7 +62,9 @@ def register(subparsers) -> None:
     )
     val.add_argument("files", nargs="+", metavar="FILE")
     val.add_argument(
-        "--gpu-memory", type=float, help="GiB per GPU: also warn when a YAML's plan does not fit it by our estimate"
+        "--gpu-memory",
+        type=float,
+        help="GiB per GPU: a YAML whose plan does not fit it by our estimate is an error (exit 1)",
     )
     val.add_argument("--model", help="the model, for files without the plan config generate records")
     # The activation side of the --gpu-memory estimate: the files record it only when config generate wrote them.

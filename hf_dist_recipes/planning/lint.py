@@ -302,7 +302,9 @@ def _memory_findings(
     if verdict.fits:
         return []
     change = "validate takes --seq-len, --micro-batch and --activation-checkpointing / --no-activation-checkpointing"
-    return [LintFinding(name, WARNING, verdict.message(change=change))]
+    # An error: asked whether the plan fits --gpu-memory, the answer "no" is a job that stops out of memory at its
+    # first step (validate exits 1), not a matter of taste.
+    return [LintFinding(name, ERROR, verdict.message(change=change))]
 
 
 def _lint_fsdp2(data: dict, name: str, world: int) -> list[LintFinding]:

@@ -204,7 +204,8 @@ def test_validate_warns_when_the_recorded_plan_does_not_fit_the_gpus(capsys, tmp
         ],
     )
     code, out, _ = _run(capsys, ["config", "validate", str(big / "v3.yaml"), "--gpu-memory", "80"])
-    assert code == 0 and "by our estimate deepseek-v3 needs" in out and "--suggest" in out
+    # A plan that does not fit the memory asked about is an error: exit 1 (issue 32 section 5)
+    assert code == 1 and "by our estimate deepseek-v3 needs" in out and "--suggest" in out and "1 error(s)" in out
     small = tmp_path / "small"
     _run(capsys, ["config", "generate", "--model", "tiny-llama", "--output", str(small), "--name", "tiny"])
     code, out, _ = _run(capsys, ["config", "validate", str(small / "tiny.yaml"), "--gpu-memory", "80"])
