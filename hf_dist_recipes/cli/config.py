@@ -42,7 +42,7 @@ def register(subparsers) -> None:
         description="Check a plan, then write NAME.yaml (accelerate) and deepspeed/NAME.json. The JSON "
         "never holds train_batch_size, and gives DeepSeek models explicit TP layer specs "
         "and an expert_parallel section. Bad plans exit 2 with the fix, and so does a GPU plan that does not fit "
-        "the GPU memory by our estimate (--gpu-memory, --hardware, else the largest GPU known) unless --force.",
+        "the GPU memory by our estimate (--gpu-memory or --hardware, one of them required then) unless --force.",
         epilog="Example: hf-dist-recipes config generate --model deepseek-v3 --nodes 8 --gpus-per-node 8 --ep 16 "
         "--micro-batch 3 --grad-accum 5 --offload-optimizer --activation-checkpointing --gpu-memory 80 "
         "--main-process-ip 10.0.0.1 --output my_configs",
@@ -178,9 +178,18 @@ def hardware_from(args: argparse.Namespace):
 
 def run_generate(args: argparse.Namespace) -> int:
     argv = args.argv[args.argv.index("generate") + 1 :] if "generate" in args.argv else None
+    plan = plan_from(args)
+    if args.model and plan.device == "cuda" and plan.engine == "deepspeed" and not (args.gpu_memory or args.hardware):
+        model_from(args.model, required=False)  # a model that cannot be read is named first
+        # The fit check needs the GPU's memory; an assumed one (the largest GPU known) passed plans that do not fit
+        # an 80 GiB card without a word.
+        raise ValueError(
+            f"a GPU plan for --model {args.model} is checked against the GPU's memory: pass --gpu-memory GIB (e.g. "
+            "--gpu-memory 80 for an H100 80GB) or --hardware NAME (e.g. --hardware h100)"
+        )
     # The launch script's options are checked with the plan's, before any file is written.
     check_launcher_options(
-        plan_from(args),
+        plan,
         args.launcher,
         log_dir=args.log_dir,
         socket_ifname=args.socket_ifname,

@@ -70,7 +70,11 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--main-process-ip", default="127.0.0.1", help="multi-node: rank-0 machine's address")
     parser.add_argument("--main-process-port", type=int, default=DEFAULT_PORT, help="multi-node: rendezvous port")
     fit = parser.add_argument_group("fit check (GPU plans with --model: refused when our estimate exceeds the GPU)")
-    fit.add_argument("--gpu-memory", type=float, help="GiB per GPU (default: --hardware's, else the largest known)")
+    fit.add_argument(
+        "--gpu-memory",
+        type=float,
+        help="GiB per GPU; a GPU plan with --model needs it or --hardware (default: --hardware's)",
+    )
     fit.add_argument("--hardware", choices=sorted(HARDWARE), help="GPU type whose memory to check against")
     fit.add_argument("--force", action="store_true", help="write the files even when the plan does not fit")
 

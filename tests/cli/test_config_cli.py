@@ -19,6 +19,8 @@ def test_generate_json_and_files(capsys, tmp_path):
             "generate",
             "--model",
             "deepseek-v3",
+            "--hardware",
+            "h200",
             "--nodes",
             "2",
             "--gpus-per-node",
@@ -46,7 +48,8 @@ def test_generate_json_and_files(capsys, tmp_path):
 
 def test_generate_refuses_a_bad_plan_with_exit_2(capsys, tmp_path):
     code, _, err = _run(
-        capsys, ["config", "generate", "--model", "deepseek-v3", "--tp", "2", "--output", str(tmp_path)]
+        capsys,
+        ["config", "generate", "--model", "deepseek-v3", "--tp", "2", "--gpu-memory", "80", "--output", str(tmp_path)],
     )
     assert code == 2 and "add --ep" in err and err.count("\n") == 1
     assert not any(tmp_path.iterdir())  # nothing written for a refused plan
@@ -201,13 +204,18 @@ def test_validate_warns_when_the_recorded_plan_does_not_fit_the_gpus(capsys, tmp
             "--name",
             "v3",
             "--force",
+            "--hardware",
+            "h200",
         ],
     )
     code, out, _ = _run(capsys, ["config", "validate", str(big / "v3.yaml"), "--gpu-memory", "80"])
     # A plan that does not fit the memory asked about is an error: exit 1 (issue 32 section 5)
     assert code == 1 and "by our estimate deepseek-v3 needs" in out and "--suggest" in out and "1 error(s)" in out
     small = tmp_path / "small"
-    _run(capsys, ["config", "generate", "--model", "tiny-llama", "--output", str(small), "--name", "tiny"])
+    _run(
+        capsys,
+        ["config", "generate", "--model", "tiny-llama", "--gpu-memory", "80", "--output", str(small), "--name", "tiny"],
+    )
     code, out, _ = _run(capsys, ["config", "validate", str(small / "tiny.yaml"), "--gpu-memory", "80"])
     assert code == 0 and "0 warning(s)" in out
     code, out, _ = _run(capsys, ["config", "validate", str(small / "tiny.yaml")])  # no --gpu-memory: no estimate
@@ -258,10 +266,13 @@ def test_generate_refuses_a_plan_that_does_not_fit_the_gpus(capsys, tmp_path):
     # x 3 x 7168 x 2048 = 653.9e9 elements) with no ZeRO group left to split them (world / EP = 1), at 2 + 4 + 12
     # bytes each: 653.9e9 / 8 x 18 = 1.47e12 bytes = 1,370 GiB before anything else, beyond any GPU.
     args = ["config", "generate", "--model", "deepseek-v3", "--tp", "2", "--ep", "8", "--output", str(tmp_path)]
+    # No GPU memory given: refused before anything is estimated (issue 32: an assumed H200 passed plans in silence)
     code, _, err = _run(capsys, args)
+    assert code == 2 and "pass --gpu-memory GIB" in err and "--hardware NAME" in err and not any(tmp_path.iterdir())
+    code, _, err = _run(capsys, args + ["--hardware", "h200"])
     message = err.strip().splitlines()[-1]
     assert code == 2 and not any(tmp_path.iterdir())  # refused: nothing written
-    assert _gib_needed(message) >= 1370 and "the largest GPU we know (h200" in message
+    assert _gib_needed(message) >= 1370 and "--hardware h200" in message
     assert "sequence length 4096 tokens (default)" in message and "no recomputation (default)" in message
     assert "--suggest" in message and "--force" in message
     code, _, err = _run(capsys, args + ["--hardware", "h100", "--seq-len", "1024"])
@@ -269,7 +280,7 @@ def test_generate_refuses_a_plan_that_does_not_fit_the_gpus(capsys, tmp_path):
     assert code == 2 and "--hardware h100" in message and "sequence length 1024 tokens (--seq-len)" in message
     assert "--seq-len 1024" in message.split("Find a plan that fits with: ")[1]  # the suggestion keeps the assumption
     # --force writes the files and keeps the verdict, in the output and the YAML's header
-    code, out, _ = _run(capsys, args + ["--force", "--name", "v3"])
+    code, out, _ = _run(capsys, args + ["--force", "--name", "v3", "--gpu-memory", "80"])
     assert code == 0 and "warning: by our estimate deepseek-v3 needs" in out
     assert "# Warning: by our estimate deepseek-v3 needs" in (tmp_path / "v3.yaml").read_text()
     # GPUs that do hold it: no refusal, no warning
@@ -318,6 +329,8 @@ def test_validate_memory_verdict_names_its_assumptions_and_the_flags_change_them
             "generate",
             "--model",
             "deepseek-v3",
+            "--hardware",
+            "h200",
             "--nodes",
             "8",
             "--ep",
