@@ -203,42 +203,21 @@ def dequantize_checkpoint(
 
 def _with_workers(source, output_dir, shares, where, block, target) -> tuple[list[int], dict[str, int]]:
     """Each share of the files converted by a forked process; their counts summed, who wrote which file recorded."""
-    import multiprocessing
+    import functools
 
-    context = multiprocessing.get_context("fork")
-    pipes, procs = [], []
-    for index, share in enumerate(shares):
-        parent, child = context.Pipe(duplex=False)
+    from hf_dist_recipes.core.forked import run_forked
 
-        def work(share=share, conn=child):
-            try:
-                counts = [0, 0, 0]
-                for name in share:
-                    for i, n in enumerate(_convert_file(source, output_dir, name, where, block, target)):
-                        counts[i] += n
-                conn.send(("ok", counts))
-            except Exception as e:  # the parent raises it, naming the worker
-                conn.send(("error", f"{type(e).__name__}: {e}"))
+    def work(share):
+        counts = [0, 0, 0]
+        for name in share:
+            for i, n in enumerate(_convert_file(source, output_dir, name, where, block, target)):
+                counts[i] += n
+        return counts
 
-        proc = context.Process(target=work, name=f"dequantize-{index}")
-        proc.start()
-        child.close()  # the worker holds the only write end: its death is an EOF here, not a wait forever
-        pipes.append(parent)
-        procs.append(proc)
-    totals = [0, 0, 0]
-    errors = []
-    for index, (parent, proc) in enumerate(zip(pipes, procs, strict=True)):
-        try:
-            status, value = parent.recv()
-        except EOFError:
-            status, value = "error", "ended without an answer"
-        proc.join()
-        if status == "error" and value == "ended without an answer":
-            value += f" (exit code {proc.exitcode})"
-        if status != "ok":
-            errors.append(f"worker {index}: {value}")
-            continue
-        totals = [a + b for a, b in zip(totals, value, strict=True)]
-    if errors:
-        raise ValueError("; ".join(errors))
+    results, errors = run_forked([functools.partial(work, share) for share in shares], "dequantize")
+    if errors:  # each worker's exception in one line, as the CLI prints a ValueError
+        raise ValueError(
+            "; ".join(f"worker {index}: {what.strip().splitlines()[-1]}" for index, what in errors.items())
+        )
+    totals = [sum(counts[i] for counts in results) for i in range(3)]
     return totals, {name: index for index, share in enumerate(shares) for name in share}

@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import re
 import time
-import traceback
 from collections import defaultdict
 
 import torch
@@ -31,6 +30,7 @@ from hf_dist_recipes._compat import ZeroCheckpointKeys as K
 from hf_dist_recipes.checkpoint.gather import group_key
 from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_BYTES, ExportResult
 from hf_dist_recipes.checkpoint.zero_files import RankFiles, Rebuilder, resolve_tag_dir
+from hf_dist_recipes.core.forked import run_forked
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -143,7 +143,7 @@ def export_checkpoint(
 
 def _export_with_workers(build, order: list[str], ref, output_dir: str, max_shard_bytes: int, workers: int):
     """The shard plan from metadata, then `workers` forked processes writing their shards (see the docstring)."""
-    import multiprocessing
+    import functools
 
     from hf_dist_recipes.checkpoint.export import to_disk_names
     from hf_dist_recipes.checkpoint.shard_plan import PlannedShardWriter, plan_shards, write_index
@@ -155,44 +155,20 @@ def _export_with_workers(build, order: list[str], ref, output_dir: str, max_shar
     os.makedirs(output_dir, exist_ok=True)
     remove_previous_weights(output_dir)
 
-    def work(index: int, conn) -> None:
+    def work(index: int):
         start = time.process_time()
-        try:
-            # One thread per writer: the work is copies, and an OpenMP pool the parent used is not safe to grow
-            # again in a forked child.
-            torch.set_num_threads(1)
-            writer = PlannedShardWriter(output_dir, plan, index, workers)
-            for key in order:
-                if index in owners[key]:
-                    writer.add(to_disk_names(ref, build(key)))
-            conn.send(("ok", (writer.close(), time.process_time() - start)))
-        except BaseException:
-            conn.send(("error", traceback.format_exc()))
-        finally:
-            conn.close()
+        writer = PlannedShardWriter(output_dir, plan, index, workers)
+        for key in order:
+            if index in owners[key]:
+                writer.add(to_disk_names(ref, build(key)))
+        return writer.close(), time.process_time() - start
 
-    # fork: the children share the parent's memory-mapped rank files and imported modules (no re-import, no copy).
-    ctx = multiprocessing.get_context("fork")
-    procs = []
-    for index in range(workers):
-        parent, child = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=work, args=(index, child), name=f"export-writer-{index}")
-        proc.start()
-        child.close()
-        procs.append((proc, parent))
-    written, cpu_seconds, errors = {}, {}, []
-    for index, (proc, conn) in enumerate(procs):
-        try:
-            status, value = conn.recv()
-        except EOFError:
-            status, value = "error", "the process ended without a result (killed, out of memory?)"
-        proc.join()
-        if status == "ok":
-            written[index], cpu_seconds[str(index)] = value
-        else:
-            errors.append(f"writer {index}: {value}")
+    results, errors = run_forked([functools.partial(work, index) for index in range(workers)], "export-writer")
     if errors:
-        raise RuntimeError("checkpoint export failed in a writer process:\n" + "\n".join(errors))
+        failed = (f"writer {index}: {what}" for index, what in errors.items())
+        raise RuntimeError("checkpoint export failed in a writer process:\n" + "\n".join(failed))
+    written = {index: files for index, (files, _) in enumerate(results)}
+    cpu_seconds = {str(index): seconds for index, (_, seconds) in enumerate(results)}
     result = write_index(output_dir, plan, written)
     result.writer_cpu_seconds = cpu_seconds
     save_config_files(ref.config, output_dir, getattr(ref, "generation_config", None))
