@@ -11,6 +11,7 @@ of the files (the same files)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from dataclasses import asdict
@@ -78,20 +79,13 @@ def register(subparsers) -> None:
 
 
 def run_dequantize(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from hf_dist_recipes.checkpoint.dequantize import dequantize_checkpoint
 
     if args.workers < 1:
         raise ValueError(f"--workers {args.workers}: use 1 or more processes")
     writable_dir(args.output, "--output", "DeepSeek-V3-bf16")
     start = time.perf_counter()
-    with tqdm(desc="dequantizing", unit="file", disable=args.json) as bar:
-
-        def progress(done, total):
-            bar.total = total
-            bar.update(done - bar.n)
-
+    with _progress_bar("dequantizing", "file", quiet=args.json) as progress:
         result = dequantize_checkpoint(
             args.source, args.output, dtype=args.dtype, workers=args.workers, progress=progress
         )
@@ -107,9 +101,21 @@ def run_dequantize(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_export(args: argparse.Namespace) -> int:
+@contextlib.contextmanager
+def _progress_bar(desc: str, unit: str, *, quiet: bool):
+    """A tqdm bar, and the `progress(done, total)` callback the checkpoint writers call, which moves it."""
     from tqdm import tqdm
 
+    with tqdm(desc=desc, unit=unit, disable=quiet) as bar:
+
+        def progress(done, total):
+            bar.total = total
+            bar.update(done - bar.n)
+
+        yield progress
+
+
+def run_export(args: argparse.Namespace) -> int:
     from hf_dist_recipes.checkpoint.offline import export_checkpoint, resolve_tag_dir
 
     max_shard = parse_size(args.max_shard_size, "--max-shard-size")
@@ -119,12 +125,7 @@ def run_export(args: argparse.Namespace) -> int:
     writable_dir(args.output, "--output", "runs/job/hf-1200")
     resolve_tag_dir(args.checkpoint)
     start = time.perf_counter()
-    with tqdm(desc="exporting", unit="group", disable=args.json) as bar:
-
-        def progress(done, total):
-            bar.total = total
-            bar.update(done - bar.n)
-
+    with _progress_bar("exporting", "group", quiet=args.json) as progress:
         result = export_checkpoint(
             args.checkpoint,
             args.output,

@@ -65,6 +65,28 @@ class EngineLearningRates(TrainerCallback):
         self.lrs.append(self.trainer.model_wrapped.optimizer.param_groups[0]["lr"])
 
 
+# What the SFT and DPO runs set alike, as a trl user writes it; bf16=False: trl's default (bf16 unless fp16) refuses
+# a CPU run before any recipe code.
+TRL_ARGS = dict(
+    per_device_train_batch_size=4,
+    learning_rate=3e-3,
+    logging_steps=1,
+    save_strategy="no",
+    report_to="none",
+    disable_tqdm=True,
+    bf16=False,
+    seed=7,
+)
+
+
+def _llama_config(tokenizer):
+    """A tiny Llama-style config sized to `tokenizer`, its special tokens the tokenizer's (no BOS)."""
+    config = template_config("tiny-llama")
+    config.vocab_size = len(tokenizer)
+    config.pad_token_id, config.eos_token_id, config.bos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id, None
+    return config
+
+
 def _text_lines() -> list[str]:
     text = (Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py").read_text(encoding="utf-8")
     return [line.strip() for line in text.splitlines() if len(line.strip()) > 20][:256]
@@ -83,28 +105,14 @@ def _tokenizer(lines: list[str]) -> PreTrainedTokenizerFast:
 
 
 def sft(output_dir: str, steps: int, lines: list[str], tokenizer) -> dict:
-    config = template_config("tiny-llama")
-    config.vocab_size = len(tokenizer)
-    config.pad_token_id, config.eos_token_id, config.bos_token_id = (
-        tokenizer.pad_token_id,
-        tokenizer.eos_token_id,
-        None,
-    )
-    # As a trl user writes it; bf16=False: trl's default (bf16 unless fp16) refuses a CPU run before any recipe code.
+    config = _llama_config(tokenizer)
     # The first arguments of the process: their own post-init creates the process group (the plain route).
     with recipe_warnings() as warnings_seen:
         args = SFTConfig(
             output_dir=output_dir,
-            per_device_train_batch_size=4,
-            learning_rate=3e-3,
             max_steps=steps,
             max_length=48,
-            logging_steps=1,
-            save_strategy="no",
-            report_to="none",
-            disable_tqdm=True,
-            bf16=False,
-            seed=7,
+            **TRL_ARGS,
         )
         probe, process_state = EngineLearningRates(), ProcessStateAtTrainBegin()
         set_seed(args.seed)  # an SFTConfig does not seed: as transformers' examples do, before building the model
@@ -161,21 +169,12 @@ def _partitioned(module) -> bool:
 
 
 def dpo(output_dir: str, lines: list[str], tokenizer) -> dict:
-    config = template_config("tiny-llama")
-    config.vocab_size = len(tokenizer)
-    config.pad_token_id, config.eos_token_id, config.bos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id, None
+    config = _llama_config(tokenizer)
     args = DPOConfig(
         output_dir=output_dir,
-        per_device_train_batch_size=4,
-        learning_rate=3e-3,
         max_steps=DPO_STEPS,
         max_length=32,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        bf16=False,
-        seed=7,
+        **TRL_ARGS,
     )
     set_seed(args.seed)
     model = AutoModelForCausalLM.from_config(config)
