@@ -1,7 +1,8 @@
 """Fails when an installed upstream no longer matches what hf_dist_recipes/_compat.py relies on.
 
-About 500 lines: one test or more per private touch in _compat.py, so the file is as long as the list of what
-upstream may change under us; split, a touch's test would no longer sit in the one place that lists them."""
+About 600 lines: one test or more per private touch in _compat.py (each workaround checked both ways), so the file
+is as long as the list of what upstream may change under us; split, a touch's test would no longer sit in the one
+place that lists them."""
 
 import inspect
 from importlib.metadata import version
