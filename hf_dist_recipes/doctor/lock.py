@@ -72,12 +72,21 @@ def split_local(version: str) -> tuple[str, str | None]:
     return public, (local if sep else None)
 
 
+def _installed_distributions() -> list[importlib.metadata.Distribution]:
+    """The distributions installed in this interpreter, as pip sees them: sys.path less any folder inside a package's
+    `_vendor` tree. setuptools (imported by deepspeed and torch's extension builder) appends its `_vendor` folder to
+    sys.path, which makes its bundled copies (autocommand, jaraco.text, tomli, wheel) look installed; a lock naming
+    them would install them as real packages, and whether they show depended on what the process had imported."""
+    paths = [p for p in sys.path if "_vendor" not in os.path.normpath(p).split(os.sep)]
+    return list(importlib.metadata.distributions(path=paths))
+
+
 def installed_versions() -> dict[str, str]:
     """Every distribution importlib.metadata sees in this interpreter, by canonical name, with its version exactly
     as installed (torch keeps its "+cpu"-style label here; `write_lock` moves it to the header). The first
     distribution found wins on duplicates, as importlib.metadata.version() does (sys.path order)."""
     versions: dict[str, str] = {}
-    for dist in importlib.metadata.distributions():
+    for dist in _installed_distributions():
         name = dist.metadata["Name"]
         if name:
             versions.setdefault(canonicalize_name(name), dist.version)
@@ -89,7 +98,7 @@ def local_distributions() -> dict[str, str]:
     import json
 
     out: dict[str, str] = {}
-    for dist in importlib.metadata.distributions():
+    for dist in _installed_distributions():
         text, name = dist.read_text("direct_url.json"), dist.metadata["Name"]
         if text and name:
             try:

@@ -56,6 +56,11 @@ def _pip_freeze() -> tuple[dict[str, str], set[str]]:
 
 
 def test_lock_of_this_environment_lists_exactly_what_pip_freeze_lists(tmp_path):
+    # deepspeed imports setuptools, which appends its `_vendor` folder to sys.path: its bundled copies (tomli, wheel,
+    # ...) must not be locked. Imported here so the case is tested in every worker, not only after a deepspeed test.
+    import setuptools  # noqa: F401
+
+    assert any(os.path.basename(p) == "_vendor" for p in sys.path), "setuptools no longer extends sys.path"
     result = pin(tmp_path)
     lock = read_lock(result.lock_path)
     frozen, local = _pip_freeze()
