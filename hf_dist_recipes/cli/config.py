@@ -16,11 +16,14 @@ import json
 import os
 import sys
 
+from hf_dist_recipes.core.sizes import GIB
 from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.planning.generate import (
+    add_memory_limit_flags,
     add_output_flags,
     add_plan_flags,
     generate_from_args,
+    memory_limits,
     model_from,
     plan_from,
 )
@@ -64,7 +67,15 @@ def register(subparsers) -> None:
     val.add_argument(
         "--gpu-memory",
         type=float,
-        help="GiB per GPU: a YAML whose plan does not fit it by our estimate is an error (exit 1)",
+        help="GiB per GPU: a YAML whose plan does not fit it by our estimate is an error (exit 1); over 90%% of it, "
+        "a warning",
+    )
+    val.add_argument(
+        "--host-memory",
+        type=float,
+        metavar="GIB",
+        help="GiB of host memory per node: a YAML whose plan needs more at the peak of a resume (offloaded states "
+        "plus the optimizer files being loaded) is an error (exit 1)",
     )
     val.add_argument("--model", help="the model, for files without the plan config generate records")
     # The activation side of the --gpu-memory estimate: the files record it only when config generate wrote them.
@@ -114,6 +125,7 @@ def register(subparsers) -> None:
     )
     batch.add_argument("--global-batch-tokens", type=int, metavar="TOKENS", help="the same target in tokens")
     est.add_argument("--json", action="store_true", help="print the estimates as JSON")
+    add_memory_limit_flags(est.add_argument_group("memory limits (fits?, --suggest)"))
     _hardware_flags(est)
     est.set_defaults(run=run_estimate)
 
@@ -142,8 +154,8 @@ def _hardware_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--hardware",
         choices=sorted(HARDWARE),
-        default="h100",
-        help="GPU type whose defaults to use (%(default)s): H100/H200 SXM, A100 SXM; one NIC per GPU",
+        help="GPU type whose defaults to use (h100 when not given): H100/H200 SXM, A100 SXM; one NIC per GPU; named, "
+        "it also gives its DGX's host memory where --host-memory is not given",
     )
     group.add_argument("--intra-node-gbps", type=float, help="NCCL bus bandwidth inside a node, GB/s per GPU")
     group.add_argument("--inter-node-gbps", type=float, help="network bandwidth per GPU across nodes, GB/s")
@@ -173,7 +185,7 @@ def hardware_from(args: argparse.Namespace):
         )
         if getattr(args, flag) is not None
     }
-    return replace(HARDWARE[args.hardware], **changes)
+    return replace(HARDWARE[args.hardware or "h100"], **changes)
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -221,6 +233,8 @@ def run_generate(args: argparse.Namespace) -> int:
 
 def run_validate(args: argparse.Namespace) -> int:
     _check_gpu_memory(args.gpu_memory)
+    if args.host_memory is not None and not args.host_memory > 0:
+        raise ValueError(f"--host-memory is GiB per node, got {args.host_memory:g}; e.g. --host-memory 2048")
     for flag, value in (("--seq-len", args.seq_len), ("--micro-batch", args.micro_batch)):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be a positive integer, got {value}; e.g. {flag} 1")
@@ -239,7 +253,9 @@ def run_validate(args: argparse.Namespace) -> int:
     findings = [
         f
         for path in args.files
-        for f in lint_file(path, gpu_memory_gib=args.gpu_memory, model=args.model, assume=assume)
+        for f in lint_file(
+            path, gpu_memory_gib=args.gpu_memory, model=args.model, assume=assume, host_memory_gib=args.host_memory
+        )
     ]
     if args.json:
         print(render_json([f.as_dict() for f in findings]))
@@ -254,6 +270,7 @@ def run_estimate(args: argparse.Namespace) -> int:
     _check_gpu_memory(args.gpu_memory)
     plan = plan_from(args)
     hardware = hardware_from(args)
+    limits = memory_limits(args)
     model = model_from(args.model, required=True)
     if args.suggest and not args.gpu_memory:
         raise ValueError("--suggest needs --gpu-memory (GiB per GPU), e.g. --gpu-memory 80")
@@ -278,11 +295,20 @@ def run_estimate(args: argparse.Namespace) -> int:
         from hf_dist_recipes.planning.suggest import target_sequences
 
         target = target_sequences(plan.seq_len, sequences=args.global_batch, tokens=args.global_batch_tokens)
-        chosen, rows = suggest(plan, model, args.gpu_memory, hardware, target=target)
+        chosen, rows = suggest(
+            plan,
+            model,
+            args.gpu_memory,
+            hardware,
+            target=target,
+            host_gib=limits.host_gib,
+            device_target=limits.device_target,
+        )
     else:
         for w in warnings:
             print(f"warning: {w}", file=sys.stderr)
-        chosen, rows = None, [evaluate(plan, model, device_gib=args.gpu_memory, hardware=hardware)]
+        limited = {"host_gib": limits.host_gib, "device_target": limits.device_target}
+        chosen, rows = None, [evaluate(plan, model, device_gib=args.gpu_memory, hardware=hardware, **limited)]
     shown = chosen if args.suggest else rows[0]  # the plan the offload warning is about
     offload_warnings = [w for w in [offload_warning(shown) if shown else None] if w]
     from hf_dist_recipes.parallel.checkpoint_bytes import plan_save_bytes
@@ -297,6 +323,8 @@ def run_estimate(args: argparse.Namespace) -> int:
                     "total_params": model.total_params,
                     "params_by_component": model.params_by_component,
                     "target_global_batch": target,
+                    "memory_target": limits.device_target,
+                    "host_memory_gib": limits.host_gib,
                     "chosen": chosen.as_dict() if chosen else None,
                     "why": reasons(chosen, rows) if chosen else [],
                     "warnings": offload_warnings,
@@ -323,7 +351,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         )
     print(render_candidates(rows if args.all or not args.suggest else compact_rows(rows, chosen), chosen=chosen))
     if args.suggest:
-        print("suggested: " + (_describe(chosen.plan) if chosen else "nothing fits; add nodes or GPU memory"))
+        print("suggested: " + (_describe(chosen.plan) if chosen else _nothing_fits(rows)))
         for line in reasons(chosen, rows) if chosen else []:
             print(f"  {line}")
     else:
@@ -335,6 +363,18 @@ def run_estimate(args: argparse.Namespace) -> int:
     for warning in offload_warnings:
         print(f"warning: {warning}")
     return 0
+
+
+def _nothing_fits(rows) -> str:
+    host_bound = [r.memory for r in rows if r.memory.device_fits and r.memory.host_fits is False]
+    if not host_bound:
+        return "nothing fits; add nodes or GPU memory"
+    least = min(m.host_resume_peak_per_node for m in host_bound) / GIB
+    return (
+        f"nothing fits; {len(host_bound)} plan(s) fit the GPU but need at least {least:,.0f} GiB of host memory per "
+        f"node at a resume, more than {host_bound[0].host_bytes / GIB:,.0f}: add nodes (less offloaded per node) or "
+        "GPU memory"
+    )
 
 
 def _describe(plan: ParallelPlan) -> str:

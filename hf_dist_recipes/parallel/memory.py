@@ -82,6 +82,22 @@ Phases: the ZeRO-3 gathers, gradient buffers and activations peak in the backwar
 optimizer step, when activations are gone. device_total = model states on the GPU + persistent buffers
 + max(backward peak, step peak) + allowance.
 
+Host memory per node (CUDA plans): `host_steady_per_node` = the offloaded states of the node's P ranks (optimizer
+offload: the fp32 master copy, Adam's moments and the fp32 gradient partitions, all pinned; parameter offload: the
+parameters) + HOST_ALLOWANCE_PER_RANK for each rank's own process. Resuming adds what is loaded while those states
+exist: DeepSpeed reads each rank's `*_optim_states.pt` (the rank's optimizer partition, `optimizer` bytes) with a
+plain `torch.load` into host memory before copying it into place, so with the stock load every rank of a node holds
+its file at once: `host_resume_peak_per_node` = steady + `resume_loads_at_once` x `optimizer`, P at once for the
+stock load, RESUME_LOADS_AT_ONCE with RecipeTrainer's resume (`hf_dist_recipes.checkpoint.resume_loading`). For
+DeepSeek-V3 on 8 x 8 H100 with optimizer offload: 1,253 GiB steady, + 8 x 117 GiB with the stock load (2,190 GiB,
+more than a DGX H100's 2 TiB). The check is against the node's memory (`host_bytes`: `--host-memory`, a DGX
+preset's, or what preflight reads: MemTotal and the cgroup limit).
+
+Headroom: a plan `fits` when device_total is at most `device_target` of the GPU (90 % by default where a plan is
+chosen or written: `config estimate --suggest`, `config generate`; `--memory-target`), for what the estimate does
+not see (uneven routing beyond the imbalance counted, allocator spikes, a longer batch), and its resume peak fits
+the host.
+
 Allowance (CUDA plans; a stated margin, not a measurement): ALLOWANCE_FIXED_BYTES (2 GiB) for the CUDA context and
 kernels, cuBLAS workspaces and NCCL's buffers for the data-, tensor- and expert-parallel communicators, plus
 FRAGMENTATION_FRACTION (10 %) of the transient peak for the caching allocator's rounding and fragmentation
@@ -109,6 +125,14 @@ NORM_FP32_BYTES = 4  # RMSNorm computes in fp32 and keeps its upcast input for t
 ALLOWANCE_FIXED_BYTES = 2 * GIB
 FRAGMENTATION_FRACTION = 0.10
 USABLE_FRACTION = 1.0  # of the device memory: the context, NCCL and fragmentation are in `allowance` now
+DEFAULT_DEVICE_TARGET = 0.9  # where a plan is chosen or written; preflight warns above the same fraction
+# Ranks of a node that hold their loaded optimizer file at once while RecipeTrainer resumes (the stock load: all).
+RESUME_LOADS_AT_ONCE = 1
+# Each rank process's host memory besides offloaded states: Python, the torch / CUDA / NCCL libraries and the CUDA
+# context's host side, DeepSpeed's pinned staging buffers, a dataloader worker. A stated margin: a CPU rank of the
+# demo (torch, transformers, deepspeed imported, a tiny model) holds about 1.5 GiB of RSS here, and a CUDA context
+# adds 1-2 GiB of host memory per process.
+HOST_ALLOWANCE_PER_RANK = 4 * GIB
 
 
 def _norm_bytes(c: int, width: int) -> int:
@@ -188,7 +212,10 @@ def activation_bytes(plan: ParallelPlan, model: ModelShape) -> int:
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes per rank by kind, where they live, and whether the device holds its share (`device_bytes` of
-    memory per GPU, of which USABLE_FRACTION is counted as usable). `buffers`: the ZeRO-3 buffers of the module
+    memory per GPU, of which `device_target` is counted as usable) and the node's host memory its resume peak
+    (`host_bytes` per node; None: not checked). `host_total_per_node`: the offloaded states of a node;
+    `host_steady_per_node` adds each rank's process; `host_resume_peak_per_node` the optimizer files a resume
+    loads at once (module docstring). `buffers`: the ZeRO-3 buffers of the module
     docstring by name (persistent: `reduce_bucket`, `hpz_secondary`; backward peak: `prefetched_params`,
     `gathered_grads`, `reduce_copy`; optimizer step: `subgroup_fp32_grads`, 0 when on the host);
     `activation_parts`: `activations` by part; `allowance`: context, NCCL and fragmentation."""
@@ -206,12 +233,31 @@ class MemoryEstimate:
     buffers: dict[str, int] = field(default_factory=dict)
     activation_parts: dict[str, int] = field(default_factory=dict)
     allowance: int = 0
+    host_steady_per_node: int = 0
+    host_resume_peak_per_node: int = 0
+    host_bytes: int | None = None
+    device_target: float = USABLE_FRACTION
+
+    @property
+    def device_fits(self) -> bool | None:
+        """Within `device_target` of the GPU; None without `device_bytes`."""
+        if self.device_bytes is None:
+            return None
+        return self.device_total <= self.device_bytes * self.device_target
+
+    @property
+    def host_fits(self) -> bool | None:
+        """The resume peak within the node's host memory; None without `host_bytes`."""
+        if self.host_bytes is None:
+            return None
+        return self.host_resume_peak_per_node <= self.host_bytes
 
     @property
     def fits(self) -> bool | None:
-        if self.device_bytes is None:
-            return None
-        return self.device_total <= self.device_bytes * USABLE_FRACTION
+        """The device verdict, and the host's where it is known (a plan whose resume cannot fit does not fit)."""
+        if self.host_fits is False:
+            return False
+        return self.device_fits
 
     @property
     def other(self) -> int:
@@ -224,7 +270,8 @@ class MemoryEstimate:
 
     def as_dict(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k not in ("plan", "elements")}
-        return {"plan": self.plan.as_dict(), **out, "fits": self.fits, "elements": asdict(self.elements)}
+        verdicts = {"fits": self.fits, "device_fits": self.device_fits, "host_fits": self.host_fits}
+        return {"plan": self.plan.as_dict(), **out, **verdicts, "elements": asdict(self.elements)}
 
 
 def zero3_buffer_bytes(plan: ParallelPlan, model: ModelShape, el: RankElements) -> dict[str, int]:
@@ -256,8 +303,32 @@ BACKWARD_BUFFERS = ("prefetched_params", "gathered_grads", "reduce_copy")
 STEP_BUFFERS = ("subgroup_fp32_grads",)
 
 
-def estimate(plan: ParallelPlan, model: ModelShape, *, device_gib: float | None = None) -> MemoryEstimate:
-    """Per-rank memory of `plan` for `model`. `device_gib`: memory of one GPU in GiB (None: no fits verdict)."""
+def host_bytes_per_node(plan: ParallelPlan, on_host_per_rank: int, optimizer_per_rank: int, loads_at_once: int):
+    """(steady, resume peak) host bytes per node of a CUDA plan (module docstring); (0, 0) for CPU plans, whose
+    device memory is the host's."""
+    if plan.device != "cuda":
+        return 0, 0
+    steady = plan.procs_per_node * (on_host_per_rank + HOST_ALLOWANCE_PER_RANK)
+    if plan.engine != "deepspeed":  # FSDP2 resumes through torch.distributed.checkpoint, not modelled
+        return steady, steady
+    return steady, steady + min(loads_at_once, plan.procs_per_node) * optimizer_per_rank
+
+
+def estimate(
+    plan: ParallelPlan,
+    model: ModelShape,
+    *,
+    device_gib: float | None = None,
+    host_gib: float | None = None,
+    device_target: float = USABLE_FRACTION,
+    resume_loads_at_once: int = RESUME_LOADS_AT_ONCE,
+) -> MemoryEstimate:
+    """Per-rank memory of `plan` for `model`. `device_gib`: memory of one GPU in GiB (None: no fits verdict);
+    `device_target`: the fraction of it a plan may fill (1.0; DEFAULT_DEVICE_TARGET where plans are chosen);
+    `host_gib`: host memory per node in GiB (None: not checked); `resume_loads_at_once`: ranks of a node holding
+    their loaded optimizer file at once while resuming (RecipeTrainer's; the stock load: `plan.procs_per_node`)."""
+    if not 0 < device_target <= 1:
+        raise ValueError(f"the memory target is a fraction of the GPU in (0, 1], got {device_target!r}; e.g. 0.9")
     el = rank_elements(plan, model)
     p_bytes, g_bytes, o_bytes = BYTES_PER_ELEMENT[plan.precision]
     params, grads, optimizer = el.params * p_bytes, el.grads * g_bytes, el.optimizer * o_bytes
@@ -276,6 +347,7 @@ def estimate(plan: ParallelPlan, model: ModelShape, *, device_gib: float | None 
     transient = max(backward, step)
     allowance = int(ALLOWANCE_FIXED_BYTES + FRAGMENTATION_FRACTION * transient) if plan.device == "cuda" else 0
     device_total = params + grads + optimizer - on_host + persistent + transient + allowance
+    steady, resume = host_bytes_per_node(plan, on_host, optimizer, resume_loads_at_once)
     return MemoryEstimate(
         plan=plan,
         params=params,
@@ -290,25 +362,41 @@ def estimate(plan: ParallelPlan, model: ModelShape, *, device_gib: float | None 
         buffers=buffers,
         activation_parts=parts,
         allowance=allowance,
+        host_steady_per_node=steady,
+        host_resume_peak_per_node=resume,
+        host_bytes=int(host_gib * GIB) if host_gib else None,
+        device_target=device_target,
     )
 
 
+def fit_word(e: MemoryEstimate) -> str:
+    """yes; "host" when the device fits and the resume peak does not fit the host; "tight" when over the target
+    but within the GPU; no; "?" without the GPU's memory."""
+    if e.device_fits is None:
+        return "?"
+    if e.device_fits:
+        return "host" if e.host_fits is False else "yes"
+    within_gpu = e.device_bytes is not None and e.device_total <= e.device_bytes
+    return "tight" if within_gpu and e.device_target < 1 else "no"
+
+
 def render_table(estimates: list[MemoryEstimate], *, chosen: MemoryEstimate | None = None) -> str:
-    """Plain-text table, GiB per rank; host RAM per node. `other`: ZeRO-3 buffers and the allowance."""
+    """Plain-text table, GiB per rank; host RAM per node (steady, and the resume peak). `other`: ZeRO-3 buffers
+    and the allowance."""
     head = (
         f"{'plan':<28} {'params':>8} {'grads':>8} {'optim':>8} {'gather':>8} {'activ':>8} {'other':>8} "
-        f"{'total':>8} {'host/node':>10} {'fits?':>6}"
+        f"{'total':>8} {'host/node':>10} {'resume':>7} {'fits?':>6}"
     )
     lines = [head, "-" * len(head)]
     for e in estimates:
         p = e.plan
         off = "+".join(k for k, on in (("opt", p.offload_optimizer), ("param", p.offload_params)) if on) or "-"
         label = f"Z{p.zero_stage} TP{p.tp} EP{p.ep} off:{off}"
-        fits = {True: "yes", False: "no", None: "?"}[e.fits]
+        fits = fit_word(e)
         mark = " <" if chosen is not None and e is chosen else ""
         lines.append(
             f"{label:<28} {e.params / GIB:8.1f} {e.grads / GIB:8.1f} {e.optimizer / GIB:8.1f} {e.gathered / GIB:8.1f} "
             f"{e.activations / GIB:8.1f} {e.other / GIB:8.1f} {e.device_total / GIB:8.1f} "
-            f"{e.host_total_per_node / GIB:10.0f} {fits:>6}{mark}"
+            f"{e.host_steady_per_node / GIB:10.0f} {e.host_resume_peak_per_node / GIB:7.0f} {fits:>6}{mark}"
         )
     return "\n".join(lines)

@@ -76,7 +76,8 @@ class Hardware:
     data sheet's peak: `intra_node_gbps` over NVLink, `inter_node_gbps` over the GPU's own NIC; `pcie_gbps`
     host <-> GPU; `gpu_tflops`: dense bf16 peak in TFLOP/s; `compute_efficiency`: fraction of that peak the
     matmuls reach with no communication exposed; `cpu_adam_params_per_s`: parameters per second one node's CPUs
-    update with DeepSpeed's CPU Adam; `memory_gib`: GPU memory."""
+    update with DeepSpeed's CPU Adam; `memory_gib`: GPU memory; `host_memory_gib`: host memory of the node, GiB
+    (None: not known for the type)."""
 
     name: str
     gpu_tflops: float
@@ -86,6 +87,7 @@ class Hardware:
     pcie_gbps: float = 25.0
     compute_efficiency: float = 0.5
     cpu_adam_params_per_s: float = 2e9
+    host_memory_gib: float | None = None
 
     def __post_init__(self):
         for key in (
@@ -110,12 +112,20 @@ class Hardware:
 # what CUDA can allocate, nvidia-smi's memory.total: H100 SXM 81,559 MiB (79.6 GiB; "80 GB" is HBM3's 5 x 16 GiB less
 # ECC and reserved pages, not 80e9 B), H200 143,771 MiB (140.4 GiB), A100 SXM 80GB 81,920 MiB.
 # A100 SXM 80GB: 312 TFLOP/s, NVLink 3 (300 GB/s each way, about 235 achieved), one 200 Gb/s HDR NIC per GPU.
+# host_memory_gib: the DGX of each GPU (NVIDIA DGX data sheets): DGX H100 and DGX H200 2 TB (32 x 64 GiB DIMMs),
+# DGX A100 1 TB (its 640 GB version 2 TB); other servers with these GPUs differ: --host-memory, or preflight's reading.
 # compute_efficiency 0.5: torchtitan reports 51-61% MFU for Llama 2/3 13B-70B with FSDP2 on 64 A100s
 # (docs/performance.md). cpu_adam_params_per_s: an assumption for a 2-socket node; set it from a measurement.
 HARDWARE = {
-    "h100": Hardware("h100", gpu_tflops=989, intra_node_gbps=360, inter_node_gbps=45, memory_gib=81_559 / 1024),
-    "h200": Hardware("h200", gpu_tflops=989, intra_node_gbps=360, inter_node_gbps=45, memory_gib=143_771 / 1024),
-    "a100": Hardware("a100", gpu_tflops=312, intra_node_gbps=235, inter_node_gbps=23, memory_gib=81_920 / 1024),
+    "h100": Hardware(
+        "h100", gpu_tflops=989, intra_node_gbps=360, inter_node_gbps=45, memory_gib=81_559 / 1024, host_memory_gib=2048
+    ),
+    "h200": Hardware(
+        "h200", gpu_tflops=989, intra_node_gbps=360, inter_node_gbps=45, memory_gib=143_771 / 1024, host_memory_gib=2048
+    ),
+    "a100": Hardware(
+        "a100", gpu_tflops=312, intra_node_gbps=235, inter_node_gbps=23, memory_gib=81_920 / 1024, host_memory_gib=1024
+    ),
 }
 
 

@@ -2,8 +2,9 @@
 assumed: the sequence length, the micro batch and activation recomputation (the activations depend on them, the
 model states do not), where each value came from, and how to change it.
 
-Used by `config generate` (a plan that does not fit is refused unless `--force`), `config validate --gpu-memory`
-(a warning) and the header of `config estimate`.
+Used by `config generate` (a plan over `--memory-target` of the GPU, or whose resume peak exceeds `--host-memory`,
+is refused unless `--force`) and `config validate --gpu-memory` (over the GPU: an error; over the target: a
+warning).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import shlex
 from dataclasses import dataclass, field, replace
 
 from hf_dist_recipes.core.sizes import GIB
+from hf_dist_recipes.parallel.memory import DEFAULT_DEVICE_TARGET
 from hf_dist_recipes.parallel.models import ModelShape
 from hf_dist_recipes.parallel.plan import ParallelPlan
 
@@ -64,7 +66,9 @@ def plan_flags(plan: ParallelPlan) -> list[str]:
 class FitVerdict:
     """The estimate of `plan` against `gpu_gib` GiB per GPU (`gpu_source` says where that figure came from).
     `need_gib`: our estimate per GPU; `with_recompute_gib`: the same plan with activation checkpointing (None when
-    the plan already recomputes)."""
+    the plan already recomputes); `device_target`: the fraction of `gpu_gib` the plan may fill; `host_gib`: host
+    memory per node (None: not checked) from `host_source`, against `host_peak_gib`, the resume peak per node
+    (`host_steady_gib` while training)."""
 
     plan: ParallelPlan
     model_ref: str
@@ -74,29 +78,61 @@ class FitVerdict:
     with_recompute_gib: float | None
     sources: dict[str, str] = field(default_factory=dict)
     hardware: str | None = None
+    device_target: float = 1.0
+    host_gib: float | None = None
+    host_source: str = "--host-memory"
+    host_steady_gib: float = 0.0
+    host_peak_gib: float = 0.0
+
+    @property
+    def device_fits(self) -> bool:
+        return self.need_gib <= self.gpu_gib * self.device_target
+
+    @property
+    def host_fits(self) -> bool | None:
+        return None if self.host_gib is None else self.host_peak_gib <= self.host_gib
 
     @property
     def fits(self) -> bool:
-        return self.need_gib <= self.gpu_gib
+        return self.device_fits and self.host_fits is not False
 
     def suggest_command(self) -> str:
         """`config estimate --suggest` for the same model, machines and activation assumptions."""
         # one decimal, rounded down: the suggestion must fit the GPU, not a tenth of a GiB more
-        gib = math.floor(self.gpu_gib * 10) / 10
-        args = ["--model", self.model_ref, *plan_flags(self.plan), "--gpu-memory", f"{gib:g}", "--suggest"]
+        gib = f"{math.floor(self.gpu_gib * 10) / 10:g}" if math.isfinite(self.gpu_gib) else "GIB"
+        args = ["--model", self.model_ref, *plan_flags(self.plan), "--gpu-memory", gib, "--suggest"]
         args += ["--hardware", self.hardware] if self.hardware else []
+        args += ["--host-memory", f"{self.host_gib:g}"] if self.host_gib is not None else []
+        args += ["--memory-target", f"{self.device_target:g}"] if self.device_target != DEFAULT_DEVICE_TARGET else []
         return "hf-dist-recipes config estimate " + shlex.join(args)
 
+    def host_message(self) -> str:
+        """The host verdict in words (the resume peak against the node's memory)."""
+        return (
+            f"by our estimate a node needs {self.host_peak_gib:,.0f} GiB of host memory at the peak of a resume "
+            f"({self.host_steady_gib:,.0f} GiB of offloaded states and processes while training, plus the optimizer "
+            f"files being loaded), more than the {self.host_gib:,.0f} GiB of {self.host_source}: offload less (more "
+            f"nodes, or no parameter offload), or find a plan that fits with: {self.suggest_command()}"
+        )
+
     def message(self, *, change: str) -> str:
-        """The verdict in words. `change`: how the caller's user changes the assumptions (its flags)."""
+        """The verdict in words (the device's when it does not fit, else the host's). `change`: how the caller's
+        user changes the assumptions (its flags)."""
+        if self.device_fits:
+            return self.host_message()
         p = self.plan
+        limit = (
+            f"{self.gpu_gib * self.device_target:.1f} GiB, {self.device_target:.0%} of the {self.gpu_gib:.1f} GiB"
+            if self.device_target < 1
+            else f"{self.gpu_gib:.1f} GiB"
+        )
         text = (
             f"by our estimate {self.model_ref} needs {self.need_gib:.1f} GiB per GPU with this plan (ZeRO-"
             f"{p.zero_stage}, TP {p.tp}, EP {p.ep}"
             + (", optimizer offload" if p.offload_optimizer else "")
             + (", parameter offload" if p.offload_params else "")
-            + f"; allowance for the CUDA context, NCCL and fragmentation included), more than the {self.gpu_gib:.1f} "
-            f"GiB of {self.gpu_source}. It assumes {assumptions(p, self.sources)}; {change}."
+            + f"; allowance for the CUDA context, NCCL and fragmentation included), more than the {limit} "
+            f"of {self.gpu_source}. It assumes {assumptions(p, self.sources)}; {change}."
         )
         if self.with_recompute_gib is not None:
             text += f" With activation checkpointing it needs {self.with_recompute_gib:.1f} GiB."
@@ -111,14 +147,20 @@ def check_fit(
     gpu_source: str,
     sources: dict[str, str] | None = None,
     hardware: str | None = None,
+    *,
+    device_target: float = 1.0,
+    host_gib: float | None = None,
+    host_source: str = "--host-memory",
 ) -> FitVerdict:
-    """Estimate `plan` for `model` against `gpu_gib` GiB per GPU (a CUDA plan; CPU plans have no GPU limit).
-    `hardware`: the `comm.HARDWARE` key the memory came from, passed on to the suggest command."""
+    """Estimate `plan` for `model` against `device_target` of `gpu_gib` GiB per GPU (a CUDA plan; CPU plans have no
+    GPU limit) and, given `host_gib` per node, its resume peak against the host. `hardware`: the `comm.HARDWARE`
+    key the memory came from, passed on to the suggest command."""
     from hf_dist_recipes.parallel.memory import estimate
 
-    need = estimate(plan, model).device_total / GIB
+    est = estimate(plan, model)
+    need = est.device_total / GIB
     with_recompute = None
-    if not plan.activation_checkpointing and need > gpu_gib:
+    if not plan.activation_checkpointing and need > gpu_gib * device_target:
         with_recompute = estimate(replace(plan, activation_checkpointing=True), model).device_total / GIB
     return FitVerdict(
         plan=plan,
@@ -129,4 +171,9 @@ def check_fit(
         with_recompute_gib=with_recompute,
         sources=dict(sources or {}),
         hardware=hardware,
+        device_target=device_target,
+        host_gib=host_gib,
+        host_source=host_source,
+        host_steady_gib=est.host_steady_per_node / GIB,
+        host_peak_gib=est.host_resume_peak_per_node / GIB,
     )

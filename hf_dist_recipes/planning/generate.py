@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hf_dist_recipes.core.user_values import writable_dir
+from hf_dist_recipes.parallel.memory import DEFAULT_DEVICE_TARGET
 from hf_dist_recipes.parallel.plan import ENGINES, GRAD_REDUCE_DTYPES, PRECISIONS, ParallelPlan
 from hf_dist_recipes.planning.accelerate_config import DEFAULT_PORT, accelerate_config, render_yaml
 from hf_dist_recipes.planning.comm import HARDWARE
@@ -76,7 +77,54 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
         help="GiB per GPU; a GPU plan with --model needs it or --hardware (default: --hardware's)",
     )
     fit.add_argument("--hardware", choices=sorted(HARDWARE), help="GPU type whose memory to check against")
+    add_memory_limit_flags(fit)
     fit.add_argument("--force", action="store_true", help="write the files even when the plan does not fit")
+
+
+def add_memory_limit_flags(group) -> None:
+    """--host-memory and --memory-target, for `config generate` and `config estimate`."""
+    group.add_argument(
+        "--host-memory",
+        type=float,
+        metavar="GIB",
+        help="host memory of one node in GiB, for the resume peak of offloaded states (default: --hardware's DGX "
+        "figure when --hardware is given, else not checked; preflight reads the machine's)",
+    )
+    group.add_argument(
+        "--memory-target",
+        type=float,
+        default=DEFAULT_DEVICE_TARGET,
+        metavar="FRACTION",
+        help="the fraction of the GPU's memory a plan may fill by our estimate (%(default)s: headroom for what it "
+        "cannot see, such as routing more uneven than assumed); 1.0 for the whole GPU",
+    )
+
+
+@dataclass(frozen=True)
+class MemoryLimits:
+    """What a plan is held to besides the GPU's size: `device_target`, the fraction of the GPU it may fill;
+    `host_gib`, host memory per node (None: not checked), named by `host_source`."""
+
+    device_target: float = DEFAULT_DEVICE_TARGET
+    host_gib: float | None = None
+    host_source: str = "--host-memory"
+
+
+def memory_limits(args: argparse.Namespace) -> MemoryLimits:
+    """The MemoryLimits of parsed `add_memory_limit_flags` flags: --host-memory, else the explicitly named
+    --hardware's DGX figure."""
+    host, target = args.host_memory, args.memory_target
+    if host is not None and not host > 0:
+        raise ValueError(f"--host-memory is GiB per node, got {host:g}; e.g. --host-memory 2048 for a DGX H100")
+    if not 0 < target <= 1:
+        raise ValueError(
+            f"--memory-target is a fraction of the GPU in (0, 1], got {target:g}; e.g. --memory-target 0.9"
+        )
+    if host is None and getattr(args, "hardware", None) and HARDWARE[args.hardware].host_memory_gib:
+        return MemoryLimits(
+            target, HARDWARE[args.hardware].host_memory_gib, f"a DGX {args.hardware.upper()} (--hardware)"
+        )
+    return MemoryLimits(target, host)
 
 
 def generate_parser() -> argparse.ArgumentParser:
@@ -147,12 +195,17 @@ def default_name(plan: ParallelPlan, model_name: str | None) -> str:
 
 
 def fit_problem(
-    plan: ParallelPlan, model, model_ref: str, gpu_memory_gib: float | None = None, hardware: str | None = None
+    plan: ParallelPlan,
+    model,
+    model_ref: str,
+    gpu_memory_gib: float | None = None,
+    hardware: str | None = None,
+    limits: MemoryLimits | None = None,
 ) -> str | None:
-    """Why `plan` does not fit its GPUs by our estimate (`fit.check_fit`), or None when it fits or is not checked
-    (CPU plans; FSDP2, which the estimate does not model). The GPU memory: `gpu_memory_gib`, else `hardware`'s
-    (a key of `comm.HARDWARE`), else the largest GPU there, so that a plan that fits no GPU we know is caught
-    without flags.
+    """Why `plan` does not fit its GPUs (within `limits.device_target` of their memory) or, given `limits.host_gib`
+    per node, its hosts at a resume, by our estimate (`fit.check_fit`); None when it fits or is not checked (CPU plans;
+    FSDP2, which the estimate does not model). The GPU memory: `gpu_memory_gib`, else `hardware`'s (a key of
+    `comm.HARDWARE`), else the largest GPU there, so that a plan that fits no GPU we know is caught without flags.
 
     Refused rather than warned about: generate was given every assumption of the estimate (sequence length, micro
     batch, recomputation: its own flags), and the files exist to be launched; the out-of-memory error would come
@@ -179,7 +232,19 @@ def fit_problem(
         "activation_checkpointing": "--activation-checkpointing",
     }
     sources = {k: flags[k] if getattr(plan, k) != getattr(default, k) else "default" for k in SOURCES}
-    verdict = check_fit(plan, model, model_ref, gib, source, sources, hardware=name)
+    limits = limits or MemoryLimits()
+    verdict = check_fit(
+        plan,
+        model,
+        model_ref,
+        gib,
+        source,
+        sources,
+        hardware=name,
+        device_target=limits.device_target,
+        host_gib=limits.host_gib,
+        host_source=limits.host_source,
+    )
     if verdict.fits:
         return None
     return verdict.message(change="generate takes --seq-len, --micro-batch and --activation-checkpointing")
@@ -203,6 +268,7 @@ def generate_from_args(
         hardware=args.hardware,
         force=args.force,
         address_from_launcher=address_from_launcher,
+        limits=memory_limits(args),
     )
 
 
@@ -241,12 +307,14 @@ def write_configs(
     hardware: str | None = None,
     force: bool = False,
     address_from_launcher: bool = False,
+    limits: MemoryLimits | None = None,
 ) -> Generated:
     """Validate the plan, then write `<output>/NAME.yaml` (and `<output>/deepspeed/NAME.json` for DeepSpeed).
     `command_args`: the `config generate` arguments recorded in the YAML's header. Every check runs before the
     first file is written: a refused plan or an unwritable `output` leaves nothing behind. A DeepSpeed GPU plan
     with a model is also checked against the GPU's memory (`gpu_memory_gib`, else `hardware`'s, else the largest
-    GPU of `comm.HARDWARE`): a plan that does not fit by our estimate is refused (ValueError) unless `force`,
+    GPU of `comm.HARDWARE`), within `limits.device_target` of it, and given `limits.host_gib` its resume peak
+    against the host: a plan that does not fit by our estimate is refused (ValueError) unless `force`,
     which writes it with a warning (`fit_problem`). `address_from_launcher`: a launch script written beside the
     files (`--launcher`) passes the first node's address at launch, so a loopback `main_process_ip` is no problem."""
     writable_dir(output, "--output", "my_configs")
@@ -256,7 +324,14 @@ def write_configs(
     model = model_from(model_ref, required=plan.engine == "deepspeed" and (plan.tp > 1 or plan.ep > 1))
     if model is not None:
         warnings = plan.validate(model)
-        problem = fit_problem(plan, model, model_ref or model.name, gpu_memory_gib, hardware)
+        problem = fit_problem(
+            plan,
+            model,
+            model_ref or model.name,
+            gpu_memory_gib,
+            hardware,
+            limits=limits,
+        )
         if problem and not force:
             raise ValueError(f"{problem}; or pass --force to write the files anyway")
         warnings = warnings + ([problem] if problem else [])

@@ -8,6 +8,7 @@ silently mis-train a run, "warning" ones waste memory. `config validate` exits b
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,10 +63,12 @@ def lint_file(
     gpu_memory_gib: float | None = None,
     model: str | None = None,
     assume: dict | None = None,
+    host_memory_gib: float | None = None,
 ) -> list[LintFinding]:
     """Findings for one file: `.json` is read as DeepSpeed config, `.yaml`/`.yml` as accelerate config (its
     DeepSpeed JSON is linted too, against the YAML's process count). With `gpu_memory_gib` (GiB per GPU) an
-    accelerate config's plan is estimated and a warning given when it does not fit; `model` names the model for
+    accelerate config's plan is estimated: an error when it does not fit, a warning above DEFAULT_DEVICE_TARGET of
+    the GPU; with `host_memory_gib` (GiB per node) an error when its resume peak exceeds it; `model` names the model for
     files without a recorded plan; `assume` overrides the plan's `seq_len`, `micro_batch` and
     `activation_checkpointing` for that estimate (None values: the files' or the defaults). Unreadable files
     raise ValueError."""
@@ -73,7 +76,9 @@ def lint_file(
     if p.suffix == ".json":
         return lint_deepspeed(load_deepspeed_json(p), str(p))
     if p.suffix in (".yaml", ".yml"):
-        return lint_accelerate(p, root=root, gpu_memory_gib=gpu_memory_gib, model=model, assume=assume)
+        return lint_accelerate(
+            p, root=root, gpu_memory_gib=gpu_memory_gib, model=model, assume=assume, host_memory_gib=host_memory_gib
+        )
     if p.suffix == SCRIPT_SUFFIX:  # config generate --launcher's script, against its YAML's plan
         return [LintFinding(f.name, f.status, f"{f.detail}; {f.fix}") for f in check_launch_script(p)]
     raise ValueError(f"{p}: expected a DeepSpeed .json or an accelerate .yaml file, or a launch script (.sbatch)")
@@ -212,6 +217,7 @@ def lint_accelerate(
     gpu_memory_gib: float | None = None,
     model: str | None = None,
     assume: dict | None = None,
+    host_memory_gib: float | None = None,
 ) -> list[LintFinding]:
     """Findings for an accelerate YAML: accelerate's own loader, the launch consistency checks, the FSDP2 route's
     sizes, the rank-0 address of a multi-machine launch, the referenced DeepSpeed JSON and (with
@@ -258,16 +264,22 @@ def lint_accelerate(
         out += _lint_fsdp2(data, name, world)
     if cfg.deepspeed is not None:
         out += lint_deepspeed(cfg.deepspeed, str(cfg.deepspeed_file), world_size=world, use_cpu=cfg.use_cpu)
-        if gpu_memory_gib is not None:
-            out += _memory_findings(cfg, world, gpu_memory_gib, model, assume)
+        if gpu_memory_gib is not None or host_memory_gib is not None:
+            out += _memory_findings(cfg, world, gpu_memory_gib, model, assume, host_memory_gib)
     return out
 
 
 def _memory_findings(
-    cfg, world: int, gpu_memory_gib: float, model_ref: str | None, assume: dict | None = None
+    cfg,
+    world: int,
+    gpu_memory_gib: float | None,
+    model_ref: str | None,
+    assume: dict | None = None,
+    host_memory_gib: float | None = None,
 ) -> list[LintFinding]:
     from dataclasses import replace
 
+    from hf_dist_recipes.parallel.memory import DEFAULT_DEVICE_TARGET
     from hf_dist_recipes.parallel.models import introspect
     from hf_dist_recipes.parallel.plan_record import recorded_plan
     from hf_dist_recipes.planning.fit import SOURCES, check_fit
@@ -281,7 +293,7 @@ def _memory_findings(
                 name,
                 WARNING,
                 "no model is recorded in the DeepSpeed JSON (config generate records the "
-                "--model it was given): pass --model to check memory against --gpu-memory",
+                "--model it was given): pass --model to check memory against --gpu-memory / --host-memory",
             )
         ]
     # Where each activation-side value came from, so that the verdict can say it (plan_of_launch's order).
@@ -298,13 +310,21 @@ def _memory_findings(
     given = {k: v for k, v in (assume or {}).items() if v is not None}
     plan = replace(plan, **given)
     sources.update({k: flags[k] for k in given})
-    verdict = check_fit(plan, introspect(model_ref), model_ref, gpu_memory_gib, "--gpu-memory", sources)
-    if verdict.fits:
-        return []
+    shape = introspect(model_ref)
+    if gpu_memory_gib is None:  # the host alone: the device side is not asked about
+        gpu_memory_gib, gpu_source = math.inf, "no GPU limit given"
+    else:
+        gpu_source = "--gpu-memory"
+    verdict = check_fit(plan, shape, model_ref, gpu_memory_gib, gpu_source, sources, host_gib=host_memory_gib)
     change = "validate takes --seq-len, --micro-batch and --activation-checkpointing / --no-activation-checkpointing"
-    # An error: asked whether the plan fits --gpu-memory, the answer "no" is a job that stops out of memory at its
-    # first step (validate exits 1), not a matter of taste.
-    return [LintFinding(name, ERROR, verdict.message(change=change))]
+    if not verdict.fits:
+        # An error: asked whether the plan fits --gpu-memory / --host-memory, the answer "no" is a job that stops
+        # out of memory at its first step or its first resume (validate exits 1), not a matter of taste.
+        return [LintFinding(name, ERROR, verdict.message(change=change))]
+    tight = replace(verdict, device_target=DEFAULT_DEVICE_TARGET)
+    if gpu_source == "--gpu-memory" and not tight.device_fits:
+        return [LintFinding(name, WARNING, tight.message(change=change) + " (it fits the whole GPU: no headroom)")]
+    return []
 
 
 def _lint_fsdp2(data: dict, name: str, world: int) -> list[LintFinding]:

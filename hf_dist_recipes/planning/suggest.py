@@ -15,7 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hf_dist_recipes.core.sizes import GIB
-from hf_dist_recipes.parallel.memory import MemoryEstimate, estimate, render_table
+from hf_dist_recipes.parallel.memory import (
+    DEFAULT_DEVICE_TARGET,
+    USABLE_FRACTION,
+    MemoryEstimate,
+    estimate,
+    render_table,
+)
 from hf_dist_recipes.parallel.models import ModelShape
 from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.parallel.zero_buffers import hpz_partition_size, use_vocab_parallel_lm_head
@@ -120,9 +126,12 @@ def evaluate(
     device_gib: float | None = None,
     hardware: Hardware | str = "h100",
     target_sequences: int | None = None,
+    host_gib: float | None = None,
+    device_target: float = USABLE_FRACTION,
 ) -> Candidate:
-    """Memory, traffic and step time of one plan."""
-    memory = estimate(plan, model, device_gib=device_gib)
+    """Memory, traffic and step time of one plan; `device_gib`, `host_gib`, `device_target` as in
+    `memory.estimate`."""
+    memory = estimate(plan, model, device_gib=device_gib, host_gib=host_gib, device_target=device_target)
     # The traffic of the DeepSpeed JSON `config generate` writes for this plan: hpZ and the vocabulary-parallel head
     # where parallel/zero_buffers.py turns them on.
     step = step_estimate(
@@ -137,7 +146,7 @@ def evaluate(
 
 
 def _layout_rows(
-    layout: ParallelPlan, model: ModelShape, device_gib: float, hardware: Hardware | str, target: int
+    layout: ParallelPlan, model: ModelShape, device_gib: float, hardware: Hardware | str, target: int, limits: dict
 ) -> list[Candidate]:
     """Candidates of one layout, by micro batch, each at the most accumulation `target` allows: the micro batches
     that fit among the divisors of target / DP (where the batch meets the target exactly) and the largest that
@@ -149,7 +158,9 @@ def _layout_rows(
     def at(mb: int) -> Candidate:
         if mb not in seen:
             plan = replace(layout, micro_batch=mb, grad_accum=per_rank // mb)
-            seen[mb] = evaluate(plan, model, device_gib=device_gib, hardware=hardware, target_sequences=target)
+            seen[mb] = evaluate(
+                plan, model, device_gib=device_gib, hardware=hardware, target_sequences=target, **limits
+            )
         return seen[mb]
 
     if not at(1).fits:
@@ -176,10 +187,13 @@ def suggest(
     hardware: Hardware | str = "h100",
     *,
     target: int | None = None,
+    host_gib: float | None = None,
+    device_target: float = DEFAULT_DEVICE_TARGET,
 ) -> tuple[Candidate | None, list[Candidate]]:
-    """The plan to run (`pick` among the candidates that fit `device_gib` per GPU; None if none does) and every
-    candidate evaluated. `target`: the most sequences per optimizer step (default DEFAULT_BATCH_TOKENS /
-    seq_len); micro batch and accumulation are searched within it, `base`'s are ignored."""
+    """The plan to run (`pick` among the candidates that fit: at most `device_target` of `device_gib` per GPU and,
+    given `host_gib` per node, a resume peak within it; None if none does) and every candidate evaluated.
+    `target`: the most sequences per optimizer step (default DEFAULT_BATCH_TOKENS / seq_len); micro batch and
+    accumulation are searched within it, `base`'s are ignored."""
     target = target_sequences(base.seq_len) if target is None else target_sequences(base.seq_len, sequences=target)
     layouts = [p for p in candidate_plans(base, model) if p.dp_size <= target]
     if not layouts:
@@ -188,7 +202,8 @@ def suggest(
             f"a batch of {target} sequences is smaller than the data-parallel size of every plan (at least "
             f"{least}: one sequence per data-parallel rank); raise --global-batch to {least} or more"
         )
-    rows = [c for layout in layouts for c in _layout_rows(layout, model, device_gib, hardware, target)]
+    limits = {"host_gib": host_gib, "device_target": device_target}
+    rows = [c for layout in layouts for c in _layout_rows(layout, model, device_gib, hardware, target, limits)]
     chosen, _ = pick(rows)
     return chosen, rows
 
@@ -298,14 +313,37 @@ def _bounds(chosen: Candidate, candidates: list[Candidate]) -> list[str]:
             f"micro batch {best.plan.micro_batch} fits too, but at accumulation {best.plan.grad_accum} its batch is "
             f"{best.plan.global_batch} sequences: {best.step.tokens_per_s:,.0f} tokens/s"
         )
-    elif over is not None:
-        need = over.memory.device_total / GIB
+    elif over is not None and over.memory.device_fits is False:
+        m = over.memory
         out.append(
-            f"memory: micro batch {over.plan.micro_batch} needs {need:.1f} GiB per GPU, more than "
-            f"{over.memory.device_bytes / GIB:g}"
+            f"memory: micro batch {over.plan.micro_batch} needs {m.device_total / GIB:.1f} GiB per GPU, more than "
+            + (
+                f"{m.device_bytes * m.device_target / GIB:.1f} ({m.device_target:.0%} of {m.device_bytes / GIB:g})"
+                if m.device_target < 1
+                else f"{m.device_bytes / GIB:g}"
+            )
         )
     elif target is not None and (p.micro_batch + 1) * p.dp_size > target:
         out.append(f"micro batch {p.micro_batch + 1} x {p.dp_size} DP ranks would pass the batch target")
+    m = chosen.memory
+    if m.host_steady_per_node:
+        out.append(
+            f"host memory per node: {m.host_steady_per_node / GIB:,.0f} GiB while training, "
+            f"{m.host_resume_peak_per_node / GIB:,.0f} GiB at the peak of a resume"
+            + (
+                f", of {m.host_bytes / GIB:,.0f} GiB"
+                if m.host_bytes
+                else " (not checked against the nodes: pass --host-memory GIB)"
+            )
+        )
+        host_bound = [c for c in candidates if c.memory.device_fits and c.memory.host_fits is False]
+        if host_bound:
+            fastest = max(host_bound, key=lambda c: c.step.tokens_per_s)
+            out.append(
+                f"host: {len(host_bound)} plan(s) that fit the GPU need more host memory at a resume, the fastest "
+                f"{label(fastest.plan)} at micro batch {fastest.plan.micro_batch} "
+                f"({fastest.memory.host_resume_peak_per_node / GIB:,.0f} GiB per node)"
+            )
     if chosen.step.offload_s:
         out.append(
             f"offload: {chosen.step.offload_s:.1f} s of the {chosen.step.step_time_s:.1f} s step "

@@ -44,7 +44,9 @@ def test_the_default_batch_target_is_4m_tokens():
 def test_deepseek_v3_on_8_nodes_of_8_80gb_amortises_offload_within_the_batch_target(v3_on_64):
     chosen, rows = v3_on_64
     p = chosen.plan
-    assert chosen.fits and chosen.memory.device_total <= 80 * GIB
+    # At most 90% of the GPU by default: headroom for what the estimate cannot see.
+    assert chosen.fits and chosen.memory.device_total <= 0.9 * 80 * GIB
+    assert any(r.memory.device_total <= 80 * GIB and not r.fits for r in rows)  # the target did exclude plans
     # Adam states of 671B parameters alone are 117 GiB per GPU on 64 GPUs: nothing fits without offload.
     assert not any(r.fits for r in rows if not r.plan.offload_optimizer)
     # The batch respects the target, with the most accumulation it allows at this micro batch and 64 DP ranks.
@@ -68,8 +70,9 @@ def test_deepseek_v3_on_8_nodes_of_8_80gb_amortises_offload_within_the_batch_tar
 
 def test_offload_grows_with_accumulation_by_the_gradient_round_trips(v3_on_64):
     chosen, _ = v3_on_64
-    one = evaluate(replace(chosen.plan, grad_accum=1), V3, device_gib=80)
-    eight = evaluate(replace(chosen.plan, grad_accum=8), V3, device_gib=80)
+    plan = replace(chosen.plan, offload_params=False)  # parameter offload would add copies per micro step
+    one = evaluate(replace(plan, grad_accum=1), V3, device_gib=80)
+    eight = evaluate(replace(plan, grad_accum=8), V3, device_gib=80)
     assert eight.step.offload_s > one.step.offload_s
     # By hand (DeepSpeed stage3.py `partition_grads`): the rank's fp32 gradient partition, 4 bytes per element,
     # crosses PCIe twice at micro step 0, twice at every later one, once more at the last: (2 x 8 + 1) against
@@ -94,7 +97,8 @@ def test_plans_within_the_margin_prefer_less_offload_then_less_cross_node_traffi
         if offload == (p.offload_params, p.offload_optimizer):
             assert r.inter_bytes_per_token >= chosen.inter_bytes_per_token
     why = reasons(chosen, rows)
-    assert why[0].startswith(f"{'Z3 TP1 EP'}{p.ep} off:opt, micro batch {p.micro_batch} x accumulation")
+    off = "opt+param" if p.offload_params else "opt"
+    assert why[0].startswith(f"Z3 TP1 EP{p.ep} off:{off}, micro batch {p.micro_batch} x accumulation")
     assert any(line.startswith("batch: ") and "1024-sequence target" in line for line in why)
     assert any(line.startswith("offload: ") for line in why)
     if fastest is not chosen:  # the margin is said, with what the pick gains
