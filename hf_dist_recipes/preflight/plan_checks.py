@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hf_dist_recipes.core.sizes import GIB, format_size
+from hf_dist_recipes.parallel.memory import DEFAULT_DEVICE_TARGET
 from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.planning.launch_config import LaunchConfig, check_launch_config, load_launch_config
 from hf_dist_recipes.planning.launch_plan import plan_of_launch
@@ -28,7 +29,7 @@ from hf_dist_recipes.preflight.result import ERROR, OK, WARNING, CheckResult
 
 DEFAULT_MODEL = "demo-deepseek-v3"  # the demo's model: MLA + MoE, what the shipped CPU configs train
 STAND_IN_MAX_PARAMS = 20_000_000  # a named model up to this size trains as itself in the training checks
-WARN_FRACTION = 0.9  # an estimate above this fraction of the device's memory is a warning, above 1 an error
+WARN_FRACTION = DEFAULT_DEVICE_TARGET  # an estimate above this fraction of the device is a warning, above 1 an error
 
 
 def launch_plan(
@@ -162,7 +163,8 @@ def validate_against_model(plan: ParallelPlan, models: PlanModels) -> list[str]:
 
 def device_memory_bytes(device: str, procs_per_node: int) -> tuple[int | None, str]:
     """(bytes one rank may use, what they are) on this process: its GPU's total memory when `device` is "cuda",
-    else the host's RAM divided by the node's `procs_per_node` processes. None when it cannot be read."""
+    else the host's memory (`host_memory_bytes`) divided by the node's `procs_per_node` processes. None when it
+    cannot be read."""
     if device == "cuda":
         import torch
 
@@ -171,22 +173,60 @@ def device_memory_bytes(device: str, procs_per_node: int) -> tuple[int | None, s
             props = torch.cuda.get_device_properties(index)
             return int(props.total_memory), f"GPU {index} ({props.name})"
         return None, "no CUDA device visible"
-    try:
-        import psutil
+    total, what = host_memory_bytes()
+    if total is None:
+        return None, what
+    return total // max(1, procs_per_node), f"{what} / {procs_per_node} process(es) per node"
 
-        total = psutil.virtual_memory().total
-    except ImportError:
-        import os
 
-        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return total // max(1, procs_per_node), f"host RAM / {procs_per_node} process(es) per node"
+def host_memory_bytes() -> tuple[int | None, str]:
+    """(bytes the node's ranks may hold together, where the figure comes from): MemTotal, or the cgroup's limit
+    when smaller (`doctor.host_memory`)."""
+    from hf_dist_recipes.doctor.host_memory import host_memory
+
+    facts = host_memory()
+    if facts.usable is None:
+        return None, "host memory unreadable (no /proc/meminfo)"
+    return facts.usable, f"host memory ({facts.describe()})"
+
+
+def host_result(plan: ParallelPlan, est, host_bytes: int | None, host_what: str, model_name: str):
+    """Check 4's host finding for a GPU plan: its host memory per node (offloaded states and the ranks' processes,
+    and the peak of a resume, `parallel.memory`) against `host_bytes`, the smallest node's. None for CPU plans
+    (the device check is the host's) or when the host could not be read."""
+    if plan.device != "cuda" or host_bytes is None:
+        return None
+    steady, peak = est.host_steady_per_node, est.host_resume_peak_per_node
+    detail = (
+        f"{model_name}: {steady / GIB:,.0f} GiB of host memory per node while training, {peak / GIB:,.0f} GiB at "
+        f"the peak of a resume, by our estimate; {host_bytes / GIB:,.0f} GiB per node ({host_what}, the smallest "
+        "node's)"
+    )
+    data = {"host_steady_bytes": steady, "host_resume_peak_bytes": peak, "host_bytes": host_bytes}
+    fix = (
+        "ask the scheduler for the whole node's memory (sbatch --mem=0), offload less (more nodes, or no parameter "
+        "offload), or find a plan with hf-dist-recipes config estimate --suggest --host-memory "
+        f"{host_bytes / GIB:.0f}"
+    )
+    if steady > host_bytes:
+        return CheckResult("plan", ERROR, detail + ": training does not fit", fix=fix, data=data)
+    if peak > host_bytes:
+        return CheckResult("plan", ERROR, detail + ": it trains, but a resume does not fit", fix=fix, data=data)
+    return CheckResult("plan", OK, detail, data=data)
 
 
 def check_plan(
-    plan: ParallelPlan, models: PlanModels, *, device_bytes: int | None, device_what: str
+    plan: ParallelPlan,
+    models: PlanModels,
+    *,
+    device_bytes: int | None,
+    device_what: str,
+    host_bytes: int | None = None,
+    host_what: str = "",
 ) -> list[CheckResult]:
-    """Check 4's findings: the plan against the model (error for a rule broken, warning per plan warning), and
-    the per-rank memory estimate against `device_bytes` (the smallest any rank has; None: not known, a warning)."""
+    """Check 4's findings: the plan against the model (error for a rule broken, warning per plan warning), the
+    per-rank memory estimate against `device_bytes` (the smallest any rank has; None: not known, a warning), and
+    a GPU plan's host memory per node against `host_bytes` (the smallest node's; `host_result`)."""
     from hf_dist_recipes.parallel.memory import estimate
     from hf_dist_recipes.parallel.models import introspect
 
@@ -213,6 +253,8 @@ def check_plan(
         out.append(CheckResult("plan", WARNING, f"{models.name}: {w}", fix=w.split("; ")[-1]))
     est = estimate(plan, introspect(models.config))
     need = est.device_total
+    host = host_result(plan, est, host_bytes, host_what, models.name)
+    out += [host] if host else []
     data = {
         "model": models.name,
         "model_source": models.source,

@@ -139,7 +139,8 @@ def run_checks(args: argparse.Namespace, reporter: Reporter, rank: int, world: i
         device_bytes, device_what = plan_checks.device_memory_bytes(plan.device, plan.procs_per_node)
     except Exception as err:  # the CLI checked the files; a rank that reads them differently is the finding
         device_bytes, device_what = None, f"{type(err).__name__}: {err}"
-    memories = gather_objects((device_bytes, device_what))
+    gathered = gather_objects((device_bytes, device_what, plan_checks.host_memory_bytes()))
+    memories, hosts_memory = [(m[0], m[1]) for m in gathered], [m[2] for m in gathered]
     if rank == 0:
         if models is None:
             results = [
@@ -155,7 +156,16 @@ def run_checks(args: argparse.Namespace, reporter: Reporter, rank: int, world: i
             smallest = (
                 min(known) if len(known) == len(memories) else (None, next(m[1] for m in memories if m[0] is None))
             )
-            results = plan_checks.check_plan(plan, models, device_bytes=smallest[0], device_what=smallest[1])
+            read = [h for h in hosts_memory if h[0] is not None]
+            host_bytes, host_what = min(read) if read else (None, "")
+            results = plan_checks.check_plan(
+                plan,
+                models,
+                device_bytes=smallest[0],
+                device_what=smallest[1],
+                host_bytes=host_bytes,
+                host_what=host_what,
+            )
             results.append(plan_checks.check_checkpoint_space(plan, models, args.output_dir))
         reporter.finish(4, "plan", results)
 
