@@ -103,6 +103,7 @@ from hf_dist_recipes.monitoring.stragglers import (
     validate_straggler_settings,
 )
 from hf_dist_recipes.parallel.batch import fix_tp_batch_size, tensor_parallel_size, validate_micro_batch
+from hf_dist_recipes.parallel.checkpoint_bytes import DEFAULT_DDP_TIMEOUT
 from hf_dist_recipes.parallel.plan_record import recorded_plan
 from hf_dist_recipes.reproducibility.rank_agreement import SeedCheck, validate_policy, validate_rank_check_steps
 from hf_dist_recipes.reproducibility.seeding import SeedReport, seed_everything, validate_seed
@@ -163,7 +164,7 @@ class RecipeTrainingArguments(TrainingArguments):
         },
     )
     ddp_timeout: int = field(
-        default=7200,
+        default=DEFAULT_DDP_TIMEOUT,
         metadata={
             "help": "Seconds a collective may wait during start-up (default 7200: rank 0 reads a large "
             "checkpoint alone under ZeRO-3 while the others wait); step_timeout applies once steps "
@@ -413,6 +414,23 @@ class RecipeTrainingArguments(TrainingArguments):
             if self.activation_checkpointing:
                 logger.info("activation_checkpointing on: the launch config's plan assumed it")
 
+    def _raise_startup_timeout(self, need: int | None) -> None:
+        """The recorded plan's start-up timeout (`config generate`: rank 0 reading the weights,
+        `parallel.checkpoint_bytes.startup_timeout_s`): a `ddp_timeout` left at the recipe default is raised to it
+        (before the process group exists, which takes it); one the script chose is kept, with a warning."""
+        if not isinstance(need, int) or need <= self.ddp_timeout:
+            return
+        if self.ddp_timeout == DEFAULT_DDP_TIMEOUT:
+            logger.info(
+                f"ddp_timeout {self.ddp_timeout} -> {need} s: the launch plan's start-up needs it (config generate)"
+            )
+            self.ddp_timeout = need
+        else:
+            logger.warning(
+                f"ddp_timeout {self.ddp_timeout} s is less than the {need} s the launch plan's start-up needs (rank 0 "
+                "reading the weights while the others wait): a slow load ends as a collective timeout; raise it"
+            )
+
     def _fix_deepspeed_batch(self) -> str | None:
         """Trap 1: under DeepSpeed AutoTP, make the global batch micro x accumulation x data-parallel size.
 
@@ -429,6 +447,7 @@ class RecipeTrainingArguments(TrainingArguments):
         else:
             raw = load_deepspeed_json(self.deepspeed)
         self.launch_plan = recorded_plan(raw)
+        self._raise_startup_timeout(self.launch_plan.get("startup_timeout_s"))
         if raw is None:
             return None
         self.autotp_size = tensor_parallel_size(raw)

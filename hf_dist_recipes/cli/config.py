@@ -311,7 +311,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         chosen, rows = None, [evaluate(plan, model, device_gib=args.gpu_memory, hardware=hardware, **limited)]
     shown = chosen if args.suggest else rows[0]  # the plan the offload warning is about
     offload_warnings = [w for w in [offload_warning(shown) if shown else None] if w]
-    from hf_dist_recipes.parallel.checkpoint_bytes import plan_save_bytes
+    from hf_dist_recipes.parallel.checkpoint_bytes import DEFAULT_DDP_TIMEOUT, plan_save_bytes, render_load
     from hf_dist_recipes.parallel.checkpoint_bytes import render as render_save_bytes
 
     save = plan_save_bytes(shown.plan, model) if shown else None  # bytes per checkpoint of that plan
@@ -360,6 +360,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         print(f"step: {describe(rows[0].step)}")
     if save:
         print(render_save_bytes(save))
+        print(render_load(save, DEFAULT_DDP_TIMEOUT))
     for warning in offload_warnings:
         print(f"warning: {warning}")
     return 0

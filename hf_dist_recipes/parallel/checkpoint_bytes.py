@@ -37,6 +37,12 @@ ENGINE_BYTES_PER_ELEMENT = 12  # fp32 master + Adam exp_avg + exp_avg_sq, per pa
 # Per rank, sustained, to the checkpoint folder: a conservative figure for a shared parallel file system with 8 ranks
 # of a node writing at once (local NVMe gives GB/s). Only the timeout during a save depends on it.
 ASSUMED_WRITE_BYTES_PER_S = 100 * MIB
+# Rank 0 reading the HF checkpoint alone under ZeRO-3 (`from_pretrained` in zero.Init: the others wait in its
+# broadcasts): sustained, from a shared parallel file system. Only the start-up timeout depends on it.
+ASSUMED_READ_BYTES_PER_S = 500 * 10**6
+DEFAULT_DDP_TIMEOUT = 7200  # RecipeTrainingArguments' ddp_timeout, s; the stock 1800 is short for such a read
+# The rest of start-up beside that read, at torch's own collective timeout: DeepSpeed's op builds, the engine.
+STARTUP_BASE_S = 1800
 PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 DEFAULT_SHARD_BYTES = DEFAULT_MAX_SHARD_BYTES  # save_shard_size's default, "5GB" = 5e9 bytes
 
@@ -131,6 +137,34 @@ def save_timeout_s(bytes_per_rank: int, base_s: float, write_bytes_per_s: float 
     if write_bytes_per_s <= 0:
         raise ValueError(f"write_bytes_per_s={write_bytes_per_s}: use a positive bandwidth in bytes per second")
     return base_s + bytes_per_rank / write_bytes_per_s
+
+
+def load_seconds(hf_total: int, read_bytes_per_s: float = ASSUMED_READ_BYTES_PER_S) -> float:
+    """Seconds rank 0 takes to read an `hf_total`-byte checkpoint at `read_bytes_per_s`."""
+    if read_bytes_per_s <= 0:
+        raise ValueError(f"read_bytes_per_s={read_bytes_per_s}: use a positive bandwidth in bytes per second")
+    return hf_total / read_bytes_per_s
+
+
+def startup_timeout_s(hf_total: int, read_bytes_per_s: float = ASSUMED_READ_BYTES_PER_S) -> int:
+    """The collective timeout start-up needs (`ddp_timeout`): STARTUP_BASE_S plus rank 0's read of the weights, in
+    whole seconds; `config generate` records it and RecipeTrainingArguments raises a default `ddp_timeout` to it."""
+    return math.ceil(STARTUP_BASE_S + load_seconds(hf_total, read_bytes_per_s))
+
+
+def render_load(b: SaveBytes, ddp_timeout_s: int) -> str:
+    """One line for `config estimate`: the weights' load at start-up against `ddp_timeout_s`."""
+    need = startup_timeout_s(b.hf_total)
+    verdict = (
+        f"within ddp_timeout {ddp_timeout_s} s"
+        if need <= ddp_timeout_s
+        else f"more than ddp_timeout {ddp_timeout_s} s: config generate records {need} s, which "
+        "RecipeTrainingArguments sets (the stock Trainer: pass --ddp_timeout)"
+    )
+    return (
+        f"loading the weights: rank 0 reads {_gb(b.hf_total)} in about {load_seconds(b.hf_total) / 60:,.0f} min at an "
+        f"assumed {_gb(ASSUMED_READ_BYTES_PER_S)}/s; start-up needs {need} s, {verdict}"
+    )
 
 
 def _gb(n: float) -> str:

@@ -15,6 +15,7 @@ head where it pays, all from `zero_buffers` (which the memory estimate reads too
 
 from __future__ import annotations
 
+from hf_dist_recipes.parallel.checkpoint_bytes import plan_save_bytes, startup_timeout_s
 from hf_dist_recipes.parallel.models import ModelShape
 from hf_dist_recipes.parallel.plan import EP_PRESETS, ParallelPlan
 from hf_dist_recipes.parallel.plan_record import PLAN_KEY, RECORDED
@@ -23,11 +24,14 @@ from hf_dist_recipes.parallel.zero_buffers import zero_buffers
 from hf_dist_recipes.stability.gradients import DEFAULT_MAX_GRAD_NORM
 
 
-def plan_record(plan: ParallelPlan, model_name: str | None) -> dict:
+def plan_record(plan: ParallelPlan, model_name: str | None, model: ModelShape | None = None) -> dict:
     """The section written into a generated DeepSpeed JSON under `PLAN_KEY`, read back in each rank by
     `parallel.plan_record.recorded_plan`."""
+    record = {"model": model_name, **{k: getattr(plan, k) for k in RECORDED}}
+    if model is not None:  # the collective timeout start-up needs while rank 0 reads the weights
+        record["startup_timeout_s"] = startup_timeout_s(plan_save_bytes(plan, model).hf_total)
     return {
-        "generated_for": {"model": model_name, **{k: getattr(plan, k) for k in RECORDED}},
+        "generated_for": record,
         "note": "written by hf-dist-recipes config generate; read by RecipeTrainingArguments; DeepSpeed ignores it",
     }
 
@@ -92,7 +96,7 @@ def deepspeed_config(
             "autoep_size": plan.ep,
             "preset_model": EP_PRESETS[model.model_type],
         }
-    config[PLAN_KEY] = plan_record(plan, model_ref or (model.name if model is not None else None))
+    config[PLAN_KEY] = plan_record(plan, model_ref or (model.name if model is not None else None), model)
     config["steps_per_print"] = 1_000_000  # the Trainer logs; DeepSpeed's own step prints would only duplicate it
     config["wall_clock_breakdown"] = False
     return config

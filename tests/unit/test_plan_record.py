@@ -129,3 +129,28 @@ def test_the_callback_stops_unless_allowed_and_then_trains_without_recomputation
     assert users.activation_checkpointing is True  # the user's own request is never changed
     with pytest.raises(ValueError, match="not on in LlamaForCausalLM"):  # a model that was never switched on
         PlanConformanceCallback(PLANNED).on_train_begin(users, None, None, model=_tiny_llama())
+
+
+def test_the_record_carries_the_startup_timeout_the_weights_load_needs():
+    from hf_dist_recipes.parallel.models import introspect
+
+    v3 = introspect("deepseek-v3")
+    plan = ParallelPlan(nodes=8, procs_per_node=8, ep=16, offload_optimizer=True, activation_checkpointing=True)
+    record = recorded_plan(deepspeed_config(plan, v3))
+    # Rank 0 reads every bf16 weight (2 bytes x 671.03B) at 500 MB/s, after the 1,800 s of the rest of start-up.
+    assert record["startup_timeout_s"] == -(-(1800 * 500e6 + 2 * v3.total_params) // 500e6)
+    assert 4400 < record["startup_timeout_s"] < 4600  # about 45 minutes of reading: the recipe's 7,200 s hold
+
+
+def test_a_recorded_startup_timeout_raises_a_default_ddp_timeout_only(tmp_path, monkeypatch, caplog):
+    ds = _launch_with(tmp_path, monkeypatch, ParallelPlan(procs_per_node=2, device="cpu", precision="fp32"))
+    config = json.loads(ds.read_text())
+    config[PLAN_KEY]["generated_for"]["startup_timeout_s"] = 9000  # a checkpoint read slower than 7,200 s allow
+    ds.write_text(json.dumps(config))
+    assert RecipeTrainingArguments(output_dir=str(tmp_path / "out")).ddp_timeout == 9000
+    with caplog.at_level("WARNING"):
+        chosen = RecipeTrainingArguments(output_dir=str(tmp_path / "out"), ddp_timeout=3600)
+    assert chosen.ddp_timeout == 3600 and "less than the 9000 s" in caplog.text  # the script's choice, warned
+    config[PLAN_KEY]["generated_for"]["startup_timeout_s"] = 1900  # below the default: nothing lowered
+    ds.write_text(json.dumps(config))
+    assert RecipeTrainingArguments(output_dir=str(tmp_path / "out")).ddp_timeout == 7200
