@@ -12,6 +12,7 @@ from hf_dist_recipes.core.findings import ERROR, WARNING, Finding
 from hf_dist_recipes.core.jsonfile import read_text_file
 from hf_dist_recipes.planning.accelerate_config import DEFAULT_PORT
 from hf_dist_recipes.planning.launch_config import load_launch_config
+from hf_dist_recipes.planning.launch_plan import is_loopback
 from hf_dist_recipes.planning.launch_scripts import (
     ENV_SETUP_COMMENT,
     LaunchScript,
@@ -100,6 +101,7 @@ def check_launch_script(path: str | Path) -> list[Finding]:
             "the script's wins at launch",
             f"make them equal: set MAIN_PROCESS_PORT={yaml_port}, {regenerate}",
         )
+    out += [Finding(str(p), *f) for f in _address_findings(text, script.launcher, cfg, name, regenerate)]
     if not script.env_setup:
         add(
             WARNING,
@@ -145,3 +147,37 @@ def check_launch_script(path: str | Path) -> list[Finding]:
             f"mkdir -p {script.log_dir}",
         )
     return out
+
+
+def _address_findings(text: str, launcher: str, cfg, name: str, regenerate: str) -> list[tuple[str, str, str]]:
+    """The rank-0 address the script launches with against the YAML's `main_process_ip`: (status, detail, fix).
+    The generated script passes the allocation's first node at launch (its value wins over the YAML's); a script
+    that does not, on several machines, falls back to the YAML, where a loopback address reaches no other node."""
+    yaml_ip = str(cfg.raw.get("main_process_ip") or "")
+    passes = (
+        re.search(r'--main_process_ip "?\$\{?MAIN_PROCESS_IP\b', text)
+        if launcher == "slurm"
+        else re.search(r'--rdzv-endpoint "?\$\{?MAIN_PROCESS_IP\b', text)
+    )
+    if not passes:
+        if cfg.num_machines > 1 and (not yaml_ip or is_loopback(yaml_ip)):
+            return [
+                (
+                    ERROR,
+                    f"the script passes no rank-0 address at launch and {name} has main_process_ip "
+                    f"{yaml_ip or '(none)'}: the other {cfg.num_machines - 1} machine(s) cannot reach it",
+                    f'pass --main_process_ip "$MAIN_PROCESS_IP" (the first node of the allocation), {regenerate}',
+                )
+            ]
+        return []
+    fixed = re.search(r"^\s*MAIN_PROCESS_IP=([0-9A-Za-z.:_-]+)\s*$", text, re.M)
+    if fixed and yaml_ip and not is_loopback(yaml_ip) and fixed.group(1) != yaml_ip:
+        return [
+            (
+                WARNING,
+                f"MAIN_PROCESS_IP={fixed.group(1)} but {name} has main_process_ip {yaml_ip}; the script's wins at "
+                "launch",
+                f"make them equal, or leave MAIN_PROCESS_IP to the allocation's first node, {regenerate}",
+            )
+        ]
+    return []

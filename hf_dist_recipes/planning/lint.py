@@ -264,9 +264,39 @@ def lint_accelerate(
         out += _lint_fsdp2(data, name, world)
     if cfg.deepspeed is not None:
         out += lint_deepspeed(cfg.deepspeed, str(cfg.deepspeed_file), world_size=world, use_cpu=cfg.use_cpu)
+        out += _model_findings(cfg, world, model)
         if gpu_memory_gib is not None or host_memory_gib is not None:
             out += _memory_findings(cfg, world, gpu_memory_gib, model, assume, host_memory_gib)
     return out
+
+
+def _model_findings(cfg, world: int, model_ref: str | None) -> list[LintFinding]:
+    """The launch's TP and EP against the model (heads, experts, layers: `ParallelPlan.validate`): `model_ref`, else
+    the model the DeepSpeed JSON records. A file with neither says the plan was not checked against a model."""
+    from hf_dist_recipes.parallel.models import introspect
+
+    name = str(cfg.deepspeed_file or cfg.path)
+    plan, recorded = plan_of_launch(cfg, world)
+    ref = model_ref or recorded
+    if not ref:
+        if plan.tp == 1 and plan.ep == 1:
+            return []  # nothing model-dependent to check
+        return [
+            LintFinding(
+                name,
+                WARNING,
+                f"TP {plan.tp} / EP {plan.ep} were not checked against a model: the JSON records none (config "
+                "generate records its --model); pass --model to check heads and experts divide",
+            )
+        ]
+    out = []
+    if model_ref and recorded and model_ref != recorded:
+        out.append(LintFinding(name, WARNING, f"generated for {recorded}; checked against --model {model_ref}"))
+    try:
+        warnings = plan.validate(introspect(ref))
+    except ValueError as err:
+        return out + [LintFinding(name, ERROR, f"{ref}: {err}")]
+    return out + [LintFinding(name, WARNING, f"{ref}: {w}") for w in warnings]
 
 
 def _memory_findings(

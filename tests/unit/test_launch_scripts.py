@@ -195,6 +195,12 @@ DRIFTS = {
     "config file": ("\nCONFIG_FILE=", "\nCONFIG_FILE=/no/such/", "error", "set CONFIG_FILE= to the plan's"),
     "no memory": ("#SBATCH --mem=0\n", "", "warning", "add #SBATCH --mem=0"),
     "no environment": ("# The Python environment every node runs", "# ", "warning", "--env-setup"),
+    "fixed address": (
+        'MAIN_PROCESS_IP=$(set +o pipefail; scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
+        "MAIN_PROCESS_IP=10.0.0.2",
+        "warning",
+        "make them equal",
+    ),
 }
 
 
@@ -209,6 +215,26 @@ def test_each_drift_is_one_finding_naming_the_fix(drift, written, tmp_path):
     findings = _findings(tmp_path, written / "gpu.sbatch", old, new)
     assert [f.status for f in findings] == [status], findings
     assert fix in findings[0].fix and findings[0].name == str(tmp_path / "gpu.sbatch")
+
+
+def test_a_script_passing_no_address_falls_back_to_a_loopback_yaml(written, tmp_path):
+    import shutil
+
+    for name in ("gpu.yaml", "deepspeed"):
+        src = written / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
+    yaml = tmp_path / "gpu.yaml"
+    yaml.write_text(yaml.read_text().replace("10.0.0.1", "127.0.0.1"))
+    script = (written / "gpu.sbatch").read_text().replace(str(written / "gpu.yaml"), str(yaml))
+    assert check_launch_script(_write(tmp_path / "ok.sbatch", script)) == []  # the script passes the first node's
+    without = script.replace(' --main_process_ip "$MAIN_PROCESS_IP"', "")
+    (f,) = check_launch_script(_write(tmp_path / "no.sbatch", without))
+    assert f.status == "error" and "127.0.0.1" in f.detail and '--main_process_ip "$MAIN_PROCESS_IP"' in f.fix
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
 
 
 def test_the_torchrun_form_must_hand_over_the_plans_json(written, tmp_path):
