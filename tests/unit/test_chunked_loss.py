@@ -1,0 +1,185 @@
+"""The chunked cross-entropy (`hf_dist_recipes.parallel.chunked_loss`) equals transformers' causal-LM loss, keeps no
+more than one chunk's logits, and trains RecipeTrainer to the same losses as the stock loss (one process; 2 ZeRO-3
+ranks with the LM head partitioned: tests/distributed/test_grad_reduce_dtype.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.loss.loss_utils import ForCausalLMLoss
+
+from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
+from hf_dist_recipes.demo.model import build_tiny_deepseek
+from hf_dist_recipes.parallel.chunked_loss import ChunkedLoss, chunked_causal_lm_loss
+from tests.support.models import SMALL
+
+VOCAB = 512
+SEQ = 24
+
+
+def _llama(**overrides) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    return LlamaForCausalLM(LlamaConfig(**{**config, **overrides}))
+
+
+def _batch(rows: int = 3, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids and labels with ignored tokens: a masked prompt, padding at the end, one row nearly all ignored."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (rows, SEQ), generator=g)
+    labels = ids.clone()
+    labels[0, :7] = -100
+    labels[1, 15:] = -100
+    labels[-1, 2:] = -100
+    return ids, labels
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    return grads
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 24, 1000])
+@pytest.mark.parametrize("num_items", [None, 37])
+def test_equals_the_stock_causal_lm_loss_and_its_gradients(chunk, num_items):
+    model = _llama()
+    ids, labels = _batch()
+    kwargs = {} if num_items is None else {"num_items_in_batch": torch.tensor(num_items)}
+    plain = model(input_ids=ids, labels=labels, **kwargs).loss
+    plain.backward()
+    expected = _grads(model)
+    chunked = ChunkedLoss(chunk).bind(model, model)(input_ids=ids, labels=labels, **kwargs)
+    assert chunked.logits is None
+    chunked.loss.backward()
+    got = _grads(model)
+    assert abs(chunked.loss.item() - plain.item()) <= 1e-6
+    assert max((got[n] - expected[n]).abs().max().item() for n in expected) <= 1e-6
+
+
+def test_the_function_matches_for_cause_lm_loss_with_shift_labels_and_a_mean():
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 9, 16, requires_grad=True)
+    head = torch.nn.Linear(16, 50, bias=False)
+    labels = torch.randint(0, 50, (2, 9))
+    labels[0, 3:6] = -100
+    shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
+    reference = ForCausalLMLoss(head(hidden), labels, vocab_size=50)
+    for kwargs in ({"labels": labels}, {"labels": None, "shift_labels": shifted}):
+        ours = chunked_causal_lm_loss(hidden, head=head, chunk_tokens=4, **kwargs)
+        assert abs(ours.item() - reference.item()) <= 1e-6
+    # every label ignored: NaN, as cross_entropy's mean
+    assert chunked_causal_lm_loss(hidden, torch.full_like(labels, -100), head, 4).isnan()
+
+
+def test_the_full_logits_never_exist_forward_or_backward():
+    """The LM head never sees more tokens than a chunk, but once: the model's own call, on the last position of each
+    sequence (logits_to_keep=1). With the stock loss it sees every token: what this test would catch."""
+    model = _llama()
+    ids, labels = _batch()
+    seen: list[int] = []
+    model.lm_head.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[:-1].numel()))
+    model(input_ids=ids, labels=labels).loss.backward()
+    assert seen == [ids.numel()]
+    seen.clear()
+    chunk = 10
+    loss = ChunkedLoss(chunk).bind(model, model)(input_ids=ids, labels=labels).loss
+    forward = list(seen)
+    loss.backward()
+    recomputed = seen[len(forward) :]
+    rows = ids.shape[0]
+    # the model's own call (last positions), the first-call check (the same), then the chunks
+    assert forward[:2] == [rows, rows] and max(forward[2:]) == chunk and sum(forward[2:]) == ids.numel()
+    assert recomputed and max(recomputed) <= chunk and sum(recomputed) == ids.numel()
+
+
+def test_a_model_whose_logits_are_not_its_head_on_the_hidden_states_is_refused():
+    class Scaled(LlamaForCausalLM):  # as Cohere's logit_scale or Gemma's soft-capping: not lm_head(hidden) alone
+        def forward(self, input_ids=None, logits_to_keep=0, **kwargs):
+            out = super().forward(input_ids, logits_to_keep=logits_to_keep, **kwargs)
+            out.logits = out.logits * 2
+            return out
+
+    torch.manual_seed(0)
+    model = Scaled(_llama().config)
+    ids, labels = _batch()
+    with pytest.raises(ValueError, match="not its LM head applied.*loss_chunk_tokens=0"):
+        ChunkedLoss(8).bind(model, model)(input_ids=ids, labels=labels)
+
+
+def test_a_model_without_an_lm_head_is_refused():
+    from transformers import LlamaModel
+
+    model = LlamaModel(_llama().config)
+    with pytest.raises(ValueError, match="LM head over a base model.*loss_chunk_tokens=0"):
+        ChunkedLoss(8).bind(model, model)
+
+
+@pytest.mark.parametrize("bad", [0, -4, 2.5, True])
+def test_chunk_tokens_must_be_positive_integers(bad):
+    with pytest.raises(ValueError, match="positive number of tokens per loss chunk"):
+        ChunkedLoss(bad)
+
+
+class _Rows(torch.utils.data.Dataset):
+    """Rows of 24 tokens whose labels ignore a different number of tokens each (so the micro-batches of a step hold
+    different label counts, which `num_items_in_batch` weighs)."""
+
+    def __init__(self, n: int = 32, vocab: int = 256):
+        g = torch.Generator().manual_seed(3)
+        self.ids = torch.randint(0, vocab, (n, SEQ), generator=g)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        labels = self.ids[i].clone()
+        labels[: (i * 5) % 17] = -100
+        return {"input_ids": self.ids[i], "labels": labels}
+
+
+def _train(tmp_path, **overrides) -> RecipeTrainer:
+    args = RecipeTrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=4,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        learning_rate=3e-3,
+        warmup_steps=1,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        **overrides,
+    )
+    trainer = RecipeTrainer(
+        model_init=lambda: build_tiny_deepseek(**SMALL), args=args, train_dataset=_Rows(), eval_dataset=_Rows(8)
+    )
+    trainer.train()
+    return trainer
+
+
+def test_recipe_trainer_trains_to_the_stock_losses(tmp_path):
+    """The tiny DeepSeek-V3 model, gradient accumulation 2, ignored labels: the same loss and gradient-norm history,
+    and evaluation (the stock path, which returns logits) gives the same loss."""
+    plain = _train(tmp_path / "plain")
+    chunked = _train(tmp_path / "chunked", loss_chunk_tokens=7)
+    assert chunked.chunked_loss is not None and chunked.chunked_loss.checked and plain.chunked_loss is None
+    logs = [[e for e in t.state.log_history if "loss" in e] for t in (plain, chunked)]
+    assert len(logs[0]) == 4
+    for a, b in zip(*logs, strict=True):
+        assert abs(a["loss"] - b["loss"]) <= 1e-6 and abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5
+    assert abs(plain.evaluate()["eval_loss"] - chunked.evaluate()["eval_loss"]) <= 1e-6
+
+
+def test_label_smoothing_with_chunks_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="label_smoothing_factor=0.1; drop it, or set loss_chunk_tokens=0"):
+        _train(tmp_path, loss_chunk_tokens=8, label_smoothing_factor=0.1)
