@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from hf_dist_recipes.parallel.models import ModelShape
 from hf_dist_recipes.parallel.plan import EP_PRESETS, ParallelPlan
-from hf_dist_recipes.parallel.plan_record import PLAN_KEY, RECORDED
+from hf_dist_recipes.parallel.plan_record import PLAN_KEY, RECORDED, RECORDED_WHEN_SET
 from hf_dist_recipes.parallel.tp_specs import partition_config
 from hf_dist_recipes.parallel.zero_buffers import zero_buffers
 from hf_dist_recipes.stability.gradients import DEFAULT_MAX_GRAD_NORM
@@ -27,7 +27,11 @@ def plan_record(plan: ParallelPlan, model_name: str | None) -> dict:
     """The section written into a generated DeepSpeed JSON under `PLAN_KEY`, read back in each rank by
     `parallel.plan_record.recorded_plan`."""
     return {
-        "generated_for": {"model": model_name, **{k: getattr(plan, k) for k in RECORDED}},
+        "generated_for": {
+            "model": model_name,
+            **{k: getattr(plan, k) for k in RECORDED},
+            **{k: getattr(plan, k) for k in RECORDED_WHEN_SET if getattr(plan, k) is not None},
+        },
         "note": "written by hf-dist-recipes config generate; read by RecipeTrainingArguments; DeepSpeed ignores it",
     }
 

@@ -183,3 +183,85 @@ def test_recipe_trainer_trains_to_the_stock_losses(tmp_path):
 def test_label_smoothing_with_chunks_is_refused(tmp_path):
     with pytest.raises(ValueError, match="label_smoothing_factor=0.1; drop it, or set loss_chunk_tokens=0"):
         _train(tmp_path, loss_chunk_tokens=8, label_smoothing_factor=0.1)
+
+
+# The estimate: DeepSeek-V3 (vocabulary 129,280) at sequence 4,096 and micro batch 3, the shipped 8-node plan.
+DSV3_PLAN = ["--model", "deepseek-v3", "--nodes", "8", "--ep", "16", "--micro-batch", "3", "--grad-accum", "5"]
+DSV3_PLAN += ["--offload-optimizer", "--activation-checkpointing", "--gpu-memory", "80"]
+
+
+def _estimate_json(capsys, *flags: str) -> dict:
+    import json
+
+    from hf_dist_recipes.cli.main import main
+
+    assert main(["config", "estimate", *DSV3_PLAN, *flags, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)["estimates"][0]
+
+
+def test_the_estimate_counts_one_chunk_of_logits(capsys):
+    """By the reasons of `memory.logits_bytes`, computed here: in the loss's backward three fp32 tensors (4 bytes
+    each) of the logits' shape are alive: 3 x 4,096 tokens x 129,280 x 12 bytes = 17.75 GiB; with the chunked loss
+    only one chunk's logits exist, in either pass: 1,024 tokens x 129,280 x 12 bytes = 1.48 GiB."""
+    vocab, fp32_tensors = 129_280, 3
+    plain = _estimate_json(capsys)
+    chunked = _estimate_json(capsys, "--loss-chunk-tokens", "1024")
+    assert plain["activation_parts"]["logits"] == 3 * 4096 * vocab * fp32_tensors * 4
+    assert round(plain["activation_parts"]["logits"] / 2**30, 2) == 17.75
+    assert chunked["activation_parts"]["logits"] == 1024 * vocab * fp32_tensors * 4
+    assert round(chunked["activation_parts"]["logits"] / 2**30, 2) == 1.48
+    assert chunked["plan"]["loss_chunk_tokens"] == 1024 and plain["plan"]["loss_chunk_tokens"] is None
+    # nothing else changes: the whole saving is the logits'
+    saving = plain["activation_parts"]["logits"] - chunked["activation_parts"]["logits"]
+    assert plain["activations"] - chunked["activations"] == saving
+    # a chunk larger than the micro-batch's tokens counts the tokens there are
+    whole = _estimate_json(capsys, "--loss-chunk-tokens", str(10**6))
+    assert whole["activation_parts"]["logits"] == 3 * 4096 * vocab * fp32_tensors * 4
+
+
+def test_a_plan_refuses_a_chunk_that_is_not_a_positive_count():
+    from hf_dist_recipes.parallel.plan import ParallelPlan
+
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match="--loss-chunk-tokens N"):
+            ParallelPlan(loss_chunk_tokens=bad).validate()
+
+
+def test_no_vocabulary_parallel_head_with_the_chunked_loss():
+    """The generated JSON keeps the head whole under TP when the plan chunks its loss (the chunk needs every
+    vocabulary entry's logit; the first call refuses a vocabulary-parallel head)."""
+    from hf_dist_recipes.parallel.models import introspect
+    from hf_dist_recipes.parallel.plan import ParallelPlan
+    from hf_dist_recipes.parallel.zero_buffers import use_vocab_parallel_lm_head
+
+    model = introspect("deepseek-v3")
+    plan = ParallelPlan(nodes=2, tp=8, ep=16, micro_batch=3)
+    assert use_vocab_parallel_lm_head(plan, model)
+    assert not use_vocab_parallel_lm_head(
+        ParallelPlan(nodes=2, tp=8, ep=16, micro_batch=3, loss_chunk_tokens=1024), model
+    )
+
+
+def test_generate_records_the_chunk_and_the_arguments_take_it(tmp_path, monkeypatch):
+    """config generate records --loss-chunk-tokens in the JSON (only when given: files generated without it are as
+    before); RecipeTrainingArguments take it from the launcher's config unless given, 0 turning it off."""
+    import json
+
+    from hf_dist_recipes import _compat
+    from hf_dist_recipes.cli.main import main
+    from hf_dist_recipes.parallel.plan_record import recorded_plan
+
+    base = ["config", "generate", "--cpu", "--gpus-per-node", "2", "--output", str(tmp_path)]
+    assert main([*base, "--name", "plain"]) == 0
+    assert main([*base, "--name", "chunked", "--loss-chunk-tokens", "512"]) == 0
+    plain = json.loads((tmp_path / "deepspeed" / "plain.json").read_text())
+    chunked = json.loads((tmp_path / "deepspeed" / "chunked.json").read_text())
+    assert "loss_chunk_tokens" not in recorded_plan(plain) and recorded_plan(chunked)["loss_chunk_tokens"] == 512
+    monkeypatch.setenv(_compat.ACCELERATE_USE_DEEPSPEED, "true")
+    monkeypatch.setenv(_compat.ACCELERATE_DEEPSPEED_CONFIG_FILE, str(tmp_path / "deepspeed" / "chunked.json"))
+    out = str(tmp_path / "run")
+    assert RecipeTrainingArguments(output_dir=out, use_cpu=True).loss_chunk_tokens == 512
+    assert RecipeTrainingArguments(output_dir=out, use_cpu=True, loss_chunk_tokens=64).loss_chunk_tokens == 64
+    assert RecipeTrainingArguments(output_dir=out, use_cpu=True, loss_chunk_tokens=0).loss_chunk_tokens == 0
+    with pytest.raises(ValueError, match="positive number of tokens per loss chunk.*or 0 or None for the stock loss"):
+        RecipeTrainingArguments(output_dir=out, use_cpu=True, loss_chunk_tokens=-8)
