@@ -149,7 +149,17 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
             self.add_callback(callback)
         # An expert-load callback the user registered logs through this run's runtime too.
         self.runtime.adopt(held)
-        self.chunked_loss = chunked_loss_for(args, self.label_smoother, self.compute_loss_func)
+        # The chunked loss stands in for the model inside the stock compute_loss; another Trainer's (trl's SFTTrainer
+        # reads the logits for its metrics) would get outputs without them.
+        after_mixin = super().compute_loss
+        self.chunked_loss = chunked_loss_for(
+            args,
+            self.label_smoother,
+            self.compute_loss_func,
+            other_compute_loss=None
+            if getattr(after_mixin, "__func__", None) is Trainer.compute_loss
+            else type(self).__name__,
+        )
 
     def call_model_init(self, trial=None):
         """`Trainer.call_model_init`, which also rebuilds under ZeRO++ hpZ (`_compat.forget_zero_hpz_group`)."""

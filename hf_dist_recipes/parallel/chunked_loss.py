@@ -205,23 +205,25 @@ class ChunkedLossModel:
         )
 
 
-def chunked_loss_for(args, label_smoother, compute_loss_func) -> ChunkedLoss | None:
+def chunked_loss_for(
+    args, label_smoother, compute_loss_func, other_compute_loss: str | None = None
+) -> ChunkedLoss | None:
     """The trainer's chunked loss for its arguments' `loss_chunk_tokens` (None or 0: None, the stock loss), or
-    ValueError when the trainer computes its loss another way (label smoothing, a `compute_loss_func`), which the
-    chunked loss would silently replace."""
+    ValueError when the trainer computes its loss another way (label smoothing, a `compute_loss_func`, or
+    `other_compute_loss`: the name of a Trainer class whose own `compute_loss` runs under the recipe's, such as trl's
+    SFTTrainer, which reads the logits), which the chunked loss would silently replace or starve of logits."""
     tokens = getattr(args, "loss_chunk_tokens", None)
     if not tokens:
         return None
-    other = (
-        f"label_smoothing_factor={args.label_smoothing_factor}"
-        if label_smoother is not None
-        else "a compute_loss_func"
-        if compute_loss_func is not None
-        else None
+    if label_smoother is not None:
+        other = f"the trainer was given label_smoothing_factor={args.label_smoothing_factor}; drop it"
+    elif compute_loss_func is not None:
+        other = "the trainer was given a compute_loss_func; drop it"
+    elif other_compute_loss:
+        other = f"{other_compute_loss} computes its loss its own way (it may read the logits); use the Trainer's"
+    else:
+        return ChunkedLoss(tokens)
+    raise ValueError(
+        f"loss_chunk_tokens={tokens} computes the plain causal-LM cross-entropy in place of the model's, but {other}, "
+        "or set loss_chunk_tokens=0 for the stock loss"
     )
-    if other:
-        raise ValueError(
-            f"loss_chunk_tokens={tokens} computes the plain causal-LM cross-entropy, but the trainer was given "
-            f"{other}; drop it, or set loss_chunk_tokens=0 for the stock loss"
-        )
-    return ChunkedLoss(tokens)

@@ -185,6 +185,28 @@ def test_label_smoothing_with_chunks_is_refused(tmp_path):
         _train(tmp_path, loss_chunk_tokens=8, label_smoothing_factor=0.1)
 
 
+def test_a_trainer_with_its_own_compute_loss_under_the_recipe_is_refused(tmp_path):
+    """recipe(SFTTrainer)-like: a Trainer class whose compute_loss runs under the recipe's (trl's reads the logits for
+    its token accuracy); a subclass of RecipeTrainer overriding compute_loss above the recipe is the user's own."""
+    from transformers import Trainer
+
+    from hf_dist_recipes import recipe
+
+    class ReadsLogits(Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    args = RecipeTrainingArguments(output_dir=str(tmp_path), report_to="none", loss_chunk_tokens=8)
+    with pytest.raises(ValueError, match="ReadsLogits.* computes its loss its own way.*loss_chunk_tokens=0"):
+        recipe(ReadsLogits)(model=build_tiny_deepseek(**SMALL), args=args)
+
+    class Mine(RecipeTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    assert Mine(model=build_tiny_deepseek(**SMALL), args=args).chunked_loss.chunk_tokens == 8
+
+
 # The estimate: DeepSeek-V3 (vocabulary 129,280) at sequence 4,096 and micro batch 3, the shipped 8-node plan.
 DSV3_PLAN = ["--model", "deepseek-v3", "--nodes", "8", "--ep", "16", "--micro-batch", "3", "--grad-accum", "5"]
 DSV3_PLAN += ["--offload-optimizer", "--activation-checkpointing", "--gpu-memory", "80"]
