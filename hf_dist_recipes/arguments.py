@@ -33,6 +33,11 @@ New fields, all at the end so positional use of TrainingArguments keeps working:
 - `hf_weights_in_checkpoints` (default False): under DeepSpeed a `checkpoint-N` holds what resume needs (the
   engine's files, written by every rank at once, the config, the trainer state); True also writes the
   `from_pretrained` weights into each (shared by all ranks, as `save_model`);
+- `loss_chunk_tokens` (default None: what the launch config's plan recorded, `config generate --loss-chunk-tokens`,
+  else the stock loss; 0: the stock loss): while training, the causal-LM loss is computed this many tokens at a time,
+  so the full tokens x vocabulary fp32 logits never exist (`hf_dist_recipes.parallel.chunked_loss`; the estimate
+  counts one chunk's logits, `parallel.memory.chunked_logits_bytes`); evaluation and prediction keep the stock loss
+  and its logits;
 - `max_unpartitioned_model_size` (default "2GB"): under ZeRO-3, a model larger than this whose parameters were not
   partitioned while it was built (built before the arguments, or by calling its class) stops RecipeTrainer with the
   fix (`hf_dist_recipes.parallel.construction`); None turns the check off;
@@ -104,6 +109,7 @@ from hf_dist_recipes.monitoring.stragglers import (
 )
 from hf_dist_recipes.parallel.batch import fix_tp_batch_size, tensor_parallel_size, validate_micro_batch
 from hf_dist_recipes.parallel.checkpoint_bytes import DEFAULT_DDP_TIMEOUT
+from hf_dist_recipes.parallel.chunked_loss import validate_loss_chunk_tokens
 from hf_dist_recipes.parallel.plan_record import recorded_plan
 from hf_dist_recipes.reproducibility.rank_agreement import SeedCheck, validate_policy, validate_rank_check_steps
 from hf_dist_recipes.reproducibility.seeding import SeedReport, seed_everything, validate_seed
@@ -197,6 +203,15 @@ class RecipeTrainingArguments(TrainingArguments):
             "help": "Under DeepSpeed, also write a from_pretrained copy of the weights into every checkpoint-N "
             "(resume needs only the engine's files, which every rank writes; save_model and checkpoint export "
             "write the HF checkpoint). Default False."
+        },
+    )
+    loss_chunk_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Compute the training loss this many tokens at a time (LM head + fp32 cross-entropy per chunk, "
+            "recomputed in the backward pass), so the tokens x vocabulary logits never exist whole. Default: what "
+            "the launch config's plan recorded (config generate --loss-chunk-tokens), else off; 0: off (the stock "
+            "loss). Evaluation and prediction keep the stock loss."
         },
     )
     max_unpartitioned_model_size: str | None = field(
@@ -406,6 +421,10 @@ class RecipeTrainingArguments(TrainingArguments):
             # Without use_cpu a CPU-only torchrun run counts world_size 1 and fills DeepSpeed's batch wrongly.
             self.use_cpu = True
         self.tp_batch_note = self._fix_deepspeed_batch()
+        if self.loss_chunk_tokens is None:  # the plan's memory estimate counted one chunk's logits, not all of them
+            self.loss_chunk_tokens = self.launch_plan.get("loss_chunk_tokens")
+        if self.loss_chunk_tokens != 0:
+            validate_loss_chunk_tokens(self.loss_chunk_tokens, off="0 or None for the stock loss")
         # Whether the plan chose it: RecipeTrainer may turn such a value off under allow_no_recompute, never the user's.
         self.activation_checkpointing_from_plan = False
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:

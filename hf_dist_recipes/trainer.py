@@ -34,6 +34,8 @@ and empties its log sink into each log.
   resume needs (the engine's files) and the weights only with `hf_weights_in_checkpoints`; the collective timeout
   allows a save its time, `evaluate()`/`predict()` work before `train()` under DeepSpeed, and a resume
   continues the per-rank counters;
+- `loss_chunk_tokens`: the training loss a chunk of tokens at a time, so the full logits never exist
+  (`compute_loss`, `hf_dist_recipes.parallel.chunked_loss`);
 - a Gloo process group is destroyed at exit (`backend.destroy_gloo_group_at_exit`);
 - under ZeRO-3, a model built whole on every rank (before the arguments, or by calling its class) above
   `max_unpartitioned_model_size` stops the constructor with the fix (`parallel.construction`); so does a model
@@ -65,6 +67,7 @@ from hf_dist_recipes.comm.backend import check_process_group_backend, destroy_gl
 from hf_dist_recipes.environment.fingerprint import check_ranks_agree
 from hf_dist_recipes.monitoring.console import use_recipe_console, warn_once
 from hf_dist_recipes.parallel.checkpoint_bytes import SaveBytes, save_bytes
+from hf_dist_recipes.parallel.chunked_loss import ChunkedLoss, chunked_loss_for
 from hf_dist_recipes.parallel.construction import check_partitioned
 from hf_dist_recipes.runtime import RecipeRuntime
 from hf_dist_recipes.schedules.warmup_cosine import (
@@ -146,6 +149,17 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
             self.add_callback(callback)
         # An expert-load callback the user registered logs through this run's runtime too.
         self.runtime.adopt(held)
+        # The chunked loss stands in for the model inside the stock compute_loss; another Trainer's (trl's SFTTrainer
+        # reads the logits for its metrics) would get outputs without them.
+        after_mixin = super().compute_loss
+        self.chunked_loss = chunked_loss_for(
+            args,
+            self.label_smoother,
+            self.compute_loss_func,
+            other_compute_loss=None
+            if getattr(after_mixin, "__func__", None) is Trainer.compute_loss
+            else type(self).__name__,
+        )
 
     def call_model_init(self, trial=None):
         """`Trainer.call_model_init`, which also rebuilds under ZeRO++ hpZ (`_compat.forget_zero_hpz_group`)."""
@@ -280,6 +294,8 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
         # After the log that showed it: else the Trainer's running loss stays NaN for the rest of the run.
         _compat.reset_nonfinite_running_loss(self)
 
+    chunked_loss: ChunkedLoss | None = None  # `loss_chunk_tokens` (None: the stock loss)
+
     @property
     def gradient_health(self):
         """The gradient-health callback built for this trainer."""
@@ -302,9 +318,17 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The stock loss; while training, handed to the runtime (`loss` event), where the gradient-health check
         multiplies a non-finite loss by NaN so that no engine can apply its gradients
-        (`hf_dist_recipes.stability.gradient_health`)."""
+        (`hf_dist_recipes.stability.gradient_health`).
+
+        With `loss_chunk_tokens`, a training batch with labels is computed by the chunked loss
+        (`hf_dist_recipes.parallel.chunked_loss`): the stock method calls it in place of the model, so everything
+        it does around the model's loss (`num_items_in_batch`, the scale of `average_tokens_across_devices`) stays
+        upstream's. Its outputs carry no logits; evaluation and prediction take the stock path, which returns them."""
+        caller = model
+        if self.chunked_loss is not None and model.training and "labels" in inputs:
+            caller = self.chunked_loss.bind(model, self.accelerator.unwrap_model(model))
         result = super().compute_loss(
-            model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+            caller, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
         )
         if not model.training:
             return result

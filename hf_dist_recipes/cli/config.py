@@ -340,6 +340,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         f"{plan.device}, seq {plan.seq_len}, "
         # the activations column depends on it as much as on the sequence length: say which was assumed
         + ("activation checkpointing, " if plan.activation_checkpointing else "no recomputation, ")
+        + (f"loss in chunks of {plan.loss_chunk_tokens} tokens, " if plan.loss_chunk_tokens else "")
         + ("" if args.suggest else f"micro batch {plan.micro_batch}, accumulation {plan.grad_accum}, ")
         + f"{plan.precision}, gradients reduced in {plan.grad_reduce_dtype}; GiB per rank, GB sent per rank per "
         f"step, step time on {hardware.name}"

@@ -77,6 +77,11 @@ decoder layer (tests/unit/test_memory.py), with a stand-in attention kernel that
   `logits.float()` + the log-probabilities = 10 bytes). With DeepSpeed's vocabulary-parallel head each TP rank
   holds s*b*V/t logits at 14 bytes (sequence/cross_entropy.py `_VocabParallelCrossEntropy`: the logits, their fp32
   copy, the shifted copy and the saved exponentials).
+  With the chunked loss (`plan.loss_chunk_tokens`, `chunked_logits_bytes`): the same 12 bytes, for one chunk of
+  min(loss_chunk_tokens, s*b) tokens: each chunk's head + cross-entropy runs under activation checkpointing, so
+  its logits are freed after its forward and recomputed alone in its backward (`parallel.chunked_loss`; measured
+  on CPU: benchmarks/chunked_loss_memory.py). The model's own b x V logits of the last position
+  (`logits_to_keep=1`) are left out (0.01 % of a chunk of 4,096 tokens at micro batch 3).
 
 Phases: the ZeRO-3 gathers, gradient buffers and activations peak in the backward pass; the sub-group copy at the
 optimizer step, when activations are gone. device_total = model states on the GPU + persistent buffers
@@ -113,6 +118,7 @@ from hf_dist_recipes.core.sizes import GIB
 from hf_dist_recipes.parallel.elements import (
     BYTES_PER_ELEMENT,
     COMPUTE_BYTES,
+    LOGIT_BYTES,
     RankElements,
     head_logits_bytes,
     rank_elements,
@@ -171,9 +177,19 @@ def layer_bytes_per_token(plan: ParallelPlan, model: ModelShape, *, moe: bool) -
     return _attention_bytes_per_token(plan, model) + _mlp_bytes_per_token(plan, model, moe)
 
 
+def chunked_logits_bytes(plan: ParallelPlan, model: ModelShape) -> int:
+    """Bytes of the logits and the loss over them under the chunked loss (module docstring): one chunk's tokens x
+    the vocabulary x LOGIT_BYTES, the head whole (the chunked loss refuses DeepSpeed's vocabulary-parallel head)."""
+    chunk = min(plan.loss_chunk_tokens, plan.seq_len * plan.micro_batch)
+    return chunk * model.vocab_size * LOGIT_BYTES
+
+
 def logits_bytes(plan: ParallelPlan, model: ModelShape, *, vocab_parallel: bool | None = None) -> int:
-    """Bytes of the logits and the loss over them, per rank (module docstring). `vocab_parallel`: whether the LM
-    head is DeepSpeed's vocabulary-parallel one (None: what the generated JSON chooses for the plan)."""
+    """Bytes of the logits and the loss over them, per rank (module docstring): all of them, or with
+    `plan.loss_chunk_tokens` one chunk's (`chunked_logits_bytes`). `vocab_parallel`: whether the LM head is
+    DeepSpeed's vocabulary-parallel one (None: what the generated JSON chooses for the plan)."""
+    if plan.loss_chunk_tokens:
+        return chunked_logits_bytes(plan, model)
     if vocab_parallel is None:
         vocab_parallel = use_vocab_parallel_lm_head(plan, model)
     return head_logits_bytes(plan, model, vocab_parallel=vocab_parallel)

@@ -48,7 +48,9 @@ class ParallelPlan:
     under `deepspeed.zero.Init`, as `from_pretrained` / `from_config` do under ZeRO-3 (False: constructed
     directly, e.g. `DeepseekV3ForCausalLM(config)`); it decides how weights that TP keeps whole are partitioned.
     `grad_reduce_dtype`: the dtype gradients are reduced in across ranks (DeepSpeed `communication_data_type`):
-    "fp32" (default) or the compute dtype ("bf16" under bf16, "fp16" under fp16), which halves those bytes."""
+    "fp32" (default) or the compute dtype ("bf16" under bf16, "fp16" under fp16), which halves those bytes.
+    `loss_chunk_tokens`: the training loss is computed this many tokens at a time (`parallel.chunked_loss`, the
+    arguments' `loss_chunk_tokens`), so the estimate counts one chunk's logits (None: the stock loss, all of them)."""
 
     nodes: int = 1
     procs_per_node: int = 8
@@ -66,6 +68,7 @@ class ParallelPlan:
     engine: Engine = "deepspeed"
     zero_init: bool = True
     grad_reduce_dtype: GradReduceDtype = "fp32"
+    loss_chunk_tokens: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -100,6 +103,12 @@ class ParallelPlan:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        chunk = self.loss_chunk_tokens
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+            raise ValueError(
+                f"loss_chunk_tokens must be a positive number of tokens, got {chunk!r}; pass --loss-chunk-tokens N "
+                "(e.g. 4096) or leave it out for the stock loss"
+            )
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         if self.precision not in PRECISIONS:

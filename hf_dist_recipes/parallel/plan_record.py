@@ -4,13 +4,15 @@
 ignore unknown top-level keys; `config validate` parses every generated file with DeepSpeed's own config class):
 `planning.deepspeed_config.plan_record` writes it, with the keys of `RECORDED` under `PLAN_KEY`; this module is the
 rank's side, reading it back and holding the model to it.
-It records what the memory estimate assumed: the layout, micro batch, sequence length, precision and activation
-checkpointing. `RecipeTrainingArguments` reads it from the launcher's config: a plan that assumed activation
-checkpointing turns `activation_checkpointing` on unless the arguments say otherwise, and `RecipeTrainer` stops, naming
-the fix, when the model will not recompute although the plan's memory figures assumed it: without recomputation the
-estimate no longer holds (DeepSeek-V3 on 8 nodes with EP 32 and optimizer offload: about 223 GiB per GPU instead of
-45 by the same estimate), so a warning was followed by an out-of-memory error once the whole model had loaded. The
-argument `allow_no_recompute=True` turns the stop back into a warning; the message gives both figures for the model.
+It records what the memory estimate assumed: the layout, micro batch, sequence length, precision, activation
+checkpointing and, when the plan has one, the chunked loss's `loss_chunk_tokens`. `RecipeTrainingArguments` reads it
+from the launcher's config: a plan that assumed activation checkpointing turns `activation_checkpointing` on unless
+the arguments say otherwise (a recorded `loss_chunk_tokens` turns on the chunked loss, `parallel.chunked_loss`), and
+`RecipeTrainer` stops, naming the fix, when the model will not recompute although the plan's memory figures assumed
+it: without recomputation the estimate no longer holds (DeepSeek-V3 on 8 nodes with EP 32 and optimizer offload:
+about 223 GiB per GPU instead of 45 by the same estimate), so a warning was followed by an out-of-memory error once
+the whole model had loaded. The argument `allow_no_recompute=True` turns the stop back into a warning; the message
+gives both figures for the model.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ RECORDED = (
     "offload_optimizer",
     "offload_params",
 )
+# Recorded only when set, so that a file generated without it stays as it was (the shipped configs).
+RECORDED_WHEN_SET = ("loss_chunk_tokens",)
 
 
 def recorded_plan(config: dict | None) -> dict:
@@ -71,7 +75,9 @@ def _estimates_gib(record: dict, model) -> tuple[float, float] | None:
     from hf_dist_recipes.parallel.plan import ParallelPlan
 
     try:
-        plan = ParallelPlan(**{k: record[k] for k in RECORDED if k != "activation_checkpointing"})
+        plan = ParallelPlan(
+            **{k: record[k] for k in RECORDED + RECORDED_WHEN_SET if k in record and k != "activation_checkpointing"}
+        )
         shape = introspect(model.config)
         with_ac, without = (
             estimate(replace(plan, activation_checkpointing=ac), shape).device_total / GIB for ac in (True, False)

@@ -160,7 +160,10 @@ def vocab_parallel_saving_bytes(plan: ParallelPlan, model: ModelShape) -> int:
 
 
 def use_vocab_parallel_lm_head(plan: ParallelPlan, model: ModelShape) -> bool:
-    """Whether the generated JSON turns on DeepSpeed's vocabulary-parallel LM head (module docstring)."""
+    """Whether the generated JSON turns on DeepSpeed's vocabulary-parallel LM head (module docstring); never with the
+    chunked loss (`plan.loss_chunk_tokens`), which needs the whole vocabulary's logits of each chunk and refuses it."""
+    if plan.loss_chunk_tokens:
+        return False
     return plan.engine == "deepspeed" and vocab_parallel_saving_bytes(plan, model) >= VOCAB_PARALLEL_MIN_SAVING_BYTES
 
 

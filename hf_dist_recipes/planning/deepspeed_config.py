@@ -18,7 +18,7 @@ from __future__ import annotations
 from hf_dist_recipes.parallel.checkpoint_bytes import plan_save_bytes, startup_timeout_s
 from hf_dist_recipes.parallel.models import ModelShape
 from hf_dist_recipes.parallel.plan import EP_PRESETS, ParallelPlan
-from hf_dist_recipes.parallel.plan_record import PLAN_KEY, RECORDED
+from hf_dist_recipes.parallel.plan_record import PLAN_KEY, RECORDED, RECORDED_WHEN_SET
 from hf_dist_recipes.parallel.tp_specs import partition_config
 from hf_dist_recipes.parallel.zero_buffers import zero_buffers
 from hf_dist_recipes.stability.gradients import DEFAULT_MAX_GRAD_NORM
@@ -27,7 +27,11 @@ from hf_dist_recipes.stability.gradients import DEFAULT_MAX_GRAD_NORM
 def plan_record(plan: ParallelPlan, model_name: str | None, model: ModelShape | None = None) -> dict:
     """The section written into a generated DeepSpeed JSON under `PLAN_KEY`, read back in each rank by
     `parallel.plan_record.recorded_plan`."""
-    record = {"model": model_name, **{k: getattr(plan, k) for k in RECORDED}}
+    record = {
+        "model": model_name,
+        **{k: getattr(plan, k) for k in RECORDED},
+        **{k: getattr(plan, k) for k in RECORDED_WHEN_SET if getattr(plan, k) is not None},
+    }
     if model is not None:  # the collective timeout start-up needs while rank 0 reads the weights
         record["startup_timeout_s"] = startup_timeout_s(plan_save_bytes(plan, model).hf_total)
     return {

@@ -59,6 +59,8 @@ def plan_flags(plan: ParallelPlan) -> list[str]:
         flags += ["--grad-reduce-dtype", plan.grad_reduce_dtype]
     if plan.activation_checkpointing:
         flags.append("--activation-checkpointing")
+    if plan.loss_chunk_tokens:
+        flags += ["--loss-chunk-tokens", str(plan.loss_chunk_tokens)]
     return flags
 
 

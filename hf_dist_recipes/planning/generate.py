@@ -45,6 +45,13 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offload-params", action="store_true", help="ZeRO-3 parameter offload to CPU")
     parser.add_argument("--activation-checkpointing", action="store_true", help="recompute activations")
     parser.add_argument(
+        "--loss-chunk-tokens",
+        type=int,
+        metavar="TOKENS",
+        help="the loss computed this many tokens at a time (RecipeTrainingArguments.loss_chunk_tokens, recorded in "
+        "the JSON): the estimate counts one chunk's logits, not all of them (default: the stock loss)",
+    )
+    parser.add_argument(
         "--no-zero-init",
         dest="zero_init",
         action="store_false",
@@ -154,6 +161,7 @@ def plan_from(args: argparse.Namespace) -> ParallelPlan:
         engine=args.engine,
         zero_init=args.zero_init,
         grad_reduce_dtype=args.grad_reduce_dtype,
+        loss_chunk_tokens=args.loss_chunk_tokens,
     )
 
 

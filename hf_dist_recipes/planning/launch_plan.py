@@ -2,8 +2,8 @@
 
 What the files say themselves wins: machines and processes (YAML), ZeRO stage, offload, TP and EP degrees, an
 integer micro batch and accumulation (JSON). What only the plan knew (the model, the sequence length, the
-precision the estimate assumed, activation checkpointing) comes from the plan recorded by `config generate`
-(`plan_record`); a file written by hand needs `--model` (and takes the ParallelPlan defaults for the rest).
+precision the estimate assumed, activation checkpointing, the chunked loss) comes from the plan recorded by `config
+generate` (`plan_record`); a file written by hand needs `--model` (and takes the ParallelPlan defaults for the rest).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ def plan_of_launch(cfg: LaunchConfig, world: int) -> tuple[ParallelPlan, str | N
         seq_len=record.get("seq_len", ParallelPlan.seq_len),
         precision=record.get("precision", "fp32" if cfg.use_cpu else "bf16"),
         activation_checkpointing=bool(record.get("activation_checkpointing", False)),
+        loss_chunk_tokens=record.get("loss_chunk_tokens"),
     )
     # The gradient reduction dtype the file sets; DeepSpeed's default without it is the compute dtype.
     reduce = str(ds.get("communication_data_type") or plan.precision).lower()

@@ -179,7 +179,8 @@ def _non_default(f: dataclasses.Field, hint) -> tuple[list[str], object]:
         other = next(c for c in typing.get_args(hint) if c != default)
         return [f"--{f.name}", other], other
     if hint is int:
-        return [f"--{f.name}", str(default + 1)], default + 1
+        value = 4096 if default is None else default + 1  # None: off (loss_chunk_tokens), a count turns it on
+        return [f"--{f.name}", str(value)], value
     if hint is float:
         value = default * 2 if default else 0.5
         return [f"--{f.name}", str(value)], value
@@ -214,6 +215,7 @@ def test_the_walk_covers_several_added_kinds():
     assert kinds["per_rank_tensorboard"] == ["--no_per_rank_tensorboard"]
     assert kinds["nonfinite_policy"] == ["--nonfinite_policy", "halt"]
     assert kinds["max_unpartitioned_model_size"] == ["--max_unpartitioned_model_size", "3GiB"]
+    assert kinds["loss_chunk_tokens"] == ["--loss_chunk_tokens", "4096"]
     assert len(ADDED) >= 20
 
 

@@ -1,11 +1,16 @@
 """Run on every rank by tests/distributed/test_grad_reduce_dtype.py under `accelerate launch` with a ZeRO-3 DeepSpeed
 JSON and bf16 training.
 
-    grad_reduce_worker.py OUTPUT_DIR STEPS
+    grad_reduce_worker.py OUTPUT_DIR STEPS [LOSS_CHUNK_TOKENS]
 
 Records the dtype and size of every tensor DeepSpeed reduce-scatters (a wrapper around `deepspeed.comm.
 reduce_scatter_fn`, which ZeRO-3's `reduce_scatter_coalesced` calls, passing each call through unchanged) and the
 logged losses, into OUTPUT_DIR/reduce/rank<N>.json.
+
+With LOSS_CHUNK_TOKENS, the same run is trained again in this process with the chunked loss
+(`loss_chunk_tokens`, tests/unit/test_chunked_loss.py): its losses and gradient norms, whether the LM head's weight
+is partitioned (ZeRO-3 gathers it for each chunk through its module hooks) and the most tokens the head saw in one
+call, in the forward pass or a chunk's recomputation, go under "chunked".
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from hf_dist_recipes.demo.data import stdlib_dataset, token_blocks
 from hf_dist_recipes.parallel.models import template_config
 
 
-def main(output_dir: str, steps: int) -> None:
+def main(output_dir: str, steps: int, chunk: int | None = None) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     seen: dict[str, int] = {}
     original = deepspeed.comm.reduce_scatter_fn
@@ -36,7 +41,7 @@ def main(output_dir: str, steps: int) -> None:
     deepspeed.comm.reduce_scatter_fn = recording
     config = template_config("tiny-llama")
     data = token_blocks(stdlib_dataset(seq_len=32, max_bytes=20_000), config.vocab_size)
-    args = RecipeTrainingArguments(
+    common = dict(
         output_dir=output_dir,
         per_device_train_batch_size=2,
         gradient_accumulation_steps=2,
@@ -49,17 +54,34 @@ def main(output_dir: str, steps: int) -> None:
         bf16=True,
         seed=7,
     )
+    args = RecipeTrainingArguments(**common)
     trainer = RecipeTrainer(model=AutoModelForCausalLM.from_config(config), args=args, train_dataset=data)
     trainer.train()
     out = {
         "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
-        "reduce_scatter_bytes_by_dtype": seen,
+        "grad_norms": [e["grad_norm"] for e in trainer.state.log_history if "loss" in e],
+        "reduce_scatter_bytes_by_dtype": dict(seen),
         "communication_data_type": str(trainer.model_wrapped.communication_data_type),
     }
+    if chunk:
+        args = RecipeTrainingArguments(**common, loss_chunk_tokens=chunk)  # seeds: the model below is the first's
+        model = AutoModelForCausalLM.from_config(config)
+        tokens: list[int] = []
+        model.lm_head.register_forward_hook(lambda m, inputs, output: tokens.append(inputs[0].shape[:-1].numel()))
+        weight = model.lm_head.weight
+        chunked = RecipeTrainer(model=model, args=args, train_dataset=data)
+        chunked.train()
+        out["chunked"] = {
+            "losses": [e["loss"] for e in chunked.state.log_history if "loss" in e],
+            "grad_norms": [e["grad_norm"] for e in chunked.state.log_history if "loss" in e],
+            "lm_head_partitioned": weight.ds_tensor.numel() < weight.ds_numel,
+            "lm_head_max_tokens": max(tokens),
+            "lm_head_calls": len(tokens),
+        }
     target = Path(output_dir) / "reduce"
     target.mkdir(parents=True, exist_ok=True)
     (target / f"rank{args.process_index}.json").write_text(json.dumps(out))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)
