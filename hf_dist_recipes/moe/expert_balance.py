@@ -44,7 +44,8 @@ BALANCING_OFF = (
     "(e_score_correction_bias), which now stays frozen, and nothing else keeps the expert load even (transformers' "
     "DeepSeek-V3 has no auxiliary loss; DeepSpeed AutoEP refuses one). Memory risk: an EP rank whose experts get "
     "more than the mean load holds more routed activations and all-to-all buffers than the memory estimate "
-    "(config estimate), which assumes even routing, gives it; watch experts/ep_max_over_mean in the logs. "
+    "(config estimate), which assumes even routing, gives it (on the demo model under EP 2 the busiest EP rank "
+    "averaged 1.76 x the mean load without balancing, 1.39 x with it); watch experts/ep_max_over_mean in the logs. "
     "Leave expert_bias_balancing at True, or register ExpertBiasBalancer(gamma) with your own gamma"
 )
 
