@@ -72,6 +72,11 @@ New fields, all at the end so positional use of TrainingArguments keeps working:
   existed, after it, or too late). A group that existed before the arguments (a script's own TrainingArguments made
   it, and RecipeTrainer upgraded them) read none of these variables: one warning names them with the fix; on NCCL it
   is an error unless `allow_late_process_setup=True`;
+- `expert_bias_balancing` (default True): a model whose MoE routers choose experts with DeepSeek-V3's correction
+  bias (`e_score_correction_bias`) gets `ExpertBiasBalancer()` (`hf_dist_recipes.moe.expert_balance`), which moves
+  that bias towards even expert load after every optimizer step (one you registered, with your gamma, takes its
+  place). False leaves the bias frozen, as transformers does, and warns once: the memory estimate assumes even
+  routing, and an EP rank above the mean load needs more. Models without such routers: no effect;
 - `allow_gloo_on_cuda`, `allow_unclipped_gradients`, `allow_cpu_with_gpus`, `allow_no_recompute`,
   `allow_late_process_setup` (default False): explicit opt-outs. `allow_cpu_with_gpus` is for a machine with NVIDIA
   GPUs that torch cannot use (CPU-only wheel, old driver, every GPU hidden), which otherwise stops with the reason
@@ -295,6 +300,16 @@ class RecipeTrainingArguments(TrainingArguments):
         metadata={
             "help": "Collective timeout in seconds once the first optimizer step finished; bounds a rank "
             "that is alive but stuck (default 600, torch's NCCL default; 0: keep ddp_timeout)."
+        },
+    )
+    # mixture of experts
+    expert_bias_balancing: bool = field(
+        default=True,
+        metadata={
+            "help": "For MoE routers that choose experts with DeepSeek-V3's correction bias "
+            "(e_score_correction_bias): move each expert's bias towards even load after every optimizer step "
+            "(ExpertBiasBalancer, gamma 0.001). False keeps the bias frozen and warns: EP ranks above the mean "
+            "load then need more memory than the estimate, which assumes even routing. Other models: no effect."
         },
     )
     allow_gloo_on_cuda: bool = field(

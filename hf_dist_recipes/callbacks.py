@@ -28,6 +28,7 @@ from transformers.integrations import TensorBoardCallback
 
 from hf_dist_recipes.arguments import RecipeTrainingArguments
 from hf_dist_recipes.comm.watchdog import HangWatchdogCallback
+from hf_dist_recipes.moe.expert_balance import ExpertBiasBalancer, needs_balancing
 from hf_dist_recipes.moe.expert_load import ExpertLoadCallback, has_routed_experts
 from hf_dist_recipes.monitoring.stragglers import StragglerCallback
 from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
@@ -69,6 +70,7 @@ class RecipeCallbacks:
     watchdog: HangWatchdogCallback
     plan_conformance: PlanConformanceCallback
     expert_load: ExpertLoadCallback | None
+    expert_balance: ExpertBiasBalancer | None
     rank_agreement: RankAgreementCallback
     gradient_health: GradientHealthCallback
     stragglers: StragglerCallback
@@ -105,7 +107,8 @@ def recipe_callbacks(
     own in `in_order()`.
 
     `model`: the model as this rank built it (before any engine): its weights' checksum goes to the rank agreement
-    check, and a model with routed experts gets the expert-load callback unless `registered` (the callbacks the
+    check, a model with routed experts gets the expert-load callback, and one whose routers choose by DeepSeek-V3's
+    correction bias the bias balancer (under `expert_bias_balancing`), each unless `registered` (the callbacks the
     Trainer holds already) has one."""
     wants_expert_load = has_routed_experts(model) and not any(isinstance(c, ExpertLoadCallback) for c in registered)
     return RecipeCallbacks(
@@ -115,6 +118,10 @@ def recipe_callbacks(
         ),
         plan_conformance=PlanConformanceCallback(args.launch_plan, allow=args.allow_no_recompute),
         expert_load=ExpertLoadCallback(runtime=runtime) if wants_expert_load else None,
+        # The memory estimate assumes even routing; this keeps the load near it (hf_dist_recipes.moe.expert_balance).
+        expert_balance=(
+            ExpertBiasBalancer() if args.expert_bias_balancing and needs_balancing(model, registered) else None
+        ),
         rank_agreement=RankAgreementCallback(
             seed=args.seed,
             policy=args.seed_check,

@@ -27,7 +27,9 @@ and empties its log sink into each log.
 - practice 6: `create_scheduler` builds the warm-up + cosine-with-restarts schedule (with `min_lr_ratio` and
   `restart_warmup_steps`), also when DeepSpeed owns the optimizer (the engine then steps it);
 - practice 7: TensorBoard from every rank (`<logging_dir>/rank<N>`) and a per-rank JSON summary at the end;
-  a MoE model also logs its tokens per expert and per EP rank (`hf_dist_recipes.moe.expert_load`);
+  a MoE model also logs its tokens per expert and per EP rank (`hf_dist_recipes.moe.expert_load`), and one whose
+  routers choose by DeepSeek-V3's correction bias gets it moved towards even load after every step
+  (`hf_dist_recipes.moe.expert_balance`; `expert_bias_balancing=False` turns that off, with a warning);
 - practice 3: the DeepSpeed batch-size trap under tensor parallelism is handled by the arguments;
 - checkpoints in every layout: `save_model` writes a `from_pretrained` checkpoint from ZeRO-3, AutoTP and AutoEP
   (`hf_dist_recipes.checkpoint`), every rank writing its share of the files; a `save_steps` checkpoint holds what
@@ -65,6 +67,7 @@ from hf_dist_recipes.checkpoint.gather import reference_model
 from hf_dist_recipes.checkpoint.writer import save_config_files
 from hf_dist_recipes.comm.backend import check_process_group_backend, destroy_gloo_group_at_exit
 from hf_dist_recipes.environment.fingerprint import check_ranks_agree
+from hf_dist_recipes.moe.expert_balance import BALANCING_OFF, needs_balancing
 from hf_dist_recipes.monitoring.console import use_recipe_console, warn_once
 from hf_dist_recipes.parallel.checkpoint_bytes import SaveBytes, save_bytes
 from hf_dist_recipes.parallel.chunked_loss import ChunkedLoss, chunked_loss_for
@@ -139,6 +142,8 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
         if self.runtime.facts.zero_stage == 3 and self.model is not None:
             check_partitioned(self.model, limit_bytes=args.max_unpartitioned_model_bytes, world_size=args.world_size)
         self.recipe_callbacks: RecipeCallbacks = recipe_callbacks(args, self.model, self.runtime, registered=held)
+        if not args.expert_bias_balancing and needs_balancing(self.model, held):
+            warn_once(logger, BALANCING_OFF)  # the memory estimate's even routing is then nobody's job
         # Before any engine: a model that will not recompute under a plan that assumed it stops here with the fix.
         self.recipe_callbacks.plan_conformance.check_before_training(self.model, args)
         callbacks = self.recipe_callbacks.in_order()

@@ -15,18 +15,39 @@ called bias update speed". Overloaded means above the layer's mean load over the
 paper (L. Wang et al., "Auxiliary-Loss-Free Load Balancing Strategy for Mixture-of-Experts", arXiv:2408.15664,
 Algorithm 1: b_i += u * sign(mean load - load_i)). DeepSeek-V3 used gamma = 0.001 for the first 14.3T tokens and
 0 for the last 500B (report, section 4.2).
+
+On by default: RecipeTrainer adds an `ExpertBiasBalancer()` for every model whose routers choose by such a bias
+(`needs_balancing`), unless the arguments say `expert_bias_balancing=False` or the user registered one (theirs,
+with their gamma, takes its place). Why by default: the memory estimate (`parallel/memory.py`) sizes the routed
+activations and AutoEP's dispatch buffers for even routing, and without the update nothing keeps the load near
+even (benchmarks/results/2026-12-06-expert-imbalance.md: what the demo model's routing does with and without it).
+Turned off on such a model, the trainer says so once (`BALANCING_OFF`), naming that memory risk.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 
 import torch
+from torch import nn
 from transformers import TrainerCallback
 
 from hf_dist_recipes._compat import is_zero_partitioned
-from hf_dist_recipes.moe.expert_load import ExpertLoadTracker, RoutedLayer
+from hf_dist_recipes.moe.expert_load import ExpertLoadTracker, RoutedLayer, find_routed_layers
 from hf_dist_recipes.runtime import JobFacts
+
+# Said once, on rank 0, by RecipeTrainer when the arguments turn the default balancer off on a model that has one
+# to balance (`needs_balancing`).
+BALANCING_OFF = (
+    "expert_bias_balancing=False: this model's MoE routers choose experts with DeepSeek-V3's correction bias "
+    "(e_score_correction_bias), which now stays frozen, and nothing else keeps the expert load even (transformers' "
+    "DeepSeek-V3 has no auxiliary loss; DeepSpeed AutoEP refuses one). Memory risk: an EP rank whose experts get "
+    "more than the mean load holds more routed activations and all-to-all buffers than the memory estimate "
+    "(config estimate), which assumes even routing, gives it (on the demo model under EP 2 the busiest EP rank "
+    "averaged 1.76 x the mean load without balancing, 1.39 x with it); watch experts/ep_max_over_mean in the logs. "
+    "Leave expert_bias_balancing at True, or register ExpertBiasBalancer(gamma) with your own gamma"
+)
 
 
 def bias_update(counts: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -36,16 +57,29 @@ def bias_update(counts: torch.Tensor, gamma: float) -> torch.Tensor:
     return (gamma * torch.sign(counts.mean(-1, keepdim=True) - counts)).float()
 
 
+def needs_balancing(model: nn.Module | None, registered: Sequence[TrainerCallback] = ()) -> bool:
+    """True when `model` has MoE routers and every one chooses its experts with a correction bias (DeepSeek-V3's
+    `e_score_correction_bias`: the routers `ExpertBiasBalancer` balances), and `registered` (the callbacks a trainer
+    holds already) has no `ExpertBiasBalancer`. DeepSeek-V2-style routers (auxiliary losses, no bias) and dense
+    models: False."""
+    if model is None or any(isinstance(c, ExpertBiasBalancer) for c in registered):
+        return False
+    layers = find_routed_layers(model)
+    return bool(layers) and all(layer.bias is not None for layer in layers)
+
+
 class ExpertBiasBalancer(TrainerCallback):
     """After every optimizer step, moves each MoE layer's expert-selection bias by `bias_update` of the step's token
-    counts (module docstring: the rule and its sources). Optional: pass it to the trainer,
-    `RecipeTrainer(..., callbacks=[ExpertBiasBalancer()])`.
+    counts (module docstring: the rule and its sources). RecipeTrainer adds one with the default gamma to a model
+    that `needs_balancing` (arguments: `expert_bias_balancing`); for another gamma pass your own, which takes its
+    place: `RecipeTrainer(..., callbacks=[ExpertBiasBalancer(gamma=0.002)])`. Under a plain Trainer pass it too.
 
     The counts are the step's, summed over its gradient accumulation micro steps and over all ranks
     (`hf_dist_recipes.moe.expert_load`), so every rank applies the same update to its copy of the bias: the
     bias is a buffer, which neither ZeRO-3 nor AutoEP partitions (each rank holds it whole). It is saved with the
     model (a persistent buffer), so a resumed run continues from the balanced bias. The update is accumulated in
-    float32 even where the bias is stored in lower precision (a 0.001 step vanishes in bf16 above 0.25).
+    float32 even where the bias is stored in lower precision (a 0.001 step vanishes in bf16 above 0.25). Cost: one
+    all-reduce per optimizer step of the (MoE layers x experts) int64 counts (119 KB for DeepSeek-V3).
 
     Args:
         gamma: bias update speed, in units of the router's affinity scores (sigmoid, 0 to 1) per optimizer step;
@@ -124,7 +158,8 @@ def _check_not_trained(layer: RoutedLayer) -> None:
         # The optimizer would also own it: its weight decay and moments would fight the rule every step.
         raise ValueError(
             f"{layer.name}.e_score_correction_bias is a trainable parameter; ExpertBiasBalancer sets it "
-            "by the load rule instead: call .requires_grad_(False) on it before training"
+            "by the load rule instead: call .requires_grad_(False) on it before training, or, to train it by "
+            "gradient, set expert_bias_balancing=False (RecipeTrainingArguments) and register no ExpertBiasBalancer"
         )
 
 

@@ -17,6 +17,7 @@ from hf_dist_recipes.comm.watchdog import HangWatchdogCallback
 from hf_dist_recipes.core.layout import RankLayout
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
+from hf_dist_recipes.moe.expert_balance import ExpertBiasBalancer
 from hf_dist_recipes.moe.expert_load import ExpertLoadCallback
 from hf_dist_recipes.monitoring.stragglers import StragglerCallback
 from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
@@ -32,6 +33,7 @@ FULL = [
     HangWatchdogCallback,
     PlanConformanceCallback,
     ExpertLoadCallback,
+    ExpertBiasBalancer,
     RankAgreementCallback,
     GradientHealthCallback,
     StragglerCallback,
@@ -61,12 +63,14 @@ def test_the_list_for_given_arguments_keeps_every_order_rule(tmp_path, moe_model
     assert order_problems(callbacks) == []
     # Every callback that takes the runtime got this one (the watchdog listens to it instead of keeping it).
     assert all(c.runtime is runtime for c in callbacks if hasattr(c, "runtime"))
-    assert sum(hasattr(c, "runtime") for c in callbacks) == len(expected) - 2  # all but watchdog and plan
-    # A dense model has no experts to count; an expert-load callback the user registered is not doubled.
+    # all but watchdog, plan and the balancer (which logs nothing)
+    assert sum(hasattr(c, "runtime") for c in callbacks) == len(expected) - 3
+    # A dense model has no experts to count or balance; one the user registered is not doubled.
     dense = recipe_callbacks(args, None, RecipeRuntime()).in_order()
-    assert ExpertLoadCallback not in {type(c) for c in dense} and order_problems(dense) == []
-    users = recipe_callbacks(args, moe_model, RecipeRuntime(), registered=[ExpertLoadCallback()]).in_order()
-    assert ExpertLoadCallback not in {type(c) for c in users}
+    assert not {ExpertLoadCallback, ExpertBiasBalancer} & {type(c) for c in dense} and order_problems(dense) == []
+    mine = [ExpertLoadCallback(), ExpertBiasBalancer()]
+    users = recipe_callbacks(args, moe_model, RecipeRuntime(), registered=mine).in_order()
+    assert not {ExpertLoadCallback, ExpertBiasBalancer} & {type(c) for c in users}
 
 
 def test_order_problems_names_a_broken_rule(tmp_path):
@@ -87,7 +91,7 @@ def test_recipe_trainer_adds_them_after_the_stock_callbacks_in_order(tmp_path, m
     assert isinstance(held[0], DefaultFlowCallback) and all(type(c) not in FULL for c in held[:first_ours])
     assert held[first_ours:] == ours  # nothing stock after ours
     assert not any(isinstance(c, TensorBoardCallback) for c in held)  # replaced by the per-rank one
-    assert trainer.rank_agreement is ours[3] and trainer.plan_conformance is ours[1]
+    assert trainer.rank_agreement is ours[4] and trainer.plan_conformance is ours[1]
     assert all(c.runtime is trainer.runtime for c in ours if hasattr(c, "runtime"))
 
 

@@ -1,5 +1,6 @@
 """Tokens per expert (monitoring.expert_load) and the DeepSeek-V3 bias update (expert_balance), in one process."""
 
+import logging
 import math
 from types import SimpleNamespace
 
@@ -9,7 +10,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, TrainerCallback
 
 from hf_dist_recipes import ExpertBiasBalancer, RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import stdlib_dataset
-from hf_dist_recipes.moe.expert_balance import bias_update
+from hf_dist_recipes.demo.model import build_tiny_deepseek
+from hf_dist_recipes.moe.expert_balance import BALANCING_OFF, bias_update
 from hf_dist_recipes.moe.expert_load import (
     ExpertLoadCallback,
     ExpertLoadTracker,
@@ -21,6 +23,7 @@ from hf_dist_recipes.moe.expert_load import (
 )
 from hf_dist_recipes.monitoring import read_scalars
 from hf_dist_recipes.parallel.models import TEMPLATES, template_config
+from tests.support.models import SMALL
 
 TOKENS = (4, 16)  # a batch of 4 sequences of 16 tokens
 TOP_K = 2  # tiny-deepseek-v3: 8 routed experts, 2 per token, MoE in decoder layers 1 and 2
@@ -323,3 +326,79 @@ def test_balancer_narrows_the_spread_through_recipe_trainer(tmp_path):
     # ... and the Trainer's own log history, which report_to integrations read
     history = [h["experts/max_over_mean"] for h in balanced.state.log_history if "experts/max_over_mean" in h]
     assert history == pytest.approx(balanced_log)
+
+
+# --- the recipe's default: RecipeTrainer balances DeepSeek-V3 routers unless expert_bias_balancing=False ---
+
+WARNED_BY = "hf_dist_recipes.trainer"
+
+
+def _default_trainer(tmp_path, model=None, callbacks=None, **fields) -> RecipeTrainer:
+    args = RecipeTrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=3,
+        per_device_train_batch_size=2,
+        learning_rate=1e-3,
+        save_strategy="no",
+        disable_tqdm=True,
+        report_to="none",
+        seed=7,
+        **fields,
+    )
+    build = {"model": model} if model is not None else {"model_init": lambda: build_tiny_deepseek(**SMALL)}
+    return RecipeTrainer(
+        args=args, train_dataset=stdlib_dataset(seq_len=16, max_bytes=4_000), callbacks=callbacks, **build
+    )
+
+
+def _balancers(trainer) -> list:
+    return [c for c in trainer.callback_handler.callbacks if isinstance(c, ExpertBiasBalancer)]
+
+
+def _biases(trainer) -> torch.Tensor:
+    return torch.stack([layer.bias.detach().clone() for layer in find_routed_layers(trainer.model)])
+
+
+def test_recipe_trainer_balances_deepseek_v3_routers_by_default(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger=WARNED_BY):
+        trainer = _default_trainer(tmp_path)
+    (balancer,) = _balancers(trainer)
+    assert balancer is trainer.recipe_callbacks.expert_balance and balancer.gamma == 0.001  # DeepSeek-V3's value
+    assert not _biases(trainer).any()  # transformers builds the bias at 0
+    trainer.train()
+    bias = _biases(trainer)
+    # Moved by the sign rule: each step +-gamma or 0 per expert, so at most 3 x gamma after 3 steps.
+    assert bias.any() and bias.abs().max().item() <= 3 * 0.001 + 1e-7
+    assert torch.allclose(bias / 0.001, (bias / 0.001).round(), atol=1e-4)
+    assert BALANCING_OFF not in caplog.text
+
+
+def test_expert_bias_balancing_false_freezes_the_bias_and_names_the_memory_risk_once(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger=WARNED_BY):
+        trainer = _default_trainer(tmp_path, expert_bias_balancing=False)
+    assert _balancers(trainer) == [] and trainer.recipe_callbacks.expert_balance is None
+    warned = [r.getMessage() for r in caplog.records if "expert_bias_balancing=False" in r.getMessage()]
+    assert warned == [BALANCING_OFF]
+    assert "Memory risk" in BALANCING_OFF and "even routing" in BALANCING_OFF
+    caplog.clear()
+    trainer.train()
+    assert not _biases(trainer).any()  # frozen at 0, as transformers trains it
+    assert "expert_bias_balancing" not in caplog.text  # said once, at construction
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_a_registered_balancer_takes_the_default_ones_place(tmp_path, caplog, flag):
+    mine = ExpertBiasBalancer(gamma=0.02)
+    with caplog.at_level(logging.WARNING, logger=WARNED_BY):
+        trainer = _default_trainer(tmp_path, callbacks=[mine], expert_bias_balancing=flag)
+    assert _balancers(trainer) == [mine] and trainer.recipe_callbacks.expert_balance is None
+    assert "expert_bias_balancing" not in caplog.text  # the load is balanced: no risk to name
+
+
+@pytest.mark.parametrize("model", ["deepseek_v2", "tiny-llama"])
+@pytest.mark.parametrize("flag", [True, False])
+def test_models_without_bias_routers_are_unchanged_and_not_warned_about(tmp_path, caplog, model, flag):
+    built = _tiny(model) if model == "deepseek_v2" else AutoModelForCausalLM.from_config(template_config(model))
+    with caplog.at_level(logging.WARNING, logger=WARNED_BY):
+        trainer = _default_trainer(tmp_path, model=built, expert_bias_balancing=flag)
+    assert _balancers(trainer) == [] and "expert_bias_balancing" not in caplog.text
