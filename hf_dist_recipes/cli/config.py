@@ -303,11 +303,16 @@ def run_estimate(args: argparse.Namespace) -> int:
             target=target,
             host_gib=limits.host_gib,
             device_target=limits.device_target,
+            routing_imbalance=limits.routing_imbalance,
         )
     else:
         for w in warnings:
             print(f"warning: {w}", file=sys.stderr)
-        limited = {"host_gib": limits.host_gib, "device_target": limits.device_target}
+        limited = {
+            "host_gib": limits.host_gib,
+            "device_target": limits.device_target,
+            "routing_imbalance": limits.routing_imbalance,
+        }
         chosen, rows = None, [evaluate(plan, model, device_gib=args.gpu_memory, hardware=hardware, **limited)]
     shown = chosen if args.suggest else rows[0]  # the plan the offload warning is about
     offload_warnings = [w for w in [offload_warning(shown) if shown else None] if w]
@@ -324,6 +329,7 @@ def run_estimate(args: argparse.Namespace) -> int:
                     "params_by_component": model.params_by_component,
                     "target_global_batch": target,
                     "memory_target": limits.device_target,
+                    "routing_imbalance": limits.routing_imbalance,
                     "host_memory_gib": limits.host_gib,
                     "chosen": chosen.as_dict() if chosen else None,
                     "why": reasons(chosen, rows) if chosen else [],

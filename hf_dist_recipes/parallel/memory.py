@@ -66,9 +66,10 @@ decoder layer (tests/unit/test_memory.py), with a stand-in attention kernel that
 - MoE layer: norm(h) + 4*h (DeepSeek's router multiplies an fp32 copy of its input: `DeepseekV3TopkRouter`)
   + c*k*(2*h + 4*I_e) (dispatch: each token's copy for each of its k experts, the expert's four I_e-wide tensors,
   and the expert output that the routing weight scales: `DeepseekV3Experts`) + 4*c*I_s/t (shared experts, width
-  I_s). The router's E-wide scores and index tensors are not counted (0.4 % of a DeepSeek-V3 MoE layer). Routing
-  is assumed balanced; a rank holding popular experts holds more. With EP > 1, AutoEP's all-to-all send and
-  receive copies, 2*c*k*h per token, once for the layer in flight (not measured: AutoEP needs several ranks).
+  I_s). The router's E-wide scores and index tensors are not counted (0.4 % of a DeepSeek-V3 MoE layer). With
+  EP > 1 a rank's experts take their tokens from every EP peer: the routed part is sized for the busiest rank,
+  f = `routing_imbalance` times the mean (DEFAULT_ROUTING_IMBALANCE, measured); AutoEP's all-to-all send and
+  receive copies, (1 + f)*c*k*h per token, once for the layer in flight (not measured: AutoEP needs several ranks).
 - layers: without activation checkpointing, every layer's bytes; with it, each layer's input (c*h per token,
   torch.utils.checkpoint) plus the largest layer in full during its recomputation.
 - logits (`logits_bytes`): s*b*V*12 bytes: during the loss's backward three fp32 tensors of the logits' shape are
@@ -131,6 +132,10 @@ NORM_FP32_BYTES = 4  # RMSNorm computes in fp32 and keeps its upcast input for t
 ALLOWANCE_FIXED_BYTES = 2 * GIB
 FRAGMENTATION_FRACTION = 0.10
 USABLE_FRACTION = 1.0  # of the device memory: the context, NCCL and fragmentation are in `allowance` now
+# The busiest EP rank's expert load over the mean that the routed and dispatch terms are sized for: the worst step
+# of a measured run (benchmarks/results/2026-12-06-expert-imbalance.md: the demo's DeepSeek-V3-style model, EP 2,
+# 200 steps; 2.0 with the bias balancer and without it, the early steps after a fresh start; 1.39 / 1.76 on average).
+DEFAULT_ROUTING_IMBALANCE = 2.0
 DEFAULT_DEVICE_TARGET = 0.9  # where a plan is chosen or written; preflight warns above the same fraction
 # Ranks of a node that hold their loaded optimizer file at once while RecipeTrainer resumes (the stock load: all).
 RESUME_LOADS_AT_ONCE = 1
@@ -160,21 +165,33 @@ def _attention_bytes_per_token(plan: ParallelPlan, model: ModelShape) -> float:
     return _norm_bytes(c, h) + c * d * (2 * model.num_heads / t + 2 * model.num_kv_heads / kv_split)
 
 
-def _mlp_bytes_per_token(plan: ParallelPlan, model: ModelShape, moe: bool) -> float:
+def _imbalance(plan: ParallelPlan, routing_imbalance: float) -> float:
+    """The load factor on what a rank's experts process: under EP a rank receives its experts' tokens from every
+    EP peer, as many as the busiest rank's share; without EP each rank routes its own tokens to its own copies."""
+    if not routing_imbalance >= 1:
+        raise ValueError(f"routing imbalance is the busiest EP rank's load / the mean, >= 1; got {routing_imbalance!r}")
+    return routing_imbalance if plan.ep > 1 else 1.0
+
+
+def _mlp_bytes_per_token(
+    plan: ParallelPlan, model: ModelShape, moe: bool, routing_imbalance: float = DEFAULT_ROUTING_IMBALANCE
+) -> float:
     c, t, h = COMPUTE_BYTES[plan.precision], plan.tp, model.hidden_size
     norm = _norm_bytes(c, h)
     if not moe:
         return norm + 4 * c * model.intermediate_size / t
     k = model.experts_per_token
     router = NORM_FP32_BYTES * h if model.is_deepseek else 0
-    routed = c * k * (2 * h + 4 * model.moe_intermediate_size)
+    routed = c * k * (2 * h + 4 * model.moe_intermediate_size) * _imbalance(plan, routing_imbalance)
     return norm + router + routed + 4 * c * model.shared_intermediate_size / t
 
 
-def layer_bytes_per_token(plan: ParallelPlan, model: ModelShape, *, moe: bool) -> float:
+def layer_bytes_per_token(
+    plan: ParallelPlan, model: ModelShape, *, moe: bool, routing_imbalance: float = DEFAULT_ROUTING_IMBALANCE
+) -> float:
     """Activation bytes one decoder layer keeps per token (module docstring): attention plus the dense MLP, or
-    plus the MoE block when `moe`."""
-    return _attention_bytes_per_token(plan, model) + _mlp_bytes_per_token(plan, model, moe)
+    plus the MoE block when `moe`, its routed part at `routing_imbalance` under EP."""
+    return _attention_bytes_per_token(plan, model) + _mlp_bytes_per_token(plan, model, moe, routing_imbalance)
 
 
 def chunked_logits_bytes(plan: ParallelPlan, model: ModelShape) -> int:
@@ -195,14 +212,18 @@ def logits_bytes(plan: ParallelPlan, model: ModelShape, *, vocab_parallel: bool 
     return head_logits_bytes(plan, model, vocab_parallel=vocab_parallel)
 
 
-def activation_parts(plan: ParallelPlan, model: ModelShape) -> dict[str, int]:
+def activation_parts(
+    plan: ParallelPlan, model: ModelShape, *, routing_imbalance: float = DEFAULT_ROUTING_IMBALANCE
+) -> dict[str, int]:
     """The activation estimate of the module docstring, per rank, in bytes, by part: `layers` (all decoder
     layers, or with checkpointing their inputs), `recomputed_layer` (the largest layer in full, with
-    checkpointing), `dispatch` (AutoEP's all-to-all copies, EP > 1), `logits`."""
+    checkpointing), `dispatch` (AutoEP's all-to-all copies, EP > 1), `logits`. `routing_imbalance`: the busiest EP
+    rank's expert load over the mean (module docstring)."""
     tokens = plan.seq_len * plan.micro_batch
     c = COMPUTE_BYTES[plan.precision]
+    f = _imbalance(plan, routing_imbalance)
     dense = layer_bytes_per_token(plan, model, moe=False)
-    moe = layer_bytes_per_token(plan, model, moe=True)
+    moe = layer_bytes_per_token(plan, model, moe=True, routing_imbalance=routing_imbalance)
     n_moe = model.num_moe_layers
     n_dense = model.num_layers - n_moe
     if plan.activation_checkpointing:
@@ -211,7 +232,8 @@ def activation_parts(plan: ParallelPlan, model: ModelShape) -> dict[str, int]:
     else:
         layers = n_dense * dense + n_moe * moe
         recomputed = 0
-    dispatch = 2 * c * model.experts_per_token * model.hidden_size if plan.ep > 1 and n_moe else 0
+    # The send copy holds the rank's own tokens, the receive copy its experts' share, `f` times the mean.
+    dispatch = (1 + f) * c * model.experts_per_token * model.hidden_size if plan.ep > 1 and n_moe else 0
     return {
         "layers": int(tokens * layers),
         "recomputed_layer": int(tokens * recomputed),
@@ -220,9 +242,11 @@ def activation_parts(plan: ParallelPlan, model: ModelShape) -> dict[str, int]:
     }
 
 
-def activation_bytes(plan: ParallelPlan, model: ModelShape) -> int:
+def activation_bytes(
+    plan: ParallelPlan, model: ModelShape, *, routing_imbalance: float = DEFAULT_ROUTING_IMBALANCE
+) -> int:
     """The activation estimate of the module docstring, per rank, in bytes."""
-    return sum(activation_parts(plan, model).values())
+    return sum(activation_parts(plan, model, routing_imbalance=routing_imbalance).values())
 
 
 @dataclass(frozen=True)
@@ -338,18 +362,20 @@ def estimate(
     host_gib: float | None = None,
     device_target: float = USABLE_FRACTION,
     resume_loads_at_once: int = RESUME_LOADS_AT_ONCE,
+    routing_imbalance: float = DEFAULT_ROUTING_IMBALANCE,
 ) -> MemoryEstimate:
     """Per-rank memory of `plan` for `model`. `device_gib`: memory of one GPU in GiB (None: no fits verdict);
     `device_target`: the fraction of it a plan may fill (1.0; DEFAULT_DEVICE_TARGET where plans are chosen);
     `host_gib`: host memory per node in GiB (None: not checked); `resume_loads_at_once`: ranks of a node holding
-    their loaded optimizer file at once while resuming (RecipeTrainer's; the stock load: `plan.procs_per_node`)."""
+    their loaded optimizer file at once while resuming (RecipeTrainer's; the stock load: `plan.procs_per_node`);
+    `routing_imbalance`: the busiest EP rank's expert load over the mean (DEFAULT_ROUTING_IMBALANCE)."""
     if not 0 < device_target <= 1:
         raise ValueError(f"the memory target is a fraction of the GPU in (0, 1], got {device_target!r}; e.g. 0.9")
     el = rank_elements(plan, model)
     p_bytes, g_bytes, o_bytes = BYTES_PER_ELEMENT[plan.precision]
     params, grads, optimizer = el.params * p_bytes, el.grads * g_bytes, el.optimizer * o_bytes
     gathered = el.gathered_layer * p_bytes
-    parts = activation_parts(plan, model)
+    parts = activation_parts(plan, model, routing_imbalance=routing_imbalance)
     activations = sum(parts.values())
     buffers = zero3_buffer_bytes(plan, model, el)
     on_host = 0

@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass, field, replace
 
 from hf_dist_recipes.core.sizes import GIB
-from hf_dist_recipes.parallel.memory import DEFAULT_DEVICE_TARGET
+from hf_dist_recipes.parallel.memory import DEFAULT_DEVICE_TARGET, DEFAULT_ROUTING_IMBALANCE
 from hf_dist_recipes.parallel.models import ModelShape
 from hf_dist_recipes.parallel.plan import ParallelPlan
 
@@ -153,17 +153,19 @@ def check_fit(
     device_target: float = 1.0,
     host_gib: float | None = None,
     host_source: str = "--host-memory",
+    routing_imbalance: float = DEFAULT_ROUTING_IMBALANCE,
 ) -> FitVerdict:
     """Estimate `plan` for `model` against `device_target` of `gpu_gib` GiB per GPU (a CUDA plan; CPU plans have no
     GPU limit) and, given `host_gib` per node, its resume peak against the host. `hardware`: the `comm.HARDWARE`
     key the memory came from, passed on to the suggest command."""
     from hf_dist_recipes.parallel.memory import estimate
 
-    est = estimate(plan, model)
+    est = estimate(plan, model, routing_imbalance=routing_imbalance)
     need = est.device_total / GIB
     with_recompute = None
     if not plan.activation_checkpointing and need > gpu_gib * device_target:
-        with_recompute = estimate(replace(plan, activation_checkpointing=True), model).device_total / GIB
+        recompute = replace(plan, activation_checkpointing=True)
+        with_recompute = estimate(recompute, model, routing_imbalance=routing_imbalance).device_total / GIB
     return FitVerdict(
         plan=plan,
         model_ref=model_ref,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hf_dist_recipes.core.user_values import writable_dir
-from hf_dist_recipes.parallel.memory import DEFAULT_DEVICE_TARGET
+from hf_dist_recipes.parallel.memory import DEFAULT_DEVICE_TARGET, DEFAULT_ROUTING_IMBALANCE
 from hf_dist_recipes.parallel.plan import ENGINES, GRAD_REDUCE_DTYPES, PRECISIONS, ParallelPlan
 from hf_dist_recipes.planning.accelerate_config import DEFAULT_PORT, accelerate_config, render_yaml
 from hf_dist_recipes.planning.comm import HARDWARE
@@ -98,6 +98,15 @@ def add_memory_limit_flags(group) -> None:
         "figure when --hardware is given, else not checked; preflight reads the machine's)",
     )
     group.add_argument(
+        "--routing-imbalance",
+        type=float,
+        default=DEFAULT_ROUTING_IMBALANCE,
+        metavar="FACTOR",
+        help="MoE under EP: the busiest EP rank's expert load over the mean that activations are sized for "
+        "(%(default)s: the worst step measured, benchmarks/results/2026-12-06-expert-imbalance.md); 1 for even "
+        "routing",
+    )
+    group.add_argument(
         "--memory-target",
         type=float,
         default=DEFAULT_DEVICE_TARGET,
@@ -110,28 +119,31 @@ def add_memory_limit_flags(group) -> None:
 @dataclass(frozen=True)
 class MemoryLimits:
     """What a plan is held to besides the GPU's size: `device_target`, the fraction of the GPU it may fill;
-    `host_gib`, host memory per node (None: not checked), named by `host_source`."""
+    `host_gib`, host memory per node (None: not checked), named by `host_source`; `routing_imbalance`, the busiest EP
+    rank's expert load over the mean (`parallel.memory`)."""
 
     device_target: float = DEFAULT_DEVICE_TARGET
     host_gib: float | None = None
     host_source: str = "--host-memory"
+    routing_imbalance: float = DEFAULT_ROUTING_IMBALANCE
 
 
 def memory_limits(args: argparse.Namespace) -> MemoryLimits:
     """The MemoryLimits of parsed `add_memory_limit_flags` flags: --host-memory, else the explicitly named
     --hardware's DGX figure."""
-    host, target = args.host_memory, args.memory_target
+    host, target, imbalance = args.host_memory, args.memory_target, args.routing_imbalance
+    if not imbalance >= 1:
+        raise ValueError(f"--routing-imbalance is the busiest EP rank's load over the mean, >= 1; got {imbalance:g}")
     if host is not None and not host > 0:
         raise ValueError(f"--host-memory is GiB per node, got {host:g}; e.g. --host-memory 2048 for a DGX H100")
     if not 0 < target <= 1:
         raise ValueError(
             f"--memory-target is a fraction of the GPU in (0, 1], got {target:g}; e.g. --memory-target 0.9"
         )
-    if host is None and getattr(args, "hardware", None) and HARDWARE[args.hardware].host_memory_gib:
-        return MemoryLimits(
-            target, HARDWARE[args.hardware].host_memory_gib, f"a DGX {args.hardware.upper()} (--hardware)"
-        )
-    return MemoryLimits(target, host)
+    preset = HARDWARE[args.hardware].host_memory_gib if getattr(args, "hardware", None) else None
+    if host is None and preset:
+        return MemoryLimits(target, preset, f"a DGX {args.hardware.upper()} (--hardware)", imbalance)
+    return MemoryLimits(target, host, routing_imbalance=imbalance)
 
 
 def generate_parser() -> argparse.ArgumentParser:
@@ -252,6 +264,7 @@ def fit_problem(
         device_target=limits.device_target,
         host_gib=limits.host_gib,
         host_source=limits.host_source,
+        routing_imbalance=limits.routing_imbalance,
     )
     if verdict.fits:
         return None

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from hf_dist_recipes.core.sizes import GIB
 from hf_dist_recipes.parallel.memory import (
     DEFAULT_DEVICE_TARGET,
+    DEFAULT_ROUTING_IMBALANCE,
     USABLE_FRACTION,
     MemoryEstimate,
     estimate,
@@ -128,10 +129,18 @@ def evaluate(
     target_sequences: int | None = None,
     host_gib: float | None = None,
     device_target: float = USABLE_FRACTION,
+    routing_imbalance: float = DEFAULT_ROUTING_IMBALANCE,
 ) -> Candidate:
     """Memory, traffic and step time of one plan; `device_gib`, `host_gib`, `device_target` as in
     `memory.estimate`."""
-    memory = estimate(plan, model, device_gib=device_gib, host_gib=host_gib, device_target=device_target)
+    memory = estimate(
+        plan,
+        model,
+        device_gib=device_gib,
+        host_gib=host_gib,
+        device_target=device_target,
+        routing_imbalance=routing_imbalance,
+    )
     # The traffic of the DeepSpeed JSON `config generate` writes for this plan: hpZ and the vocabulary-parallel head
     # where parallel/zero_buffers.py turns them on.
     step = step_estimate(
@@ -189,6 +198,7 @@ def suggest(
     target: int | None = None,
     host_gib: float | None = None,
     device_target: float = DEFAULT_DEVICE_TARGET,
+    routing_imbalance: float = DEFAULT_ROUTING_IMBALANCE,
 ) -> tuple[Candidate | None, list[Candidate]]:
     """The plan to run (`pick` among the candidates that fit: at most `device_target` of `device_gib` per GPU and,
     given `host_gib` per node, a resume peak within it; None if none does) and every candidate evaluated.
@@ -202,7 +212,7 @@ def suggest(
             f"a batch of {target} sequences is smaller than the data-parallel size of every plan (at least "
             f"{least}: one sequence per data-parallel rank); raise --global-batch to {least} or more"
         )
-    limits = {"host_gib": host_gib, "device_target": device_target}
+    limits = {"host_gib": host_gib, "device_target": device_target, "routing_imbalance": routing_imbalance}
     rows = [c for layout in layouts for c in _layout_rows(layout, model, device_gib, hardware, target, limits)]
     chosen, _ = pick(rows)
     return chosen, rows

@@ -107,7 +107,7 @@ def test_estimate_table_and_suggest(capsys):
     )
     # The fastest plan that fits spreads the experts (EP > 1); the table carries traffic and step time.
     line = next(x for x in out.splitlines() if x.startswith("suggested: "))
-    assert line.startswith("suggested: --zero 3 --tp 1 --ep ") and line.endswith("--offload-optimizer")
+    assert line.startswith("suggested: --zero 3 --tp 1 --ep ") and "--offload-optimizer" in line
     assert int(line.split("--ep ")[1].split()[0]) > 1
     assert "params" in out and "fits?" in out and "inter GB" in out and "step s" in out
     assert "the smallest plan that fits, Z3 TP1 EP" in out

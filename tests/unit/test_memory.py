@@ -113,8 +113,12 @@ def test_activation_formula_and_checkpointing():
     assert 73_740 + 196_608 == pytest.approx(2.9 * 13 * h, rel=0.01)
     ckpt = activation_bytes(replace(plan, activation_checkpointing=True), V3)
     assert ckpt == tokens * 61 * 2 * h + tokens * moe + logits
-    ep = activation_bytes(replace(plan, ep=8), V3)
+    ep = activation_bytes(replace(plan, ep=8), V3, routing_imbalance=1.0)
     assert ep - activation_bytes(plan, V3) == tokens * 2 * 2 * 8 * h  # AutoEP's send and receive copies
+    # Under EP the routed part is sized for the busiest rank: at twice the mean, every MoE layer's routed bytes
+    # (2 x 8 x (2 x 7168 + 4 x 2048) per token) and the receive copy (2 x 8 x 7168) once more.
+    busy = activation_bytes(replace(plan, ep=8), V3, routing_imbalance=2.0)
+    assert busy - ep == tokens * (58 * 2 * 8 * (2 * h + 4 * 2048) + 2 * 8 * h)
 
 
 def test_each_term_of_a_tiny_deepseek_by_hand():
