@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -145,9 +144,12 @@ def check_output(path: str | Path) -> Path:
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"--output {p} is a directory; give a file name, e.g. --output {p / 'profile.json'}")
-    parent = p.parent if str(p.parent) else Path(".")
-    if parent.exists() and not os.access(parent, os.W_OK):
-        raise ValueError(f"--output {p}: the folder {parent} is not writable; e.g. --output profile.json")
+    from hf_dist_recipes.core.user_values import writable_dir
+
+    try:
+        writable_dir(p.parent, "--output", "profile.json")
+    except ValueError as err:
+        raise ValueError(f"--output {p}: its folder cannot be written ({err})") from None
     return p
 
 

@@ -101,7 +101,12 @@ def check_settings(s: CalibrationSettings, available_bytes: int | None = None) -
 def _cpu_adam_process(partition: int, threads: int, steps: int, barrier, results) -> None:
     """One process: a partition of `partition` fp32 parameters with a gradient, one warm-up step, the barrier, then
     `steps` timed steps; puts (seconds, None) or (None, the error) on `results`."""
+    import sys
+
     os.environ["OMP_NUM_THREADS"] = str(threads)
+    # DeepSpeed's logger binds the stdout it sees at import and prints an accelerator notice: it would land in the
+    # parent's stdout (calibrate --json). Nothing of this process belongs there.
+    sys.stdout = sys.stderr
     try:
         import torch
 

@@ -22,7 +22,12 @@ from hf_dist_recipes.planning.calibration import (
     write_profile,
 )
 from hf_dist_recipes.planning.comm import HARDWARE
-from hf_dist_recipes.planning.rate_measurements import CalibrationSettings, check_settings, collective_rates
+from hf_dist_recipes.planning.rate_measurements import (
+    CalibrationSettings,
+    check_settings,
+    collective_rates,
+    layer_matmuls,
+)
 from hf_dist_recipes.planning.runners_up import rate_seconds, runners_up
 from hf_dist_recipes.planning.suggest import pick, suggest
 
@@ -169,3 +174,30 @@ def test_calibrate_settings_name_the_flag():
         check_settings(CalibrationSettings(processes=0), available_bytes=10**12)
     with pytest.raises(ValueError, match="e.g. --partition-params 31250000"):
         check_settings(CalibrationSettings(partition_params=10**9, processes=1), available_bytes=10**9)
+
+
+def test_generate_prints_the_step_on_the_profiles_rates(capsys, tmp_path):
+    path = _profile(tmp_path, cpu_adam_params_per_s=1e9)
+    argv = ["config", "generate", *PLAN[:-1], "--gpu-memory", "80", "--output", str(tmp_path / "cfg")]
+    assert main([*argv, "--profile", path]) == 0
+    assert "step estimate on --profile" in capsys.readouterr().out
+    assert main([*argv, "--profile", path, "--json"]) == 0
+    step = json.loads(capsys.readouterr().out)["step_estimate"]
+    partition = rank_elements(ParallelPlan(procs_per_node=8, offload_optimizer=True), introspect("llama-3.1-8b"))
+    assert step["offload_parts"]["CPU Adam"] == pytest.approx(partition.optimizer * 8 / 1e9)
+    assert step["rates"]["cpu_adam_params_per_s"]["source"] == "profile"
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert main([*argv, "--profile", str(bad), "--name", "other"]) == 2  # refused before any file is written
+    assert not list((tmp_path / "cfg").glob("other*"))
+
+
+def test_the_layer_timed_on_a_gpu():
+    """DeepSeek-V3's first MoE layer at 4,096 tokens and EP 16: the 16 local experts of each fused weight batched,
+    each with 16 x 4,096 x 8 / 256 = 2,048 rows at even routing; the attention and shared-expert weights at 4,096
+    rows; the router left out."""
+    shapes = layer_matmuls(introspect("deepseek-v3"), 4096, ep=16)
+    assert (16, 2048, 7168, 4096) in shapes and (16, 2048, 2048, 7168) in shapes  # gate_up, down: (E, out, in)
+    assert (1, 4096, 7168, 1536) in shapes and (1, 4096, 2048, 7168) in shapes  # q_a_proj, shared down_proj
+    assert len(shapes) == 10 and all(b == 1 for b, rows, _, _ in shapes if rows == 4096)
+    assert layer_matmuls(None, 4096) == [(1, 4096, 8192, 8192)]
