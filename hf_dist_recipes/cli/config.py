@@ -53,6 +53,7 @@ def register(subparsers) -> None:
     add_plan_flags(gen)
     add_output_flags(gen)
     add_launcher_flags(gen)
+    _profile_flag(gen.add_argument_group("step estimate (with --model: the plan's step time on measured rates)"))
     gen.add_argument("--json", action="store_true", help="print what was written as JSON")
     gen.set_defaults(run=run_generate)
 
@@ -165,15 +166,30 @@ def _hardware_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--cpu-adam-rate", type=float, help="parameters per second one node's CPUs update with CPU Adam (offload)"
     )
+    _profile_flag(group)
+
+
+def _profile_flag(group) -> None:
+    group.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="rates measured by `hf-dist-recipes calibrate --output FILE`; precedence: a rate flag above > the "
+        "profile's measured rate > the --hardware preset (rates the profile marks assumed keep the preset's)",
+    )
 
 
 def hardware_from(args: argparse.Namespace):
-    """The Hardware of --hardware with the flags given on top."""
-    from dataclasses import replace
+    """The Hardware of --hardware with --profile's measured rates and then the flags given on top."""
+    return hardware_and_sources(args)[0]
 
+
+def hardware_and_sources(args: argparse.Namespace, plan: ParallelPlan | None = None):
+    """(the Hardware of `hardware_from`, where each rate came from (`planning.calibration.hardware_with`), warnings
+    about a profile measured unlike `plan` runs: `calibration.profile_warnings`)."""
+    from hf_dist_recipes.planning.calibration import hardware_with, profile_warnings, read_profile
     from hf_dist_recipes.planning.comm import HARDWARE
 
-    changes = {
+    flags = {
         field: getattr(args, flag)
         for field, flag in (
             ("intra_node_gbps", "intra_node_gbps"),
@@ -183,9 +199,13 @@ def hardware_from(args: argparse.Namespace):
             ("pcie_gbps", "pcie_gbps"),
             ("cpu_adam_params_per_s", "cpu_adam_rate"),
         )
-        if getattr(args, flag) is not None
+        if getattr(args, flag, None) is not None
     }
-    return replace(HARDWARE[args.hardware or "h100"], **changes)
+    profile = read_profile(args.profile) if getattr(args, "profile", None) else None
+    base = HARDWARE[getattr(args, "hardware", None) or "h100"]
+    hw, sources = hardware_with(base, profile, flags, profile_path=getattr(args, "profile", None) or "")
+    device, procs = (plan.device, plan.procs_per_node) if plan else ("cuda", None)
+    return hw, sources, profile_warnings(profile, sources, device, procs)
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -209,6 +229,7 @@ def run_generate(args: argparse.Namespace) -> int:
         time_limit=args.time,
         env_setup=args.env_setup,
     )
+    rates = hardware_and_sources(args, plan) if args.profile else None  # a bad profile stops before any file
     if args.launcher:  # the script names the files by absolute paths: sbatch runs it from a spool directory
         args.output = os.path.abspath(os.path.expanduser(args.output))
     # DeepSpeed is imported only once every input was checked (its import notice would make a refusal two lines);
@@ -216,8 +237,10 @@ def run_generate(args: argparse.Namespace) -> int:
     with contextlib.redirect_stdout(sys.stderr):
         result = generate_from_args(args, argv, address_from_launcher=args.launcher is not None)
     script = script_from_args(args, result, argv) if args.launcher else None
+    step = _profile_step(args, plan, rates) if rates else None
     if args.json:
-        print(json.dumps({**result.as_dict(), "launch_script": str(script) if script else None}, indent=2))
+        extra = {"step_estimate": step} if rates else {}
+        print(json.dumps({**result.as_dict(), "launch_script": str(script) if script else None, **extra}, indent=2))
         return 0
     for w in result.warnings:
         print(f"warning: {w}")
@@ -228,7 +251,33 @@ def run_generate(args: argparse.Namespace) -> int:
         f"  world {result.plan.world_size}, data-parallel {result.plan.dp_size}, TP {result.plan.tp}, "
         f"EP {result.plan.ep}; launch: accelerate launch --config_file {result.yaml_file} train.py"
     )
+    if step:
+        print(f"step estimate on --profile {args.profile}'s rates: {step['describe']}")
+        for line in step["rate_lines"] + [f"warning: {w}" for w in step["warnings"]]:
+            print(f"  {line}")
     return 0
+
+
+def _profile_step(args: argparse.Namespace, plan: ParallelPlan, rates) -> dict | None:
+    """With --profile and --model (a DeepSpeed plan): the plan's step estimate on the profile's rates, its rate
+    sources and the profile's warnings, as JSON-ready data; None without a model."""
+    if not args.model or plan.engine != "deepspeed":
+        return None
+    from dataclasses import asdict
+
+    from hf_dist_recipes.planning.calibration import render_sources
+    from hf_dist_recipes.planning.comm import describe
+    from hf_dist_recipes.planning.suggest import evaluate
+
+    hardware, sources, warnings = rates
+    c = evaluate(plan, model_from(args.model, required=True), device_gib=args.gpu_memory, hardware=hardware)
+    return {
+        **c.step.as_dict(),
+        "describe": describe(c.step),
+        "rates": {f: asdict(s) for f, s in sources.items()},
+        "rate_lines": render_sources(sources),
+        "warnings": warnings,
+    }
 
 
 def run_validate(args: argparse.Namespace) -> int:
@@ -267,9 +316,11 @@ def run_validate(args: argparse.Namespace) -> int:
 
 
 def run_estimate(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
     _check_gpu_memory(args.gpu_memory)
     plan = plan_from(args)
-    hardware = hardware_from(args)
+    hardware, rate_sources, profile_notes = hardware_and_sources(args, plan)
     limits = memory_limits(args)
     model = model_from(args.model, required=True)
     if args.suggest and not args.gpu_memory:
@@ -315,11 +366,14 @@ def run_estimate(args: argparse.Namespace) -> int:
         }
         chosen, rows = None, [evaluate(plan, model, device_gib=args.gpu_memory, hardware=hardware, **limited)]
     shown = chosen if args.suggest else rows[0]  # the plan the offload warning is about
-    offload_warnings = [w for w in [offload_warning(shown) if shown else None] if w]
+    offload_warnings = [w for w in [offload_warning(shown) if shown else None] if w] + profile_notes
     from hf_dist_recipes.parallel.checkpoint_bytes import DEFAULT_DDP_TIMEOUT, plan_save_bytes, render_load
     from hf_dist_recipes.parallel.checkpoint_bytes import render as render_save_bytes
 
     save = plan_save_bytes(shown.plan, model) if shown else None  # bytes per checkpoint of that plan
+    from hf_dist_recipes.planning.runners_up import runners_up, stated_error
+
+    close = runners_up(chosen, rows, rate_sources) if chosen else []
     if args.json:
         print(
             json.dumps(
@@ -333,6 +387,10 @@ def run_estimate(args: argparse.Namespace) -> int:
                     "host_memory_gib": limits.host_gib,
                     "chosen": chosen.as_dict() if chosen else None,
                     "why": reasons(chosen, rows) if chosen else [],
+                    "rates": {f: asdict(src) for f, src in rate_sources.items()},
+                    "profile": args.profile,
+                    "runners_up": [r.as_dict() for r in close],
+                    "runners_up_error": stated_error(rate_sources) if args.suggest else None,
                     "warnings": offload_warnings,
                     "checkpoint_bytes": save.as_dict() if save else None,
                     "estimates": [r.as_dict() for r in rows],
@@ -361,6 +419,13 @@ def run_estimate(args: argparse.Namespace) -> int:
         print("suggested: " + (_describe(chosen.plan) if chosen else _nothing_fits(rows)))
         for line in reasons(chosen, rows) if chosen else []:
             print(f"  {line}")
+        if chosen:
+            print(
+                f"runners-up, {stated_error(rate_sources)}: "
+                + ("none" if not close else f"{len(close)}, a measurement decides between them and the pick")
+            )
+            for r in close:
+                print(f"  {r.line()}")
     else:
         from hf_dist_recipes.planning.comm import describe
 
@@ -368,6 +433,11 @@ def run_estimate(args: argparse.Namespace) -> int:
     if save:
         print(render_save_bytes(save))
         print(render_load(save, DEFAULT_DDP_TIMEOUT))
+    from hf_dist_recipes.planning.calibration import render_sources
+
+    print("rates (flag > --profile > --hardware preset):")
+    for line in render_sources(rate_sources):
+        print(f"  {line}")
     for warning in offload_warnings:
         print(f"warning: {warning}")
     return 0

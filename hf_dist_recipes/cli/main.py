@@ -15,7 +15,7 @@ from importlib import import_module
 
 # Command name -> its module under hf_dist_recipes.cli, in the order `--help` lists them. Each module's
 # register(subparsers) adds the command of this name (tests/cli/test_main_lazy.py checks they agree).
-SUBCOMMANDS = ("demo", "config", "checkpoint", "logs", "doctor", "pin", "commbench", "preflight")
+SUBCOMMANDS = ("demo", "config", "checkpoint", "logs", "doctor", "pin", "commbench", "calibrate", "preflight")
 USAGE_ERROR = 2
 BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer that `| head` closed
 

@@ -291,6 +291,7 @@ WRITING_COMMANDS = {
     ),
     "config copy": (["config", "copy", "cpu_zero3_2proc", "--output"], "--output", []),
     "pin": (["pin", "--output"], "--output", []),
+    "calibrate": (["calibrate", "--output"], "--output", []),
     "checkpoint export": (["checkpoint", "export", "CKPT", "--output"], "--output", []),
     "checkpoint dequantize": (["checkpoint", "dequantize", "CKPT", "--output"], "--output", []),
     "logs summarize": (["logs", "summarize", "LOGDIR", "--out"], "--out", []),
