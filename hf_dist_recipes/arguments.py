@@ -35,7 +35,7 @@ New fields, all at the end so positional use of TrainingArguments keeps working:
   `from_pretrained` weights into each (shared by all ranks, as `save_model`);
 - `memory_mapped_resume` (default True): under DeepSpeed, a resume reads the engine's checkpoint files memory-mapped
   and copies the optimizer states out one tensor at a time, so that the host memory of a resume stays at the
-  steady state instead of adding one optimizer file per process (`hf_dist_recipes.checkpoint.resume_loading`);
+  steady state instead of adding up to one optimizer file per process (`hf_dist_recipes.checkpoint.resume_loading`);
 - `max_unpartitioned_model_size` (default "2GB"): under ZeRO-3, a model larger than this whose parameters were not
   partitioned while it was built (built before the arguments, or by calling its class) stops RecipeTrainer with the
   fix (`hf_dist_recipes.parallel.construction`); None turns the check off;
@@ -206,8 +206,8 @@ class RecipeTrainingArguments(TrainingArguments):
         metadata={
             "help": "Under DeepSpeed, read the checkpoint files of a resume with torch.load(mmap=True) and copy the "
             "optimizer states out one tensor at a time: a resume needs the steady-state host memory, not that plus "
-            "one optimizer file per process. False: DeepSpeed's plain torch.load (a file system where mmap is slow "
-            "or unsupported). Default True."
+            "up to one optimizer file per process. False: DeepSpeed's plain torch.load (a file system where mmap is "
+            "slow or unsupported). Default True."
         },
     )
     max_unpartitioned_model_size: str | None = field(

@@ -1,26 +1,28 @@
 """Resume without a second copy of the optimizer states in host memory: DeepSpeed's checkpoint files memory-mapped.
 
 DeepSpeed 0.19.8 reads each rank's `*_optim_states.pt` on resume with a plain `torch.load` (its
-`TorchCheckpointEngine`), every rank of a node at once, while the states it replaces are still alive. Under ZeRO-3
-the file holds the rank's fp32 master partition and its Adam moments (12 bytes per parameter of the partition): a
-resume needs the steady-state host memory plus one such file per process of the node (`steady + P x F`), which is
-2,190 GiB on a DeepSeek-V3 node with optimizer offload, more than the 2 TiB of a DGX H100 (issue 32).
+`TorchCheckpointEngine`), every rank of a node at once, into memory of the rank's own. Under ZeRO-3 the file holds
+the rank's fp32 master partition and its Adam moments, F = 12 bytes per parameter of the partition. With optimizer
+offload the host holds the steady state S (per node: master, moments and fp32 gradients of every rank) except the
+moments, which DeepSpeed 0.19.8 creates at the first step: a resume needs `S + P x F / 3` per node (P processes),
+and `S + P x F` where the moments exist already (`load_best_model_at_end` reloading after training; issue 32 counted
+this case, 1,253 + 8 x 117 = 2,190 GiB on a DeepSeek-V3 node, more than a 2 TiB DGX H100).
 
 `MappedLoads` wraps the engine's checkpoint engine and changes only its `load`: a zip-format file (what
 `torch.save` writes by default, and DeepSpeed unless `checkpoint_serialization` is false) is opened with
 `torch.load(mmap=True)`, privately mapped (copy-on-write: nothing the rank does reaches the file). Its tensors are
 the file's pages, read when touched, held in the page cache, which the kernel can drop, not in the process's own
 (anonymous) memory. DeepSpeed then copies the fp32 master partition into its buffers and
-`torch.optim.Optimizer.load_state_dict` keeps the loaded moments as the new state, freeing the old ones. After the
-engine's `load_checkpoint` returns, `materialize` copies each moment still backed by the file into memory of its own,
-one tensor at a time, after the old states are gone: the anonymous memory of a rank never exceeds its steady state
-(`steady + small`), and no file stays mapped (a later save may rewrite or delete it; a tensor still mapped would see
-a rewritten file or fault on a truncated one). Each file read is recorded (`CheckpointLoad`); `RecipeTrainer`
-installs this on its engine before a resume (`memory_mapped_resume`, default True) and shows the record as
+`torch.optim.Optimizer.load_state_dict` keeps the loaded moments as the new state (freeing the old ones, if any).
+After the engine's `load_checkpoint` returns, `materialize` copies each moment still backed by the file into memory
+of its own, one tensor at a time: the anonymous memory of a rank never exceeds its steady state (`S` per node, plus
+small objects), and no file stays mapped (a later save may rewrite or delete it; a tensor still mapped would see a
+rewritten file or fault on a truncated one). Each file read is recorded (`CheckpointLoad`); `RecipeTrainer` installs
+this on its engine before a resume (`memory_mapped_resume`, default True) and shows the record as
 `trainer.resume_loads`.
 
-Staggered loads (the ranks of a node in turn) were not taken: they bound the peak to `steady + F`, not `steady`,
-and need an order across ranks inside `load_checkpoint`, whose ZeRO-3 path has collectives (the epilogue's
+Staggered loads (the ranks of a node in turn) were not taken: they bound the peak to `S + F`, not `S`, and need an
+order across ranks inside `load_checkpoint`, whose ZeRO-3 path has collectives (the epilogue's
 all-gather), so that a rank waiting its turn there would deadlock the others. DeepSpeed's own serial loading
 (`zero_optimization.pipeline_loading_checkpoint`) passes the turn to global rank + 1 after comparing the local rank
 with the world size: one node only. The mapped load needs no order at all.
@@ -108,7 +110,8 @@ class MappedLoads:
     def materialize(self, optimizers) -> ResumeLoads:
         """Copy every state tensor of `optimizers` that still lies in a mapped file into memory of its own, one
         tensor at a time, and forget the mappings. The load freed the states these replaced, so the copies only
-        take their place: the rank's own memory comes back to its steady state, never above it."""
+        take their place (or fill in moments that did not exist yet): the rank's own memory comes back to its steady
+        state, never above it."""
         for optimizer in optimizers:
             for state in optimizer.state.values():
                 self.copied_bytes += self._copy_out(state)
