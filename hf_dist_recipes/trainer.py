@@ -33,7 +33,8 @@ and empties its log sink into each log.
   (`hf_dist_recipes.checkpoint`), every rank writing its share of the files; a `save_steps` checkpoint holds what
   resume needs (the engine's files) and the weights only with `hf_weights_in_checkpoints`; the collective timeout
   allows a save its time, `evaluate()`/`predict()` work before `train()` under DeepSpeed, and a resume
-  continues the per-rank counters;
+  continues the per-rank counters and reads the engine's files memory-mapped, so that its host memory stays at the
+  steady state (`memory_mapped_resume`, `hf_dist_recipes.checkpoint.resume_loading`);
 - a Gloo process group is destroyed at exit (`backend.destroy_gloo_group_at_exit`);
 - under ZeRO-3, a model built whole on every rank (before the arguments, or by calling its class) above
   `max_unpartitioned_model_size` stops the constructor with the fix (`parallel.construction`); so does a model
