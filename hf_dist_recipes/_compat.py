@@ -524,6 +524,54 @@ class ZeroCheckpointKeys:
     GROUP_RANKS = "partition_ranks"
 
 
+# Resume loads (checkpoint/resume_loading.py). DeepSpeed 0.19.8 `runtime/engine.py`: `_configure_checkpointing`
+# (:1899) sets `engine.checkpoint_engine` (`checkpoint_engine/utils.py create_checkpoint_engine`: a
+# `TorchCheckpointEngine` unless the config names a writer or DataStates), and a resume reads every file through its
+# `load(path, map_location)`: the model states in `_load_checkpoint` (`SDLoaderFactory.get_sd_loader(ckpt_list,
+# checkpoint_engine=self.checkpoint_engine)`), each rank's `*_optim_states.pt` in
+# `_get_all_zero_checkpoint_state_dicts` (`map_location='cpu'`), expert files in `load_moe_state_dict`.
+# `TorchCheckpointEngine.load` is a plain `torch.load(path, map_location=..., weights_only=False)`. The engine's
+# `optimizer` (ZeRO's wrapper) steps the torch optimizer it holds as `.optimizer` (stage3.py `self.optimizer =
+# init_optimizer`; DeepSpeedCPUAdam under offload); `_rigid_load_state_dict` hands that one the loaded state, and
+# `torch.optim.Optimizer.load_state_dict` keeps the loaded tensors themselves (same device and dtype: `.to` copies
+# nothing). None of these attributes is documented. transformers 5.25 `Trainer._prepare_for_training` builds the
+# engine in `accelerator.prepare`, then calls `self.create_scheduler(...)`, then `deepspeed_load_checkpoint(
+# self.model_wrapped, ...)`: `create_scheduler` is the last public method before the resume reads the files, and
+# accelerate 1.16 holds the engine by then as `accelerator.deepspeed_engine_wrapped.engine`. Goes when DeepSpeed
+# loads memory-mapped itself or `deepspeed.initialize` takes a checkpoint engine
+# (tests/unit/test_compat.py::test_resume_loads_go_through_the_engines_checkpoint_engine).
+def training_engine(trainer):
+    """The DeepSpeed engine `trainer`'s accelerator built for training, or None (not built yet, or no DeepSpeed)."""
+    wrapped = getattr(trainer.accelerator, "deepspeed_engine_wrapped", None)
+    return None if wrapped is None else wrapped.engine
+
+
+def checkpoint_engine(engine):
+    """The checkpoint engine `engine` saves and loads its files through."""
+    return engine.checkpoint_engine
+
+
+def set_checkpoint_engine(engine, checkpoint_engine) -> None:
+    engine.checkpoint_engine = checkpoint_engine
+
+
+def loads_with_plain_torch_load(checkpoint_engine) -> bool:
+    """Whether `checkpoint_engine`'s load is DeepSpeed's plain `torch.load` (which a memory-mapped load may
+    replace); False for the writer and DataStates engines, which read in their own ways."""
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    return type(checkpoint_engine) is TorchCheckpointEngine
+
+
+def engine_optimizers(engine) -> list:
+    """The torch optimizers whose `state` a resume of `engine` fills: the one ZeRO's wrapper steps, or the engine's
+    own optimizer without ZeRO."""
+    import torch
+
+    outer = engine.optimizer
+    return [o for o in (outer, getattr(outer, "optimizer", None)) if isinstance(o, torch.optim.Optimizer)]
+
+
 # No silent hangs (comm/watchdog.py). torch 2.13 `distributed_c10d._get_default_store()` returns the store
 # `init_process_group` rendezvoused through (a PrefixStore over the launcher's TCPStore); the heartbeats go there, so
 # they need no port or address of their own. `_set_pg_timeout(timeout, group)` calls `_set_default_timeout` on the

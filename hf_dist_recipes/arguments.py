@@ -38,6 +38,9 @@ New fields, all at the end so positional use of TrainingArguments keeps working:
   so the full tokens x vocabulary fp32 logits never exist (`hf_dist_recipes.parallel.chunked_loss`; the estimate
   counts one chunk's logits, `parallel.memory.chunked_logits_bytes`); evaluation and prediction keep the stock loss
   and its logits;
+- `memory_mapped_resume` (default True): under DeepSpeed, a resume reads the engine's checkpoint files memory-mapped
+  and copies the optimizer states out one tensor at a time, so that the host memory of a resume stays at the
+  steady state instead of adding up to one optimizer file per process (`hf_dist_recipes.checkpoint.resume_loading`);
 - `max_unpartitioned_model_size` (default "2GB"): under ZeRO-3, a model larger than this whose parameters were not
   partitioned while it was built (built before the arguments, or by calling its class) stops RecipeTrainer with the
   fix (`hf_dist_recipes.parallel.construction`); None turns the check off;
@@ -217,6 +220,15 @@ class RecipeTrainingArguments(TrainingArguments):
             "recomputed in the backward pass), so the tokens x vocabulary logits never exist whole. Default: what "
             "the launch config's plan recorded (config generate --loss-chunk-tokens), else off; 0: off (the stock "
             "loss). Evaluation and prediction keep the stock loss."
+        },
+    )
+    memory_mapped_resume: bool = field(
+        default=True,
+        metadata={
+            "help": "Under DeepSpeed, read the checkpoint files of a resume with torch.load(mmap=True) and copy the "
+            "optimizer states out one tensor at a time: a resume needs the steady-state host memory, not that plus "
+            "up to one optimizer file per process. False: DeepSpeed's plain torch.load (a file system where mmap is "
+            "slow or unsupported). Default True."
         },
     )
     max_unpartitioned_model_size: str | None = field(

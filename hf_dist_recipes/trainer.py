@@ -35,7 +35,8 @@ and empties its log sink into each log.
   (`hf_dist_recipes.checkpoint`), every rank writing its share of the files; a `save_steps` checkpoint holds what
   resume needs (the engine's files) and the weights only with `hf_weights_in_checkpoints`; the collective timeout
   allows a save its time, `evaluate()`/`predict()` work before `train()` under DeepSpeed, and a resume
-  continues the per-rank counters;
+  continues the per-rank counters and reads the engine's files memory-mapped, so that its host memory stays at the
+  steady state (`memory_mapped_resume`, `hf_dist_recipes.checkpoint.resume_loading`);
 - `loss_chunk_tokens`: the training loss a chunk of tokens at a time, so the full logits never exist
   (`compute_loss`, `hf_dist_recipes.parallel.chunked_loss`);
 - a Gloo process group is destroyed at exit (`backend.destroy_gloo_group_at_exit`);
@@ -61,6 +62,7 @@ from hf_dist_recipes._compat import forget_zero_hpz_group
 from hf_dist_recipes.argument_classes import describe_replaced_defaults, recipe_arguments_class
 from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
 from hf_dist_recipes.callbacks import REPLACES, RecipeCallbacks, recipe_callbacks
+from hf_dist_recipes.checkpoint import resume_loading
 from hf_dist_recipes.checkpoint.dequantize import check_not_fp8
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.checkpoint.gather import reference_model
@@ -214,7 +216,14 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
         copy of the trainer with the engine's optimizer (`deepspeed_optim_sched`); without one, the Trainer calls
         it after the engine is built. Both come here, so the engine applies this schedule in both cases
         (tests/distributed/test_schedule_deepspeed.py). A `scheduler` section in the DeepSpeed config replaces it,
-        as in transformers."""
+        as in transformers.
+
+        Also the last public hook before a resume under DeepSpeed reads the engine's files (`_compat.
+        training_engine`): with `memory_mapped_resume` the engine then reads them memory-mapped
+        (`hf_dist_recipes.checkpoint.resume_loading`)."""
+        engine = _compat.training_engine(self) if self.is_deepspeed_enabled else None
+        if engine is not None and self.args.memory_mapped_resume:
+            resume_loading.install(engine)
         if self.lr_scheduler is not None or self.args.lr_scheduler_type != RECIPE_SCHEDULER:
             return super().create_scheduler(num_training_steps, optimizer)
         # The parent builds the stock schedule and marks it created; ours then takes its place on the optimizer.
@@ -314,6 +323,13 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
     @property
     def plan_conformance(self):
         return self.recipe_callbacks.plan_conformance
+
+    @property
+    def resume_loads(self) -> resume_loading.ResumeLoads | None:
+        """What the DeepSpeed engine read on resume (each file, memory-mapped or not) and copied out of the mapped
+        files; None without DeepSpeed or with `memory_mapped_resume=False` (no files before a resume)."""
+        loads = resume_loading.installed(_compat.training_engine(self) if self.is_deepspeed_enabled else None)
+        return None if loads is None else loads.record()
 
     @property
     def seed_report(self):

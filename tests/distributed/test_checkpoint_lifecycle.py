@@ -184,7 +184,15 @@ def test_save_model_files_are_written_by_every_rank_bit_for_bit_the_single_write
 
 
 def test_resume_continues_exactly(job):
+    """... with the engine's files memory-mapped (memory_mapped_resume, the default; checkpoint/resume_loading.py):
+    every file the resume read was mapped, this rank's optimizer file among them, and its optimizer states were
+    copied out, so that no file stays mapped."""
     for a, b in zip(_ranks(job["a"]), _ranks(job["b"]), strict=True):
+        loads = b["resume_loads"]
+        assert loads["files"] and all(f["mapped"] for f in loads["files"])
+        assert any(f["path"].endswith("optim_states.pt") for f in loads["files"])
+        assert loads["copied_bytes"] > 0 and loads["still_mapped"] == []
+        assert a["resume_loads"]["files"] == []  # installed in run A too, which never resumed
         later = [str(s) for s in range(SAVE_AT + 1, STEPS + 1)]
         assert sorted(b["batches"], key=int) == later  # B trained only the steps after the checkpoint
         assert [b["batches"][s] for s in later] == [a["batches"][s] for s in later]  # same data order

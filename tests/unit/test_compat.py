@@ -434,6 +434,35 @@ def test_zero_checkpoint_keys_are_deepspeeds():
         assert f'"{key}":' in groups, key
 
 
+def test_resume_loads_go_through_the_engines_checkpoint_engine():
+    """checkpoint/resume_loading.py (DeepSpeed 0.19.8, transformers 5.25, accelerate 1.16): the engine keeps its
+    checkpoint engine as `checkpoint_engine` and reads every file of a resume through its `load`, the default one a
+    plain torch.load; ZeRO hands the loaded optimizer state to the torch optimizer it holds as `.optimizer`; the
+    Trainer calls `create_scheduler` after building the engine and before loading the checkpoint into it; accelerate
+    holds that engine as `deepspeed_engine_wrapped.engine`."""
+    import accelerate
+    from deepspeed.runtime.checkpoint_engine import torch_checkpoint_engine
+    from deepspeed.runtime.zero import stage3
+    from transformers import Trainer
+
+    engine = _engine_class()
+    assert "self.checkpoint_engine = create_checkpoint_engine(" in inspect.getsource(engine._configure_checkpointing)
+    assert "checkpoint_engine=self.checkpoint_engine" in inspect.getsource(engine._load_checkpoint)
+    zero_files = inspect.getsource(engine._get_all_zero_checkpoint_state_dicts)
+    assert "_state = self.checkpoint_engine.load(" in zero_files
+    load = inspect.getsource(torch_checkpoint_engine.TorchCheckpointEngine.load)
+    assert "torch.load(path, map_location=map_location, weights_only=False)" in load
+    rigid = inspect.getsource(stage3.DeepSpeedZeroOptimizer_Stage3._rigid_load_state_dict)
+    assert "self.optimizer.load_state_dict(state_dict[OPTIMIZER_STATE_DICT])" in rigid
+    assert "self.optimizer = init_optimizer" in inspect.getsource(stage3.DeepSpeedZeroOptimizer_Stage3.__init__)
+    prepare = inspect.getsource(Trainer._prepare_for_training)
+    built = prepare.index("self.accelerator.prepare(")
+    hook = prepare.index("self.create_scheduler(", built)
+    assert prepare.index("deepspeed_load_checkpoint(", hook) > hook
+    wrapped = inspect.getsource(accelerate.Accelerator._prepare_deepspeed)
+    assert "self.deepspeed_engine_wrapped = DeepSpeedEngineWrapper(engine)" in wrapped
+
+
 def _method_source(module_source: str, name: str) -> str:
     start = module_source.index(f"    def {name}(")
     return module_source[start : module_source.index("\n    def ", start + 10)]

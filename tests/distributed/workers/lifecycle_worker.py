@@ -12,12 +12,14 @@ OUTPUT_DIR/final_single, for the tests to compare byte for byte. Each rank write
 OUTPUT_DIR/lifecycle/rank<N>.json: evaluation losses, and per optimizer step the loss, learning rate and the hashes
 of the batches this rank trained on, and per checkpoint the default group's collective timeout right after
 save_model wrote into it and after the checkpoint was complete (on_save), and the process state at train begin
-with the recipe's warnings (`tests.support.process_state`: the recipe route of issue 30 section 1).
+with the recipe's warnings (`tests.support.process_state`: the recipe route of issue 30 section 1), and what the engine
+read on resume (`trainer.resume_loads`: each file, memory-mapped or not).
 
 Each `then ...` is one more job, in order, in the same processes (new arguments and trainer;
 tests/distributed/workers/runs.py): the test's run C without a launch of its own.
 """
 
+import dataclasses
 import hashlib
 import json
 import sys
@@ -126,6 +128,7 @@ def main(
                 "batches": batches,
                 "save_timeouts": timeouts,
                 "process_state": process_state.state,
+                "resume_loads": dataclasses.asdict(trainer.resume_loads),
                 "recipe_warnings": warned + warned_by_trainer,
             }
         )
