@@ -355,6 +355,7 @@ def run_estimate(args: argparse.Namespace) -> int:
             host_gib=limits.host_gib,
             device_target=limits.device_target,
             routing_imbalance=limits.routing_imbalance,
+            memory_mapped_resume=limits.memory_mapped_resume,
         )
     else:
         for w in warnings:
@@ -363,6 +364,7 @@ def run_estimate(args: argparse.Namespace) -> int:
             "host_gib": limits.host_gib,
             "device_target": limits.device_target,
             "routing_imbalance": limits.routing_imbalance,
+            "memory_mapped_resume": limits.memory_mapped_resume,
         }
         chosen, rows = None, [evaluate(plan, model, device_gib=args.gpu_memory, hardware=hardware, **limited)]
     shown = chosen if args.suggest else rows[0]  # the plan the offload warning is about

@@ -90,14 +90,18 @@ optimizer step, when activations are gone. device_total = model states on the GP
 
 Host memory per node (CUDA plans): `host_steady_per_node` = the offloaded states of the node's P ranks (optimizer
 offload: the fp32 master copy, Adam's moments and the fp32 gradient partitions, all pinned; parameter offload: the
-parameters) + HOST_ALLOWANCE_PER_RANK for each rank's own process. Resuming adds what is loaded while those states
-exist: DeepSpeed reads each rank's `*_optim_states.pt` (the rank's optimizer partition, `optimizer` bytes) with a
-plain `torch.load` into host memory before copying it into place, so with the stock load every rank of a node holds
-its file at once: `host_resume_peak_per_node` = steady + `resume_loads_at_once` x `optimizer`, P at once for the
-stock load, RESUME_LOADS_AT_ONCE with RecipeTrainer's resume (`hf_dist_recipes.checkpoint.resume_loading`). For
-DeepSeek-V3 on 8 x 8 H100 with optimizer offload: 1,253 GiB steady, + 8 x 117 GiB with the stock load (2,190 GiB,
-more than a DGX H100's 2 TiB). The check is against the node's memory (`host_bytes`: `--host-memory`, a DGX
-preset's, or what preflight reads: MemTotal and the cgroup limit).
+parameters) + HOST_ALLOWANCE_PER_RANK for each rank's own process. Resuming reads each rank's `*_optim_states.pt`
+(F = the rank's optimizer partition, `optimizer` bytes: the fp32 master copy and the two moments). DeepSpeed's
+stock load is a plain `torch.load` into each rank's memory; DeepSpeed 0.19.8 creates Adam's moments at the first
+step, so at a job's resume a rank holds its states less the moments (2F/3) plus the whole file: the node peaks at
+steady + P x F/3 (steady + P x F where the moments already exist, e.g. a reload after training). RecipeTrainer's
+resume maps the files (`memory_mapped_resume`, `hf_dist_recipes.checkpoint.resume_loading`): their pages are page
+cache the kernel can drop, and the peak stays at the steady state (measured on 2 CPU ranks, ZeRO-3 + optimizer
+offload: +0 MiB of anonymous memory against +83 MiB per rank stock, F = 248 MiB;
+benchmarks/results/2026-12-06-resume-host-memory.md). `host_resume_peak_per_node` is the peak of the plan's resume
+(`memory_mapped`: RecipeTrainer's, default; else the stock load). For DeepSeek-V3 on 8 x 8 H100 with optimizer
+offload: 1,285 GiB steady, 1,598 at a stock resume. The check is against the node's memory (`host_bytes`:
+`--host-memory`, a DGX preset's, or what preflight reads: MemTotal and the cgroup limit).
 
 Headroom: a plan `fits` when device_total is at most `device_target` of the GPU (90 % by default where a plan is
 chosen or written: `config estimate --suggest`, `config generate`; `--memory-target`), for what the estimate does
@@ -137,8 +141,6 @@ USABLE_FRACTION = 1.0  # of the device memory: the context, NCCL and fragmentati
 # 200 steps; 2.0 with the bias balancer and without it, the early steps after a fresh start; 1.39 / 1.76 on average).
 DEFAULT_ROUTING_IMBALANCE = 2.0
 DEFAULT_DEVICE_TARGET = 0.9  # where a plan is chosen or written; preflight warns above the same fraction
-# Ranks of a node that hold their loaded optimizer file at once while RecipeTrainer resumes (the stock load: all).
-RESUME_LOADS_AT_ONCE = 1
 # Each rank process's host memory besides offloaded states: Python, the torch / CUDA / NCCL libraries and the CUDA
 # context's host side, DeepSpeed's pinned staging buffers, a dataloader worker. A stated margin: a CPU rank of the
 # demo (torch, transformers, deepspeed imported, a tiny model) holds about 1.5 GiB of RSS here, and a CUDA context
@@ -343,15 +345,16 @@ BACKWARD_BUFFERS = ("prefetched_params", "gathered_grads", "reduce_copy")
 STEP_BUFFERS = ("subgroup_fp32_grads",)
 
 
-def host_bytes_per_node(plan: ParallelPlan, on_host_per_rank: int, optimizer_per_rank: int, loads_at_once: int):
+def host_bytes_per_node(plan: ParallelPlan, on_host_per_rank: int, optimizer_per_rank: int, memory_mapped: bool):
     """(steady, resume peak) host bytes per node of a CUDA plan (module docstring); (0, 0) for CPU plans, whose
     device memory is the host's."""
     if plan.device != "cuda":
         return 0, 0
     steady = plan.procs_per_node * (on_host_per_rank + HOST_ALLOWANCE_PER_RANK)
-    if plan.engine != "deepspeed":  # FSDP2 resumes through torch.distributed.checkpoint, not modelled
+    if plan.engine != "deepspeed" or memory_mapped:  # FSDP2 resumes through torch.distributed.checkpoint
         return steady, steady
-    return steady, steady + min(loads_at_once, plan.procs_per_node) * optimizer_per_rank
+    # The stock load: each rank's whole file in its memory, less the moments (2/3 of it) not yet created.
+    return steady, steady + plan.procs_per_node * optimizer_per_rank // 3
 
 
 def estimate(
@@ -361,13 +364,13 @@ def estimate(
     device_gib: float | None = None,
     host_gib: float | None = None,
     device_target: float = USABLE_FRACTION,
-    resume_loads_at_once: int = RESUME_LOADS_AT_ONCE,
+    memory_mapped_resume: bool = True,
     routing_imbalance: float = DEFAULT_ROUTING_IMBALANCE,
 ) -> MemoryEstimate:
     """Per-rank memory of `plan` for `model`. `device_gib`: memory of one GPU in GiB (None: no fits verdict);
     `device_target`: the fraction of it a plan may fill (1.0; DEFAULT_DEVICE_TARGET where plans are chosen);
-    `host_gib`: host memory per node in GiB (None: not checked); `resume_loads_at_once`: ranks of a node holding
-    their loaded optimizer file at once while resuming (RecipeTrainer's; the stock load: `plan.procs_per_node`);
+    `host_gib`: host memory per node in GiB (None: not checked); `memory_mapped_resume`: the resume maps the
+    checkpoint files (RecipeTrainer's, default) or loads them whole (DeepSpeed's stock load);
     `routing_imbalance`: the busiest EP rank's expert load over the mean (DEFAULT_ROUTING_IMBALANCE)."""
     if not 0 < device_target <= 1:
         raise ValueError(f"the memory target is a fraction of the GPU in (0, 1], got {device_target!r}; e.g. 0.9")
@@ -389,7 +392,7 @@ def estimate(
     transient = max(backward, step)
     allowance = int(ALLOWANCE_FIXED_BYTES + FRAGMENTATION_FRACTION * transient) if plan.device == "cuda" else 0
     device_total = params + grads + optimizer - on_host + persistent + transient + allowance
-    steady, resume = host_bytes_per_node(plan, on_host, optimizer, resume_loads_at_once)
+    steady, resume = host_bytes_per_node(plan, on_host, optimizer, memory_mapped_resume)
     return MemoryEstimate(
         plan=plan,
         params=params,

@@ -110,11 +110,17 @@ class FitVerdict:
 
     def host_message(self) -> str:
         """The host verdict in words (the resume peak against the node's memory)."""
+        peak = (
+            f"{self.host_peak_gib:,.0f} GiB at the peak of a resume ({self.host_steady_gib:,.0f} GiB of offloaded "
+            "states and processes while training, plus the optimizer files a stock resume loads)"
+            if self.host_peak_gib > self.host_steady_gib
+            else f"{self.host_peak_gib:,.0f} GiB (offloaded states and the ranks' processes, while training and at a "
+            "memory-mapped resume)"
+        )
         return (
-            f"by our estimate a node needs {self.host_peak_gib:,.0f} GiB of host memory at the peak of a resume "
-            f"({self.host_steady_gib:,.0f} GiB of offloaded states and processes while training, plus the optimizer "
-            f"files being loaded), more than the {self.host_gib:,.0f} GiB of {self.host_source}: offload less (more "
-            f"nodes, or no parameter offload), or find a plan that fits with: {self.suggest_command()}"
+            f"by our estimate a node needs {peak} of host memory, more than the {self.host_gib:,.0f} GiB of "
+            f"{self.host_source}: offload less (more nodes, or no parameter offload), or find a plan that fits with: "
+            f"{self.suggest_command()}"
         )
 
     def message(self, *, change: str) -> str:
@@ -154,13 +160,14 @@ def check_fit(
     host_gib: float | None = None,
     host_source: str = "--host-memory",
     routing_imbalance: float = DEFAULT_ROUTING_IMBALANCE,
+    memory_mapped_resume: bool = True,
 ) -> FitVerdict:
     """Estimate `plan` for `model` against `device_target` of `gpu_gib` GiB per GPU (a CUDA plan; CPU plans have no
     GPU limit) and, given `host_gib` per node, its resume peak against the host. `hardware`: the `comm.HARDWARE`
     key the memory came from, passed on to the suggest command."""
     from hf_dist_recipes.parallel.memory import estimate
 
-    est = estimate(plan, model, routing_imbalance=routing_imbalance)
+    est = estimate(plan, model, routing_imbalance=routing_imbalance, memory_mapped_resume=memory_mapped_resume)
     need = est.device_total / GIB
     with_recompute = None
     if not plan.activation_checkpointing and need > gpu_gib * device_target:

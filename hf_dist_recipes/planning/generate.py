@@ -107,6 +107,12 @@ def add_memory_limit_flags(group) -> None:
         "routing",
     )
     group.add_argument(
+        "--stock-resume",
+        action="store_true",
+        help="size the host for DeepSpeed's stock resume (each rank loads its whole optimizer file: the stock "
+        "Trainer), not RecipeTrainer's memory-mapped one",
+    )
+    group.add_argument(
         "--memory-target",
         type=float,
         default=DEFAULT_DEVICE_TARGET,
@@ -120,18 +126,21 @@ def add_memory_limit_flags(group) -> None:
 class MemoryLimits:
     """What a plan is held to besides the GPU's size: `device_target`, the fraction of the GPU it may fill;
     `host_gib`, host memory per node (None: not checked), named by `host_source`; `routing_imbalance`, the busiest EP
-    rank's expert load over the mean (`parallel.memory`)."""
+    rank's expert load over the mean (`parallel.memory`); `memory_mapped_resume`, RecipeTrainer's resume (False:
+    DeepSpeed's stock load)."""
 
     device_target: float = DEFAULT_DEVICE_TARGET
     host_gib: float | None = None
     host_source: str = "--host-memory"
     routing_imbalance: float = DEFAULT_ROUTING_IMBALANCE
+    memory_mapped_resume: bool = True
 
 
 def memory_limits(args: argparse.Namespace) -> MemoryLimits:
     """The MemoryLimits of parsed `add_memory_limit_flags` flags: --host-memory, else the explicitly named
     --hardware's DGX figure."""
     host, target, imbalance = args.host_memory, args.memory_target, args.routing_imbalance
+    mapped = not getattr(args, "stock_resume", False)
     if not imbalance >= 1:
         raise ValueError(f"--routing-imbalance is the busiest EP rank's load over the mean, >= 1; got {imbalance:g}")
     if host is not None and not host > 0:
@@ -142,8 +151,8 @@ def memory_limits(args: argparse.Namespace) -> MemoryLimits:
         )
     preset = HARDWARE[args.hardware].host_memory_gib if getattr(args, "hardware", None) else None
     if host is None and preset:
-        return MemoryLimits(target, preset, f"a DGX {args.hardware.upper()} (--hardware)", imbalance)
-    return MemoryLimits(target, host, routing_imbalance=imbalance)
+        return MemoryLimits(target, preset, f"a DGX {args.hardware.upper()} (--hardware)", imbalance, mapped)
+    return MemoryLimits(target, host, routing_imbalance=imbalance, memory_mapped_resume=mapped)
 
 
 def generate_parser() -> argparse.ArgumentParser:
@@ -265,6 +274,7 @@ def fit_problem(
         host_gib=limits.host_gib,
         host_source=limits.host_source,
         routing_imbalance=limits.routing_imbalance,
+        memory_mapped_resume=limits.memory_mapped_resume,
     )
     if verdict.fits:
         return None

@@ -130,6 +130,7 @@ def evaluate(
     host_gib: float | None = None,
     device_target: float = USABLE_FRACTION,
     routing_imbalance: float = DEFAULT_ROUTING_IMBALANCE,
+    memory_mapped_resume: bool = True,
 ) -> Candidate:
     """Memory, traffic and step time of one plan; `device_gib`, `host_gib`, `device_target` as in
     `memory.estimate`."""
@@ -140,6 +141,7 @@ def evaluate(
         host_gib=host_gib,
         device_target=device_target,
         routing_imbalance=routing_imbalance,
+        memory_mapped_resume=memory_mapped_resume,
     )
     # The traffic of the DeepSpeed JSON `config generate` writes for this plan: hpZ and the vocabulary-parallel head
     # where parallel/zero_buffers.py turns them on.
@@ -199,6 +201,7 @@ def suggest(
     host_gib: float | None = None,
     device_target: float = DEFAULT_DEVICE_TARGET,
     routing_imbalance: float = DEFAULT_ROUTING_IMBALANCE,
+    memory_mapped_resume: bool = True,
 ) -> tuple[Candidate | None, list[Candidate]]:
     """The plan to run (`pick` among the candidates that fit: at most `device_target` of `device_gib` per GPU and,
     given `host_gib` per node, a resume peak within it; None if none does) and every candidate evaluated.
@@ -212,7 +215,12 @@ def suggest(
             f"a batch of {target} sequences is smaller than the data-parallel size of every plan (at least "
             f"{least}: one sequence per data-parallel rank); raise --global-batch to {least} or more"
         )
-    limits = {"host_gib": host_gib, "device_target": device_target, "routing_imbalance": routing_imbalance}
+    limits = {
+        "host_gib": host_gib,
+        "device_target": device_target,
+        "routing_imbalance": routing_imbalance,
+        "memory_mapped_resume": memory_mapped_resume,
+    }
     rows = [c for layout in layouts for c in _layout_rows(layout, model, device_gib, hardware, target, limits)]
     chosen, _ = pick(rows)
     return chosen, rows
@@ -337,9 +345,13 @@ def _bounds(chosen: Candidate, candidates: list[Candidate]) -> list[str]:
         out.append(f"micro batch {p.micro_batch + 1} x {p.dp_size} DP ranks would pass the batch target")
     m = chosen.memory
     if m.host_steady_per_node:
+        resume = (
+            " and at a memory-mapped resume"
+            if m.host_resume_peak_per_node == m.host_steady_per_node
+            else f", {m.host_resume_peak_per_node / GIB:,.0f} GiB at the peak of a stock resume"
+        )
         out.append(
-            f"host memory per node: {m.host_steady_per_node / GIB:,.0f} GiB while training, "
-            f"{m.host_resume_peak_per_node / GIB:,.0f} GiB at the peak of a resume"
+            f"host memory per node: {m.host_steady_per_node / GIB:,.0f} GiB while training{resume}"
             + (
                 f", of {m.host_bytes / GIB:,.0f} GiB"
                 if m.host_bytes

@@ -190,19 +190,21 @@ def host_memory_bytes() -> tuple[int | None, str]:
     return facts.usable, f"host memory ({facts.describe()})"
 
 
-def host_result(plan: ParallelPlan, est, host_bytes: int | None, host_what: str, model_name: str):
+def host_result(plan: ParallelPlan, est, host_bytes: int | None, host_what: str, model_name: str, stock_peak: int):
     """Check 4's host finding for a GPU plan: its host memory per node (offloaded states and the ranks' processes,
-    and the peak of a resume, `parallel.memory`) against `host_bytes`, the smallest node's. None for CPU plans
-    (the device check is the host's) or when the host could not be read."""
+    `parallel.memory`) against `host_bytes`, the smallest node's: an error when training does not fit, a warning
+    when only the stock Trainer's resume (`stock_peak`: DeepSpeed's plain load of the optimizer files) does not;
+    RecipeTrainer's memory-mapped resume stays at the steady state. None for CPU plans (the device check is the
+    host's) or when the host could not be read."""
     if plan.device != "cuda" or host_bytes is None:
         return None
-    steady, peak = est.host_steady_per_node, est.host_resume_peak_per_node
+    steady = est.host_steady_per_node
     detail = (
-        f"{model_name}: {steady / GIB:,.0f} GiB of host memory per node while training, {peak / GIB:,.0f} GiB at "
-        f"the peak of a resume, by our estimate; {host_bytes / GIB:,.0f} GiB per node ({host_what}, the smallest "
-        "node's)"
+        f"{model_name}: {steady / GIB:,.0f} GiB of host memory per node while training and at a RecipeTrainer "
+        f"resume, {stock_peak / GIB:,.0f} GiB at a stock Trainer's resume, by our estimate; {host_bytes / GIB:,.0f} "
+        f"GiB per node ({host_what}, the smallest node's)"
     )
-    data = {"host_steady_bytes": steady, "host_resume_peak_bytes": peak, "host_bytes": host_bytes}
+    data = {"host_steady_bytes": steady, "host_stock_resume_peak_bytes": stock_peak, "host_bytes": host_bytes}
     fix = (
         "ask the scheduler for the whole node's memory (sbatch --mem=0), offload less (more nodes, or no parameter "
         "offload), or find a plan with hf-dist-recipes config estimate --suggest --host-memory "
@@ -210,8 +212,14 @@ def host_result(plan: ParallelPlan, est, host_bytes: int | None, host_what: str,
     )
     if steady > host_bytes:
         return CheckResult("plan", ERROR, detail + ": training does not fit", fix=fix, data=data)
-    if peak > host_bytes:
-        return CheckResult("plan", ERROR, detail + ": it trains, but a resume does not fit", fix=fix, data=data)
+    if stock_peak > host_bytes:
+        return CheckResult(
+            "plan",
+            WARNING,
+            detail + ": a stock Trainer's resume does not fit",
+            fix="resume with RecipeTrainer (memory_mapped_resume=True, its default), or " + fix,
+            data=data,
+        )
     return CheckResult("plan", OK, detail, data=data)
 
 
@@ -253,7 +261,8 @@ def check_plan(
         out.append(CheckResult("plan", WARNING, f"{models.name}: {w}", fix=w.split("; ")[-1]))
     est = estimate(plan, introspect(models.config))
     need = est.device_total
-    host = host_result(plan, est, host_bytes, host_what, models.name)
+    stock_peak = estimate(plan, introspect(models.config), memory_mapped_resume=False).host_resume_peak_per_node
+    host = host_result(plan, est, host_bytes, host_what, models.name, stock_peak)
     out += [host] if host else []
     data = {
         "model": models.name,

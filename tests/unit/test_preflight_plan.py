@@ -196,25 +196,28 @@ def test_rank_0_reports_the_training_rows_only_when_every_rank_decided_alike():
 
 
 def test_host_memory_verdict_of_a_gpu_plan():
-    # A GPU plan's host figures (offloaded states, and the optimizer file a resume loads) against the node's memory.
+    # A GPU plan's host figures (offloaded states; the optimizer files a stock resume loads) against the node's memory.
     from hf_dist_recipes.parallel.plan import ParallelPlan
 
     plan = ParallelPlan(nodes=8, procs_per_node=8, ep=16, offload_optimizer=True, activation_checkpointing=True)
     models = plan_checks.resolve_models(plan, "deepseek-v3", None)
-    est = estimate(plan, introspect(models.config))
-    steady, peak = est.host_steady_per_node, est.host_resume_peak_per_node
+    shape = introspect(models.config)
+    est = estimate(plan, shape)
+    steady = est.host_steady_per_node
+    stock = estimate(plan, shape, memory_mapped_resume=False).host_resume_peak_per_node
+    assert stock > steady == est.host_resume_peak_per_node  # RecipeTrainer's mapped resume: the steady state
     verdicts = {}
-    for label, host in (("short", steady - 1), ("resume", peak - 1), ("ample", peak)):
-        r = plan_checks.host_result(plan, est, host, "test", models.name)
+    for label, host in (("short", steady - 1), ("stock", stock - 1), ("ample", stock)):
+        r = plan_checks.host_result(plan, est, host, "test", models.name, stock)
         verdicts[label] = (r.status, r.detail.rsplit(": ", 1)[-1])
     assert verdicts["short"] == (ERROR, "training does not fit")
-    assert verdicts["resume"] == (ERROR, "it trains, but a resume does not fit")
+    assert verdicts["stock"] == (WARNING, "a stock Trainer's resume does not fit")
     assert verdicts["ample"][0] == OK
     # Through check_plan, beside the device verdict; CPU plans and unread hosts have no host verdict.
     results = plan_checks.check_plan(
         plan, models, device_bytes=80 * 2**30, device_what="test", host_bytes=steady - 1, host_what="test"
     )
     assert [r.status for r in results if "host memory per node" in r.detail] == [ERROR]
-    assert plan_checks.host_result(plan, est, None, "", models.name) is None
+    assert plan_checks.host_result(plan, est, None, "", models.name, stock) is None
     cpu = ParallelPlan(device="cpu", nodes=1, procs_per_node=2)
-    assert plan_checks.host_result(cpu, estimate(cpu, introspect(models.config)), 1, "t", models.name) is None
+    assert plan_checks.host_result(cpu, estimate(cpu, shape), 1, "t", models.name, 1) is None
