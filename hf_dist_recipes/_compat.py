@@ -686,6 +686,25 @@ class TrainerPrivateOverrides:
         super()._load_callback_state()
         self.recipe_callbacks = self.recipe_callbacks.replaced_by(self.runtime.adopt(self.callback_handler.callbacks))
 
+    def _save_checkpoint(self, model, trial):
+        """transformers 5.25 `Trainer._save_checkpoint(model, trial)`, which `_maybe_log_save_evaluate` calls before
+        `on_save`: it writes checkpoint-N and then rotates (`rotate_checkpoints` with `args.save_total_limit`), so
+        at `save_total_limit=1` the last complete checkpoint is gone before the new one is, and a half-written one
+        counts. The stock rotation is turned off for the call (the limit is None only meanwhile, so the checkpoint's
+        training_args.bin records None); then `finish_checkpoint` makes it complete (fsync, barrier, the manifest)
+        and rotates complete checkpoints only (`hf_dist_recipes.checkpoint.manifest`). Can go when the Trainer
+        offers a hook after a checkpoint's files and before its rotation, or rotation by a callable."""
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        limit, self.args.save_total_limit = self.args.save_total_limit, None
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
+        self.finish_checkpoint(
+            os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        )
+
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         """transformers 5.24 `Trainer._load_from_checkpoint(resume_from_checkpoint, model=None)`, which `train()`
         calls on resume: without DeepSpeed it restores MoE experts too, through `from_pretrained`'s conversion

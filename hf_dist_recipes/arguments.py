@@ -80,6 +80,9 @@ New fields, all at the end so positional use of TrainingArguments keeps working:
   that bias towards even expert load after every optimizer step (one you registered, with your gamma, takes its
   place). False leaves the bias frozen, as transformers does, and warns once: the memory estimate assumes even
   routing, and an EP rank above the mean load needs more. Models without such routers: no effect;
+- `auto_resume` (default off; `HF_DIST_RECIPES_AUTO_RESUME=1`, which the generated launch scripts export, turns it
+  on): `train()` without `resume_from_checkpoint` resumes from the newest complete checkpoint in `output_dir`, or
+  starts fresh, and says which (`hf_dist_recipes.checkpoint.auto_resume`; complete: `checkpoint.manifest`);
 - `allow_gloo_on_cuda`, `allow_unclipped_gradients`, `allow_cpu_with_gpus`, `allow_no_recompute`,
   `allow_late_process_setup` (default False): explicit opt-outs. `allow_cpu_with_gpus` is for a machine with NVIDIA
   GPUs that torch cannot use (CPU-only wheel, old driver, every GPU hidden), which otherwise stops with the reason
@@ -100,6 +103,7 @@ from transformers import TrainingArguments
 from transformers.trainer_utils import SchedulerType
 
 from hf_dist_recipes import _compat, argument_classes
+from hf_dist_recipes.checkpoint.auto_resume import resolve_auto_resume
 from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_SIZE
 from hf_dist_recipes.comm import backend, process_setup
 from hf_dist_recipes.comm.nccl_defaults import apply_flight_recorder_env_defaults, apply_nccl_env_defaults
@@ -229,6 +233,16 @@ class RecipeTrainingArguments(TrainingArguments):
             "optimizer states out one tensor at a time: a resume needs the steady-state host memory, not that plus "
             "up to one optimizer file per process. False: DeepSpeed's plain torch.load (a file system where mmap is "
             "slow or unsupported). Default True."
+        },
+    )
+    auto_resume: bool | None = field(
+        default=None,
+        metadata={
+            "help": "train() without resume_from_checkpoint (None or False) resumes from the newest complete "
+            "checkpoint in output_dir (one whose manifest and files agree; each newer incomplete one is named), or "
+            "starts fresh when there is none, and says which; resume_from_checkpoint=True takes the newest complete "
+            "one too, and a path always wins. Default: HF_DIST_RECIPES_AUTO_RESUME (1: on; the generated Slurm and "
+            "torchrun scripts set it), else off, as the stock Trainer."
         },
     )
     max_unpartitioned_model_size: str | None = field(
@@ -420,6 +434,7 @@ class RecipeTrainingArguments(TrainingArguments):
         self.max_grad_norm = validate_max_grad_norm(self.max_grad_norm, allow_unclipped=self.allow_unclipped_gradients)
         validate_min_lr_ratio(self.min_lr_ratio)
         self.save_shard_bytes = parse_size(self.save_shard_size, "save_shard_size")
+        self.auto_resume = resolve_auto_resume(self.auto_resume)  # None: what the launch script's environment says
         if str(self.max_unpartitioned_model_size).lower() in ("none", "off"):  # None, or "none" from a command line
             self.max_unpartitioned_model_size = None
         self.max_unpartitioned_model_bytes = (

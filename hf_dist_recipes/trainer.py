@@ -55,7 +55,7 @@ import os
 import torch
 from transformers import PreTrainedModel, Trainer, TrainingArguments
 from transformers.trainer import TRAINING_ARGS_NAME
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from hf_dist_recipes import _compat
 from hf_dist_recipes._compat import forget_zero_hpz_group
@@ -63,11 +63,14 @@ from hf_dist_recipes.argument_classes import describe_replaced_defaults, recipe_
 from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
 from hf_dist_recipes.callbacks import REPLACES, RecipeCallbacks, recipe_callbacks
 from hf_dist_recipes.checkpoint import resume_loading
+from hf_dist_recipes.checkpoint.auto_resume import plan_resume
 from hf_dist_recipes.checkpoint.dequantize import check_not_fp8
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.checkpoint.gather import reference_model
+from hf_dist_recipes.checkpoint.manifest import CheckpointLayout, complete_checkpoint, rotate_complete_checkpoints
 from hf_dist_recipes.checkpoint.writer import save_config_files
 from hf_dist_recipes.comm.backend import check_process_group_backend, destroy_gloo_group_at_exit
+from hf_dist_recipes.core.gather import gather_objects
 from hf_dist_recipes.environment.fingerprint import check_ranks_agree
 from hf_dist_recipes.moe.expert_balance import BALANCING_OFF, needs_balancing
 from hf_dist_recipes.monitoring.console import use_recipe_console, warn_once
@@ -177,16 +180,23 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
         """`Trainer.train`, which under DeepSpeed also works after `evaluate()` or `predict()`: the engine such an
         evaluation built is forgotten and the training config restored (`_compat.forget_evaluation_engine`, with
         the upstream issue), so training builds its engine as if nothing had run before (equal losses:
-        tests/distributed/test_checkpoint_lifecycle.py)."""
+        tests/distributed/test_checkpoint_lifecycle.py).
+
+        `resume_from_checkpoint=True` resumes from the newest complete checkpoint (one whose manifest and files
+        agree), not a half-written newer one, which is named; so does `None` under `auto_resume`, or starts fresh
+        when there is none (`hf_dist_recipes.checkpoint.auto_resume`). A path is used as given."""
         if self.runtime.facts.deepspeed is not None:
             _compat.forget_evaluation_engine(self, self.runtime.facts.deepspeed)
-        checkpoint = resume_from_checkpoint
-        if checkpoint is True:
-            checkpoint = get_last_checkpoint(self.args.output_dir)
+        # A path wins; True and auto_resume take the newest complete checkpoint (`checkpoint.auto_resume`). Every
+        # rank takes rank 0's choice, so that a file appearing meanwhile cannot split them.
+        plan = gather_objects(plan_resume(resume_from_checkpoint, self.args.auto_resume, self.args.output_dir))[0]
+        for line in plan.lines:
+            warn_once(logger, line)
+        checkpoint = plan.checkpoint
         if checkpoint:  # the per-rank counters continue where the checkpoint left them
             self.runtime.rank_metrics.load(checkpoint, self.args.process_index)
         try:
-            return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
+            return super().train(checkpoint, trial, ignore_keys_for_eval)
         except BaseException as error:
             # on_train_end is not called after an exception: each rank writes out what it logged, then a lost peer
             # is named (which ends the process).
@@ -194,6 +204,28 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
             raise
         finally:
             self.runtime.logs.discard()  # what came after the last log: a next train() starts clean
+
+    def finish_checkpoint(self, checkpoint: str) -> None:
+        """After the Trainer wrote `checkpoint` (every rank, `_compat.TrainerPrivateOverrides._save_checkpoint`):
+        this rank's counters, then every rank's files made durable and, last, the manifest that makes the checkpoint
+        complete; then the rotation of `save_total_limit`, counting complete checkpoints only
+        (`hf_dist_recipes.checkpoint.manifest`)."""
+        args, facts = self.args, self.runtime.facts
+        self.runtime.rank_metrics.save(checkpoint, args.process_index)
+        layout = CheckpointLayout(args.world_size, facts.layout.tp, facts.layout.ep, facts.zero_stage)
+        complete_checkpoint(
+            checkpoint,
+            self.state.global_step,
+            layout,
+            flushes=args.local_process_index == 0,
+            writes=args.process_index == 0,
+        )
+        if args.should_save:
+            output_dir = os.path.dirname(checkpoint)
+            for deleted in rotate_complete_checkpoints(
+                output_dir, args.save_total_limit, self.state.best_model_checkpoint
+            ):
+                logger.info("Deleted %s (save_total_limit=%s)", deleted, args.save_total_limit)
 
     def evaluate(self, *args, **kwargs):
         with self._evaluation_engine():

@@ -13,8 +13,9 @@ channel, which never reaches `log_history`). `hf_dist_recipes.logs.summary` read
 This callback also keeps the books it reports: it times every optimizer step (`RankMetrics.step_begin/step_end`)
 and closes the loss window at each log, so `per_rank_tensorboard=False` still gives full summaries.
 
-At every checkpoint each rank also saves its counters into `checkpoint-N/rank_metrics/rank<N>.json`; RecipeTrainer
-loads them on resume, so a resumed job's summary counts the whole job, not only its last stretch.
+At every checkpoint each rank's counters go into `checkpoint-N/rank_metrics/rank<N>.json` (RecipeTrainer writes them
+before the checkpoint's manifest, `RecipeTrainerMixin.finish_checkpoint`, so that they are part of it) and are loaded
+on resume, so a resumed job's summary counts the whole job, not only its last stretch.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import json
 from pathlib import Path
 
 from transformers import TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from hf_dist_recipes._compat import held_elements
 from hf_dist_recipes.logs.summary import SUMMARY_DIRNAME
@@ -67,10 +67,6 @@ class RankSummaryCallback(TrainerCallback):
             if isinstance(value, str):
                 self.events.append({"step": state.global_step, "key": key, "text": value})
         del self.events[:-EVENTS_KEPT]
-
-    def on_save(self, args, state, control, **kwargs):
-        checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-        self.metrics.save(checkpoint, args.process_index)
 
     def on_train_end(self, args, state, control, **kwargs):
         self.metrics.flush_window()  # the steps after the last log

@@ -341,6 +341,9 @@ def launch_script(
     if ib_hca:
         env["NCCL_IB_HCA"] = ib_hca
     env.update(extra_env or {})
+    # A requeued or restarted job resumes from its newest complete checkpoint (RecipeTrainingArguments.auto_resume),
+    # unless the job's environment says 0.
+    env["HF_DIST_RECIPES_AUTO_RESUME"] = "${HF_DIST_RECIPES_AUTO_RESUME:-1}"
     if plan.device == "cpu":
         # DeepSpeed picks its accelerator from what torch sees, and the recipe stops a CPU run on a GPU host unless
         # asked for explicitly (environment.cuda_host): a CPU plan is that request.

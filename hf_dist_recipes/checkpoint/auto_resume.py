@@ -1,0 +1,64 @@
+"""Resume by itself: which checkpoint `train()` resumes from, given its `resume_from_checkpoint` and the arguments'
+`auto_resume`, and the lines that say so.
+
+- a path: that checkpoint, as given (an explicit choice always wins, complete or not);
+- True (the stock "the last checkpoint of output_dir"): the newest complete one (`checkpoint.manifest`), each newer
+  incomplete one named; ValueError naming the fix when there is none;
+- None or False with `auto_resume`: the same, or a fresh start when there is none; without `auto_resume`: a fresh
+  start, as the stock Trainer.
+
+`auto_resume` defaults to off (a stock script keeps stock behaviour); `HF_DIST_RECIPES_AUTO_RESUME=1` turns it on
+where the script leaves it unset (the generated Slurm and torchrun scripts export it), `=0` off.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from hf_dist_recipes.checkpoint.manifest import newest_complete_checkpoint
+
+AUTO_RESUME_ENV = "HF_DIST_RECIPES_AUTO_RESUME"
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def resolve_auto_resume(value: bool | None, environ: dict[str, str] | None = None) -> bool:
+    """`auto_resume` as given, or (None: not given) what `HF_DIST_RECIPES_AUTO_RESUME` says (unset: False)."""
+    if value is not None:
+        return bool(value)
+    raw = (os.environ if environ is None else environ).get(AUTO_RESUME_ENV, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ValueError(f"{AUTO_RESUME_ENV}={raw!r}: set it to 1 (resume from the newest complete checkpoint) or 0")
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """What `train()` hands the stock Trainer (`checkpoint`: a path, or None for a fresh start) and the lines to
+    log on rank 0 (each skipped checkpoint with its problems, then the decision; none for a stock call)."""
+
+    checkpoint: str | None
+    lines: list[str] = field(default_factory=list)
+
+
+def plan_resume(resume_from_checkpoint: str | bool | None, auto_resume: bool, output_dir: str) -> ResumePlan:
+    """The checkpoint `train(resume_from_checkpoint)` resumes from (module docstring)."""
+    if isinstance(resume_from_checkpoint, str | os.PathLike):
+        return ResumePlan(os.fspath(resume_from_checkpoint))
+    asked = resume_from_checkpoint is True
+    if not asked and not auto_resume:
+        return ResumePlan(None)
+    choice = newest_complete_checkpoint(output_dir)
+    lines = [s.line() for s in choice.skipped]
+    why = "resume_from_checkpoint=True" if asked else "auto_resume"
+    if choice.checkpoint is not None:
+        return ResumePlan(choice.checkpoint, [*lines, f"{why}: resuming from {choice.checkpoint}"])
+    if asked:
+        raise ValueError(
+            f"resume_from_checkpoint=True: no complete checkpoint in {output_dir}"
+            + (f" ({'; '.join(lines)})" if lines else "")
+            + "; pass a checkpoint's path to resume from it as it is, or train without resume_from_checkpoint"
+        )
+    return ResumePlan(None, [*lines, f"auto_resume: no complete checkpoint in {output_dir}, starting fresh"])
