@@ -546,7 +546,7 @@ def test_the_private_trainer_methods_the_recipe_overrides():
     from hf_dist_recipes.trainer import RecipeTrainer, RecipeTrainerMixin
 
     overrides = {n for n in vars(_compat.TrainerPrivateOverrides) if n.startswith("_") and not n.startswith("__")}
-    assert overrides == {"_clip_grad_norm", "_load_from_checkpoint", "_load_callback_state"}
+    assert overrides == {"_clip_grad_norm", "_load_from_checkpoint", "_load_callback_state", "_save_checkpoint"}
     for name in overrides:
         ours, theirs = (
             inspect.signature(getattr(_compat.TrainerPrivateOverrides, name)),
@@ -558,6 +558,16 @@ def test_the_private_trainer_methods_the_recipe_overrides():
     # Called where the overrides assume: the clip call's value is the step's grad norm; train() resumes through it.
     assert "grad_norm = self._clip_grad_norm(model)" in inspect.getsource(Trainer._run_epoch)
     assert "self._load_from_checkpoint(resume_from_checkpoint)" in inspect.getsource(Trainer.train)
+    # A save: the checkpoint folder and the rotation by the arguments' limit inside `_save_checkpoint`, then on_save.
+    save = inspect.getsource(Trainer._save_checkpoint)
+    assert 'checkpoint_folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"' in save
+    assert "run_dir = self._get_output_dir(trial=trial)" in save
+    assert "save_total_limit=self.args.save_total_limit" in save.split("rotate_checkpoints(")[1]
+    assert save.count("self.args.save_total_limit") == 1  # nothing else in it reads the limit the override sets to None
+    assert (
+        "self._save_checkpoint(model, trial)\n            self.control = self.callback_handler.on_save("
+        in inspect.getsource(Trainer._maybe_log_save_evaluate)
+    )
     # A restored callback is a new instance built from its saved arguments alone, then put into the handler.
     restore = inspect.getsource(Trainer._load_callback_state)
     assert "new_callback = type(callback)(**args)" in restore and "self.callback_handler.add_callback" in restore

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from hf_dist_recipes.checkpoint.auto_resume import AUTO_RESUME_ENV
 from hf_dist_recipes.cli.main import main as cli
 from hf_dist_recipes.comm.nccl_defaults import NCCL_ENV_DEFAULTS
 from hf_dist_recipes.parallel.plan import ParallelPlan
@@ -114,6 +115,12 @@ def test_the_torchrun_form_uses_the_c10d_rendezvous_and_hands_deepspeed_over():
     assert '\nexport ACCELERATE_USE_DEEPSPEED="true"\n' in text
     assert '\nexport ACCELERATE_DEEPSPEED_CONFIG_FILE="/cfg/deepspeed/llama.json"\n' in text
     assert "accelerate launch" not in text
+
+
+@pytest.mark.parametrize("launcher", ["slurm", "torchrun"])
+def test_a_generated_job_resumes_by_itself_unless_its_environment_says_0(launcher):
+    text = _gpu_script(launcher).render()
+    assert f'\nexport {AUTO_RESUME_ENV}="${{{AUTO_RESUME_ENV}:-1}}"\n' in text
 
 
 def test_a_cpu_plan_asks_for_no_gpus_and_hides_them():
