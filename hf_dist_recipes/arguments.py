@@ -235,14 +235,14 @@ class RecipeTrainingArguments(TrainingArguments):
             "slow or unsupported). Default True."
         },
     )
-    auto_resume: bool | None = field(
-        default=None,
+    auto_resume: bool = field(
+        default=False,
         metadata={
             "help": "train() without resume_from_checkpoint (None or False) resumes from the newest complete "
             "checkpoint in output_dir (one whose manifest and files agree; each newer incomplete one is named), or "
             "starts fresh when there is none, and says which; resume_from_checkpoint=True takes the newest complete "
-            "one too, and a path always wins. Default: HF_DIST_RECIPES_AUTO_RESUME (1: on; the generated Slurm and "
-            "torchrun scripts set it), else off, as the stock Trainer."
+            "one too, and a path always wins. Default False, as the stock Trainer; HF_DIST_RECIPES_AUTO_RESUME=1 in "
+            "the environment turns it on (the generated Slurm and torchrun scripts export it)."
         },
     )
     max_unpartitioned_model_size: str | None = field(
@@ -434,7 +434,7 @@ class RecipeTrainingArguments(TrainingArguments):
         self.max_grad_norm = validate_max_grad_norm(self.max_grad_norm, allow_unclipped=self.allow_unclipped_gradients)
         validate_min_lr_ratio(self.min_lr_ratio)
         self.save_shard_bytes = parse_size(self.save_shard_size, "save_shard_size")
-        self.auto_resume = resolve_auto_resume(self.auto_resume)  # None: what the launch script's environment says
+        self.auto_resume = resolve_auto_resume(self.auto_resume)  # or the launch script's environment
         if str(self.max_unpartitioned_model_size).lower() in ("none", "off"):  # None, or "none" from a command line
             self.max_unpartitioned_model_size = None
         self.max_unpartitioned_model_bytes = (

@@ -7,8 +7,8 @@
 - None or False with `auto_resume`: the same, or a fresh start when there is none; without `auto_resume`: a fresh
   start, as the stock Trainer.
 
-`auto_resume` defaults to off (a stock script keeps stock behaviour); `HF_DIST_RECIPES_AUTO_RESUME=1` turns it on
-where the script leaves it unset (the generated Slurm and torchrun scripts export it), `=0` off.
+`auto_resume` defaults to off (a stock script keeps stock behaviour); `HF_DIST_RECIPES_AUTO_RESUME=1` in the job's
+environment turns it on (the generated Slurm and torchrun scripts export it, unless the job sets it to 0).
 """
 
 from __future__ import annotations
@@ -22,16 +22,13 @@ AUTO_RESUME_ENV = "HF_DIST_RECIPES_AUTO_RESUME"
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
 
-def resolve_auto_resume(value: bool | None, environ: dict[str, str] | None = None) -> bool:
-    """`auto_resume` as given, or (None: not given) what `HF_DIST_RECIPES_AUTO_RESUME` says (unset: False)."""
-    if value is not None:
-        return bool(value)
+def resolve_auto_resume(value: bool, environ: dict[str, str] | None = None) -> bool:
+    """`auto_resume`, turned on by `HF_DIST_RECIPES_AUTO_RESUME=1` (the job's environment overrides the script's
+    default; `0` or unset leaves the argument as it is)."""
     raw = (os.environ if environ is None else environ).get(AUTO_RESUME_ENV, "").strip().lower()
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise ValueError(f"{AUTO_RESUME_ENV}={raw!r}: set it to 1 (resume from the newest complete checkpoint) or 0")
+    if raw not in _TRUE + _FALSE:
+        raise ValueError(f"{AUTO_RESUME_ENV}={raw!r}: set it to 1 (resume from the newest complete checkpoint) or 0")
+    return bool(value) or raw in _TRUE
 
 
 @dataclass(frozen=True)

@@ -175,10 +175,9 @@ def test_rotation_keeps_the_newest_complete_checkpoint_and_does_not_count_incomp
 
 
 def test_auto_resume_is_off_by_default_and_the_environment_turns_it_on(monkeypatch, tmp_path):
-    assert resolve_auto_resume(None, {}) is False
-    assert resolve_auto_resume(None, {AUTO_RESUME_ENV: "1"}) is True
-    assert resolve_auto_resume(False, {AUTO_RESUME_ENV: "1"}) is False  # the script's own choice wins
+    assert resolve_auto_resume(False, {}) is False and resolve_auto_resume(True, {AUTO_RESUME_ENV: "0"}) is True
+    assert resolve_auto_resume(False, {AUTO_RESUME_ENV: "1"}) is True
     with pytest.raises(ValueError, match=f"{AUTO_RESUME_ENV}='maybe': set it to 1"):
-        resolve_auto_resume(None, {AUTO_RESUME_ENV: "maybe"})
+        resolve_auto_resume(False, {AUTO_RESUME_ENV: "maybe"})
     monkeypatch.setenv(AUTO_RESUME_ENV, "1")
     assert RecipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none").auto_resume is True
