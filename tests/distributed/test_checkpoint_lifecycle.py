@@ -18,6 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from hf_dist_recipes.checkpoint.manifest import MANIFEST_NAME, Manifest, check_checkpoint, checkpoint_files
 from hf_dist_recipes.checkpoint.offline import export_checkpoint
 from hf_dist_recipes.checkpoint.writer import WRITERS_RECORD
 from hf_dist_recipes.cli.main import main as cli_main
@@ -157,6 +158,15 @@ def test_checkpoints_are_written_during_training(job):
         assert len(list((ckpt / f"global_step{step}").glob("*optim_states.pt"))) == job["procs"]
         assert len(list(ckpt.glob("rng_state_*.pth"))) == job["procs"]
         assert len(list((ckpt / "rank_metrics").glob("rank*.json"))) == job["procs"]
+        # Complete: a manifest written last (after every rank's fsync and a barrier) lists every rank's files.
+        manifest = Manifest.from_json((ckpt / MANIFEST_NAME).read_text())
+        assert manifest.step == step and manifest.layout.world_size == job["procs"]
+        assert manifest.layout.zero_stage == 3 and manifest.layout.tp == (2 if "tp2" in job["layout"] else 1)
+        assert manifest.files == checkpoint_files(ckpt) and check_checkpoint(ckpt) == []
+        for rank in range(job["procs"]):
+            assert f"rank_metrics/rank{rank}.json" in manifest.files and f"rng_state_{rank}.pth" in manifest.files
+        for kind in ("model_states.pt", "optim_states.pt"):  # one per rank (DP x TP index in the name)
+            assert sum(n.startswith(f"global_step{step}/") and n.endswith(kind) for n in manifest.files) == job["procs"]
 
 
 def test_hf_weights_in_checkpoints_on_request(job):
