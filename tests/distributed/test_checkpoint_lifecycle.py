@@ -18,7 +18,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from hf_dist_recipes.checkpoint.manifest import MANIFEST_NAME, Manifest, check_checkpoint, checkpoint_files
+from hf_dist_recipes.checkpoint.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    check_checkpoint,
+    checkpoint_files,
+    newest_complete_checkpoint,
+)
 from hf_dist_recipes.checkpoint.offline import export_checkpoint
 from hf_dist_recipes.checkpoint.writer import WRITERS_RECORD
 from hf_dist_recipes.cli.main import main as cli_main
@@ -305,6 +311,17 @@ def test_offline_export_names_a_missing_rank_file(job, tmp_path):
     victim.unlink()
     with pytest.raises(ValueError, match="optim states of data-parallel rank .* are missing"):
         export_checkpoint(str(ckpt), str(tmp_path / "out"))
+
+
+def test_a_checkpoint_missing_the_last_ranks_optimizer_file_is_passed_over_for_the_one_before(job, tmp_path):
+    """What auto_resume reads (the resume itself: tests/unit/test_complete_checkpoints.py); files only, no launch."""
+    for step in (SAVE_AT, STEPS):
+        shutil.copytree(job["a"] / f"checkpoint-{step}", tmp_path / f"checkpoint-{step}")
+    victim = sorted((tmp_path / f"checkpoint-{STEPS}" / f"global_step{STEPS}").glob("*_optim_states.pt"))[-1]
+    victim.unlink()
+    choice = newest_complete_checkpoint(tmp_path)
+    assert choice.checkpoint == str(tmp_path / f"checkpoint-{SAVE_AT}")
+    assert [s.problems for s in choice.skipped] == [[f"global_step{STEPS}/{victim.name} missing"]]
 
 
 def test_evaluating_first_does_not_change_training(job):
