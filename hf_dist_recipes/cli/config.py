@@ -22,6 +22,7 @@ from hf_dist_recipes.planning.generate import (
     add_memory_limit_flags,
     add_output_flags,
     add_plan_flags,
+    check_host_memory,
     generate_from_args,
     memory_limits,
     model_from,
@@ -178,13 +179,9 @@ def _profile_flag(group) -> None:
     )
 
 
-def hardware_from(args: argparse.Namespace):
-    """The Hardware of --hardware with --profile's measured rates and then the flags given on top."""
-    return hardware_and_sources(args)[0]
-
-
 def hardware_and_sources(args: argparse.Namespace, plan: ParallelPlan | None = None):
-    """(the Hardware of `hardware_from`, where each rate came from (`planning.calibration.hardware_with`), warnings
+    """(the Hardware of --hardware with --profile's measured rates and then the flags given on top, where each rate
+    came from (`planning.calibration.hardware_with`), warnings
     about a profile measured unlike `plan` runs: `calibration.profile_warnings`)."""
     from hf_dist_recipes.planning.calibration import hardware_with, profile_warnings, read_profile
     from hf_dist_recipes.planning.comm import HARDWARE
@@ -282,8 +279,7 @@ def _profile_step(args: argparse.Namespace, plan: ParallelPlan, rates) -> dict |
 
 def run_validate(args: argparse.Namespace) -> int:
     _check_gpu_memory(args.gpu_memory)
-    if args.host_memory is not None and not args.host_memory > 0:
-        raise ValueError(f"--host-memory is GiB per node, got {args.host_memory:g}; e.g. --host-memory 2048")
+    check_host_memory(args.host_memory)
     for flag, value in (("--seq-len", args.seq_len), ("--micro-batch", args.micro_batch)):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be a positive integer, got {value}; e.g. {flag} 1")
@@ -446,7 +442,9 @@ def run_estimate(args: argparse.Namespace) -> int:
 
 
 def _nothing_fits(rows) -> str:
-    host_bound = [r.memory for r in rows if r.memory.device_fits and r.memory.host_fits is False]
+    from hf_dist_recipes.planning.suggest import host_bound_rows
+
+    host_bound = [r.memory for r in host_bound_rows(rows)]
     if not host_bound:
         return "nothing fits; add nodes or GPU memory"
     least = min(m.host_resume_peak_per_node for m in host_bound) / GIB

@@ -302,6 +302,13 @@ class MemoryEstimate:
         return self.device_fits
 
     @property
+    def stock_resume_peak_per_node(self) -> int:
+        """The host peak per node of DeepSpeed's stock resume (each rank loads its whole optimizer file), whichever
+        resume `host_resume_peak_per_node` was sized for."""
+        on_host = self.host_total_per_node // self.plan.procs_per_node
+        return host_bytes_per_node(self.plan, on_host, self.optimizer, memory_mapped=False)[1]
+
+    @property
     def other(self) -> int:
         """Bytes of device_total beyond the model states on the GPU, `gathered` and `activations`: the buffers
         that fall in the peak phase and the allowance."""

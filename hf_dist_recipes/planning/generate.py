@@ -136,6 +136,12 @@ class MemoryLimits:
     memory_mapped_resume: bool = True
 
 
+def check_host_memory(gib: float | None) -> None:
+    """--host-memory, when given, is a positive number of GiB per node (ValueError naming the flag)."""
+    if gib is not None and not gib > 0:
+        raise ValueError(f"--host-memory is GiB per node, got {gib:g}; e.g. --host-memory 2048 for a DGX H100")
+
+
 def memory_limits(args: argparse.Namespace) -> MemoryLimits:
     """The MemoryLimits of parsed `add_memory_limit_flags` flags: --host-memory, else the explicitly named
     --hardware's DGX figure."""
@@ -143,8 +149,7 @@ def memory_limits(args: argparse.Namespace) -> MemoryLimits:
     mapped = not getattr(args, "stock_resume", False)
     if not imbalance >= 1:
         raise ValueError(f"--routing-imbalance is the busiest EP rank's load over the mean, >= 1; got {imbalance:g}")
-    if host is not None and not host > 0:
-        raise ValueError(f"--host-memory is GiB per node, got {host:g}; e.g. --host-memory 2048 for a DGX H100")
+    check_host_memory(host)
     if not 0 < target <= 1:
         raise ValueError(
             f"--memory-target is a fraction of the GPU in (0, 1], got {target:g}; e.g. --memory-target 0.9"

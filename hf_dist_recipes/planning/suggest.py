@@ -358,7 +358,7 @@ def _bounds(chosen: Candidate, candidates: list[Candidate]) -> list[str]:
                 else " (not checked against the nodes: pass --host-memory GIB)"
             )
         )
-        host_bound = [c for c in candidates if c.memory.device_fits and c.memory.host_fits is False]
+        host_bound = host_bound_rows(candidates)
         if host_bound:
             fastest = max(host_bound, key=lambda c: c.step.tokens_per_s)
             out.append(
@@ -373,6 +373,11 @@ def _bounds(chosen: Candidate, candidates: list[Candidate]) -> list[str]:
             f"2 x {p.grad_accum} + 1 times"
         )
     return out
+
+
+def host_bound_rows(candidates: list[Candidate]) -> list[Candidate]:
+    """The candidates that fit the GPU but not the host: what a host limit alone ruled out."""
+    return [c for c in candidates if c.memory.device_fits and c.memory.host_fits is False]
 
 
 def best_rows(candidates: list[Candidate], chosen: Candidate | None = None) -> list[Candidate]:

@@ -190,15 +190,16 @@ def host_memory_bytes() -> tuple[int | None, str]:
     return facts.usable, f"host memory ({facts.describe()})"
 
 
-def host_result(plan: ParallelPlan, est, host_bytes: int | None, host_what: str, model_name: str, stock_peak: int):
+def host_result(plan: ParallelPlan, est, host_bytes: int | None, host_what: str, model_name: str):
     """Check 4's host finding for a GPU plan: its host memory per node (offloaded states and the ranks' processes,
     `parallel.memory`) against `host_bytes`, the smallest node's: an error when training does not fit, a warning
-    when only the stock Trainer's resume (`stock_peak`: DeepSpeed's plain load of the optimizer files) does not;
+    when only the stock Trainer's resume (`est.stock_resume_peak_per_node`: DeepSpeed's plain load of the optimizer
+    files) does not;
     RecipeTrainer's memory-mapped resume stays at the steady state. None for CPU plans (the device check is the
     host's) or when the host could not be read."""
     if plan.device != "cuda" or host_bytes is None:
         return None
-    steady = est.host_steady_per_node
+    steady, stock_peak = est.host_steady_per_node, est.stock_resume_peak_per_node
     detail = (
         f"{model_name}: {steady / GIB:,.0f} GiB of host memory per node while training and at a RecipeTrainer "
         f"resume, {stock_peak / GIB:,.0f} GiB at a stock Trainer's resume, by our estimate; {host_bytes / GIB:,.0f} "
@@ -261,8 +262,7 @@ def check_plan(
         out.append(CheckResult("plan", WARNING, f"{models.name}: {w}", fix=w.split("; ")[-1]))
     est = estimate(plan, introspect(models.config))
     need = est.device_total
-    stock_peak = estimate(plan, introspect(models.config), memory_mapped_resume=False).host_resume_peak_per_node
-    host = host_result(plan, est, host_bytes, host_what, models.name, stock_peak)
+    host = host_result(plan, est, host_bytes, host_what, models.name)
     out += [host] if host else []
     data = {
         "model": models.name,

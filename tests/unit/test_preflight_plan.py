@@ -206,9 +206,10 @@ def test_host_memory_verdict_of_a_gpu_plan():
     steady = est.host_steady_per_node
     stock = estimate(plan, shape, memory_mapped_resume=False).host_resume_peak_per_node
     assert stock > steady == est.host_resume_peak_per_node  # RecipeTrainer's mapped resume: the steady state
+    assert est.stock_resume_peak_per_node == stock  # derived from the mapped estimate, as the stock one computes it
     verdicts = {}
     for label, host in (("short", steady - 1), ("stock", stock - 1), ("ample", stock)):
-        r = plan_checks.host_result(plan, est, host, "test", models.name, stock)
+        r = plan_checks.host_result(plan, est, host, "test", models.name)
         verdicts[label] = (r.status, r.detail.rsplit(": ", 1)[-1])
     assert verdicts["short"] == (ERROR, "training does not fit")
     assert verdicts["stock"] == (WARNING, "a stock Trainer's resume does not fit")
@@ -218,6 +219,6 @@ def test_host_memory_verdict_of_a_gpu_plan():
         plan, models, device_bytes=80 * 2**30, device_what="test", host_bytes=steady - 1, host_what="test"
     )
     assert [r.status for r in results if "host memory per node" in r.detail] == [ERROR]
-    assert plan_checks.host_result(plan, est, None, "", models.name, stock) is None
+    assert plan_checks.host_result(plan, est, None, "", models.name) is None
     cpu = ParallelPlan(device="cpu", nodes=1, procs_per_node=2)
-    assert plan_checks.host_result(cpu, estimate(cpu, shape), 1, "t", models.name, 1) is None
+    assert plan_checks.host_result(cpu, estimate(cpu, shape), 1, "t", models.name) is None
