@@ -579,6 +579,21 @@ def engine_optimizers(engine) -> list:
 # ProcessGroupNCCL's watchdog aborts, and with TORCH_NCCL_ASYNC_ERROR_HANDLING tears the process down). A group made
 # by `new_group` (DeepSpeed's ZeRO/TP/EP groups) keeps the timeout it was created with, so every group in
 # `_world.pg_map` is changed. Covered: torch 2.13 and 2.14 (PROVEN).
+# torch elastic tells its workers to rendezvous through the agent's own store with TORCHELASTIC_USE_AGENT_STORE="True"
+# (torch 2.13 distributed/rendezvous.py `_torchelastic_use_agent_store`); after a restart that store still holds the
+# first attempt's keys (`comm.restarts`, pytorch/pytorch#135712).
+AGENT_STORE_VARIABLE = "TORCHELASTIC_USE_AGENT_STORE"
+
+
+def agent_store_in_use(environ) -> bool:
+    return environ.get(AGENT_STORE_VARIABLE) == str(True)
+
+
+def stop_using_agent_store(environ) -> None:
+    """The group is then created as without an agent: rank 0 hosts its store at MASTER_ADDR:MASTER_PORT."""
+    environ[AGENT_STORE_VARIABLE] = str(False)
+
+
 def default_store():
     """The default process group's store (torch 2.13 `_get_default_store`)."""
     from torch.distributed import distributed_c10d

@@ -83,6 +83,8 @@ New fields, all at the end so positional use of TrainingArguments keeps working:
 - `auto_resume` (default off; `HF_DIST_RECIPES_AUTO_RESUME=1`, which the generated launch scripts export, turns it
   on): `train()` without `resume_from_checkpoint` resumes from the newest complete checkpoint in `output_dir`, or
   starts fresh, and says which (`hf_dist_recipes.checkpoint.auto_resume`; complete: `checkpoint.manifest`);
+- `preemption_signals` (default SIGTERM,SIGUSR2; "none" off): on one of them reaching any rank, every rank saves
+  the same step's checkpoint and exits with code 75 (`hf_dist_recipes.checkpoint.preemption`);
 - `allow_gloo_on_cuda`, `allow_unclipped_gradients`, `allow_cpu_with_gpus`, `allow_no_recompute`,
   `allow_late_process_setup` (default False): explicit opt-outs. `allow_cpu_with_gpus` is for a machine with NVIDIA
   GPUs that torch cannot use (CPU-only wheel, old driver, every GPU hidden), which otherwise stops with the reason
@@ -104,9 +106,11 @@ from transformers.trainer_utils import SchedulerType
 
 from hf_dist_recipes import _compat, argument_classes
 from hf_dist_recipes.checkpoint.auto_resume import resolve_auto_resume
+from hf_dist_recipes.checkpoint.preemption import DEFAULT_PREEMPTION_SIGNALS, PREEMPTED_EXIT_CODE, parse_signals
 from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_SIZE
 from hf_dist_recipes.comm import backend, process_setup
 from hf_dist_recipes.comm.nccl_defaults import apply_flight_recorder_env_defaults, apply_nccl_env_defaults
+from hf_dist_recipes.comm.restarts import fresh_rendezvous_after_restart
 from hf_dist_recipes.comm.watchdog import validate_hang_settings
 from hf_dist_recipes.core.jsonfile import load_deepspeed_json
 from hf_dist_recipes.core.sizes import parse_size
@@ -243,6 +247,16 @@ class RecipeTrainingArguments(TrainingArguments):
             "starts fresh when there is none, and says which; resume_from_checkpoint=True takes the newest complete "
             "one too, and a path always wins. Default False, as the stock Trainer; HF_DIST_RECIPES_AUTO_RESUME=1 in "
             "the environment turns it on (the generated Slurm and torchrun scripts export it)."
+        },
+    )
+    preemption_signals: str = field(
+        default=DEFAULT_PREEMPTION_SIGNALS,
+        metadata={
+            "help": "signals (comma-separated) on which every rank agrees, at the next step end, to save a checkpoint "
+            f"and exit with code {PREEMPTED_EXIT_CODE}, so that a job requeued or restarted with auto_resume loses no "
+            "step: a scheduler's SIGTERM (torchrun forwards it to every rank), SIGUSR2 sent to the ranks. Costs one "
+            "all-reduce of two integers per step. 'none' keeps the stock behaviour (the process dies). Not SIGUSR1, "
+            "which writes a rank's state for `hf-dist-recipes logs hang`."
         },
     )
     max_unpartitioned_model_size: str | None = field(
@@ -435,6 +449,7 @@ class RecipeTrainingArguments(TrainingArguments):
         validate_min_lr_ratio(self.min_lr_ratio)
         self.save_shard_bytes = parse_size(self.save_shard_size, "save_shard_size")
         self.auto_resume = resolve_auto_resume(self.auto_resume)  # or the launch script's environment
+        parse_signals(self.preemption_signals)  # an unknown or reserved name stops here, naming the fix
         if str(self.max_unpartitioned_model_size).lower() in ("none", "off"):  # None, or "none" from a command line
             self.max_unpartitioned_model_size = None
         self.max_unpartitioned_model_bytes = (
@@ -563,7 +578,8 @@ def apply_process_effects(args: RecipeTrainingArguments, *, group_existed: bool 
       resolution after this reads the GPUs' capability); the estimate's fragmentation allowance assumes expandable
       segments;
     - under DeepSpeed AutoTP, the upstream patch that lets `from_pretrained` convert weights
-      (`_compat.allow_weight_conversions_under_training_autotp`): it comes after the arguments in every HF example."""
+      (`_compat.allow_weight_conversions_under_training_autotp`): it comes after the arguments in every HF example;
+    - after a launcher's restart (`--max_restarts`), this attempt's own rendezvous (`comm.restarts`)."""
     extensions.use_node_local_extensions_dir()
     args.nccl_env_applied = (
         apply_nccl_env_defaults(args.output_dir or "trainer_output") if args.ddp_backend == backend.GPU_BACKEND else {}
@@ -574,6 +590,8 @@ def apply_process_effects(args: RecipeTrainingArguments, *, group_existed: bool 
     args.env_applied = {**args.nccl_env_applied, **recorder, **(apply_alloc_conf_default() if gpus else {})}
     if group_existed is None:
         group_existed = process_setup.group_exists()
+    if not group_existed:
+        fresh_rendezvous_after_restart()  # a restarted rank meets its peers in a store of its own attempt
     args.process_setup = tuple(process_setup.environment_settings(args.env_applied, group_existed=group_existed))
     if args.autotp_size > 1:
         _compat.allow_weight_conversions_under_training_autotp()

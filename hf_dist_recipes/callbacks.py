@@ -27,6 +27,7 @@ from transformers import TrainerCallback
 from transformers.integrations import TensorBoardCallback
 
 from hf_dist_recipes.arguments import RecipeTrainingArguments
+from hf_dist_recipes.checkpoint.preemption import PreemptionCallback, parse_signals
 from hf_dist_recipes.comm.watchdog import HangWatchdogCallback
 from hf_dist_recipes.moe.expert_balance import ExpertBiasBalancer, needs_balancing
 from hf_dist_recipes.moe.expert_load import ExpertLoadCallback, has_routed_experts
@@ -60,6 +61,12 @@ ORDER: tuple[Before, ...] = (
         "its on_train_begin starts the heartbeat before the other callbacks' train-begin collectives (rank agreement, "
         "launch identity), so that a rank lost in one of them is named",
     ),
+    Before(
+        (HangWatchdogCallback, PerRankTensorBoardCallback),
+        PreemptionCallback,
+        "its on_train_begin installs the signal handlers last, so that a SIGTERM asks for a save before the "
+        "TensorBoard flush or the state dump ends the process, and the watchdog has handed it its state dump",
+    ),
 )
 
 
@@ -77,6 +84,7 @@ class RecipeCallbacks:
     system_metrics: SystemMetricsCallback
     tensorboard: PerRankTensorBoardCallback | None
     summary: RankSummaryCallback
+    preemption: PreemptionCallback
 
     def replaced_by(self, callbacks: Sequence[TrainerCallback]) -> RecipeCallbacks:
         """These roles, each filled by the one of `callbacks` of the same class where there is one (a callback the
@@ -110,11 +118,19 @@ def recipe_callbacks(
     check, a model with routed experts gets the expert-load callback, and one whose routers choose by DeepSeek-V3's
     correction bias the bias balancer (under `expert_bias_balancing`), each unless `registered` (the callbacks the
     Trainer holds already) has one."""
+    # Last: its handlers are installed after the TensorBoard flush's and the watchdog's, so a signal it takes
+    # asks for a save first; the watchdog's state dump ends a rank stuck past the grace.
+    preemption = PreemptionCallback(parse_signals(args.preemption_signals))
     wants_expert_load = has_routed_experts(model) and not any(isinstance(c, ExpertLoadCallback) for c in registered)
     return RecipeCallbacks(
         # A dead or stuck rank ends every rank within a bound instead of a silent wait in a collective.
         watchdog=HangWatchdogCallback(
-            args.peer_timeout, args.step_timeout, args.ddp_timeout, runtime=runtime, save_bound=save_timeout_s
+            args.peer_timeout,
+            args.step_timeout,
+            args.ddp_timeout,
+            runtime=runtime,
+            save_bound=save_timeout_s,
+            preemption=preemption,
         ),
         plan_conformance=PlanConformanceCallback(args.launch_plan, allow=args.allow_no_recompute),
         expert_load=ExpertLoadCallback(runtime=runtime) if wants_expert_load else None,
@@ -144,6 +160,7 @@ def recipe_callbacks(
         system_metrics=SystemMetricsCallback(runtime=runtime),
         tensorboard=PerRankTensorBoardCallback(args.logging_dir, runtime) if args.per_rank_tensorboard else None,
         summary=RankSummaryCallback(args.logging_dir, runtime),
+        preemption=preemption,
     )
 
 

@@ -68,6 +68,7 @@ from hf_dist_recipes.checkpoint.dequantize import check_not_fp8
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.checkpoint.gather import reference_model
 from hf_dist_recipes.checkpoint.manifest import CheckpointLayout, complete_checkpoint, rotate_complete_checkpoints
+from hf_dist_recipes.checkpoint.preemption import PREEMPTED_EXIT_CODE
 from hf_dist_recipes.checkpoint.writer import save_config_files
 from hf_dist_recipes.comm.backend import check_process_group_backend, destroy_gloo_group_at_exit
 from hf_dist_recipes.core.gather import gather_objects
@@ -196,14 +197,30 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
         if checkpoint:  # the per-rank counters continue where the checkpoint left them
             self.runtime.rank_metrics.load(checkpoint, self.args.process_index)
         try:
-            return super().train(checkpoint, trial, ignore_keys_for_eval)
+            output = super().train(checkpoint, trial, ignore_keys_for_eval)
         except BaseException as error:
             # on_train_end is not called after an exception: each rank writes out what it logged, then a lost peer
-            # is named (which ends the process).
+            # is named (which ends the process). A SIGTERM meanwhile is the launcher ending this rank, not a
+            # request to save: it ends the process at once, as it did before the preemption callback.
+            self.recipe_callbacks.preemption.abandon()
             self.runtime.failed(error)
             raise
         finally:
             self.runtime.logs.discard()  # what came after the last log: a next train() starts clean
+        stop = self.recipe_callbacks.preemption.stop
+        if stop is not None:
+            # Not back to the script: what follows train() (a final save_model, an evaluation) belongs to the end of
+            # the run, which this is not. The job started again continues from the checkpoint (auto_resume).
+            if self.args.process_index == 0:
+                logger.warning(
+                    "checkpoint-%d is complete; exiting with code %d (%s reached rank %d)",
+                    stop.step,
+                    PREEMPTED_EXIT_CODE,
+                    stop.signal_name,
+                    stop.first_rank,
+                )
+            raise SystemExit(PREEMPTED_EXIT_CODE)
+        return output
 
     def finish_checkpoint(self, checkpoint: str) -> None:
         """After the Trainer wrote `checkpoint` (every rank, `_compat.TrainerPrivateOverrides._save_checkpoint`):

@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -227,7 +228,9 @@ class SignalDump:
     With `on_terminate` (an `AutomaticDump`) and SIGTERM at its default action, SIGTERM first writes this rank's
     state through it (unless a failure already did), then ends the process as before: torchrun ends the other ranks
     with SIGTERM as soon as one fails, which would otherwise kill a rank that is still waiting out its own timeout
-    before it could say where it waits. Install from the main thread; `close()` restores what was there."""
+    before it could say where it waits. `defer(signum)`: when it returns seconds rather than None, the SIGTERM
+    asked this rank to save and stop instead (`checkpoint.preemption`, whose timer calls `terminate` if the rank is
+    stuck). Install from the main thread; `close()` restores what was there."""
 
     def __init__(
         self,
@@ -235,8 +238,9 @@ class SignalDump:
         signum: int = DUMP_SIGNAL,
         describe=lambda: "",
         on_terminate: AutomaticDump | None = None,
+        defer: Callable[[int], float | None] | None = None,
     ):
-        self.output_dir, self.signum, self.describe = output_dir, signum, describe
+        self.output_dir, self.signum, self.describe, self._defer = output_dir, signum, describe, defer
         self.dumps: list[Path] = []
         self._previous = {signum: signal.signal(signum, self._handler)}
         self._on_terminate = None
@@ -263,6 +267,15 @@ class SignalDump:
         except Exception as err:
             print(f"[hf_dist_recipes] could not write the dump: {err}", file=sys.stderr, flush=True)
 
+    def _deferred(self) -> bool:
+        return self._defer is not None and self._defer(signal.SIGTERM) is not None
+
+    def terminate(self, signum: int = signal.SIGTERM) -> None:
+        """Write this rank's state (unless a failure already did) and end the process, from any thread."""
+        if self._on_terminate is not None:
+            self._terminate()
+        os._exit(128 + signum)
+
     def _terminate(self) -> None:
         message = self._message(signal.SIGTERM) + " (the launcher ends this rank: another rank failed, or the job)"
         self._on_terminate("signal", message)
@@ -275,7 +288,8 @@ class SignalDump:
 
     def _handler(self, signum, frame):
         if signum == signal.SIGTERM:
-            if not self._in_thread:  # else the thread writes and ends the process; the main thread goes on meanwhile
+            # in a thread: the thread writes and ends the process; the main thread goes on meanwhile
+            if not self._in_thread and not self._deferred():
                 self._terminate()
             return
         if not self._in_thread:
@@ -292,7 +306,7 @@ class SignalDump:
                 return
             if not data:
                 return
-            if self._in_thread and self._on_terminate is not None and signal.SIGTERM in data:
+            if self._in_thread and self._on_terminate is not None and signal.SIGTERM in data and not self._deferred():
                 self._terminate()
             if self._in_thread and self.signum in data:
                 self._dump()

@@ -321,11 +321,14 @@ class HangWatchdogCallback(TrainerCallback):
         *,
         runtime=None,
         save_bound: Callable[[int, float], float] | None = None,
+        preemption=None,
     ):
         """`runtime`: the run's (`hf_dist_recipes.runtime.RecipeRuntime`): its `begin_save`/`end_save` events bound
         the collective timeout of a save, with `save_bound(bytes_per_rank, current_timeout_s)` seconds; its
         `explain` event (train() failed) names a lost peer. Without one, `begin_save`/`explain_failure` are called
-        directly."""
+        directly. `preemption`: the run's `checkpoint.preemption.PreemptionCallback`; a SIGTERM it takes asks for a
+        save instead of ending the rank, and a rank stuck past its grace ends with this rank's state dump."""
+        self.preemption = preemption
         self.peer_timeout, self.step_timeout, self.startup_timeout = peer_timeout, step_timeout, startup_timeout
         if runtime is not None:
             handlers = {"end_save": self.end_save, "explain": self.explain_failure}
@@ -380,8 +383,13 @@ class HangWatchdogCallback(TrainerCallback):
         if self.signal_dump is None and threading.current_thread() is threading.main_thread():
             rank = dist.get_rank()
             self.signal_dump = SignalDump(
-                args.output_dir, describe=lambda: f" (rank {rank}, step {self.step})", on_terminate=self.dump
+                args.output_dir,
+                describe=lambda: f" (rank {rank}, step {self.step})",
+                on_terminate=self.dump,
+                defer=None if self.preemption is None else self.preemption.request,
             )
+            if self.preemption is not None:
+                self.preemption.on_expire = self.signal_dump.terminate
         if self.peer_timeout and self.watchdog is None:
             self.watchdog = HeartbeatWatchdog(
                 _compat.default_store(),

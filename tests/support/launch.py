@@ -47,17 +47,16 @@ def fresh_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k != "PYTHON_EXEC"}
 
 
-def accelerate_launch(
+def accelerate_launch_command(
     config_file: Path,
     script_and_args: list[str],
     *,
-    cwd: Path = REPO,
-    timeout: int = LAUNCH_TIMEOUT_S,
     num_processes: int | None = None,
     env: Mapping[str, str | None] | None = None,
-) -> subprocess.CompletedProcess:
-    """Run `accelerate launch --config_file config_file ...` and return it with output captured. `env`: variables
-    to set for the launch and its ranks (None: unset it)."""
+    launch_args: tuple[str, ...] = (),
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of `accelerate launch --config_file config_file [launch_args] ...`: a free
+    rendezvous port, and `env`'s variables set for the launch and its ranks (None: unset it)."""
     cmd = [
         sys.executable,
         "-m",
@@ -66,14 +65,33 @@ def accelerate_launch(
         str(config_file),
         "--main_process_port",
         str(free_port()),
+        *launch_args,
     ]
     if num_processes:
         cmd += ["--num_processes", str(num_processes)]
-    overrides, env = env or {}, _launch_env()
-    env = {k: v for k, v in {**env, **overrides}.items() if v is not None}
+    overrides, full = env or {}, _launch_env()
+    full = {k: v for k, v in {**full, **overrides}.items() if v is not None}
     if (yaml.safe_load(Path(config_file).read_text()) or {}).get("use_cpu"):
-        env = cpu_only_env(env)
-    return subprocess.run(cmd + script_and_args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+        full = cpu_only_env(full)
+    return cmd + script_and_args, full
+
+
+def accelerate_launch(
+    config_file: Path,
+    script_and_args: list[str],
+    *,
+    cwd: Path = REPO,
+    timeout: int = LAUNCH_TIMEOUT_S,
+    num_processes: int | None = None,
+    env: Mapping[str, str | None] | None = None,
+    launch_args: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess:
+    """Run `accelerate launch --config_file config_file ...` and return it with output captured. `env`: variables
+    to set for the launch and its ranks (None: unset it); `launch_args`: accelerate's own flags (--max_restarts 1)."""
+    cmd, full = accelerate_launch_command(
+        config_file, script_and_args, num_processes=num_processes, env=env, launch_args=launch_args
+    )
+    return subprocess.run(cmd, cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout)
 
 
 def check_launch(proc: subprocess.CompletedProcess) -> None:

@@ -13,6 +13,7 @@ from transformers.trainer_callback import DefaultFlowCallback
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.callbacks import ORDER, Before, order_problems, recipe_callbacks
+from hf_dist_recipes.checkpoint.preemption import PreemptionCallback
 from hf_dist_recipes.comm.watchdog import HangWatchdogCallback
 from hf_dist_recipes.core.layout import RankLayout
 from hf_dist_recipes.demo.data import stdlib_dataset
@@ -40,6 +41,7 @@ FULL = [
     SystemMetricsCallback,
     PerRankTensorBoardCallback,
     RankSummaryCallback,
+    PreemptionCallback,
 ]
 
 
@@ -63,8 +65,8 @@ def test_the_list_for_given_arguments_keeps_every_order_rule(tmp_path, moe_model
     assert order_problems(callbacks) == []
     # Every callback that takes the runtime got this one (the watchdog listens to it instead of keeping it).
     assert all(c.runtime is runtime for c in callbacks if hasattr(c, "runtime"))
-    # all but watchdog, plan and the balancer (which logs nothing)
-    assert sum(hasattr(c, "runtime") for c in callbacks) == len(expected) - 3
+    # all but watchdog, plan, the balancer (which logs nothing) and the preemption (which only reads signals)
+    assert sum(hasattr(c, "runtime") for c in callbacks) == len(expected) - 4
     # A dense model has no experts to count or balance; one the user registered is not doubled.
     dense = recipe_callbacks(args, None, RecipeRuntime()).in_order()
     assert not {ExpertLoadCallback, ExpertBiasBalancer} & {type(c) for c in dense} and order_problems(dense) == []
