@@ -47,8 +47,8 @@ MOMENTS = ("exp_avg", "exp_avg_sq")  # Adam's; a checkpoint whose optimizer hold
 
 @dataclass(frozen=True)
 class Relayout:
-    """What a resume converted: the checkpoint, its layout and the running one, the optimizer step (optimizer
-    steps taken), the tensors and elements set per state, and the wall time in seconds."""
+    """What a resume converted: the checkpoint, its layout and the running one, the optimizer step (Adam's steps
+    taken; 0 for the weights only), the tensors and elements set per state, and the wall time in seconds."""
 
     checkpoint: str
     source: CheckpointLayout
@@ -122,14 +122,16 @@ def convert(engine, checkpoint: str, target: CheckpointLayout, load_optimizer_st
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
     start = time.perf_counter()
-    source = written_layout(checkpoint)
+    with open(os.path.join(checkpoint, MANIFEST_NAME), encoding="utf-8") as f:
+        manifest = Manifest.from_json(f.read())
     files = RankFiles.load(resolve_tag_dir(checkpoint))
     torch_state = files.optim[(0, 0)][K.OPTIMIZER_STATE][K.TORCH_OPTIMIZER]
-    saved = torch_state[K.STATE][0]
-    if set(saved) - {"step"} != set(MOMENTS):
+    saved = torch_state[K.STATE].get(0, {})
+    if load_optimizer_states and set(saved) != {"step", *MOMENTS}:
         raise ValueError(
             f"{checkpoint}: its optimizer holds {sorted(saved)}, not Adam's step, exp_avg and exp_avg_sq; only an "
-            "Adam/AdamW checkpoint converts to another layout (resume it in the layout that wrote it)"
+            "Adam/AdamW checkpoint converts to another layout with its optimizer state (resume it in the layout "
+            "that wrote it, or load the weights only: load_checkpoint(load_optimizer_states=False))"
         )
     module = engine.module
     states = ("fp32", *MOMENTS) if load_optimizer_states else ("fp32",)
@@ -165,15 +167,15 @@ def convert(engine, checkpoint: str, target: CheckpointLayout, load_optimizer_st
         if unset:
             raise ValueError(f"{checkpoint}: nothing in it for {sorted(unset)} of the running model")
     _compat.refresh_zero3_module_partitions(engine)
-    step = int(saved["step"])
     # The rate belongs to the schedule, not to the optimizer's state: set for the weights-only load too.
     _set_learning_rates(engine, torch_state[K.PARAM_GROUPS], checkpoint)
-    _compat.set_engine_step(engine, step, step * engine.train_batch_size())
+    # The engine counts the Trainer's steps (the manifest's); Adam's own step skips what a non-finite step skipped.
+    _compat.set_engine_step(engine, manifest.step, manifest.step * engine.train_batch_size())
     return Relayout(
         os.path.basename(os.path.normpath(checkpoint)),
-        source,
+        manifest.layout,
         target,
-        step,
+        int(saved["step"]) if load_optimizer_states else 0,
         states,
         tensors // len(states),
         elements // len(states),
