@@ -16,6 +16,9 @@ conversion, per group of tensors (`checkpoint.gather.group_key`: one decoder lay
 3. the optimizer's step and learning rate, the engine's step counters and the persistent buffers (DeepSeek's
    expert score-correction bias, which the balancing updates) are set, and the module's partitions refreshed.
 
+Memory: every rank holds the full fp32 tensors of one group of one state at a time (the setters take the whole
+TP-local tensor): for DeepSeek-V3 a MoE layer, 45 GB (docs/checkpoints.md, "Resume in another layout").
+
 The Trainer then restores what is not the engine's as on any resume: trainer_state.json (step, logs), scheduler.pt,
 the data position. RNG: each rank reads `rng_state_<its global rank>.pth` as the Trainer does, so with another world
 size rank r takes the state old rank r wrote (none when the old job had fewer ranks: the Trainer says so); a run
