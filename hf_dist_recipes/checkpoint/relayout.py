@@ -21,8 +21,9 @@ TP-local tensor): for DeepSeek-V3 a MoE layer, 45 GB (docs/checkpoints.md, "Resu
 
 The Trainer then restores what is not the engine's as on any resume: trainer_state.json (step, logs), scheduler.pt,
 the data position. RNG: each rank reads `rng_state_<its global rank>.pth` as the Trainer does, so with another world
-size rank r takes the state old rank r wrote (none when the old job had fewer ranks: the Trainer says so); a run
-whose steps draw no random numbers (no dropout) is unaffected. The loss after the resume equals the uninterrupted
+size rank r takes the state old rank r wrote (a rank beyond the old world keeps its seeding's: the Trainer logs it).
+The recipe seeds every rank alike, so the saved states agree (measured: docs/checkpoints.md); a run whose steps draw
+no random numbers (no dropout) is unaffected either way. The loss after the resume equals the uninterrupted
 run's to fp32 reduction order (measured: tests/distributed/test_resume_other_layout.py).
 """
 
