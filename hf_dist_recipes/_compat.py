@@ -359,6 +359,11 @@ def is_zero_partitioned(param) -> bool:
     return zero_param_id(param) is not None
 
 
+def zero_full_shape(param) -> tuple[int, ...]:
+    """The shape of the whole parameter (`ds_shape` under ZeRO-3: the TP/EP-local shape, all ZeRO partitions)."""
+    return tuple(getattr(param, "ds_shape", param.shape))
+
+
 def held_elements(param) -> tuple[int, int]:
     """(elements of the whole parameter, elements this rank holds): `ds_numel` and `ds_tensor`'s under ZeRO-3."""
     if hasattr(param, "ds_numel"):
@@ -517,6 +522,9 @@ class ZeroCheckpointKeys:
     ROUTER_SCORE_BIAS = "router.e_score_correction_bias"
     OPTIMIZER_STATE = "optimizer_state_dict"
     FP32_FLAT_GROUPS = "fp32_flat_groups"
+    TORCH_OPTIMIZER = "optimizer_state_dict"  # inside OPTIMIZER_STATE: the torch optimizer's own state dict
+    STATE = "state"  # per sub-group index: "step" and the moments, each flat like FP32_FLAT_GROUPS' entry
+    PARAM_GROUPS = "param_groups"
     PARTITION_COUNT = "partition_count"
     PARTITION_GROUPS = "ds_zero_partition_groups"
     GROUP_COUNT = "partition_count"
@@ -570,6 +578,93 @@ def engine_optimizers(engine) -> list:
 
     outer = engine.optimizer
     return [o for o in (outer, getattr(outer, "optimizer", None)) if isinstance(o, torch.optim.Optimizer)]
+
+
+# Resume in another layout (checkpoint/relayout.py). DeepSpeed 0.19.8 ZeRO-3 (`runtime/zero/stage3.py`): the public
+# setters `deepspeed.utils.safe_set_full_fp32_param` / `safe_set_full_optimizer_state` (utils/tensor_fragment.py:154,
+# :190) call `set_full_hp_param` (:3183), which writes this rank's slice of the full (TP/EP-local) value into
+# `fp32_partitioned_groups_flat[sub_group]` or into the torch optimizer's `state[that flat][key]`. What they leave out,
+# done here as DeepSpeed's own `_rigid_load_state_dict` (:3540) and universal load (:3653) do: (1) the moments exist
+# only after the first step (torch's Adam creates them lazily), so `state[flat]` is filled with zeros and the step
+# first; (2) the module's own partitions (`fp16_partitioned_groups_flat`, which `param.ds_tensor` views) are copied
+# from the fp32 masters after the set (stage3.py :3575-3588); (3) `set_full_hp_param` slices
+# `value.flatten().narrow(0, part * rank, part)`, which runs past the end on the last rank of a parameter whose size
+# the partition count does not divide (the partition is padded): such a parameter is written here with the padding
+# left zero. The engine's step counters (`global_steps`, `global_samples`, engine.py `_load_checkpoint` restores them
+# from the client state) are plain attributes. AutoTP's patterns of the running model: the module attribute named by
+# `deepspeed.checkpoint.constants.UNIVERSAL_CHECKPOINT_INFO` (engine.py:1079, the same dict the files hold). Goes
+# when DeepSpeed loads a ZeRO-3 checkpoint into another TP/EP/DP layout itself (`ds_to_universal` refuses AutoTP +
+# AutoEP in 0.19.8) (tests/distributed/test_resume_other_layout.py).
+def zero3_optimizer(engine):
+    """ZeRO-3's optimizer wrapper of `engine`; ValueError when the engine is not ZeRO stage 3."""
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+
+    if not isinstance(engine.optimizer, DeepSpeedZeroOptimizer_Stage3):
+        raise ValueError(
+            f"the running engine's optimizer is {type(engine.optimizer).__name__}, not ZeRO stage 3: a checkpoint "
+            "converts only into a ZeRO-3 run (set zero_optimization.stage to 3)"
+        )
+    return engine.optimizer
+
+
+def create_zero3_optimizer_states(engine, step, keys) -> None:
+    """Give every ZeRO-3 sub-group's fp32 flat its optimizer state: `keys` (moment names) as zeros, `step` (the
+    checkpoint's step tensor) copied, replacing whatever was there."""
+    import torch
+
+    zero = zero3_optimizer(engine)
+    for flat in zero.fp32_partitioned_groups_flat:
+        zero.optimizer.state[flat] = {"step": step.clone(), **{k: torch.zeros_like(flat) for k in keys}}
+
+
+def optimizer_param_groups(engine) -> list[dict]:
+    """The torch optimizer's parameter groups under ZeRO-3 (their `lr` is what the next step uses)."""
+    return zero3_optimizer(engine).optimizer.param_groups
+
+
+def set_zero3_partition_padded(param, value, key: str | None) -> None:
+    """`set_full_hp_param` for a parameter whose partition is padded (see above): this rank's part of `value`, the
+    padding zero. `key`: None for the fp32 master, else the optimizer state's name."""
+    zero = param._z3_optimizer
+    part, _ = zero._get_fp32_opt_state_partition(param, release_swap_buffers=False, optim_state_key=key)
+    flat = value.flatten().to(part.dtype)
+    start = part.numel() * zero._get_param_partition_rank(param)
+    n = max(0, min(part.numel(), flat.numel() - start))
+    part.data[:n].copy_(flat[start : start + n])
+    part.data[n:].zero_()
+
+
+def zero3_partition_padded(param) -> bool:
+    """Whether `param`'s ZeRO-3 partitions are padded (its size not a multiple of its partition count)."""
+    zero = param._z3_optimizer
+    return param.ds_numel % zero._get_param_partition_world_size(param) != 0
+
+
+def refresh_zero3_module_partitions(engine) -> None:
+    """Copy the fp32 masters into the module's own partitions (what the forward reads), as a DeepSpeed load does."""
+    zero = zero3_optimizer(engine)
+    for i, fp32 in enumerate(zero.fp32_partitioned_groups_flat):
+        if fp32.numel() > 0:
+            zero.fp16_partitioned_groups_flat[i].data.copy_(fp32.data)
+        for partitioned, q in zip(
+            zero.fp16_partitioned_groups[i],
+            zero.unflatten(zero.fp16_partitioned_groups_flat[i], zero.fp16_partitioned_groups[i]),
+            strict=True,
+        ):
+            partitioned.data = q.data
+
+
+def set_engine_step(engine, step: int, samples: int) -> None:
+    """The engine's own counters, as its load sets them from a checkpoint."""
+    engine.global_steps = step
+    engine.global_samples = samples
+
+
+def autotp_patterns(module) -> dict:
+    """AutoTP's universal-checkpoint patterns of the running `module` ({} without AutoTP)."""
+    from deepspeed.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO
+
+    return dict(getattr(module, UNIVERSAL_CHECKPOINT_INFO, None) or {})
 
 
 # No silent hangs (comm/watchdog.py). torch 2.13 `distributed_c10d._get_default_store()` returns the store

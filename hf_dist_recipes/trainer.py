@@ -62,7 +62,7 @@ from hf_dist_recipes._compat import forget_zero_hpz_group
 from hf_dist_recipes.argument_classes import describe_replaced_defaults, recipe_arguments_class
 from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
 from hf_dist_recipes.callbacks import REPLACES, RecipeCallbacks, recipe_callbacks
-from hf_dist_recipes.checkpoint import resume_loading
+from hf_dist_recipes.checkpoint import relayout, resume_loading
 from hf_dist_recipes.checkpoint.auto_resume import plan_resume
 from hf_dist_recipes.checkpoint.dequantize import check_not_fp8
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
@@ -148,6 +148,8 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
         if self.runtime.facts.zero_stage == 3 and self.model is not None:
             check_partitioned(self.model, limit_bytes=args.max_unpartitioned_model_bytes, world_size=args.world_size)
         self.recipe_callbacks: RecipeCallbacks = recipe_callbacks(args, self.model, self.runtime, registered=held)
+        # What a resume from a checkpoint of another layout converted (checkpoint.relayout); None otherwise.
+        self.relayout: relayout.Relayout | None = None
         if not args.expert_bias_balancing and needs_balancing(self.model, held):
             warn_once(logger, BALANCING_OFF)  # the memory estimate's even routing is then nobody's job
         # Before any engine: a model that will not recompute under a plan that assumed it stops here with the fix.
@@ -222,18 +224,26 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
             raise SystemExit(PREEMPTED_EXIT_CODE)
         return output
 
+    def running_layout(self) -> CheckpointLayout:
+        """This job's layout as a checkpoint's manifest records it (processes, TP and EP degrees, ZeRO stage)."""
+        facts = self.runtime.facts
+        return CheckpointLayout(self.args.world_size, facts.layout.tp, facts.layout.ep, facts.zero_stage)
+
+    def _said_relayout(self, converted: relayout.Relayout) -> None:
+        self.relayout = converted
+        warn_once(logger, converted.line())
+
     def finish_checkpoint(self, checkpoint: str) -> None:
         """After the Trainer wrote `checkpoint` (every rank, `_compat.TrainerPrivateOverrides._save_checkpoint`):
         this rank's counters, then every rank's files made durable and, last, the manifest that makes the checkpoint
         complete; then the rotation of `save_total_limit`, counting complete checkpoints only
         (`hf_dist_recipes.checkpoint.manifest`)."""
-        args, facts = self.args, self.runtime.facts
+        args = self.args
         self.runtime.rank_metrics.save(checkpoint, args.process_index)
-        layout = CheckpointLayout(args.world_size, facts.layout.tp, facts.layout.ep, facts.zero_stage)
         complete_checkpoint(
             checkpoint,
             self.state.global_step,
-            layout,
+            self.running_layout(),
             flushes=args.local_process_index == 0,
             writes=args.process_index == 0,
         )
@@ -273,6 +283,8 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
         engine = _compat.training_engine(self) if self.is_deepspeed_enabled else None
         if engine is not None and self.args.memory_mapped_resume:
             resume_loading.install(engine)
+        if engine is not None:  # outermost: a checkpoint of another layout never reaches the engine's own load
+            relayout.install(engine, self.running_layout(), self._said_relayout)
         if self.lr_scheduler is not None or self.args.lr_scheduler_type != RECIPE_SCHEDULER:
             return super().create_scheduler(num_training_steps, optimizer)
         # The parent builds the stock schedule and marks it created; ours then takes its place on the optimizer.

@@ -35,7 +35,7 @@ from hf_dist_recipes.core.forked import run_forked
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _to_hf_names(
+def to_hf_names(
     group: dict[str, torch.Tensor], autoep: dict, ref_shapes: dict, preset: AutoEPPreset | None
 ) -> dict[str, torch.Tensor]:
     """AutoEP's names inside one group -> the replaced MoE block's (same rules as the live gather)."""
@@ -114,9 +114,7 @@ def export_checkpoint(
     order = sorted(by_group, key=_natural)
 
     def build(key: str, meta: bool = False) -> dict[str, torch.Tensor]:
-        group = _to_hf_names(
-            {n: rebuilder.tensor(n, meta) for n in by_group[key]}, rebuilder.autoep, ref_shapes, preset
-        )
+        group = to_hf_names({n: rebuilder.tensor(n, meta) for n in by_group[key]}, rebuilder.autoep, ref_shapes, preset)
         for name, t in group.items():
             if name not in ref_shapes or tuple(t.shape) != ref_shapes[name]:
                 raise ValueError(

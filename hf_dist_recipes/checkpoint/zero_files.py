@@ -11,7 +11,9 @@ from the flat size, because parameters that AutoTP keeps whole are partitioned b
 The file names and keys are DeepSpeed's, not public: they live in `_compat` (`ZERO_RANK_FILE`, `ZeroCheckpointKeys`).
 
 Files are memory-mapped; `Rebuilder.tensor` reads the bytes of one parameter when asked for it (or none: `meta`).
-The Adam moments are never read.
+`Rebuilder(files, state="exp_avg")` rebuilds an optimizer state instead of the fp32 master weights: the torch
+optimizer's `state[sub-group]` tensors are flat exactly like `fp32_flat_groups` (same slices, same order), so one
+rebuild serves both (`checkpoint.relayout` reads the moments this way; the export reads the weights only).
 """
 
 from __future__ import annotations
@@ -86,8 +88,9 @@ class RankFiles:
         return files
 
 
-def _fragments(files: RankFiles, dtype_key: str = K.FP32_FLAT_GROUPS):
-    """name -> {partition group (tuple of ranks): {partition rank: _Fragment}}, without reading any tensor."""
+def _fragments(files: RankFiles, state: str | None = None):
+    """name -> {partition group (tuple of ranks): {partition rank: _Fragment}}, without reading any tensor; `state`:
+    an optimizer state's name (None: the fp32 master weights)."""
     layout = RankLayout(files.tp_size * files.dp_size, files.tp_size)
     world = layout.world
     meta = files.model[(0, 0)]
@@ -99,7 +102,7 @@ def _fragments(files: RankFiles, dtype_key: str = K.FP32_FLAT_GROUPS):
         ep_rank = {e[K.EXPERT_KEY_PREFIX]: e[K.EP_RANK] for e in model.get(K.AUTOEP_LAYERS) or []}
         global_rank = layout.rank(d, t)
         for i, shapes in enumerate(model[K.PARAM_SHAPES]):
-            flat = osd[dtype_key][i]
+            flat = osd[K.FP32_FLAT_GROUPS][i] if state is None else osd[K.TORCH_OPTIMIZER][K.STATE][i][state]
             if i < len(groups):
                 size, prank, ranks = (
                     groups[i][K.GROUP_COUNT],
@@ -163,14 +166,15 @@ def _matches(patterns, name: str) -> bool:
 
 
 class Rebuilder:
-    """Full tensors under DeepSpeed's module names, one parameter at a time."""
+    """Full tensors under DeepSpeed's module names, one parameter at a time: the fp32 master weights, or with `state`
+    one optimizer state ("exp_avg", "exp_avg_sq"), shaped as its parameter."""
 
-    def __init__(self, files: RankFiles):
+    def __init__(self, files: RankFiles, state: str | None = None):
         self.files = files
         meta = files.model[(0, 0)]
         self.uc = meta.get(K.UNIVERSAL_INFO) or {}
         self.autoep = {e[K.EXPERT_KEY_PREFIX]: e for e in meta.get(K.AUTOEP_LAYERS) or []}
-        self.fragments = _fragments(files)
+        self.fragments = _fragments(files, state)
         self.buffers = {k: meta[K.MODULE][k] for k in meta.get(K.BUFFER_NAMES, []) if k in meta[K.MODULE]}
         self.shared = dict(meta.get(K.SHARED_PARAMS) or {})
 

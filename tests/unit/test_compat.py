@@ -648,3 +648,44 @@ def test_the_gloo_flight_recorder_dumps_what_the_hang_report_reads(monkeypatch):
     # report finds the user's line of a collective
     assert entry["frames"][0]["name"] == "all_gather"
     assert any(f["filename"] == __file__ and f["name"].startswith("test_the_gloo") for f in entry["frames"])
+
+
+def test_the_zero3_relayout_touches_are_there():
+    """_compat's relayout helpers (checkpoint/relayout.py): DeepSpeed 0.19.8's public ZeRO-3 setters go through
+    `set_full_hp_param`, which still slices `value.flatten().narrow(0, part * rank, part)` (the padded last partition
+    runs past the end: `set_zero3_partition_padded`) and reads the moments from `optimizer.state[flat]` (which must
+    exist first: `create_zero3_optimizer_states`); the module partitions, the unflatten and the AutoTP patterns'
+    attribute are where _compat reads them."""
+    from deepspeed.checkpoint import constants
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
+    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+    assert "set_full_hp_param(value, param)" in inspect.getsource(safe_set_full_fp32_param)
+    assert "set_full_hp_param(value, param, optim_state_key)" in inspect.getsource(safe_set_full_optimizer_state)
+    setter = inspect.getsource(Stage3.set_full_hp_param)
+    assert "fp32_opt_state_partition.numel() * my_rank" in setter and "_get_fp32_opt_state_partition" in setter
+    partition = inspect.getsource(Stage3._get_fp32_opt_state_partition)
+    assert "self.optimizer.state[fp32_param][optim_state_key]" in partition
+    load = inspect.getsource(Stage3._rigid_load_state_dict)
+    assert "fp16_partitioned_groups_flat[sub_group_id]" in load and "self.unflatten(" in load
+    for name in ("_get_param_partition_rank", "_get_param_partition_world_size"):
+        assert callable(getattr(Stage3, name))
+    assert constants.UNIVERSAL_CHECKPOINT_INFO == "universal_checkpoint_info"
+
+
+def test_a_padded_zero3_partition_is_set_with_its_padding_zero():
+    """_compat.set_zero3_partition_padded: 5 elements over 2 partitions of 3; the last rank gets [3, 4] and a zero
+    (where DeepSpeed's `set_full_hp_param` would narrow past the end). A stand-in optimizer, no process group."""
+    from types import SimpleNamespace
+
+    for rank, expected in ((0, [0.0, 1.0, 2.0]), (1, [3.0, 4.0, 0.0])):
+        part = torch.full((3,), 9.0)
+        zero = SimpleNamespace(
+            _get_fp32_opt_state_partition=lambda param, release_swap_buffers, optim_state_key, part=part: (part, 0),
+            _get_param_partition_rank=lambda param, rank=rank: rank,
+            _get_param_partition_world_size=lambda param: 2,
+        )
+        param = SimpleNamespace(_z3_optimizer=zero, ds_numel=5)
+        assert _compat.zero3_partition_padded(param)
+        _compat.set_zero3_partition_padded(param, torch.arange(5.0), "exp_avg")
+        assert part.tolist() == expected
