@@ -7,8 +7,9 @@ with `auto_resume=True`, STEPS steps, a checkpoint every SAVE_STEPS, then `save_
 `kill-at=K`: rank 1 ends itself with SIGKILL at the end of step K, on the launcher's first attempt only
 (TORCHELASTIC_RESTART_COUNT=0), as a dead node would. `step-pause=S`: each step end waits S seconds, so that a test
 can signal the launcher between two steps. Each rank writes OUTPUT_DIR/progress/rank<N> (the last step ended) at
-every step end, and OUTPUT_DIR/survival/rank<N>-attempt<A>.json at the end of each attempt that returns from
-train(): where it resumed from, the step it ended at, and its losses.
+every step end, OUTPUT_DIR/survival/rank<N>-attempt<A>.json at the end of each attempt that returns from train()
+(the first step it trained, the step it ended at, its losses), and OUTPUT_DIR/exits/rank<N> with the code of a
+SystemExit that train() raised (the recipe's exit after a save on a signal).
 """
 
 import json
@@ -87,6 +88,12 @@ if __name__ == "__main__":
     for index, (output_dir, steps, save_steps, *rest) in enumerate(runs):
         options = dict(word.split("=", 1) for word in rest)
         kill_at = int(options["kill-at"]) if "kill-at" in options else None
-        main(output_dir, int(steps), int(save_steps), kill_at, float(options.get("step-pause", "0")))
+        try:
+            main(output_dir, int(steps), int(save_steps), kill_at, float(options.get("step-pause", "0")))
+        except SystemExit as stop:  # the recipe's exit after a save on a signal: its code, for the test
+            folder = Path(output_dir) / "exits"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"rank{os.environ.get('RANK', '0')}").write_text(str(stop.code))
+            raise
         if index < len(runs) - 1:
             mark_run_end(index, int(os.environ.get("RANK", "0")))

@@ -1,0 +1,162 @@
+"""What ends long jobs, each in a real `accelerate launch` on CPU (2 ranks, ZeRO-3, the shipped config, a tiny Llama):
+a rank killed with SIGKILL under `--max_restarts 1`, a SIGTERM at the launcher, and a newest checkpoint that is
+damaged (rank 1's optimizer file truncated) or incomplete (its manifest missing). Every job runs with
+`auto_resume=True` and must end with final weights bitwise equal to those of an uninterrupted run of the same job,
+which is the independent reference: the model is built from its config after the recipe's seeding, the data order is
+the sampler's, so nothing but the interruption differs.
+
+Three launches: (1) the killed run then, in the same processes after the restart, the uninterrupted reference; (2) the
+run given SIGTERM; (3) that run started again, then the two damaged-checkpoint jobs (copies of the reference's
+output directory up to checkpoint-9, which is damaged).
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hf_dist_recipes.checkpoint.manifest import MANIFEST_NAME, Manifest, check_checkpoint
+from hf_dist_recipes.checkpoint.preemption import PREEMPTED_EXIT_CODE
+from tests.support.launch import LAUNCH_TIMEOUT_S, accelerate_launch, accelerate_launch_command, check_launch
+from tests.support.paths import REPO
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+WORKER = str(REPO / "tests" / "distributed" / "workers" / "survival_worker.py")
+CONFIG = REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml"
+STEPS, SAVE_STEPS, KILL_AT = 10, 3, 5  # checkpoints 3, 6, 9; rank 1 dies after step 5, past checkpoint-3
+SIGNAL_AFTER = 2  # the launcher gets SIGTERM once rank 0 ended this step (each step end then waits PAUSE_S)
+PAUSE_S = 0.5
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    out = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(f))
+    assert out, f"no weights in {folder}"
+    return out
+
+
+def assert_bitwise_equal(folder: Path, reference: Path) -> None:
+    got, want = weights(folder), weights(reference)
+    assert sorted(got) == sorted(want)
+    different = [name for name in want if not torch.equal(got[name], want[name])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
+
+
+def _step(out: Path) -> int:
+    text = (out / "progress" / "rank0").read_text() if (out / "progress" / "rank0").exists() else ""
+    return int(text) if text.strip() else 0
+
+
+def sigterm_at_the_launcher(out: Path) -> tuple[subprocess.CompletedProcess, int]:
+    """Launch the paused job, send SIGTERM to `accelerate launch` once rank 0 ended SIGNAL_AFTER steps; the launch
+    as it ended, and the step rank 0 had ended when the signal went."""
+    cmd, env = accelerate_launch_command(CONFIG, [WORKER, str(out), str(STEPS), "100", f"step-pause={PAUSE_S}"])
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    while _step(out) < SIGNAL_AFTER and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    signalled_at = _step(out)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), signalled_at
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("job_dies")
+    killed, reference, stopped = root / "killed", root / "reference", root / "stopped"
+    first = accelerate_launch(
+        CONFIG,
+        [WORKER, str(killed), str(STEPS), str(SAVE_STEPS), f"kill-at={KILL_AT}"]
+        + ["then", str(reference), str(STEPS), str(SAVE_STEPS)],
+        launch_args=("--max_restarts", "1"),
+    )
+    check_launch(first)
+    term, signalled_at = sigterm_at_the_launcher(stopped)
+    # As the stopped job left them, before the launch that continues it writes its own.
+    after_term = {
+        "checkpoints": sorted(p.name for p in stopped.glob("checkpoint-*")),
+        "progress": {r: (stopped / "progress" / f"rank{r}").read_text() for r in (0, 1)},
+        "exits": {p.name: p.read_text() for p in (stopped / "exits").iterdir()},
+        "final": (stopped / "final").exists(),
+    }
+    damaged = {"truncated": root / "truncated", "no_manifest": root / "no_manifest"}
+    for folder in damaged.values():
+        # As if the job had died during step 10: checkpoint-9 is its newest.
+        shutil.copytree(
+            reference, folder, ignore=shutil.ignore_patterns("final", "survival", "progress", "checkpoint-10")
+        )
+    (optim,) = (damaged["truncated"] / "checkpoint-9").glob("global_step9/*rank_1*optim_states.pt")
+    optim.write_bytes(optim.read_bytes()[: optim.stat().st_size // 2])
+    (damaged["no_manifest"] / "checkpoint-9" / MANIFEST_NAME).unlink()
+    again = accelerate_launch(
+        CONFIG,
+        [WORKER, str(stopped), str(STEPS), "100"]
+        + ["then", str(damaged["truncated"]), str(STEPS), str(SAVE_STEPS)]
+        + ["then", str(damaged["no_manifest"]), str(STEPS), str(SAVE_STEPS)],
+    )
+    check_launch(again)
+    return {
+        "killed": killed,
+        "reference": reference,
+        "first": first,
+        "stopped": stopped,
+        "term": term,
+        "signalled_at": signalled_at,
+        "after_term": after_term,
+        "again": again,
+        **damaged,
+    }
+
+
+def test_a_rank_killed_under_max_restarts_finishes_by_itself_equal_to_an_uninterrupted_run(jobs):
+    text = jobs["first"].stdout + jobs["first"].stderr
+    assert "exitcode: -9" in text and "local_rank: 1" in text  # the launcher saw rank 1 die of SIGKILL
+    # Only the restarted attempt returned from train(), and it trained from the step after checkpoint-3.
+    records = sorted(p.name for p in (jobs["killed"] / "survival").iterdir())
+    assert records == ["rank0-attempt1.json", "rank1-attempt1.json"]
+    assert f"auto_resume: resuming from {jobs['killed'] / 'checkpoint-3'}" in text
+    assert_bitwise_equal(jobs["killed"] / "final", jobs["reference"] / "final")
+
+
+def test_sigterm_at_the_launcher_saves_the_next_step_on_every_rank_and_exits_75(jobs):
+    left = jobs["after_term"]
+    (name,) = left["checkpoints"]  # save_steps 100: only the preemption's save
+    checkpoint = jobs["stopped"] / name
+    manifest = Manifest.from_json((checkpoint / MANIFEST_NAME).read_text())
+    # The next step boundary: the step rank 0 ended when the signal went, or the one after it, never later.
+    assert jobs["signalled_at"] <= manifest.step <= jobs["signalled_at"] + 1 < STEPS
+    assert check_checkpoint(checkpoint) == [] and manifest.layout.world_size == 2
+    # Every rank stopped after that same step, and left train() with the documented code.
+    assert left["progress"] == {0: str(manifest.step), 1: str(manifest.step)}
+    assert left["exits"] == {"rank0": str(PREEMPTED_EXIT_CODE), "rank1": str(PREEMPTED_EXIT_CODE)}
+    text = jobs["term"].stdout + jobs["term"].stderr
+    assert text.count(f"every rank stops after step {manifest.step}") == 1, text[-3000:]  # rank 0 says it once
+    assert not left["final"]  # what follows train() in the script did not run
+    assert jobs["term"].returncode != 0
+
+
+def test_the_stopped_job_started_again_resumes_and_ends_equal_to_an_uninterrupted_run(jobs):
+    (name,) = jobs["after_term"]["checkpoints"]
+    assert f"auto_resume: resuming from {jobs['stopped'] / name}" in jobs["again"].stdout + jobs["again"].stderr
+    assert_bitwise_equal(jobs["stopped"] / "final", jobs["reference"] / "final")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "no_manifest"])
+def test_a_damaged_newest_checkpoint_is_named_and_passed_over_for_the_one_before(jobs, damage):
+    folder = jobs[damage]
+    text = jobs["again"].stdout + jobs["again"].stderr
+    assert f"auto_resume: resuming from {folder / 'checkpoint-6'}" in text
+    named = [line for line in text.splitlines() if str(folder / "checkpoint-9") in line]
+    assert named, text[-3000:]
+    assert ("rank_1" in named[0] and "optim_states" in named[0]) if damage == "truncated" else "manifest" in named[0]
+    assert_bitwise_equal(folder / "final", jobs["reference"] / "final")
+    assert os.path.getsize(next((folder / "checkpoint-9").glob("global_step9/*rank_1*optim_states.pt"))) > 0
