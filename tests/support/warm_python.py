@@ -18,7 +18,7 @@ PYTHON = "HF_DIST_RECIPES_WARM_PYTHON"  # the real interpreter, for the fallback
 SERVER_ENV = "HF_DIST_RECIPES_WARM_ENV"  # JSON: the servers' import-time variables and their PYTHONPATH
 LOG = "HF_DIST_RECIPES_WARM_LOG"  # a line per rank: "warm SCRIPT" or "fresh WHY SCRIPT"
 # Variables an import may read once (interpreter flags, thread pools, device visibility, offline mode): a rank
-# that sets any of them differently from the servers gets a fresh interpreter. PYTHON* is matched by prefix.
+# that sets any of them differently from the servers gets a fresh interpreter (and those of IMPORT_TIME_PREFIXES).
 IMPORT_TIME_ENV = (
     "CUDA_VISIBLE_DEVICES",
     "DS_ACCELERATOR",
@@ -30,6 +30,9 @@ IMPORT_TIME_ENV = (
     "OMP_NUM_THREADS",
     "TRANSFORMERS_OFFLINE",
 )
+# Families of such variables, by prefix: PYTHON* (interpreter flags), and torch.compile's configs, which
+# torch._dynamo and torch._inductor read at import (the servers import them with DeepSpeed's Muon optimizer).
+IMPORT_TIME_PREFIXES = ("PYTHON", "TORCHDYNAMO_", "TORCHINDUCTOR_", "TORCH_COMPILE_")
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -39,7 +42,7 @@ def import_time_env(env) -> dict:
     return {
         k: v
         for k, v in env.items()
-        if k in IMPORT_TIME_ENV or (k.startswith("PYTHON") and k not in ("PYTHON_EXEC", "PYTHONPATH"))
+        if k in IMPORT_TIME_ENV or (k.startswith(IMPORT_TIME_PREFIXES) and k not in ("PYTHON_EXEC", "PYTHONPATH"))
     }
 
 

@@ -127,10 +127,17 @@ def _die_with_parent() -> None:
 
 
 def _preimport() -> None:
-    """Import what every worker imports."""
+    """Import what every worker imports.
+
+    That includes DeepSpeed's Muon optimizer: every ZeRO engine's start imports it (0.19.8 runtime/zero/utils.py
+    `is_zero_supported_optimizer`, on purpose not at `import deepspeed`), and its `torch.compile` decorators import
+    torch._dynamo and torch._inductor (and networkx): about 1 s of one core in each rank, nearly all that a forked
+    rank still imported (measured 2026-12-06: 1.05 s of the 1.3 s of CPU a rank spent importing after the fork).
+    Decorating compiles nothing; the variables those configs read are among warm_python.IMPORT_TIME_PREFIXES."""
     import accelerate  # noqa: F401
     import datasets  # noqa: F401
     import deepspeed  # noqa: F401
+    import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
     import deepspeed.runtime.zero.stage3  # noqa: F401
     import transformers  # noqa: F401
     from transformers import AutoModelForCausalLM, Trainer, TrainingArguments  # noqa: F401
