@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from hf_dist_recipes.core.launch import free_port  # the tests' launches pick ports as the product's do
+from tests.support.launch_count import LAUNCHER_MODULE
 from tests.support.paths import REPO
 
 LAUNCH_TIMEOUT_S = 420  # one run; the first also JIT-builds DeepSpeed's shm op (about 60 s on 2 cores)
@@ -57,22 +58,21 @@ def accelerate_launch(
     env: Mapping[str, str | None] | None = None,
 ) -> subprocess.CompletedProcess:
     """Run `accelerate launch --config_file config_file ...` and return it with output captured. `env`: variables
-    to set for the launch and its ranks (None: unset it)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(config_file),
-        "--main_process_port",
-        str(free_port()),
-    ]
-    if num_processes:
-        cmd += ["--num_processes", str(num_processes)]
+    to set for the launch and its ranks (None: unset it).
+
+    In a session with warm rank servers (`PYTHON_EXEC` set, tests.support.warm_ranks) the launcher starts as its
+    ranks do: the real `accelerate launch`, forked from a server that already imported torch, accelerate and
+    DeepSpeed (which accelerate's DeepSpeed launcher imports), instead of a new interpreter importing them: about
+    3 s of one core per launch. The same rules start it fresh instead (warm_python.py). Not for a test that looks
+    for the launch's processes in its process tree: `fresh_env` starts launcher and ranks fresh."""
     overrides, env = env or {}, _launch_env()
     env = {k: v for k, v in {**env, **overrides}.items() if v is not None}
     if (yaml.safe_load(Path(config_file).read_text()) or {}).get("use_cpu"):
         env = cpu_only_env(env)
+    python = [env["PYTHON_EXEC"], "-u"] if env.get("PYTHON_EXEC") else [sys.executable]
+    cmd = [*python, "-m", LAUNCHER_MODULE, "--config_file", str(config_file), "--main_process_port", str(free_port())]
+    if num_processes:
+        cmd += ["--num_processes", str(num_processes)]
     return subprocess.run(cmd + script_and_args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -51,7 +51,11 @@ def summary_line(counts: Counter) -> str:
     """pytest's summary line for `WarmServers.counts()`, summed over the xdist workers."""
     fresh = Counter({key.split(":", 1)[1]: n for key, n in counts.items() if key.startswith("fresh:")})
     why = ", ".join(f"{n} {reason}" for reason, n in fresh.most_common())
-    return f"ranks: {counts['warm']} forked warm, {fresh.total()} started fresh" + (f" ({why})" if why else "")
+    line = f"ranks: {counts['warm']} forked warm, {fresh.total()} started fresh" + (f" ({why})" if why else "")
+    launchers = Counter({key.split(":", 1)[1]: n for key, n in counts.items() if key.startswith("launcher:")})
+    if launchers:
+        line += f"; launchers: {launchers['warm']} forked warm, {launchers.total() - launchers['warm']} started fresh"
+    return line
 
 
 class WarmServers:
@@ -104,9 +108,16 @@ class WarmServers:
                 said += chunk
 
     def counts(self) -> Counter:
-        """How this session's ranks started: {"warm": N, "fresh:<why>": M, ...} (`summary_line` renders a sum)."""
+        """How this session's ranks started: {"warm": N, "fresh:<why>": M, ...}, and its launchers under "launcher:"
+        keys (tests.support.launch.accelerate_launch); `summary_line` renders a sum."""
+        from tests.support.launch_count import LAUNCHER_MODULE
+
         lines = self.ranks_log.read_text().splitlines() if self.ranks_log.exists() else []
-        return Counter("warm" if line.startswith("warm ") else f"fresh:{line.split()[1]}" for line in lines)
+        return Counter(
+            ("launcher:" if line.split()[-1] == LAUNCHER_MODULE else "")
+            + ("warm" if line.startswith("warm ") else f"fresh:{line.split()[1]}")
+            for line in lines
+        )
 
     def stop(self) -> None:
         for process in self.processes:
