@@ -1,18 +1,20 @@
 """ZeRO-3 gradient reduction in the dtype the generated JSON names (`communication_data_type`), on 2 real CPU ranks
 training tiny-llama in bf16: the shipped JSON (fp32) makes DeepSpeed reduce-scatter fp32 tensors, twice the bytes of
-the same run with `--grad-reduce-dtype bf16`, as `planning/comm.py` counts them; both train. The bf16 launch also
-trains the run again with the chunked loss (`loss_chunk_tokens`): under ZeRO-3, every tensor partitioned, the LM
+the same run with `--grad-reduce-dtype bf16`, as `planning/comm.py` counts them; both train, in one launch. The bf16 run
+also trains the run again with the chunked loss (`loss_chunk_tokens`): under ZeRO-3, every tensor partitioned, the LM
 head is gathered for each chunk and the losses are the stock loss's."""
 
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
 from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.planning.deepspeed_config import deepspeed_config
+from tests.distributed.workers.runs import THEN
 from tests.support.launch import accelerate_launch, check_launch, write_cpu_deepspeed_yaml
 from tests.support.paths import REPO
 
@@ -25,7 +27,7 @@ STEPS = 3
 CHUNK = 16  # tokens per loss chunk: micro batch 2 x 32 tokens in 4 chunks
 
 
-def _run(tmp_path, reduce: str, chunk: int | None = None) -> list[dict]:
+def _deepspeed_json(tmp_path, reduce: str) -> Path:
     plan = ParallelPlan(procs_per_node=2, device="cpu", precision="bf16", grad_reduce_dtype=reduce)
     ds = deepspeed_config(plan, auto=True)
     assert ds["communication_data_type"] == reduce
@@ -33,16 +35,22 @@ def _run(tmp_path, reduce: str, chunk: int | None = None) -> list[dict]:
     ds["zero_optimization"]["stage3_param_persistence_threshold"] = 0
     ds_json = tmp_path / f"{reduce}.json"
     ds_json.write_text(json.dumps(ds))
-    yaml = write_cpu_deepspeed_yaml(tmp_path / f"{reduce}.yaml", ds_json)
-    out = tmp_path / reduce
-    check_launch(accelerate_launch(yaml, [WORKER, str(out), str(STEPS), *([str(chunk)] if chunk else [])]))
-    return [json.loads((out / "reduce" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return ds_json
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, list[dict]]:
+    """One launch, the fp32 run then the bf16 run (and its chunked-loss run) in the same ranks
+    (tests/distributed/workers/runs.py), each with its own DeepSpeed JSON."""
     tmp_path = tmp_path_factory.mktemp("reduce")
-    return {"fp32": _run(tmp_path, "fp32"), "bf16": _run(tmp_path, "bf16", chunk=CHUNK)}
+    fp32, bf16 = _deepspeed_json(tmp_path, "fp32"), _deepspeed_json(tmp_path, "bf16")
+    yaml = write_cpu_deepspeed_yaml(tmp_path / "launch.yaml", fp32)
+    argv = [str(fp32), str(tmp_path / "fp32"), str(STEPS), THEN, str(bf16), str(tmp_path / "bf16"), str(STEPS)]
+    check_launch(accelerate_launch(yaml, [WORKER, *argv, str(CHUNK)]))
+    return {
+        reduce: [json.loads((tmp_path / reduce / "reduce" / f"rank{r}.json").read_text()) for r in (0, 1)]
+        for reduce in ("fp32", "bf16")
+    }
 
 
 def test_gradients_are_reduce_scattered_in_the_configured_dtype(runs):

@@ -1,15 +1,18 @@
 """The recipe's schedule selected by name under DeepSpeed ZeRO-3 on 2 real CPU ranks, with the optimizer built by
 the Trainer and with an `optimizer` section (DeepSpeed builds the optimizer and steps the scheduler through
-transformers' callable). The learning rates are those the engine's optimizer held at each step, and the shape
-(floor 0.3, re-warm-up after the restart) is one transformers' stock `cosine_with_restarts` cannot produce."""
+transformers' callable), both runs in one launch. The learning rates are those the engine's optimizer held at each
+step, and the shape (floor 0.3, re-warm-up after the restart) is one transformers' stock `cosine_with_restarts`
+cannot produce."""
 
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
+from tests.distributed.workers.runs import THEN
 from tests.support.launch import accelerate_launch, check_launch, write_cpu_deepspeed_yaml
 from tests.support.paths import REPO
 
@@ -41,7 +44,7 @@ def _expected() -> list[float]:
     return [PEAK * m for m in multipliers]
 
 
-def _run(tmp_path, name: str, deepspeed_optimizer: bool) -> list[dict]:
+def _deepspeed_json(tmp_path, name: str, deepspeed_optimizer: bool) -> Path:
     ds = json.loads((REPO / "accelerate_configs" / "deepspeed" / "cpu_zero3_2proc.json").read_text())
     if deepspeed_optimizer:
         # torch_adam: DeepSpeed's torch.optim.AdamW; its FusedAdam would be JIT-built for the CPU first.
@@ -51,15 +54,30 @@ def _run(tmp_path, name: str, deepspeed_optimizer: bool) -> list[dict]:
         }
     ds_json = tmp_path / f"{name}.json"
     ds_json.write_text(json.dumps(ds))
-    yaml = write_cpu_deepspeed_yaml(tmp_path / f"{name}.yaml", ds_json)
-    out = tmp_path / name
-    check_launch(accelerate_launch(yaml, [WORKER, str(out), str(STEPS)]))
-    return [json.loads((out / "schedule" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return ds_json
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[bool, list[dict]]:
+    """One launch, both runs in the same ranks (tests/distributed/workers/runs.py), each with its own DeepSpeed JSON:
+    the Trainer's optimizer, then DeepSpeed's. {deepspeed_optimizer: the ranks' records}."""
+    tmp_path = tmp_path_factory.mktemp("schedule")
+    names = {False: "hf_opt", True: "ds_opt"}
+    argv: list[str] = []
+    for deepspeed_optimizer, name in names.items():
+        ds_json = _deepspeed_json(tmp_path, name, deepspeed_optimizer)
+        argv += [*([THEN] if argv else []), str(ds_json), str(tmp_path / name), str(STEPS)]
+    yaml = write_cpu_deepspeed_yaml(tmp_path / "launch.yaml", tmp_path / f"{names[False]}.json")
+    check_launch(accelerate_launch(yaml, [WORKER, *argv]))
+    return {
+        ds_opt: [json.loads((tmp_path / name / "schedule" / f"rank{r}.json").read_text()) for r in (0, 1)]
+        for ds_opt, name in names.items()
+    }
 
 
 @pytest.mark.parametrize("deepspeed_optimizer", [False, True], ids=["trainer-optimizer", "deepspeed-optimizer"])
-def test_engine_applies_the_recipe_schedule(tmp_path, deepspeed_optimizer):
-    ranks = _run(tmp_path, "ds_opt" if deepspeed_optimizer else "hf_opt", deepspeed_optimizer)
+def test_engine_applies_the_recipe_schedule(runs, deepspeed_optimizer):
+    ranks = runs[deepspeed_optimizer]
     expected = _expected()
     # Stock cosine_with_restarts (2 cycles, no floor, hard restart) at steps 6 and 7: near 0, then back at the peak.
     stock_6_7 = [PEAK * 0.5 * (1 + math.cos(math.pi * 4 / 5)), PEAK]

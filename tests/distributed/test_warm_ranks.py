@@ -118,6 +118,8 @@ def test_ranks_that_import_differently_start_fresh(client, tmp_path):
     cases = {
         "threads": {"OMP_NUM_THREADS": "3"},
         "interpreter-flag": {"PYTHONFAULTHANDLER": "1"},
+        # read when torch._inductor is imported, which the servers do (DeepSpeed's Muon optimizer, warm_ranks.py)
+        "compile-config": {"TORCHINDUCTOR_COMPILE_THREADS": "3"},
         "shadowing-path": {"PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(tmp_path)])},
     }
     for name, env in cases.items():

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from hf_dist_recipes.core.launch import free_port  # the tests' launches pick ports as the product's do
+from tests.support.launch_count import LAUNCHER_MODULE
 from tests.support.paths import REPO
 
 LAUNCH_TIMEOUT_S = 420  # one run; the first also JIT-builds DeepSpeed's shm op (about 60 s on 2 cores)
@@ -56,23 +57,23 @@ def accelerate_launch_command(
     launch_args: tuple[str, ...] = (),
 ) -> tuple[list[str], dict[str, str]]:
     """The command line and environment of `accelerate launch --config_file config_file [launch_args] ...`: a free
-    rendezvous port, and `env`'s variables set for the launch and its ranks (None: unset it)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(config_file),
-        "--main_process_port",
-        str(free_port()),
-        *launch_args,
-    ]
-    if num_processes:
-        cmd += ["--num_processes", str(num_processes)]
+    rendezvous port, and `env`'s variables set for the launch and its ranks (None: unset it).
+
+    In a session with warm rank servers (`PYTHON_EXEC` set, tests.support.warm_ranks) the launcher starts as its
+    ranks do: the real `accelerate launch`, forked from a server that already imported torch, accelerate and
+    DeepSpeed (which accelerate's DeepSpeed launcher imports), instead of a new interpreter importing them: about
+    3 s of one core per launch. The same rules start it fresh instead (warm_python.py). Not for a test that looks
+    for the launch's processes in its process tree: `fresh_env` starts launcher and ranks fresh. Signals sent to the
+    warm launcher's stand-in reach the real one (warm_python.py forwards them)."""
     overrides, full = env or {}, _launch_env()
     full = {k: v for k, v in {**full, **overrides}.items() if v is not None}
     if (yaml.safe_load(Path(config_file).read_text()) or {}).get("use_cpu"):
         full = cpu_only_env(full)
+    python = [full["PYTHON_EXEC"], "-u"] if full.get("PYTHON_EXEC") else [sys.executable]
+    cmd = [*python, "-m", LAUNCHER_MODULE, "--config_file", str(config_file), "--main_process_port", str(free_port())]
+    cmd += list(launch_args)
+    if num_processes:
+        cmd += ["--num_processes", str(num_processes)]
     return cmd + script_and_args, full
 
 
@@ -86,8 +87,8 @@ def accelerate_launch(
     env: Mapping[str, str | None] | None = None,
     launch_args: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess:
-    """Run `accelerate launch --config_file config_file ...` and return it with output captured. `env`: variables
-    to set for the launch and its ranks (None: unset it); `launch_args`: accelerate's own flags (--max_restarts 1)."""
+    """Run `accelerate launch --config_file config_file ...` (`accelerate_launch_command`) and return it with output
+    captured. `launch_args`: accelerate's own flags (e.g. --max_restarts 1)."""
     cmd, full = accelerate_launch_command(
         config_file, script_and_args, num_processes=num_processes, env=env, launch_args=launch_args
     )

@@ -5,7 +5,8 @@ A daemon thread polls /proc every 0.2 s for processes new since the last look th
 process, and counts
 - a launched rank 0: RANK=0 in its starting environment while its parent's has none (so a rank's own children,
   DataLoader workers or the op build, which inherit RANK=0, do not count), one per `accelerate launch`, torchrun,
-  demo or preflight launch;
+  demo or preflight launch; an `accelerate launch` forked from a warm rank server counts as its stand-in instead
+  (its ranks descend from the server);
 - a `notebook_launcher` launch inside a notebook kernel: its ranks are forks of the kernel, whose environment shows
   no RANK, so the first forked child of a kernel while none of its others is alive counts as one launch.
 Each launch is charged to the test that was running (module-scoped fixtures to the first test of their module).
@@ -56,6 +57,20 @@ def _age_s(pid: int) -> float:
     return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
+LAUNCHER_MODULE = "accelerate.commands.launch"
+
+
+def _is_warm_launcher(pid: int) -> bool:
+    """`accelerate launch` run by the warm rank servers' client (tests.support.launch.accelerate_launch): the stand-in
+    of a launcher forked from a server, whose ranks' stand-ins are then the server's descendants."""
+    client = os.environ.get("PYTHON_EXEC")
+    cmdline = _read(pid, "cmdline")
+    if not client or cmdline is None:
+        return False
+    args = cmdline.split(b"\0")
+    return client.encode() in args[:3] and LAUNCHER_MODULE.encode() in args
+
+
 def _is_kernel(pid: int) -> bool:
     cmdline = _read(pid, "cmdline")
     return cmdline is not None and b"ipykernel_launcher" in cmdline
@@ -72,6 +87,9 @@ class LaunchCounter:
         # Warm rank servers (tests.support.warm_ranks): their forks show the server's starting environment, so a
         # program a rank execs would look like a new rank 0; the rank was counted as its warm_python.py stand-in.
         self.excluded: set[int] = set()
+        # Launchers forked from those servers are counted as their stand-ins (`_is_warm_launcher`); one that fell back
+        # to a fresh interpreter (the same process, exec'd) has ranks of its own, not counted again.
+        self._warm_launchers: set[int] = set()
         self._kernel_forks: dict[int, set[int]] = {}  # kernel pid -> its forked children alive at the last look
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -123,7 +141,11 @@ class LaunchCounter:
                 self._seen.add(pid)
                 continue
             if _has_rank0(pid) and not _has_rank0(parent):
+                if parent not in self._warm_launchers:
+                    self.by_test[self.current] += 1
+            elif _is_warm_launcher(pid):
                 self.by_test[self.current] += 1
+                self._warm_launchers.add(pid)
             elif _is_kernel(pid) and _is_kernel(parent):  # a fork of a notebook kernel: a notebook_launcher rank
                 forks = self._kernel_forks.setdefault(parent, set())
                 if not forks:
@@ -134,6 +156,7 @@ class LaunchCounter:
                 continue
             self._seen.add(pid)
         self._seen &= alive
+        self._warm_launchers &= alive
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_S):

@@ -18,7 +18,7 @@ PYTHON = "HF_DIST_RECIPES_WARM_PYTHON"  # the real interpreter, for the fallback
 SERVER_ENV = "HF_DIST_RECIPES_WARM_ENV"  # JSON: the servers' import-time variables and their PYTHONPATH
 LOG = "HF_DIST_RECIPES_WARM_LOG"  # a line per rank: "warm SCRIPT" or "fresh WHY SCRIPT"
 # Variables an import may read once (interpreter flags, thread pools, device visibility, offline mode): a rank
-# that sets any of them differently from the servers gets a fresh interpreter. PYTHON* is matched by prefix.
+# that sets any of them differently from the servers gets a fresh interpreter (and those of IMPORT_TIME_PREFIXES).
 IMPORT_TIME_ENV = (
     "CUDA_VISIBLE_DEVICES",
     "DS_ACCELERATOR",
@@ -30,6 +30,13 @@ IMPORT_TIME_ENV = (
     "OMP_NUM_THREADS",
     "TRANSFORMERS_OFFLINE",
 )
+# Families of such variables, by prefix: PYTHON* (interpreter flags), and torch.compile's configs, which
+# torch._dynamo and torch._inductor read at import (the servers import them with DeepSpeed's Muon optimizer).
+IMPORT_TIME_PREFIXES = ("PYTHON", "TORCHDYNAMO_", "TORCHINDUCTOR_", "TORCH_COMPILE_")
+# Read when used, not at import: PYTHON_EXEC and PYTHONPATH (`_shadowing`), and inductor's cache folder, which torch
+# 2.13 `torch._inductor.runtime.cache_dir_utils.cache_dir()` also writes into the environment of the process that
+# asks (a pytest process that did hands it to every later launch).
+NOT_IMPORT_TIME = ("PYTHON_EXEC", "PYTHONPATH", "TORCHINDUCTOR_CACHE_DIR")
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -39,7 +46,7 @@ def import_time_env(env) -> dict:
     return {
         k: v
         for k, v in env.items()
-        if k in IMPORT_TIME_ENV or (k.startswith("PYTHON") and k not in ("PYTHON_EXEC", "PYTHONPATH"))
+        if k in IMPORT_TIME_ENV or (k.startswith(IMPORT_TIME_PREFIXES) and k not in NOT_IMPORT_TIME)
     }
 
 
@@ -93,7 +100,7 @@ def _note(line):
 
 
 def _fresh(argv, why):
-    _note(f"fresh {why} {' '.join(argv[1:2])}")
+    _note(f"fresh {why} {argv[2] if argv[1:2] == ['-m'] and len(argv) > 2 else ' '.join(argv[1:2])}")
     python = os.environ.get(PYTHON, "python3")
     os.execv(python, [python, *argv])
 

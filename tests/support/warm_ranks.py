@@ -51,7 +51,11 @@ def summary_line(counts: Counter) -> str:
     """pytest's summary line for `WarmServers.counts()`, summed over the xdist workers."""
     fresh = Counter({key.split(":", 1)[1]: n for key, n in counts.items() if key.startswith("fresh:")})
     why = ", ".join(f"{n} {reason}" for reason, n in fresh.most_common())
-    return f"ranks: {counts['warm']} forked warm, {fresh.total()} started fresh" + (f" ({why})" if why else "")
+    line = f"ranks: {counts['warm']} forked warm, {fresh.total()} started fresh" + (f" ({why})" if why else "")
+    launchers = Counter({key.split(":", 1)[1]: n for key, n in counts.items() if key.startswith("launcher:")})
+    if launchers:
+        line += f"; launchers: {launchers['warm']} forked warm, {launchers.total() - launchers['warm']} started fresh"
+    return line
 
 
 class WarmServers:
@@ -104,9 +108,16 @@ class WarmServers:
                 said += chunk
 
     def counts(self) -> Counter:
-        """How this session's ranks started: {"warm": N, "fresh:<why>": M, ...} (`summary_line` renders a sum)."""
+        """How this session's ranks started: {"warm": N, "fresh:<why>": M, ...}, and its launchers under "launcher:"
+        keys (tests.support.launch.accelerate_launch); `summary_line` renders a sum."""
+        from tests.support.launch_count import LAUNCHER_MODULE
+
         lines = self.ranks_log.read_text().splitlines() if self.ranks_log.exists() else []
-        return Counter("warm" if line.startswith("warm ") else f"fresh:{line.split()[1]}" for line in lines)
+        return Counter(
+            ("launcher:" if line.split()[-1] == LAUNCHER_MODULE else "")
+            + ("warm" if line.startswith("warm ") else f"fresh:{line.split()[1]}")
+            for line in lines
+        )
 
     def stop(self) -> None:
         for process in self.processes:
@@ -127,10 +138,17 @@ def _die_with_parent() -> None:
 
 
 def _preimport() -> None:
-    """Import what every worker imports."""
+    """Import what every worker imports.
+
+    That includes DeepSpeed's Muon optimizer: every ZeRO engine's start imports it (0.19.8 runtime/zero/utils.py
+    `is_zero_supported_optimizer`, on purpose not at `import deepspeed`), and its `torch.compile` decorators import
+    torch._dynamo and torch._inductor (and networkx): about 1 s of one core in each rank, nearly all that a forked
+    rank still imported (measured 2026-12-06: 1.05 s of the 1.3 s of CPU a rank spent importing after the fork).
+    Decorating compiles nothing; the variables those configs read are among warm_python.IMPORT_TIME_PREFIXES."""
     import accelerate  # noqa: F401
     import datasets  # noqa: F401
     import deepspeed  # noqa: F401
+    import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
     import deepspeed.runtime.zero.stage3  # noqa: F401
     import transformers  # noqa: F401
     from transformers import AutoModelForCausalLM, Trainer, TrainingArguments  # noqa: F401

@@ -1,7 +1,10 @@
 """Run on every rank by tests/distributed/test_grad_reduce_dtype.py under `accelerate launch` with a ZeRO-3 DeepSpeed
 JSON and bf16 training.
 
-    grad_reduce_worker.py OUTPUT_DIR STEPS [LOSS_CHUNK_TOKENS]
+    grad_reduce_worker.py DEEPSPEED_JSON OUTPUT_DIR STEPS [LOSS_CHUNK_TOKENS] [then DEEPSPEED_JSON OUTPUT_DIR STEPS ...]
+
+Each `then` is one more run in the same processes with its own DeepSpeed JSON (tests/distributed/workers/runs.py
+`use_deepspeed_json`); each run counts only its own reduce-scatters.
 
 Records the dtype and size of every tensor DeepSpeed reduce-scatters (a wrapper around `deepspeed.comm.
 reduce_scatter_fn`, which ZeRO-3's `reduce_scatter_coalesced` calls, passing each call through unchanged) and the
@@ -26,6 +29,7 @@ from transformers import AutoModelForCausalLM
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import stdlib_dataset, token_blocks
 from hf_dist_recipes.parallel.models import template_config
+from tests.distributed.workers.runs import split_runs, use_deepspeed_json
 
 
 def main(output_dir: str, steps: int, chunk: int | None = None) -> None:
@@ -39,6 +43,13 @@ def main(output_dir: str, steps: int, chunk: int | None = None) -> None:
         return original(output_tensor, tensor, *args, **kwargs)
 
     deepspeed.comm.reduce_scatter_fn = recording
+    try:
+        _train(output_dir, steps, chunk, seen)
+    finally:
+        deepspeed.comm.reduce_scatter_fn = original  # the next run of the launch wraps the original again
+
+
+def _train(output_dir: str, steps: int, chunk: int | None, seen: dict[str, int]) -> None:
     config = template_config("tiny-llama")
     data = token_blocks(stdlib_dataset(seq_len=32, max_bytes=20_000), config.vocab_size)
     common = dict(
@@ -84,4 +95,6 @@ def main(output_dir: str, steps: int, chunk: int | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)
+    for ds_json, output_dir, steps, *chunk in split_runs(sys.argv[1:]):
+        use_deepspeed_json(ds_json)
+        main(output_dir, int(steps), int(chunk[0]) if chunk else None)

@@ -1,8 +1,11 @@
 """Run on every rank by tests/distributed/test_hpz_model_init.py under `accelerate launch` with a ZeRO-3 DeepSpeed
 JSON, with or without ZeRO++ hpZ (`zero_hpz_partition_size`).
 
-    hpz_worker.py OUTPUT_DIR STEPS
+    hpz_worker.py DEEPSPEED_JSON OUTPUT_DIR STEPS [then DEEPSPEED_JSON OUTPUT_DIR STEPS]...
 
+Each `then` is one more run in the same processes with its own DeepSpeed JSON (tests/distributed/workers/runs.py
+`use_deepspeed_json`): the test runs plain ZeRO-3 first, then hpZ, whose two builds are then still the process's
+first and second hpZ groups.
 `RecipeTrainer(model_init=...)` builds tiny-llama twice in this process: once in the constructor and again in
 `train()` (transformers 5.24 `call_model_init`), each time under zero.Init. Writes OUTPUT_DIR/hpz/rank<N>.json:
 the logged training losses, how often model_init ran, how many of the trained model's parameters zero.Init gave an
@@ -21,6 +24,7 @@ from transformers import AutoModelForCausalLM
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import stdlib_dataset, token_blocks
 from hf_dist_recipes.parallel.models import template_config
+from tests.distributed.workers.runs import split_runs, use_deepspeed_json
 
 
 def main(output_dir: str, steps: int) -> None:
@@ -72,4 +76,6 @@ def main(output_dir: str, steps: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    for ds_json, output_dir, steps in split_runs(sys.argv[1:]):
+        use_deepspeed_json(ds_json)
+        main(output_dir, int(steps))

@@ -1,10 +1,16 @@
 """Several runs in one launch: a worker's command line `ARGS [then ARGS]...` split into one argument list per run,
 which the worker runs in order in the same processes (new arguments, model and trainer each time). Each rank
-imports torch, transformers and DeepSpeed once for all of them. A run that stops the launch goes last."""
+imports torch, transformers and DeepSpeed once for all of them. A run that stops the launch goes last.
+
+Runs that differ only in their DeepSpeed JSON share a launch too (`use_deepspeed_json`): `accelerate launch` hands the
+ranks the YAML's `deepspeed_config_file` as one environment variable, and each run's arguments are built from it."""
 
 from __future__ import annotations
 
+import os
 import sys
+
+from hf_dist_recipes import _compat
 
 THEN = "then"
 RUN_END = "=== end of run {} ==="  # rank 0's line on stdout and stderr after each run but the last
@@ -19,6 +25,15 @@ def split_runs(argv: list[str]) -> list[list[str]]:
         else:
             runs[-1].append(arg)
     return runs
+
+
+def use_deepspeed_json(path: str) -> None:
+    """Give the next run of this launch its own DeepSpeed JSON, as `accelerate launch` would have from a YAML naming
+    `path` (accelerate 1.16 `utils/launch.py` exports it as ACCELERATE_DEEPSPEED_CONFIG_FILE). Call it before the
+    run's arguments: transformers 5.25 `TrainingArguments` resets accelerate's state and builds its DeepSpeed plugin
+    from the variable (`_compat.launcher_deepspeed_config` reads the same one). The YAML of such a launch must differ
+    from the run's only in that path (`tests.support.launch.write_cpu_deepspeed_yaml`)."""
+    os.environ[_compat.ACCELERATE_DEEPSPEED_CONFIG_FILE] = path
 
 
 def mark_run_end(index: int, rank: int) -> None:

@@ -1,7 +1,10 @@
 """Run on every rank by tests/distributed/test_schedule_deepspeed.py under `accelerate launch` with a ZeRO-3
 DeepSpeed JSON, with or without an `optimizer` section (DeepSpeed then owns the optimizer and steps the scheduler).
 
-    schedule_worker.py OUTPUT_DIR STEPS
+    schedule_worker.py DEEPSPEED_JSON OUTPUT_DIR STEPS [then DEEPSPEED_JSON OUTPUT_DIR STEPS]...
+
+Each `then` is one more run in the same processes with its own DeepSpeed JSON (tests/distributed/workers/runs.py
+`use_deepspeed_json`).
 
 Trains tiny-llama with the recipe's schedule given by name (cosine_with_restarts, 2 cycles, floor 0.3, re-warm-up
 of 2 steps, warm-up 2 steps, peak 1e-2). Writes OUTPUT_DIR/schedule/rank<N>.json: the learning rate the engine's
@@ -21,6 +24,7 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.parallel.models import template_config
+from tests.distributed.workers.runs import split_runs, use_deepspeed_json
 
 
 class EngineLearningRates(TrainerCallback):
@@ -76,4 +80,6 @@ def main(output_dir: str, steps: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    for ds_json, output_dir, steps in split_runs(sys.argv[1:]):
+        use_deepspeed_json(ds_json)
+        main(output_dir, int(steps))
