@@ -689,3 +689,17 @@ def test_a_padded_zero3_partition_is_set_with_its_padding_zero():
         assert _compat.zero3_partition_padded(param)
         _compat.set_zero3_partition_padded(param, torch.arange(5.0), "exp_avg")
         assert part.tolist() == expected
+
+
+def test_torch_elastic_workers_use_the_agent_store_by_the_variable_comm_restarts_sets(monkeypatch):
+    import importlib
+
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the module; the package's name is a function
+    for value, expected in (("True", True), ("False", False)):
+        monkeypatch.setenv(_compat.AGENT_STORE_VARIABLE, value)
+        assert rendezvous._torchelastic_use_agent_store() is expected
+        assert _compat.agent_store_in_use({_compat.AGENT_STORE_VARIABLE: value}) is expected
+    environ = {_compat.AGENT_STORE_VARIABLE: "True"}
+    _compat.stop_using_agent_store(environ)
+    monkeypatch.setenv(_compat.AGENT_STORE_VARIABLE, environ[_compat.AGENT_STORE_VARIABLE])
+    assert rendezvous._torchelastic_use_agent_store() is False
