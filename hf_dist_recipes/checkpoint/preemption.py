@@ -148,6 +148,8 @@ class PreemptionCallback(TrainerCallback):
                 self._previous[signum] = signal.signal(signum, self._handler)
 
     def on_step_end(self, args, state, control, **kwargs):
+        if not self.signals:
+            return  # preemption_signals="none": no handler, no collective
         now = self.clock()
         if self._last_step_end is not None:
             self._longest_gap = max(self._longest_gap, now - self._last_step_end)

@@ -14,9 +14,10 @@ of this attempt, every rank reads it, and the group is then created as without a
 TCPStore on that port). Nothing changes on the first attempt, nor without a torch elastic launcher.
 
 The attempt number is TORCHELASTIC_RESTART_COUNT, which each node's agent counts for itself
-(pytorch/pytorch#108158): on one machine every rank agrees on it. Across machines, static rendezvous does not
-restart the other machines' workers together; the generated multi-node scripts use c10d rendezvous with
-`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`, where each round already gets its own store and port.
+(pytorch/pytorch#108158): on one machine every rank agrees on it, across machines not, so there a restarted rank
+that would use the agent's store stops with the fix instead (ValueError): c10d rendezvous with
+`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`, where each round gets its own store and port (the torchrun form of the
+generated script).
 """
 
 from __future__ import annotations
@@ -39,6 +40,15 @@ def fresh_rendezvous_after_restart(environ: MutableMapping[str, str] = os.enviro
     attempt = int(environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     if attempt == 0 or not _compat.agent_store_in_use(environ):
         return None
+    if environ.get("GROUP_WORLD_SIZE", "1") != "1":
+        # Each machine's agent counts its own restarts (pytorch/pytorch#108158): the ranks of two machines could
+        # look for two different keys, and wait for each other for ever.
+        raise ValueError(
+            f"restarted ranks of {environ['GROUP_WORLD_SIZE']} machines would meet in the first attempt's "
+            "rendezvous store, which still holds its keys (pytorch/pytorch#135712): launch with c10d rendezvous and "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in the environment, as the torchrun form of `hf-dist-recipes "
+            "config generate --launcher torchrun` does"
+        )
     from torch.distributed import TCPStore
 
     rank = int(environ["RANK"])

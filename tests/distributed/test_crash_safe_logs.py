@@ -1,5 +1,5 @@
 """A rank that dies keeps what it logged: a real training process (RecipeTrainer, tiny model, logs every 2 steps) ends
-at step 5 by SIGTERM, SIGKILL or an exception; its TensorBoard run is read back with `read_scalars`. Each logging
+at step 5 by SIGTERM (preemption off), SIGKILL or an exception, or saves step 6 on SIGTERM (the default); its TensorBoard run is read back with `read_scalars`. Each logging
 step is flushed, so steps 2 and 4 survive even SIGKILL; a probe scalar written (not flushed) at step 5 survives
 SIGTERM (the handler flushes, then the process still dies of SIGTERM) and the exception (train() closes the writer),
 and is lost to SIGKILL, which no handler sees. Then a second launch into the same directory is refused, and a
@@ -18,6 +18,7 @@ import sys
 
 import pytest
 
+from hf_dist_recipes.checkpoint.preemption import PREEMPTED_EXIT_CODE
 from hf_dist_recipes.monitoring import read_scalars
 from tests.distributed.workers.runs import THEN
 from tests.support.launch import accelerate_launch, cpu_only_env
@@ -50,14 +51,16 @@ def killed(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "mode, returncode, probe_survives",
+    "mode, returncode, probe_survives, logged",
     [
-        ("term", -signal.SIGTERM, True),
-        ("kill", -signal.SIGKILL, False),
-        ("raise", 1, True),
+        ("term", -signal.SIGTERM, True, [2, 4]),
+        ("kill", -signal.SIGKILL, False, [2, 4]),
+        ("raise", 1, True, [2, 4]),
+        # the recipe's default: the SIGTERM saves the next step (6, a logging step) and exits 75
+        ("save", PREEMPTED_EXIT_CODE, True, [2, 4, 6]),
     ],
 )
-def test_a_dying_rank_keeps_its_flushed_steps(request, tmp_path, mode, returncode, probe_survives):
+def test_a_dying_rank_keeps_its_flushed_steps(request, tmp_path, mode, returncode, probe_survives, logged):
     if mode == "kill":
         tmp_path, proc = request.getfixturevalue("killed")
     else:
@@ -65,8 +68,10 @@ def test_a_dying_rank_keeps_its_flushed_steps(request, tmp_path, mode, returncod
     assert proc.returncode == returncode, proc.stderr[-3000:]
     scalars = read_scalars(tmp_path / "tensorboard" / "rank0")
     for tag in ("train/loss", "rank/step_time_s", "train/system/rss_gib"):
-        assert [step for step, _ in scalars[tag]] == [2, 4], tag
+        assert [step for step, _ in scalars[tag]] == logged, tag
     assert ("probe/unflushed" in scalars) is probe_survives
+    if mode == "save":
+        assert [p.name for p in tmp_path.glob("checkpoint-*")] == ["checkpoint-6"]
     if mode == "raise":
         assert f"worker dies at step {DIE_AT}" in proc.stderr
 

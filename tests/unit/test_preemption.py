@@ -80,7 +80,10 @@ def test_the_stopped_run_resumed_ends_as_the_uninterrupted_one(tmp_path):
 def test_preemption_signals_none_keeps_the_stock_behaviour(tmp_path):
     trainer = _trainer(tmp_path, preemption_signals="none")
     assert trainer.recipe_callbacks.preemption.signals == ()
+    before = signal.getsignal(signal.SIGUSR2)
     trainer.train()  # no handler installed, nothing agreed: train() returns
+    assert signal.getsignal(signal.SIGUSR2) == before
+    assert trainer.recipe_callbacks.preemption._last_step_end is None  # its step end returned before any work
     assert not list(tmp_path.glob("checkpoint-*"))
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 from datetime import timedelta
 
+import pytest
 from torch.distributed import TCPStore
 
 from hf_dist_recipes import _compat
@@ -49,3 +50,9 @@ def test_nothing_changes_on_a_first_attempt_without_torch_elastic_or_with_an_own
     for env in (first, without, own):
         before = dict(env)
         assert fresh_rendezvous_after_restart(env) is None and env == before
+
+
+def test_restarted_ranks_of_several_machines_stop_with_the_fix():
+    env = dict(_worker_env(1, 0, 1), GROUP_WORLD_SIZE="2")  # this machine's agent restarted; the other's count is 0
+    with pytest.raises(ValueError, match="TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
+        fresh_rendezvous_after_restart(env)

@@ -1,7 +1,9 @@
 """A rank that dies mid-run: RecipeTrainer on a tiny model logs every 2 steps; at step `die_at` (not a logging step)
 a callback writes one unflushed probe scalar straight to the rank's writer, then the process ends by `mode`:
-`term` (SIGTERM to itself), `kill` (SIGKILL to itself) or `raise` (an exception out of train()). Mode `none`: no
-probe, no death; trains `die_at` steps and ends normally.
+`term` (SIGTERM to itself, with `preemption_signals="none"`: it dies of it), `kill` (SIGKILL to itself) or `raise`
+(an exception out of train()). Mode `save`: SIGTERM with the default preemption signals: the run saves the next
+step and exits 75 (`checkpoint.preemption`). Mode `none`: no probe, no death; trains `die_at` steps and ends
+normally.
 
 Usage: crash_log_worker.py OUTPUT_DIR MODE DIE_AT [then OUTPUT_DIR MODE DIE_AT ...]  (tests/distributed/workers/runs.py)
 """
@@ -33,7 +35,7 @@ class Die(TrainerCallback):
         tb.writer.add_scalar("probe/unflushed", 1.0, state.global_step)
         if self.mode == "raise":
             raise RuntimeError(f"worker dies at step {state.global_step}")
-        os.kill(os.getpid(), signal.SIGTERM if self.mode == "term" else signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL if self.mode == "kill" else signal.SIGTERM)
 
 
 def main(output_dir: str, mode: str, die_at: int) -> None:
@@ -48,6 +50,8 @@ def main(output_dir: str, mode: str, die_at: int) -> None:
         disable_tqdm=True,
         report_to="none",
         seed_check="off",
+        # `term`: the stock death by SIGTERM, whose TensorBoard flush is under test (the save on it: mode `save`)
+        **({"preemption_signals": "none"} if mode == "term" else {}),
     )
     trainer = RecipeTrainer(
         model_init=lambda: build_tiny_deepseek(**SMALL),
