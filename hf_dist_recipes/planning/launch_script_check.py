@@ -129,7 +129,7 @@ def check_launch_script(path: str | Path) -> list[Finding]:
         what
         for what, found in (
             ("no SIGUSR1 trap", re.search(r"^\s*trap .*\bUSR1\b", text, re.M)),
-            ("no scontrol requeue", re.search(r"^[^#\n]*\bscontrol requeue\b", text, re.M)),
+            ("no scontrol requeue", re.search(r'^[^#\n]*\bscontrol requeue "?\$\{?SLURM_JOB_ID\b', text, re.M)),
             (f"no {SHUTDOWN_TIMEOUT_ENV}", re.search(rf"^\s*export {SHUTDOWN_TIMEOUT_ENV}=", text, re.M)),
         )
         if not found

@@ -14,6 +14,10 @@ assigned by the rendezvous, `--rdzv-id $SLURM_JOB_ID`) and hands the DeepSpeed J
 variables `accelerate launch` itself sets for a DeepSpeed launch (accelerate 1.16, utils/launch.py,
 `prepare_deepspeed_cmd_env`: ACCELERATE_USE_DEEPSPEED, ACCELERATE_DEEPSPEED_CONFIG_FILE, ACCELERATE_MIXED_PRECISION;
 transformers' TrainingArguments and accelerate's DeepSpeedPlugin read them), so any Trainer script runs unchanged.
+
+Both run srun in the background under a trap: the time limit's SIGUSR1 (`SIGNAL`) or a SIGTERM reaching the batch
+shell goes on to srun as SIGTERM, the ranks save and exit 75 (`checkpoint.preemption`), each launcher waiting
+`SHUTDOWN_TIMEOUT_S` for them; after SIGUSR1 the shell requeues the job, which resumes (`auto_resume`).
 """
 
 from __future__ import annotations
@@ -176,11 +180,12 @@ class LaunchScript:
             "${MAIN_PROCESS_IP}:${MAIN_PROCESS_PORT}, node logs "
             '${LOG_DIR}/${SLURM_JOB_NAME}-${SLURM_JOB_ID}-node*.out"',
             "",
-            "# --signal's SIGUSR1 reaches this shell alone; scancel and a preempting scheduler send it SIGTERM. Either",
-            "# goes on to srun as SIGTERM, which srun forwards to every node's launcher (srun(1), SIGNALS AND ESCAPE",
-            '# SEQUENCES: "Signals sent to the srun command are automatically forwarded to the tasks it is controlling")',
-            "# and the launcher to its ranks: they agree on a step, save it and exit 75 (hf_dist_recipes/checkpoint/",
-            "# preemption.py). srun runs in the background because bash runs no trap until a foreground command ends.",
+            "# --signal's SIGUSR1 reaches this shell alone; scancel and a preempting scheduler send it SIGTERM.",
+            "# Either goes on to srun as SIGTERM, which srun forwards to every node's launcher (srun(1), SIGNALS",
+            '# AND ESCAPE SEQUENCES: "Signals sent to the srun command are automatically forwarded to the tasks it',
+            '# is controlling"), and the launcher to its ranks: they agree on a step, save it and exit 75',
+            "# (hf_dist_recipes/checkpoint/preemption.py). srun runs in the background: bash runs no trap until a",
+            "# foreground command ends.",
             'caught=""',
             'interrupted=""',
             'srun_pid=""',
@@ -199,7 +204,7 @@ class LaunchScript:
             '  --output="$LOG_DIR/%x-%j-node%n.out" \\',
             f"  bash -c '{ACCELERATE_LINE if self.launcher == 'slurm' else TORCHRUN_LINE}' node \"$@\" &",
             "srun_pid=$!",
-            "# bash's wait returns as soon as a trapped signal arrives: wait again until srun has ended, for its status.",
+            "# bash's wait returns as soon as a trapped signal arrives: wait again until srun has ended (its status).",
             "while :; do",
             '  interrupted=""',
             "  status=0",
@@ -212,7 +217,7 @@ class LaunchScript:
             'if [ "$caught" = USR1 ]; then',
             '  echo "job ${SLURM_JOB_ID}: requeueing (SIGUSR1: the time limit is near); it resumes from its newest '
             'complete checkpoint"',
-            f"  {REQUEUE} || echo \"job ${{SLURM_JOB_ID}}: scontrol requeue failed; submit this script again to "
+            f'  {REQUEUE} || echo "job ${{SLURM_JOB_ID}}: scontrol requeue failed; submit this script again to '
             'resume from the newest complete checkpoint" >&2',
             "fi",
             'exit "$status"',

@@ -49,7 +49,8 @@ def _wait_for_step(progress: Path, step: int, job, timeout_s: float) -> None:
         if progress.is_file() and progress.read_text().strip().isdigit() and int(progress.read_text()) >= step:
             return
         if job.shell.poll() is not None:
-            pytest.fail(f"the job ended (exit {job.shell.returncode}) before step {step}:\n{job.stdout_file.read_text()}")
+            text = job.stdout_file.read_text()
+            pytest.fail(f"the job ended (exit {job.shell.returncode}) before step {step}:\n{text}")
         time.sleep(0.2)
     pytest.fail(f"no step {step} in {progress} within {timeout_s} s")
 
