@@ -21,7 +21,8 @@ the watchdog runs one: `HangWatchdogCallback` hands this callback its `SignalDum
 save is bounded by the collective timeout of a save instead.
 
 torchrun gives its workers 30 s after forwarding a SIGTERM, then kills them (`TORCH_ELASTIC_SHUTDOWN_TIMEOUT`); the
-generated launch scripts raise it to the time a save needs.
+generated launch scripts raise it to 540 s, a minute short of the time limit's signal lead
+(`planning.launch_scripts.SHUTDOWN_TIMEOUT_S`).
 """
 
 from __future__ import annotations

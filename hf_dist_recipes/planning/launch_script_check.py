@@ -1,7 +1,8 @@
 """`config validate` on a launch script: the script `config generate --launcher` wrote (`launch_scripts`), edited
 or not, against the plan of the accelerate YAML it names. Each finding names what to change; errors would start the
 wrong job or none (nodes, processes, GPUs, tasks per node, machine ranks, the DeepSpeed JSON), warnings a job that
-works but disagrees with its files (the port) or fails at once (a missing log folder)."""
+works but disagrees with its files (the port), fails at once (a missing log folder) or loses its last steps at the
+time limit (no trap, requeue or shutdown timeout)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from hf_dist_recipes.planning.launch_config import load_launch_config
 from hf_dist_recipes.planning.launch_plan import is_loopback
 from hf_dist_recipes.planning.launch_scripts import (
     ENV_SETUP_COMMENT,
+    SHUTDOWN_TIMEOUT_ENV,
     LaunchScript,
     assignments,
     gpu_count,
@@ -122,6 +124,22 @@ def check_launch_script(path: str | Path) -> list[Finding]:
             WARNING,
             "srun gives each task one CPU unless told; the node's launcher and all its ranks would share one core",
             'pass --cpus-per-task="$SLURM_CPUS_ON_NODE" to srun',
+        )
+    missing = [
+        what
+        for what, found in (
+            ("no SIGUSR1 trap", re.search(r"^\s*trap .*\bUSR1\b", text, re.M)),
+            ("no scontrol requeue", re.search(r'^[^#\n]*\bscontrol requeue "?\$\{?SLURM_JOB_ID\b', text, re.M)),
+            (f"no {SHUTDOWN_TIMEOUT_ENV}", re.search(rf"^\s*export {SHUTDOWN_TIMEOUT_ENV}=", text, re.M)),
+        )
+        if not found
+    ]
+    if missing:
+        add(
+            WARNING,
+            f"{', '.join(missing)}: at --time the ranks are killed without saving their last steps, and the job "
+            "does not run again",
+            f"restore the trap, requeue and {SHUTDOWN_TIMEOUT_ENV} lines, {regenerate}",
         )
     # With one task per node SLURM_PROCID equals SLURM_NODEID; either numbers the machines.
     if script.launcher == "slurm" and not re.search(r'--machine_rank "?\$\{?SLURM_(NODEID|PROCID)\b', text):

@@ -14,6 +14,10 @@ assigned by the rendezvous, `--rdzv-id $SLURM_JOB_ID`) and hands the DeepSpeed J
 variables `accelerate launch` itself sets for a DeepSpeed launch (accelerate 1.16, utils/launch.py,
 `prepare_deepspeed_cmd_env`: ACCELERATE_USE_DEEPSPEED, ACCELERATE_DEEPSPEED_CONFIG_FILE, ACCELERATE_MIXED_PRECISION;
 transformers' TrainingArguments and accelerate's DeepSpeedPlugin read them), so any Trainer script runs unchanged.
+
+Both run srun in the background under a trap: the time limit's SIGUSR1 (`SIGNAL`) or a SIGTERM reaching the batch
+shell goes on to srun as SIGTERM, the ranks save and exit 75 (`checkpoint.preemption`), each launcher waiting
+`SHUTDOWN_TIMEOUT_S` for them; after SIGUSR1 the shell requeues the job, which resumes (`auto_resume`).
 """
 
 from __future__ import annotations
@@ -42,9 +46,19 @@ DEFAULT_TIME = "24:00:00"
 _TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$|^\d+-\d{1,2}$")  # sbatch's forms: M, M:S, H:M:S, D-H, D-H:M:S
 # The line under this comment activates the Python environment on every node (config validate reads it back).
 ENV_SETUP_COMMENT = "# The Python environment every node runs"
-# Slurm sends SIGUSR1 to the batch shell 10 minutes before --time runs out (B: the shell, not the ranks) and may
-# requeue the job (--requeue); the save on that signal and the resume of the requeued job are issue 33's.
-SIGNAL = "B:USR1@600"
+# Slurm sends SIGUSR1 to the batch shell 10 minutes before --time runs out (B: the shell, not the ranks); the shell
+# hands it to the ranks as SIGTERM (they save and exit PREEMPTED_EXIT_CODE) and requeues the job (--requeue).
+SIGNAL_LEAD_S = 600
+SIGNAL = f"B:USR1@{SIGNAL_LEAD_S}"
+# How long each node's launcher lets its ranks run after forwarding them the SIGTERM before it kills them (torch
+# elastic's default: 30 s, often less than a save). A launcher returns as soon as its ranks exit, so a longer wait
+# costs nothing; a shorter one kills a save midway. Hence the most the signal's lead leaves: a minute short of it,
+# for srun to end and the requeue to run before Slurm kills the job at --time.
+SHUTDOWN_TIMEOUT_S = SIGNAL_LEAD_S - 60
+SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # read by torch/distributed/launcher/api.py
+# The lines that turn the signal into a save and a requeue; `config validate` warns about a script without them.
+TRAP_USR1 = "trap 'forward USR1' USR1"
+REQUEUE = 'scontrol requeue "$SLURM_JOB_ID"'
 PLAN_VARIABLES = ("CONFIG_FILE", "NUM_MACHINES", "PROCS_PER_NODE", "NUM_PROCESSES", "MAIN_PROCESS_PORT", "LOG_DIR")
 # Without pipefail inside: head exits after one line and scontrol, still writing a long node list, dies of SIGPIPE,
 # which pipefail would turn into the job's end.
@@ -157,17 +171,63 @@ class LaunchScript:
                     "# Interfaces not pinned: hf-dist-recipes doctor on a node says if they must be (--socket-ifname)."
                 ]
             ),
+            f"# {SHUTDOWN_TIMEOUT_ENV}: how long each launcher lets its ranks save after a SIGTERM before killing "
+            "them,",
+            "# torch's 30 s raised to a minute short of --signal's lead.",
             *(f'export {key}="{value}"' for key, value in self.env.items()),
             "",
             'echo "job ${SLURM_JOB_ID}: ${NUM_MACHINES} node(s) x ${PROCS_PER_NODE} process(es), rendezvous '
             "${MAIN_PROCESS_IP}:${MAIN_PROCESS_PORT}, node logs "
             '${LOG_DIR}/${SLURM_JOB_NAME}-${SLURM_JOB_ID}-node*.out"',
+            "",
+            "# --signal's SIGUSR1 reaches this shell alone; scancel and a preempting scheduler send it SIGTERM.",
+            "# Either goes on to srun as SIGTERM, which srun forwards to every node's launcher (srun(1), SIGNALS",
+            '# AND ESCAPE SEQUENCES: "Signals sent to the srun command are automatically forwarded to the tasks it',
+            '# is controlling"), and the launcher to its ranks: they agree on a step, save it and exit 75',
+            "# (hf_dist_recipes/checkpoint/preemption.py). srun runs in the background: bash runs no trap until a",
+            "# foreground command ends.",
+            "# Once: a second SIGTERM would cut the launchers' wait for the save short. The last signal decides the",
+            "# requeue: a SIGTERM after the warning is scancel or the limit itself.",
+            'caught=""',
+            'forwarded=""',
+            'interrupted=""',
+            'srun_pid=""',
+            "forward() {",
+            '  caught="$1"',
+            "  interrupted=1",
+            '  if [ -n "$srun_pid" ] && [ -z "$forwarded" ]; then',
+            "    forwarded=1",
+            '    echo "job ${SLURM_JOB_ID}: SIG$1: SIGTERM to srun; the ranks save the step they agree on, exit 75"',
+            '    kill -TERM "$srun_pid" 2>/dev/null || true',
+            "  fi",
+            "}",
+            TRAP_USR1,
+            "trap 'forward TERM' TERM",
             "# One task per node; its launcher starts that node's processes, so the task gets the node's CPUs (srun's",
             "# default is one CPU per task: every rank would share one core). srun exports this environment.",
             'srun --nodes="$NUM_MACHINES" --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" '
             "--kill-on-bad-exit=1 \\",
             '  --output="$LOG_DIR/%x-%j-node%n.out" \\',
-            f"  bash -c '{ACCELERATE_LINE if self.launcher == 'slurm' else TORCHRUN_LINE}' node \"$@\"",
+            f"  bash -c '{ACCELERATE_LINE if self.launcher == 'slurm' else TORCHRUN_LINE}' node \"$@\" &",
+            "srun_pid=$!",
+            'if [ -n "$caught" ]; then forward "$caught"; fi  # a signal before srun started',
+            "# bash's wait returns as soon as a trapped signal arrives: wait again until srun has ended (its status).",
+            "while :; do",
+            '  interrupted=""',
+            "  status=0",
+            '  wait "$srun_pid" || status=$?',
+            '  [ -n "$interrupted" ] || break',
+            "done",
+            "# The time limit is near: the job runs again and resumes from its newest complete checkpoint",
+            "# (HF_DIST_RECIPES_AUTO_RESUME). Not on SIGTERM: scancel means stop, and a scheduler that preempts with",
+            "# requeue requeues the job itself.",
+            'if [ "$caught" = USR1 ]; then',
+            '  echo "job ${SLURM_JOB_ID}: requeueing (SIGUSR1: the time limit is near); it resumes from its newest '
+            'complete checkpoint"',
+            f'  {REQUEUE} || echo "job ${{SLURM_JOB_ID}}: scontrol requeue failed; submit this script again to '
+            'resume from the newest complete checkpoint" >&2',
+            "fi",
+            'exit "$status"',
         ]
         return "\n".join(lines) + "\n"
 
@@ -344,6 +404,7 @@ def launch_script(
     # A requeued or restarted job resumes from its newest complete checkpoint (RecipeTrainingArguments.auto_resume),
     # unless the job's environment says 0.
     env["HF_DIST_RECIPES_AUTO_RESUME"] = "${HF_DIST_RECIPES_AUTO_RESUME:-1}"
+    env[SHUTDOWN_TIMEOUT_ENV] = str(SHUTDOWN_TIMEOUT_S)
     if plan.device == "cpu":
         # DeepSpeed picks its accelerator from what torch sees, and the recipe stops a CPU run on a GPU host unless
         # asked for explicitly (environment.cuda_host): a CPU plan is that request.

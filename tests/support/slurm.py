@@ -6,18 +6,22 @@ reads the #SBATCH options (sbatch's own parser in the package, `launch_scripts.s
 nothing about itself, so the options are read here with a regular expression), sets the variables a job sees
 (SLURM_JOB_ID, SLURM_JOB_NAME, SLURM_JOB_NODELIST, SLURM_NNODES, SLURM_CPUS_ON_NODE, ...), runs the script with bash
 in the submission directory and writes its stdout and stderr where --output and --error say (%x, %j expanded).
-The hardware is faked: every "node" of the nodelist is this machine; say so in the tests that use it.
+`sbatch_start` starts the same job and returns at once, for a test that signals the batch shell as Slurm does
+(`--signal=B:USR1@...`, scancel's SIGTERM). The hardware is faked: every "node" of the nodelist is this machine; say
+so in the tests that use it.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hf_dist_recipes.core.launch import LaunchResult, run_process
+from hf_dist_recipes.core.launch import LaunchResult, kill_tree, run_process
 from tests.support.paths import REPO
 
 STANDINS = Path(__file__).parent / "slurm_standins"
@@ -46,18 +50,8 @@ def directives(text: str) -> dict[str, str]:
     return options
 
 
-def sbatch(
-    script: Path,
-    args: list[str],
-    *,
-    nodelist: str,
-    job_id: int,
-    cwd: Path,
-    env: dict[str, str] | None = None,
-    timeout_s: float,
-) -> BatchJob:
-    """Run `script` with `args` as a batch job on the nodes of `nodelist` (a comma list; `--nodes` of the script
-    must not exceed it) and wait, ending the job's whole process tree after `timeout_s` seconds."""
+def _batch_job(script: Path, *, nodelist: str, job_id: int, cwd: Path, env: dict[str, str] | None):
+    """The #SBATCH options, the job's full environment and its stdout / stderr files."""
     options = directives(script.read_text())
     hosts = [h for h in nodelist.split(",") if h]
     nodes = int(options.get("nodes", "1"))
@@ -76,15 +70,75 @@ def sbatch(
     }
     # PATH: the stand-ins first, then this venv's executables (accelerate, torchrun), as an activated environment.
     path = os.pathsep.join([str(STANDINS), str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    full_env = dict(os.environ, **job, PATH=path, PYTHONPATH=str(REPO), **(env or {}))
-    result = run_process(["bash", str(script), *args], env=full_env, cwd=cwd, timeout_s=timeout_s, output="capture")
+    full_env = {**os.environ, **job, "PATH": path, "PYTHONPATH": str(REPO), **(env or {})}
 
     def expand(pattern: str) -> Path:
         return Path(pattern.replace("%x", name).replace("%j", str(job_id)))
 
     stdout_file = expand(options.get("output", str(cwd / "slurm-%j.out")))
     stderr_file = expand(options.get("error", str(stdout_file)))
+    return options, full_env, stdout_file, stderr_file
+
+
+def sbatch(
+    script: Path,
+    args: list[str],
+    *,
+    nodelist: str,
+    job_id: int,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    timeout_s: float,
+) -> BatchJob:
+    """Run `script` with `args` as a batch job on the nodes of `nodelist` (a comma list; `--nodes` of the script
+    must not exceed it) and wait, ending the job's whole process tree after `timeout_s` seconds."""
+    options, full_env, stdout_file, stderr_file = _batch_job(script, nodelist=nodelist, job_id=job_id, cwd=cwd, env=env)
+    result = run_process(["bash", str(script), *args], env=full_env, cwd=cwd, timeout_s=timeout_s, output="capture")
     stdout_file.write_text(result.stdout)
     with open(stderr_file, "a" if stderr_file == stdout_file else "w") as err:
         err.write(result.stderr)
     return BatchJob(result=result, options=options, stdout_file=stdout_file, stderr_file=stderr_file, env=full_env)
+
+
+@dataclass
+class RunningJob:
+    """A stand-in batch job started by `sbatch_start`: `shell` is the batch shell, the one process Slurm's
+    `--signal=B:...` signals; its output goes to the job's files as it is written, as slurmd writes it."""
+
+    shell: subprocess.Popen
+    argv: list[str]
+    options: dict[str, str]
+    stdout_file: Path
+    stderr_file: Path
+    env: dict[str, str]
+    started: float
+
+    def wait(self, timeout_s: float) -> BatchJob:
+        """Wait for the batch shell; after `timeout_s` seconds (from the start) end the job's whole process tree."""
+        timed_out = False
+        try:
+            self.shell.wait(timeout=max(0.0, self.started + timeout_s - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            kill_tree(self.shell)
+        result = LaunchResult(
+            argv=self.argv,
+            returncode=self.shell.returncode,
+            stdout=self.stdout_file.read_text(),
+            stderr=self.stderr_file.read_text(),
+            timed_out=timed_out,
+            seconds=time.monotonic() - self.started,
+            timeout_s=timeout_s,
+        )
+        return BatchJob(result, self.options, self.stdout_file, self.stderr_file, self.env)
+
+
+def sbatch_start(
+    script: Path, args: list[str], *, nodelist: str, job_id: int, cwd: Path, env: dict[str, str] | None = None
+) -> RunningJob:
+    """`sbatch` without the wait: start the batch shell (in a session of its own, as slurmd starts it) and return."""
+    options, full_env, stdout_file, stderr_file = _batch_job(script, nodelist=nodelist, job_id=job_id, cwd=cwd, env=env)
+    argv = ["bash", str(script), *args]
+    with open(stdout_file, "w") as out, open(stderr_file, "a" if stderr_file == stdout_file else "w") as err:
+        shell = subprocess.Popen(argv, env=full_env, cwd=cwd, stdout=out, stderr=err, start_new_session=True)
+    return RunningJob(shell, argv, options, stdout_file, stderr_file, full_env, time.monotonic())

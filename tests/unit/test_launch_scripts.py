@@ -17,7 +17,14 @@ from hf_dist_recipes.cli.main import main as cli
 from hf_dist_recipes.comm.nccl_defaults import NCCL_ENV_DEFAULTS
 from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.planning.launch_script_check import check_launch_script
-from hf_dist_recipes.planning.launch_scripts import LaunchScript, launch_script, sbatch_options
+from hf_dist_recipes.planning.launch_scripts import (
+    SHUTDOWN_TIMEOUT_ENV,
+    SHUTDOWN_TIMEOUT_S,
+    SIGNAL_LEAD_S,
+    LaunchScript,
+    launch_script,
+    sbatch_options,
+)
 
 GPU_PLAN = ParallelPlan(nodes=2, procs_per_node=8)
 
@@ -66,7 +73,8 @@ def test_the_slurm_script_holds_the_plan_the_rendezvous_and_the_launch():
     for flag in ("--config_file", "--machine_rank", "--main_process_ip", "--main_process_port"):
         assert flag in launch
     assert '--machine_rank "$SLURM_NODEID"' in launch and '--num_processes "$NUM_PROCESSES"' in launch
-    assert srun.rstrip().endswith('node "$@"')  # the training command: sbatch SCRIPT train.py ARGS
+    # the training command (sbatch SCRIPT train.py ARGS), srun in the background so that the shell's traps run
+    assert next(x for x in srun.splitlines() if x.startswith("  bash -c")).endswith('node "$@" &')
     for name, value in {**NCCL_ENV_DEFAULTS, "NCCL_SOCKET_IFNAME": "ib0", "NCCL_IB_HCA": "=mlx5_0,mlx5_1"}.items():
         assert f'\nexport {name}="{value}"\n' in text
     assert "CUDA_VISIBLE_DEVICES" not in text and "HF_DIST_RECIPES_USE_CPU" not in text  # a GPU plan
@@ -202,6 +210,14 @@ DRIFTS = {
     "config file": ("\nCONFIG_FILE=", "\nCONFIG_FILE=/no/such/", "error", "set CONFIG_FILE= to the plan's"),
     "no memory": ("#SBATCH --mem=0\n", "", "warning", "add #SBATCH --mem=0"),
     "no environment": ("# The Python environment every node runs", "# ", "warning", "--env-setup"),
+    "no trap": ("trap 'forward USR1' USR1\n", "", "warning", "restore the trap, requeue and"),
+    "no requeue": ('  scontrol requeue "$SLURM_JOB_ID" ||', "  true ||", "warning", "restore the trap, requeue and"),
+    "no shutdown timeout": (
+        f'export {SHUTDOWN_TIMEOUT_ENV}="{SHUTDOWN_TIMEOUT_S}"\n',
+        "",
+        "warning",
+        f"{SHUTDOWN_TIMEOUT_ENV} lines",
+    ),
     "fixed address": (
         'MAIN_PROCESS_IP=$(set +o pipefail; scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
         "MAIN_PROCESS_IP=10.0.0.2",
@@ -353,3 +369,76 @@ def test_the_loopback_address_warning_only_where_no_script_passes_the_first_node
     assert cli(argv + (["--launcher", launcher] if launcher else [])) == 0
     warned = "main_process_ip is 127.0.0.1" in capsys.readouterr().out
     assert warned is (launcher is None)
+
+
+# A stand-in srun for the trap alone: it records the signals it gets, and ends 143 a second after a SIGTERM (as a
+# launcher whose ranks saved and exited does) or with the status EXIT_WITH after SLEEP seconds.
+FAKE_SRUN = """#!/bin/bash
+trap 'echo TERM >> "$SRUN_RECORD"; sleep 1; kill "$pid"; exit 143' TERM
+trap 'echo USR1 >> "$SRUN_RECORD"' USR1
+sleep "${SLEEP:-30}" &
+pid=$!
+echo started >> "$SRUN_RECORD"
+wait "$pid" || wait "$pid" || true
+exit "${EXIT_WITH:-0}"
+"""
+
+
+@pytest.mark.parametrize(
+    "sent, requeued", [(None, False), ("USR1", True), ("TERM", False), ("USR1,TERM", False), ("TERM,USR1", True)]
+)
+def test_the_batch_shell_hands_a_signal_to_srun_waits_for_it_and_requeues_on_the_time_limit(
+    sent, requeued, written, tmp_path
+):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.support.slurm import STANDINS
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text(FAKE_SRUN)
+    (fake / "srun").chmod(0o755)
+    (fake / "scontrol").symlink_to(STANDINS / "scontrol")
+    record, requeues = tmp_path / "srun.record", tmp_path / "requeues"
+    env = dict(
+        os.environ,
+        PATH=f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+        SLURM_JOB_ID="77",
+        SLURM_JOB_NAME="gpu",
+        SLURM_JOB_NODELIST="a,b",
+        SLURM_NNODES="2",
+        SLURM_CPUS_ON_NODE="2",
+        SRUN_RECORD=str(record),
+        SCONTROL_STANDIN_LOG=str(requeues),
+        SLEEP="30" if sent else "0.2",
+        EXIT_WITH="3",
+    )
+    shell = subprocess.Popen(
+        ["bash", str(written / "gpu.sbatch"), "train.py"], env=env, cwd=tmp_path, stdout=subprocess.PIPE, text=True
+    )
+    if sent:
+        deadline = time.monotonic() + 20
+        while not (record.is_file() and "started" in record.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for name in sent.split(","):
+            shell.send_signal(getattr(signal, f"SIG{name}"))
+            while "TERM" not in record.read_text() and time.monotonic() < deadline:
+                time.sleep(0.05)  # srun got its SIGTERM; the next signal comes while the ranks would save
+    out, _ = shell.communicate(timeout=20)
+    # srun's status is the job's: 3 when it ended by itself, 143 when the forwarded SIGTERM ended it.
+    assert shell.returncode == (143 if sent else 3), out
+    assert record.read_text().split() == (["started", "TERM"] if sent else ["started"])  # SIGTERM, whatever came
+    assert out.count("SIGTERM to srun") == (1 if sent else 0)  # once, whatever came after
+    assert not sent or f"job 77: SIG{sent.split(',')[0]}: SIGTERM to srun" in out
+    assert ("job 77: requeueing" in out) == requeued
+    assert (requeues.read_text() if requeues.exists() else "") == ("requeue 77\n" if requeued else "")
+
+
+def test_the_launchers_wait_for_the_save_less_than_the_signals_lead():
+    text = _gpu_script().render()
+    assert f'\nexport {SHUTDOWN_TIMEOUT_ENV}="{SHUTDOWN_TIMEOUT_S}"\n' in text
+    assert 30 < SHUTDOWN_TIMEOUT_S < SIGNAL_LEAD_S  # above torch's default, below the signal's lead
+    assert f"#SBATCH --signal=B:USR1@{SIGNAL_LEAD_S}\n" in text

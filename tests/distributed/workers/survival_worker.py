@@ -1,4 +1,5 @@
-"""A job that something ends, run on every rank under `accelerate launch` by tests/distributed/test_job_dies.py:
+"""A job that something ends, run on every rank under `accelerate launch` by tests/distributed/test_job_dies.py and
+test_sbatch_requeue.py (under the generated sbatch script):
 
     survival_worker.py OUTPUT_DIR STEPS SAVE_STEPS [kill-at=K] [step-pause=S] [then OUTPUT_DIR STEPS SAVE_STEPS ...]
 
