@@ -405,6 +405,10 @@ def launch_script(
     # unless the job's environment says 0.
     env["HF_DIST_RECIPES_AUTO_RESUME"] = "${HF_DIST_RECIPES_AUTO_RESUME:-1}"
     env[SHUTDOWN_TIMEOUT_ENV] = str(SHUTDOWN_TIMEOUT_S)
+    # A launch given --max_restarts (torchrun's c10d form: across machines) then gives each round its own store
+    # instead of the first attempt's, whose keys a restarted rank would read (pytorch/pytorch#135712,
+    # hf_dist_recipes.comm.restarts).
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     if plan.device == "cpu":
         # DeepSpeed picks its accelerator from what torch sees, and the recipe stops a CPU run on a GPU host unless
         # asked for explicitly (environment.cuda_host): a CPU plan is that request.

@@ -1,11 +1,11 @@
 """A rank that dies keeps what it logged: a real training process (RecipeTrainer, tiny model, logs every 2 steps) ends
-at step 5 by SIGTERM (preemption off), SIGKILL or an exception, or saves step 6 on SIGTERM (the default); its TensorBoard run is read back with `read_scalars`. Each logging
-step is flushed, so steps 2 and 4 survive even SIGKILL; a probe scalar written (not flushed) at step 5 survives
-SIGTERM (the handler flushes, then the process still dies of SIGTERM) and the exception (train() closes the writer),
-and is lost to SIGKILL, which no handler sees. Then a second launch into the same directory is refused, and a
-refusal on one rank of a 2-rank launch stops both; a 2-rank run that ends normally has each rank's system
-scalars and one run id. Four single-rank processes (the SIGKILL run is shared) and one 2-rank launch (the normal
-run, then the refused one)."""
+at step 5 by SIGTERM (preemption off), SIGKILL or an exception, or saves step 6 on SIGTERM (the default); its
+TensorBoard run is read back with `read_scalars`. Each logging step is flushed, so steps 2 and 4 survive even
+SIGKILL; a probe scalar written (not flushed) at step 5 survives SIGTERM (the handler flushes, then the process still
+dies of SIGTERM), the save on it and the exception (train() closes the writer), and is lost to SIGKILL, which no
+handler sees. Then a second launch into the same directory is refused, and a refusal on one rank of a 2-rank launch
+stops both; a 2-rank run that ends normally has each rank's system scalars and one run id. Five single-rank processes
+(the SIGKILL run is shared) and one 2-rank launch (the normal run, then the refused one)."""
 
 from __future__ import annotations
 
