@@ -186,8 +186,10 @@ def _non_default(f: dataclasses.Field, hint) -> tuple[list[str], object]:
         return [f"--{f.name}", str(value)], value
     if hint is str and default is None:  # a free text such as a folder
         return [f"--{f.name}", "some/where"], "some/where"
+    if f.name == "preemption_signals":  # a list of signal names
+        return [f"--{f.name}", "SIGTERM"], "SIGTERM"
     if hint is str and isinstance(default, str):
-        parse_size(default)  # every str field added so far is a size; a new kind needs its own case here
+        parse_size(default)  # every other str field added so far is a size; a new kind needs its own case here
         return [f"--{f.name}", "3GiB"], "3GiB"
     if typing.get_origin(hint) is list:
         item = typing.get_args(hint)[0]
@@ -216,6 +218,7 @@ def test_the_walk_covers_several_added_kinds():
     assert kinds["nonfinite_policy"] == ["--nonfinite_policy", "halt"]
     assert kinds["max_unpartitioned_model_size"] == ["--max_unpartitioned_model_size", "3GiB"]
     assert kinds["loss_chunk_tokens"] == ["--loss_chunk_tokens", "4096"]
+    assert kinds["preemption_signals"] == ["--preemption_signals", "SIGTERM"]
     assert len(ADDED) >= 20
 
 
