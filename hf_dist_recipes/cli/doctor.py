@@ -29,6 +29,12 @@ def register(subparsers) -> None:
         epilog="Example: hf-dist-recipes doctor --strict --lock pinned/requirements.lock",
     )
     parser.add_argument("--json", action="store_true", help="print facts, checks and exit code as JSON")
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="print a block to paste into a GitHub issue (as `accelerate env`): versions, GPUs, the known issues "
+        "that apply and the checks that did not pass",
+    )
     parser.add_argument("--strict", action="store_true", help="exit 1 on a warning (default: only errors fail, 2)")
     parser.add_argument(
         "--lock",
@@ -54,7 +60,12 @@ def run(args: argparse.Namespace) -> int:
 
     report = doctor.run_checks(probe_module.probe(), lock)
     data = report.to_dict(strict=args.strict)
-    print(render_json(data) if args.json else render(data))
+    if args.report:
+        from hf_dist_recipes.doctor.report import render_report
+
+        print(render_report(data))
+    else:
+        print(render_json(data) if args.json else render(data))
     return data["exit_code"]
 
 
