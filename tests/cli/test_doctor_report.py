@@ -28,3 +28,18 @@ def test_the_report_names_this_machines_stack_and_what_applies(capsys):
     rules = sorted(line.split("rule ", 1)[1].split()[0] for line in table.splitlines() if " rule " in line[:20])
     assert sorted(x for x in lines["Known issues that apply"].split(", ") if x != "none") == rules
     assert lines["Checks not passed"].endswith(f"(doctor exit {code})")
+
+
+def test_known_issues_that_apply_show_as_notices_not_ok(capsys):
+    main(["doctor", "--json"])
+    import json
+
+    checks = json.loads(capsys.readouterr().out)["checks"]
+    info_rules = [c["name"] for c in checks if c["name"].startswith("rule ") and c["status"] == "ok"]
+    main(["doctor"])
+    table = capsys.readouterr().out
+    for name in info_rules:
+        (row,) = [line for line in table.splitlines() if line[11:].startswith(name)]
+        assert row.split()[0] == "notice", row
+    assert f"{len(info_rules)} notice(s)" in table.splitlines()[-1]
+    assert not [line for line in table.splitlines() if line.split()[:2] == ["ok", "rule"]]
