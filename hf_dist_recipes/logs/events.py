@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hf_dist_recipes.logs.record_scan import CorruptRecordError, frame_file, scan_scalars
+from hf_dist_recipes.logs.record_scan import CorruptRecordError, first_bad_data, frame_file, scan_scalars
 
 __all__ = [
     "CorruptRecordError",
@@ -277,14 +277,18 @@ def run_files(run_dir: str | os.PathLike) -> list[str]:
 def _events_in_order(files: list[str], out: RunEvents, *, scan: bool = True):
     """Yield per chunk (first record number, ScalarScan or None, [(record number, Event)] of the rest), the records
     of `files` numbered in reading order. With `scan` the plain scalar events come as a numpy ScalarScan and only the
-    others are decoded; without it every record is decoded. A file stops at a damaged or cut record (the rest of it
-    is skipped, as TensorBoard's reader does), with a warning."""
+    others are decoded; without it every record is decoded. A file stops at a cut record or one whose length or data
+    fails its CRC (both are checked here, as TensorBoard's reader checks them; `read_rank` checks lengths only): the
+    rest of it is skipped, as there, with a warning."""
     from tensorboard.compat.proto.event_pb2 import Event
 
     seen = 0
     for path in files:
         try:
             for buf, starts, lengths in frame_file(path, CHUNK_BYTES):
+                bad = first_bad_data(buf, starts, lengths)
+                if bad is not None:
+                    starts, lengths = starts[:bad], lengths[:bad]
                 found = scan_scalars(buf, starts, lengths) if scan else None
                 rest = found.other.tolist() if found is not None else range(len(starts))
                 decoded = []
@@ -293,6 +297,8 @@ def _events_in_order(files: list[str], out: RunEvents, *, scan: bool = True):
                     decoded.append((seen + i, Event.FromString(buf[p : p + k])))
                 yield seen, found, decoded
                 seen += len(starts)
+                if bad is not None:
+                    raise CorruptRecordError("record data fails its checksum")
         except CorruptRecordError as err:
             out.warnings.append(f"{path}: {err}; kept the records read before it")
 

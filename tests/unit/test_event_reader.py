@@ -115,3 +115,19 @@ def test_a_file_cut_short_keeps_what_came_before(tmp_path, cut):
     path.write_bytes(data[: len(data) - cut])
     assert read_scalars(tmp_path) == accumulator(tmp_path, "scalars")
     assert len(read_run(tmp_path).warnings) == 1
+
+
+def test_a_record_whose_data_fails_its_checksum_ends_its_file_as_in_tensorboard(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    w = SummaryWriter(tmp_path)
+    for step in range(50):
+        w.add_scalar("x", float(step), step)
+    w.close()
+    (path,) = tmp_path.iterdir()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01  # inside some record's data (or its CRC): no length is touched
+    path.write_bytes(bytes(data))
+    expected = accumulator(tmp_path, "scalars")
+    assert 0 < len(expected["x"]) < 50
+    assert read_scalars(tmp_path) == expected
