@@ -1,9 +1,13 @@
 """Read TensorBoard event files fast: our own TFRecord framing, scalar events decoded with numpy
-(`record_scan`), tensorboard's compiled `Event` proto for any other event.
+(`record_scan`), tensorboard's compiled `Event` proto for any other event. Two readers on it:
+- `read_rank` (`logs summarize`): a rank's curves, one value a step (the last write wins);
+- `read_run` (`monitoring.read_scalars` / `read_texts`): one run directory as TensorBoard's EventAccumulator shows it
+  (every write, a resume's purge applied, tensor summaries apart); see its docstring.
 
 A TFRecord is `length: u64 | masked crc32c(length): u32 | data | masked crc32c(data): u32` (little endian). Every
-length is checked against its CRC (a wrong length would derail every later record); the data CRC is not, and a
-damaged payload is caught by the decoders instead (a flipped bit inside a float goes unnoticed). A file
+length is checked against its CRC (a wrong length would derail every later record). `read_rank` does not check the
+data CRC (checking it makes `read_run` ~1.45x slower, benchmarks/results/2026-12-06-event-reader-cpu.md): a damaged
+payload is caught by the decoders instead (a flipped bit inside a float goes unnoticed); `read_run` checks it. A file
 cut short (a rank killed mid-write) or a damaged record ends the reading of that file with a warning naming it;
 what was read before stays.
 
