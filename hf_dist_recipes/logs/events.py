@@ -272,8 +272,10 @@ class RunEvents:
 
 def run_files(run_dir: str | os.PathLike) -> list[str]:
     """The event files TensorBoard reads for `run_dir`, in its order: names holding "tfevents" (not
-    ".profile-empty"), this directory only, sorted by name."""
+    ".profile-empty"), this directory only, sorted by name; an event file's own path names that file alone."""
     run_dir = os.fspath(run_dir)
+    if os.path.isfile(run_dir) and "tfevents" in os.path.basename(run_dir):
+        return [run_dir]
     names = [n for n in os.listdir(run_dir) if "tfevents" in n and not n.endswith(".profile-empty")]
     return [os.path.join(run_dir, n) for n in sorted(names) if os.path.isfile(os.path.join(run_dir, n))]
 

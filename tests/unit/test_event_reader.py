@@ -115,6 +115,7 @@ def test_a_file_cut_short_keeps_what_came_before(tmp_path, cut):
     path.write_bytes(data[: len(data) - cut])
     assert read_scalars(tmp_path) == accumulator(tmp_path, "scalars")
     assert len(read_run(tmp_path).warnings) == 1
+    assert read_scalars(path) == accumulator(path, "scalars")  # a file's own path: that file
 
 
 def test_a_record_whose_data_fails_its_checksum_ends_its_file_as_in_tensorboard(tmp_path):
