@@ -149,8 +149,9 @@ def micro_batch_problem(record: dict, micro_batch: int, grad_accum: int, model=N
     return (
         f"per_device_train_batch_size {micro_batch} exceeds the micro batch {planned} the launch config's plan assumed "
         f"(x accumulation {record.get('grad_accum', '?')}): activations take more memory than its estimate "
-        f"counted{cost}, an out-of-memory error is possible. Fix: regenerate the config with config generate "
-        f"--micro-batch {micro_batch} --grad-accum {grad_accum} (it checks the fit), or set "
+        f"counted{cost}, an out-of-memory error is possible. Fix: regenerate it with config generate "
+        f"--micro-batch {micro_batch} --grad-accum {grad_accum} and the other flags of its YAML header's command "
+        f"(the fit is checked again), or set "
         f"per_device_train_batch_size <= {planned} and raise gradient_accumulation_steps for the same global batch"
     )
 
@@ -192,10 +193,11 @@ class PlanConformanceCallback(TrainerCallback):
     def check_batch(self, args, model=None) -> None:
         """Rank 0 warns once, at start-up, when the arguments' micro batch exceeds the plan's (`micro_batch_problem`);
         a warning, not a stop: the estimate has headroom, and the user may know the memory is there."""
-        if self.batch_warning is not None or getattr(args, "process_index", 0) != 0:
+        micro = getattr(args, "per_device_train_batch_size", None)
+        if self.batch_warning is not None or getattr(args, "process_index", 0) != 0 or not isinstance(micro, int):
             return
         self.batch_warning = micro_batch_problem(
-            self.record, args.per_device_train_batch_size, args.gradient_accumulation_steps, model
+            self.record, micro, getattr(args, "gradient_accumulation_steps", 1), model
         )
         if self.batch_warning:
             logger.warning(self.batch_warning)

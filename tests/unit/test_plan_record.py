@@ -19,6 +19,9 @@ from hf_dist_recipes.parallel.plan_record import (
 )
 from hf_dist_recipes.planning.deepspeed_config import deepspeed_config
 
+# What the Trainer writes over the generated JSON's "auto" (HfTrainerDeepSpeedConfig.trainer_config_process).
+TRAINER_FILLS = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0}
+
 
 def _launch_with(tmp_path, monkeypatch, plan: ParallelPlan):
     ds = tmp_path / "ds.json"
@@ -33,7 +36,8 @@ def test_the_record_holds_what_the_estimate_assumed_and_deepspeed_accepts_it():
     config = deepspeed_config(plan)
     record = recorded_plan(config)
     assert record["seq_len"] == 512 and record["activation_checkpointing"] is True and record["procs_per_node"] == 2
-    DeepSpeedConfig(config)  # an unknown top-level key is ignored by DeepSpeed 0.19.8 (it would raise otherwise)
+    # An unknown top-level key is ignored by DeepSpeed 0.19.8 (it would raise otherwise); the Trainer's fills first.
+    DeepSpeedConfig({**config, **TRAINER_FILLS})
     assert recorded_plan({"zero_optimization": {"stage": 3}}) == {}  # a file written by anything else
     assert recorded_plan({PLAN_KEY: "garbage"}) == {}
 
