@@ -129,27 +129,22 @@ def activation_checkpointing_problem(record: dict, model, activation_checkpointi
     )
 
 
-def micro_batch_problem(record: dict, micro_batch: int, grad_accum: int, model=None) -> str | None:
+def micro_batch_problem(record: dict, micro_batch: int, grad_accum: int) -> str | None:
     """Why a run at `micro_batch` (the arguments' `per_device_train_batch_size`; `grad_accum` their
     `gradient_accumulation_steps`) needs more activation memory than the recorded plan's estimate counted, with the
     fix, in one line; None when `micro_batch` is within the plan's, or the record names no model: a plan generated
     without `--model` was sized for none (its micro batch is the flag's default, no assumption; the shipped configs
-    the demo launches at micro batch 8 are such). `model`, when given, adds the estimate's figures for both."""
+    the demo launches at micro batch 8 are such). Without the estimate's figures: rank 0 alone says it, and
+    `introspect` under ZeRO-3 builds the model in `zero.Init`, whose collectives would wait for the other ranks."""
     planned = record.get("micro_batch")
     if not record.get("model") or not isinstance(planned, int) or isinstance(planned, bool):
         return None
     if micro_batch <= planned:
         return None
-    figures = _estimates_gib(record, model, ({}, {"micro_batch": micro_batch})) if model is not None else None
-    cost = (
-        f" (about {figures[1]:,.1f} GiB per GPU instead of {figures[0]:,.1f} by the recipe's estimate)"
-        if figures
-        else ""
-    )
     return (
         f"per_device_train_batch_size {micro_batch} exceeds the micro batch {planned} the launch config's plan assumed "
         f"(x accumulation {record.get('grad_accum', '?')}): activations take more memory than its estimate "
-        f"counted{cost}, an out-of-memory error is possible. Fix: regenerate it with config generate "
+        f"counted, an out-of-memory error is possible. Fix: regenerate it with config generate "
         f"--micro-batch {micro_batch} --grad-accum {grad_accum} and the other flags of its YAML header's command "
         f"(the fit is checked again), or set "
         f"per_device_train_batch_size <= {planned} and raise gradient_accumulation_steps for the same global batch"
@@ -184,21 +179,19 @@ class PlanConformanceCallback(TrainerCallback):
         """Judge `model` with the arguments' `activation_checkpointing`. Allowed, a model that cannot recompute has
         the plan's `activation_checkpointing` (not one the user set) turned off, so that the Trainer trains it
         without recomputation instead of stopping in `activation_checkpointing_enable`."""
-        self.check_batch(args, model)
+        self.check_batch(args)
         message = activation_checkpointing_problem(self.record, model, bool(args.activation_checkpointing))
         self._report(message)
         if message and getattr(args, "activation_checkpointing_from_plan", False) and not can_recompute(model):
             args.activation_checkpointing = args.gradient_checkpointing = False
 
-    def check_batch(self, args, model=None) -> None:
+    def check_batch(self, args) -> None:
         """Rank 0 warns once, at start-up, when the arguments' micro batch exceeds the plan's (`micro_batch_problem`);
         a warning, not a stop: the estimate has headroom, and the user may know the memory is there."""
         micro = getattr(args, "per_device_train_batch_size", None)
         if self.batch_warning is not None or getattr(args, "process_index", 0) != 0 or not isinstance(micro, int):
             return
-        self.batch_warning = micro_batch_problem(
-            self.record, micro, getattr(args, "gradient_accumulation_steps", 1), model
-        )
+        self.batch_warning = micro_batch_problem(self.record, micro, getattr(args, "gradient_accumulation_steps", 1))
         if self.batch_warning:
             logger.warning(self.batch_warning)
 
