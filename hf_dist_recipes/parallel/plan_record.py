@@ -13,6 +13,14 @@ it: without recomputation the estimate no longer holds (DeepSeek-V3 on 8 nodes w
 about 223 GiB per GPU instead of 45 by the same estimate), so a warning was followed by an out-of-memory error once
 the whole model had loaded. The argument `allow_no_recompute=True` turns the stop back into a warning; the message
 gives both figures for the model.
+
+The micro batch and gradient accumulation the estimate assumed are recorded too, while the JSON itself says
+`"auto"` for both (the Trainer fills them from `per_device_train_batch_size` and `gradient_accumulation_steps`, so
+the JSON and the script never disagree). A run whose micro batch exceeds the plan's keeps more activations than the
+estimate counted: rank 0 warns once at start-up, naming both values and the fix (`micro_batch_problem`; a plan
+generated without `--model` was sized for no model and assumed no micro batch). More accumulation than planned is
+not reported: the estimate does not depend on it (ZeRO sums every micro step into the one fp32 gradient partition a
+rank holds anyway), so it only lengthens the step, which is what the user asked for.
 """
 
 from __future__ import annotations
@@ -66,25 +74,21 @@ def recomputes(model) -> bool:
     return bool(getattr(model, "is_activation_checkpointing", False))
 
 
-def _estimates_gib(record: dict, model) -> tuple[float, float] | None:
-    """(with, without recomputation) GiB per GPU of the recorded plan for `model`'s config by the recipe's estimate;
-    None when the record or the model does not allow one (the message then goes without the numbers)."""
+def _estimates_gib(record: dict, model, changes: tuple[dict, ...]) -> tuple[float, ...] | None:
+    """GiB per GPU of the recorded plan with each of `changes` (ParallelPlan fields) for `model`'s config by the
+    recipe's estimate; None when the record or the model does not allow one (the message then goes without the
+    numbers)."""
     from hf_dist_recipes.core.sizes import GIB
     from hf_dist_recipes.parallel.memory import estimate
     from hf_dist_recipes.parallel.models import introspect
     from hf_dist_recipes.parallel.plan import ParallelPlan
 
     try:
-        plan = ParallelPlan(
-            **{k: record[k] for k in RECORDED + RECORDED_WHEN_SET if k in record and k != "activation_checkpointing"}
-        )
+        plan = ParallelPlan(**{k: record[k] for k in RECORDED + RECORDED_WHEN_SET if k in record})
         shape = introspect(model.config)
-        with_ac, without = (
-            estimate(replace(plan, activation_checkpointing=ac), shape).device_total / GIB for ac in (True, False)
-        )
-    except Exception:  # an estimate is a courtesy in an error message: never a second error
+        return tuple(estimate(replace(plan, **change), shape).device_total / GIB for change in changes)
+    except Exception:  # an estimate is a courtesy in a message: never a second error
         return None
-    return with_ac, without
 
 
 def activation_checkpointing_problem(record: dict, model, activation_checkpointing: bool | None = None) -> str | None:
@@ -112,7 +116,7 @@ def activation_checkpointing_problem(record: dict, model, activation_checkpointi
     else:
         why = f"recomputation is not on in {name} at the start of training"
         fix = "set activation_checkpointing=True, or call model.activation_checkpointing_enable() before training"
-    figures = _estimates_gib(record, model)
+    figures = _estimates_gib(record, model, ({"activation_checkpointing": True}, {"activation_checkpointing": False}))
     cost = (
         f" (about {figures[1]:,.0f} GiB per GPU instead of {figures[0]:,.0f} by the recipe's estimate)"
         if figures
@@ -125,17 +129,42 @@ def activation_checkpointing_problem(record: dict, model, activation_checkpointi
     )
 
 
+def micro_batch_problem(record: dict, micro_batch: int, grad_accum: int) -> str | None:
+    """Why a run at `micro_batch` (the arguments' `per_device_train_batch_size`; `grad_accum` their
+    `gradient_accumulation_steps`) needs more activation memory than the recorded plan's estimate counted, with the
+    fix, in one line; None when `micro_batch` is within the plan's, or the record names no model: a plan generated
+    without `--model` was sized for none (its micro batch is the flag's default, no assumption; the shipped configs
+    the demo launches at micro batch 8 are such). Without the estimate's figures: rank 0 alone says it, and
+    `introspect` under ZeRO-3 builds the model in `zero.Init`, whose collectives would wait for the other ranks."""
+    planned = record.get("micro_batch")
+    if not record.get("model") or not isinstance(planned, int) or isinstance(planned, bool):
+        return None
+    if micro_batch <= planned:
+        return None
+    return (
+        f"per_device_train_batch_size {micro_batch} exceeds the micro batch {planned} the launch config's plan assumed "
+        f"(x accumulation {record.get('grad_accum', '?')}): activations take more memory than its estimate "
+        f"counted, an out-of-memory error is possible. Fix: regenerate it with config generate "
+        f"--micro-batch {micro_batch} --grad-accum {grad_accum} and the other flags of its YAML header's command "
+        f"(the fit is checked again), or set "
+        f"per_device_train_batch_size <= {planned} and raise gradient_accumulation_steps for the same global batch"
+    )
+
+
 class PlanConformanceCallback(TrainerCallback):
     """Stops (ValueError) or, with `allow=True` (`allow_no_recompute`), warns when the model about to be trained breaks
-    an assumption of the plan recorded in the launch config (today: activation checkpointing). `RecipeTrainer` calls
-    `check_before_training` in its constructor, before any engine is built; `on_train_begin` checks the model again
-    after the Trainer had its turn (a model built by `model_init`, a wrapper that ignored the request). Warnings go to
-    the log and to `self.warnings` (for tests and reports)."""
+    an assumption of the plan recorded in the launch config (activation checkpointing); warns on rank 0 when the
+    arguments' micro batch exceeds the plan's (`check_batch`, in `batch_warning`, not in `warnings`). `RecipeTrainer`
+    calls `check_before_training` in its constructor, before any engine is built; `on_train_begin` checks the model
+    again after the Trainer had its turn (a model built by `model_init`, a wrapper that ignored the request). Warnings
+    go to the log and to `self.warnings` (for tests and reports)."""
 
     def __init__(self, record: dict, allow: bool = False):
         self.record = record
         self.allow = allow
         self.warnings: list[str] = []
+        # Rank 0's start-up warning that the micro batch exceeds the plan's (`micro_batch_problem`); None otherwise.
+        self.batch_warning: str | None = None
 
     def _report(self, message: str | None) -> None:
         if message is None:
@@ -150,10 +179,21 @@ class PlanConformanceCallback(TrainerCallback):
         """Judge `model` with the arguments' `activation_checkpointing`. Allowed, a model that cannot recompute has
         the plan's `activation_checkpointing` (not one the user set) turned off, so that the Trainer trains it
         without recomputation instead of stopping in `activation_checkpointing_enable`."""
+        self.check_batch(args)
         message = activation_checkpointing_problem(self.record, model, bool(args.activation_checkpointing))
         self._report(message)
         if message and getattr(args, "activation_checkpointing_from_plan", False) and not can_recompute(model):
             args.activation_checkpointing = args.gradient_checkpointing = False
+
+    def check_batch(self, args) -> None:
+        """Rank 0 warns once, at start-up, when the arguments' micro batch exceeds the plan's (`micro_batch_problem`);
+        a warning, not a stop: the estimate has headroom, and the user may know the memory is there."""
+        micro = getattr(args, "per_device_train_batch_size", None)
+        if self.batch_warning is not None or getattr(args, "process_index", 0) != 0 or not isinstance(micro, int):
+            return
+        self.batch_warning = micro_batch_problem(self.record, micro, getattr(args, "gradient_accumulation_steps", 1))
+        if self.batch_warning:
+            logger.warning(self.batch_warning)
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._report(activation_checkpointing_problem(self.record, model))

@@ -5,6 +5,13 @@ accumulation and its own data-parallel group; the Trainer's fill would count TP 
 TP > 1: an explicit `tensor_parallel.partition_config` (trap 2: stock AutoTP refuses DeepSeek's tp_plan), and no
 TP preset, so the TP and EP presets cannot disagree (trap 3). Under ZeRO-3 + EP:
 `stage3_gather_16bit_weights_on_model_save: false`, because DeepSpeed refuses the consolidated save there.
+What the Trainer fills from its `TrainingArguments` is `"auto"` (transformers' `HfTrainerDeepSpeedConfig.
+trainer_config_process` fills an "auto" and refuses an explicit value that differs from the arguments):
+`train_micro_batch_size_per_gpu`, `gradient_accumulation_steps`, `gradient_clipping`; no optimizer or scheduler
+section, so the learning rate, betas, epsilon, weight decay and schedule are the arguments' alone. The micro batch and
+accumulation the plan was sized for stay in the record, where `config validate` and the ranks read them
+(`parallel.plan_record`: rank 0 warns when the arguments' micro batch exceeds it). bf16/fp16 are the plan's
+precision unless `auto` (the Trainer then refuses arguments that disagree: the precision is part of the estimate).
 Always: gradients accumulate in fp32 (`data_types.grad_accum_dtype`, see `environment.precision`) and are
 reduced across ranks in `plan.grad_reduce_dtype` (`communication_data_type`, fp32 by default; DeepSpeed's own
 default is the compute dtype: engine.py `communication_data_type`), and the
@@ -21,7 +28,6 @@ from hf_dist_recipes.parallel.plan import EP_PRESETS, ParallelPlan
 from hf_dist_recipes.parallel.plan_record import PLAN_KEY, RECORDED, RECORDED_WHEN_SET
 from hf_dist_recipes.parallel.tp_specs import partition_config
 from hf_dist_recipes.parallel.zero_buffers import zero_buffers
-from hf_dist_recipes.stability.gradients import DEFAULT_MAX_GRAD_NORM
 
 
 def plan_record(plan: ParallelPlan, model_name: str | None, model: ModelShape | None = None) -> dict:
@@ -44,9 +50,9 @@ def deepspeed_config(
     plan: ParallelPlan, model: ModelShape | None = None, *, auto: bool = False, model_ref: str | None = None
 ) -> dict:
     """The DeepSpeed config dict for `plan`. `model` is needed when TP > 1 or EP > 1 (layer specs, EP preset).
-    `auto` writes "auto" wherever the Trainer fills the value from its arguments (micro batch, accumulation,
-    clipping, bf16/fp16: one config for jobs of different sizes); otherwise the plan's values, which the
-    Trainer checks against its arguments. `model_ref`: how the model was named (a template or a config path),
+    Micro batch, accumulation and clipping are always "auto" (the plan's micro batch and accumulation are in the
+    record); `auto` writes "auto" for bf16/fp16 too, otherwise the plan's precision, which the Trainer checks
+    against its arguments. `model_ref`: how the model was named (a template or a config path),
     recorded so that `config validate` can estimate the plan again; default the model's name."""
     zero: dict = {"stage": plan.zero_stage}
     if plan.zero_stage >= 1:
@@ -72,9 +78,11 @@ def deepspeed_config(
         zero["offload_param"] = {"device": "cpu", "pin_memory": plan.device == "cuda"}
     config: dict = {
         "zero_optimization": zero,
-        "train_micro_batch_size_per_gpu": "auto" if auto else plan.micro_batch,
-        "gradient_accumulation_steps": "auto" if auto else plan.grad_accum,
-        "gradient_clipping": "auto" if auto else DEFAULT_MAX_GRAD_NORM,
+        # The Trainer fills these from per_device_train_batch_size, gradient_accumulation_steps and max_grad_norm;
+        # an explicit value that differs from them stops it. The plan's micro batch and accumulation: its record.
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
         "bf16": {"enabled": "auto" if auto else plan.precision == "bf16"},
         "fp16": {"enabled": "auto" if auto else plan.precision == "fp16"},
         # bf16/fp16 runs still sum micro-batches and ranks in fp32 (DeepSpeed's default is the model's dtype).

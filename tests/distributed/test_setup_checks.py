@@ -1,7 +1,9 @@
 """Through RecipeTrainer on 2 real ZeRO-3 CPU ranks with a generated config: a model built whole on every rank is
 stopped with the fix, one built after the arguments is not, and the plan's activation checkpointing is switched on;
 a model that will not recompute under that plan (refused by the user, or a class without support) stops with the fix,
-or under allow_no_recompute trains without it and warns."""
+or under allow_no_recompute trains without it and warns. The config is generated without --auto: the JSON's micro
+batch, accumulation and clipping are "auto" all the same, so arguments other than the plan's train, and rank 0 warns
+once when the micro batch exceeds the plan's."""
 
 import json
 import subprocess
@@ -18,7 +20,7 @@ WORKER = str(REPO / "tests" / "distributed" / "workers" / "setup_worker.py")
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
+def launch(tmp_path_factory):
     configs = tmp_path_factory.mktemp("configs")
     subprocess.run(
         [
@@ -30,9 +32,10 @@ def ranks(tmp_path_factory):
             "--cpu",
             "--gpus-per-node",
             "2",
+            "--model",
+            "tiny-llama",
             "--zero",
             "3",
-            "--auto",
             "--activation-checkpointing",
             "--seq-len",
             "32",
@@ -45,8 +48,15 @@ def ranks(tmp_path_factory):
         capture_output=True,
     )
     out = tmp_path_factory.mktemp("setup")
-    check_launch(accelerate_launch(configs / "ac.yaml", [WORKER, str(out)]))
-    return [json.loads((out / "setup" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    proc = accelerate_launch(configs / "ac.yaml", [WORKER, str(out)])
+    check_launch(proc)
+    ranks = [json.loads((out / "setup" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return ranks, json.loads((configs / "deepspeed" / "ac.json").read_text()), proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def ranks(launch):
+    return launch[0]
 
 
 def test_a_model_built_before_the_arguments_is_stopped_with_the_fix(ranks):
@@ -100,3 +110,17 @@ def test_allow_no_recompute_trains_without_recomputation_and_warns(ranks):
             assert got["steps"] == 1 and got["model_recomputes"] is False
             assert len(got["warnings"]) == 1 and why in got["warnings"][0]
             assert got["activation_checkpointing"] is False  # the plan's True turned off for the class without it
+
+
+def test_arguments_other_than_the_plans_batch_train_and_a_larger_micro_batch_warns_on_rank_0(launch):
+    ranks, ds, output = launch
+    assert [ds[k] for k in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")] == ["auto", "auto"]
+    assert ds["gradient_clipping"] == "auto" and ds["hf_dist_recipes"]["generated_for"]["micro_batch"] == 1
+    for r in ranks:  # the plan's micro batch at twice its accumulation: trained, nothing to say
+        assert r["accumulated"]["steps"] == 1 and r["accumulated"]["engine_batch"] == [1, 2]
+        assert r["accumulated"]["batch_warning"] is None
+    warning = ranks[0]["planned"]["batch_warning"]  # micro batch 2 against the plan's 1
+    assert "per_device_train_batch_size 2 exceeds the micro batch 1" in warning
+    assert "config generate --micro-batch 2" in warning
+    assert ranks[1]["planned"]["batch_warning"] is None  # rank 0 alone
+    assert "per_device_train_batch_size 2 exceeds the micro batch 1" in output

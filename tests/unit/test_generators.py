@@ -36,14 +36,36 @@ def test_deepseek_tp_ep_sections():
     assert specs[r".*\.self_attn\.(q_a_proj|kv_a_proj_with_mqa)\.weight$"]["gather_output"] is True
     assert specs[r".*\.self_attn\.o_proj\.weight$"]["partition_type"] == "row"
     assert cfg["expert_parallel"] == {"enabled": True, "autoep_size": 8, "preset_model": "deepseek_v3"}
-    assert cfg["bf16"] == {"enabled": True} and cfg["gradient_clipping"] == 1.0
+    assert cfg["bf16"] == {"enabled": True} and cfg["gradient_clipping"] == "auto"
 
 
-def test_explicit_and_auto_batch_values():
-    plan = ParallelPlan(micro_batch=2, grad_accum=8)
-    assert deepspeed_config(plan)["train_micro_batch_size_per_gpu"] == 2
-    auto = deepspeed_config(plan, auto=True)
-    assert auto["gradient_accumulation_steps"] == "auto" and auto["bf16"] == {"enabled": "auto"}
+# What transformers' HfTrainerDeepSpeedConfig.trainer_config_process fills from TrainingArguments and, given an
+# explicit value that differs, refuses: the generated JSON leaves each to the arguments.
+TRAINER_FILLED = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping")
+
+
+def test_the_trainers_values_are_auto_and_the_plans_are_recorded(tmp_path):
+    from hf_dist_recipes.parallel.plan_record import recorded_plan
+    from hf_dist_recipes.planning.generate import write_configs
+    from hf_dist_recipes.planning.launch_config import load_launch_config
+    from hf_dist_recipes.planning.launch_plan import plan_of_launch
+
+    plan = ParallelPlan(procs_per_node=2, device="cpu", precision="fp32", micro_batch=2, grad_accum=8)
+    for auto in (False, True):
+        generated = write_configs(plan, tmp_path / str(auto), model_ref="tiny-llama", auto=auto)
+        cfg = json.loads(generated.deepspeed_file.read_text())
+        assert {k: cfg[k] for k in TRAINER_FILLED} == dict.fromkeys(TRAINER_FILLED, "auto")
+        # No optimizer or scheduler section: learning rate, betas, epsilon, weight decay are the arguments'.
+        assert "optimizer" not in cfg and "scheduler" not in cfg and "train_batch_size" not in cfg
+        record = recorded_plan(cfg)
+        assert (record["micro_batch"], record["grad_accum"]) == (2, 8)  # what the memory fit assumed
+        assert cfg["bf16"] == {"enabled": "auto" if auto else False}  # --auto: the precision too
+        header = generated.yaml_file.read_text()
+        assert "Sized for micro batch 2 x accumulation 8 = global batch 32" in header
+        assert [f.message for f in lint_file(generated.yaml_file) if f.level == ERROR] == []
+        # config validate's estimate reads the recorded micro batch and accumulation where the JSON says "auto"
+        read, model = plan_of_launch(load_launch_config(generated.yaml_file), 2)
+        assert (read.micro_batch, read.grad_accum, model) == (2, 8, "tiny-llama")
 
 
 def test_offload_sections():

@@ -14,9 +14,13 @@ from hf_dist_recipes.parallel.plan_record import (
     PlanConformanceCallback,
     activation_checkpointing_problem,
     can_recompute,
+    micro_batch_problem,
     recorded_plan,
 )
 from hf_dist_recipes.planning.deepspeed_config import deepspeed_config
+
+# What the Trainer writes over the generated JSON's "auto" (HfTrainerDeepSpeedConfig.trainer_config_process).
+TRAINER_FILLS = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0}
 
 
 def _launch_with(tmp_path, monkeypatch, plan: ParallelPlan):
@@ -32,7 +36,8 @@ def test_the_record_holds_what_the_estimate_assumed_and_deepspeed_accepts_it():
     config = deepspeed_config(plan)
     record = recorded_plan(config)
     assert record["seq_len"] == 512 and record["activation_checkpointing"] is True and record["procs_per_node"] == 2
-    DeepSpeedConfig(config)  # an unknown top-level key is ignored by DeepSpeed 0.19.8 (it would raise otherwise)
+    # An unknown top-level key is ignored by DeepSpeed 0.19.8 (it would raise otherwise); the Trainer's fills first.
+    DeepSpeedConfig({**config, **TRAINER_FILLS})
     assert recorded_plan({"zero_optimization": {"stage": 3}}) == {}  # a file written by anything else
     assert recorded_plan({PLAN_KEY: "garbage"}) == {}
 
@@ -154,3 +159,39 @@ def test_a_recorded_startup_timeout_raises_a_default_ddp_timeout_only(tmp_path, 
     config[PLAN_KEY]["generated_for"]["startup_timeout_s"] = 1900  # below the default: nothing lowered
     ds.write_text(json.dumps(config))
     assert RecipeTrainingArguments(output_dir=str(tmp_path / "out")).ddp_timeout == 7200
+
+
+def _batch_args(micro: int, accum: int = 1, rank: int = 0):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=accum,
+        process_index=rank,
+        activation_checkpointing=False,
+    )
+
+
+def test_a_micro_batch_above_the_plans_warns_on_rank_0_once_naming_both_and_the_fix(caplog):
+    plan = ParallelPlan(procs_per_node=2, micro_batch=2, grad_accum=4)
+    record = recorded_plan(deepspeed_config(plan, model_ref="tiny-llama"))
+    assert micro_batch_problem(recorded_plan(deepspeed_config(plan)), 8, 1) is None  # sized for no model
+    assert micro_batch_problem(record, 2, 4) is None and micro_batch_problem(record, 1, 16) is None
+    assert micro_batch_problem(record, 2, 64) is None  # more accumulation: a longer step, the same memory
+    assert micro_batch_problem({}, 8, 1) is None  # a file config generate did not write
+    message = micro_batch_problem(record, 6, 3)
+    assert "per_device_train_batch_size 6 exceeds the micro batch 2 the launch config's plan assumed" in message
+    assert "config generate --micro-batch 6 --grad-accum 3" in message and "\n" not in message
+    model = _tiny_llama()
+    with caplog.at_level("WARNING"):
+        callback = PlanConformanceCallback(record)
+        callback.check_before_training(model, _batch_args(6, 3))
+        callback.check_before_training(model, _batch_args(6, 3))
+    assert caplog.text.count("exceeds the micro batch 2") == 1  # once
+    assert callback.warnings == []  # not the recomputation warnings (allow_no_recompute's)
+    other_rank = PlanConformanceCallback(record)
+    other_rank.check_before_training(model, _batch_args(6, 3, rank=1))
+    assert other_rank.batch_warning is None  # rank 0 alone says it
+    within = PlanConformanceCallback(record)
+    within.check_before_training(model, _batch_args(1, 32))
+    assert within.batch_warning is None

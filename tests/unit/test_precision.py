@@ -67,7 +67,9 @@ def test_generated_deepspeed_json_accumulates_gradients_in_fp32_and_deepspeed_re
         config = deepspeed_config(ParallelPlan(procs_per_node=2, precision=precision))
         assert config["data_types"] == {"grad_accum_dtype": "fp32"}
         assert config["bf16"] == {"enabled": precision == "bf16"}
-        parsed = DeepSpeedConfig(json.loads(json.dumps(config)))
+        # The Trainer fills the "auto" micro batch, accumulation and clipping before DeepSpeed reads the file.
+        filled = {**config, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}
+        parsed = DeepSpeedConfig(json.loads(json.dumps({**filled, "gradient_clipping": 1.0})))
         assert parsed.grad_accum_dtype == "fp32" and parsed.bfloat16_config.enabled is (precision == "bf16")
 
 

@@ -114,4 +114,6 @@ def test_grad_reduce_dtype_bf16_is_written_and_read_by_deepspeed(tmp_path):
 
     config = deepspeed_config(ParallelPlan(grad_reduce_dtype="bf16"))
     assert config["communication_data_type"] == "bf16"
-    assert DeepSpeedConfig(json.loads(json.dumps(config))).communication_data_type == torch.bfloat16
+    # The Trainer fills the "auto" micro batch, accumulation and clipping before DeepSpeed reads the file.
+    filled = {**config, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0}
+    assert DeepSpeedConfig(json.loads(json.dumps(filled))).communication_data_type == torch.bfloat16

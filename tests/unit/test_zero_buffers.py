@@ -28,10 +28,12 @@ V3_EMBEDDING = 129280 * 7168  # 926,679,040
 
 
 def _parsed(config: dict):
-    """DeepSpeed's own config class over the generated dict (outside a process group: world of 1)."""
+    """DeepSpeed's own config class over the generated dict (outside a process group: world of 1), with the values
+    the Trainer fills over its "auto" micro batch, accumulation and clipping."""
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    return DeepSpeedConfig(dict(config))
+    fills = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0}
+    return DeepSpeedConfig({**config, **fills})
 
 
 def test_deepseek_v3_ep8_prefetch_and_live_limits_by_hand():

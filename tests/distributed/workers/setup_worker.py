@@ -14,6 +14,8 @@ a process in which no arguments exist yet):
 6. a model class without activation-checkpointing support (`supports_gradient_checkpointing = False`) under that
    plan -> the constructor's error naming the fix; with `allow_no_recompute=True`: 1 training step without
    recomputation and the warning.
+7. micro batch 1 (the plan's) x accumulation 2 (not the plan's 1): 1 training step, no batch warning.
+Scenario 4 trains at micro batch 2 against the plan's 1: rank 0's start-up warning is in "batch_warning".
 """
 
 import json
@@ -73,6 +75,7 @@ def main(output_dir: str) -> None:
         "activation_checkpointing": planned.activation_checkpointing,
         "model_recomputes": trainer.model.is_activation_checkpointing,
         "warnings": trainer.plan_conformance.warnings,
+        "batch_warning": trainer.plan_conformance.batch_warning,
         "bf16": planned.bf16,
     }
 
@@ -86,6 +89,11 @@ def main(output_dir: str) -> None:
     allowed = RecipeTrainingArguments(max_steps=1, allow_no_recompute=True, **common)
     out["cannot_allowed"] = _train_one_step(NoRecomputeLlama._from_config(config), allowed, data)
 
+    accumulated = RecipeTrainingArguments(
+        **{**common, "per_device_train_batch_size": 1}, gradient_accumulation_steps=2, max_steps=1
+    )
+    out["accumulated"] = _train_one_step(AutoModelForCausalLM.from_config(config), accumulated, data)
+
     target = Path(output_dir) / "setup"
     target.mkdir(parents=True, exist_ok=True)
     (target / f"rank{planned.process_index}.json").write_text(json.dumps(out))
@@ -98,7 +106,12 @@ def _train_one_step(model, args, data) -> dict:
         "activation_checkpointing": args.activation_checkpointing,
         "model_recomputes": trainer.model.is_activation_checkpointing,
         "warnings": trainer.plan_conformance.warnings,
+        "batch_warning": trainer.plan_conformance.batch_warning,
         "steps": trainer.state.global_step,
+        "engine_batch": [
+            trainer.model_wrapped.train_micro_batch_size_per_gpu(),
+            trainer.model_wrapped.gradient_accumulation_steps(),
+        ],
     }
 
 
