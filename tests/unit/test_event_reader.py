@@ -7,6 +7,7 @@ TensorBoard purges by out-of-order steps instead)."""
 from __future__ import annotations
 
 import struct
+import time
 
 import pytest
 
@@ -53,6 +54,9 @@ def test_a_resumed_run_with_duplicates_and_texts_reads_as_tensorboard_reads_it(t
         if step % 10 == 0:
             w.add_text("train/event", f"at {step}", step)
     w.close()
+    # The file name holds the second it was made, then a per-process counter: in one second "...8.a" would sort
+    # after "...11.b". A resume comes later than its run's first file; so here.
+    time.sleep(1.1)
     # A resume at step 6 (purge_step): what was logged at 6 or later is purged; texts are not
     # (TensorBoard keeps them too).
     w = SummaryWriter(run, purge_step=6, filename_suffix=".b")
