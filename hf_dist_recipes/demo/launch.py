@@ -83,7 +83,7 @@ def plan_demo(
     world = check_launch_config(cfg, num_processes=num_processes)
     # Every setting before anything slow or anything launched: a bad value is one line here, not a traceback per rank.
     check_settings(settings, world)
-    output_dir = writable_dir(settings.output_dir, "--output-dir", "runs/demo")
+    output_dir = writable_dir(settings.output_dir, "--output", "runs/demo")
     if cfg.deepspeed is not None:
         check_no_stale_locks()
     requested = settings.backend or (backend.CPU_BACKEND if cfg.use_cpu else None)

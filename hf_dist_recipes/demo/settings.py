@@ -29,6 +29,24 @@ class DemoSettings:
     save_final: bool = True
 
 
+WARMUP_FRACTION = 0.1  # of --max-steps, when --warmup-steps is not given (the Trainer's warmup_ratio, as a default)
+LOGS_PER_RUN = 10  # --logging-steps, when not given: about this many logged steps per run, at most every 20 steps
+
+
+def default_warmup_steps(max_steps: int) -> int:
+    """The warm-up when the user gave none: WARMUP_FRACTION of the run (20 of the default 200 steps). A fixed
+    default broke a valid --max-steps (`demo --max-steps 10` stopped on a warm-up of 20 the user never set)."""
+    return int(max_steps * WARMUP_FRACTION) if isinstance(max_steps, int) and max_steps > 0 else 0
+
+
+def default_logging_steps(max_steps: int) -> int:
+    """Log every N steps when the user gave no N: about LOGS_PER_RUN logs per run, every 20 steps at most (the
+    default 200 steps log every 20), every step at least, so that a short run still logs its losses."""
+    if not isinstance(max_steps, int) or max_steps < 1:
+        return DemoSettings.logging_steps
+    return max(1, min(DemoSettings.logging_steps, max_steps // LOGS_PER_RUN))
+
+
 def add_training_flags(parser: argparse.ArgumentParser) -> None:
     """The flags shared by this script and `hf-dist-recipes demo`."""
     d = DemoSettings()
@@ -41,8 +59,17 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
         "--micro-batch", type=int, default=d.micro_batch, help="samples per rank per step (%(default)s)"
     )
     parser.add_argument("--learning-rate", type=float, default=d.learning_rate, help="peak learning rate (%(default)s)")
-    parser.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help="linear warm-up steps (%(default)s)")
-    parser.add_argument("--logging-steps", type=int, default=d.logging_steps, help="log every N steps (%(default)s)")
+    # Defaults that depend on --max-steps are resolved in settings_from, from the --max-steps given.
+    parser.add_argument(
+        "--warmup-steps",
+        type=int,
+        help=f"linear warm-up steps (default: {WARMUP_FRACTION:g} of --max-steps, {d.warmup_steps} of {d.max_steps})",
+    )
+    parser.add_argument(
+        "--logging-steps",
+        type=int,
+        help=f"log every N steps (default: --max-steps / {LOGS_PER_RUN}, at most {d.logging_steps}, at least 1)",
+    )
     parser.add_argument(
         "--max-bytes",
         type=int,
@@ -101,6 +128,12 @@ def check_settings(s: DemoSettings, processes: int) -> None:
 
 
 def settings_from(ns: argparse.Namespace) -> DemoSettings:
+    """The settings of parsed flags, the defaults that follow the run length (warm-up, logging interval) computed
+    from --max-steps where the user did not give them."""
     values = {k: getattr(ns, k) for k in DemoSettings.__dataclass_fields__}
     values["data_files"] = tuple(values["data_files"] or ())  # argparse gives a list; the settings are frozen
+    if values["warmup_steps"] is None:
+        values["warmup_steps"] = default_warmup_steps(values["max_steps"])
+    if values["logging_steps"] is None:
+        values["logging_steps"] = default_logging_steps(values["max_steps"])
     return DemoSettings(**values)
