@@ -92,7 +92,7 @@ def test_suggest_picks_within_90_percent_and_the_host(capsys):
     assert any(r["device_total"] <= 80 * GIB and not r["device_fits"] for r in data["estimates"])
     # With 1 TiB per node no plan over it is picked: every offload plan of V3 on 8 nodes needs more at a resume,
     # and nothing fits without offload, so nothing is picked and the output says why.
-    assert main(SUGGEST + ["--host-memory", "1024"]) == 0
+    assert main(SUGGEST + ["--host-memory", "1024"]) == 1  # nothing fits: a problem found, exit 1
     small = json.loads(capsys.readouterr().out)
     assert small["chosen"] is None
     assert all(r["host_resume_peak_per_node"] > 1024 * GIB for r in small["estimates"] if r["device_fits"])
@@ -105,8 +105,9 @@ def test_the_host_is_checked_only_when_known(capsys):
     given += ["--micro-batch", "3", "--activation-checkpointing", "--gpu-memory", "80", "--json"]
 
     def host(*flags):
-        assert main(given + list(flags)) == 0
+        code = main(given + list(flags))
         data = json.loads(capsys.readouterr().out)
+        assert code == (1 if data["estimates"][0]["fits"] is False else 0)  # exit 1: the plan does not fit
         return data["host_memory_gib"], data["estimates"][0]["host_fits"]
 
     assert host() == (None, None)
