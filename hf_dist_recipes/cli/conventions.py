@@ -13,6 +13,7 @@ import argparse
 import textwrap
 from collections.abc import Iterator
 
+from hf_dist_recipes._compat import add_option_string, parser_actions, subcommand_parsers
 from hf_dist_recipes.core.findings import EXIT_FOUND_PROBLEMS, EXIT_OK, EXIT_USAGE
 
 # `accelerate launch` flags (accelerate/commands/launch.py) whose kebab-case spelling a command of ours may use.
@@ -76,13 +77,13 @@ EXIT_STATUS = "Exit status:\n" + "\n".join(
 WRAP = 100  # the width a one-paragraph description is wrapped at once --help prints text as written
 
 
-def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+def commands(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
     """Yield (command path, parser) for `parser` and every subcommand under it, depth first."""
     yield path, parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                yield from commands(sub, (*path, name))
+    for name, sub in subcommand_parsers(parser):
+        yield from commands(sub, (*path, name))
 
 
 def accelerate_spelling(option: str) -> str | None:
@@ -91,31 +92,20 @@ def accelerate_spelling(option: str) -> str | None:
     return snake if snake != option and snake in ACCELERATE_FLAGS else None
 
 
-def _add_option_string(parser: argparse.ArgumentParser, action: argparse.Action, option: str, *, first: bool) -> None:
-    """Make `option` another spelling of `action` (argparse has no public way to add one after the fact)."""
-    if option in parser._option_string_actions:
-        return  # the command already has it: its own flag wins
-    if first:
-        action.option_strings.insert(0, option)
-    else:
-        action.option_strings.append(option)
-    parser._option_string_actions[option] = action
-
-
 def apply(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The conventions above on `parser` and every subcommand; returns `parser`."""
     for path, command in commands(parser):
-        for action in list(command._actions):
+        for action in parser_actions(command):
             for option in list(action.option_strings):
                 alias = accelerate_spelling(option)
                 if alias:
-                    _add_option_string(command, action, alias, first=False)
+                    add_option_string(command, action, alias)  # a flag the command has already wins
                 for synonym in SYNONYMS.get(option, ()):
-                    _add_option_string(command, action, synonym, first=False)
+                    add_option_string(command, action, synonym)
                 if option in OUTPUT_ALIASES:
                     if action.metavar is None:
                         action.metavar = "DIR"  # not OUTPUT_DIR / OUT, the dest of the old name
-                    _add_option_string(command, action, OUTPUT, first=True)
+                    add_option_string(command, action, OUTPUT, first=True)
         if path:
             _exit_epilog(command)
     return parser
