@@ -14,11 +14,13 @@ Probes the environment (versions, torch's CUDA and NCCL, the NCCL installed, dri
 InfiniBand ports, /dev/shm, NCCL_/TORCH_/CUDA_ variables) and prints one line per check, ok / warning / error, with
 the fix under each finding: the doctor's checks and every known-bad combination (with its source) that matches.
 --lock FILE adds an error for each package whose installed version differs from a lock written by
-`hf-dist-recipes pin`.
+`hf-dist-recipes pin`. --report prints the same as a block to paste into a GitHub issue.
 
 An error exits 1; a warning exits 0, or 1 with --strict. --json prints {"facts": ..., "checks": [...],
 "exit_code": N} (its JSON schema is on the doctor page of the documentation). Imports no DeepSpeed (its version
 comes from the package metadata): answers in a few seconds."""
+NOTICE = "notice"
+RULE_PREFIX = "rule "  # the doctor's name for a known-bad combination's row (doctor/doctor.py)
 
 
 def register(subparsers) -> None:
@@ -31,6 +33,12 @@ def register(subparsers) -> None:
         epilog="Example: hf-dist-recipes doctor --strict --lock pinned/requirements.lock",
     )
     parser.add_argument("--json", action="store_true", help="print facts, checks and exit code as JSON")
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="print a block to paste into a GitHub issue (as `accelerate env`): versions, GPUs, the known issues "
+        "that apply and the checks that did not pass",
+    )
     parser.add_argument("--strict", action="store_true", help="exit 1 on a warning too (default: only errors fail)")
     parser.add_argument(
         "--lock",
@@ -56,7 +64,12 @@ def run(args: argparse.Namespace) -> int:
 
     report = doctor.run_checks(probe_module.probe(), lock)
     data = report.to_dict(strict=args.strict)
-    print(render_json(data) if args.json else render(data))
+    if args.report:
+        from hf_dist_recipes.doctor.report import render_report
+
+        print(render_report(data))
+    else:
+        print(render_json(data) if args.json else render(data))
     return data["exit_code"]
 
 
@@ -70,7 +83,14 @@ def render(data: dict) -> str:
         + (", in a container" if facts["in_container"] else "")
         + ")"
     )
+    # A known issue that applies at "info" severity passes (status ok) but is not a check that found nothing: it
+    # shows as a notice, with its advice.
+    rows = [dict(c, mark=NOTICE) if c["name"].startswith(RULE_PREFIX) and c["status"] == "ok" else c for c in checks]
+    notices = sum(r.get("mark") == NOTICE for r in rows)
     counts = count_statuses(c["status"] for c in checks)
-    summary = f"{counts['ok']} ok, {counts['warning']} warning(s), {counts['error']} error(s); exit {data['exit_code']}"
+    summary = (
+        f"{counts['ok'] - notices} ok, {notices} notice(s), {counts['warning']} warning(s), {counts['error']} "
+        f"error(s); exit {data['exit_code']}"
+    )
     # A long rule id overflows its own row rather than widen every row.
-    return render_table(checks, title=title, summary=summary, max_name_width=NAME_WIDTH)
+    return render_table(rows, title=title, summary=summary, max_name_width=NAME_WIDTH)

@@ -124,9 +124,10 @@ def strict_exit(strict: bool) -> ExitCodes:
 def render_table(
     rows: Iterable[Mapping[str, object]], *, title: str | None, summary: str, max_name_width: int | None = None
 ) -> str:
-    """The text table: `title`, then per row (a mapping with name, status, detail, fix and optionally source) its
-    mark, name and detail, with `fix:` and `source:` lines under every row that has a fix, then `summary`. The name
-    column is as wide as the longest name, at most `max_name_width` (a longer name overflows its row alone)."""
+    """The text table: `title`, then per row (a mapping with name, status, detail, fix and optionally source and
+    mark, which replaces the status's word) its mark, name and detail, with `fix:` and `source:` lines under every
+    row that has a fix, then `summary`. The name column is as wide as the longest name, at most `max_name_width` (a
+    longer name overflows its row alone)."""
     rows = list(rows)
     width = max((len(str(r["name"])) for r in rows), default=0)
     if max_name_width is not None:
@@ -134,7 +135,8 @@ def render_table(
     pad = f"  {'':<7}  {'':<{width}}  "
     lines = [title] if title is not None else []
     for r in rows:
-        lines.append(f"  {MARK[str(r['status'])]:<7}  {r['name']!s:<{width}}  {r['detail']}")
+        mark = r.get("mark") or MARK[str(r["status"])]  # a row may say more than its status (doctor: "notice")
+        lines.append(f"  {mark:<7}  {r['name']!s:<{width}}  {r['detail']}")
         if r.get("fix"):  # an "info" rule shows as ok with its advice, so the fix is shown whatever the status
             lines.append(f"{pad}fix: {r['fix']}")
             if r.get("source"):

@@ -1,11 +1,14 @@
 """CRC-32C (Castagnoli), as TFRecord files use it, masked the TensorFlow way; one message or many at once.
 
-No C implementation is installed with our dependencies (tensorboard's is pure Python, and importing it costs ~0.3 s
-of tensorflow-stub start-up), and a byte-at-a-time loop in Python runs at ~5 MB/s. So:
-- `crc32c(data)`: the table loop in Python, for the few short inputs (8-byte record lengths);
-- `crc32c_rows(rows)`: many messages of equal length at once, one numpy step per byte column (slicing-by-4: four
-  table lookups per 4 bytes), ~100-200 MB/s for a few thousand rows: what the event writer needs, where every record
-  of one layout has the same length.
+A maintained C implementation is used when installed: google-crc32c (the `report` extra, what a machine reading logs
+installs; `BACKEND` says which is in use). Without it, the hand-written code below is the fallback; tensorboard's own
+CRC is pure Python (and importing it costs ~0.3 s of tensorflow-stub start-up):
+- `crc32c(data)`: google-crc32c, else a table loop in Python (~5 MB/s: for short inputs, the 8-byte record lengths);
+- `crc32c_rows(rows)`: many messages of equal length at once. numpy, one step per column of 4 bytes (slicing-by-4:
+  four table lookups per 4 bytes, ~100-200 MB/s for a few thousand rows), for rows shorter than `C_ROWS_FROM` bytes,
+  even with the C library: a call per row costs ~0.3 us of Python, more than numpy's share of a short row (measured in
+  benchmarks/results/2026-12-06-event-reader-cpu.md: 100,000 rows of 8 B, numpy 5 ms, C 34 ms; of 200 B, numpy 13
+  ms, C 7 ms). Scalar records (the framing's 8-byte lengths, the writer's ~40-byte events) are all short.
 A TFRecord stores `masked(crc32c(x))`: rotated right by 15 bits plus a constant, so that a CRC of data holding CRCs
 stays well mixed.
 """
@@ -13,6 +16,16 @@ stays well mixed.
 from __future__ import annotations
 
 import numpy as np
+
+try:
+    import google_crc32c as _google_crc32c
+
+    _C_EXTEND = _google_crc32c.extend if _google_crc32c.implementation == "c" else None
+except ImportError:  # the fallback below
+    _C_EXTEND = None
+
+BACKEND = "google-crc32c" if _C_EXTEND is not None else "numpy"
+C_ROWS_FROM = 128  # bytes a row from which crc32c_rows calls the C library row by row (see the module docstring)
 
 _POLY = 0x82F63B78  # Castagnoli, reflected
 _MASK_DELTA = 0xA282EAD8
@@ -36,7 +49,14 @@ _T0 = _T[0].tolist()
 
 
 def crc32c(data: bytes, crc: int = 0) -> int:
-    """CRC-32C of `data` (continuing from `crc`, 0 to start). Pure Python: for short inputs only."""
+    """CRC-32C of `data` (continuing from `crc`, 0 to start): google-crc32c when installed, else `crc32c_python`."""
+    if _C_EXTEND is not None:
+        return _C_EXTEND(crc, data)
+    return crc32c_python(data, crc)
+
+
+def crc32c_python(data: bytes, crc: int = 0) -> int:
+    """CRC-32C of `data` (continuing from `crc`), a table loop in Python: the fallback, for short inputs only."""
     crc ^= 0xFFFFFFFF
     table = _T0
     for b in data:
@@ -58,7 +78,19 @@ def masked_crc32c(data: bytes) -> int:
 
 
 def crc32c_rows(rows: np.ndarray) -> np.ndarray:
-    """CRC-32C of each row of a 2-D uint8 array (N messages of L bytes each): N uint32."""
+    """CRC-32C of each row of a 2-D uint8 array (N messages of L bytes each): N uint32. Rows of `C_ROWS_FROM` bytes or
+    more through google-crc32c when installed, shorter ones (and all without it) through `crc32c_rows_numpy`."""
+    if rows.ndim != 2 or rows.dtype != np.uint8:
+        raise ValueError(f"crc32c_rows takes an (N, L) uint8 array, got {rows.dtype} of shape {rows.shape}")
+    n, length = rows.shape
+    if _C_EXTEND is not None and length >= C_ROWS_FROM:
+        data, c = np.ascontiguousarray(rows).tobytes(), _C_EXTEND
+        return np.fromiter((c(0, data[i : i + length]) for i in range(0, n * length, length)), np.uint32, n)
+    return crc32c_rows_numpy(rows)
+
+
+def crc32c_rows_numpy(rows: np.ndarray) -> np.ndarray:
+    """`crc32c_rows` in numpy (the fallback, and the faster for short rows)."""
     if rows.ndim != 2 or rows.dtype != np.uint8:
         raise ValueError(f"crc32c_rows takes an (N, L) uint8 array, got {rows.dtype} of shape {rows.shape}")
     n, length = rows.shape

@@ -1,9 +1,13 @@
 """Read TensorBoard event files fast: our own TFRecord framing, scalar events decoded with numpy
-(`record_scan`), tensorboard's compiled `Event` proto for any other event.
+(`record_scan`), tensorboard's compiled `Event` proto for any other event. Two readers on it:
+- `read_rank` (`logs summarize`): a rank's curves, one value a step (the last write wins);
+- `read_run` (`monitoring.read_scalars` / `read_texts`): one run directory as TensorBoard's EventAccumulator shows it
+  (every write, a resume's purge applied, tensor summaries apart); see its docstring.
 
 A TFRecord is `length: u64 | masked crc32c(length): u32 | data | masked crc32c(data): u32` (little endian). Every
-length is checked against its CRC (a wrong length would derail every later record); the data CRC is not, and a
-damaged payload is caught by the decoders instead (a flipped bit inside a float goes unnoticed). A file
+length is checked against its CRC (a wrong length would derail every later record). `read_rank` does not check the
+data CRC (checking it makes `read_run` ~1.45x slower, benchmarks/results/2026-12-06-event-reader-cpu.md): a damaged
+payload is caught by the decoders instead (a flipped bit inside a float goes unnoticed); `read_run` checks it. A file
 cut short (a rank killed mid-write) or a damaged record ends the reading of that file with a warning naming it;
 what was read before stays.
 
@@ -16,14 +20,24 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from hf_dist_recipes.logs.record_scan import CorruptRecordError, frame_file, scan_scalars
+from hf_dist_recipes.logs.record_scan import CorruptRecordError, first_bad_data, frame_file, scan_scalars
 
-__all__ = ["CorruptRecordError", "RankEvents", "find_rank_files", "iter_record_batches", "iter_records", "read_rank"]
+__all__ = [
+    "CorruptRecordError",
+    "RankEvents",
+    "RunEvents",
+    "find_rank_files",
+    "iter_record_batches",
+    "iter_records",
+    "read_rank",
+    "read_run",
+]
 
 CHUNK_BYTES = 4 * 1024 * 1024  # read size; a file is never held whole, at most one chunk plus one record
 _RANK_DIR = re.compile(r"^rank(\d+)$")
@@ -238,3 +252,180 @@ def find_rank_files(logdir: str | os.PathLike) -> dict[int, list[str]]:
     if not by_rank:
         raise ValueError(f"no event files in rank<N> directories under {logdir}; pass the run's logging_dir")
     return dict(sorted(by_rank.items()))
+
+
+# --- One run directory read as TensorBoard's EventAccumulator reads it (monitoring.tensorboard.read_scalars) ---
+
+
+@dataclass
+class RunEvents:
+    """One run directory as TensorBoard's `EventAccumulator` (purge_orphaned_data=True, nothing sampled) keeps it.
+    `scalars`: tag -> (steps, values) of every `simple_value`, in the order written, duplicates of a step kept, less
+    what a restart purged; tags in order of first appearance (a tag whose points were all purged stays, empty).
+    `tensors`: tag -> [(step, TensorProto)] of every tensor-valued summary (text included), never purged, as there.
+    `warnings`: one line per file whose reading stopped early."""
+
+    scalars: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    tensors: dict[str, list] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def run_files(run_dir: str | os.PathLike) -> list[str]:
+    """The event files TensorBoard reads for `run_dir`, in its order: names holding "tfevents" (not
+    ".profile-empty"), this directory only, sorted by name; an event file's own path names that file alone."""
+    run_dir = os.fspath(run_dir)
+    if os.path.isfile(run_dir) and "tfevents" in os.path.basename(run_dir):
+        return [run_dir]
+    names = [n for n in os.listdir(run_dir) if "tfevents" in n and not n.endswith(".profile-empty")]
+    return [os.path.join(run_dir, n) for n in sorted(names) if os.path.isfile(os.path.join(run_dir, n))]
+
+
+def _events_in_order(files: list[str], out: RunEvents, *, scan: bool = True):
+    """Yield per chunk (first record number, ScalarScan or None, [(record number, Event)] of the rest), the records
+    of `files` numbered in reading order. With `scan` the plain scalar events come as a numpy ScalarScan and only the
+    others are decoded; without it every record is decoded. A file stops at a cut record or one whose length or data
+    fails its CRC (both are checked here, as TensorBoard's reader checks them; `read_rank` checks lengths only): the
+    rest of it is skipped, as there, with a warning."""
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    seen = 0
+    for path in files:
+        try:
+            for buf, starts, lengths in frame_file(path, CHUNK_BYTES):
+                bad = first_bad_data(buf, starts, lengths)
+                if bad is not None:
+                    starts, lengths = starts[:bad], lengths[:bad]
+                found = scan_scalars(buf, starts, lengths) if scan else None
+                rest = found.other.tolist() if found is not None else range(len(starts))
+                decoded = []
+                for i in rest:
+                    p, k = int(starts[i]) + 12, int(lengths[i])
+                    decoded.append((seen + i, Event.FromString(buf[p : p + k])))
+                yield seen, found, decoded
+                seen += len(starts)
+                if bad is not None:
+                    raise CorruptRecordError("record data fails its checksum")
+        except CorruptRecordError as err:
+            out.warnings.append(f"{path}: {err}; kept the records read before it")
+
+
+def _needs_replay(files: list[str]) -> bool:
+    """Whether any summary may be read while the accumulator holds no file_version >= 2: then TensorBoard purges by
+    out-of-order steps per tag, which `read_run` replays event by event. Every writer we know (torch, tensorboardX,
+    tf.summary, logs/event_writer.py) starts each file with `brain.Event:2`, so this reads one record per file."""
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    for path in files:
+        with open(path, "rb") as f:
+            head = f.read(12)
+            if len(head) < 12:
+                continue
+            data = f.read(struct.unpack("<Q", head[:8])[0])
+        try:
+            version = Event.FromString(data).file_version
+        except Exception:
+            return True
+        if not version.startswith("brain.Event:") or _file_version(version) < 2:
+            return True
+    return False
+
+
+def _file_version(text: str) -> float:
+    try:
+        return float(text.split(":")[-1])
+    except ValueError:
+        return 0.0
+
+
+def read_run(run_dir: str | os.PathLike, *, tensors: bool = False) -> RunEvents:
+    """Read one TensorBoard run directory (see RunEvents), with `tensors` also its tensor summaries.
+
+    Same scalars as `EventAccumulator(run_dir, size_guidance={"scalars": 0}).Reload()`: a `SessionLog.START` at step
+    s (what torch's `SummaryWriter(purge_step=s)` writes on a resume) drops every scalar read before it at a step >= s;
+    in files without a `brain.Event:2` header, a summary at a step below the latest drops its tags' later points.
+    Wall times are not kept (TensorBoard keeps them; our callers never used them)."""
+    out = RunEvents()
+    files = run_files(run_dir)
+    if _needs_replay(files):
+        _replay(files, out, tensors)
+        return out
+    tag_id: dict[str, int] = {}
+    pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # order, tag, step, value
+    purges: list[tuple[int, int]] = []  # (record number, step) of each START
+    for first, found, decoded in _events_in_order(files, out):
+        if len(found.record):
+            ids = np.array([tag_id.setdefault(t, len(tag_id)) for t in found.tags], np.int64)
+            rec = first + found.record
+            pieces.append((rec, np.zeros(len(rec), np.int64), ids[found.tag], found.step, found.value))
+        rec, sub, tg, st, va = [], [], [], [], []
+        for n, event in decoded:
+            if event.HasField("session_log") and event.session_log.status == event.session_log.START:
+                purges.append((n, event.step))
+            for j, v in enumerate(event.summary.value):
+                kind = v.WhichOneof("value")
+                if kind == "simple_value":
+                    rec.append(n)
+                    sub.append(j)
+                    tg.append(tag_id.setdefault(v.tag, len(tag_id)))
+                    st.append(event.step)
+                    va.append(v.simple_value)
+                elif kind == "tensor" and tensors:
+                    out.tensors.setdefault(v.tag or v.node_name, []).append((event.step, v.tensor))
+        if rec:
+            ints = [np.array(x, np.int64) for x in (rec, sub, tg, st)]
+            pieces.append((*ints, np.array(va, np.float64)))
+    if not pieces:
+        return out
+    rec, sub, tg, st, va = (np.concatenate([p[k] for p in pieces]) for k in range(5))
+    # First-appearance order of the tags (the scan numbers them per chunk, protobuf per record: sort by record).
+    order = np.lexsort((sub, rec))
+    rec, tg, st, va = rec[order], tg[order], st[order], va[order]
+    names = list(tag_id)
+    first_at = np.full(len(names), np.iinfo(np.int64).max)
+    np.minimum.at(first_at, tg, np.arange(len(tg)))
+    keep = np.ones(len(rec), bool)
+    if purges:
+        # A point dies if a START later than it has a step <= its step: the smallest step of the later STARTs.
+        p_rec = np.array([p[0] for p in purges], np.int64)
+        p_min = np.minimum.accumulate(np.array([p[1] for p in purges], np.int64)[::-1])[::-1]
+        later = np.searchsorted(p_rec, rec, side="right")
+        has = later < len(p_rec)
+        keep[has] = st[has] < p_min[later[has]]
+    by_tag = np.argsort(tg, kind="stable")
+    bounds = np.searchsorted(tg[by_tag], np.arange(len(names) + 1))
+    for t in sorted(range(len(names)), key=lambda t: first_at[t]):
+        rows = by_tag[bounds[t] : bounds[t + 1]]
+        rows = rows[keep[rows]]
+        out.scalars[names[t]] = (st[rows], va[rows])
+    return out
+
+
+def _replay(files: list[str], out: RunEvents, tensors: bool) -> None:
+    """EventAccumulator's `_ProcessEvent` purge logic, event by event (files without a version-2 header)."""
+    points: dict[str, list[tuple[int, float]]] = {}
+    file_version = None
+    most_recent = -1
+    for _, _, decoded in _events_in_order(files, out, scan=False):
+        for _, event in decoded:
+            if event.HasField("file_version"):
+                file_version = _file_version(event.file_version)
+            if file_version and file_version >= 2:
+                if event.HasField("session_log") and event.session_log.status == event.session_log.START:
+                    for tag in points:
+                        points[tag] = [p for p in points[tag] if p[0] < event.step]
+            elif event.step < most_recent and event.HasField("summary"):
+                for v in event.summary.value:
+                    if v.tag in points:
+                        points[v.tag] = [p for p in points[v.tag] if p[0] < event.step]
+            else:
+                most_recent = event.step
+            for v in event.summary.value:
+                kind = v.WhichOneof("value")
+                if kind == "simple_value":
+                    points.setdefault(v.tag, []).append((event.step, v.simple_value))
+                elif kind == "tensor" and tensors:
+                    out.tensors.setdefault(v.tag or v.node_name, []).append((event.step, v.tensor))
+    out.scalars = {
+        tag: (np.array([p[0] for p in pts], np.int64), np.array([p[1] for p in pts], np.float64))
+        for tag, pts in points.items()
+    }

@@ -165,6 +165,19 @@ def frame_file(path: str | os.PathLike, chunk_bytes: int):
             buf = buf[pos:]
 
 
+def first_bad_data(buf: bytes, starts: np.ndarray, lengths: np.ndarray) -> int | None:
+    """The index of the first record at `starts` whose data fails its CRC, None when all pass. The CRCs of the records
+    of one length are computed at once (`crc32c_rows`)."""
+    bad = len(starts)
+    for length, rows in _groups(lengths):
+        data = _gather(buf, starts[rows] + 12, length) if length else np.zeros((len(rows), 0), np.uint8)
+        stored = _gather(buf, starts[rows] + 12 + length, 4).view("<u4").reshape(-1)
+        wrong = rows[masked(crc32c_rows(data)) != stored]
+        if len(wrong):
+            bad = min(bad, int(wrong[0]))
+    return None if bad == len(starts) else bad
+
+
 @dataclass
 class ScalarScan:
     """The plain scalar events of a chunk, one entry per record in `record` (its index in the chunk), `tag` (an

@@ -164,15 +164,12 @@ def mixing_refusal(run_dir: str | os.PathLike, identity: RunIdentity) -> str | N
 
 
 def read_texts(run_dir: str | os.PathLike) -> dict[str, list[tuple[int, str]]]:
-    """All text entries of one TensorBoard run directory: tag -> [(step, text), ...] in step order."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    """All text entries of one TensorBoard run directory: tag -> [(step, text), ...] in the order written (every
+    tensor summary is taken for text, as TensorBoard's EventAccumulator lists them; `logs.events.read_run`)."""
+    from hf_dist_recipes.logs.events import read_run  # the offline reader: only callers that read load it
 
-    acc = EventAccumulator(os.fspath(run_dir), size_guidance={"tensors": 0})
-    acc.Reload()
-    out = {}
-    for tag in acc.Tags()["tensors"]:
-        out[tag] = [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(tag)]
-    return out
+    tensors = read_run(run_dir, tensors=True).tensors
+    return {tag: [(step, t.string_val[0].decode()) for step, t in entries] for tag, entries in tensors.items()}
 
 
 def _after_existing_event_files(run_dir: str, *, clock=time.time, sleep=time.sleep) -> None:
@@ -194,9 +191,11 @@ def _after_existing_event_files(run_dir: str, *, clock=time.time, sleep=time.sle
 
 
 def read_scalars(run_dir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
-    """All scalars of one TensorBoard run directory: tag -> [(step, value), ...] in step order."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    """All scalars of one TensorBoard run directory: tag -> [(step, value), ...] in the order written, what a resume
+    purged left out (`logs.events.read_run`: the same lists as TensorBoard's EventAccumulator)."""
+    from hf_dist_recipes.logs.events import read_run  # the offline reader: only callers that read load it
 
-    acc = EventAccumulator(os.fspath(run_dir), size_guidance={"scalars": 0})
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    return {
+        tag: list(zip(steps.tolist(), values.tolist(), strict=True))
+        for tag, (steps, values) in read_run(run_dir).scalars.items()
+    }

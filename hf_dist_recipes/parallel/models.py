@@ -7,6 +7,7 @@ DeepSeek-V3's 671B), so every count here is what `model.parameters()` would hold
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -216,8 +217,27 @@ def template_config(name: str, **overrides) -> PretrainedConfig:
     return AutoConfig.for_model(model_type, **{**values, **overrides})
 
 
-def load_model_config(model: str | Path | PretrainedConfig) -> tuple[str, PretrainedConfig]:
-    """(name, config) for a template name, a local directory or config.json path, or a config object."""
+# A Hub model id as the Hub spells them: an owner and a name, no path beyond.
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def cached_hub_config(repo_id: str, cache_dir: str | Path | None = None) -> Path | None:
+    """The config.json of Hub model `repo_id` where the local Hugging Face cache holds it (`cache_dir`, default the
+    cache `huggingface_hub` uses: HF_HUB_CACHE, else HF_HOME/hub); None when it does not. Never downloads: a plan is
+    made offline, as `accelerate estimate-memory` users expect of a model they already fetched."""
+    if not HUB_ID.match(repo_id):
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, "config.json", cache_dir=cache_dir)
+    return Path(found) if isinstance(found, str) else None
+
+
+def load_model_config(
+    model: str | Path | PretrainedConfig, cache_dir: str | Path | None = None
+) -> tuple[str, PretrainedConfig]:
+    """(name, config) for a template name, a local directory or config.json path, a Hub id whose config.json is in
+    the local Hugging Face cache (`cached_hub_config`), or a config object."""
     from transformers import AutoConfig, PretrainedConfig
 
     if isinstance(model, PretrainedConfig):
@@ -226,6 +246,16 @@ def load_model_config(model: str | Path | PretrainedConfig) -> tuple[str, Pretra
     if text in TEMPLATES:
         return text, template_config(text)
     path = Path(text)
+    if not path.exists() and HUB_ID.match(text):
+        cached = cached_hub_config(text, cache_dir)
+        if cached is None:
+            raise ValueError(
+                f"{text}: no config.json of this Hub model in the local Hugging Face cache (nothing is downloaded "
+                f"here); fetch it once with `hf download {text} config.json`, or give a config.json path or a "
+                f"family template ({', '.join(TEMPLATES)})"
+            )
+        values = read_json_object(cached, "model config", "give a config.json path")
+        return text, AutoConfig.for_model(**values)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ValueError(

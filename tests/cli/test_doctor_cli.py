@@ -92,7 +92,7 @@ def test_sound_recorded_host_exits_0_and_the_table_has_every_check(host, capsys)
         "ninja",
     ):
         assert f"ok       {name}" in out
-    assert "fix:" not in out and out.rstrip().endswith("12 ok, 0 warning(s), 0 error(s); exit 0")
+    assert "fix:" not in out and out.rstrip().endswith("12 ok, 0 notice(s), 0 warning(s), 0 error(s); exit 0")
 
 
 def test_warning_exits_0_or_1_with_strict_and_shows_the_fix(host, capsys):

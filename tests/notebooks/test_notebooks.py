@@ -1,68 +1,193 @@
-"""Every notebook runs top to bottom in a real kernel (its own asserts included), and is committed without outputs."""
+"""Every notebook runs top to bottom in a real kernel and draws its figures; the committed notebooks hold the outputs
+of such a run, stripped of what changes on every execution (notebooks/strip_volatile.py). The notebooks show, they do
+not assert: the checks are here, on what a probe cell appended to the executed copy reads from the kernel."""
 
 import ast
 import base64
+import importlib.util
 import json
+import socket
 import struct
+import tempfile
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from tests.support.paths import REPO
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
-DRAWS_FIGURES = {"02_parallel_configs.ipynb", "03_logs.ipynb"}
-PARALLEL = "02_parallel_configs.ipynb"
-# Appended to notebook 02 when the test runs it (the file is unchanged): the bars its figure `fig` drew, read back
-# from matplotlib's own objects, one JSON line.
-FIGURE_PROBE = """
+QUICKSTART, PARALLEL, LOGS = "01_quickstart.ipynb", "02_parallel_configs.ipynb", "03_logs.ipynb"
+_spec = importlib.util.spec_from_file_location("strip_volatile", REPO / "notebooks" / "strip_volatile.py")
+strip_volatile = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(strip_volatile)
+
+# Appended to a notebook when the test runs it (the file is unchanged): what its kernel holds, as one JSON line.
+PROBES = {
+    QUICKSTART: """
 import json
-print("BARS " + json.dumps([
-    {
-        "labels": [t.get_text() for t in ax.get_yticklabels()],
-        "widths": {c.get_label(): [bar.get_width() for bar in c] for c in ax.containers},
-        "lines": [float(line.get_xdata()[0]) for line in ax.lines],
+print("PROBE " + json.dumps({
+    "ranks": summary.ranks,
+    "seeds_agree": summary.seeds_agree,
+    "first_loss": summary.first_loss,
+    "last_loss": summary.last_loss,
+    "steps": STEPS, "warmup": WARMUP, "lr": LR,
+    "logged_lr": [runs[rank]["train/learning_rate"] for rank in sorted(runs)],
+    "rank_loss": [runs[rank]["rank/loss"] for rank in sorted(runs)],
+    "labels": [[line.get_label() for line in ax.get_lines()] for ax in fig.axes],
+}))
+""",
+    # The bars notebook 02's figure `fig` drew, read back from matplotlib's own objects, and the lint's levels.
+    PARALLEL: """
+import json
+print("PROBE " + json.dumps({
+    "axes": [
+        {
+            "labels": [t.get_text() for t in ax.get_yticklabels()],
+            "widths": {c.get_label(): [bar.get_width() for bar in c] for c in ax.containers},
+            "lines": [float(line.get_xdata()[0]) for line in ax.lines],
+            "texts": [t.get_text() for t in ax.texts],
+        }
+        for ax in fig.axes
+    ],
+    "lint": [f.level for f in findings],
+}))
+""",
+    LOGS: """
+import json
+print("PROBE " + json.dumps({
+    "slow_rank": SLOW_RANK,
+    "stragglers": summary["stragglers"],
+    "divergences": summary["divergences"],
+    "events": events,
+    "labels": [[line.get_label() for line in ax.get_lines()] for ax in fig.axes],
+}))
+""",
+}
+
+
+def outputs(nb) -> list:
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+
+
+def image_cells(nb) -> set[str]:
+    """The ids of the code cells that show a PNG."""
+    return {
+        c.id for c in nb.cells if c.cell_type == "code" and any("image/png" in o.get("data", {}) for o in c.outputs)
     }
-    for ax in fig.axes
-]))
-"""
+
+
+def png_size(output) -> tuple[int, int]:
+    png = base64.b64decode(output["data"]["image/png"])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n", png[:8]
+    return struct.unpack(">II", png[16:24])  # the IHDR chunk
+
+
+def probe(nb) -> dict:
+    text = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+    return json.loads(text.split("PROBE ", 1)[1])
 
 
 def test_there_are_notebooks():
-    assert [p.name for p in NOTEBOOKS][:1] == ["01_quickstart.ipynb"]
+    assert [p.name for p in NOTEBOOKS] == [QUICKSTART, PARALLEL, LOGS]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_committed_without_outputs(path):
-    nb = json.loads(path.read_text())
-    for cell in nb["cells"]:
-        if cell["cell_type"] == "code":
-            assert cell["outputs"] == [] and cell["execution_count"] is None, f"{path.name}: strip outputs"
+def test_committed_executed_and_stripped(path):
+    """Committed as one clean run left it: every code cell executed in order, no error, its figures shown, nothing
+    volatile (run `python notebooks/strip_volatile.py --execute notebooks/*.ipynb` after changing one)."""
+    assert strip_volatile.is_stripped(path), f"{path.name}: run python notebooks/strip_volatile.py {path}"
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert [c.execution_count for c in code] == list(range(1, len(code) + 1)), f"{path.name}: execute top to bottom"
+    assert not [o for o in outputs(nb) if o.output_type == "error"]
+    text = "\n".join(o.get("text", "") for o in outputs(nb))
+    assert "Traceback" not in text
+    # Paths printed are the notebook's own relative ones, not the executing machine's temporary folder.
+    assert tempfile.gettempdir() + "/" not in text and "/tmp/" not in text, text
+    images = [o for o in outputs(nb) if "image/png" in o.get("data", {})]
+    assert images and all(png_size(o)[0] >= 600 for o in images), [png_size(o) for o in images]
+
+
+def test_strip_volatile_removes_what_changes_between_runs():
+    cell = nbformat.v4.new_code_cell("print(1)", execution_count=1)
+    cell.metadata["execution"] = {"iopub.execute_input": "2026-12-06T09:00:00Z"}
+    cell.metadata["tags"] = ["keep"]
+    cell.outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text="a\n"),
+        nbformat.v4.new_output("stream", name="stdout", text="b\n"),
+        nbformat.v4.new_output("stream", name="stderr", text="w\n"),
+        nbformat.v4.new_output("display_data", data={"image/png": "iVBO", "text/plain": "<Figure>"}),
+    ]
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    nb.metadata["language_info"] = {"name": "python", "version": "3.11.9"}
+    nb.metadata["widgets"] = {"state": {}}
+    out = strip_volatile.strip(nb)
+    assert out.metadata == {"language_info": {"name": "python"}}
+    (cell,) = out.cells
+    assert cell.metadata == {"tags": ["keep"]} and cell.execution_count == 1
+    assert [(o.output_type, o.get("name"), o.get("text")) for o in cell.outputs] == [
+        ("stream", "stdout", "a\nb\n"),
+        ("display_data", None, None),
+    ]
 
 
 @pytest.mark.notebook
 @pytest.mark.distributed
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_executes(path, tmp_path, monkeypatch):
-    # The notebooks train 2 CPU processes; the kernel inherits this environment, so they do on a GPU host too.
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    monkeypatch.setenv("HF_DIST_RECIPES_USE_CPU", "1")  # the explicit CPU request (tests.support.launch.cpu_only_env)
+def test_notebook_executes(path, tmp_path):
+    # The notebooks train 2 CPU processes; the kernel gets CUDA_VISIBLE_DEVICES="" and HF_DIST_RECIPES_USE_CPU=1
+    # (strip_volatile.CPU_ENV), so they do on a GPU host too. nbclient raises on a cell's error, a figure's included.
+    committed = nbformat.read(path, as_version=4)
     nb = nbformat.read(path, as_version=4)
-    if path.name == PARALLEL:
-        nb.cells.append(nbformat.v4.new_code_cell(FIGURE_PROBE))
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
-    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    nb.cells.append(nbformat.v4.new_code_cell(PROBES[path.name]))
+    path_copy = tmp_path / path.name
+    nbformat.write(nb, path_copy)
+    nb = strip_volatile.execute(path_copy, tmp_path)
+    text = "\n".join(o.get("text", "") for o in outputs(nb))
     assert "Traceback" not in text
-    if path.name in DRAWS_FIGURES:  # a real figure (matplotlib, shown inline as a PNG), not a chart in text
-        assert any("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
-    if path.name == PARALLEL:
-        check_parallel_figure(nb)
+    # The cells that show a figure in the committed notebook still draw one (a real PNG) in this run.
+    drawn = image_cells(nb)
+    assert drawn and image_cells(committed) <= drawn, (image_cells(committed), drawn)
+    assert all(png_size(o)[0] >= 600 for o in outputs(nb) if "image/png" in o.get("data", {}))
+    {QUICKSTART: check_quickstart, PARALLEL: check_parallel_figure, LOGS: check_logs}[path.name](probe(nb))
 
 
-def check_parallel_figure(nb) -> None:
-    """Notebook 02's figure is a real PNG, and its bars are the library's estimates: two layouts computed here,
-    independently of the notebook's kernel, segment by segment (GiB per GPU by kind, offloaded kinds 0)."""
+def check_quickstart(found: dict) -> None:
+    """Two ranks seeded alike, the loss falls, each rank's own loss is its own, and the learning rate both ranks
+    logged is the recipe's schedule the figure draws (warm-up, then 3 cosine cycles with hard restarts)."""
+    from hf_dist_recipes.schedules.warmup_cosine import WarmupCosineRestarts
+
+    assert found["ranks"] == 2 and found["seeds_agree"], found
+    assert found["last_loss"] < found["first_loss"], found
+    lr0, lr1 = found["logged_lr"]
+    assert lr0 == lr1 and len(lr0) >= 10, found["logged_lr"]
+    schedule = WarmupCosineRestarts(warmup_steps=found["warmup"], total_steps=found["steps"])
+    # Logged at step s: the learning rate the s-th optimizer step used, the schedule at index s - 1.
+    assert [v for _, v in lr0] == pytest.approx([found["lr"] * schedule.multiplier(s - 1) for s, _ in lr0], rel=1e-5)
+    restarts = schedule.restart_steps()
+    assert len(restarts) == 2 and any(s >= restarts[0] for s, _ in lr0)
+    loss0, loss1 = found["rank_loss"]
+    assert [s for s, _ in loss0] == [s for s, _ in loss1] and loss0 != loss1  # different batches, same steps
+    lr_labels, loss_labels = found["labels"]
+    assert {"schedule", "rank 0 logged", "rank 1 logged"} <= set(lr_labels), lr_labels
+    assert sum(label.startswith("rank ") for label in loss_labels) == 2, loss_labels
+
+
+def check_logs(found: dict) -> None:
+    """The live check and the summary name the slow rank (on this host), nothing diverges, and the figure marks it."""
+    slow = found["slow_rank"]
+    assert any(f"rank {slow}" in e for e in found["events"]), found["events"]
+    assert [s["rank"] for s in found["stragglers"]] == [slow], found["stragglers"]
+    assert found["stragglers"][0]["host"] == socket.gethostname()  # read back from each run's identity
+    assert not found["divergences"], found["divergences"]
+    for labels in found["labels"]:
+        assert f"rank {slow} (straggler)" in labels and "rank 0" in labels, labels
+
+
+def check_parallel_figure(found: dict) -> None:
+    """Notebook 02's bars are the library's estimates: two layouts computed here, independently of the notebook's
+    kernel, segment by segment (GiB per GPU by kind, offloaded kinds 0); each bar's total is written at its end with
+    ✓ exactly when it is under the GPU's line; the configs lint without an error."""
     from dataclasses import replace
 
     from hf_dist_recipes.core.sizes import GIB
@@ -70,17 +195,18 @@ def check_parallel_figure(nb) -> None:
     from hf_dist_recipes.parallel.models import introspect
     from hf_dist_recipes.parallel.plan import ParallelPlan
 
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
-    png = base64.b64decode(next(o["data"]["image/png"] for o in outputs if "image/png" in o.get("data", {})))
-    width, height = struct.unpack(">II", png[16:24])  # the IHDR chunk
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and width >= 600 and height >= 400, (png[:8], width, height)
-    probe = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
-    axes = json.loads(probe.split("BARS ", 1)[1])
+    axes = found["axes"]
     bars = [(label, {k: w[i] for k, w in ax["widths"].items()}) for ax in axes for i, label in enumerate(ax["labels"])]
     assert len(axes) == 2 and len(bars) >= 8, bars
     assert all(ax["lines"] == [80.0] for ax in axes), "each panel draws the GPU's 80 GiB"
     picks = [gib for label, gib in bars if label.endswith("(pick)")]
     assert len(picks) == 1 and sum(picks[0].values()) <= 80, picks  # the recipe's pick is marked, and fits
+    for ax in axes:
+        assert len(ax["texts"]) == len(ax["labels"]), ax
+        for i, text in enumerate(ax["texts"]):
+            total = sum(w[i] for w in ax["widths"].values())
+            assert text == f" {total:.0f} {'✓' if total <= 80 else '✗'}", (ax["labels"][i], text, total)
+    assert "error" not in found["lint"], found["lint"]
 
     model = introspect("deepseek-v3")
     base = ParallelPlan(nodes=8, procs_per_node=8, ep=16, seq_len=4096, micro_batch=1, activation_checkpointing=True)
@@ -124,3 +250,26 @@ def test_notebook_02_calls_the_library_not_the_cli():
     }
     assert used >= {"models", "plan", "fit", "suggest", "memory", "generate", "lint"}, used
     assert {"introspect", "check_fit", "suggest", "estimate", "write_configs", "lint_file"} <= called
+
+
+# What the notebooks that train (01, 03) may import from the package: the public names (`hf_dist_recipes`'s and
+# `hf_dist_recipes.monitoring`'s `__all__`), the modules documented under docs/api/, and the demo's model and data (the
+# tiny model and the dataset `make demo` trains). Notebook 02 shows the planning library (test above).
+DEMO_MODULES = {"hf_dist_recipes.demo.data", "hf_dist_recipes.demo.model"}
+
+
+@pytest.mark.parametrize("name", [QUICKSTART, LOGS])
+def test_training_notebooks_import_public_modules(name):
+    documented = {
+        line.removeprefix("::: ").strip()
+        for page in (REPO / "docs" / "api").glob("*.md")
+        for line in page.read_text().splitlines()
+        if line.startswith("::: ")
+    }
+    allowed = {"hf_dist_recipes", "hf_dist_recipes.monitoring"} | documented | DEMO_MODULES
+    nb = nbformat.read(REPO / "notebooks" / name, as_version=4)
+    tree = ast.parse("\n".join(c.source for c in nb.cells if c.cell_type == "code"))
+    modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    modules |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    package = {m for m in modules if m.split(".")[0] == "hf_dist_recipes"}
+    assert package and package <= allowed, package - allowed

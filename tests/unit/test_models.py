@@ -3,7 +3,15 @@ import json
 import pytest
 import torch
 
-from hf_dist_recipes.parallel.models import COMPONENTS, TEMPLATES, component_of, introspect, template_config
+from hf_dist_recipes.parallel.models import (
+    COMPONENTS,
+    TEMPLATES,
+    cached_hub_config,
+    component_of,
+    introspect,
+    load_model_config,
+    template_config,
+)
 
 # Public parameter counts of the checkpoints the templates copy (as transformers builds them; DeepSeek-V3's
 # multi-token-prediction layer is not part of the transformers model).
@@ -101,3 +109,39 @@ def test_config_json_that_is_not_an_object(tmp_path):
     (tmp_path / "config.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="must hold a JSON object, not list"):
         introspect(tmp_path)
+
+
+def _hub_cache(root, repo_id: str, values: dict) -> None:
+    """A model's config.json where `hf download` leaves it: the Hub cache's documented layout
+    (models--OWNER--NAME/refs/main naming a snapshot folder)."""
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = root / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(revision)
+    (repo / "snapshots" / revision).mkdir(parents=True)
+    (repo / "snapshots" / revision / "config.json").write_text(json.dumps(values))
+
+
+def test_a_hub_id_whose_config_is_in_the_local_cache(tmp_path):
+    _hub_cache(tmp_path, "acme/tiny-llama-clone", template_config("tiny-llama").to_dict())
+    name, config = load_model_config("acme/tiny-llama-clone", cache_dir=tmp_path)
+    assert name == "acme/tiny-llama-clone" and config.model_type == "llama"
+    assert introspect(config).total_params == introspect("tiny-llama").total_params
+    with pytest.raises(ValueError, match=r"acme/other: no config.json .* `hf download acme/other config.json`"):
+        load_model_config("acme/other", cache_dir=tmp_path)
+    assert cached_hub_config("not a hub id", cache_dir=tmp_path) is None
+
+
+def test_config_estimate_takes_a_cached_hub_id_offline(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    _hub_cache(tmp_path, "acme/tiny-llama-clone", template_config("tiny-llama").to_dict())
+    env = dict(os.environ, HF_HUB_CACHE=str(tmp_path), HF_HUB_OFFLINE="1")
+    argv = ["config", "estimate", "--model", "acme/tiny-llama-clone", "--gpus-per-node", "2", "--json"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "hf_dist_recipes.cli.main", *argv], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "acme/tiny-llama-clone" in proc.stdout
