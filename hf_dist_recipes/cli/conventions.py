@@ -106,6 +106,8 @@ def apply(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                     if action.metavar is None:
                         action.metavar = "DIR"  # not OUTPUT_DIR / OUT, the dest of the old name
                     add_option_string(command, action, OUTPUT, first=True)
+                    for other in OUTPUT_ALIASES:  # `--out` was an abbreviation of --output-dir: now it is exact
+                        add_option_string(command, action, other)
         if path:
             _exit_epilog(command)
     return parser

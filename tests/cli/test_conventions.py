@@ -114,6 +114,21 @@ def test_the_old_output_names_stay_aliases(alias):
         assert getattr(parser.parse_args(base + ["--output", "D"]), action.dest) == "D"
 
 
+def test_out_is_no_ambiguous_abbreviation(capsys, tmp_path):
+    # `demo --out DIR` abbreviated --output-dir before --output existed; both names now match it.
+    assert main(["demo", "--out", str(tmp_path / "run"), "--dry-run", "--json"]) == EXIT_OK
+    assert json.loads(capsys.readouterr().out)["settings"]["output_dir"] == str(tmp_path / "run")
+
+
+def test_every_command_page_links_the_exit_status_table():
+    from tests.support.paths import REPO
+
+    pages = sorted((REPO / "docs" / "commands").glob("*.md"))
+    assert pages
+    for page in pages:
+        assert "../cli.md#exit-status" in page.read_text(), f"{page.name} does not link the exit-status table"
+
+
 @pytest.mark.parametrize("name", [n for n, _ in COMMANDS])
 def test_every_help_ends_with_the_exit_status_table(name):
     text = dict(COMMANDS)[name].format_help()
