@@ -18,9 +18,30 @@ INTRO = """# CLI reference
 
 Generated from the parsers of `hf-dist-recipes` when this site is built (`docs/hooks/cli_reference.py`), so it
 always matches the installed command: each section is that command's `--help`. The pages under *Commands* explain
-what the commands do; user errors are one line on stderr and exit status 2
-([Troubleshooting](troubleshooting.md)).
+what the commands do; user errors are one line on stderr ([Troubleshooting](troubleshooting.md)).
+
+## Conventions
+
+Every command takes `--output` for where it writes (`--out` and `--output-dir` stay as aliases), and every flag that
+shares its name with an `accelerate launch` flag in both spellings: `--config-file` or `--config_file`,
+`--machine-rank` or `--machine_rank`, `--num-processes` or `--num_processes`, `--main-process-ip`,
+`--main-process-port`; `--nodes` is also `--num-machines` / `--num_machines`.
+
+## Exit status
+
+One meaning per code, in every command (each command's `--help` ends with this table):
+
+| exit | meaning |
+|---|---|
+{rows}
 """
+
+
+def intro() -> str:
+    """INTRO with the exit-status table of the parsers' epilogs (`hf_dist_recipes.cli.conventions.EXIT_MEANINGS`)."""
+    from hf_dist_recipes.cli.conventions import EXIT_MEANINGS
+
+    return INTRO.format(rows="\n".join(f"| {code} | {meaning} |" for code, meaning in EXIT_MEANINGS.items()))
 
 
 def _subcommands(
@@ -46,7 +67,7 @@ def render() -> str:
     old = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = WIDTH
     try:
-        parts = [INTRO]
+        parts = [intro()]
         for path, parser in commands():
             title = " ".join(["hf-dist-recipes", *path])
             parts.append(f"## `{title}`\n\n```text\n{parser.format_help().rstrip()}\n```\n")

@@ -2,10 +2,10 @@
 
 generate   write an accelerate YAML and its DeepSpeed JSON (or an FSDP2 + TP YAML) for a plan
 validate   lint existing DeepSpeed JSON / accelerate YAML files against the known traps and upstream's own
-           config classes (exit 1 when any error is found)
+           config classes
 estimate   per-rank memory of a plan as a table; --suggest finds the smallest TP/EP/offload that fits
 list       the configs shipped with the package; copy writes one into a directory, path prints a launchable one's
-           path (cli/config_files.py)
+           path
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import json
 import os
 import sys
 
+from hf_dist_recipes.core.findings import ERROR, EXIT_FOUND_PROBLEMS, OK, WARNING, exit_code, strict_exit
 from hf_dist_recipes.core.sizes import GIB
 from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.planning.generate import (
@@ -45,8 +46,9 @@ def register(subparsers) -> None:
         help="write accelerate YAML + DeepSpeed JSON for a plan",
         description="Check a plan, then write NAME.yaml (accelerate) and deepspeed/NAME.json. The JSON "
         "never holds train_batch_size, and gives DeepSeek models explicit TP layer specs "
-        "and an expert_parallel section. Bad plans exit 2 with the fix, and so does a GPU plan that does not fit "
-        "the GPU memory by our estimate (--gpu-memory or --hardware, one of them required then) unless --force.",
+        "and an expert_parallel section. A plan that cannot be built (a TP that does not divide the model, an "
+        "unknown model) exits 2 with the fix; a GPU plan that does not fit the GPU memory by our estimate "
+        "(--gpu-memory or --hardware, one of them required then) writes nothing and exits 1, unless --force.",
         epilog="Example: hf-dist-recipes config generate --model deepseek-v3 --nodes 8 --gpus-per-node 8 --ep 16 "
         "--micro-batch 3 --grad-accum 5 --offload-optimizer --activation-checkpointing --gpu-memory 80 "
         "--main-process-ip 10.0.0.1 --output my_configs",
@@ -56,13 +58,14 @@ def register(subparsers) -> None:
     add_launcher_flags(gen)
     _profile_flag(gen.add_argument_group("step estimate (with --model: the plan's step time on measured rates)"))
     gen.add_argument("--json", action="store_true", help="print what was written as JSON")
+    gen.add_argument("--strict", action="store_true", help="exit 1 when the files were written with warnings")
     gen.set_defaults(run=run_generate)
 
     val = sub.add_parser(
         "validate",
         help="lint DeepSpeed JSON / accelerate YAML files",
         description="Lint files against the known traps, then parse them with accelerate's and "
-        "DeepSpeed's own config classes. Exit 0: clean or warnings only; 1: errors; "
+        "DeepSpeed's own config classes. Exit 0: clean or warnings only; 1: errors (warnings too with --strict); "
         "2: a file is missing or unreadable.",
     )
     val.add_argument("files", nargs="+", metavar="FILE")
@@ -89,17 +92,17 @@ def register(subparsers) -> None:
         help="with --gpu-memory: assume layers are (not) recomputed (default: recorded, or not)",
     )
     val.add_argument("--json", action="store_true", help="print the findings as JSON")
+    val.add_argument("--strict", action="store_true", help="exit 1 on a warning too (default: only errors fail)")
     val.set_defaults(run=run_validate)
 
     est = sub.add_parser(
         "estimate",
         help="per-rank memory table for a plan (or --suggest one)",
         description="Per-rank GiB of parameters, gradients, optimizer states, the layer ZeRO-3 "
-        "gathers and activations (model states exact, activations estimated; see "
-        "hf_dist_recipes/parallel/memory.py), and whether it fits --gpu-memory; then "
-        "the bytes each rank sends per step inside the node and across nodes, and an "
-        "estimated step time on the given hardware (hf_dist_recipes/planning/comm.py "
-        "states the model).",
+        "gathers and activations (model states exact, activations estimated), and whether it fits --gpu-memory; "
+        "then the bytes each rank sends per step inside the node and across nodes, and an "
+        "estimated step time on the given hardware (the traffic model is stated on the config page of the "
+        "documentation). Exit 1 when the plan does not fit --gpu-memory, or --suggest finds none that does.",
         epilog="Example: hf-dist-recipes config estimate --model deepseek-v3 --nodes 8 "
         "--gpu-memory 80 --activation-checkpointing --suggest",
     )
@@ -127,6 +130,7 @@ def register(subparsers) -> None:
     )
     batch.add_argument("--global-batch-tokens", type=int, metavar="TOKENS", help="the same target in tokens")
     est.add_argument("--json", action="store_true", help="print the estimates as JSON")
+    est.add_argument("--strict", action="store_true", help="exit 1 on a warning too (an offload or profile warning)")
     add_memory_limit_flags(est.add_argument_group("memory limits (fits?, --suggest)"))
     _hardware_flags(est)
     est.set_defaults(run=run_estimate)
@@ -227,6 +231,13 @@ def run_generate(args: argparse.Namespace) -> int:
         env_setup=args.env_setup,
     )
     rates = hardware_and_sources(args, plan) if args.profile else None  # a bad profile stops before any file
+    _check_gpu_memory(args.gpu_memory)  # a bad value is a usage error (2), not a plan that does not fit
+    problem = None if args.force else _fit_problem(args, plan)
+    if problem:  # the command did its job, and found the plan does not fit: exit 1, not the usage error's 2
+        if args.json:
+            print(json.dumps({"written": False, "problem": problem}, indent=2))
+        print(f"hf-dist-recipes config generate: {problem}; or pass --force to write the files anyway", file=sys.stderr)
+        return EXIT_FOUND_PROBLEMS
     if args.launcher:  # the script names the files by absolute paths: sbatch runs it from a spool directory
         args.output = os.path.abspath(os.path.expanduser(args.output))
     # DeepSpeed is imported only once every input was checked (its import notice would make a refusal two lines);
@@ -235,10 +246,11 @@ def run_generate(args: argparse.Namespace) -> int:
         result = generate_from_args(args, argv, address_from_launcher=args.launcher is not None)
     script = script_from_args(args, result, argv) if args.launcher else None
     step = _profile_step(args, plan, rates) if rates else None
+    code = exit_code([WARNING if result.warnings else OK], strict_exit(args.strict))
     if args.json:
         extra = {"step_estimate": step} if rates else {}
         print(json.dumps({**result.as_dict(), "launch_script": str(script) if script else None, **extra}, indent=2))
-        return 0
+        return code
     for w in result.warnings:
         print(f"warning: {w}")
     print(f"wrote {result.yaml_file}" + (f" and {result.deepspeed_file}" if result.deepspeed_file else ""))
@@ -252,7 +264,22 @@ def run_generate(args: argparse.Namespace) -> int:
         print(f"step estimate on --profile {args.profile}'s rates: {step['describe']}")
         for line in step["rate_lines"] + [f"warning: {w}" for w in step["warnings"]]:
             print(f"  {line}")
-    return 0
+    return code
+
+
+def _fit_problem(args: argparse.Namespace, plan: ParallelPlan) -> str | None:
+    """Why the plan does not fit its GPUs or hosts by our estimate (None: it fits, or nothing to check): the check
+    generate refuses with, run first so that the refusal exits 1. A model or plan that cannot be built raises
+    ValueError (exit 2) as before."""
+    from hf_dist_recipes.planning.generate import fit_problem
+
+    if not args.model:
+        return None
+    model = model_from(args.model, required=False)
+    if model is None:
+        return None
+    plan.validate(model)
+    return fit_problem(plan, model, args.model, args.gpu_memory, args.hardware, limits=memory_limits(args))
 
 
 def _profile_step(args: argparse.Namespace, plan: ParallelPlan, rates) -> dict | None:
@@ -286,7 +313,7 @@ def run_validate(args: argparse.Namespace) -> int:
     model_from(args.model, required=False)  # an unknown --model is a usage error even when no file needs it
     from dataclasses import asdict
 
-    from hf_dist_recipes.core.findings import VALIDATE_EXIT, count_statuses, exit_code, render_json, render_table
+    from hf_dist_recipes.core.findings import count_statuses, exit_code, render_json, render_table, strict_exit
     from hf_dist_recipes.planning.lint import check_readable, lint_file
 
     for path in args.files:  # a file that cannot be read: exit 2 in one line; findings in files read: exit 1
@@ -308,7 +335,7 @@ def run_validate(args: argparse.Namespace) -> int:
         counts = count_statuses(f.status for f in findings)
         summary = f"{len(args.files)} file(s) checked: {counts['error']} error(s), {counts['warning']} warning(s)"
         print(render_table([asdict(f) for f in findings], title=None, summary=summary))
-    return exit_code((f.status for f in findings), VALIDATE_EXIT)
+    return exit_code((f.status for f in findings), strict_exit(args.strict))
 
 
 def run_estimate(args: argparse.Namespace) -> int:
@@ -396,7 +423,7 @@ def run_estimate(args: argparse.Namespace) -> int:
                 indent=2,
             )
         )
-        return 0
+        return _estimate_exit(args, chosen, rows, offload_warnings)
     print(
         f"{model.name}: {model.total_params / 1e9:.2f}B parameters; {plan.nodes} x {plan.procs_per_node} "
         f"{plan.device}, seq {plan.seq_len}, "
@@ -438,7 +465,18 @@ def run_estimate(args: argparse.Namespace) -> int:
         print(f"  {line}")
     for warning in offload_warnings:
         print(f"warning: {warning}")
-    return 0
+    return _estimate_exit(args, chosen, rows, offload_warnings)
+
+
+def _estimate_exit(args: argparse.Namespace, chosen, rows, warnings: list[str]) -> int:
+    """1 when the plan does not fit --gpu-memory (or --suggest found none that does); a warning exits 1 only with
+    --strict; else 0. Without --gpu-memory nothing is judged to fit or not."""
+    if args.suggest:
+        misfit = chosen is None
+    else:
+        misfit = rows[0].fits is False
+    statuses = [ERROR if misfit else OK, WARNING if warnings else OK]
+    return exit_code(statuses, strict_exit(args.strict))
 
 
 def _nothing_fits(rows) -> str:

@@ -44,6 +44,7 @@ def register(sub) -> None:
         epilog='Example: accelerate launch --config_file "$(hf-dist-recipes config path cpu_zero3_2proc)" train.py',
     )
     path.add_argument("name", metavar="NAME", help="a shipped config (hf-dist-recipes config list)")
+    path.add_argument("--json", action="store_true", help='print {"name": ..., "path": ...} as JSON')
     path.set_defaults(run=run_path)
 
 
@@ -79,5 +80,7 @@ def run_copy(args: argparse.Namespace) -> int:
 def run_path(args: argparse.Namespace) -> int:
     from hf_dist_recipes.planning.shipped import config_path
 
-    print(config_path(args.name))  # the path alone: made for "$(...)"
+    path = config_path(args.name)
+    # The path alone: made for "$(...)".
+    print(json.dumps({"name": args.name, "path": str(path)}, indent=2) if args.json else path)
     return 0

@@ -1,15 +1,6 @@
 """`hf-dist-recipes doctor [--json] [--strict] [--lock FILE]`: is this environment sound for distributed training?
-
-Probes the environment (versions, torch's CUDA and NCCL, the NCCL installed, driver, GPUs, peer access and NVLink,
-InfiniBand ports, /dev/shm, NCCL_/TORCH_/CUDA_ variables; hf_dist_recipes/doctor/probe.py) and prints one
-line per check, ok / warning / error, with the fix under each finding: the checks of doctor/doctor_checks.py
-and every known-bad combination of doctor/rules.py that matches. --lock FILE adds an error for each package whose
-installed version differs from a lock written by `hf-dist-recipes pin`.
-
-Exit status: 0 when nothing is wrong, 2 on an error, 1 on a warning with --strict. --json prints
-{"facts": ..., "checks": [...], "exit_code": N} (schema: doctor/doctor.py REPORT_SCHEMA, derived from the
-dataclasses). Imports no DeepSpeed (its version comes from the package metadata): answers in a few seconds.
-"""
+(DESCRIPTION: what --help says.) The probe is doctor/probe.py, the checks doctor/doctor_checks.py and the
+known-bad combinations doctor/rules.py; --json follows doctor/doctor.py REPORT_SCHEMA."""
 
 from __future__ import annotations
 
@@ -17,6 +8,17 @@ import argparse
 import os
 
 NAME_WIDTH = 20
+DESCRIPTION = """Is this environment sound for distributed training?
+
+Probes the environment (versions, torch's CUDA and NCCL, the NCCL installed, driver, GPUs, peer access and NVLink,
+InfiniBand ports, /dev/shm, NCCL_/TORCH_/CUDA_ variables) and prints one line per check, ok / warning / error, with
+the fix under each finding: the doctor's checks and every known-bad combination (with its source) that matches.
+--lock FILE adds an error for each package whose installed version differs from a lock written by
+`hf-dist-recipes pin`. --report prints the same as a block to paste into a GitHub issue.
+
+An error exits 1; a warning exits 0, or 1 with --strict. --json prints {"facts": ..., "checks": [...],
+"exit_code": N} (its JSON schema is on the doctor page of the documentation). Imports no DeepSpeed (its version
+comes from the package metadata): answers in a few seconds."""
 NOTICE = "notice"
 RULE_PREFIX = "rule "  # the doctor's name for a known-bad combination's row (doctor/doctor.py)
 
@@ -26,7 +28,7 @@ def register(subparsers) -> None:
         "doctor",
         help="check this environment for distributed training: versions, driver, NCCL, GPUs, links, "
         "known-bad combinations",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: hf-dist-recipes doctor --strict --lock pinned/requirements.lock",
     )
@@ -37,7 +39,7 @@ def register(subparsers) -> None:
         help="print a block to paste into a GitHub issue (as `accelerate env`): versions, GPUs, the known issues "
         "that apply and the checks that did not pass",
     )
-    parser.add_argument("--strict", action="store_true", help="exit 1 on a warning (default: only errors fail, 2)")
+    parser.add_argument("--strict", action="store_true", help="exit 1 on a warning too (default: only errors fail)")
     parser.add_argument(
         "--lock",
         metavar="FILE",

@@ -1,17 +1,5 @@
-"""`hf-dist-recipes logs summarize LOGDIR`: every rank's TensorBoard logs folded into one view.
-
-Reads the event files of each `rank<N>` directory under LOGDIR (ours, or any SummaryWriter's), and writes to --out
-(default LOGDIR/summary): `aggregate/`, a TensorBoard run with the mean, min, max and spread across ranks of every
-tag at every step (`tensorboard --logdir OUT`), and `report.md` with its plots. Prints the stragglers (ranks slower
-than the median step time) and the divergences (values that must agree across ranks and do not, with the first
-step where they part). A truncated or damaged event file is reported by name; the rest is still summarized.
-
-`hf-dist-recipes logs hang DIR`: why a job hung. Reads the flight-recorder dumps and stacks every rank wrote into
-`<output_dir>/flight_recorder/` (when the watchdog named a lost rank, when a collective timed out, or on SIGUSR1) and
-prints where the ranks part: the collective (group, sequence id, op, sizes), which rank called what from which line,
-the ranks that never arrived, and each rank's stack top (hf_dist_recipes/comm/hang_report.py). Exit status: 0 when the
-dumps agree, 1 when ranks are named (core.findings.HANG_EXIT), 2 when DIR holds no dumps. --json: the same as JSON
-(schema: comm/hang_report.py HANG_SCHEMA, derived from the dataclasses)."""
+"""`hf-dist-recipes logs summarize` and `logs hang`: every rank's logs read back into one view (SUMMARIZE, HANG: the
+descriptions each command's --help prints)."""
 
 from __future__ import annotations
 
@@ -21,6 +9,24 @@ import os
 import sys
 
 from hf_dist_recipes.core.user_values import writable_dir
+
+SUMMARIZE = """Every rank's TensorBoard logs folded into one view.
+
+Reads the event files of each rank<N> directory under LOGDIR (ours, or any SummaryWriter's), and writes to --output
+(default LOGDIR/summary): aggregate/, a TensorBoard run with the mean, min, max and spread across ranks of every tag
+at every step (tensorboard --logdir OUTPUT), and report.md with its plots. Prints the stragglers (ranks slower than
+the median step time) and the divergences (values that must agree across ranks and do not, with the first step where
+they part). A truncated or damaged event file is reported by name; the rest is still summarized.
+
+A divergence is a problem found (exit 1); stragglers and unreadable files are warnings (exit 1 with --strict)."""
+
+HANG = """Why a job hung.
+
+Reads the flight-recorder dumps and stacks every rank wrote into <output_dir>/flight_recorder/ (when the watchdog
+named a lost rank, when a collective timed out, or on SIGUSR1) and prints where the ranks part: the collective
+(group, sequence id, op, sizes), which rank called what from which line, the ranks that never arrived, and each
+rank's stack top. Exit 0 when the dumps agree, 1 when ranks are named (a desync, a rank lost), 2 when DIR holds no
+dumps. --json prints the same as JSON."""
 
 
 def register(subparsers) -> None:
@@ -34,13 +40,19 @@ def register(subparsers) -> None:
     summarize = sub.add_parser(
         "summarize",
         help="aggregate the rank<N> runs under LOGDIR",
-        description=__doc__,
+        description=SUMMARIZE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: hf-dist-recipes logs summarize runs/job/logs --tp 2 && tensorboard --logdir "
         "runs/job/logs/summary",
     )
     summarize.add_argument("logdir", help="the run's logging_dir, holding rank<N> directories of event files")
-    summarize.add_argument("--out", help="where to write the aggregate run and the report (default: LOGDIR/summary)")
+    summarize.add_argument(
+        "--output",
+        "--out",
+        dest="out",
+        metavar="DIR",
+        help="where to write the aggregate run and the report (default: LOGDIR/summary)",
+    )
     summarize.add_argument(
         "--tp",
         type=int,
@@ -56,11 +68,14 @@ def register(subparsers) -> None:
     summarize.add_argument("--workers", type=int, help="processes reading ranks in parallel (default: one per CPU)")
     summarize.add_argument("--no-report", action="store_true", help="skip report.md and its plots")
     summarize.add_argument("--json", action="store_true", help="print the result as JSON")
+    summarize.add_argument(
+        "--strict", action="store_true", help="exit 1 on a warning too: a straggler, a file that could not be read"
+    )
     summarize.set_defaults(run=run_summarize)
     hang = sub.add_parser(
         "hang",
         help="why a job hung: which rank, which collective, which line (from the ranks' hang dumps)",
-        description=__doc__,
+        description=HANG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: hf-dist-recipes logs hang runs/job  (the output_dir; the logging dir works too)",
     )
@@ -81,7 +96,7 @@ def run_summarize(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     out = args.out or os.path.join(args.logdir, "summary")
     # Before the logs are read (seconds to minutes): a folder that cannot be written is one line at once.
-    writable_dir(out, "--out", "runs/job/summary")
+    writable_dir(out, "--output", "runs/job/summary")
     summary = summarize_logs(args.logdir, tp=args.tp, workers=args.workers, straggler_threshold=args.threshold)
     data = summary.to_dict()
     data["aggregate_run"] = write_aggregate_run(summary, os.path.join(out, "aggregate"))
@@ -95,7 +110,16 @@ def run_summarize(args: argparse.Namespace) -> int:
     for line in data["warnings"]:
         print(f"warning: {line}", file=sys.stderr)
     print(json.dumps(data, indent=2) if args.json else render(data))
-    return 0
+    return summarize_exit_code(data, strict=args.strict)
+
+
+def summarize_exit_code(data: dict, *, strict: bool) -> int:
+    """1 when values that must agree across ranks diverge; stragglers and damaged files are warnings (1 under
+    --strict); else 0."""
+    from hf_dist_recipes.core.findings import ERROR, OK, WARNING, exit_code, strict_exit
+
+    statuses = [ERROR if data["divergences"] else OK, WARNING if data["stragglers"] or data["warnings"] else OK]
+    return exit_code(statuses, strict_exit(strict))
 
 
 def render(data: dict) -> str:

@@ -1,4 +1,5 @@
-"""Entry point of `hf-dist-recipes`. User errors (ValueError) print one line and exit with status 2.
+"""Entry point of `hf-dist-recipes`. User errors (ValueError) print one line and exit with status 2 (the table of
+exit statuses: cli/conventions.py).
 
 Each subcommand's module (hf_dist_recipes/cli/<name>.py) is imported only when it runs: `hf-dist-recipes logs
 summarize` does not pay for importing `config`'s YAML and plan machinery or `demo`'s launcher (~0.2 s together).
@@ -13,10 +14,12 @@ import os
 import sys
 from importlib import import_module
 
+from hf_dist_recipes.core.findings import EXIT_USAGE
+
 # Command name -> its module under hf_dist_recipes.cli, in the order `--help` lists them. Each module's
 # register(subparsers) adds the command of this name (tests/cli/test_main_lazy.py checks they agree).
 SUBCOMMANDS = ("demo", "config", "checkpoint", "logs", "doctor", "pin", "commbench", "calibrate", "preflight")
-USAGE_ERROR = 2
+USAGE_ERROR = EXIT_USAGE  # the command could not do its job: a usage error, an input it cannot read
 BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer that `| head` closed
 
 
@@ -48,7 +51,9 @@ def build_parser(commands: tuple[str, ...] = SUBCOMMANDS) -> argparse.ArgumentPa
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in commands:
         import_module(f"hf_dist_recipes.cli.{name}").register(subparsers)
-    return parser
+    from hf_dist_recipes.cli import conventions
+
+    return conventions.apply(parser)  # accelerate's spellings, --output, the exit-status table: every command alike
 
 
 def _command_of(argv: list[str]) -> str | None:

@@ -1,6 +1,6 @@
 """`hf-dist-recipes preflight --config-file X.yaml`: about a minute with the real launch config, before the big job.
 
-Launches `hf_dist_recipes.preflight.worker` through `accelerate launch` with your YAML (and its DeepSpeed JSON: the
+Launches the preflight's ranks through `accelerate launch` with your YAML (and its DeepSpeed JSON: the
 same ZeRO stage, TP and EP degrees, precision, machines); on machine N of a multi-machine job run the same command
 with --machine-rank N, as with accelerate launch. Seven checks, one progress line each:
   1 environment    the doctor on every rank; the ranks' environments agree (names the odd host/rank)
@@ -12,10 +12,9 @@ with --machine-rank N, as with accelerate launch. Seven checks, one progress lin
   6 failure_paths  a NaN on one rank is skipped everywhere; save at k + resume reproduces step k + 1
   7 logs           every rank's TensorBoard run was written and `logs summarize` reads it
 A plan that cannot work (unreadable files, TP or EP not dividing the processes or the model) stops here, before
-anything is launched. Exit status: 0 all passed, 1 warnings only, 2 any error (a check that did not finish is an
-error). A dead or hung rank ends the preflight within --peer-timeout-s (60 s), naming it; --timeout-s bounds the
-whole launch. The ranks' output goes to <output-dir>/preflight_launch.log; the report to
-<output-dir>/preflight_report.json.
+anything is launched. A check that did not finish is an error; warnings exit 0 unless --strict. A dead or hung
+rank ends the preflight within --peer-timeout-s (60 s), naming it; --timeout-s bounds the whole launch. The ranks'
+output goes to <output>/preflight_launch.log; the report to <output>/preflight_report.json.
 """
 
 from __future__ import annotations
@@ -43,7 +42,10 @@ def register(subparsers) -> None:
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps of the training check (default 20)")
     parser.add_argument("--seed", type=int, default=42, help="seed of the training checks (default 42)")
     parser.add_argument(
+        "--output",
         "--output-dir",
+        dest="output_dir",
+        metavar="DIR",
         default="runs/preflight",
         help="where the report, the launch log and the training checks' runs go (default runs/preflight)",
     )
@@ -62,6 +64,7 @@ def register(subparsers) -> None:
         "(dead, stopped, host down) ends the preflight, named (default 60, at least 5)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON (progress goes to stderr)")
+    parser.add_argument("--strict", action="store_true", help="exit 1 on a warning too (default: only errors fail)")
     parser.set_defaults(run=run)
 
 
@@ -89,11 +92,12 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     report = run_preflight(plan, timeout_s=args.timeout_s, on_line=lambda line: print(line, file=out, flush=True))
-    from hf_dist_recipes.core.findings import render_json
+    from hf_dist_recipes.core.findings import exit_code, render_json, strict_exit
 
     data = report.to_dict()
+    data["exit_code"] = exit_code([report.status], strict_exit(args.strict))
     print(render_json(data) if args.json else render(data))
-    return report.exit_code
+    return data["exit_code"]
 
 
 def render(data: dict) -> str:

@@ -6,8 +6,9 @@ one JSON renderer, and JSON schemas derived from dataclasses.
   between them (an "info" rule shows as ok, with its fix).
 - `Finding(name, status, detail, fix)`: one judged thing. The doctor's `Check` adds the source of the rule, the
   preflight's `CheckResult` the ranks and measured data, `config validate`'s finding names the file.
-- `exit_code(statuses, codes)`: the exit status for the worst status, by each command's `ExitCodes` (the table
-  below: today's codes per command; a usage error, a file that cannot be read, exits 2 in every command).
+- `exit_code(statuses, codes)`: the exit status for the worst status, by each command's `ExitCodes`: 0 ok, 1 the
+  command found problems (a warning too with --strict), 2 it could not do its job (usage, unreadable input), the
+  same in every command (`strict_exit`).
 - `render_table(rows, ...)`: status, name, detail, then the fix (and source) under every finding; `render_json`.
 - `json_schema(cls)`: the JSON schema (draft 2020-12) of `asdict(cls instance)`, from `dataclasses.fields` and
   `typing.get_type_hints`: str, int, float, bool, None, unions (`X | None`), `list[X]` / `tuple[X, ...]` /
@@ -95,18 +96,29 @@ class ExitCodes:
     error: int
 
 
-# Every command's codes, as they were before this module (tests/unit/test_findings.py writes them out by hand).
-DOCTOR_EXIT = ExitCodes(ok=0, warning=0, error=2)  # a warning is advice unless --strict
-DOCTOR_STRICT_EXIT = ExitCodes(ok=0, warning=1, error=2)
-PREFLIGHT_EXIT = ExitCodes(ok=0, warning=1, error=2)  # a check that could not run is an error
-VALIDATE_EXIT = ExitCodes(ok=0, warning=0, error=1)  # config validate: warnings waste memory, errors stop the run
-HANG_EXIT = ExitCodes(ok=0, warning=0, error=1)  # logs hang: 1 when it names ranks (a desync, a rank lost)
+# One meaning per exit status in every command (the table of `hf-dist-recipes --help`, cli/conventions.py).
+EXIT_OK = 0  # done, nothing wrong found (warnings too, unless --strict)
+EXIT_FOUND_PROBLEMS = 1  # the command ran and found problems: a plan that does not fit, config errors, a hang
+EXIT_USAGE = 2  # the command could not do its job: a usage error, an input it cannot read
+FINDINGS_EXIT = ExitCodes(ok=EXIT_OK, warning=EXIT_OK, error=EXIT_FOUND_PROBLEMS)  # a warning is advice
+STRICT_EXIT = ExitCodes(ok=EXIT_OK, warning=EXIT_FOUND_PROBLEMS, error=EXIT_FOUND_PROBLEMS)  # --strict
+# Every command's codes by name (tests/unit/test_findings.py writes them out by hand).
+DOCTOR_EXIT = FINDINGS_EXIT
+DOCTOR_STRICT_EXIT = STRICT_EXIT
+PREFLIGHT_EXIT = FINDINGS_EXIT  # a check that could not run is an error
+VALIDATE_EXIT = FINDINGS_EXIT  # config validate: warnings waste memory, errors stop the run
+HANG_EXIT = FINDINGS_EXIT  # logs hang: 1 when it names ranks (a desync, a rank lost)
 ExitCode = Literal[0, 1, 2]
 
 
 def exit_code(statuses: Iterable[str], codes: ExitCodes) -> int:
     """The exit status of a command whose findings have `statuses`: `codes` of the worst one (ok for none)."""
     return getattr(codes, worst(statuses))
+
+
+def strict_exit(strict: bool) -> ExitCodes:
+    """The codes of a command with `--strict`: a warning exits 1 with it, 0 without."""
+    return STRICT_EXIT if strict else FINDINGS_EXIT
 
 
 def render_table(

@@ -15,7 +15,7 @@ import hf_dist_recipes
 from hf_dist_recipes.comm import backend
 from hf_dist_recipes.core.launch import Launch, run_launch
 from hf_dist_recipes.core.user_values import positive_int, writable_dir
-from hf_dist_recipes.demo.settings import DemoSettings, check_settings
+from hf_dist_recipes.demo.settings import DemoSettings, check_settings, max_bytes_for
 from hf_dist_recipes.doctor.op_builds import check_no_stale_locks
 from hf_dist_recipes.logs.summary import SUMMARY_DIRNAME, RunSummary, read_rank_summaries, summarize_ranks
 from hf_dist_recipes.planning.launch_config import check_launch_config, load_launch_config
@@ -83,7 +83,8 @@ def plan_demo(
     world = check_launch_config(cfg, num_processes=num_processes)
     # Every setting before anything slow or anything launched: a bad value is one line here, not a traceback per rank.
     check_settings(settings, world)
-    output_dir = writable_dir(settings.output_dir, "--output-dir", "runs/demo")
+    settings = replace(settings, max_bytes=max_bytes_for(settings, world))  # the ranks get the resolved value
+    output_dir = writable_dir(settings.output_dir, "--output", "runs/demo")
     if cfg.deepspeed is not None:
         check_no_stale_locks()
     requested = settings.backend or (backend.CPU_BACKEND if cfg.use_cpu else None)

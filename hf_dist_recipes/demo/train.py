@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     add_training_flags(parser)
     # DeepSpeed 0.19 calls collectives that torch 2.13 deprecates, one warning per call and step: noise, not news.
     warnings.filterwarnings("ignore", message=r".*is deprecated. Please use `torch.distributed", category=FutureWarning)
-    run(settings_from(parser.parse_args(argv)))
+    # The launch plan passes every setting; run by hand, --max-bytes follows this launch's world size.
+    run(settings_from(parser.parse_args(argv), processes=int(os.environ.get("WORLD_SIZE", "1"))))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ report with its exit code and JSON schema.
 - with a lock (`doctor/lock.py`), one `lock <package>` error per package whose installed version differs
   (and `lock python` when the interpreter differs), else one ok `lock` check.
 
-`DoctorReport.exit_code(strict)`: 2 with an error, 1 with a warning under `strict`, else 0
+`DoctorReport.exit_code(strict)`: 1 with an error, or with a warning under `strict`, else 0
 (`core.findings.DOCTOR_EXIT` / `DOCTOR_STRICT_EXIT`). `REPORT_SCHEMA`, the JSON schema of `doctor --json`, is derived
 from the dataclasses (`core.findings.json_schema`): the report, its checks and the probe's facts.
 """

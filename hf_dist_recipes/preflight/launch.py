@@ -85,7 +85,7 @@ def plan_preflight(
         raise ValueError("--peer-timeout-s 0 would let a dead rank hang the preflight; e.g. --peer-timeout-s 60")
     validate_hang_settings(peer_timeout_s, 0)
     cwd = Path(cwd or Path.cwd()).resolve()
-    out = writable_dir(output_dir, "--output-dir", "runs/preflight")
+    out = writable_dir(output_dir, "--output", "runs/preflight")
     cfg, plan, recorded = launch_plan(config_file, root=cwd)  # cheap: one line for a plan that cannot run
     if machine_rank is not None:
         positive_int(machine_rank, "--machine-rank", 1, minimum=0)

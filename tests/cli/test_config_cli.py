@@ -271,13 +271,13 @@ def test_generate_refuses_a_plan_that_does_not_fit_the_gpus(capsys, tmp_path):
     assert code == 2 and "pass --gpu-memory GIB" in err and "--hardware NAME" in err and not any(tmp_path.iterdir())
     code, _, err = _run(capsys, args + ["--hardware", "h200"])
     message = err.strip().splitlines()[-1]
-    assert code == 2 and not any(tmp_path.iterdir())  # refused: nothing written
+    assert code == 1 and not any(tmp_path.iterdir())  # found not to fit (exit 1, not a usage error): nothing written
     assert _gib_needed(message) >= 1370 and "--hardware h200" in message
     assert "sequence length 4096 tokens (default)" in message and "no recomputation (default)" in message
     assert "--suggest" in message and "--force" in message
     code, _, err = _run(capsys, args + ["--hardware", "h100", "--seq-len", "1024"])
     message = err.strip().splitlines()[-1]
-    assert code == 2 and "--hardware h100" in message and "sequence length 1024 tokens (--seq-len)" in message
+    assert code == 1 and "--hardware h100" in message and "sequence length 1024 tokens (--seq-len)" in message
     assert "--seq-len 1024" in message.split("Find a plan that fits with: ")[1]  # the suggestion keeps the assumption
     # --force writes the files and keeps the verdict, in the output and the YAML's header
     code, out, _ = _run(capsys, args + ["--force", "--name", "v3", "--gpu-memory", "80"])

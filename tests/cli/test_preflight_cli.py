@@ -121,7 +121,7 @@ def check_passes(proc, report: dict, world_size: int) -> None:
     # Honest warnings only: measurements that shared CPU cores make noisy (a ring link or rank of commbench, a
     # straggler in the logs); every functional check must be ok.
     assert all(r["status"] == "warning" and r["name"] in ("communication", "logs") for r in problems), problems
-    assert proc.returncode == (1 if problems else 0) == report["exit_code"], proc.stderr[-3000:]
+    assert proc.returncode == 0 == report["exit_code"], proc.stderr[-3000:]  # warnings exit 0 (no --strict)
     # Every check's progress line was relayed, on stderr under --json.
     for i, name in enumerate(CHECKS, 1):
         assert f"preflight: [{i}/{len(CHECKS)}] {name} ... " + report["checks"][name] in proc.stderr
@@ -299,7 +299,7 @@ def test_shipped_tp2_ep2_training_rows_hold_on_every_rank(shipped_tp2_ep2):
 @cpu_only_host
 def test_a_stopped_rank_ends_the_preflight_naming_it(tmp_path):
     """Rank 1 is SIGSTOPped as the backend check starts (alive to the kernel, silent to its peers: the case no
-    socket error reveals). The preflight must end within the heartbeat bound, exit 2, and the report must name
+    socket error reveals). The preflight must end within the heartbeat bound, exit 1, and the report must name
     rank 1 under the training check and list the checks that never ran."""
     import signal
     import threading
@@ -382,7 +382,7 @@ def test_a_stopped_rank_ends_the_preflight_naming_it(tmp_path):
     assert ended - stopped_at[0] <= bound, f"{ended - stopped_at[0]:.0f} s after rank 1 stopped, bound {bound:g} s"
     report = json.loads(out)
     jsonschema.validate(report, REPORT_SCHEMA)
-    assert proc.returncode == 2 == report["exit_code"]
+    assert proc.returncode == 1 == report["exit_code"]
     # The check running when the heartbeat verdict came (the one after backend, unless the stop landed late)
     # carries it; every check after it never ran and is an error too.
     # (A stop that lands after the last check is caught at the final synchronisation and carried by "logs".)
@@ -444,7 +444,7 @@ def test_the_outer_timeout_kills_the_launch_and_names_the_unfinished_checks(tmp_
     # for the launcher to end its ranks after SIGTERM before SIGKILL, then 5 s for the kill to be reaped and the
     # output reader to see the pipe close.
     assert report["elapsed_s"] <= 8 + 1 + KILL_GRACE_S + 5, report["elapsed_s"]
-    assert proc.returncode == 2 == report["exit_code"]
+    assert proc.returncode == 1 == report["exit_code"]
     unfinished = [r for r in report["results"] if "--timeout-s 8" in r["detail"]]
     assert unfinished and {r["status"] for r in unfinished} == {"error"}
     assert set(CHECKS) == set(report["checks"])

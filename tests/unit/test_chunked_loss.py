@@ -217,8 +217,10 @@ def _estimate_json(capsys, *flags: str) -> dict:
 
     from hf_dist_recipes.cli.main import main
 
-    assert main(["config", "estimate", *DSV3_PLAN, *flags, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)["estimates"][0]
+    code = main(["config", "estimate", *DSV3_PLAN, *flags, "--json"])
+    row = json.loads(capsys.readouterr().out)["estimates"][0]
+    assert code == (1 if row["fits"] is False else 0)  # exit 1: the plan does not fit the 80 GiB
+    return row
 
 
 def test_the_estimate_counts_one_chunk_of_logits(capsys):

@@ -16,12 +16,13 @@ from hf_dist_recipes.doctor.doctor import REPORT_SCHEMA, run_checks
 from hf_dist_recipes.doctor.facts import EnvironmentFacts
 from hf_dist_recipes.doctor.probe import probe
 
-# Each command's exit status for the worst status of its findings, as the CLIs documented them before core/findings:
-# doctor 0 / 2 (--strict: 1 on a warning), preflight 0 / 1 / 2, config validate 1 on an error only.
+# Each command's exit status for the worst status of its findings, one meaning per code in every command: 0 ok
+# (a warning too, unless --strict), 1 problems found; 2 (the command could not do its job) is no finding's.
 EXPECTED_EXIT = {
-    "doctor": {"ok": 0, "warning": 0, "error": 2},
-    "doctor --strict": {"ok": 0, "warning": 1, "error": 2},
-    "preflight": {"ok": 0, "warning": 1, "error": 2},
+    "doctor": {"ok": 0, "warning": 0, "error": 1},
+    "doctor --strict": {"ok": 0, "warning": 1, "error": 1},
+    "preflight": {"ok": 0, "warning": 0, "error": 1},
+    "preflight --strict": {"ok": 0, "warning": 1, "error": 1},
     "config validate": {"ok": 0, "warning": 0, "error": 1},
     "logs hang": {"ok": 0, "warning": 0, "error": 1},
 }
@@ -29,6 +30,7 @@ CODES = {
     "doctor": findings.DOCTOR_EXIT,
     "doctor --strict": findings.DOCTOR_STRICT_EXIT,
     "preflight": findings.PREFLIGHT_EXIT,
+    "preflight --strict": findings.strict_exit(True),
     "config validate": findings.VALIDATE_EXIT,
     "logs hang": findings.HANG_EXIT,
 }

@@ -92,7 +92,7 @@ def test_suggest_picks_within_90_percent_and_the_host(capsys):
     assert any(r["device_total"] <= 80 * GIB and not r["device_fits"] for r in data["estimates"])
     # With 1 TiB per node no plan over it is picked: every offload plan of V3 on 8 nodes needs more at a resume,
     # and nothing fits without offload, so nothing is picked and the output says why.
-    assert main(SUGGEST + ["--host-memory", "1024"]) == 0
+    assert main(SUGGEST + ["--host-memory", "1024"]) == 1  # nothing fits: a problem found, exit 1
     small = json.loads(capsys.readouterr().out)
     assert small["chosen"] is None
     assert all(r["host_resume_peak_per_node"] > 1024 * GIB for r in small["estimates"] if r["device_fits"])
@@ -105,8 +105,9 @@ def test_the_host_is_checked_only_when_known(capsys):
     given += ["--micro-batch", "3", "--activation-checkpointing", "--gpu-memory", "80", "--json"]
 
     def host(*flags):
-        assert main(given + list(flags)) == 0
+        code = main(given + list(flags))
         data = json.loads(capsys.readouterr().out)
+        assert code == (1 if data["estimates"][0]["fits"] is False else 0)  # exit 1: the plan does not fit
         return data["host_memory_gib"], data["estimates"][0]["host_fits"]
 
     assert host() == (None, None)
@@ -126,14 +127,14 @@ def test_generate_and_validate_hold_a_plan_to_the_host_and_the_target(tmp_path, 
     plan += ["--micro-batch", "2", "--grad-accum", "8", "--activation-checkpointing", "--gpu-memory", "80"]
     out = ["--output", str(tmp_path), "--name", "v3", "--main-process-ip", "10.0.0.1"]
     # The resume peak over the node's memory: refused, naming the host and the fix.
-    assert main(["config", "generate", *plan, *out, "--host-memory", "1024"]) == 2
+    assert main(["config", "generate", *plan, *out, "--host-memory", "1024"]) == 1  # a plan that does not fit
     err = capsys.readouterr().err
     assert "of host memory, more than the 1,024 GiB of --host-memory" in err
     assert not (tmp_path / "v3.yaml").exists()
     # Micro batch 3 fills 76.9 of 80 GiB with even routing: over the 90% target, refused; written with
     # --memory-target 1.
     three = [x if x != "2" else "3" for x in plan] + ["--routing-imbalance", "1"]
-    assert main(["config", "generate", *three, *out]) == 2
+    assert main(["config", "generate", *three, *out]) == 1
     assert "90% of the 80.0 GiB" in capsys.readouterr().err
     assert main(["config", "generate", *three, *out, "--memory-target", "1", "--host-memory", "2048"]) == 0
     capsys.readouterr()

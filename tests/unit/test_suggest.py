@@ -130,8 +130,10 @@ def test_estimate_json_rows_carry_the_batch_and_offload(capsys):
     fixed = argv[:-2] + plan + ["--json"]
     offload = {}
     for accum in (1, 8):
-        assert main(fixed + ["--grad-accum", str(accum)]) == 0
-        offload[accum] = json.loads(capsys.readouterr().out)["estimates"][0]["offload_s"]
+        code = main(fixed + ["--grad-accum", str(accum)])
+        row = json.loads(capsys.readouterr().out)["estimates"][0]
+        assert code == (1 if row["fits"] is False else 0)  # exit 1: the plan as given does not fit
+        offload[accum] = row["offload_s"]
     assert offload[8] > offload[1]
     # A smaller target is respected too.
     assert main(argv + ["--global-batch", "256"]) == 0

@@ -1,0 +1,130 @@
+"""The conventions every `hf-dist-recipes` command shares, applied once to the built parser (`apply`), so that a
+command added later follows them without a line of its own:
+
+- accelerate's spellings: a flag of ours that shares a name with an `accelerate launch` flag is accepted in both
+  spellings (`--config-file` and `--config_file`): users paste one command line into the other;
+- one output flag: `--output` names where a command writes; the older `--out` and `--output-dir` stay as aliases;
+- one exit-status table (EXIT_STATUS), in every command's `--help` and on the CLI reference page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+from collections.abc import Iterator
+
+from hf_dist_recipes._compat import add_option_string, parser_actions, subcommand_parsers
+from hf_dist_recipes.core.findings import EXIT_FOUND_PROBLEMS, EXIT_OK, EXIT_USAGE
+
+# `accelerate launch` flags (accelerate/commands/launch.py) whose kebab-case spelling a command of ours may use.
+# Only their names are kept here: importing accelerate would cost every `--help` a second. tests/cli/
+# test_conventions.py reads accelerate's own parser, so a flag of ours that shares a name with one missing here fails.
+ACCELERATE_FLAGS = frozenset(
+    {
+        "--config_file",
+        "--machine_rank",
+        "--main_process_ip",
+        "--main_process_port",
+        "--num_processes",
+        "--num_machines",
+        "--num_cpu_threads_per_process",
+        "--mixed_precision",
+        "--gpu_ids",
+        "--same_network",
+        "--log_dir",
+        "--max_restarts",
+        "--monitor_interval",
+        "--rdzv_backend",
+        "--rdzv_conf",
+        "--multi_gpu",
+        "--use_deepspeed",
+        "--use_fsdp",
+        "--zero_stage",
+        "--gradient_accumulation_steps",
+        "--gradient_clipping",
+        "--deepspeed_config_file",
+        "--deepspeed_hostfile",
+        "--deepspeed_multinode_launcher",
+        "--offload_optimizer_device",
+        "--offload_param_device",
+        "--zero3_init_flag",
+        "--zero3_save_16bit_model",
+        "--enable_cpu_affinity",
+        "--dynamo_backend",
+        "--main_training_function",
+        "--downcast_bf16",
+        "--no_python",
+    }
+)
+# Our flags named differently from accelerate's flag of the same meaning: accelerate's name in both spellings.
+SYNONYMS = {"--nodes": ("--num-machines", "--num_machines")}
+
+OUTPUT = "--output"
+OUTPUT_ALIASES = ("--out", "--output-dir")  # what commands called it before --output was the one name
+
+# One meaning per exit status, for every command. EXIT_STATUS is the text of `--help` and of the CLI reference.
+EXIT_MEANINGS = {
+    EXIT_OK: "done, nothing wrong found; warnings too, unless --strict",
+    EXIT_FOUND_PROBLEMS: "the command ran and found problems: a plan that does not fit, errors in a config, a hang, "
+    "preflight or doctor errors, a launched run that failed; warnings too with --strict",
+    EXIT_USAGE: "the command could not do its job: a usage error, an input it cannot read (one line on stderr "
+    "names the fix)",
+}
+EXIT_STATUS = "Exit status:\n" + "\n".join(
+    textwrap.fill(meaning, 100, initial_indent=f"  {code}  ", subsequent_indent="     ")
+    for code, meaning in EXIT_MEANINGS.items()
+)
+WRAP = 100  # the width a one-paragraph description is wrapped at once --help prints text as written
+
+
+def commands(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """Yield (command path, parser) for `parser` and every subcommand under it, depth first."""
+    yield path, parser
+    for name, sub in subcommand_parsers(parser):
+        yield from commands(sub, (*path, name))
+
+
+def accelerate_spelling(option: str) -> str | None:
+    """`--config_file` for `--config-file` when accelerate launch has that flag, else None."""
+    snake = "--" + option[2:].replace("-", "_")
+    return snake if snake != option and snake in ACCELERATE_FLAGS else None
+
+
+def apply(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The conventions above on `parser` and every subcommand; returns `parser`."""
+    for path, command in commands(parser):
+        for action in parser_actions(command):
+            for option in list(action.option_strings):
+                alias = accelerate_spelling(option)
+                if alias:
+                    add_option_string(command, action, alias)  # a flag the command has already wins
+                for synonym in SYNONYMS.get(option, ()):
+                    add_option_string(command, action, synonym)
+                if option in OUTPUT_ALIASES:
+                    if action.metavar is None:
+                        action.metavar = "DIR"  # not OUTPUT_DIR / OUT, the dest of the old name
+                    add_option_string(command, action, OUTPUT, first=True)
+                    for other in OUTPUT_ALIASES:  # `--out` was an abbreviation of --output-dir: now it is exact
+                        add_option_string(command, action, other)
+        if path:
+            _exit_epilog(command)
+    return parser
+
+
+def _exit_epilog(parser: argparse.ArgumentParser) -> None:
+    """EXIT_STATUS under the command's own epilog. Help is then printed as written (the table's layout), so a
+    description or epilog written as one paragraph is wrapped here."""
+    if not issubclass(parser.formatter_class, argparse.RawDescriptionHelpFormatter):
+        parser.description = _wrap(parser.description)
+        parser.epilog = _wrap(parser.epilog)
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = f"{parser.epilog}\n\n{EXIT_STATUS}" if parser.epilog else EXIT_STATUS
+
+
+def _wrap(text: str | None) -> str | None:
+    if text is None:
+        return None
+    # Flags such as --gpus-per-node stay whole: no break at their hyphens.
+    return "\n".join(textwrap.fill(p, WRAP, break_on_hyphens=False, break_long_words=False) for p in text.split("\n"))
