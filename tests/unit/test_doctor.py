@@ -88,7 +88,7 @@ def test_torch_sees_the_gpus(tmp_path, h100, monkeypatch):
     assert err.status == "error" and "8 NVIDIA GPU(s)" in err.detail and "CPU-only build" in err.detail
     assert err.fix.startswith("install the CUDA build of the same torch, keeping")
     assert f"pip install torch=={torch.__version__.split('+')[0]}" in err.fix
-    assert run_checks(blind, evaluate=no_rules).exit_code() == 2
+    assert run_checks(blind, evaluate=no_rules).exit_code() == 1
 
 
 def test_driver_floor_of_the_torch_build(tmp_path, h100, monkeypatch):
@@ -217,7 +217,7 @@ def test_rule_findings_become_checks(h100):
         ("rule nccl-2.18-internal-error", "warning", "NVIDIA/nccl 1092"),
         ("rule x", "error", "src"),
     ]
-    assert report.exit_code() == 2
+    assert report.exit_code() == 1
 
 
 def test_exit_codes(h100):
@@ -225,7 +225,7 @@ def test_exit_codes(h100):
     assert run_checks(warn, evaluate=no_rules).exit_code() == 0
     assert run_checks(warn, evaluate=no_rules).exit_code(strict=True) == 1
     err = replace(h100, torch=replace(h100.torch, cuda="13.0"))  # driver 550 under a CUDA 13 build
-    assert run_checks(err, evaluate=no_rules).exit_code() == 2
+    assert run_checks(err, evaluate=no_rules).exit_code() == 1
 
 
 def test_lock_drift_is_an_error_per_package_naming_both_versions(h100):
