@@ -111,14 +111,14 @@ class PreemptionCallback(TrainerCallback):
         save: the caller ends the process now). Safe from a signal handler and from another thread."""
         if signum not in self.signals or self._last_step_end is None:
             return None
+        grace = grace_s(self._longest_gap)
         with self._lock:
             if self.received is None:
                 self.received = signum
-                grace = grace_s(self._longest_gap)
                 self._timer = threading.Timer(grace, self.on_expire, (signum,))
                 self._timer.daemon = True
                 self._timer.start()
-            return grace_s(self._longest_gap)
+        return grace
 
     def abandon(self) -> None:
         """train() is failing: a signal now (the launcher ending the ranks after another one died) takes its
