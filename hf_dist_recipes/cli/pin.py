@@ -5,7 +5,8 @@ and DIR/Dockerfile (a CUDA devel base image matching the torch build, or python:
 `pip install -r requirements.lock --extra-index-url <that build's index>`; the hang-proof NCCL defaults as ENV).
 Without --torch: this environment's exact versions. With --torch X [--cuda Y]: this environment's versions with
 torch X's build for CUDA Y (default: the release's PyPI build) and the NCCL that build pins. A pair with no such
-build, or one a known-issues rule marks as an error, is refused with the rule, its symptom and its fix.
+build is refused as a usage error (exit 2); one a known-issues rule marks as an error is refused with the rule, its
+symptom and its fix, as a problem found (exit 1), as `doctor` reports the same rule.
 `hf-dist-recipes doctor --lock DIR/requirements.lock` later names every package that drifted from the lock.
 """
 
@@ -40,9 +41,16 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_dist_recipes.doctor.pin import pin
+    import sys
 
-    result = pin(args.output, args.torch, args.cuda)
+    from hf_dist_recipes.core.findings import EXIT_FOUND_PROBLEMS
+    from hf_dist_recipes.doctor.pin import RefusedPair, pin
+
+    try:
+        result = pin(args.output, args.torch, args.cuda)
+    except RefusedPair as refused:
+        print(f"hf-dist-recipes pin: error: {refused}", file=sys.stderr)
+        return EXIT_FOUND_PROBLEMS
     data = result.to_dict()
     print(json.dumps(data, indent=2) if args.json else render(data))
     return 0

@@ -32,6 +32,12 @@ from hf_dist_recipes.doctor.lock import (
 )
 from hf_dist_recipes.environment import cuda_host
 
+
+class RefusedPair(ValueError):
+    """A torch/CUDA pair a known-issues rule marks as an error: the command ran and found a problem (exit 1), where
+    an unknown pair or an unwritable folder is input it cannot use (exit 2)."""
+
+
 # What a torch wheel pulls in for its CUDA build and pins itself: replaced along with torch.
 _TORCH_RUNTIME = re.compile(r"^(nvidia-.*|cuda-.*|triton|pytorch-triton)$")
 _NCCL_DIST = re.compile(r"^nvidia-nccl-cu\d+$")
@@ -128,7 +134,7 @@ def plan_lock(
         }
         refused = refusing_findings(build, packages, python, evaluate)
         if refused:
-            raise ValueError(
+            raise RefusedPair(
                 f"torch {build.torch} {build.tag} (NCCL {build.nccl or 'unknown'}) is refused by "
                 + "; ".join(f"rule {f.rule_id}: {f.symptom.rstrip('.')}; fix: {f.fix.rstrip('.')}" for f in refused)
             )

@@ -1,4 +1,5 @@
-"""`hf-dist-recipes pin`: files written, --json, refusals and an unwritable output as one line with exit 2."""
+"""`hf-dist-recipes pin`: files written, --json, a known-bad pair as one line with exit 1 (a problem found, as doctor
+reports the same rule); an unknown pair and an unwritable output as one line with exit 2 (input it cannot use)."""
 
 from __future__ import annotations
 
@@ -27,11 +28,12 @@ def test_pin_this_environment_text(capsys, tmp_path):
     assert f"wrote {tmp_path / 'requirements.lock'}" in text and f"wrote {tmp_path / 'Dockerfile'}" in text
 
 
-def test_known_bad_pair_is_one_line_naming_the_rule_exit_2(capsys, tmp_path):
-    assert main(["pin", "--output", str(tmp_path), "--torch", "2.1.0", "--cuda", "12.1"]) == 2
+def test_known_bad_pair_is_one_line_naming_the_rule_exit_1(capsys, tmp_path):
+    assert main(["pin", "--output", str(tmp_path / "pinned"), "--torch", "2.1.0", "--cuda", "12.1"]) == 1
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1
     assert err.startswith("hf-dist-recipes pin: error: torch 2.1.0 cu121") and "nccl-cudamemcpyasync-lt-2.18.6" in err
+    assert not (tmp_path / "pinned").exists()  # refused before anything is written
 
 
 def test_unknown_pair_is_refused_exit_2(capsys, tmp_path):
