@@ -12,8 +12,9 @@ built is compared across ranks by the rank-agreement check (under `zero.Init` ra
 is nothing to compare); the engine then partitions and slices it as the plan says. The data: the demo's
 (`hf_dist_recipes.demo.data.stdlib_dataset`), the standard library's Python source as byte blocks of SEQ_LEN, which
 a small model learns within a few steps. Peak learning rate LEARNING_RATE (3e-3; what the tiny models of the tests
-train at), micro batch MICRO_BATCH (4): both unless the DeepSpeed JSON fixes them; the schedule, clipping and
-every other setting are the recipe's defaults or the JSON's values.
+train at), micro batch MICRO_BATCH (4): both unless the DeepSpeed JSON fixes them (a generated JSON's "auto" micro
+batch is the one its recorded plan was sized for); the schedule, clipping and every other setting are the recipe's
+defaults or the JSON's values.
 
 Check 5, "training": one run of `steps` optimizer steps (default 20, at least MIN_STEPS), logging every step into
 `<output_dir>/tensorboard` (per rank; check 7 reads it) and saving a checkpoint at step `steps // 2`. Rows:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hf_dist_recipes import _compat
 from hf_dist_recipes.parallel.batch import tensor_parallel_size
+from hf_dist_recipes.parallel.plan_record import recorded_plan
 from hf_dist_recipes.preflight.training.facts import AgreementMismatch, ExpectedSettings, NonFiniteSkip, RunFacts
 
 logger = logging.getLogger(__name__)
@@ -116,8 +117,14 @@ def argument_values(ds: dict, output_dir: Path, steps: int, seed: int | None, lo
         ds.get(k) for k in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping")
     )
     lr = ((ds.get("optimizer") or {}).get("params") or {}).get("lr")
+    # A generated JSON says "auto" (the Trainer's value) and records the micro batch its plan was sized for: train at
+    # that one, so the preflight neither exceeds the plan (the recipe's start-up warning would then be ours) nor
+    # tests a smaller batch than the job's.
+    planned = recorded_plan(ds).get("micro_batch")
     if _number(micro):
         values["per_device_train_batch_size"] = int(micro)
+    elif _number(planned) and planned >= 1:
+        values["per_device_train_batch_size"] = int(planned)
     if _number(accum):
         values["gradient_accumulation_steps"] = int(accum)
     if _number(clip):
