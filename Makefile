@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # a fourth only adds contention (docs/testing.md has the measurements).
 JOBS ?= 3
 
-.PHONY: install demo test test-fast lint format configs docs lock clean
+.PHONY: install demo ops test test-fast lint format configs docs lock clean
 
 install: $(STAMP)
 
@@ -25,7 +25,14 @@ $(STAMP): requirements-dev.lock pyproject.toml
 demo: $(STAMP)
 	$(BIN)/hf-dist-recipes demo
 
-test: $(STAMP)
+# The suite's processes find DeepSpeed's op builds in one folder of the checkout (CI sets its own); `make ops` builds
+# them before the tests, so that no test waits on another's JIT build (tests/support/build_ops.py has the numbers).
+ops test: export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
+
+ops: $(STAMP)
+	$(BIN)/python -m tests.support.build_ops
+
+test: $(STAMP) ops
 	$(BIN)/python -m pytest $(if $(JOBS),-n $(JOBS)) $(PYTEST_ARGS)
 
 # The unit tests only: seconds, no process launched.

@@ -30,13 +30,13 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM, TrainerCallback
 
-from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
+from hf_dist_recipes import RecipeTrainer
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.demo.data import TokenBlocks, stdlib_dataset, token_blocks
+from tests.distributed.workers.checkpointed_run import MICRO_BATCH, checkpointed_run_args
 from tests.distributed.workers.runs import split_runs
 from tests.support.process_state import ProcessStateAtTrainBegin, recipe_warnings
 
-MICRO_BATCH = 4
 EVAL_SAMPLES = 16
 SEQ_LEN = 32
 SHARD = "64KB"  # tiny models: about a dozen files, so that every rank has some to write
@@ -59,19 +59,11 @@ def main(
 ) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     with recipe_warnings() as warned:
-        args = RecipeTrainingArguments(
-            output_dir=output_dir,
-            max_steps=steps,
-            per_device_train_batch_size=MICRO_BATCH,
+        args = checkpointed_run_args(
+            output_dir,
+            steps,
+            save_steps,
             per_device_eval_batch_size=MICRO_BATCH,
-            learning_rate=3e-3,
-            warmup_steps=2,
-            logging_steps=1,
-            save_strategy="steps",
-            save_steps=save_steps,
-            report_to="none",
-            dataloader_drop_last=True,
-            disable_tqdm=True,
             save_shard_size=SHARD,
             hf_weights_in_checkpoints=hf_in_checkpoints,
         )

@@ -18,11 +18,10 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM
 
-from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments, _compat
+from hf_dist_recipes import RecipeTrainer, _compat
+from tests.distributed.workers.checkpointed_run import checkpointed_run_args
 from tests.distributed.workers.lifecycle_worker import datasets
 from tests.distributed.workers.runs import mark_run_end, split_runs
-
-MICRO_BATCH = 4
 
 
 class WeightsOnly(RecipeTrainer):
@@ -40,19 +39,7 @@ class WeightsOnly(RecipeTrainer):
 
 def main(output_dir: str, pretrained: str, steps: int, save_steps: int, resume: str | None, fresh: bool) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
-    args = RecipeTrainingArguments(
-        output_dir=output_dir,
-        max_steps=steps,
-        per_device_train_batch_size=MICRO_BATCH,
-        learning_rate=3e-3,
-        warmup_steps=2,
-        logging_steps=1,
-        save_strategy="steps",
-        save_steps=save_steps,
-        report_to="none",
-        dataloader_drop_last=True,
-        disable_tqdm=True,
-    )
+    args = checkpointed_run_args(output_dir, steps, save_steps)
     model = AutoModelForCausalLM.from_pretrained(pretrained)
     train, _ = datasets(model.config.vocab_size)
     trainer = (WeightsOnly if fresh else RecipeTrainer)(model=model, args=args, train_dataset=train)

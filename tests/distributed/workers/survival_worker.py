@@ -23,12 +23,12 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, TrainerCallback
 
-from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
+from hf_dist_recipes import RecipeTrainer
 from hf_dist_recipes.demo.data import TokenBlocks, stdlib_dataset, token_blocks
 from hf_dist_recipes.parallel.models import template_config
+from tests.distributed.workers.checkpointed_run import checkpointed_run_args
 from tests.distributed.workers.runs import mark_run_end, split_runs
 
-MICRO_BATCH = 4
 SEQ_LEN = 32
 
 
@@ -51,20 +51,7 @@ class Progress(TrainerCallback):
 
 def main(output_dir: str, steps: int, save_steps: int, kill_at: int | None, pause_s: float) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
-    args = RecipeTrainingArguments(
-        output_dir=output_dir,
-        max_steps=steps,
-        per_device_train_batch_size=MICRO_BATCH,
-        learning_rate=3e-3,
-        warmup_steps=2,
-        logging_steps=1,
-        save_strategy="steps",
-        save_steps=save_steps,
-        report_to="none",
-        dataloader_drop_last=True,
-        disable_tqdm=True,
-        auto_resume=True,
-    )
+    args = checkpointed_run_args(output_dir, steps, save_steps, auto_resume=True)
     model = AutoModelForCausalLM.from_config(template_config("tiny-llama"))
     train = TokenBlocks(token_blocks(stdlib_dataset(seq_len=SEQ_LEN, max_bytes=60_000), model.config.vocab_size).tokens)
     progress = Progress(output_dir, kill_at, pause_s)
