@@ -1,4 +1,4 @@
-"""Our TensorBoard event files (logs/event_writer.py, logs/crc32c.py) read back by tensorboard's own code, and our
+"""Our TensorBoard event files (core/event_writer.py, core/crc32c.py) read back by tensorboard's own code, and our
 fast reader (logs/record_scan.py) against protobuf's decoding of the same files."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hf_dist_recipes.logs import event_writer
-from hf_dist_recipes.logs.crc32c import crc32c, crc32c_rows, masked, masked_crc32c
-from hf_dist_recipes.logs.event_writer import write_scalar_run
+from hf_dist_recipes.core import event_writer
+from hf_dist_recipes.core.crc32c import crc32c, crc32c_rows, masked, masked_crc32c
+from hf_dist_recipes.core.event_writer import write_scalar_run
 from hf_dist_recipes.logs.events import read_rank
 
 # Columns with what varies the byte layout: steps 0 (field left out), 1-byte to 6-byte varints, a negative step

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from hf_dist_recipes.logs.crc32c import crc32c_rows, masked, masked_crc32c
+from hf_dist_recipes.core.crc32c import crc32c_rows, masked, masked_crc32c
 
 CHUNK_STEPS = 4096
 FILE_VERSION = b"brain.Event:2"
