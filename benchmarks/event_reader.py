@@ -107,7 +107,8 @@ def variants():
     import numpy as np
     from tensorboard.compat.proto.event_pb2 import Event
 
-    from hf_dist_recipes.logs import crc32c, events, record_scan
+    from hf_dist_recipes.core import crc32c
+    from hf_dist_recipes.logs import events, record_scan
 
     def protobuf_scan(buf, starts, lengths):
         e = np.zeros(0, np.int64)
@@ -135,7 +136,8 @@ def main() -> int:
     import tensorboard.backend.event_processing.event_accumulator  # noqa: F401
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader, LegacyEventFileLoader
 
-    from hf_dist_recipes.logs import crc32c, events  # noqa: F401
+    from hf_dist_recipes.core import crc32c
+    from hf_dist_recipes.logs import events  # noqa: F401
 
     records = args.ranks * args.steps * len(TAGS)
     with tempfile.TemporaryDirectory() as root:
@@ -182,7 +184,7 @@ def crc_rows_timings() -> None:
     """crc32c_rows over (N, L) rows: numpy against a C call per row (what C_ROWS_FROM decides between)."""
     import numpy as np
 
-    from hf_dist_recipes.logs import crc32c
+    from hf_dist_recipes.core import crc32c
 
     if crc32c.BACKEND != "google-crc32c":
         print("CRC rows: google-crc32c not installed; numpy only")

@@ -2,5 +2,6 @@
 them into cross-rank findings and a report (`logs summarize`). `events` reads the files (`record_scan`: framing, and
 the plain scalar events decoded with numpy; `read_run`: one run directory as TensorBoard's EventAccumulator shows it,
 what `monitoring.read_scalars` / `read_texts` return), `aggregate` folds them and writes the aggregate run
-(`event_writer`, `crc32c`), `report` writes report.md with plots, `summary` reads the per-rank summaries. Nothing
-here imports transformers or torch.distributed (tests/unit/test_one_way_imports.py checks it in a fresh interpreter)."""
+(`core.event_writer`, the writer the per-rank runs use too), `report` writes report.md with plots, `summary` reads
+the per-rank summaries. Nothing here imports transformers or torch.distributed (tests/unit/test_one_way_imports.py
+checks it in a fresh interpreter)."""

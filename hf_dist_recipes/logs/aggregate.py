@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hf_dist_recipes.core.event_writer import write_scalar_run
 from hf_dist_recipes.core.layout import RankLayout
-from hf_dist_recipes.logs.event_writer import write_scalar_run
 from hf_dist_recipes.logs.events import RankEvents, find_rank_files, read_rank
 
 BLOCKS = 256

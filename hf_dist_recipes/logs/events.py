@@ -312,7 +312,7 @@ def _events_in_order(files: list[str], out: RunEvents, *, scan: bool = True):
 def _needs_replay(files: list[str]) -> bool:
     """Whether any summary may be read while the accumulator holds no file_version >= 2: then TensorBoard purges by
     out-of-order steps per tag, which `read_run` replays event by event. Every writer we know (torch, tensorboardX,
-    tf.summary, logs/event_writer.py) starts each file with `brain.Event:2`, so this reads one record per file."""
+    tf.summary, core/event_writer.py) starts each file with `brain.Event:2`, so this reads one record per file."""
     from tensorboard.compat.proto.event_pb2 import Event
 
     for path in files:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hf_dist_recipes.logs.crc32c import crc32c_rows, masked, masked_crc32c
+from hf_dist_recipes.core.crc32c import crc32c_rows, masked, masked_crc32c
 
 _LENGTH = struct.Struct("<Q").unpack_from
 

@@ -16,11 +16,16 @@ purges what an earlier attempt logged after step k (TensorBoard's `purge_step`),
 A new (not resumed) launch into a `rank<N>` that holds event files of another launch is refused (ValueError): its
 curves would mix with the old ones. (Several `train()` calls in one process are one launch and share the run.)
 
+The writer is `core.event_writer.RunWriter`: the records torch's SummaryWriter would write (TensorBoard reads them
+the same; texts under `<tag>/text_summary`, as torch names them), built as bytes and held in memory until a flush,
+on the training thread (no writer thread, no protobuf objects).
+
 Crash safety: the writer is flushed at every logging step (the only steps it writes at, so a killed rank loses at
 most what it did since its last log), closed when train() fails (the runtime's `flush` event), and flushed on
 SIGTERM (the handler flushes, then hands the signal to the handler that was there before, by default ending the
-process). Python runs signal handlers between bytecodes of the main thread, so a rank blocked inside one C call (a
-hung collective) dies of SIGTERM only when the call returns, or of the SIGKILL launchers send after it (torchrun: 30 s).
+process; a flush it interrupts writes nothing twice). Python runs signal handlers between bytecodes of the main
+thread, so a rank blocked inside one C call (a hung collective) dies of SIGTERM only when the call returns, or of the
+SIGKILL launchers send after it (torchrun: 30 s).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from numbers import Number
 
 from transformers import TrainerCallback
 
+from hf_dist_recipes.core.event_writer import RunWriter
 from hf_dist_recipes.core.gather import gather_objects
 from hf_dist_recipes.monitoring.system_metrics import RunIdentity, launch_identity
 from hf_dist_recipes.runtime import RecipeRuntime
@@ -58,8 +64,6 @@ class PerRankTensorBoardCallback(TrainerCallback):
         self._previous_sigterm = None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        from torch.utils.tensorboard import SummaryWriter
-
         identity = launch_identity(args)  # collective: before anything that may raise on one rank only
         self.runtime.listen(self, flush=self.close)
         if self.writer is None:
@@ -79,7 +83,7 @@ class PerRankTensorBoardCallback(TrainerCallback):
             # so each step shows once.
             purge = state.global_step + 1 if resumed else None
             _after_existing_event_files(run_dir)
-            self.writer = SummaryWriter(log_dir=run_dir, purge_step=purge)
+            self.writer = RunWriter(run_dir, purge_step=purge)
             with open(os.path.join(run_dir, RUN_FILENAME), "w", encoding="utf-8") as f:
                 json.dump(identity.as_dict(), f)
             self._install_sigterm_flush()

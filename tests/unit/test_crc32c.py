@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hf_dist_recipes.logs import crc32c as mod
+from hf_dist_recipes.core import crc32c as mod
 
 # RFC 3720 (iSCSI), B.4: CRC-32C examples; "123456789": the CRC catalogue's check value.
 KNOWN = [

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from hf_dist_recipes.logs.crc32c import masked_crc32c
+from hf_dist_recipes.core.crc32c import masked_crc32c
 from hf_dist_recipes.logs.events import read_run
 from hf_dist_recipes.monitoring.tensorboard import read_scalars, read_texts
 
