@@ -14,14 +14,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 
 import pytest
 
 from hf_dist_recipes.checkpoint.preemption import PREEMPTED_EXIT_CODE
 from hf_dist_recipes.monitoring import read_scalars
 from tests.distributed.workers.runs import THEN
-from tests.support.launch import accelerate_launch, cpu_only_env
+from tests.support.launch import accelerate_launch, launched_ranks_env, python_for
 from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.distributed]
@@ -32,14 +31,16 @@ ZERO3 = REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml"
 
 
 def _run(out, mode: str) -> subprocess.CompletedProcess:
-    # A CPU run on any host, as the 2-rank launches below (cpu_only_env); the worker imports tests.support.
+    # A CPU run on any host in the launched ranks' environment (the worker imports tests.support), forked warm: the
+    # signals and the exit are the process's own either way (warm_python.py mirrors them).
+    env = launched_ranks_env(os.environ)
     return subprocess.run(
-        [sys.executable, WORKER, str(out), mode, str(DIE_AT)],
+        [*python_for(env), WORKER, str(out), mode, str(DIE_AT)],
         capture_output=True,
         text=True,
         timeout=180,
         cwd=REPO,
-        env=cpu_only_env(dict(os.environ, PYTHONPATH=str(REPO))),
+        env=env,
     )
 
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 from hf_dist_recipes.planning.lint import ERROR, lint_deepspeed
 from tests.support.hosts import cpu_fp16_kernels
-from tests.support.launch import cpu_only_env, free_port
+from tests.support.launch import free_port, launched_ranks_env, python_for
 from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.distributed]
@@ -186,10 +185,10 @@ def _initialize_all(out, refused: dict, controls: dict, world: int) -> dict:
         cases.append(["fp16_on_cpu", *FP16_ON_CPU[:2]])
     cases += [[n, model, cfg] for n, (model, cfg) in controls.items()]
     (out / "cases.json").write_text(json.dumps(cases))
-    env = cpu_only_env(dict(os.environ, PYTHONPATH=str(REPO), MASTER_PORT=str(free_port()), HF_HUB_OFFLINE="1"))
+    env = launched_ranks_env(dict(os.environ, MASTER_PORT=str(free_port())))  # ranks forked warm (python_for)
     procs = [
         subprocess.Popen(
-            [sys.executable, WORKER, str(out / "cases.json"), str(out / f"results{rank}.json")],
+            [*python_for(env), WORKER, str(out / "cases.json"), str(out / f"results{rank}.json")],
             env=dict(env, RANK=str(rank), WORLD_SIZE=str(world)),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
