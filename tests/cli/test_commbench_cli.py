@@ -191,3 +191,29 @@ def test_nccl_without_a_gpu_is_refused_in_one_line(capsys, monkeypatch):
     assert main(["commbench", "--backend", "nccl"]) == 2
     err = capsys.readouterr().err
     assert "--backend nccl needs CUDA GPUs and this host has none visible" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "outcome, strict, code",
+    [("calm", False, 0), ("calm", True, 0), ("slow link", False, 0), ("slow link", True, 1), ("failed", False, 1)],
+)
+def test_exit_status_follows_the_one_convention(outcome, strict, code, capsys, monkeypatch):
+    """0 ok; a link or rank flagged slow is a warning (0, 1 with --strict); ranks that failed, 1. Faked: the
+    outcome of the launch. A slow link needs a network we lack, and the real launch's exit 0 is asserted above."""
+    import hf_dist_recipes.comm.commbench_launch as launch
+
+    def fake_run(plan):
+        if outcome == "failed":
+            raise RuntimeError("rank 1 exited with 1 (its log: ...)")
+        links = [{"src": 0, "dst": 1}] if outcome == "slow link" else []
+        return {"flagged": {"links": links, "ranks": []}}
+
+    monkeypatch.setattr(launch, "run_commbench", fake_run)
+    assert main(["commbench", "--json", *(["--strict"] if strict else [])]) == code
+    captured = capsys.readouterr()
+    if outcome == "failed":
+        assert captured.err == "hf-dist-recipes commbench: rank 1 exited with 1 (its log: ...)\n"
+    else:
+        assert json.loads(captured.out)["flagged"]["links"] == (
+            [{"src": 0, "dst": 1}] if outcome == "slow link" else []
+        )
