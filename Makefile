@@ -27,12 +27,18 @@ demo: $(STAMP)
 
 # The suite's processes find DeepSpeed's op builds in one folder of the checkout (CI sets its own); `make ops` builds
 # them before the tests, so that no test waits on another's JIT build (tests/support/build_ops.py has the numbers).
-ops test: export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
+# The stamp lives with the builds: a wiped folder builds again, and so does a reinstalled stack.
+OPS_DIR := $(or $(TORCH_EXTENSIONS_DIR),$(CURDIR)/.cache/torch_extensions)
+OPS_STAMP := $(OPS_DIR)/.hf-dist-recipes-ops-stamp
 
-ops: $(STAMP)
-	$(BIN)/python -m tests.support.build_ops
+$(OPS_STAMP): $(STAMP)
+	TORCH_EXTENSIONS_DIR=$(OPS_DIR) $(BIN)/python -m tests.support.build_ops
+	touch $(OPS_STAMP)
 
-test: $(STAMP) ops
+ops: $(OPS_STAMP)
+
+test: export TORCH_EXTENSIONS_DIR := $(OPS_DIR)
+test: $(STAMP) $(OPS_STAMP)
 	$(BIN)/python -m pytest $(if $(JOBS),-n $(JOBS)) $(PYTEST_ARGS)
 
 # The unit tests only: seconds, no process launched.

@@ -27,6 +27,10 @@ def main() -> int:
         print("build_ops: set TORCH_EXTENSIONS_DIR (make ops sets it) to the folder the suite's ranks load from")
         return 2
     os.environ.update(CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")  # as tests.support.launch.cpu_only_env
+    # The ninja the suite builds with (tests/conftest.py puts this environment's executables first on PATH): two
+    # ninja versions take each other's .ninja_log for a changed command, and the suite rebuilt what `make ops`,
+    # run by make with the system's ninja first, had built (seen: cpu_adam rebuilt, 240 s of both cores).
+    os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     from deepspeed.accelerator import get_accelerator
 
     accelerator = get_accelerator()
