@@ -50,8 +50,8 @@ def register(subparsers) -> None:
         "unknown model) exits 2 with the fix; a GPU plan that does not fit the GPU memory by our estimate "
         "(--gpu-memory or --hardware, one of them required then) writes nothing and exits 1, unless --force.",
         epilog="Example: hf-dist-recipes config generate --model deepseek-v3 --nodes 8 --gpus-per-node 8 --ep 16 "
-        "--micro-batch 3 --grad-accum 5 --offload-optimizer --activation-checkpointing --gpu-memory 80 "
-        "--main-process-ip 10.0.0.1 --output my_configs",
+        "--micro-batch 3 --grad-accum 5 --offload-optimizer --offload-params --activation-checkpointing "
+        "--gpu-memory 80 --main-process-ip 10.0.0.1 --output my_configs",
     )
     add_plan_flags(gen)
     add_output_flags(gen)

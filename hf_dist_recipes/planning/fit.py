@@ -105,7 +105,9 @@ class FitVerdict:
         args = ["--model", self.model_ref, *plan_flags(self.plan), "--gpu-memory", gib, "--suggest"]
         args += ["--hardware", self.hardware] if self.hardware else []
         args += ["--host-memory", f"{self.host_gib:g}"] if self.host_gib is not None else []
-        args += ["--memory-target", f"{self.device_target:g}"] if self.device_target != DEFAULT_DEVICE_TARGET else []
+        # A stricter target the user chose carries over; validate's own limit (the whole GPU: above it is an error)
+        # does not: the suggestion aims at the default headroom, as --suggest does.
+        args += ["--memory-target", f"{self.device_target:g}"] if self.device_target < DEFAULT_DEVICE_TARGET else []
         return "hf-dist-recipes config estimate " + shlex.join(args)
 
     def host_message(self) -> str:

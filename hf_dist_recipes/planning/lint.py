@@ -67,14 +67,19 @@ def lint_file(
 ) -> list[LintFinding]:
     """Findings for one file: `.json` is read as DeepSpeed config, `.yaml`/`.yml` as accelerate config (its
     DeepSpeed JSON is linted too, against the YAML's process count). With `gpu_memory_gib` (GiB per GPU) an
-    accelerate config's plan is estimated: an error when it does not fit, a warning above DEFAULT_DEVICE_TARGET of
-    the GPU; with `host_memory_gib` (GiB per node) an error when its resume peak exceeds it; `model` names the model for
-    files without a recorded plan; `assume` overrides the plan's `seq_len`, `micro_batch` and
-    `activation_checkpointing` for that estimate (None values: the files' or the defaults). Unreadable files
-    raise ValueError."""
+    accelerate config's plan is estimated (a DeepSpeed JSON's when it records the launch's plan, as config generate's
+    do; another JSON gets a warning that it was not checked): an error when it does not fit, a warning above
+    DEFAULT_DEVICE_TARGET of the GPU; with `host_memory_gib` (GiB per node) an error when its resume peak exceeds
+    it; `model` names the model for files without a recorded plan; `assume` overrides the plan's `seq_len`,
+    `micro_batch` and `activation_checkpointing` for that estimate (None values: the files' or the defaults).
+    Unreadable files raise ValueError."""
     p = Path(path)
     if p.suffix == ".json":
-        return lint_deepspeed(load_deepspeed_json(p), str(p))
+        config = load_deepspeed_json(p)
+        out = lint_deepspeed(config, str(p))
+        if gpu_memory_gib is not None or host_memory_gib is not None:
+            out += _json_memory_findings(p, config, gpu_memory_gib, model, assume, host_memory_gib)
+        return out
     if p.suffix in (".yaml", ".yml"):
         return lint_accelerate(
             p, root=root, gpu_memory_gib=gpu_memory_gib, model=model, assume=assume, host_memory_gib=host_memory_gib
@@ -297,6 +302,39 @@ def _model_findings(cfg, world: int, model_ref: str | None) -> list[LintFinding]
     except ValueError as err:
         return out + [LintFinding(name, ERROR, f"{ref}: {err}")]
     return out + [LintFinding(name, WARNING, f"{ref}: {w}") for w in warnings]
+
+
+def _json_memory_findings(
+    p: Path, config: dict, gpu_memory_gib, model_ref, assume, host_memory_gib
+) -> list[LintFinding]:
+    """The memory check of a DeepSpeed JSON named alone. How many processes and machines share the model is the
+    launch's (the accelerate YAML's), not the JSON's: a JSON that `config generate` wrote records them with its plan,
+    and is checked as that launch; any other is said to be unchecked, naming the file that would answer, rather
+    than passing in silence."""
+    from hf_dist_recipes.parallel.plan_record import recorded_plan
+
+    record = recorded_plan(config)
+    nodes, per_node = record.get("nodes"), record.get("procs_per_node")
+    if not (isinstance(nodes, int) and isinstance(per_node, int) and nodes > 0 and per_node > 0):
+        return [
+            LintFinding(
+                str(p),
+                WARNING,
+                "memory not checked against --gpu-memory / --host-memory: a DeepSpeed JSON alone does not say how "
+                "many processes and machines share the model; validate the accelerate YAML that names it (config "
+                "generate writes both, and its JSON records the plan)",
+            )
+        ]
+    launch = LaunchConfig(
+        path=p,
+        distributed_type="DEEPSPEED",
+        num_processes=nodes * per_node,
+        num_machines=nodes,
+        use_cpu=gpu_memory_gib is None and record.get("precision") == "fp32",
+        deepspeed_file=p,
+        deepspeed=config,
+    )
+    return _memory_findings(launch, nodes * per_node, gpu_memory_gib, model_ref, assume, host_memory_gib)
 
 
 def _memory_findings(

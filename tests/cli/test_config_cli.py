@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -211,6 +212,8 @@ def test_validate_warns_when_the_recorded_plan_does_not_fit_the_gpus(capsys, tmp
     code, out, _ = _run(capsys, ["config", "validate", str(big / "v3.yaml"), "--gpu-memory", "80"])
     # A plan that does not fit the memory asked about is an error: exit 1 (issue 32 section 5)
     assert code == 1 and "by our estimate deepseek-v3 needs" in out and "--suggest" in out and "1 error(s)" in out
+    # The suggestion aims at --suggest's own 90% headroom, not at validate's limit of the whole GPU.
+    assert "--memory-target" not in out
     small = tmp_path / "small"
     _run(
         capsys,
@@ -376,3 +379,53 @@ def test_estimate_header_says_whether_activations_are_recomputed(capsys):
     assert (
         "seq 4096, activation checkpointing," in _run(capsys, args + ["--activation-checkpointing"])[1].splitlines()[0]
     )
+
+
+def _help_example(command: str) -> list[str]:
+    """The argv of the `Example:` line of `hf-dist-recipes config <command> --help` (its epilog)."""
+    import shlex
+
+    from hf_dist_recipes._compat import subcommand_parsers
+    from hf_dist_recipes.cli.main import build_parser
+
+    config = dict(subcommand_parsers(build_parser(("config",))))["config"]
+    epilog = dict(subcommand_parsers(config))[command].epilog
+    assert epilog.startswith("Example: "), epilog
+    example = epilog.removeprefix("Example: ").split("Exit status:")[0]  # wrapped at WRAP: lines rejoined by split
+    argv = shlex.split(example.split("&&")[0])
+    assert argv[:3] == ["hf-dist-recipes", "config", command], epilog
+    return argv[1:]
+
+
+@pytest.mark.parametrize("command", ["generate", "estimate"])
+def test_the_help_examples_of_a_plan_fit_and_exit_0(command, capsys, tmp_path, monkeypatch):
+    """A user's first try is the example in --help: it must be a plan that fits the GPU it names (exit 0), not one
+    that --help's own fit check refuses (exit 1, nothing written), as the generate example once did (82.8 GiB of
+    an 80 GiB GPU: it had no --offload-params)."""
+    monkeypatch.chdir(tmp_path)
+    argv = _help_example(command)
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 0, out[-3000:] + err[-2000:]
+
+
+def test_a_deepspeed_json_named_alone_is_checked_as_its_recorded_launch_or_said_unchecked(capsys, tmp_path):
+    """`config validate JSON --gpu-memory G`: a JSON config generate wrote records its launch (nodes, processes per
+    node), so its memory is checked as the YAML's would be (the same 63.3 GiB per GPU of the help example's plan:
+    exit 1 against 60 GiB, 0 against 80); a JSON without that record cannot be, and says so (a warning, exit 0)
+    instead of reporting 0 problems in silence."""
+    generated = tmp_path / "gen"
+    argv = _help_example("generate")
+    assert main([*argv[: argv.index("--output")], "--output", str(generated), "--name", "v3"]) == 0
+    capsys.readouterr()
+    ds = generated / "deepspeed" / "v3.json"
+    yaml_code, yaml_out, _ = _run(capsys, ["config", "validate", str(generated / "v3.yaml"), "--gpu-memory", "60"])
+    json_code, json_out, _ = _run(capsys, ["config", "validate", str(ds), "--gpu-memory", "60"])
+    assert yaml_code == json_code == 1
+    need = re.search(r"needs (\d+\.\d) GiB per GPU", yaml_out).group(1)
+    assert f"needs {need} GiB per GPU" in json_out
+    assert _run(capsys, ["config", "validate", str(ds), "--gpu-memory", "80"])[0] == 0
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}}))
+    code, out, _ = _run(capsys, ["config", "validate", str(plain), "--gpu-memory", "80", "--model", "deepseek-v3"])
+    assert code == 0 and "memory not checked" in out and "1 warning(s)" in out
