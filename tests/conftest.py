@@ -21,6 +21,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 if "torch" in sys.modules:  # imported by a plugin before this file: the variable came too late for it
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+# Nothing is downloaded (the suite builds models from configs and reads local text), and every process of the session
+# knows it, as in .ci/run: the warm rank servers import with these set (tests.support.launch.LAUNCH_ENV), so a launch
+# whose environment lacked them started its ranks fresh (10 ranks of a local `make test`, about 5 s of one core each).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
 # This environment's executables first on PATH, as in an activated environment (tests.support.slurm does the same for
 # its jobs). `make test` runs .venv/bin/python without activating, so launches started here found the system's ninja
 # (1.11) while the Slurm jobs found the pinned one (1.13): each took the other's

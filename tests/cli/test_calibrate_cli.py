@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -17,7 +16,7 @@ from hf_dist_recipes.parallel.elements import rank_elements
 from hf_dist_recipes.parallel.models import introspect
 from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.planning.calibration import RATE_KINDS, read_profile
-from tests.support.launch import cpu_only_env
+from tests.support.launch import launched_ranks_env, python_for
 from tests.support.paths import REPO
 
 PARTITION = 2_000_000
@@ -27,10 +26,11 @@ PARTITION = 2_000_000
 def calibrated(tmp_path_factory):
     out = tmp_path_factory.mktemp("calibrate") / "profile.json"
     argv = ["--output", str(out), "--partition-params", str(PARTITION), "--processes", "2", "--steps", "3", "--json"]
+    env = launched_ranks_env(os.environ)
     proc = subprocess.run(
-        [sys.executable, "-m", "hf_dist_recipes.cli.main", "calibrate", *argv],
+        [*python_for(env), "-m", "hf_dist_recipes.cli.main", "calibrate", *argv],
         cwd=REPO,
-        env=cpu_only_env(dict(os.environ, PYTHONPATH=str(REPO))),
+        env=env,
         capture_output=True,
         text=True,
         timeout=900,  # the cpu_adam op's first build is a minute or more on 2 cores

@@ -14,7 +14,7 @@ import pytest
 
 from hf_dist_recipes.cli.main import main
 from tests.support.hosts import GPUS
-from tests.support.launch import cpu_only_env, free_port
+from tests.support.launch import cpu_only_env, free_port, launched_ranks_env, python_for
 from tests.support.paths import REPO
 
 NUMBER_OR_NULL = {"type": ["number", "null"]}
@@ -73,10 +73,11 @@ FACTOR_N2 = {"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5}
 
 
 def _cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    env = launched_ranks_env(os.environ)
     return subprocess.run(
-        [sys.executable, "-m", "hf_dist_recipes.cli.main", "commbench", *args],
+        [*python_for(env), "-m", "hf_dist_recipes.cli.main", "commbench", *args],
         cwd=REPO,
-        env=cpu_only_env(dict(os.environ, PYTHONPATH=str(REPO))),
+        env=env,
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -27,7 +27,7 @@ from hf_dist_recipes.parallel import models  # noqa: F401  (torch + transformers
 from hf_dist_recipes.preflight.launch import KILL_GRACE_S, LOST_GRACE_S
 from hf_dist_recipes.preflight.result import CHECKS, REPORT_SCHEMA
 from tests.support.hosts import cpu_only_host
-from tests.support.launch import fresh_env, two_machine_config
+from tests.support.launch import fresh_env, python_for, two_machine_config
 from tests.support.paths import REPO
 from tests.support.preflight import recipe_learning_rates, rows_by_name
 
@@ -87,7 +87,7 @@ def run_preflight_json(config: str, tmp_path) -> tuple[subprocess.CompletedProce
     start = time.perf_counter()
     proc = subprocess.run(
         [
-            sys.executable,
+            *python_for(env),  # the CLI forked warm (its launch starts fresh, its ranks warm)
             "-m",
             "hf_dist_recipes.cli.main",
             "preflight",
@@ -465,7 +465,7 @@ def test_two_machines_each_run_the_same_command_with_their_machine_rank(tmp_path
     procs = [
         subprocess.Popen(
             [
-                sys.executable,
+                *python_for(env),
                 "-m",
                 "hf_dist_recipes.cli.main",
                 "preflight",

@@ -18,7 +18,7 @@ import pytest
 from hf_dist_recipes.demo.data import files_up_to, stdlib_source_files
 from hf_dist_recipes.monitoring import read_rank_summaries, read_scalars, summarize_ranks
 from tests.support.hosts import needs_two_gpus
-from tests.support.launch import LAUNCH_TIMEOUT_S, cpu_only_env
+from tests.support.launch import LAUNCH_TIMEOUT_S, cpu_only_env, python_for
 from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -41,7 +41,7 @@ def demo_run(tmp_path_factory):
     env = cpu_only_env(dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
     proc = subprocess.run(
         [
-            sys.executable,
+            *python_for(env),  # the CLI forked warm: its launcher and ranks start as a user's would
             "-m",
             "hf_dist_recipes.cli.main",
             "demo",

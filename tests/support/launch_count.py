@@ -60,15 +60,26 @@ def _age_s(pid: int) -> float:
 LAUNCHER_MODULE = "accelerate.commands.launch"
 
 
+# Our commands that make one launch each (a --dry-run makes none), started by a test through the warm servers'
+# client (tests.support.launch.python_for): their launcher and ranks then descend from a server.
+LAUNCHING_COMMANDS = (b"demo", b"preflight", b"commbench", b"calibrate")
+
+
 def _is_warm_launcher(pid: int) -> bool:
-    """`accelerate launch` run by the warm rank servers' client (tests.support.launch.accelerate_launch): the stand-in
-    of a launcher forked from a server, whose ranks' stand-ins are then the server's descendants."""
+    """`accelerate launch` run by the warm rank servers' client (tests.support.launch.accelerate_launch), or one of
+    our LAUNCHING_COMMANDS run by it: the stand-in of a process forked from a server, whose launch is then the
+    server's descendant, counted as this stand-in."""
     client = os.environ.get("PYTHON_EXEC")
     cmdline = _read(pid, "cmdline")
     if not client or cmdline is None:
         return False
     args = cmdline.split(b"\0")
-    return client.encode() in args[:3] and LAUNCHER_MODULE.encode() in args
+    if client.encode() not in args[:3]:
+        return False
+    if LAUNCHER_MODULE.encode() in args:
+        return True
+    cli = b"hf_dist_recipes.cli.main" in args and b"--dry-run" not in args
+    return cli and any(command in args for command in LAUNCHING_COMMANDS)
 
 
 def _is_kernel(pid: int) -> bool:
