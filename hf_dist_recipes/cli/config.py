@@ -314,7 +314,7 @@ def run_validate(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from hf_dist_recipes.core.findings import count_statuses, exit_code, render_json, render_table, strict_exit
-    from hf_dist_recipes.planning.lint import check_readable, lint_file
+    from hf_dist_recipes.planning.lint import check_readable, lint_files
 
     for path in args.files:  # a file that cannot be read: exit 2 in one line; findings in files read: exit 1
         check_readable(path)
@@ -322,13 +322,9 @@ def run_validate(args: argparse.Namespace) -> int:
 
     assume = {"seq_len": args.seq_len, "micro_batch": args.micro_batch}
     assume["activation_checkpointing"] = args.activation_checkpointing
-    findings = [
-        f
-        for path in args.files
-        for f in lint_file(
-            path, gpu_memory_gib=args.gpu_memory, model=args.model, assume=assume, host_memory_gib=args.host_memory
-        )
-    ]
+    findings = lint_files(
+        args.files, gpu_memory_gib=args.gpu_memory, model=args.model, assume=assume, host_memory_gib=args.host_memory
+    )
     if args.json:
         print(render_json([f.as_dict() for f in findings]))
     else:

@@ -167,17 +167,32 @@ def check_launch_script(path: str | Path) -> list[Finding]:
     return out
 
 
+def passes_rank0_address(path: str | Path) -> Path | None:
+    """The accelerate YAML (resolved) of the launch script at `path` when the script passes the rank-0 address at
+    launch (`MAIN_PROCESS_IP`, the allocation's first node, as config generate writes it), so that the YAML's own
+    `main_process_ip` is not used; None when it does not or cannot be read."""
+    try:
+        text = read_text_file(Path(path), "launch script", "pass a script written by config generate --launcher")
+        script = LaunchScript.parse(text, str(path))
+    except ValueError:
+        return None
+    return Path(script.config_file).resolve() if _passes_address(text, script.launcher) else None
+
+
+def _passes_address(text: str, launcher: str):
+    return (
+        re.search(r'--main_process_ip "?\$\{?MAIN_PROCESS_IP\b', text)
+        if launcher == "slurm"
+        else re.search(r'--rdzv-endpoint "?\$\{?MAIN_PROCESS_IP\b', text)
+    )
+
+
 def _address_findings(text: str, launcher: str, cfg, name: str, regenerate: str) -> list[tuple[str, str, str]]:
     """The rank-0 address the script launches with against the YAML's `main_process_ip`: (status, detail, fix).
     The generated script passes the allocation's first node at launch (its value wins over the YAML's); a script
     that does not, on several machines, falls back to the YAML, where a loopback address reaches no other node."""
     yaml_ip = str(cfg.raw.get("main_process_ip") or "")
-    passes = (
-        re.search(r'--main_process_ip "?\$\{?MAIN_PROCESS_IP\b', text)
-        if launcher == "slurm"
-        else re.search(r'--rdzv-endpoint "?\$\{?MAIN_PROCESS_IP\b', text)
-    )
-    if not passes:
+    if not _passes_address(text, launcher):
         if cfg.num_machines > 1 and (not yaml_ip or is_loopback(yaml_ip)):
             return [
                 (

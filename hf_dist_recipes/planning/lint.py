@@ -18,7 +18,7 @@ from hf_dist_recipes.parallel.batch import tensor_parallel_size
 from hf_dist_recipes.planning.initialize_rules import initialize_refusals
 from hf_dist_recipes.planning.launch_config import LaunchConfig, check_launch_config, load_launch_config
 from hf_dist_recipes.planning.launch_plan import is_loopback, plan_of_launch
-from hf_dist_recipes.planning.launch_script_check import check_launch_script
+from hf_dist_recipes.planning.launch_script_check import check_launch_script, passes_rank0_address
 from hf_dist_recipes.planning.launch_scripts import SCRIPT_SUFFIX, LaunchScript
 
 # accelerate 1.16 (utils/dataclasses.py, DeepSpeedPlugin) refuses these YAML keys beside a deepspeed_config_file.
@@ -33,6 +33,9 @@ IGNORED_WITH_DS_FILE = (
     "offload_optimizer_nvme_path",
     "zero3_save_16bit_model",
 )
+
+
+LOOPBACK_WARNING = "main_process_ip is "  # how the YAML's loopback-address warning starts (lint_files)
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,21 @@ def lint_file(
     if p.suffix == SCRIPT_SUFFIX:  # config generate --launcher's script, against its YAML's plan
         return [LintFinding(f.name, f.status, f"{f.detail}; {f.fix}") for f in check_launch_script(p)]
     raise ValueError(f"{p}: expected a DeepSpeed .json or an accelerate .yaml file, or a launch script (.sbatch)")
+
+
+def lint_files(paths, **options) -> list[LintFinding]:
+    """`lint_file` of each path (`options`: its keywords), as one launch's files: a YAML's warning that its
+    `main_process_ip` is a loopback address on several machines is left out when a launch script among `paths` runs
+    that YAML and passes the rank-0 address itself (the allocation's first node: the YAML's value is not used; the
+    script's own check says whether it passes one)."""
+    scripts = (p for p in paths if Path(p).suffix == SCRIPT_SUFFIX)
+    covered = {yaml for yaml in map(passes_rank0_address, scripts) if yaml}
+    return [
+        f
+        for path in paths
+        for f in lint_file(path, **options)
+        if not (Path(path).resolve() in covered and f.detail.startswith(LOOPBACK_WARNING))
+    ]
 
 
 def check_readable(path: str | Path, *, root: str | Path | None = None) -> None:
@@ -259,7 +277,7 @@ def lint_accelerate(
             LintFinding(
                 name,
                 WARNING,
-                f"main_process_ip is {data.get('main_process_ip')} on a "
+                f"{LOOPBACK_WARNING}{data.get('main_process_ip')} on a "
                 f"{cfg.num_machines}-machine launch: the other machines cannot reach a "
                 "loopback address; set the rank-0 machine's address here or pass "
                 "--main_process_ip at launch",

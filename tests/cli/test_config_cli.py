@@ -429,3 +429,22 @@ def test_a_deepspeed_json_named_alone_is_checked_as_its_recorded_launch_or_said_
     plain.write_text(json.dumps({"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}}))
     code, out, _ = _run(capsys, ["config", "validate", str(plain), "--gpu-memory", "80", "--model", "deepseek-v3"])
     assert code == 0 and "memory not checked" in out and "1 warning(s)" in out
+
+
+def test_a_yamls_loopback_address_is_not_a_warning_when_its_script_passes_the_first_node(capsys, tmp_path):
+    """config generate --launcher slurm writes the YAML with 127.0.0.1 (it cannot know the allocation) and a script
+    that passes the allocation's first node at launch, whose value accelerate uses instead. The YAML alone still
+    warns (launched by hand on 2 machines, it fails); validated with its script, that warning is gone."""
+    out = tmp_path / "g"
+    argv = ["config", "generate", "--nodes", "2", "--gpus-per-node", "8", "--launcher", "slurm", "--name", "two"]
+    assert main([*argv, "--output", str(out)]) == 0
+    capsys.readouterr()
+    alone = _run(capsys, ["config", "validate", str(out / "two.yaml")])
+    together = _run(capsys, ["config", "validate", str(out / "two.yaml"), str(out / "two.sbatch")])
+    assert alone[0] == 0 and "main_process_ip is 127.0.0.1 on a 2-machine launch" in alone[1]
+    assert together[0] == 0 and "main_process_ip is" not in together[1] and "0 warning(s)" in together[1]
+    # A script that does not pass the address leaves the YAML's warning, and its own check names the error.
+    script = out / "two.sbatch"
+    script.write_text(script.read_text().replace('--main_process_ip "$MAIN_PROCESS_IP" ', ""))
+    code, text, _ = _run(capsys, ["config", "validate", str(out / "two.yaml"), str(script)])
+    assert code == 1 and "main_process_ip is 127.0.0.1" in text and "passes no rank-0 address" in text
