@@ -16,8 +16,15 @@ import json
 import os
 import sys
 
-from hf_dist_recipes.core.findings import ERROR, EXIT_FOUND_PROBLEMS, OK, WARNING, exit_code, strict_exit
-from hf_dist_recipes.core.sizes import GIB
+from hf_dist_recipes.cli.config_estimate import run_estimate
+from hf_dist_recipes.cli.plan_inputs import (
+    check_gpu_memory,
+    deepspeed_logs_to_stderr,
+    hardware_and_sources,
+    hardware_flags,
+    profile_flag,
+)
+from hf_dist_recipes.core.findings import EXIT_FOUND_PROBLEMS, OK, WARNING, exit_code, strict_exit
 from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.planning.generate import (
     add_memory_limit_flags,
@@ -56,7 +63,7 @@ def register(subparsers) -> None:
     add_plan_flags(gen)
     add_output_flags(gen)
     add_launcher_flags(gen)
-    _profile_flag(gen.add_argument_group("step estimate (with --model: the plan's step time on measured rates)"))
+    profile_flag(gen.add_argument_group("step estimate (with --model: the plan's step time on measured rates)"))
     gen.add_argument("--json", action="store_true", help="print what was written as JSON")
     gen.add_argument("--strict", action="store_true", help="exit 1 when the files were written with warnings")
     gen.set_defaults(run=run_generate)
@@ -132,81 +139,12 @@ def register(subparsers) -> None:
     est.add_argument("--json", action="store_true", help="print the estimates as JSON")
     est.add_argument("--strict", action="store_true", help="exit 1 on a warning too (an offload or profile warning)")
     add_memory_limit_flags(est.add_argument_group("memory limits (fits?, --suggest)"))
-    _hardware_flags(est)
+    hardware_flags(est)
     est.set_defaults(run=run_estimate)
 
     from hf_dist_recipes.cli import config_files
 
     config_files.register(sub)  # list, copy, path: the shipped configs
-
-
-def _deepspeed_logs_to_stderr() -> None:
-    """Import DeepSpeed with stdout pointed at stderr: its logger binds the stream it sees at import time and
-    prints an accelerator notice, which would otherwise corrupt --json output."""
-    if "deepspeed" not in sys.modules:
-        with contextlib.redirect_stdout(sys.stderr):
-            import deepspeed  # noqa: F401
-
-
-def _check_gpu_memory(gib: float | None) -> None:
-    if gib is not None and not gib > 0:
-        raise ValueError(f"--gpu-memory must be a positive number of GiB, got {gib:g}; e.g. --gpu-memory 80")
-
-
-def _hardware_flags(parser: argparse.ArgumentParser) -> None:
-    from hf_dist_recipes.planning.comm import HARDWARE
-
-    group = parser.add_argument_group("hardware (step-time model; defaults from --hardware)")
-    group.add_argument(
-        "--hardware",
-        choices=sorted(HARDWARE),
-        help="GPU type whose defaults to use (h100 when not given): H100/H200 SXM, A100 SXM; one NIC per GPU; named, "
-        "it also gives its DGX's host memory where --host-memory is not given",
-    )
-    group.add_argument("--intra-node-gbps", type=float, help="NCCL bus bandwidth inside a node, GB/s per GPU")
-    group.add_argument("--inter-node-gbps", type=float, help="network bandwidth per GPU across nodes, GB/s")
-    group.add_argument("--gpu-tflops", type=float, help="dense bf16 peak of one GPU, TFLOP/s")
-    group.add_argument("--compute-efficiency", type=float, help="fraction of the peak the matmuls reach (0-1]")
-    group.add_argument("--pcie-gbps", type=float, help="host <-> GPU bandwidth for offload, GB/s")
-    group.add_argument(
-        "--cpu-adam-rate", type=float, help="parameters per second one node's CPUs update with CPU Adam (offload)"
-    )
-    _profile_flag(group)
-
-
-def _profile_flag(group) -> None:
-    group.add_argument(
-        "--profile",
-        metavar="FILE",
-        help="rates measured by `hf-dist-recipes calibrate --output FILE`; precedence: a rate flag above > the "
-        "profile's measured rate > the --hardware preset (rates the profile marks assumed keep the preset's)",
-    )
-
-
-def hardware_and_sources(args: argparse.Namespace, plan: ParallelPlan | None = None):
-    """(the Hardware of --hardware with --profile's measured rates and then the flags given on top, where each rate
-    came from (`planning.calibration.hardware_with`), warnings
-    about a profile measured unlike `plan` runs: `calibration.profile_warnings`)."""
-    from hf_dist_recipes.planning.calibration import hardware_with, profile_warnings, read_profile
-    from hf_dist_recipes.planning.comm import HARDWARE
-
-    flags = {
-        field: getattr(args, flag)
-        for field, flag in (
-            ("intra_node_gbps", "intra_node_gbps"),
-            ("inter_node_gbps", "inter_node_gbps"),
-            ("gpu_tflops", "gpu_tflops"),
-            ("compute_efficiency", "compute_efficiency"),
-            ("pcie_gbps", "pcie_gbps"),
-            ("cpu_adam_params_per_s", "cpu_adam_rate"),
-        )
-        if getattr(args, flag, None) is not None
-    }
-    profile = read_profile(args.profile) if getattr(args, "profile", None) else None
-    base = HARDWARE[getattr(args, "hardware", None) or "h100"]
-    hw, sources = hardware_with(base, profile, flags, profile_path=getattr(args, "profile", None) or "")
-    device, procs = (plan.device, plan.procs_per_node) if plan else ("cuda", None)
-    return hw, sources, profile_warnings(profile, sources, device, procs)
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -231,7 +169,7 @@ def run_generate(args: argparse.Namespace) -> int:
         env_setup=args.env_setup,
     )
     rates = hardware_and_sources(args, plan) if args.profile else None  # a bad profile stops before any file
-    _check_gpu_memory(args.gpu_memory)  # a bad value is a usage error (2), not a plan that does not fit
+    check_gpu_memory(args.gpu_memory)  # a bad value is a usage error (2), not a plan that does not fit
     problem = None if args.force else _fit_problem(args, plan)
     if problem:  # the command did its job, and found the plan does not fit: exit 1, not the usage error's 2
         if args.json:
@@ -305,7 +243,7 @@ def _profile_step(args: argparse.Namespace, plan: ParallelPlan, rates) -> dict |
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    _check_gpu_memory(args.gpu_memory)
+    check_gpu_memory(args.gpu_memory)
     check_host_memory(args.host_memory)
     for flag, value in (("--seq-len", args.seq_len), ("--micro-batch", args.micro_batch)):
         if value is not None and value < 1:
@@ -318,7 +256,7 @@ def run_validate(args: argparse.Namespace) -> int:
 
     for path in args.files:  # a file that cannot be read: exit 2 in one line; findings in files read: exit 1
         check_readable(path)
-    _deepspeed_logs_to_stderr()
+    deepspeed_logs_to_stderr()
 
     assume = {"seq_len": args.seq_len, "micro_batch": args.micro_batch}
     assume["activation_checkpointing"] = args.activation_checkpointing
@@ -332,167 +270,3 @@ def run_validate(args: argparse.Namespace) -> int:
         summary = f"{len(args.files)} file(s) checked: {counts['error']} error(s), {counts['warning']} warning(s)"
         print(render_table([asdict(f) for f in findings], title=None, summary=summary))
     return exit_code((f.status for f in findings), strict_exit(args.strict))
-
-
-def run_estimate(args: argparse.Namespace) -> int:
-    from dataclasses import asdict
-
-    _check_gpu_memory(args.gpu_memory)
-    plan = plan_from(args)
-    hardware, rate_sources, profile_notes = hardware_and_sources(args, plan)
-    limits = memory_limits(args)
-    model = model_from(args.model, required=True)
-    if args.suggest and not args.gpu_memory:
-        raise ValueError("--suggest needs --gpu-memory (GiB per GPU), e.g. --gpu-memory 80")
-    if not args.suggest and (args.global_batch is not None or args.global_batch_tokens is not None):
-        raise ValueError(
-            "--global-batch is the target --suggest searches within; for a given plan set --micro-batch and "
-            "--grad-accum"
-        )
-    warnings = [] if args.suggest else plan.validate(model)  # --suggest tries its own plans
-    _deepspeed_logs_to_stderr()  # after every check: its import notice would make a refusal two lines
-    from hf_dist_recipes.planning.suggest import (
-        compact_rows,
-        evaluate,
-        offload_warning,
-        reasons,
-        render_candidates,
-        suggest,
-    )
-
-    target = None
-    if args.suggest:
-        from hf_dist_recipes.planning.suggest import target_sequences
-
-        target = target_sequences(plan.seq_len, sequences=args.global_batch, tokens=args.global_batch_tokens)
-        chosen, rows = suggest(
-            plan,
-            model,
-            args.gpu_memory,
-            hardware,
-            target=target,
-            host_gib=limits.host_gib,
-            device_target=limits.device_target,
-            routing_imbalance=limits.routing_imbalance,
-            memory_mapped_resume=limits.memory_mapped_resume,
-        )
-    else:
-        for w in warnings:
-            print(f"warning: {w}", file=sys.stderr)
-        limited = {
-            "host_gib": limits.host_gib,
-            "device_target": limits.device_target,
-            "routing_imbalance": limits.routing_imbalance,
-            "memory_mapped_resume": limits.memory_mapped_resume,
-        }
-        chosen, rows = None, [evaluate(plan, model, device_gib=args.gpu_memory, hardware=hardware, **limited)]
-    shown = chosen if args.suggest else rows[0]  # the plan the offload warning is about
-    offload_warnings = [w for w in [offload_warning(shown) if shown else None] if w] + profile_notes
-    from hf_dist_recipes.parallel.checkpoint_bytes import DEFAULT_DDP_TIMEOUT, plan_save_bytes, render_load
-    from hf_dist_recipes.parallel.checkpoint_bytes import render as render_save_bytes
-
-    save = plan_save_bytes(shown.plan, model) if shown else None  # bytes per checkpoint of that plan
-    from hf_dist_recipes.planning.runners_up import runners_up, stated_error
-
-    close = runners_up(chosen, rows, rate_sources) if chosen else []
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "model": model.name,
-                    "total_params": model.total_params,
-                    "params_by_component": model.params_by_component,
-                    "target_global_batch": target,
-                    "memory_target": limits.device_target,
-                    "routing_imbalance": limits.routing_imbalance,
-                    "host_memory_gib": limits.host_gib,
-                    "chosen": chosen.as_dict() if chosen else None,
-                    "why": reasons(chosen, rows) if chosen else [],
-                    "rates": {f: asdict(src) for f, src in rate_sources.items()},
-                    "profile": args.profile,
-                    "runners_up": [r.as_dict() for r in close],
-                    "runners_up_error": stated_error(rate_sources) if args.suggest else None,
-                    "warnings": offload_warnings,
-                    "checkpoint_bytes": save.as_dict() if save else None,
-                    "estimates": [r.as_dict() for r in rows],
-                },
-                indent=2,
-            )
-        )
-        return _estimate_exit(args, chosen, rows, offload_warnings)
-    print(
-        f"{model.name}: {model.total_params / 1e9:.2f}B parameters; {plan.nodes} x {plan.procs_per_node} "
-        f"{plan.device}, seq {plan.seq_len}, "
-        # the activations column depends on it as much as on the sequence length: say which was assumed
-        + ("activation checkpointing, " if plan.activation_checkpointing else "no recomputation, ")
-        + (f"loss in chunks of {plan.loss_chunk_tokens} tokens, " if plan.loss_chunk_tokens else "")
-        + ("" if args.suggest else f"micro batch {plan.micro_batch}, accumulation {plan.grad_accum}, ")
-        + f"{plan.precision}, gradients reduced in {plan.grad_reduce_dtype}; GiB per rank, GB sent per rank per "
-        f"step, step time on {hardware.name}"
-    )
-    if args.suggest:
-        print(
-            f"batch target: {target:,} sequences x {plan.seq_len} = {target * plan.seq_len / 1e6:.1f}M tokens per "
-            "step" + ("" if args.global_batch or args.global_batch_tokens else " (default 4M tokens; --global-batch)")
-        )
-    print(render_candidates(rows if args.all or not args.suggest else compact_rows(rows, chosen), chosen=chosen))
-    if args.suggest:
-        print("suggested: " + (_describe(chosen.plan) if chosen else _nothing_fits(rows)))
-        for line in reasons(chosen, rows) if chosen else []:
-            print(f"  {line}")
-        if chosen:
-            print(
-                f"runners-up, {stated_error(rate_sources)}: "
-                + ("none" if not close else f"{len(close)}, a measurement decides between them and the pick")
-            )
-            for r in close:
-                print(f"  {r.line()}")
-    else:
-        from hf_dist_recipes.planning.comm import describe
-
-        print(f"step: {describe(rows[0].step)}")
-    if save:
-        print(render_save_bytes(save))
-        print(render_load(save, DEFAULT_DDP_TIMEOUT))
-    from hf_dist_recipes.planning.calibration import render_sources
-
-    print("rates (flag > --profile > --hardware preset):")
-    for line in render_sources(rate_sources):
-        print(f"  {line}")
-    for warning in offload_warnings:
-        print(f"warning: {warning}")
-    return _estimate_exit(args, chosen, rows, offload_warnings)
-
-
-def _estimate_exit(args: argparse.Namespace, chosen, rows, warnings: list[str]) -> int:
-    """1 when the plan does not fit --gpu-memory (or --suggest found none that does); a warning exits 1 only with
-    --strict; else 0. Without --gpu-memory nothing is judged to fit or not."""
-    if args.suggest:
-        misfit = chosen is None
-    else:
-        misfit = rows[0].fits is False
-    statuses = [ERROR if misfit else OK, WARNING if warnings else OK]
-    return exit_code(statuses, strict_exit(args.strict))
-
-
-def _nothing_fits(rows) -> str:
-    from hf_dist_recipes.planning.suggest import host_bound_rows
-
-    host_bound = [r.memory for r in host_bound_rows(rows)]
-    if not host_bound:
-        return "nothing fits; add nodes or GPU memory"
-    least = min(m.host_resume_peak_per_node for m in host_bound) / GIB
-    return (
-        f"nothing fits; {len(host_bound)} plan(s) fit the GPU but need at least {least:,.0f} GiB of host memory per "
-        f"node at a resume, more than {host_bound[0].host_bytes / GIB:,.0f}: add nodes (less offloaded per node) or "
-        "GPU memory"
-    )
-
-
-def _describe(plan: ParallelPlan) -> str:
-    off = [k for k, on in (("optimizer", plan.offload_optimizer), ("parameters", plan.offload_params)) if on]
-    return (
-        f"--zero {plan.zero_stage} --tp {plan.tp} --ep {plan.ep} --micro-batch {plan.micro_batch} "
-        + (f"--grad-accum {plan.grad_accum}")
-        + "".join(f" --offload-{'optimizer' if k == 'optimizer' else 'params'}" for k in off)
-    )

@@ -81,7 +81,7 @@ RATE_KINDS = {
 }
 # The Hardware fields a profile can set, and which profile key sets each.
 FIELD_KEYS = {k.field: k.key for k in RATE_KINDS.values()}
-# The flag that overrides each field (cli/config.py's hardware group), named in the provenance.
+# The flag that overrides each field (cli/plan_inputs.py's hardware group), named in the provenance.
 FIELD_FLAGS = {
     "cpu_adam_params_per_s": "--cpu-adam-rate",
     "pcie_gbps": "--pcie-gbps",

@@ -23,6 +23,9 @@ from hf_dist_recipes.planning.launch_scripts import (
     sbatch_options,
 )
 
+# (status, detail, fix) of one finding, before the script's path is added
+Rows = list[tuple[str, str, str]]
+
 
 def check_launch_script(path: str | Path) -> list[Finding]:
     """Findings for a launch script against the plan of the accelerate YAML it names (CONFIG_FILE): nodes,
@@ -31,19 +34,28 @@ def check_launch_script(path: str | Path) -> list[Finding]:
     p = Path(path)
     text = read_text_file(p, "launch script", "pass a script written by config generate --launcher")
     script = LaunchScript.parse(text, str(p))
-    out: list[Finding] = []
-
-    def add(status, detail, fix):
-        out.append(Finding(str(p), status, detail, fix))
-
     options = sbatch_options(text)
     regenerate = "or regenerate the files with hf-dist-recipes config generate ... --launcher " + script.launcher
     try:
         cfg = load_launch_config(script.config_file)
     except ValueError as err:
-        add(ERROR, f"CONFIG_FILE: {err}", f"set CONFIG_FILE= to the plan's accelerate YAML, {regenerate}")
-        return out
+        fix = f"set CONFIG_FILE= to the plan's accelerate YAML, {regenerate}"
+        return [Finding(str(p), ERROR, f"CONFIG_FILE: {err}", fix)]
     name = Path(script.config_file).name
+    found = _count_findings(script, options, assignments(text), cfg, name, regenerate)
+    found += _port_findings(script, cfg, name, regenerate)
+    found += _address_findings(text, script.launcher, cfg, name, regenerate)
+    found += _job_findings(script, options, text, cfg, name, regenerate)
+    return [Finding(str(p), *f) for f in found]
+
+
+def _count_findings(script: LaunchScript, options: dict, values: dict, cfg, name: str, regenerate: str) -> Rows:
+    """The counts against the YAML's plan: machines, tasks and processes per node, all processes, GPUs per node."""
+    out: Rows = []
+
+    def add(status, detail, fix):
+        out.append((status, detail, fix))
+
     per_node, rest = divmod(cfg.num_processes, cfg.num_machines)
     if script.nodes != cfg.num_machines:
         add(
@@ -71,7 +83,6 @@ def check_launch_script(path: str | Path) -> list[Finding]:
             f"{cfg.num_machines} machine(s), {per_node} per node",
             f"set PROCS_PER_NODE={per_node}, {regenerate}",
         )
-    values = assignments(text)
     if values.get("NUM_PROCESSES") != str(cfg.num_processes):
         add(
             ERROR,
@@ -93,6 +104,16 @@ def check_launch_script(path: str | Path) -> list[Finding]:
             f"#SBATCH --gpus-per-node={gpus} for a CPU plan (use_cpu in {name}): GPUs held and unused",
             "remove the #SBATCH --gpus-per-node line",
         )
+    return out
+
+
+def _port_findings(script: LaunchScript, cfg, name: str, regenerate: str) -> Rows:
+    """The rendezvous port: a TCP port, and the YAML's (the script's wins at launch)."""
+    out: Rows = []
+
+    def add(status, detail, fix):
+        out.append((status, detail, fix))
+
     yaml_port = cfg.raw.get("main_process_port", DEFAULT_PORT)
     if not 0 < script.main_process_port < 65536:
         add(ERROR, f"MAIN_PROCESS_PORT={script.main_process_port} is no TCP port", "set a port in 1-65535, e.g. 29500")
@@ -103,7 +124,17 @@ def check_launch_script(path: str | Path) -> list[Finding]:
             "the script's wins at launch",
             f"make them equal: set MAIN_PROCESS_PORT={yaml_port}, {regenerate}",
         )
-    out += [Finding(str(p), *f) for f in _address_findings(text, script.launcher, cfg, name, regenerate)]
+    return out
+
+
+def _job_findings(script: LaunchScript, options: dict, text: str, cfg, name: str, regenerate: str) -> Rows:
+    """What the job needs around the launch: an environment, memory, CPUs for srun, the time limit's trap and
+    requeue, the machine rank, the torchrun form's DeepSpeed JSON, the log folder."""
+    out: Rows = []
+
+    def add(status, detail, fix):
+        out.append((status, detail, fix))
+
     if not script.env_setup:
         add(
             WARNING,
@@ -187,7 +218,7 @@ def _passes_address(text: str, launcher: str):
     )
 
 
-def _address_findings(text: str, launcher: str, cfg, name: str, regenerate: str) -> list[tuple[str, str, str]]:
+def _address_findings(text: str, launcher: str, cfg, name: str, regenerate: str) -> Rows:
     """The rank-0 address the script launches with against the YAML's `main_process_ip`: (status, detail, fix).
     The generated script passes the allocation's first node at launch (its value wins over the YAML's); a script
     that does not, on several machines, falls back to the YAML, where a loopback address reaches no other node."""
