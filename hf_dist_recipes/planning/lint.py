@@ -323,7 +323,12 @@ def _model_findings(cfg, world: int, model_ref: str | None) -> list[LintFinding]
 
 
 def _json_memory_findings(
-    p: Path, config: dict, gpu_memory_gib, model_ref, assume, host_memory_gib
+    p: Path,
+    config: dict,
+    gpu_memory_gib: float | None,
+    model_ref: str | None,
+    assume: dict | None,
+    host_memory_gib: float | None,
 ) -> list[LintFinding]:
     """The memory check of a DeepSpeed JSON named alone. How many processes and machines share the model is the
     launch's (the accelerate YAML's), not the JSON's: a JSON that `config generate` wrote records them with its plan,
