@@ -36,7 +36,7 @@ from hf_dist_recipes.planning.generate import (
     model_from,
     plan_from,
 )
-from hf_dist_recipes.planning.launch_scripts import add_launcher_flags, check_launcher_options, script_from_args
+from hf_dist_recipes.planning.launch_script_args import add_launcher_flags, check_launcher_options, script_from_args
 
 
 def register(subparsers) -> None:

@@ -16,13 +16,13 @@ from hf_dist_recipes.checkpoint.auto_resume import AUTO_RESUME_ENV
 from hf_dist_recipes.cli.main import main as cli
 from hf_dist_recipes.comm.nccl_defaults import NCCL_ENV_DEFAULTS
 from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.planning.launch_script_args import launch_script
 from hf_dist_recipes.planning.launch_script_check import check_launch_script
 from hf_dist_recipes.planning.launch_scripts import (
     SHUTDOWN_TIMEOUT_ENV,
     SHUTDOWN_TIMEOUT_S,
     SIGNAL_LEAD_S,
     LaunchScript,
-    launch_script,
     sbatch_options,
 )
 
