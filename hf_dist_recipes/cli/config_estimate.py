@@ -38,30 +38,20 @@ def run_estimate(args: argparse.Namespace) -> int:
     )
 
     target = None
+    limited = {
+        "host_gib": limits.host_gib,
+        "device_target": limits.device_target,
+        "routing_imbalance": limits.routing_imbalance,
+        "memory_mapped_resume": limits.memory_mapped_resume,
+    }
     if args.suggest:
         from hf_dist_recipes.planning.suggest import target_sequences
 
         target = target_sequences(plan.seq_len, sequences=args.global_batch, tokens=args.global_batch_tokens)
-        chosen, rows = suggest(
-            plan,
-            model,
-            args.gpu_memory,
-            hardware,
-            target=target,
-            host_gib=limits.host_gib,
-            device_target=limits.device_target,
-            routing_imbalance=limits.routing_imbalance,
-            memory_mapped_resume=limits.memory_mapped_resume,
-        )
+        chosen, rows = suggest(plan, model, args.gpu_memory, hardware, target=target, **limited)
     else:
         for w in warnings:
             print(f"warning: {w}", file=sys.stderr)
-        limited = {
-            "host_gib": limits.host_gib,
-            "device_target": limits.device_target,
-            "routing_imbalance": limits.routing_imbalance,
-            "memory_mapped_resume": limits.memory_mapped_resume,
-        }
         chosen, rows = None, [evaluate(plan, model, device_gib=args.gpu_memory, hardware=hardware, **limited)]
     shown = chosen if args.suggest else rows[0]  # the plan the offload warning is about
     offload_warnings = [w for w in [offload_warning(shown) if shown else None] if w] + profile_notes
