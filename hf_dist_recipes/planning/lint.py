@@ -35,9 +35,6 @@ IGNORED_WITH_DS_FILE = (
 )
 
 
-LOOPBACK_WARNING = "main_process_ip is "  # how the YAML's loopback-address warning starts (lint_files)
-
-
 @dataclass(frozen=True)
 class LintFinding(Finding):
     """A finding in one file: `name` is the file's path, `detail` the message, which carries its fix (the table
@@ -67,6 +64,7 @@ def lint_file(
     model: str | None = None,
     assume: dict | None = None,
     host_memory_gib: float | None = None,
+    address_at_launch: bool = False,
 ) -> list[LintFinding]:
     """Findings for one file: `.json` is read as DeepSpeed config, `.yaml`/`.yml` as accelerate config (its
     DeepSpeed JSON is linted too, against the YAML's process count). With `gpu_memory_gib` (GiB per GPU) an
@@ -74,8 +72,9 @@ def lint_file(
     do; another JSON gets a warning that it was not checked): an error when it does not fit, a warning above
     DEFAULT_DEVICE_TARGET of the GPU; with `host_memory_gib` (GiB per node) an error when its resume peak exceeds
     it; `model` names the model for files without a recorded plan; `assume` overrides the plan's `seq_len`,
-    `micro_batch` and `activation_checkpointing` for that estimate (None values: the files' or the defaults).
-    Unreadable files raise ValueError."""
+    `micro_batch` and `activation_checkpointing` for that estimate (None values: the files' or the defaults);
+    `address_at_launch`: a YAML's launch is given the rank-0 address on its command line (`lint_files`). Unreadable
+    files raise ValueError."""
     p = Path(path)
     if p.suffix == ".json":
         config = load_deepspeed_json(p)
@@ -85,7 +84,13 @@ def lint_file(
         return out
     if p.suffix in (".yaml", ".yml"):
         return lint_accelerate(
-            p, root=root, gpu_memory_gib=gpu_memory_gib, model=model, assume=assume, host_memory_gib=host_memory_gib
+            p,
+            root=root,
+            gpu_memory_gib=gpu_memory_gib,
+            model=model,
+            assume=assume,
+            host_memory_gib=host_memory_gib,
+            address_at_launch=address_at_launch,
         )
     if p.suffix == SCRIPT_SUFFIX:  # config generate --launcher's script, against its YAML's plan
         return [LintFinding(f.name, f.status, f"{f.detail}; {f.fix}") for f in check_launch_script(p)]
@@ -93,18 +98,12 @@ def lint_file(
 
 
 def lint_files(paths, **options) -> list[LintFinding]:
-    """`lint_file` of each path (`options`: its keywords), as one launch's files: a YAML's warning that its
-    `main_process_ip` is a loopback address on several machines is left out when a launch script among `paths` runs
-    that YAML and passes the rank-0 address itself (the allocation's first node: the YAML's value is not used; the
-    script's own check says whether it passes one)."""
+    """`lint_file` of each path (`options`: its keywords), as one launch's files: a YAML that a launch script among
+    `paths` runs while passing the rank-0 address itself (the allocation's first node: the YAML's value is not used;
+    the script's own check says whether it passes one) is linted with `address_at_launch`."""
     scripts = (p for p in paths if Path(p).suffix == SCRIPT_SUFFIX)
     covered = {yaml for yaml in map(passes_rank0_address, scripts) if yaml}
-    return [
-        f
-        for path in paths
-        for f in lint_file(path, **options)
-        if not (Path(path).resolve() in covered and f.detail.startswith(LOOPBACK_WARNING))
-    ]
+    return [f for path in paths for f in lint_file(path, address_at_launch=Path(path).resolve() in covered, **options)]
 
 
 def check_readable(path: str | Path, *, root: str | Path | None = None) -> None:
@@ -241,11 +240,12 @@ def lint_accelerate(
     model: str | None = None,
     assume: dict | None = None,
     host_memory_gib: float | None = None,
+    address_at_launch: bool = False,
 ) -> list[LintFinding]:
     """Findings for an accelerate YAML: accelerate's own loader, the launch consistency checks, the FSDP2 route's
-    sizes, the rank-0 address of a multi-machine launch, the referenced DeepSpeed JSON and (with
-    `gpu_memory_gib`) whether the plan fits the GPUs by our estimate. `path`: the YAML, or the `LaunchConfig` a
-    caller already read (then `root` is not used)."""
+    sizes, the rank-0 address of a multi-machine launch (not checked with `address_at_launch`: the launch passes
+    one), the referenced DeepSpeed JSON and (with `gpu_memory_gib`) whether the plan fits the GPUs by our estimate.
+    `path`: the YAML, or the `LaunchConfig` a caller already read (then `root` is not used)."""
     from accelerate.commands.config.config_args import load_config_from_file
 
     # A path is read here (ValueError for missing / malformed files); a caller that has read it hands it on.
@@ -272,12 +272,12 @@ def lint_accelerate(
         world = check_launch_config(cfg)
     except ValueError as err:
         return out + [LintFinding(name, ERROR, str(err))]
-    if cfg.num_machines > 1 and is_loopback(data.get("main_process_ip")):
+    if cfg.num_machines > 1 and not address_at_launch and is_loopback(data.get("main_process_ip")):
         out.append(
             LintFinding(
                 name,
                 WARNING,
-                f"{LOOPBACK_WARNING}{data.get('main_process_ip')} on a "
+                f"main_process_ip is {data.get('main_process_ip')} on a "
                 f"{cfg.num_machines}-machine launch: the other machines cannot reach a "
                 "loopback address; set the rank-0 machine's address here or pass "
                 "--main_process_ip at launch",
