@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.launch import launched_ranks_env
 from tests.support.launch_count import COUNTER as LAUNCHES
+from tests.support.paths import environment_first_on_path
 
 WARM_COUNTS: Counter = Counter()  # how the ranks started, summed over xdist workers
 
@@ -32,7 +33,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # (1.11) while the Slurm jobs found the pinned one (1.13): each took the other's
 # .ninja_log entries for a changed command and DeepSpeed rebuilt its shm op, ~25 s of both cores, about every other
 # launch (seen in .ninja_log: identical compile commands, alternating hashes).
-os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+environment_first_on_path()
 
 
 @pytest.fixture(autouse=True, scope="session")

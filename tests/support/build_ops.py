@@ -19,6 +19,8 @@ import os
 import sys
 import time
 
+from tests.support.paths import environment_first_on_path
+
 OPS = ("ShareMemCommBuilder", "CPUAdamBuilder")
 
 
@@ -30,7 +32,7 @@ def main() -> int:
     # The ninja the suite builds with (tests/conftest.py puts this environment's executables first on PATH): two
     # ninja versions take each other's .ninja_log for a changed command, and the suite rebuilt what `make ops`,
     # run by make with the system's ninja first, had built (seen: cpu_adam rebuilt, 240 s of both cores).
-    os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    environment_first_on_path()
     from deepspeed.accelerator import get_accelerator
 
     accelerator = get_accelerator()
