@@ -93,7 +93,7 @@ def model_sizes(model_key: str) -> dict:
     from transformers import AutoModelForCausalLM
 
     from hf_dist_recipes.checkpoint.gather import group_key
-    from hf_dist_recipes.parallel.models import template_config
+    from hf_dist_recipes.core.model_templates import template_config
 
     name, overrides = MODELS[model_key]
     with torch.device("meta"):
@@ -117,8 +117,8 @@ def trained_one_step(out: str, name: str, overrides: dict, micro_batch: int, sha
     from transformers import AutoModelForCausalLM
 
     from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
+    from hf_dist_recipes.core.model_templates import template_config
     from hf_dist_recipes.demo.data import stdlib_dataset, token_blocks
-    from hf_dist_recipes.parallel.models import template_config
 
     warnings.filterwarnings("ignore")
     config = template_config(name, **overrides)

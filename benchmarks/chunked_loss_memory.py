@@ -13,7 +13,7 @@ resets the kernel's peak resident set (`echo 5 > /proc/self/clear_refs`, Linux >
 (VmRSS), runs the forward pass, reads the peak (VmHWM), runs the backward pass and reads the peak again: the peaks
 less the resident set before are the bytes the loss added, as the kernel counted them (glibc serves allocations of
 this size by mmap and returns them when freed, so the resident set follows the tensors). Beside each: what
-`hf_dist_recipes.parallel.memory` counts for it (tokens or one chunk x vocabulary x 12 bytes), and the loss and the
+`hf_dist_recipes.planning.memory` counts for it (tokens or one chunk x vocabulary x 12 bytes), and the loss and the
 gradient norms, which must agree across variants.
 """
 
@@ -95,7 +95,7 @@ def main() -> None:
         print(json.dumps(child(args.tokens, args.vocab, args.hidden, args.child)))
         return
 
-    from hf_dist_recipes.parallel.elements import LOGIT_BYTES
+    from hf_dist_recipes.planning.elements import LOGIT_BYTES
 
     print(f"tokens {args.tokens}, vocabulary {args.vocab:,}, hidden {args.hidden}, bf16 head; peak resident set added")
     rows = [run(args.tokens, args.vocab, args.hidden, c) for c in [0, *args.chunks]]

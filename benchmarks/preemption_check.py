@@ -32,8 +32,8 @@ def rank_main(out: Path, calls: int, steps: int) -> None:
 
     from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
     from hf_dist_recipes.checkpoint.preemption import DEFAULT_PREEMPTION_SIGNALS, agree
+    from hf_dist_recipes.core.model_templates import template_config
     from hf_dist_recipes.demo.data import TokenBlocks, stdlib_dataset, token_blocks
-    from hf_dist_recipes.parallel.models import template_config
 
     runs = []
     for index, signals in enumerate(["none", DEFAULT_PREEMPTION_SIGNALS] * 2):

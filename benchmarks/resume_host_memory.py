@@ -143,8 +143,8 @@ def worker(out: str, mode: str) -> None:
     from transformers import AutoModelForCausalLM
 
     from hf_dist_recipes import RecipeTrainer
+    from hf_dist_recipes.core.model_templates import template_config
     from hf_dist_recipes.demo.data import stdlib_dataset, token_blocks
-    from hf_dist_recipes.parallel.models import template_config
 
     warnings.filterwarnings("ignore")
     saving = mode == "save"

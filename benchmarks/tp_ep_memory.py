@@ -36,8 +36,8 @@ def worker(out: str, build: str) -> None:
     from transformers import AutoModelForCausalLM
 
     from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
+    from hf_dist_recipes.core.model_templates import template_config
     from hf_dist_recipes.demo.data import stdlib_dataset, token_blocks
-    from hf_dist_recipes.parallel.models import template_config
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     args = RecipeTrainingArguments(
@@ -74,9 +74,9 @@ def measure(config: Path, out: Path, build: str) -> list[int]:
 
 
 def main() -> None:
-    from hf_dist_recipes.parallel.memory import rank_elements
-    from hf_dist_recipes.parallel.models import introspect
-    from hf_dist_recipes.parallel.plan import ParallelPlan
+    from hf_dist_recipes.planning.memory import rank_elements
+    from hf_dist_recipes.planning.models import introspect
+    from hf_dist_recipes.planning.plan import ParallelPlan
 
     model = introspect(MODEL)
     tmp = Path(tempfile.mkdtemp(prefix="tp-ep-memory-"))

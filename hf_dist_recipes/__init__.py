@@ -15,7 +15,7 @@ _PUBLIC = {
     "ExpertBiasBalancer": "hf_dist_recipes.moe.expert_balance",
     "GradientHealthCallback": "hf_dist_recipes.stability.gradient_health",
     "RankAgreementCallback": "hf_dist_recipes.reproducibility.rank_agreement",
-    "ParallelPlan": "hf_dist_recipes.parallel.plan",
+    "ParallelPlan": "hf_dist_recipes.planning.plan",
     "SeedReport": "hf_dist_recipes.reproducibility.seeding",
     "seed_everything": "hf_dist_recipes.reproducibility.seeding",
 }

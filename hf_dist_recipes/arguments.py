@@ -36,7 +36,7 @@ New fields, all at the end so positional use of TrainingArguments keeps working:
 - `loss_chunk_tokens` (default None: what the launch config's plan recorded, `config generate --loss-chunk-tokens`,
   else the stock loss; 0: the stock loss): while training, the causal-LM loss is computed this many tokens at a time,
   so the full tokens x vocabulary fp32 logits never exist (`hf_dist_recipes.parallel.chunked_loss`; the estimate
-  counts one chunk's logits, `parallel.memory.chunked_logits_bytes`); evaluation and prediction keep the stock loss
+  counts one chunk's logits, `planning.memory.chunked_logits_bytes`); evaluation and prediction keep the stock loss
   and its logits;
 - `memory_mapped_resume` (default True): under DeepSpeed, a resume reads the engine's checkpoint files memory-mapped
   and copies the optimizer states out one tensor at a time, so that the host memory of a resume stays at the

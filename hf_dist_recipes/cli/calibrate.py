@@ -85,7 +85,7 @@ def settings_from(args: argparse.Namespace):
     tokens, ep = 4096, 1
     processes = args.processes
     if args.model:
-        from hf_dist_recipes.parallel.elements import rank_elements
+        from hf_dist_recipes.planning.elements import rank_elements
         from hf_dist_recipes.planning.generate import model_from, plan_from
 
         plan = plan_from(args)

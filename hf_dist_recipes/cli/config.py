@@ -25,7 +25,6 @@ from hf_dist_recipes.cli.plan_inputs import (
     profile_flag,
 )
 from hf_dist_recipes.core.findings import EXIT_FOUND_PROBLEMS, OK, WARNING, exit_code, strict_exit
-from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.planning.generate import (
     add_memory_limit_flags,
     add_output_flags,
@@ -37,6 +36,7 @@ from hf_dist_recipes.planning.generate import (
     plan_from,
 )
 from hf_dist_recipes.planning.launch_script_args import add_launcher_flags, check_launcher_options, script_from_args
+from hf_dist_recipes.planning.plan import ParallelPlan
 
 
 def register(subparsers) -> None:

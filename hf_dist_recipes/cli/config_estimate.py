@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from hf_dist_recipes.cli.plan_inputs import check_gpu_memory, deepspeed_logs_to_stderr, hardware_and_sources
 from hf_dist_recipes.core.findings import ERROR, OK, WARNING, exit_code, strict_exit
 from hf_dist_recipes.core.sizes import GIB
-from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.planning.generate import memory_limits, model_from, plan_from
+from hf_dist_recipes.planning.plan import ParallelPlan
 
 
 def run_estimate(args: argparse.Namespace) -> int:
@@ -55,7 +55,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         chosen, rows = None, [evaluate(plan, model, device_gib=args.gpu_memory, hardware=hardware, **limited)]
     shown = chosen if args.suggest else rows[0]  # the plan the offload warning is about
     offload_warnings = [w for w in [offload_warning(shown) if shown else None] if w] + profile_notes
-    from hf_dist_recipes.parallel.checkpoint_bytes import plan_save_bytes
+    from hf_dist_recipes.planning.elements import plan_save_bytes
 
     save = plan_save_bytes(shown.plan, model) if shown else None  # bytes per checkpoint of that plan
     from hf_dist_recipes.planning.runners_up import runners_up

@@ -8,7 +8,7 @@ import argparse
 import contextlib
 import sys
 
-from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.planning.plan import ParallelPlan
 
 
 def deepspeed_logs_to_stderr() -> None:

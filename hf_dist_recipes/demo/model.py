@@ -1,6 +1,6 @@
 """The demo's model: a small DeepSeek-V3-style causal LM (MLA attention + mixture of experts), built from a config.
 
-Its shape is the `demo-deepseek-v3` template of `hf_dist_recipes.parallel.models` (1,012,224 parameters over a
+Its shape is the `demo-deepseek-v3` template of `hf_dist_recipes.core.model_templates` (1,012,224 parameters over a
 256-symbol byte vocabulary: hidden 128, 4 layers, MLA ranks q 64 / kv 32, 8 routed experts of 64 + 1 shared, first
 layer dense). Nothing is downloaded: the weights are a random init from the seed active when the model is built.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-from hf_dist_recipes.parallel.models import template_config
+from hf_dist_recipes.core.model_templates import template_config
 
 DEMO_TEMPLATE = "demo-deepseek-v3"
 

@@ -3,7 +3,7 @@
 `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`: under ZeRO-3 and for mixture-of-experts models the gathered
 modules, the per-expert token batches and the all-to-all buffers change size from one allocation to the next, which
 fragments the caching allocator into blocks too small to reuse; expandable segments grow one mapping per stream
-instead (`parallel.zero_buffers.recommended_env`). The memory estimate's allowance (`parallel.memory`: 2 GiB plus
+instead (`planning.zero_buffers.recommended_env`). The memory estimate's allowance (`planning.memory`: 2 GiB plus
 10% of the transient peak) assumes it, so `RecipeTrainingArguments` sets it on hosts where CUDA is used (the same
 place and order as the NCCL defaults of `nccl_defaults`: before anything initialises CUDA) and lists it in
 `args.env_applied`.
@@ -29,7 +29,7 @@ from hf_dist_recipes import _compat
 logger = logging.getLogger(__name__)
 
 ALLOC_CONF_VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
-ALLOC_CONF = "expandable_segments:True"  # also what `parallel.zero_buffers.recommended_env` names for a launch
+ALLOC_CONF = "expandable_segments:True"  # also what `planning.zero_buffers.recommended_env` names for a launch
 # Every name torch reads the allocator settings from: one of them set means the user chose.
 ALLOC_CONF_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
 

@@ -18,7 +18,7 @@ Algorithm 1: b_i += u * sign(mean load - load_i)). DeepSeek-V3 used gamma = 0.00
 
 On by default: RecipeTrainer adds an `ExpertBiasBalancer()` for every model whose routers choose by such a bias
 (`needs_balancing`), unless the arguments say `expert_bias_balancing=False` or the user registered one (theirs,
-with their gamma, takes its place). Why by default: the memory estimate (`parallel/memory.py`) sizes the routed
+with their gamma, takes its place). Why by default: the memory estimate (`planning/memory.py`) sizes the routed
 activations and AutoEP's dispatch buffers for even routing, and without the update nothing keeps the load near
 even (benchmarks/results/2026-12-06-expert-imbalance.md: what the demo model's routing does with and without it).
 Turned off on such a model, the trainer says so once (`BALANCING_OFF`), naming that memory risk.

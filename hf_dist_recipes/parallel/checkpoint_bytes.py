@@ -24,14 +24,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
 from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_BYTES
 from hf_dist_recipes.core.sizes import MIB, format_size
-
-if TYPE_CHECKING:
-    from hf_dist_recipes.parallel.models import ModelShape
-    from hf_dist_recipes.parallel.plan import ParallelPlan
 
 ENGINE_BYTES_PER_ELEMENT = 12  # fp32 master + Adam exp_avg + exp_avg_sq, per partitioned element
 # Per rank, sustained, to the checkpoint folder: a conservative figure for a shared parallel file system with 8 ranks
@@ -107,28 +102,6 @@ def save_bytes(
         hf_per_rank=hf_share_bytes(hf_total, world_size, max_shard_bytes),
         hf_total=hf_total,
     )
-
-
-def plan_save_bytes(plan: ParallelPlan, model: ModelShape, *, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> SaveBytes:
-    """`save_bytes` for a parallel plan: the partition of the busiest rank from the memory model's exact counts
-    (`parallel.memory.rank_elements`); below ZeRO-3 the TP-local weights in `*_model_states.pt`."""
-    from hf_dist_recipes.parallel.memory import rank_elements
-
-    el = rank_elements(plan, model)
-    model_states = 0 if plan.zero_stage == 3 else el.sharded * PRECISION_BYTES[plan.precision]
-    # Below ZeRO-3 only data-parallel rank 0 of each TP rank writes model states: per rank the busiest, in total tp.
-    out = save_bytes(
-        model.total_params,
-        plan.world_size,
-        precision=plan.precision,
-        max_shard_bytes=max_shard_bytes,
-        engine_elements_per_rank=el.optimizer if plan.zero_stage >= 1 else el.sharded,
-        model_states_per_rank=model_states,
-    )
-    if model_states:
-        total = out.engine_total - model_states * plan.world_size + model_states * plan.tp
-        out = SaveBytes(out.world_size, out.engine_per_rank, total, out.hf_per_rank, out.hf_total)
-    return out
 
 
 def save_timeout_s(bytes_per_rank: int, base_s: float, write_bytes_per_s: float = ASSUMED_WRITE_BYTES_PER_S) -> float:

@@ -12,7 +12,8 @@ the arguments say otherwise (a recorded `loss_chunk_tokens` turns on the chunked
 it: without recomputation the estimate no longer holds (DeepSeek-V3 on 8 nodes with EP 32 and optimizer offload:
 about 223 GiB per GPU instead of 45 by the same estimate), so a warning was followed by an out-of-memory error once
 the whole model had loaded. The argument `allow_no_recompute=True` turns the stop back into a warning; the message
-gives both figures for the model.
+gives both figures, which `config generate` recorded (`device_gib`, `device_gib_no_recompute`: a rank imports no
+estimator), and goes without them for a record that has none.
 
 The micro batch and gradient accumulation the estimate assumed are recorded too, while the JSON itself says
 `"auto"` for both (the Trainer fills them from `per_device_train_batch_size` and `gradient_accumulation_steps`, so
@@ -26,7 +27,6 @@ rank holds anyway), so it only lengthens the step, which is what the user asked 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 
 from transformers import TrainerCallback
 
@@ -74,23 +74,6 @@ def recomputes(model) -> bool:
     return bool(getattr(model, "is_activation_checkpointing", False))
 
 
-def _estimates_gib(record: dict, model, changes: tuple[dict, ...]) -> tuple[float, ...] | None:
-    """GiB per GPU of the recorded plan with each of `changes` (ParallelPlan fields) for `model`'s config by the
-    recipe's estimate; None when the record or the model does not allow one (the message then goes without the
-    numbers)."""
-    from hf_dist_recipes.core.sizes import GIB
-    from hf_dist_recipes.parallel.memory import estimate
-    from hf_dist_recipes.parallel.models import introspect
-    from hf_dist_recipes.parallel.plan import ParallelPlan
-
-    try:
-        plan = ParallelPlan(**{k: record[k] for k in RECORDED + RECORDED_WHEN_SET if k in record})
-        shape = introspect(model.config)
-        return tuple(estimate(replace(plan, **change), shape).device_total / GIB for change in changes)
-    except Exception:  # an estimate is a courtesy in a message: never a second error
-        return None
-
-
 def activation_checkpointing_problem(record: dict, model, activation_checkpointing: bool | None = None) -> str | None:
     """Why `model` will not recompute although the plan recorded in the launch config assumed it, with the fix; None
     when the plan did not assume it or the model recomputes. `activation_checkpointing`: the arguments' value, for a
@@ -116,11 +99,11 @@ def activation_checkpointing_problem(record: dict, model, activation_checkpointi
     else:
         why = f"recomputation is not on in {name} at the start of training"
         fix = "set activation_checkpointing=True, or call model.activation_checkpointing_enable() before training"
-    figures = _estimates_gib(record, model, ({"activation_checkpointing": True}, {"activation_checkpointing": False}))
+    planned, without = record.get("device_gib"), record.get("device_gib_no_recompute")
     cost = (
-        f" (about {figures[1]:,.0f} GiB per GPU instead of {figures[0]:,.0f} by the recipe's estimate)"
-        if figures
-        else ""
+        f" (about {without:,.0f} GiB per GPU instead of {planned:,.0f} by the recipe's estimate)"
+        if isinstance(planned, (int, float)) and isinstance(without, (int, float))
+        else ""  # a record of an older config generate, or of a plan made without --model: no figures
     )
     return (
         f"the launch config was generated for a plan with activation checkpointing (seq_len {record.get('seq_len')}, "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.planning.plan import ParallelPlan
 
 DEFAULT_PORT = 29500
 MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}

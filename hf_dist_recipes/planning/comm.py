@@ -25,7 +25,7 @@ consecutive ranks fills a node first and a group with stride s >= ranks per node
   that is 3 x the model's bytes against 2 x for plain data parallelism, the ZeRO paper's "1.5x" (section 7.2.2).
   ZeRO-1/2 reduce-scatter the gradients (ZeRO-2 every micro step, ZeRO-1 once per step) and all-gather the updated
   parameters once per step; ZeRO-0 all-reduces the gradients once per step (both reductions in the same dtype).
-  Groups as `hf_dist_recipes.parallel.memory` states them (TP-split weights over
+  Groups as `hf_dist_recipes.planning.memory` states them (TP-split weights over
   world / TP ranks with stride TP, routed experts over world / EP with stride EP, the rest over the world).
   With hierarchical partitioning (`hpz` = ranks per node, ZeRO++ hpZ, Wang et al. 2023 arXiv:2306.10209 section 3.2)
   the backward gather reads the node-local secondary copy: its bytes are intra-node only.
@@ -62,9 +62,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from hf_dist_recipes.parallel.elements import placements, rank_elements
-from hf_dist_recipes.parallel.models import ModelShape, component_of
-from hf_dist_recipes.parallel.plan import ParallelPlan, grad_reduce_bytes
+from hf_dist_recipes.planning.elements import placements, rank_elements
+from hf_dist_recipes.planning.models import ModelShape, component_of
+from hf_dist_recipes.planning.plan import ParallelPlan, grad_reduce_bytes
 
 GB = 1e9  # bandwidths in GB/s (10^9 bytes per second), as nccl-tests and NVIDIA's data sheets give them
 PERSISTENCE_THRESHOLD = 100_000  # DeepSpeed's stage3_param_persistence_threshold default: smaller tensors stay whole

@@ -22,12 +22,17 @@ head where it pays, all from `zero_buffers` (which the memory estimate reads too
 
 from __future__ import annotations
 
-from hf_dist_recipes.parallel.checkpoint_bytes import plan_save_bytes, startup_timeout_s
-from hf_dist_recipes.parallel.models import ModelShape
-from hf_dist_recipes.parallel.plan import EP_PRESETS, ParallelPlan
+from dataclasses import replace
+
+from hf_dist_recipes.core.sizes import GIB
+from hf_dist_recipes.parallel.checkpoint_bytes import startup_timeout_s
 from hf_dist_recipes.parallel.plan_record import PLAN_KEY, RECORDED, RECORDED_WHEN_SET
-from hf_dist_recipes.parallel.tp_specs import partition_config
-from hf_dist_recipes.parallel.zero_buffers import zero_buffers
+from hf_dist_recipes.planning.elements import plan_save_bytes
+from hf_dist_recipes.planning.memory import estimate
+from hf_dist_recipes.planning.models import ModelShape
+from hf_dist_recipes.planning.plan import EP_PRESETS, ParallelPlan
+from hf_dist_recipes.planning.tp_specs import partition_config
+from hf_dist_recipes.planning.zero_buffers import zero_buffers
 
 
 def plan_record(plan: ParallelPlan, model_name: str | None, model: ModelShape | None = None) -> dict:
@@ -40,6 +45,10 @@ def plan_record(plan: ParallelPlan, model_name: str | None, model: ModelShape | 
     }
     if model is not None:  # the collective timeout start-up needs while rank 0 reads the weights
         record["startup_timeout_s"] = startup_timeout_s(plan_save_bytes(plan, model).hf_total)
+    if model is not None and plan.activation_checkpointing:  # what a rank that will not recompute quotes
+        record["device_gib"] = round(estimate(plan, model).device_total / GIB, 1)
+        no_recompute = replace(plan, activation_checkpointing=False)
+        record["device_gib_no_recompute"] = round(estimate(no_recompute, model).device_total / GIB, 1)
     return {
         "generated_for": record,
         "note": "written by hf-dist-recipes config generate; read by RecipeTrainingArguments; DeepSpeed ignores it",

@@ -14,9 +14,9 @@ import shlex
 from dataclasses import dataclass, field, replace
 
 from hf_dist_recipes.core.sizes import GIB
-from hf_dist_recipes.parallel.memory import DEFAULT_DEVICE_TARGET, DEFAULT_ROUTING_IMBALANCE
-from hf_dist_recipes.parallel.models import ModelShape
-from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.planning.memory import DEFAULT_DEVICE_TARGET, DEFAULT_ROUTING_IMBALANCE
+from hf_dist_recipes.planning.models import ModelShape
+from hf_dist_recipes.planning.plan import ParallelPlan
 
 # Where a value of the plan came from, for the verdict's words; a key missing here reads "default".
 SOURCES = ("seq_len", "micro_batch", "activation_checkpointing")
@@ -167,7 +167,7 @@ def check_fit(
     """Estimate `plan` for `model` against `device_target` of `gpu_gib` GiB per GPU (a CUDA plan; CPU plans have no
     GPU limit) and, given `host_gib` per node, its resume peak against the host. `hardware`: the `comm.HARDWARE`
     key the memory came from, passed on to the suggest command."""
-    from hf_dist_recipes.parallel.memory import estimate
+    from hf_dist_recipes.planning.memory import estimate
 
     est = estimate(plan, model, routing_imbalance=routing_imbalance, memory_mapped_resume=memory_mapped_resume)
     need = est.device_total / GIB

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hf_dist_recipes.core.user_values import writable_dir
-from hf_dist_recipes.parallel.memory import DEFAULT_DEVICE_TARGET, DEFAULT_ROUTING_IMBALANCE
-from hf_dist_recipes.parallel.plan import ENGINES, GRAD_REDUCE_DTYPES, PRECISIONS, ParallelPlan
 from hf_dist_recipes.planning.accelerate_config import DEFAULT_PORT, accelerate_config, render_yaml
 from hf_dist_recipes.planning.comm import HARDWARE
+from hf_dist_recipes.planning.memory import DEFAULT_DEVICE_TARGET, DEFAULT_ROUTING_IMBALANCE
+from hf_dist_recipes.planning.plan import ENGINES, GRAD_REDUCE_DTYPES, PRECISIONS, ParallelPlan
 
 
 def add_plan_flags(parser: argparse.ArgumentParser) -> None:
@@ -127,7 +127,7 @@ def add_memory_limit_flags(group) -> None:
 class MemoryLimits:
     """What a plan is held to besides the GPU's size: `device_target`, the fraction of the GPU it may fill;
     `host_gib`, host memory per node (None: not checked), named by `host_source`; `routing_imbalance`, the busiest EP
-    rank's expert load over the mean (`parallel.memory`); `memory_mapped_resume`, RecipeTrainer's resume (False:
+    rank's expert load over the mean (`planning.memory`); `memory_mapped_resume`, RecipeTrainer's resume (False:
     DeepSpeed's stock load)."""
 
     device_target: float = DEFAULT_DEVICE_TARGET
@@ -198,7 +198,7 @@ def model_from(model_ref: str | None, *, required: bool):
         if required:
             raise ValueError("--model is needed here (a family template such as deepseek-v3, or a config.json)")
         return None
-    from hf_dist_recipes.parallel.models import introspect
+    from hf_dist_recipes.planning.models import introspect
 
     return introspect(model_ref)
 
@@ -426,7 +426,7 @@ def write_configs(
     ]
     if plan.nodes > 1:
         header.append("On machine N: add --machine_rank N (and --main_process_ip <rank-0 address> if not set here)")
-    from hf_dist_recipes.parallel.zero_buffers import recommended_env, zero_buffer_notes
+    from hf_dist_recipes.planning.zero_buffers import recommended_env, zero_buffer_notes
 
     notes = zero_buffer_notes(plan, model) if plan.engine == "deepspeed" else []
     if notes:

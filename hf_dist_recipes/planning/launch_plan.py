@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hf_dist_recipes.core.jsonfile import json_int
-from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.parallel.plan_record import recorded_plan
 from hf_dist_recipes.planning.launch_config import LaunchConfig
+from hf_dist_recipes.planning.plan import ParallelPlan
 
 LOOPBACK_PREFIXES = ("127.", "localhost", "::1")
 

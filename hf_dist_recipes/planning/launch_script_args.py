@@ -13,7 +13,6 @@ from pathlib import Path
 
 from hf_dist_recipes.comm.nccl_defaults import NCCL_ENV_DEFAULTS
 from hf_dist_recipes.core.user_values import writable_dir
-from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.planning.launch_scripts import (
     DEFAULT_TIME,
     LAUNCHERS,
@@ -23,6 +22,7 @@ from hf_dist_recipes.planning.launch_scripts import (
     Launcher,
     LaunchScript,
 )
+from hf_dist_recipes.planning.plan import ParallelPlan
 
 # What a user-given network filter may hold: NCCL's filter grammar (names, ^ = , : prefixes) and nothing the
 # shell would expand inside the script's double quotes.
@@ -178,8 +178,8 @@ def script_from_args(args: argparse.Namespace, generated, argv: list[str] | None
     """Write the launch script of `config generate`'s parsed flags beside `generated` (a `generate.Generated`):
     its name and port are the YAML's, the log folder `--log-dir` or OUTPUT/logs. `argv`: the flags as given, for
     the header. Returns the script's path."""
-    from hf_dist_recipes.parallel.zero_buffers import recommended_env
     from hf_dist_recipes.planning.generate import model_from
+    from hf_dist_recipes.planning.zero_buffers import recommended_env
 
     plan = generated.plan
     model = model_from(args.model, required=False)

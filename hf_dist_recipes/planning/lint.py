@@ -296,7 +296,7 @@ def lint_accelerate(
 def _model_findings(cfg, world: int, model_ref: str | None) -> list[LintFinding]:
     """The launch's TP and EP against the model (heads, experts, layers: `ParallelPlan.validate`): `model_ref`, else
     the model the DeepSpeed JSON records. A file with neither says the plan was not checked against a model."""
-    from hf_dist_recipes.parallel.models import introspect
+    from hf_dist_recipes.planning.models import introspect
 
     name = str(cfg.deepspeed_file or cfg.path)
     plan, recorded = plan_of_launch(cfg, world)
@@ -370,10 +370,10 @@ def _memory_findings(
 ) -> list[LintFinding]:
     from dataclasses import replace
 
-    from hf_dist_recipes.parallel.memory import DEFAULT_DEVICE_TARGET
-    from hf_dist_recipes.parallel.models import introspect
     from hf_dist_recipes.parallel.plan_record import recorded_plan
     from hf_dist_recipes.planning.fit import SOURCES, check_fit
+    from hf_dist_recipes.planning.memory import DEFAULT_DEVICE_TARGET
+    from hf_dist_recipes.planning.models import introspect
 
     name = str(cfg.path)
     plan, recorded_model = plan_of_launch(cfg, world)

@@ -7,7 +7,7 @@ accumulation only amortises per-step costs (optimizer offload's CPU Adam, ZeRO-1
 never slower per token, and the target is what bounds it. Plans within NEAR_MARGIN of the fastest count as equally
 fast; among them the pick has the least offload, then the least traffic across nodes per token trained.
 
-Memory of one plan: `hf_dist_recipes.parallel.memory`; its traffic and step time: `hf_dist_recipes.planning.comm`.
+Memory of one plan: `hf_dist_recipes.planning.memory`; its traffic and step time: `hf_dist_recipes.planning.comm`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hf_dist_recipes.core.sizes import GIB
-from hf_dist_recipes.parallel.memory import (
+from hf_dist_recipes.planning.comm import Hardware, StepEstimate, describe, step_estimate
+from hf_dist_recipes.planning.memory import (
     DEFAULT_DEVICE_TARGET,
     DEFAULT_ROUTING_IMBALANCE,
     USABLE_FRACTION,
@@ -23,10 +24,9 @@ from hf_dist_recipes.parallel.memory import (
     estimate,
     render_table,
 )
-from hf_dist_recipes.parallel.models import ModelShape
-from hf_dist_recipes.parallel.plan import ParallelPlan
-from hf_dist_recipes.parallel.zero_buffers import hpz_partition_size, use_vocab_parallel_lm_head
-from hf_dist_recipes.planning.comm import Hardware, StepEstimate, describe, step_estimate
+from hf_dist_recipes.planning.models import ModelShape
+from hf_dist_recipes.planning.plan import ParallelPlan
+from hf_dist_recipes.planning.zero_buffers import hpz_partition_size, use_vocab_parallel_lm_head
 
 # The default batch target: 4M tokens (4,194,304 = 1,024 sequences of 4,096), the Llama 3 report's initial batch
 # for its 405B model (arXiv:2407.21783, section 3.4.1; later doubled to 8M and 16M). DeepSeek-V3 ramped from 3,072
@@ -76,7 +76,7 @@ def candidate_plans(base: ParallelPlan, model: ModelShape) -> list[ParallelPlan]
 
 @dataclass(frozen=True)
 class Candidate:
-    """A plan with its memory (`hf_dist_recipes.parallel.memory`) and its traffic and step time
+    """A plan with its memory (`hf_dist_recipes.planning.memory`) and its traffic and step time
     (`hf_dist_recipes.planning.comm`); `target_sequences`: the batch target it was sized for (None: a plan given
     as it is)."""
 
@@ -144,7 +144,7 @@ def evaluate(
         memory_mapped_resume=memory_mapped_resume,
     )
     # The traffic of the DeepSpeed JSON `config generate` writes for this plan: hpZ and the vocabulary-parallel head
-    # where parallel/zero_buffers.py turns them on.
+    # where planning/zero_buffers.py turns them on.
     step = step_estimate(
         plan,
         model,

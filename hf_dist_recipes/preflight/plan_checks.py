@@ -6,7 +6,7 @@ Two halves, so that a plan that cannot work never reaches `accelerate launch`:
 - `check_plan` runs on the launched ranks, which know their device: GPU memory (`torch.cuda` of the rank's device),
   or on CPU the host's RAM shared by the node's processes.
 
-The model: `--model` (a template of `parallel.models.TEMPLATES` or a local config.json / its directory), else the
+The model: `--model` (a template of `core.model_templates.TEMPLATES` or a local config.json / its directory), else the
 model recorded in the DeepSpeed JSON by `config generate`, else the demo's DeepSeek-V3-style model
 (`demo-deepseek-v3`). The plan check validates and estimates that model as named, whatever its size. The training
 checks (5 and 6) need a model that trains in seconds, so they get a *stand-in*: the named model itself when it has
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hf_dist_recipes.core.sizes import GIB, format_size
-from hf_dist_recipes.parallel.memory import DEFAULT_DEVICE_TARGET
-from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.planning.launch_config import LaunchConfig, check_launch_config, load_launch_config
 from hf_dist_recipes.planning.launch_plan import plan_of_launch
+from hf_dist_recipes.planning.memory import DEFAULT_DEVICE_TARGET
+from hf_dist_recipes.planning.plan import ParallelPlan
 from hf_dist_recipes.preflight.result import ERROR, OK, WARNING, CheckResult
 
 DEFAULT_MODEL = "demo-deepseek-v3"  # the demo's model: MLA + MoE, what the shipped CPU configs train
@@ -73,7 +73,8 @@ def _heads(base: int, tp: int) -> int:
 def stand_in_config(plan: ParallelPlan, model_type: str | None = None, base_config=None):
     """(name, config) of a tiny model of `model_type`'s family (None: DeepSeek-V3) on which `plan` runs: heads a
     multiple of TP, routed experts a multiple of EP, vocabulary and MLP widths multiples of TP."""
-    from hf_dist_recipes.parallel.models import DEEPSEEK_TYPES, TEMPLATES, template_config
+    from hf_dist_recipes.core.model_templates import TEMPLATES, template_config
+    from hf_dist_recipes.planning.models import DEEPSEEK_TYPES
 
     tp, ep = plan.tp, plan.ep
     if model_type is None or model_type in DEEPSEEK_TYPES:
@@ -130,8 +131,8 @@ def stand_in_config(plan: ParallelPlan, model_type: str | None = None, base_conf
 
 
 def resolve_models(plan: ParallelPlan, model: str | None, recorded: str | None, *, deepspeed_file=None) -> PlanModels:
-    """The models of the module docstring. Raises ValueError (from `parallel.models`) for an unknown --model."""
-    from hf_dist_recipes.parallel.models import introspect, load_model_config
+    """The models of the module docstring. Raises ValueError (from `planning.models`) for an unknown --model."""
+    from hf_dist_recipes.planning.models import introspect, load_model_config
 
     if model:
         source = "--model"
@@ -150,7 +151,7 @@ def resolve_models(plan: ParallelPlan, model: str | None, recorded: str | None, 
 def validate_against_model(plan: ParallelPlan, models: PlanModels) -> list[str]:
     """`plan.validate` with the named model and, when it differs, the stand-in; ValueError for the first rule
     broken (naming the model), warnings otherwise."""
-    from hf_dist_recipes.parallel.models import introspect
+    from hf_dist_recipes.planning.models import introspect
 
     warnings = plan.validate(introspect(models.config))
     if models.train_config is not models.config:
@@ -192,7 +193,7 @@ def host_memory_bytes() -> tuple[int | None, str]:
 
 def host_result(plan: ParallelPlan, est, host_bytes: int | None, host_what: str, model_name: str):
     """Check 4's host finding for a GPU plan: its host memory per node (offloaded states and the ranks' processes,
-    `parallel.memory`) against `host_bytes`, the smallest node's: an error when training does not fit, a warning
+    `planning.memory`) against `host_bytes`, the smallest node's: an error when training does not fit, a warning
     when only the stock Trainer's resume (`est.stock_resume_peak_per_node`: DeepSpeed's plain load of the optimizer
     files) does not;
     RecipeTrainer's memory-mapped resume stays at the steady state. None for CPU plans (the device check is the
@@ -236,8 +237,8 @@ def check_plan(
     """Check 4's findings: the plan against the model (error for a rule broken, warning per plan warning), the
     per-rank memory estimate against `device_bytes` (the smallest any rank has; None: not known, a warning), and
     a GPU plan's host memory per node against `host_bytes` (the smallest node's; `host_result`)."""
-    from hf_dist_recipes.parallel.memory import estimate
-    from hf_dist_recipes.parallel.models import introspect
+    from hf_dist_recipes.planning.memory import estimate
+    from hf_dist_recipes.planning.models import introspect
 
     what = (
         f"ZeRO-{plan.zero_stage}, TP {plan.tp}, EP {plan.ep}, {plan.world_size} process(es), seq "
@@ -316,7 +317,7 @@ def checkpoint_space_result(plan: ParallelPlan, model_shape, free_bytes: int, wh
     """Check 4's disk finding: warn when `free_bytes` (free space of the output directory's file system, `where`)
     holds fewer than SAVES_TO_HOLD checkpoints of `plan` (`parallel.checkpoint_bytes`: the engine's files of every
     rank, with the output directory shared by all nodes, as a parallel file system is)."""
-    from hf_dist_recipes.parallel.checkpoint_bytes import plan_save_bytes
+    from hf_dist_recipes.planning.elements import plan_save_bytes
 
     b = plan_save_bytes(plan, model_shape)
     per_save = b.checkpoint_total()
@@ -343,7 +344,7 @@ def check_checkpoint_space(plan: ParallelPlan, models: PlanModels, output_dir: s
     """`checkpoint_space_result` for the file system of `output_dir` (its nearest existing parent)."""
     import shutil
 
-    from hf_dist_recipes.parallel.models import introspect
+    from hf_dist_recipes.planning.models import introspect
 
     path = Path(output_dir).resolve()
     while not path.exists() and path != path.parent:

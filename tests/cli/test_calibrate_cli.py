@@ -12,10 +12,10 @@ import subprocess
 import pytest
 
 from hf_dist_recipes.cli.main import main
-from hf_dist_recipes.parallel.elements import rank_elements
-from hf_dist_recipes.parallel.models import introspect
-from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.planning.calibration import RATE_KINDS, read_profile
+from hf_dist_recipes.planning.elements import rank_elements
+from hf_dist_recipes.planning.models import introspect
+from hf_dist_recipes.planning.plan import ParallelPlan
 from tests.support.launch import launched_ranks_env, python_for
 from tests.support.paths import REPO
 

@@ -23,7 +23,7 @@ import pytest
 from hf_dist_recipes.cli.main import main
 from hf_dist_recipes.comm.watchdog import heartbeat_interval
 from hf_dist_recipes.monitoring.tensorboard import rank_log_dir
-from hf_dist_recipes.parallel import models  # noqa: F401  (torch + transformers imported before timing)
+from hf_dist_recipes.planning import models  # noqa: F401  (torch + transformers imported before timing)
 from hf_dist_recipes.preflight.launch import KILL_GRACE_S, LOST_GRACE_S
 from hf_dist_recipes.preflight.result import CHECKS, REPORT_SCHEMA
 from tests.support.hosts import cpu_only_host

@@ -52,7 +52,7 @@ def _pretrained(folder: Path, model_name: str) -> Path:
     """A checkpoint as `save_pretrained` writes it (DeepSeek: one tensor per expert on disk), from a plain process."""
     from transformers import AutoModelForCausalLM
 
-    from hf_dist_recipes.parallel.models import template_config
+    from hf_dist_recipes.core.model_templates import template_config
 
     torch.manual_seed(1234)
     AutoModelForCausalLM.from_config(template_config(model_name)).save_pretrained(folder)
@@ -281,7 +281,7 @@ def test_a_save_raises_the_collective_timeout_by_its_bytes_and_restores_it(job):
     rank's ZeRO partition, ceil(params / ranks); back to 600 s once the checkpoint is complete."""
     from transformers import AutoModelForCausalLM
 
-    from hf_dist_recipes.parallel.models import template_config
+    from hf_dist_recipes.core.model_templates import template_config
 
     with torch.device("meta"):
         params = sum(

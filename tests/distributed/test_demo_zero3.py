@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 STEPS = 60
 SEED, MICRO, SEQ = 7, 8, 128  # given explicitly so the tests below count from the run's own settings
-# demo-deepseek-v3 by hand (parallel/models.py: h 128, vocab 256, 4 heads, q/kv ranks 64/32, nope/rope/v 16/16/32,
+# demo-deepseek-v3 by hand (core/model_templates.py: h 128, vocab 256, 4 heads, q/kv ranks 64/32, nope/rope/v 16/16/32,
 # dense MLP 256, 8 experts 64 wide + 1 shared, 4 layers of which 3 MoE, untied head):
 _ATTN = 128 * 64 + 64 + 64 * 4 * 32 + 128 * (32 + 16) + 32 + 32 * 4 * (16 + 32) + 4 * 32 * 128  # 45,152
 _DENSE = _ATTN + 2 * 128 + 3 * 128 * 256  # + 2 RMSNorms + gate/up/down: 143,712

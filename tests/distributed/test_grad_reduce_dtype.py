@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.planning.deepspeed_config import deepspeed_config
+from hf_dist_recipes.planning.plan import ParallelPlan
 from tests.distributed.workers.runs import THEN
 from tests.support.launch import accelerate_launch, check_launch, write_cpu_deepspeed_yaml
 from tests.support.paths import REPO

@@ -41,7 +41,7 @@ CONTROL_MINIMUM = 100 * TOLERANCE
 def _pretrained(folder: Path) -> Path:
     from transformers import AutoModelForCausalLM
 
-    from hf_dist_recipes.parallel.models import template_config
+    from hf_dist_recipes.core.model_templates import template_config
 
     torch.manual_seed(1234)
     AutoModelForCausalLM.from_config(template_config("tiny-deepseek-v3")).save_pretrained(folder)

@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from hf_dist_recipes.parallel.memory import rank_elements
-from hf_dist_recipes.parallel.models import introspect
-from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.planning.memory import rank_elements
+from hf_dist_recipes.planning.models import introspect
+from hf_dist_recipes.planning.plan import ParallelPlan
 from tests.support.launch import accelerate_launch, check_launch, write_cpu_deepspeed_yaml
 from tests.support.paths import REPO
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hf_dist_recipes.parallel.memory import rank_elements
-from hf_dist_recipes.parallel.models import introspect
-from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.planning.memory import rank_elements
+from hf_dist_recipes.planning.models import introspect
+from hf_dist_recipes.planning.plan import ParallelPlan
 from tests.support.launch import accelerate_launch, check_launch
 from tests.support.paths import REPO
 

@@ -191,9 +191,9 @@ def check_parallel_figure(found: dict) -> None:
     from dataclasses import replace
 
     from hf_dist_recipes.core.sizes import GIB
-    from hf_dist_recipes.parallel.memory import estimate
-    from hf_dist_recipes.parallel.models import introspect
-    from hf_dist_recipes.parallel.plan import ParallelPlan
+    from hf_dist_recipes.planning.memory import estimate
+    from hf_dist_recipes.planning.models import introspect
+    from hf_dist_recipes.planning.plan import ParallelPlan
 
     axes = found["axes"]
     bars = [(label, {k: w[i] for k, w in ax["widths"].items()}) for ax in axes for i, label in enumerate(ax["labels"])]

@@ -118,7 +118,7 @@ def test_closed_sets_are_choices_and_match_the_validators():
 
 
 def test_parallel_plan_closed_sets_are_choices_of_its_parser():
-    from hf_dist_recipes.parallel import plan
+    from hf_dist_recipes.planning import plan
 
     parser = HfArgumentParser(plan.ParallelPlan)
     choices = {action.dest: list(action.choices) for action in parser._actions if action.choices}

@@ -10,9 +10,6 @@ import json
 import pytest
 
 from hf_dist_recipes.cli.main import main
-from hf_dist_recipes.parallel.elements import rank_elements
-from hf_dist_recipes.parallel.models import introspect
-from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.planning.calibration import (
     RATE_KINDS,
     Profile,
@@ -22,6 +19,9 @@ from hf_dist_recipes.planning.calibration import (
     write_profile,
 )
 from hf_dist_recipes.planning.comm import HARDWARE
+from hf_dist_recipes.planning.elements import rank_elements
+from hf_dist_recipes.planning.models import introspect
+from hf_dist_recipes.planning.plan import ParallelPlan
 from hf_dist_recipes.planning.rate_measurements import (
     CalibrationSettings,
     check_settings,

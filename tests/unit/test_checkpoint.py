@@ -17,8 +17,8 @@ from hf_dist_recipes.checkpoint.writer import (
     ShardedSafetensorsWriter,
     write_safetensors,
 )
+from hf_dist_recipes.core.model_templates import template_config
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
-from hf_dist_recipes.parallel.models import template_config
 
 
 def _weights(folder):

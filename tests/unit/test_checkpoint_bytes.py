@@ -5,9 +5,10 @@ import math
 
 import pytest
 
-from hf_dist_recipes.parallel.checkpoint_bytes import hf_share_bytes, plan_save_bytes, save_bytes, save_timeout_s
-from hf_dist_recipes.parallel.models import introspect
-from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.parallel.checkpoint_bytes import hf_share_bytes, save_bytes, save_timeout_s
+from hf_dist_recipes.planning.elements import plan_save_bytes
+from hf_dist_recipes.planning.models import introspect
+from hf_dist_recipes.planning.plan import ParallelPlan
 from hf_dist_recipes.preflight.plan_checks import checkpoint_space_result
 
 GIB = 1024**3

@@ -244,7 +244,7 @@ def test_the_estimate_counts_one_chunk_of_logits(capsys):
 
 
 def test_a_plan_refuses_a_chunk_that_is_not_a_positive_count():
-    from hf_dist_recipes.parallel.plan import ParallelPlan
+    from hf_dist_recipes.planning.plan import ParallelPlan
 
     for bad in (0, -1, True, 2.0):
         with pytest.raises(ValueError, match="--loss-chunk-tokens N"):
@@ -254,9 +254,9 @@ def test_a_plan_refuses_a_chunk_that_is_not_a_positive_count():
 def test_no_vocabulary_parallel_head_with_the_chunked_loss():
     """The generated JSON keeps the head whole under TP when the plan chunks its loss (the chunk needs every
     vocabulary entry's logit; the first call refuses a vocabulary-parallel head)."""
-    from hf_dist_recipes.parallel.models import introspect
-    from hf_dist_recipes.parallel.plan import ParallelPlan
-    from hf_dist_recipes.parallel.zero_buffers import use_vocab_parallel_lm_head
+    from hf_dist_recipes.planning.models import introspect
+    from hf_dist_recipes.planning.plan import ParallelPlan
+    from hf_dist_recipes.planning.zero_buffers import use_vocab_parallel_lm_head
 
     model = introspect("deepseek-v3")
     plan = ParallelPlan(nodes=2, tp=8, ep=16, micro_batch=3)

@@ -5,8 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from hf_dist_recipes.parallel.models import ModelShape, introspect, template_config
-from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.core.model_templates import template_config
 from hf_dist_recipes.planning.comm import (
     HARDWARE,
     Hardware,
@@ -19,6 +18,8 @@ from hf_dist_recipes.planning.comm import (
     step_estimate,
     traffic,
 )
+from hf_dist_recipes.planning.models import ModelShape, introspect
+from hf_dist_recipes.planning.plan import ParallelPlan
 
 MB = 1e6
 

@@ -104,7 +104,7 @@ def test_from_pretrained_refuses_weight_conversions_under_training_autotp_where_
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.integrations import HfDeepSpeedConfig
 
-    from hf_dist_recipes.parallel.models import template_config
+    from hf_dist_recipes.core.model_templates import template_config
 
     _compat.allow_weight_conversions_under_training_autotp()
     patched = hf_ds._apply_weight_conversions_to_state_dict
@@ -162,7 +162,7 @@ def test_moe_routers_return_their_top_k_indices_where_assumed():
     import deepspeed.moe.ep_router as ep_router
     from transformers import AutoModelForCausalLM
 
-    from hf_dist_recipes.parallel.models import template_config
+    from hf_dist_recipes.core.model_templates import template_config
 
     model = AutoModelForCausalLM.from_config(template_config("tiny-deepseek-v3"))
     classes = _compat.moe_router_classes()
@@ -303,7 +303,7 @@ def autoep_model():
     from deepspeed.module_inject.auto_ep_config import AutoEPConfig
     from transformers import AutoModelForCausalLM
 
-    from hf_dist_recipes.parallel.models import template_config
+    from hf_dist_recipes.core.model_templates import template_config
 
     model = AutoModelForCausalLM.from_config(template_config("tiny-deepseek-v3"))
     original = model.model.layers[1].mlp
@@ -363,7 +363,7 @@ def test_transformers_reverts_fused_experts_to_the_layout_save_pretrained_writes
     from transformers.core_model_loading import revert_weight_conversion
     from transformers.modeling_utils import PreTrainedModel
 
-    from hf_dist_recipes.parallel.models import template_config
+    from hf_dist_recipes.core.model_templates import template_config
 
     assert list(inspect.signature(revert_weight_conversion).parameters) == ["model", "state_dict"]
     assert "revert_weight_conversion(model_to_save, shard_state_dict)" in inspect.getsource(

@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM
 
 from hf_dist_recipes.checkpoint.dequantize import check_not_fp8, dequantize_checkpoint
 from hf_dist_recipes.cli.main import main
-from hf_dist_recipes.parallel.models import template_config
+from hf_dist_recipes.core.model_templates import template_config
 
 BLOCK = (16, 24)
 FP8_MAX = 448.0  # the largest float8_e4m3fn value

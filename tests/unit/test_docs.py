@@ -549,7 +549,7 @@ def test_dotted_names_exist(page):
 
 
 def test_dotted_name_check():
-    assert _dotted_exists("hf_dist_recipes.parallel.plan.ParallelPlan")
+    assert _dotted_exists("hf_dist_recipes.planning.plan.ParallelPlan")
     assert _dotted_exists("hf_dist_recipes.core.findings")
-    assert not _dotted_exists("hf_dist_recipes.parallel.plan.NoSuchPlan")
+    assert not _dotted_exists("hf_dist_recipes.planning.plan.NoSuchPlan")
     assert not _dotted_exists("hf_dist_recipes.no_such_module")

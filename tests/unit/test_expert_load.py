@@ -9,6 +9,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, TrainerCallback
 
 from hf_dist_recipes import ExpertBiasBalancer, RecipeTrainer, RecipeTrainingArguments
+from hf_dist_recipes.core.model_templates import TEMPLATES, template_config
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 from hf_dist_recipes.moe.expert_balance import BALANCING_OFF, bias_update
@@ -22,7 +23,6 @@ from hf_dist_recipes.moe.expert_load import (
     max_over_mean,
 )
 from hf_dist_recipes.monitoring import read_scalars
-from hf_dist_recipes.parallel.models import TEMPLATES, template_config
 from tests.support.models import SMALL
 
 TOKENS = (4, 16)  # a batch of 4 sequences of 16 tokens

@@ -146,8 +146,8 @@ def test_network_or_noexec_tmpdir_is_passed_over(unset, monkeypatch, caplog):
 
 
 def test_launch_header_names_the_ops_of_the_plan(tmp_path):
-    from hf_dist_recipes.parallel.plan import ParallelPlan
     from hf_dist_recipes.planning.generate import jit_built_ops, launch_header_lines, write_configs
+    from hf_dist_recipes.planning.plan import ParallelPlan
 
     assert jit_built_ops(ParallelPlan(device="cpu", offload_optimizer=True)) == ["cpu_adam", "deepspeed_shm_comm"]
     assert jit_built_ops(ParallelPlan()) == []

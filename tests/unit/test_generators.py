@@ -4,11 +4,11 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from hf_dist_recipes.parallel.models import introspect
-from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.planning.accelerate_config import accelerate_config, render_yaml
 from hf_dist_recipes.planning.deepspeed_config import deepspeed_config
 from hf_dist_recipes.planning.lint import ERROR, lint_file
+from hf_dist_recipes.planning.models import introspect
+from hf_dist_recipes.planning.plan import ParallelPlan
 
 V3 = introspect("deepseek-v3")
 LLAMA = introspect("llama-3.1-8b")

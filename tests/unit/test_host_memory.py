@@ -8,9 +8,9 @@ import pytest
 
 from hf_dist_recipes.cli.main import main
 from hf_dist_recipes.core.sizes import GIB
-from hf_dist_recipes.parallel.memory import HOST_ALLOWANCE_PER_RANK, estimate, fit_word
-from hf_dist_recipes.parallel.models import introspect
-from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.planning.memory import HOST_ALLOWANCE_PER_RANK, estimate, fit_word
+from hf_dist_recipes.planning.models import introspect
+from hf_dist_recipes.planning.plan import ParallelPlan
 
 V3 = introspect("deepseek-v3")
 # The plan the issue read by hand: 1,253 GiB of pinned states per node, 117 GiB of optimizer file per rank.
@@ -60,7 +60,7 @@ def test_the_device_target_is_a_fraction_of_the_gpu():
 
 
 def test_routing_imbalance_sizes_the_busiest_ep_ranks_routed_and_dispatch_terms():
-    from hf_dist_recipes.parallel.memory import activation_parts
+    from hf_dist_recipes.planning.memory import activation_parts
 
     even = activation_parts(V3_PLAN, V3, routing_imbalance=1.0)
     twice = activation_parts(V3_PLAN, V3, routing_imbalance=2.0)

@@ -15,7 +15,6 @@ import pytest
 from hf_dist_recipes.checkpoint.auto_resume import AUTO_RESUME_ENV
 from hf_dist_recipes.cli.main import main as cli
 from hf_dist_recipes.comm.nccl_defaults import NCCL_ENV_DEFAULTS
-from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.planning.launch_script_args import launch_script
 from hf_dist_recipes.planning.launch_script_check import check_launch_script
 from hf_dist_recipes.planning.launch_scripts import (
@@ -25,6 +24,7 @@ from hf_dist_recipes.planning.launch_scripts import (
     LaunchScript,
     sbatch_options,
 )
+from hf_dist_recipes.planning.plan import ParallelPlan
 
 GPU_PLAN = ParallelPlan(nodes=2, procs_per_node=8)
 

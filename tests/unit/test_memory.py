@@ -4,15 +4,16 @@ from dataclasses import replace
 import pytest
 import torch
 
+from hf_dist_recipes.core.model_templates import template_config
 from hf_dist_recipes.core.sizes import GIB
-from hf_dist_recipes.parallel.memory import (
+from hf_dist_recipes.planning.memory import (
     activation_bytes,
     estimate,
     layer_bytes_per_token,
     rank_elements,
 )
-from hf_dist_recipes.parallel.models import introspect, template_config
-from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.planning.models import introspect
+from hf_dist_recipes.planning.plan import ParallelPlan
 
 TINY = introspect("tiny-deepseek-v3")
 V3 = introspect("deepseek-v3")

@@ -3,15 +3,8 @@ import json
 import pytest
 import torch
 
-from hf_dist_recipes.parallel.models import (
-    COMPONENTS,
-    TEMPLATES,
-    cached_hub_config,
-    component_of,
-    introspect,
-    load_model_config,
-    template_config,
-)
+from hf_dist_recipes.core.model_templates import TEMPLATES, template_config
+from hf_dist_recipes.planning.models import COMPONENTS, cached_hub_config, component_of, introspect, load_model_config
 
 # Public parameter counts of the checkpoints the templates copy (as transformers builds them; DeepSeek-V3's
 # multi-token-prediction layer is not part of the transformers model).

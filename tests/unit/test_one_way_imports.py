@@ -57,7 +57,7 @@ def test_the_scan_finds_each_way_of_importing_cli():
 
 def test_no_import_cycles():
     imports = all_imports()
-    assert len(imports) > 50 and "hf_dist_recipes.parallel.memory" in imports["hf_dist_recipes.planning.fit"]
+    assert len(imports) > 50 and "hf_dist_recipes.planning.memory" in imports["hf_dist_recipes.planning.fit"]
     cycles = import_cycles({module: set(found) for module, found in imports.items()})
     detail = [
         "; ".join(
@@ -75,28 +75,28 @@ def test_no_import_cycles():
 
 def test_the_cycle_scan_sees_function_level_and_relative_imports():
     """The two cycles this test was written against: `commbench` imported `render` from `commbench_launch` inside
-    main(), which imported `commbench` at its top; `parallel.zero_buffers` imported `memory` inside functions."""
-    modules = {"p.commbench", "p.commbench_launch", "p.parallel", "p.parallel.memory", "p.parallel.zero_buffers"}
+    main(), which imported `commbench` at its top; `planning.zero_buffers` imported `memory` inside functions."""
+    modules = {"p.commbench", "p.commbench_launch", "p.planning", "p.planning.memory", "p.planning.zero_buffers"}
     launch = package_imports("from p.commbench import BenchSettings\n", "p.commbench_launch", modules)
     bench = package_imports(
         "def main():\n    if 1:\n        from p.commbench_launch import render\n", "p.commbench", modules
     )
     buffers = package_imports(
-        "def zero_buffers():\n    from .memory import rank_elements\n", "p.parallel.zero_buffers", modules
+        "def zero_buffers():\n    from .memory import rank_elements\n", "p.planning.zero_buffers", modules
     )
-    memory = package_imports("from p.parallel import zero_buffers\n", "p.parallel.memory", modules)
+    memory = package_imports("from p.planning import zero_buffers\n", "p.planning.memory", modules)
     assert (launch, bench) == ({"p.commbench": 1}, {"p.commbench_launch": 3})
-    assert (buffers, memory) == ({"p.parallel.memory": 2}, {"p.parallel.zero_buffers": 1})
+    assert (buffers, memory) == ({"p.planning.memory": 2}, {"p.planning.zero_buffers": 1})
     graph = {
         "p.commbench": set(bench),
         "p.commbench_launch": set(launch),
-        "p.parallel.memory": set(memory),
-        "p.parallel.zero_buffers": set(buffers),
-        "p.cli": {"p.commbench", "p.parallel.memory"},  # importing into a cycle is no cycle
+        "p.planning.memory": set(memory),
+        "p.planning.zero_buffers": set(buffers),
+        "p.cli": {"p.commbench", "p.planning.memory"},  # importing into a cycle is no cycle
     }
     assert import_cycles(graph) == [
         ["p.commbench", "p.commbench_launch"],
-        ["p.parallel.memory", "p.parallel.zero_buffers"],
+        ["p.planning.memory", "p.planning.zero_buffers"],
     ]
     # A longer loop is one cycle; a chain is none.
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

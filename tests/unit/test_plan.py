@@ -4,8 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from hf_dist_recipes.parallel.models import introspect
-from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.planning.models import introspect
+from hf_dist_recipes.planning.plan import ParallelPlan
 
 V3 = introspect("deepseek-v3")
 LLAMA = introspect("llama-3.1-8b")

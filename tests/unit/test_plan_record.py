@@ -8,7 +8,6 @@ import torch
 from deepspeed.runtime.config import DeepSpeedConfig
 
 from hf_dist_recipes import RecipeTrainingArguments, _compat
-from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.parallel.plan_record import (
     PLAN_KEY,
     PlanConformanceCallback,
@@ -18,6 +17,7 @@ from hf_dist_recipes.parallel.plan_record import (
     recorded_plan,
 )
 from hf_dist_recipes.planning.deepspeed_config import deepspeed_config
+from hf_dist_recipes.planning.plan import ParallelPlan
 
 # What the Trainer writes over the generated JSON's "auto" (HfTrainerDeepSpeedConfig.trainer_config_process).
 TRAINER_FILLS = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0}
@@ -63,7 +63,7 @@ def test_a_plan_without_it_leaves_it_off(tmp_path, monkeypatch):
 def _tiny_llama():
     from transformers import AutoModelForCausalLM
 
-    from hf_dist_recipes.parallel.models import template_config
+    from hf_dist_recipes.core.model_templates import template_config
 
     return AutoModelForCausalLM.from_config(template_config("tiny-llama"))
 
@@ -72,7 +72,7 @@ def _without_recompute_support():
     """tiny-llama under a class that, like many remote-code models, declares no activation-checkpointing support."""
     from transformers import LlamaForCausalLM
 
-    from hf_dist_recipes.parallel.models import template_config
+    from hf_dist_recipes.core.model_templates import template_config
 
     class NoRecomputeLlama(LlamaForCausalLM):
         supports_gradient_checkpointing = False
@@ -99,18 +99,25 @@ def test_each_way_a_model_does_not_recompute_names_its_fix():
     assert activation_checkpointing_problem({"activation_checkpointing": False}, torch.nn.Linear(2, 2)) is None
 
 
-def test_the_message_gives_the_estimate_with_and_without_recomputation():
+def test_the_message_quotes_the_estimates_config_generate_recorded():
+    """A rank imports no estimator: `config generate` records the plan's estimate with and without recomputation,
+    which the message quotes; a record without them (an older file, a plan made without --model) gives none."""
     from hf_dist_recipes.core.sizes import GIB
-    from hf_dist_recipes.parallel.memory import estimate
-    from hf_dist_recipes.parallel.models import introspect
+    from hf_dist_recipes.planning.memory import estimate
+    from hf_dist_recipes.planning.models import introspect
 
-    plan = ParallelPlan(procs_per_node=2, seq_len=512, activation_checkpointing=True)
-    record = recorded_plan(deepspeed_config(plan))
     model = _tiny_llama()
-    message = activation_checkpointing_problem(record, model, activation_checkpointing=False)
     shape = introspect(model.config)
+    plan = ParallelPlan(procs_per_node=2, seq_len=512, activation_checkpointing=True)
+    record = recorded_plan(deepspeed_config(plan, shape))
+    message = activation_checkpointing_problem(record, model, activation_checkpointing=False)
     without = estimate(ParallelPlan(procs_per_node=2, seq_len=512), shape).device_total / GIB
     assert f"about {without:,.0f} GiB per GPU instead of {estimate(plan, shape).device_total / GIB:,.0f}" in message
+    older = recorded_plan(deepspeed_config(plan))
+    assert "device_gib" not in older and "recomputation anyway" in (
+        quiet := activation_checkpointing_problem(older, model, activation_checkpointing=False)
+    )
+    assert "GiB" not in quiet
 
 
 def test_the_callback_stops_unless_allowed_and_then_trains_without_recomputation():
@@ -137,7 +144,7 @@ def test_the_callback_stops_unless_allowed_and_then_trains_without_recomputation
 
 
 def test_the_record_carries_the_startup_timeout_the_weights_load_needs():
-    from hf_dist_recipes.parallel.models import introspect
+    from hf_dist_recipes.planning.models import introspect
 
     v3 = introspect("deepseek-v3")
     plan = ParallelPlan(nodes=8, procs_per_node=8, ep=16, offload_optimizer=True, activation_checkpointing=True)

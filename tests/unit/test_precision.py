@@ -8,8 +8,8 @@ from deepspeed.runtime.config import DeepSpeedConfig
 
 from hf_dist_recipes import RecipeTrainingArguments
 from hf_dist_recipes.environment.precision import resolve_bf16
-from hf_dist_recipes.parallel.plan import ParallelPlan
 from hf_dist_recipes.planning.deepspeed_config import deepspeed_config
+from hf_dist_recipes.planning.plan import ParallelPlan
 
 
 @pytest.mark.parametrize(

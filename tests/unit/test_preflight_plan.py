@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_dist_recipes.parallel.memory import estimate
-from hf_dist_recipes.parallel.models import introspect
+from hf_dist_recipes.planning.memory import estimate
+from hf_dist_recipes.planning.models import introspect
 from hf_dist_recipes.preflight import plan_checks
 from hf_dist_recipes.preflight.comm_checks import interpret
 from hf_dist_recipes.preflight.env_checks import deepspeed_dropped, merge_by_rank
@@ -111,7 +111,7 @@ def test_large_named_model_trains_a_stand_in_of_its_family(tmp_path):
 def test_memory_verdict_against_the_device(tmp_path):
     _, plan, _ = plan_checks.launch_plan(write_config(tmp_path, processes=2))
     models = plan_checks.resolve_models(plan, "tiny-deepseek-v3", None)
-    need = estimate(plan, introspect(models.config)).device_total  # the estimate itself, from parallel.memory
+    need = estimate(plan, introspect(models.config)).device_total  # the estimate itself, from planning.memory
     statuses = {}
     for label, device in (("short", need - 1), ("tight", int(need / 0.95)), ("ample", 2 * need)):
         [r] = plan_checks.check_plan(plan, models, device_bytes=device, device_what="test")
@@ -197,7 +197,7 @@ def test_rank_0_reports_the_training_rows_only_when_every_rank_decided_alike():
 
 def test_host_memory_verdict_of_a_gpu_plan():
     # A GPU plan's host figures (offloaded states; the optimizer files a stock resume loads) against the node's memory.
-    from hf_dist_recipes.parallel.plan import ParallelPlan
+    from hf_dist_recipes.planning.plan import ParallelPlan
 
     plan = ParallelPlan(nodes=8, procs_per_node=8, ep=16, offload_optimizer=True, activation_checkpointing=True)
     models = plan_checks.resolve_models(plan, "deepseek-v3", None)

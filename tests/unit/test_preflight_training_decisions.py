@@ -157,7 +157,7 @@ def test_resume_must_reproduce_loss_batch_and_rate():
 
 
 def test_bad_steps_refused_before_anything_runs(tmp_path):
-    from hf_dist_recipes.parallel.models import template_config
+    from hf_dist_recipes.core.model_templates import template_config
 
     with pytest.raises(ValueError, match=f"steps must be a whole number >= {MIN_STEPS}"):
         run_training_checks(template_config("tiny-llama"), steps=3, output_dir=tmp_path)
@@ -167,7 +167,7 @@ def test_bad_steps_refused_before_anything_runs(tmp_path):
 
 
 def _big():
-    from hf_dist_recipes.parallel.models import TEMPLATES, template_config
+    from hf_dist_recipes.core.model_templates import TEMPLATES, template_config
 
     name = next(n for n in TEMPLATES if not n.startswith(("tiny", "demo")))
     return template_config(name)
@@ -183,7 +183,7 @@ def test_a_config_without_a_causal_lm_is_named():
 
 
 def test_an_output_dir_holding_earlier_runs_is_refused(tmp_path):
-    from hf_dist_recipes.parallel.models import template_config
+    from hf_dist_recipes.core.model_templates import template_config
 
     (tmp_path / "tensorboard" / "rank0").mkdir(parents=True)  # an earlier launch's per-rank run
     with pytest.raises(

@@ -13,7 +13,7 @@ from hf_dist_recipes.checkpoint.export import to_disk_names
 from hf_dist_recipes.checkpoint.gather import iter_module_groups
 from hf_dist_recipes.checkpoint.shard_plan import PlannedShardWriter, plan_shards, write_index
 from hf_dist_recipes.checkpoint.writer import WRITERS_RECORD, ShardedSafetensorsWriter
-from hf_dist_recipes.parallel.models import template_config
+from hf_dist_recipes.core.model_templates import template_config
 
 
 def _hashes(folder) -> dict[str, str]:

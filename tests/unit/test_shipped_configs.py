@@ -109,8 +109,8 @@ def test_grad_reduce_dtype_bf16_is_written_and_read_by_deepspeed(tmp_path):
     import torch
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    from hf_dist_recipes.parallel.plan import ParallelPlan
     from hf_dist_recipes.planning.deepspeed_config import deepspeed_config
+    from hf_dist_recipes.planning.plan import ParallelPlan
 
     config = deepspeed_config(ParallelPlan(grad_reduce_dtype="bf16"))
     assert config["communication_data_type"] == "bf16"

@@ -7,8 +7,8 @@ import pytest
 
 from hf_dist_recipes.cli.main import main
 from hf_dist_recipes.core.sizes import GIB
-from hf_dist_recipes.parallel.models import introspect
-from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.planning.models import introspect
+from hf_dist_recipes.planning.plan import ParallelPlan
 from hf_dist_recipes.planning.suggest import (
     NEAR_MARGIN,
     best_rows,

@@ -5,17 +5,17 @@ import pytest
 from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
 from hf_dist_recipes.core.sizes import GIB
-from hf_dist_recipes.parallel.memory import estimate
-from hf_dist_recipes.parallel.models import introspect
-from hf_dist_recipes.parallel.plan import ParallelPlan
-from hf_dist_recipes.parallel.zero_buffers import (
+from hf_dist_recipes.planning.deepspeed_config import deepspeed_config
+from hf_dist_recipes.planning.memory import estimate
+from hf_dist_recipes.planning.models import introspect
+from hf_dist_recipes.planning.plan import ParallelPlan
+from hf_dist_recipes.planning.zero_buffers import (
     hpz_partition_size,
     recommended_env,
     use_vocab_parallel_lm_head,
     zero_buffer_notes,
     zero_buffers,
 )
-from hf_dist_recipes.planning.deepspeed_config import deepspeed_config
 
 V3 = introspect("deepseek-v3")
 LLAMA = introspect("llama-3.1-8b")

@@ -160,12 +160,14 @@ def build_model(config):
 
 
 def count_params(config) -> int:
-    """Parameters of `config`'s model by `parallel.models.introspect`; 0 for a family it does not know."""
-    from hf_dist_recipes.parallel.models import introspect
+    """Parameters of `config`'s causal LM, built on PyTorch's meta device (no memory; what `planning.models.introspect`
+    counts, without a rank importing the planner); 0 for a config `build_model` refuses: the run will tell."""
+    import torch
 
     try:
-        return introspect(config).total_params
-    except Exception:  # noqa: BLE001 - a family introspect does not know: built anyway, the run will tell
+        with torch.device("meta"):
+            return sum(p.numel() for p in build_model(config).parameters())
+    except Exception:  # noqa: BLE001 - no causal LM for this config: built anyway, the run will tell
         return 0
 
 

@@ -18,9 +18,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hf_dist_recipes import ExpertBiasBalancer, RecipeTrainer, RecipeTrainingArguments
+from hf_dist_recipes.core.model_templates import template_config
 from hf_dist_recipes.demo.data import stdlib_dataset, token_blocks
 from hf_dist_recipes.moe.expert_load import find_routed_layers
-from hf_dist_recipes.parallel.models import template_config
 
 MICRO_BATCH, SEQ_LEN, GRAD_ACCUM = 4, 32, 2
 

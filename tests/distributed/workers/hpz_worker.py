@@ -22,8 +22,8 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
+from hf_dist_recipes.core.model_templates import template_config
 from hf_dist_recipes.demo.data import stdlib_dataset, token_blocks
-from hf_dist_recipes.parallel.models import template_config
 from tests.distributed.workers.runs import split_runs, use_deepspeed_json
 
 

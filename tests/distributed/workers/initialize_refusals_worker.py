@@ -35,7 +35,7 @@ def main(cases_json: str, results_json: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hf_dist_recipes.parallel.models import template_config
+    from hf_dist_recipes.core.model_templates import template_config
 
     deepspeed.init_distributed(dist_backend="gloo")
     results = {}

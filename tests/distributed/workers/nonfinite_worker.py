@@ -29,9 +29,9 @@ import torch
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
+from hf_dist_recipes.core.model_templates import template_config
 from hf_dist_recipes.demo.data import TokenBlocks
 from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
-from hf_dist_recipes.parallel.models import template_config
 
 SEQ, SAMPLES = 16, 64
 POISONED = {"tiny-llama": "model.layers.0.mlp.up_proj.weight", "tiny-deepseek-v3": "model.layers.0.mlp.up_proj.weight"}

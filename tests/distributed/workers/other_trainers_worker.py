@@ -46,7 +46,7 @@ from transformers import (
 from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
 from hf_dist_recipes import RecipeTrainingArguments, recipe
-from hf_dist_recipes.parallel.models import template_config
+from hf_dist_recipes.core.model_templates import template_config
 from tests.support.process_state import ProcessStateAtTrainBegin, recipe_warnings
 
 GENERATION_MAX_LENGTH = 7

@@ -15,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-from hf_dist_recipes.parallel.models import template_config
+from hf_dist_recipes.core.model_templates import template_config
 from hf_dist_recipes.preflight.training import run_training_checks
 
 

@@ -2,7 +2,7 @@
 
     probe_worker.py OUTPUT_DIR STEPS recipe|stock MODEL [from_config|direct|from_config+direct] [GRAD_ACCUM]
 
-Trains MODEL (a template of hf_dist_recipes.parallel.models: tiny-llama, tiny-deepseek-v3) under the
+Trains MODEL (a template of hf_dist_recipes.planning.models: tiny-llama, tiny-deepseek-v3) under the
 DeepSpeed config the launcher hands over, with RecipeTrainer or the stock Trainer (micro batch 4, sequences of 32
 bytes), and writes what this rank saw to OUTPUT_DIR/probe/rank<N>.json: its batches (hashes), losses, the global
 batch, and every parameter's per-rank shape (`ds_shape` after TP/EP) and local ZeRO partition size.
@@ -23,8 +23,8 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
+from hf_dist_recipes.core.model_templates import template_config
 from hf_dist_recipes.demo.data import stdlib_dataset, token_blocks
-from hf_dist_recipes.parallel.models import template_config
 
 MICRO_BATCH = 4
 

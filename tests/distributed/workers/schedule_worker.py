@@ -23,7 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
-from hf_dist_recipes.parallel.models import template_config
+from hf_dist_recipes.core.model_templates import template_config
 from tests.distributed.workers.runs import split_runs, use_deepspeed_json
 
 

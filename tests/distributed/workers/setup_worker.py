@@ -26,9 +26,9 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
+from hf_dist_recipes.core.model_templates import template_config
 from hf_dist_recipes.demo.data import stdlib_dataset, token_blocks
 from hf_dist_recipes.parallel.construction import unpartitioned_bytes
-from hf_dist_recipes.parallel.models import template_config
 
 LIMIT = "1KB"  # far below tiny-llama's 0.4 MB, so only a partitioned model passes
 

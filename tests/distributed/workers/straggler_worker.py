@@ -31,8 +31,8 @@ import torch
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
+from hf_dist_recipes.core.model_templates import template_config
 from hf_dist_recipes.demo.data import TokenBlocks
-from hf_dist_recipes.parallel.models import template_config
 from tests.distributed.workers.runs import mark_run_end, split_runs
 
 SEQ, SAMPLES = 16, 256

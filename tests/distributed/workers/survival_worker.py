@@ -24,8 +24,8 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 from hf_dist_recipes import RecipeTrainer
+from hf_dist_recipes.core.model_templates import template_config
 from hf_dist_recipes.demo.data import TokenBlocks, stdlib_dataset, token_blocks
-from hf_dist_recipes.parallel.models import template_config
 from tests.distributed.workers.checkpointed_run import checkpointed_run_args
 from tests.distributed.workers.runs import mark_run_end, split_runs
 

@@ -61,7 +61,7 @@ def partition_config(model_type: str) -> dict:
     if model_type not in FAMILY_SPECS:
         raise ValueError(
             f"no tensor-parallel layer specs for model_type {model_type!r}; known: "
-            f"{', '.join(sorted(FAMILY_SPECS))}. Use --tp 1, or add specs to parallel/tp_specs.py"
+            f"{', '.join(sorted(FAMILY_SPECS))}. Use --tp 1, or add specs to planning/tp_specs.py"
         )
     return {"use_default_specs": False, "layer_specs": [dict(s) for s in FAMILY_SPECS[model_type]]}
 

@@ -18,7 +18,7 @@ from typing import Literal, get_args
 
 from packaging.version import Version
 
-from hf_dist_recipes.parallel.models import ModelShape
+from hf_dist_recipes.planning.models import ModelShape
 
 # The closed sets, typed (the tuples are what `validate` and the CLI's choices read: one source).
 Device = Literal["cuda", "cpu"]

@@ -120,7 +120,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from hf_dist_recipes.core.sizes import GIB
-from hf_dist_recipes.parallel.elements import (
+from hf_dist_recipes.planning.elements import (
     BYTES_PER_ELEMENT,
     COMPUTE_BYTES,
     LOGIT_BYTES,
@@ -128,9 +128,9 @@ from hf_dist_recipes.parallel.elements import (
     head_logits_bytes,
     rank_elements,
 )
-from hf_dist_recipes.parallel.models import ModelShape
-from hf_dist_recipes.parallel.plan import ParallelPlan, grad_reduce_bytes
-from hf_dist_recipes.parallel.zero_buffers import use_vocab_parallel_lm_head, zero_buffers
+from hf_dist_recipes.planning.models import ModelShape
+from hf_dist_recipes.planning.plan import ParallelPlan, grad_reduce_bytes
+from hf_dist_recipes.planning.zero_buffers import use_vocab_parallel_lm_head, zero_buffers
 
 NORM_FP32_BYTES = 4  # RMSNorm computes in fp32 and keeps its upcast input for the backward pass
 ALLOWANCE_FIXED_BYTES = 2 * GIB

@@ -1,15 +1,17 @@
 """Where each parameter lands and how many elements a rank holds: the counting layer under the memory estimate
 (`memory`), the ZeRO-3 buffer sizes (`zero_buffers`) and the traffic model (`planning.comm`), which all read it and
-which it imports none of. The placement rules (TP/EP splits, ZeRO groups) are stated in `memory`'s module docstring."""
+which it imports none of; and the bytes of one checkpoint of a plan (`plan_save_bytes`, for `config generate` and
+`estimate`). The placement rules (TP/EP splits, ZeRO groups) are stated in `memory`'s module docstring."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from hf_dist_recipes.parallel.models import ModelShape, component_of
-from hf_dist_recipes.parallel.plan import ParallelPlan
-from hf_dist_recipes.parallel.tp_specs import partition_config, tp_split_dim
+from hf_dist_recipes.parallel.checkpoint_bytes import DEFAULT_SHARD_BYTES, PRECISION_BYTES, SaveBytes, save_bytes
+from hf_dist_recipes.planning.models import ModelShape, component_of
+from hf_dist_recipes.planning.plan import ParallelPlan
+from hf_dist_recipes.planning.tp_specs import partition_config, tp_split_dim
 
 BYTES_PER_ELEMENT = {"bf16": (2, 4, 12), "fp16": (2, 4, 12), "fp32": (4, 4, 8)}  # parameter, gradient, optimizer
 COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # activations, gathered gradients, communication buffers
@@ -101,3 +103,23 @@ def head_logits_bytes(plan: ParallelPlan, model: ModelShape, *, vocab_parallel: 
     if vocab_parallel and plan.tp > 1:
         return tokens * math.ceil(model.vocab_size / plan.tp) * VOCAB_PARALLEL_LOGIT_BYTES
     return tokens * model.vocab_size * LOGIT_BYTES
+
+
+def plan_save_bytes(plan: ParallelPlan, model: ModelShape, *, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> SaveBytes:
+    """`parallel.checkpoint_bytes.save_bytes` for a parallel plan: the partition of the busiest rank from the exact
+    counts of `rank_elements`; below ZeRO-3 the TP-local weights in `*_model_states.pt`."""
+    el = rank_elements(plan, model)
+    model_states = 0 if plan.zero_stage == 3 else el.sharded * PRECISION_BYTES[plan.precision]
+    # Below ZeRO-3 only data-parallel rank 0 of each TP rank writes model states: per rank the busiest, in total tp.
+    out = save_bytes(
+        model.total_params,
+        plan.world_size,
+        precision=plan.precision,
+        max_shard_bytes=max_shard_bytes,
+        engine_elements_per_rank=el.optimizer if plan.zero_stage >= 1 else el.sharded,
+        model_states_per_rank=model_states,
+    )
+    if model_states:
+        total = out.engine_total - model_states * plan.world_size + model_states * plan.tp
+        out = SaveBytes(out.world_size, out.engine_per_rank, total, out.hf_per_rank, out.hf_total)
+    return out

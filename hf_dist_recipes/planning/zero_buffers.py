@@ -37,7 +37,7 @@ What DeepSpeed 0.19.8 does with each (files under deepspeed/runtime/):
   `zero.Init` creates the hpZ group without asking whether it exists (partition_parameters.py `Init.__init__`
   -> groups.py asserts "ZeRO parameter intra parallel group is already initialized"), so a second model build in
   one process under the same config (the Trainer's `model_init`, called again by `train()`) would stop there;
-  RecipeTrainer forgets the group before each build (`_compat.forget_zero_hpz_group`).
+  RecipeTrainer forgets the group before each build (`_compat.deepspeed.forget_zero_hpz_group`).
 - `tensor_parallel.vocab_parallel_lm_head`: engine.py `_apply_autotp_partitioning` (lines 1057-1100) with an
   explicit `partition_config` replaces `lm_head` by module_inject/layers.py `VocabParallelLinear` (column split,
   no gather) and installs sequence/cross_entropy.py `VocabParallelCausalLMLoss` as the model's `loss_function`,
@@ -57,9 +57,9 @@ from dataclasses import dataclass
 
 from hf_dist_recipes.core.sizes import GIB
 from hf_dist_recipes.environment.alloc_defaults import ALLOC_CONF, ALLOC_CONF_VARIABLE
-from hf_dist_recipes.parallel.elements import BYTES_PER_ELEMENT, head_logits_bytes, rank_elements
-from hf_dist_recipes.parallel.models import ModelShape
-from hf_dist_recipes.parallel.plan import ParallelPlan
+from hf_dist_recipes.planning.elements import BYTES_PER_ELEMENT, head_logits_bytes, rank_elements
+from hf_dist_recipes.planning.models import ModelShape
+from hf_dist_recipes.planning.plan import ParallelPlan
 
 # DeepSpeed 0.19.8 defaults (runtime/zero/config.py DeepSpeedZeroConfig), in elements.
 DEFAULT_PREFETCH_BUCKET = 50_000_000

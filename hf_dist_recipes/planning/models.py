@@ -1,4 +1,5 @@
-"""Model shapes for planning: family templates with public shapes, and introspection of any transformers config.
+"""Model shapes for planning: a model named by template (`core.model_templates`), config path or cached Hub id, and
+introspection of any transformers config.
 
 Parameters are counted exactly by building the model on PyTorch's meta device (no memory, about a second for
 DeepSeek-V3's 671B), so every count here is what `model.parameters()` would hold, per parameter name.
@@ -16,206 +17,10 @@ if TYPE_CHECKING:  # torch and transformers load in seconds: only the functions 
     from transformers import PretrainedConfig  # `hf-dist-recipes doctor/pin/--help` start fast
 
 from hf_dist_recipes.core.jsonfile import read_json_object
-
-# model_type and config values of public checkpoints (their config.json). Names are what --model accepts.
-TEMPLATES: dict[str, tuple[str, dict]] = {
-    "deepseek-v3": ("deepseek_v3", {}),  # DeepseekV3Config's defaults are DeepSeek-V3 (671B)
-    "deepseek-v2": (
-        "deepseek_v2",
-        dict(
-            vocab_size=102400,
-            hidden_size=5120,
-            intermediate_size=12288,
-            moe_intermediate_size=1536,
-            num_hidden_layers=60,
-            num_attention_heads=128,
-            num_key_value_heads=128,
-            n_routed_experts=160,
-            n_shared_experts=2,
-            num_experts_per_tok=6,
-            first_k_dense_replace=1,
-            kv_lora_rank=512,
-            q_lora_rank=1536,
-            qk_rope_head_dim=64,
-            qk_nope_head_dim=128,
-            v_head_dim=128,
-            n_group=8,
-            topk_group=3,
-            topk_method="group_limited_greedy",
-            routed_scaling_factor=16.0,
-        ),
-    ),
-    "deepseek-v2-lite": (
-        "deepseek_v2",
-        dict(
-            vocab_size=102400,
-            hidden_size=2048,
-            intermediate_size=10944,
-            moe_intermediate_size=1408,
-            num_hidden_layers=27,
-            num_attention_heads=16,
-            num_key_value_heads=16,
-            n_routed_experts=64,
-            n_shared_experts=2,
-            num_experts_per_tok=6,
-            first_k_dense_replace=1,
-            kv_lora_rank=512,
-            q_lora_rank=None,
-            qk_rope_head_dim=64,
-            qk_nope_head_dim=128,
-            v_head_dim=128,
-            n_group=1,
-            topk_group=1,
-        ),
-    ),
-    "llama-3.1-8b": (
-        "llama",
-        dict(
-            vocab_size=128256,
-            hidden_size=4096,
-            intermediate_size=14336,
-            num_hidden_layers=32,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-        ),
-    ),
-    "llama-3.1-70b": (
-        "llama",
-        dict(
-            vocab_size=128256,
-            hidden_size=8192,
-            intermediate_size=28672,
-            num_hidden_layers=80,
-            num_attention_heads=64,
-            num_key_value_heads=8,
-        ),
-    ),
-    "qwen2.5-7b": (
-        "qwen2",
-        dict(
-            vocab_size=152064,
-            hidden_size=3584,
-            intermediate_size=18944,
-            num_hidden_layers=28,
-            num_attention_heads=28,
-            num_key_value_heads=4,
-        ),
-    ),
-    "qwen3-30b-a3b": (
-        "qwen3_moe",
-        dict(
-            vocab_size=151936,
-            hidden_size=2048,
-            intermediate_size=6144,
-            moe_intermediate_size=768,
-            num_hidden_layers=48,
-            num_attention_heads=32,
-            num_key_value_heads=4,
-            head_dim=128,
-            num_experts=128,
-            num_experts_per_tok=8,
-        ),
-    ),
-    "qwen3-235b-a22b": (
-        "qwen3_moe",
-        dict(
-            vocab_size=151936,
-            hidden_size=4096,
-            intermediate_size=12288,
-            moe_intermediate_size=1536,
-            num_hidden_layers=94,
-            num_attention_heads=64,
-            num_key_value_heads=4,
-            head_dim=128,
-            num_experts=128,
-            num_experts_per_tok=8,
-        ),
-    ),
-    "mixtral-8x7b": ("mixtral", {}),  # MixtralConfig's defaults are Mixtral-8x7B
-    # Small models that train on a CPU, for tests and demos. A tiny Llama (dense, plain multi-head attention):
-    "tiny-llama": (
-        "llama",
-        dict(
-            vocab_size=256,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            max_position_embeddings=64,
-        ),
-    ),
-    # Small DeepSeek-V3-style models: the 191,568-parameter one of verified-on-cpu.md, and
-    # the demo's (hf_dist_recipes.demo.model, 1,012,224).
-    "tiny-deepseek-v3": (
-        "deepseek_v3",
-        dict(
-            vocab_size=128,
-            hidden_size=64,
-            intermediate_size=128,
-            moe_intermediate_size=32,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            n_shared_experts=1,
-            n_routed_experts=8,
-            num_experts_per_tok=2,
-            n_group=2,
-            topk_group=1,
-            first_k_dense_replace=1,
-            kv_lora_rank=16,
-            q_lora_rank=32,
-            qk_rope_head_dim=8,
-            v_head_dim=16,
-            qk_nope_head_dim=16,
-            max_position_embeddings=64,
-            use_cache=False,
-            bos_token_id=None,
-            eos_token_id=None,
-        ),
-    ),
-    "demo-deepseek-v3": (
-        "deepseek_v3",
-        dict(
-            vocab_size=256,
-            hidden_size=128,
-            intermediate_size=256,
-            moe_intermediate_size=64,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            n_shared_experts=1,
-            n_routed_experts=8,
-            num_experts_per_tok=2,
-            n_group=2,
-            topk_group=1,
-            first_k_dense_replace=1,
-            kv_lora_rank=32,
-            q_lora_rank=64,
-            qk_rope_head_dim=16,
-            qk_nope_head_dim=16,
-            v_head_dim=32,
-            max_position_embeddings=512,
-            use_cache=False,
-            bos_token_id=None,
-            eos_token_id=None,
-        ),
-    ),
-}
+from hf_dist_recipes.core.model_templates import TEMPLATES, template_config
 
 COMPONENTS = ("embeddings", "attention", "dense_mlp", "routed_experts", "shared_experts", "router", "norms", "lm_head")
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
-
-
-def template_config(name: str, **overrides) -> PretrainedConfig:
-    """The config of template `name`, with keyword arguments overriding its values (derived fields follow)."""
-    if name not in TEMPLATES:
-        raise ValueError(f"unknown template {name!r}; known: {', '.join(TEMPLATES)}")
-    model_type, values = TEMPLATES[name]
-    from transformers import AutoConfig
-
-    return AutoConfig.for_model(model_type, **{**values, **overrides})
-
 
 # A Hub model id as the Hub spells them: an owner and a name, no path beyond.
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -298,7 +103,7 @@ def component_of(name: str) -> str:
         return "dense_mlp"
     if "norm" in name:
         return "norms"
-    raise ValueError(f"parameter {name!r} fits no component; extend hf_dist_recipes.parallel.models.component_of")
+    raise ValueError(f"parameter {name!r} fits no component; extend hf_dist_recipes.planning.models.component_of")
 
 
 @dataclass(frozen=True)
@@ -306,7 +111,7 @@ class ModelShape:
     """What planning needs to know of a model. `parameters`: (name, shape) of every parameter, in model order;
     `largest_layer_params`: the most parameters any one module holds directly (ZeRO-3 gathers one at a time).
 
-    Widths for the activation estimate (`hf_dist_recipes.parallel.memory`), read from the parameter shapes so
+    Widths for the activation estimate (`hf_dist_recipes.planning.memory`), read from the parameter shapes so
     that every family is read the same way: `head_dim` (per attention head of a non-MLA model);
     `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim` (MLA; None elsewhere); `intermediate_size` (one dense
     MLP, 0 when every layer is MoE); `moe_intermediate_size` (one routed expert); `shared_intermediate_size` (all
