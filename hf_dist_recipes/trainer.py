@@ -64,7 +64,6 @@ from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
 from hf_dist_recipes.callbacks import REPLACES, RecipeCallbacks, recipe_callbacks
 from hf_dist_recipes.checkpoint import relayout, resume_loading
 from hf_dist_recipes.checkpoint.auto_resume import plan_resume
-from hf_dist_recipes.checkpoint.dequantize import check_not_fp8
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.checkpoint.gather import reference_model
 from hf_dist_recipes.checkpoint.manifest import CheckpointLayout, complete_checkpoint, rotate_complete_checkpoints
@@ -73,6 +72,7 @@ from hf_dist_recipes.checkpoint.writer import save_config_files
 from hf_dist_recipes.comm.backend import check_process_group_backend, destroy_gloo_group_at_exit
 from hf_dist_recipes.core.gather import gather_objects
 from hf_dist_recipes.environment.fingerprint import check_ranks_agree
+from hf_dist_recipes.environment.precision import check_not_fp8
 from hf_dist_recipes.moe.expert_balance import BALANCING_OFF, needs_balancing
 from hf_dist_recipes.monitoring.console import use_recipe_console, warn_once
 from hf_dist_recipes.parallel.checkpoint_bytes import SaveBytes, save_bytes

@@ -59,19 +59,6 @@ def fp8_block(config: dict, source: str) -> tuple[int, int]:
     return int(block[0]), int(block[1])
 
 
-def check_not_fp8(model) -> None:
-    """Stop a model loaded from an FP8 block-scaled checkpoint before training (its config still carries the FP8
-    `quantization_config`): a fine-tune starts from the bf16 weights `checkpoint dequantize` writes."""
-    quant = getattr(getattr(model, "config", None), "quantization_config", None)
-    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
-    if str(getattr(method, "value", method)) == "fp8":
-        raise ValueError(
-            "the model comes from an FP8 block-scaled checkpoint (config quantization_config quant_method 'fp8'): "
-            "train from bf16 weights: hf-dist-recipes checkpoint dequantize SRC --output DST, then "
-            "from_pretrained(DST)"
-        )
-
-
 def dequantize_weight(weight, scale_inv, block: tuple[int, int], dtype=None):
     """`weight` (float8, rows x columns) times the scale of its block, as `dtype` (default bf16). `scale_inv` holds one
     value per block, ceil(rows / block rows) x ceil(columns / block columns); the last block may be partial."""

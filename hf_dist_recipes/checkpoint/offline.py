@@ -6,9 +6,10 @@ DeepSpeed 0.19.8's own tools cover only part of this (measured on CPU checkpoint
 `ds_to_universal` fails on ZeRO-3 + AutoTP when the model was built under zero.Init and refuses AutoEP + AutoTP
 ("not supported yet"); `autoep_universal` needs per-expert files that ZeRO-3 never writes.
 
-Reading the per-rank files back into full tensors is `checkpoint.zero_files`; this module names them as the
-HuggingFace model does, converts the dtype and writes them. Tensors are rebuilt one group (decoder layer) at a time,
-so the export reads each weight byte once and holds one layer plus the writer's shard buffer.
+Reading the per-rank files back into full tensors under the HuggingFace model's names is `checkpoint.zero_files`
+(a resume in another layout reads them so too); this module converts the dtype and writes them. Tensors are
+rebuilt one group (decoder layer) at a time, so the export reads each weight byte once and holds one layer plus the
+writer's shard buffer.
 
 `workers` > 1: the shard plan is made first from metadata alone (the same rebuild on meta tensors, nothing read),
 then `workers` forked processes each rebuild only the groups holding a tensor of their block of shards and
@@ -25,41 +26,14 @@ from collections import defaultdict
 
 import torch
 
-from hf_dist_recipes._compat import AutoEPPreset, autoep_preset
 from hf_dist_recipes._compat import ZeroCheckpointKeys as K
+from hf_dist_recipes._compat import autoep_preset
 from hf_dist_recipes.checkpoint.gather import group_key
 from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_BYTES, ExportResult
-from hf_dist_recipes.checkpoint.zero_files import RankFiles, Rebuilder, resolve_tag_dir
+from hf_dist_recipes.checkpoint.zero_files import RankFiles, Rebuilder, resolve_tag_dir, to_hf_names
 from hf_dist_recipes.core.forked import run_forked
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def to_hf_names(
-    group: dict[str, torch.Tensor], autoep: dict, ref_shapes: dict, preset: AutoEPPreset | None
-) -> dict[str, torch.Tensor]:
-    """AutoEP's names inside one group -> the replaced MoE block's (same rules as the live gather)."""
-    out = dict(group)
-    gate_name, down_name, up_name = K.EXPERT_TENSORS
-    for prefix, layer in autoep.items():
-        if f"{prefix}.{gate_name}" not in out:
-            continue
-        module = layer[K.MODULE_PATH]
-        w1, w2, w3 = (out.pop(f"{prefix}.{w}") for w in (gate_name, down_name, up_name))
-        experts = f"{module}.{preset.experts}"
-        gate_up = torch.cat([w1, w3], dim=1)
-        if tuple(ref_shapes[f"{experts}.{preset.expert_w1}"]) == tuple(gate_up.shape):
-            out[f"{experts}.{preset.expert_w1}"], out[f"{experts}.{preset.expert_w2}"] = gate_up, w2
-        else:
-            out[f"{experts}.{preset.expert_w1}"] = gate_up.transpose(1, 2).contiguous()
-            out[f"{experts}.{preset.expert_w2}"] = w2.transpose(1, 2).contiguous()
-        for suffix in ("weight", "bias"):
-            if f"{module}.{K.ROUTER_GATE}.{suffix}" in out:
-                out[f"{module}.{preset.router}.{suffix}"] = out.pop(f"{module}.{K.ROUTER_GATE}.{suffix}")
-        if f"{module}.{K.ROUTER_SCORE_BIAS}" in out:
-            target = next(n for n in ref_shapes if n.startswith(module + ".") and n.endswith("e_score_correction_bias"))
-            out[target] = out.pop(f"{module}.{K.ROUTER_SCORE_BIAS}")
-    return out
 
 
 def export_checkpoint(

@@ -8,7 +8,7 @@ conversion, per group of tensors (`checkpoint.gather.group_key`: one decoder lay
 
 1. the source rank files are rebuilt into full tensors (`checkpoint.zero_files.Rebuilder`), once for the fp32
    master weights and once per Adam moment (`exp_avg`, `exp_avg_sq`), and renamed to the HuggingFace names
-   (`checkpoint.offline.to_hf_names`): the layout-independent form;
+   (`checkpoint.zero_files.to_hf_names`): the layout-independent form;
 2. each running parameter's value is cut from it as the running layout holds it -- the experts of this rank's EP
    rank (AutoEP's placement, w1/w3 split from gate_up_proj), this rank's TP shard (AutoTP's patterns: row-parallel
    along dim 1, column-parallel along dim 0, replicated whole) -- and set with DeepSpeed's public ZeRO-3 setters
@@ -43,8 +43,7 @@ from hf_dist_recipes import _compat
 from hf_dist_recipes._compat import ZeroCheckpointKeys as K
 from hf_dist_recipes.checkpoint.gather import group_key, reference_model
 from hf_dist_recipes.checkpoint.manifest import MANIFEST_NAME, CheckpointLayout, Manifest
-from hf_dist_recipes.checkpoint.offline import to_hf_names
-from hf_dist_recipes.checkpoint.zero_files import RankFiles, Rebuilder, resolve_tag_dir
+from hf_dist_recipes.checkpoint.zero_files import RankFiles, Rebuilder, resolve_tag_dir, to_hf_names
 
 MOMENTS = ("exp_avg", "exp_avg_sq")  # Adam's; a checkpoint whose optimizer holds others is refused
 
@@ -247,7 +246,7 @@ class _LiveLayout:
         return out
 
     def _experts(self, path: str, layer, full: dict) -> dict[str, torch.Tensor]:
-        """The AutoEP layer's names from the HF MoE block's (the reverse of `offline.to_hf_names`): this EP rank's
+        """The AutoEP layer's names from the HF MoE block's (the reverse of `zero_files.to_hf_names`): this EP rank's
         experts of w1/w2/w3 (gate_up_proj split in gate then up), the router's weight and score-correction bias."""
         p = self.preset
         experts = f"{path}.{p.experts}"

@@ -1,5 +1,6 @@
 """A DeepSpeed ZeRO-3 training checkpoint (with or without AutoTP and AutoEP) read back as full tensors under
-DeepSpeed's module names, in one plain process: what `checkpoint.offline` exports.
+DeepSpeed's module names, and renamed to the HuggingFace model's (`to_hf_names`): what `checkpoint.offline` exports
+(command line) and `checkpoint.relayout` resumes from (in every rank).
 
 What is on disk, in `checkpoint-N/global_stepN/`, one pair per rank (global rank = D x tp + T):
 `zero_pp_rank_{D}_mp_rank_{T}_model_states.pt` -- `param_shapes` (per optimizer sub-group, name -> TP/EP-local
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hf_dist_recipes._compat import ZERO_RANK_FILE
+from hf_dist_recipes._compat import ZERO_RANK_FILE, AutoEPPreset
 from hf_dist_recipes._compat import ZeroCheckpointKeys as K
 from hf_dist_recipes.core.layout import RankLayout
 
@@ -215,3 +216,30 @@ class Rebuilder:
         if _matches(self.uc.get(K.VOCABULARY, []), name) and K.ORIGINAL_VOCAB_SIZE in self.uc:
             full = full[: self.uc[K.ORIGINAL_VOCAB_SIZE]]
         return full
+
+
+def to_hf_names(
+    group: dict[str, torch.Tensor], autoep: dict, ref_shapes: dict, preset: AutoEPPreset | None
+) -> dict[str, torch.Tensor]:
+    """AutoEP's names inside one group -> the replaced MoE block's (same rules as the live gather)."""
+    out = dict(group)
+    gate_name, down_name, up_name = K.EXPERT_TENSORS
+    for prefix, layer in autoep.items():
+        if f"{prefix}.{gate_name}" not in out:
+            continue
+        module = layer[K.MODULE_PATH]
+        w1, w2, w3 = (out.pop(f"{prefix}.{w}") for w in (gate_name, down_name, up_name))
+        experts = f"{module}.{preset.experts}"
+        gate_up = torch.cat([w1, w3], dim=1)
+        if tuple(ref_shapes[f"{experts}.{preset.expert_w1}"]) == tuple(gate_up.shape):
+            out[f"{experts}.{preset.expert_w1}"], out[f"{experts}.{preset.expert_w2}"] = gate_up, w2
+        else:
+            out[f"{experts}.{preset.expert_w1}"] = gate_up.transpose(1, 2).contiguous()
+            out[f"{experts}.{preset.expert_w2}"] = w2.transpose(1, 2).contiguous()
+        for suffix in ("weight", "bias"):
+            if f"{module}.{K.ROUTER_GATE}.{suffix}" in out:
+                out[f"{module}.{preset.router}.{suffix}"] = out.pop(f"{module}.{K.ROUTER_GATE}.{suffix}")
+        if f"{module}.{K.ROUTER_SCORE_BIAS}" in out:
+            target = next(n for n in ref_shapes if n.startswith(module + ".") and n.endswith("e_score_correction_bias"))
+            out[target] = out.pop(f"{module}.{K.ROUTER_SCORE_BIAS}")
+    return out

@@ -1,4 +1,4 @@
-"""Training precision: bf16 wherever the GPUs support it, fp32 only when chosen.
+"""Training precision: bf16 wherever the GPUs support it, fp32 only when chosen; no training from FP8 weights.
 
 The stock `TrainingArguments.bf16` defaults to False, and a DeepSpeed JSON with `"bf16": {"enabled": "auto"}` is
 then filled with false: the job trains in fp32, with twice the parameter and activation memory the plan assumed
@@ -33,3 +33,16 @@ def resolve_bf16(requested: bool | None, *, fp16: bool, cuda_devices: int, bf16_
     if requested is not None:
         return bool(requested)
     return bool(cuda_devices) and bf16_supported and not fp16
+
+
+def check_not_fp8(model) -> None:
+    """Stop a model loaded from an FP8 block-scaled checkpoint before training (its config still carries the FP8
+    `quantization_config`): a fine-tune starts from the bf16 weights `checkpoint dequantize` writes."""
+    quant = getattr(getattr(model, "config", None), "quantization_config", None)
+    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+    if str(getattr(method, "value", method)) == "fp8":
+        raise ValueError(
+            "the model comes from an FP8 block-scaled checkpoint (config quantization_config quant_method 'fp8'): "
+            "train from bf16 weights: hf-dist-recipes checkpoint dequantize SRC --output DST, then "
+            "from_pretrained(DST)"
+        )

@@ -18,9 +18,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
-from hf_dist_recipes.checkpoint.dequantize import check_not_fp8, dequantize_checkpoint
+from hf_dist_recipes.checkpoint.dequantize import dequantize_checkpoint
 from hf_dist_recipes.cli.main import main
 from hf_dist_recipes.core.model_templates import template_config
+from hf_dist_recipes.environment.precision import check_not_fp8
 
 BLOCK = (16, 24)
 FP8_MAX = 448.0  # the largest float8_e4m3fn value
