@@ -85,7 +85,7 @@ def main(argv=None) -> None:
 
     from hf_dist_recipes.core import crc32c
     from hf_dist_recipes.core.event_writer import RunWriter
-    from hf_dist_recipes.monitoring.tensorboard import read_scalars, read_texts
+    from hf_dist_recipes.logs.events import read_scalars, read_texts
 
     variants = {
         "torch SummaryWriter (before)": lambda d: (SummaryWriter(d), None),

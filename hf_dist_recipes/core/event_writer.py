@@ -243,7 +243,7 @@ def _float32(value: float) -> bytes:
 
 class RunWriter:
     """One new event file in `run_dir`, holding what torch's `SummaryWriter(run_dir, purge_step=...)` would hold for
-    the same calls: TensorBoard, `logs.events.read_run` and `monitoring.tensorboard.read_scalars` / `read_texts` show
+    the same calls: TensorBoard, `logs.events.read_run` and its `read_scalars` / `read_texts` show
     the same points. Events are stamped with the time (seconds since the epoch) of the add_* call.
 
     `purge_step`: the first step of a resumed run; TensorBoard then hides every point earlier files of the run hold at

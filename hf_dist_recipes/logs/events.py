@@ -1,8 +1,8 @@
 """Read TensorBoard event files fast: our own TFRecord framing, scalar events decoded with numpy
 (`record_scan`), tensorboard's compiled `Event` proto for any other event. Two readers on it:
 - `read_rank` (`logs summarize`): a rank's curves, one value a step (the last write wins);
-- `read_run` (`monitoring.read_scalars` / `read_texts`): one run directory as TensorBoard's EventAccumulator shows it
-  (every write, a resume's purge applied, tensor summaries apart); see its docstring.
+- `read_run`: one run directory as TensorBoard's EventAccumulator shows it (every write, a resume's purge applied,
+  tensor summaries apart; see its docstring), as lists in `read_scalars` / `read_texts` (`monitoring.read_scalars`).
 
 A TFRecord is `length: u64 | masked crc32c(length): u32 | data | masked crc32c(data): u32` (little endian). Every
 length is checked against its CRC (a wrong length would derail every later record). `read_rank` does not check the
@@ -37,6 +37,8 @@ __all__ = [
     "iter_records",
     "read_rank",
     "read_run",
+    "read_scalars",
+    "read_texts",
 ]
 
 CHUNK_BYTES = 4 * 1024 * 1024  # read size; a file is never held whole, at most one chunk plus one record
@@ -254,7 +256,7 @@ def find_rank_files(logdir: str | os.PathLike) -> dict[int, list[str]]:
     return dict(sorted(by_rank.items()))
 
 
-# --- One run directory read as TensorBoard's EventAccumulator reads it (monitoring.tensorboard.read_scalars) ---
+# --- One run directory read as TensorBoard's EventAccumulator reads it (read_scalars, read_texts) ---
 
 
 @dataclass
@@ -398,6 +400,22 @@ def read_run(run_dir: str | os.PathLike, *, tensors: bool = False) -> RunEvents:
         rows = rows[keep[rows]]
         out.scalars[names[t]] = (st[rows], va[rows])
     return out
+
+
+def read_scalars(run_dir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
+    """All scalars of one TensorBoard run directory: tag -> [(step, value), ...] in the order written, what a resume
+    purged left out (`read_run`: the same lists as TensorBoard's EventAccumulator)."""
+    return {
+        tag: list(zip(steps.tolist(), values.tolist(), strict=True))
+        for tag, (steps, values) in read_run(run_dir).scalars.items()
+    }
+
+
+def read_texts(run_dir: str | os.PathLike) -> dict[str, list[tuple[int, str]]]:
+    """All text entries of one TensorBoard run directory: tag -> [(step, text), ...] in the order written (every
+    tensor summary is taken for text, as TensorBoard's EventAccumulator lists them; `read_run`)."""
+    tensors = read_run(run_dir, tensors=True).tensors
+    return {tag: [(step, t.string_val[0].decode()) for step, t in entries] for tag, entries in tensors.items()}
 
 
 def _replay(files: list[str], out: RunEvents, tensors: bool) -> None:

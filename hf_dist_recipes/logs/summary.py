@@ -10,7 +10,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-SUMMARY_DIRNAME = "rank_summaries"
+from hf_dist_recipes.monitoring import SUMMARY_DIRNAME
 
 
 def read_rank_summaries(output_dir: str | os.PathLike) -> list[dict]:

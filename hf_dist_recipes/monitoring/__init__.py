@@ -8,8 +8,8 @@ from importlib import import_module
 _PUBLIC = {
     "PerRankTensorBoardCallback": "hf_dist_recipes.monitoring.tensorboard",
     "rank_log_dir": "hf_dist_recipes.monitoring.tensorboard",
-    "read_scalars": "hf_dist_recipes.monitoring.tensorboard",
-    "read_texts": "hf_dist_recipes.monitoring.tensorboard",
+    "read_scalars": "hf_dist_recipes.logs.events",
+    "read_texts": "hf_dist_recipes.logs.events",
     "RankMetrics": "hf_dist_recipes.monitoring.rank_metrics",
     "ExpertLoadCallback": "hf_dist_recipes.moe.expert_load",
     "ExpertLoadTracker": "hf_dist_recipes.moe.expert_load",
@@ -25,6 +25,10 @@ _PUBLIC = {
 }
 
 __all__ = list(_PUBLIC)
+
+# The folder of output_dir each rank's summary is written to (`summary_callback`) and read back from (`logs.summary`):
+# named here, where the command line's reader imports nothing a rank needs, nor a rank the reader.
+SUMMARY_DIRNAME = "rank_summaries"
 
 
 def __getattr__(name):

@@ -27,7 +27,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from hf_dist_recipes._compat import held_elements
-from hf_dist_recipes.logs.summary import SUMMARY_DIRNAME
+from hf_dist_recipes.monitoring import SUMMARY_DIRNAME
 from hf_dist_recipes.monitoring.system_metrics import launch_identity
 from hf_dist_recipes.runtime import RecipeRuntime
 

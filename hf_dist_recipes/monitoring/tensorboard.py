@@ -167,15 +167,6 @@ def mixing_refusal(run_dir: str | os.PathLike, identity: RunIdentity) -> str | N
     )
 
 
-def read_texts(run_dir: str | os.PathLike) -> dict[str, list[tuple[int, str]]]:
-    """All text entries of one TensorBoard run directory: tag -> [(step, text), ...] in the order written (every
-    tensor summary is taken for text, as TensorBoard's EventAccumulator lists them; `logs.events.read_run`)."""
-    from hf_dist_recipes.logs.events import read_run  # the offline reader: only callers that read load it
-
-    tensors = read_run(run_dir, tensors=True).tensors
-    return {tag: [(step, t.string_val[0].decode()) for step, t in entries] for tag, entries in tensors.items()}
-
-
 def _after_existing_event_files(run_dir: str, *, clock=time.time, sleep=time.sleep) -> None:
     """Wait (at most 1 s) until a new event file's name sorts after every event file already in `run_dir`.
 
@@ -192,14 +183,3 @@ def _after_existing_event_files(run_dir: str, *, clock=time.time, sleep=time.sle
     now = clock()
     if latest >= int(now):
         sleep(latest + 1 - now)
-
-
-def read_scalars(run_dir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
-    """All scalars of one TensorBoard run directory: tag -> [(step, value), ...] in the order written, what a resume
-    purged left out (`logs.events.read_run`: the same lists as TensorBoard's EventAccumulator)."""
-    from hf_dist_recipes.logs.events import read_run  # the offline reader: only callers that read load it
-
-    return {
-        tag: list(zip(steps.tolist(), values.tolist(), strict=True))
-        for tag, (steps, values) in read_run(run_dir).scalars.items()
-    }

@@ -29,7 +29,8 @@ from hf_dist_recipes.checkpoint.offline import export_checkpoint
 from hf_dist_recipes.checkpoint.writer import WRITERS_RECORD
 from hf_dist_recipes.cli.main import main as cli_main
 from hf_dist_recipes.core.sizes import parse_size
-from hf_dist_recipes.monitoring.tensorboard import rank_log_dir, read_scalars
+from hf_dist_recipes.logs.events import read_scalars
+from hf_dist_recipes.monitoring.tensorboard import rank_log_dir
 from tests.distributed.workers.lifecycle_worker import datasets
 from tests.support.launch import accelerate_launch, check_launch
 from tests.support.paths import REPO

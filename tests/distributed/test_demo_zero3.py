@@ -169,7 +169,7 @@ def test_rank1_tokens_per_s_and_seed_text_read_back_from_its_tensorboard(demo_ru
     TensorBoard events, and the seed text naming rank 1 and the seed the demo was given."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from hf_dist_recipes.monitoring.tensorboard import read_texts
+    from hf_dist_recipes.logs.events import read_texts
 
     _, out = demo_run
     run = out / "tensorboard" / "rank1"

@@ -10,8 +10,9 @@ import torch
 from safetensors.torch import load_file
 
 from hf_dist_recipes.cli.main import main as cli_main
+from hf_dist_recipes.logs.events import read_scalars
 from hf_dist_recipes.moe.expert_balance import bias_update
-from hf_dist_recipes.monitoring.tensorboard import rank_log_dir, read_scalars
+from hf_dist_recipes.monitoring.tensorboard import rank_log_dir
 from tests.distributed.workers.expert_load_worker import GRAD_ACCUM, MICRO_BATCH, SEQ_LEN
 from tests.support.launch import accelerate_launch, check_launch
 from tests.support.paths import REPO

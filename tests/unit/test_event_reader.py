@@ -1,4 +1,4 @@
-"""One reader: `monitoring.tensorboard.read_scalars` / `read_texts` read with the package's own reader
+"""One reader: `logs.events.read_scalars` / `read_texts` read with the package's own reader
 (`logs.events.read_run`) and give what TensorBoard's `EventAccumulator` gives, on the shapes a run produces: duplicate
 steps (an evaluation log at a training step), a resume's purge (`purge_step`: a `SessionLog.START`), several files,
 several values in one event, text and tensor summaries, large steps, and files without a version header (where
@@ -12,8 +12,7 @@ import time
 import pytest
 
 from hf_dist_recipes.core.crc32c import masked_crc32c
-from hf_dist_recipes.logs.events import read_run
-from hf_dist_recipes.monitoring.tensorboard import read_scalars, read_texts
+from hf_dist_recipes.logs.events import read_run, read_scalars, read_texts
 
 
 def accumulator(run_dir, kind):

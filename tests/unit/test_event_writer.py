@@ -18,8 +18,8 @@ import pytest
 from hf_dist_recipes.core import event_writer
 from hf_dist_recipes.core.crc32c import crc32c, crc32c_rows, masked, masked_crc32c
 from hf_dist_recipes.core.event_writer import RunWriter, write_scalar_run
-from hf_dist_recipes.logs.events import iter_records, read_rank, read_run
-from hf_dist_recipes.monitoring.tensorboard import _after_existing_event_files, read_scalars, read_texts
+from hf_dist_recipes.logs.events import iter_records, read_rank, read_run, read_scalars, read_texts
+from hf_dist_recipes.monitoring.tensorboard import _after_existing_event_files
 
 # Columns with what varies the byte layout: steps 0 (field left out), 1-byte to 6-byte varints, a negative step
 # (10 bytes), values beyond float32 (inf), NaN, -0.0, a tag over 127 bytes (2-byte lengths), non-ASCII, a column

@@ -8,7 +8,9 @@ arguments.py, ...) are no folder: the entry points; _compat/ holds the upstream 
 
 The folders also say who runs their code: parallel/ and environment/ hold what a training rank imports, planning/
 and doctor/ what the command line plans and checks with (issue 30). No module a rank imports, function-level
-imports included, is in planning/ or doctor/, and every module of parallel/ and environment/ is one a rank imports."""
+imports included, is command-line code (`command_line_only`: planning/ with the memory estimate, doctor/, logs/, the
+`checkpoint export` / `dequantize` modules; issue 39), and every module of parallel/ and environment/ is one a rank
+imports."""
 
 from __future__ import annotations
 
@@ -89,13 +91,19 @@ RANK_ENTRY_POINTS = (
     "preflight.training",
 )
 IN_RANK = ("parallel", "environment")
-PLANNING = ("planning", "doctor")
+# What the command line alone runs: the planner and its memory estimate, the doctor, the offline readers of a run's
+# logs, and `checkpoint export` / `checkpoint dequantize` (a rank's own export is checkpoint/export.py, and a resume in
+# another layout reads the engine's files with checkpoint/zero_files.py).
+CLI_FOLDERS = ("planning", "doctor", "logs")
+CLI_CHECKPOINT = ("checkpoint.offline", "checkpoint.dequantize")
 
 
-def rank_closure(imports: Mapping[str, Mapping[str, int]]) -> set[str]:
-    """Every module of the package a rank can import from RANK_ENTRY_POINTS, function-level imports included."""
+def rank_closure(
+    imports: Mapping[str, Mapping[str, int]], entry_points=RANK_ENTRY_POINTS, package: str = PACKAGE.name
+) -> set[str]:
+    """Every module of `package` a rank can import from `entry_points`, function-level imports included."""
     seen: set[str] = set()
-    todo = [f"{PACKAGE.name}.{m}" for m in RANK_ENTRY_POINTS]
+    todo = [f"{package}.{m}" for m in entry_points]
     while todo:
         module = todo.pop()
         if module not in seen:
@@ -104,15 +112,44 @@ def rank_closure(imports: Mapping[str, Mapping[str, int]]) -> set[str]:
     return seen
 
 
+def command_line_only(modules, package: str = PACKAGE.name) -> list[str]:
+    """The modules of `modules` only the command line may import (CLI_FOLDERS, CLI_CHECKPOINT), sorted."""
+    return sorted(m for m in modules if folder(m) in CLI_FOLDERS or m in {f"{package}.{c}" for c in CLI_CHECKPOINT})
+
+
 def test_the_folders_say_what_runs_inside_a_rank():
-    imports = all_imports()
-    closure = rank_closure(imports)
-    assert "hf_dist_recipes.parallel.plan_record" in closure and "hf_dist_recipes.environment.fingerprint" in closure
-    leaked = sorted(m for m in closure if folder(m) in PLANNING)
+    closure = rank_closure(all_imports())
+    assert {f"hf_dist_recipes.{m}" for m in ("parallel.plan_record", "checkpoint.zero_files", "monitoring")} <= closure
+    leaked = command_line_only(closure)
     idle = sorted(m for m in MODULES if folder(m) in IN_RANK and m not in closure)
     assert not leaked, (
-        f"a rank imports planning/ or doctor/ (move the piece it uses into parallel/ or environment/): {leaked}"
+        "a rank imports command-line code (move the piece it uses to a module a rank owns, as check_not_fp8 moved "
+        f"to environment/precision.py, or record the number in the plan record as config generate does): {leaked}"
     )
     assert not idle, (
         f"modules of parallel/ or environment/ that no rank imports (move them to planning/ or doctor/): {idle}"
     )
+
+
+def test_the_rank_check_sees_command_line_code_behind_function_level_imports():
+    """The trainer's three ways into command-line code before issue 39: the estimate quoted in a message (imported
+    inside a function of plan_record), TensorBoard runs read back (logs/ inside monitoring's functions) and the FP8
+    stop of checkpoint/dequantize.py. The command line importing rank code is no leak."""
+    modules = {"p.trainer", "p.parallel.record", "p.planning.memory", "p.monitoring.tb", "p.logs.events", "p.cli.main"}
+    modules |= {"p.checkpoint.dequantize", "p.checkpoint.zero_files"}
+    trainer = "from p.parallel import record\nfrom p.monitoring import tb\nfrom p.checkpoint.dequantize import check\n"
+    imports = {
+        "p.trainer": package_imports(trainer, "p.trainer", modules),
+        "p.parallel.record": package_imports(
+            "def f():\n    from p.planning.memory import e\n", "p.parallel.record", modules
+        ),
+        "p.monitoring.tb": package_imports(
+            "def read():\n    from p.logs.events import r\n", "p.monitoring.tb", modules
+        ),
+        "p.cli.main": package_imports("from p.planning import memory\nfrom p import trainer\n", "p.cli.main", modules),
+    }
+    leaked = ["p.checkpoint.dequantize", "p.logs.events", "p.planning.memory"]
+    assert command_line_only(rank_closure(imports, ("trainer",), "p"), "p") == leaked
+    imports["p.trainer"] = package_imports("from p.checkpoint.zero_files import to_hf_names\n", "p.trainer", modules)
+    assert rank_closure(imports, ("trainer",), "p") == {"p.trainer", "p.checkpoint.zero_files"}
+    assert command_line_only(rank_closure(imports, ("trainer",), "p"), "p") == []

@@ -329,7 +329,7 @@ def test_fp16_loss_scaler_overflows_are_not_counted_as_non_finite_steps(fp16):
 
 
 def test_the_skip_event_reaches_every_rank_tensorboard_as_text(tmp_path):
-    from hf_dist_recipes.monitoring.tensorboard import read_scalars, read_texts
+    from hf_dist_recipes.logs.events import read_scalars, read_texts
 
     trainer, _ = _train(tmp_path, "loss", step=3, per_rank_tensorboard=True)
     trainer.train()

@@ -25,8 +25,7 @@ import pytest
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
-from hf_dist_recipes.monitoring import read_scalars
-from hf_dist_recipes.monitoring.tensorboard import read_texts
+from hf_dist_recipes.monitoring import read_scalars, read_texts
 from tests.support.hosts import NVML_NOTE
 from tests.support.models import SMALL
 

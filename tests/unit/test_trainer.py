@@ -108,7 +108,8 @@ def test_min_lr_ratio_floors_every_cycle(tmp_path):
 def test_a_custom_logging_dir_holds_the_rank_runs_and_the_summary_stays_in_output_dir(tmp_path):
     """README practice 7: TensorBoard into `<logging_dir>/rank<N>`, the JSON summary in
     `<output_dir>/rank_summaries/rank<N>.json`, whatever logging_dir is (here outside output_dir)."""
-    from hf_dist_recipes.monitoring.tensorboard import RUN_FILENAME, read_texts
+    from hf_dist_recipes.logs.events import read_texts
+    from hf_dist_recipes.monitoring.tensorboard import RUN_FILENAME
 
     out, logs = tmp_path / "out", tmp_path / "elsewhere" / "tb"
     args = RecipeTrainingArguments(
