@@ -25,7 +25,7 @@ import threading
 
 from transformers import TrainingArguments
 
-from hf_dist_recipes import _compat
+from hf_dist_recipes._compat import transformers as compat_transformers
 
 _CLASSES: dict[tuple[type, type], type] = {}  # (recipe class, base) -> Recipe<base>
 _LOCK = threading.Lock()
@@ -144,12 +144,13 @@ def _shown(value) -> str:
 
 def _post_init_defaults(declared: dict[str, object]) -> dict[str, object]:
     """What transformers 5.24's post-init makes of a class's declared defaults of the activation/gradient
-    checkpointing alias pair (`_compat.STOCK_POST_INIT_DEFAULTS`): the new name when set, else the deprecated one,
-    else False (trl's configs declare `gradient_checkpointing=True`). Checked in tests/unit/test_argument_classes.py."""
+    checkpointing alias pair (`_compat.transformers.STOCK_POST_INIT_DEFAULTS`): the new name when set, else the
+    deprecated one, else False (trl's configs declare `gradient_checkpointing=True`). Checked in
+    tests/unit/test_argument_classes.py."""
     resolved = declared.get("activation_checkpointing")
     if resolved is None:
         resolved = declared.get("gradient_checkpointing")
-    return dict.fromkeys(_compat.STOCK_POST_INIT_DEFAULTS, False if resolved is None else resolved)
+    return dict.fromkeys(compat_transformers.STOCK_POST_INIT_DEFAULTS, False if resolved is None else resolved)
 
 
 def _default(f: dataclasses.Field):

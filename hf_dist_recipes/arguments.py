@@ -104,7 +104,9 @@ from dataclasses import dataclass, field
 from transformers import TrainingArguments
 from transformers.trainer_utils import SchedulerType
 
-from hf_dist_recipes import _compat, argument_classes
+from hf_dist_recipes import argument_classes
+from hf_dist_recipes._compat import accelerate as compat_accelerate
+from hf_dist_recipes._compat import transformers as compat_transformers
 from hf_dist_recipes.checkpoint.auto_resume import resolve_auto_resume
 from hf_dist_recipes.checkpoint.preemption import DEFAULT_PREEMPTION_SIGNALS, PREEMPTED_EXIT_CODE, parse_signals
 from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_SIZE
@@ -517,7 +519,7 @@ class RecipeTrainingArguments(TrainingArguments):
         """
         from_launcher = self.deepspeed is None
         if from_launcher:
-            raw = _compat.launcher_deepspeed_config()
+            raw = compat_accelerate.launcher_deepspeed_config()
         elif isinstance(self.deepspeed, dict):
             raw = self.deepspeed
         else:
@@ -578,7 +580,8 @@ def apply_process_effects(args: RecipeTrainingArguments, *, group_existed: bool 
       resolution after this reads the GPUs' capability); the estimate's fragmentation allowance assumes expandable
       segments;
     - under DeepSpeed AutoTP, the upstream patch that lets `from_pretrained` convert weights
-      (`_compat.allow_weight_conversions_under_training_autotp`): it comes after the arguments in every HF example;
+      (`_compat.transformers.allow_weight_conversions_under_training_autotp`): it comes after the arguments in every HF
+      example;
     - after a launcher's restart (`--max_restarts`), this attempt's own rendezvous (`comm.restarts`)."""
     extensions.use_node_local_extensions_dir()
     args.nccl_env_applied = (
@@ -594,7 +597,7 @@ def apply_process_effects(args: RecipeTrainingArguments, *, group_existed: bool 
         fresh_rendezvous_after_restart()  # a restarted rank meets its peers in a store of its own attempt
     args.process_setup = tuple(process_setup.environment_settings(args.env_applied, group_existed=group_existed))
     if args.autotp_size > 1:
-        _compat.allow_weight_conversions_under_training_autotp()
+        compat_transformers.allow_weight_conversions_under_training_autotp()
 
 
 def apply_group_effects(args: RecipeTrainingArguments, *, group_existed: bool) -> None:

@@ -57,8 +57,9 @@ from transformers import PreTrainedModel, Trainer, TrainingArguments
 from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from hf_dist_recipes import _compat
-from hf_dist_recipes._compat import forget_zero_hpz_group
+from hf_dist_recipes._compat import accelerate as compat_accelerate
+from hf_dist_recipes._compat import transformers as compat_transformers
+from hf_dist_recipes._compat.deepspeed import forget_zero_hpz_group
 from hf_dist_recipes.argument_classes import describe_replaced_defaults, recipe_arguments_class
 from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
 from hf_dist_recipes.callbacks import REPLACES, RecipeCallbacks, recipe_callbacks
@@ -88,7 +89,7 @@ from hf_dist_recipes.schedules.warmup_cosine import (
 logger = logging.getLogger(__name__)
 
 
-class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
+class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
     """The recipe for any `Trainer` subclass, placed before it: `class MyTrainer(RecipeTrainerMixin, SFTTrainer)`,
     or `recipe(SFTTrainer)` (`hf_dist_recipes.trainer_classes`). Every method here calls `super()`, so the
     Trainer's own `__init__`, `log`, `compute_loss`, ... run inside ours. The constructor takes that Trainer's
@@ -175,21 +176,22 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
         )
 
     def call_model_init(self, trial=None):
-        """`Trainer.call_model_init`, which also rebuilds under ZeRO++ hpZ (`_compat.forget_zero_hpz_group`)."""
+        """`Trainer.call_model_init`, which also rebuilds under ZeRO++ hpZ
+        (`_compat.deepspeed.forget_zero_hpz_group`)."""
         forget_zero_hpz_group()
         return super().call_model_init(trial)
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None):
         """`Trainer.train`, which under DeepSpeed also works after `evaluate()` or `predict()`: the engine such an
-        evaluation built is forgotten and the training config restored (`_compat.forget_evaluation_engine`, with
-        the upstream issue), so training builds its engine as if nothing had run before (equal losses:
+        evaluation built is forgotten and the training config restored (`_compat.transformers.forget_evaluation_engine`,
+        with the upstream issue), so training builds its engine as if nothing had run before (equal losses:
         tests/distributed/test_checkpoint_lifecycle.py).
 
         `resume_from_checkpoint=True` resumes from the newest complete checkpoint (one whose manifest and files
         agree), not a half-written newer one, which is named; so does `None` under `auto_resume`, or starts fresh
         when there is none (`hf_dist_recipes.checkpoint.auto_resume`). A path is used as given."""
         if self.runtime.facts.deepspeed is not None:
-            _compat.forget_evaluation_engine(self, self.runtime.facts.deepspeed)
+            compat_transformers.forget_evaluation_engine(self, self.runtime.facts.deepspeed)
         # A path wins; True and auto_resume take the newest complete checkpoint (`checkpoint.auto_resume`). Every
         # rank takes rank 0's choice, so that a file appearing meanwhile cannot split them.
         plan = gather_objects(plan_resume(resume_from_checkpoint, self.args.auto_resume, self.args.output_dir))[0]
@@ -234,10 +236,10 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
         warn_once(logger, converted.line())
 
     def finish_checkpoint(self, checkpoint: str) -> None:
-        """After the Trainer wrote `checkpoint` (every rank, `_compat.TrainerPrivateOverrides._save_checkpoint`):
-        this rank's counters, then every rank's files made durable and, last, the manifest that makes the checkpoint
-        complete; then the rotation of `save_total_limit`, counting complete checkpoints only
-        (`hf_dist_recipes.checkpoint.manifest`)."""
+        """After the Trainer wrote `checkpoint` (every rank,
+        `_compat.transformers.TrainerPrivateOverrides._save_checkpoint`): this rank's counters, then every rank's files
+        made durable and, last, the manifest that makes the checkpoint complete; then the rotation of
+        `save_total_limit`, counting complete checkpoints only (`hf_dist_recipes.checkpoint.manifest`)."""
         args = self.args
         self.runtime.rank_metrics.save(checkpoint, args.process_index)
         complete_checkpoint(
@@ -264,9 +266,10 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
 
     def _evaluation_engine(self):
         """Before training, DeepSpeed's evaluation engine without AutoTP/AutoEP, which would rewrite the model in
-        place and leave nothing for the training engine to rewrite (`_compat.evaluation_without_model_parallelism`).
+        place and leave nothing for the training engine to rewrite
+        (`_compat.transformers.evaluation_without_model_parallelism`).
         """
-        return _compat.evaluation_without_model_parallelism(self, self.runtime.facts.deepspeed)
+        return compat_transformers.evaluation_without_model_parallelism(self, self.runtime.facts.deepspeed)
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         """The recipe's `WarmupCosineRestarts` for `lr_scheduler_type="cosine_with_restarts"`, else the stock one.
@@ -280,7 +283,7 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
         Also the last public hook before a resume under DeepSpeed reads the engine's files (`_compat.
         training_engine`): with `memory_mapped_resume` the engine then reads them memory-mapped
         (`hf_dist_recipes.checkpoint.resume_loading`)."""
-        engine = _compat.training_engine(self) if self.is_deepspeed_enabled else None
+        engine = compat_accelerate.training_engine(self) if self.is_deepspeed_enabled else None
         if engine is not None and self.args.memory_mapped_resume:
             resume_loading.install(engine)
         if engine is not None:  # outermost: a checkpoint of another layout never reaches the engine's own load
@@ -367,7 +370,7 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
             for key in record.job:
                 entry.pop(key, None)
         # After the log that showed it: else the Trainer's running loss stays NaN for the rest of the run.
-        _compat.reset_nonfinite_running_loss(self)
+        compat_transformers.reset_nonfinite_running_loss(self)
 
     chunked_loss: ChunkedLoss | None = None  # `loss_chunk_tokens` (None: the stock loss)
 
@@ -389,7 +392,7 @@ class RecipeTrainerMixin(_compat.TrainerPrivateOverrides):
     def resume_loads(self) -> resume_loading.ResumeLoads | None:
         """What the DeepSpeed engine read on resume (each file, memory-mapped or not) and copied out of the mapped
         files; None without DeepSpeed or with `memory_mapped_resume=False` (no files before a resume)."""
-        loads = resume_loading.installed(_compat.training_engine(self) if self.is_deepspeed_enabled else None)
+        loads = resume_loading.installed(compat_accelerate.training_engine(self) if self.is_deepspeed_enabled else None)
         return None if loads is None else loads.record()
 
     @property

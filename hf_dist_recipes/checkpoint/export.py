@@ -21,7 +21,7 @@ import os
 import torch.distributed as dist
 from torch import nn
 
-from hf_dist_recipes._compat import to_disk_layout
+from hf_dist_recipes._compat.transformers import to_disk_layout
 from hf_dist_recipes.checkpoint.gather import group_key, iter_module_groups
 from hf_dist_recipes.checkpoint.shard_plan import PlannedShardWriter, plan_shards, write_index
 from hf_dist_recipes.checkpoint.writer import (

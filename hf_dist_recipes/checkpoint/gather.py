@@ -3,13 +3,13 @@
 Three kinds of sharding are undone, in this order, for the parameters of one module:
 - ZeRO-3 partitions: `deepspeed.zero.GatheredParameters` (every rank materialises this module's parameters only);
 - AutoTP shards: DeepSpeed's `GatherReplacedLayerParams` (the same context its own 16-bit save uses;
-  `_compat.gather_tp_params`);
+  `_compat.deepspeed.gather_tp_params`);
 - AutoEP experts: each rank holds `num_experts / ep_size` experts in `experts.w1/w2/w3`; they are gathered over
   the layer's expert-parallel group, expert by expert, straight into the model's own layout (DeepSeek:
   `experts.gate_up_proj` [E, 2I, H] = w1 then w3 along dim 1, `experts.down_proj` [E, H, I] = w2), with the
   router's weights and score correction bias back under the MoE block's own names. DeepSpeed 0.19.8's
   consolidated save refuses AutoEP (`_raise_if_autoep_zero3_consolidated_export`); this is the gather it lacks.
-  What it reads of DeepSpeed's AutoEP layer (not public) comes through `_compat.autoep_layer_parts`.
+  What it reads of DeepSpeed's AutoEP layer (not public) comes through `_compat.deepspeed.autoep_layer_parts`.
 
 Every rank must call `iter_module_groups` (the gathers are collectives); only the ranks that `receivers` names for
 a group receive its tensors (default: global rank 0 receives every group). With `meta=True` no rank gathers
@@ -28,15 +28,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hf_dist_recipes._compat import (
+from hf_dist_recipes._compat.deepspeed import (
     autoep_experts_for_rank,
     autoep_layer_parts,
     autoep_preset,
     gather_tp_params,
     is_autoep_layer,
-    non_persistent_buffer_names,
     zero_param_id,
 )
+from hf_dist_recipes._compat.torch import non_persistent_buffer_names
 
 Receivers = Callable[[str], Collection[int]]  # group key -> the global ranks that receive that group's tensors
 _GROUP_KEY = re.compile(r"^(.*?\.\d+)\.")  # "model.layers.3.mlp.gate.weight" -> "model.layers.3"

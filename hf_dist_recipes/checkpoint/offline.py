@@ -26,8 +26,8 @@ from collections import defaultdict
 
 import torch
 
-from hf_dist_recipes._compat import ZeroCheckpointKeys as K
-from hf_dist_recipes._compat import autoep_preset
+from hf_dist_recipes._compat.deepspeed import ZeroCheckpointKeys as K
+from hf_dist_recipes._compat.deepspeed import autoep_preset
 from hf_dist_recipes.checkpoint.gather import group_key
 from hf_dist_recipes.checkpoint.writer import DEFAULT_MAX_SHARD_BYTES, ExportResult
 from hf_dist_recipes.checkpoint.zero_files import RankFiles, Rebuilder, resolve_tag_dir, to_hf_names

@@ -39,8 +39,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from hf_dist_recipes import _compat
-from hf_dist_recipes._compat import ZeroCheckpointKeys as K
+from hf_dist_recipes._compat import deepspeed as compat_deepspeed
+from hf_dist_recipes._compat import torch as compat_torch
+from hf_dist_recipes._compat.deepspeed import ZeroCheckpointKeys as K
 from hf_dist_recipes.checkpoint.gather import group_key, reference_model
 from hf_dist_recipes.checkpoint.manifest import MANIFEST_NAME, CheckpointLayout, Manifest
 from hf_dist_recipes.checkpoint.zero_files import RankFiles, Rebuilder, resolve_tag_dir, to_hf_names
@@ -139,7 +140,7 @@ def convert(engine, checkpoint: str, target: CheckpointLayout, load_optimizer_st
     module = engine.module
     states = ("fp32", *MOMENTS) if load_optimizer_states else ("fp32",)
     if load_optimizer_states:
-        _compat.create_zero3_optimizer_states(engine, saved["step"], MOMENTS)
+        compat_deepspeed.create_zero3_optimizer_states(engine, saved["step"], MOMENTS)
     live = _LiveLayout(module, target)
     ref_shapes = {n: tuple(t.shape) for n, t in reference_model(module).state_dict().items()}
     tensors = elements = 0
@@ -159,8 +160,8 @@ def convert(engine, checkpoint: str, target: CheckpointLayout, load_optimizer_st
                     continue
                 param = live.params[name]
                 unset.discard(name)
-                if _compat.zero3_partition_padded(param):
-                    _compat.set_zero3_partition_padded(param, value, None if state == "fp32" else state)
+                if compat_deepspeed.zero3_partition_padded(param):
+                    compat_deepspeed.set_zero3_partition_padded(param, value, None if state == "fp32" else state)
                 elif state == "fp32":
                     safe_set_full_fp32_param(param, value)
                 else:
@@ -169,11 +170,11 @@ def convert(engine, checkpoint: str, target: CheckpointLayout, load_optimizer_st
                 elements += value.numel()
         if unset:
             raise ValueError(f"{checkpoint}: nothing in it for {sorted(unset)} of the running model")
-    _compat.refresh_zero3_module_partitions(engine)
+    compat_deepspeed.refresh_zero3_module_partitions(engine)
     # The rate belongs to the schedule, not to the optimizer's state: set for the weights-only load too.
     _set_learning_rates(engine, torch_state[K.PARAM_GROUPS], checkpoint)
     # The engine counts the Trainer's steps (the manifest's); Adam's own step skips what a non-finite step skipped.
-    _compat.set_engine_step(engine, manifest.step, manifest.step * engine.train_batch_size())
+    compat_deepspeed.set_engine_step(engine, manifest.step, manifest.step * engine.train_batch_size())
     return Relayout(
         os.path.basename(os.path.normpath(checkpoint)),
         manifest.layout,
@@ -190,7 +191,7 @@ def _set_learning_rates(engine, saved_groups: list[dict], checkpoint: str) -> No
     """The learning rate the checkpoint's next step would use: the scheduler's state (scheduler.pt, which the
     Trainer loads after this) moves it only at the next step. Groups by position when they match; otherwise the one
     rate every saved group shares (one schedule), else ValueError."""
-    groups = _compat.optimizer_param_groups(engine)
+    groups = compat_deepspeed.optimizer_param_groups(engine)
     if len(groups) != len(saved_groups):
         if len({g["lr"] for g in saved_groups}) != 1:
             raise ValueError(
@@ -211,21 +212,23 @@ class _LiveLayout:
         self.params = {}
         seen = set()
         for name, p in module.named_parameters():
-            key = _compat.zero_param_id(p)
+            key = compat_deepspeed.zero_param_id(p)
             key = id(p) if key is None else key
             if key not in seen:  # a tied weight once
                 seen.add(key)
                 self.params[name] = p
         self.buffers = {}
         for owner_name, owner in module.named_modules():
-            skipped = _compat.non_persistent_buffer_names(owner)
+            skipped = compat_torch.non_persistent_buffer_names(owner)
             for name, b in owner.named_buffers(recurse=False):
                 if name not in skipped:
                     self.buffers[f"{owner_name}.{name}" if owner_name else name] = b
         layers = module.named_modules()
-        self.autoep = {n: _compat.autoep_layer_parts(m) for n, m in layers if _compat.is_autoep_layer(m)}
-        self.preset = _compat.autoep_preset(module.config.model_type)
-        self.patterns = _compat.autotp_patterns(module)
+        self.autoep = {
+            n: compat_deepspeed.autoep_layer_parts(m) for n, m in layers if compat_deepspeed.is_autoep_layer(m)
+        }
+        self.preset = compat_deepspeed.autoep_preset(module.config.model_type)
+        self.patterns = compat_deepspeed.autotp_patterns(module)
         rank = dist.get_rank() if dist.is_initialized() else 0
         self.tp_rank, self.tp = rank % target.tp, target.tp
 
@@ -240,7 +243,7 @@ class _LiveLayout:
             if name in self.buffers:
                 out[name] = value
             elif name in self.params:
-                out[name] = self._tp_shard(name, value, tuple(_compat.zero_full_shape(self.params[name])))
+                out[name] = self._tp_shard(name, value, tuple(compat_deepspeed.zero_full_shape(self.params[name])))
             else:
                 raise ValueError(f"{name!r} of the checkpoint is not a parameter or buffer of the running model")
         return out
@@ -251,7 +254,7 @@ class _LiveLayout:
         p = self.preset
         experts = f"{path}.{p.experts}"
         gate_up, down = full.pop(f"{experts}.{p.expert_w1}"), full.pop(f"{experts}.{p.expert_w2}")
-        inter = tuple(_compat.zero_full_shape(layer.w1))[1]
+        inter = tuple(compat_deepspeed.zero_full_shape(layer.w1))[1]
         if p.expert_w3 is not None:
             w1, w3 = gate_up, full.pop(f"{experts}.{p.expert_w3}")
         elif gate_up.shape[1] == 2 * inter:  # [E, 2I, H]
@@ -259,7 +262,9 @@ class _LiveLayout:
         else:  # [E, H, 2I]: the transposed layout
             w1, w3 = gate_up[..., :inter].transpose(1, 2), gate_up[..., inter:].transpose(1, 2)
             down = down.transpose(1, 2)
-        ids = torch.tensor(_compat.autoep_experts_for_rank(layer.placement, dist.get_rank(group=layer.ep_group)))
+        ids = torch.tensor(
+            compat_deepspeed.autoep_experts_for_rank(layer.placement, dist.get_rank(group=layer.ep_group))
+        )
         gate, down_name, up = K.EXPERT_TENSORS
         out = {f"{path}.{p.experts}.{n}": t[ids].contiguous() for n, t in ((gate, w1), (down_name, down), (up, w3))}
         for suffix in ("weight", "bias"):

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hf_dist_recipes import _compat
+from hf_dist_recipes._compat import deepspeed as compat_deepspeed
 
 logger = logging.getLogger(__name__)
 
@@ -70,11 +70,11 @@ class ResumeLoads:
 class MappedLoads:
     """A checkpoint engine that memory-maps what `inner` would read whole, and delegates everything else (save,
     commit, ...) to it, so that writes are DeepSpeed's own. `inner`'s load is replaced only when it is a plain
-    `torch.load` (`_compat.loads_with_plain_torch_load`)."""
+    `torch.load` (`_compat.deepspeed.loads_with_plain_torch_load`)."""
 
     def __init__(self, inner):
         self.inner = inner
-        self.maps_loads = _compat.loads_with_plain_torch_load(inner)
+        self.maps_loads = compat_deepspeed.loads_with_plain_torch_load(inner)
         self.loads: list[CheckpointLoad] = []
         self.copied_bytes = 0
         self.still_mapped: tuple[str, ...] = ()
@@ -141,25 +141,25 @@ class MappedLoads:
 def install(engine) -> MappedLoads:
     """Make `engine` (a DeepSpeed engine) read its checkpoint files memory-mapped, and copy the loaded optimizer
     states out of the files when its `load_checkpoint` returns. Idempotent; returns the installed loader."""
-    current = _compat.checkpoint_engine(engine)
+    current = compat_deepspeed.checkpoint_engine(engine)
     if isinstance(current, MappedLoads):
         return current
     loads = MappedLoads(current)
-    _compat.set_checkpoint_engine(engine, loads)
+    compat_deepspeed.set_checkpoint_engine(engine, loads)
     load_checkpoint = engine.load_checkpoint  # the public method transformers' resume calls
 
     def load_then_materialize(*args, **kwargs):
         try:
             return load_checkpoint(*args, **kwargs)
         finally:
-            loads.materialize(_compat.engine_optimizers(engine))
+            loads.materialize(compat_deepspeed.engine_optimizers(engine))
 
     engine.load_checkpoint = load_then_materialize
     return loads
 
 
 def installed(engine) -> MappedLoads | None:
-    current = _compat.checkpoint_engine(engine) if engine is not None else None
+    current = compat_deepspeed.checkpoint_engine(engine) if engine is not None else None
     return current if isinstance(current, MappedLoads) else None
 
 

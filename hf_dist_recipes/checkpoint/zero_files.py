@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hf_dist_recipes._compat import ZERO_RANK_FILE, AutoEPPreset
-from hf_dist_recipes._compat import ZeroCheckpointKeys as K
+from hf_dist_recipes._compat.deepspeed import ZERO_RANK_FILE, AutoEPPreset
+from hf_dist_recipes._compat.deepspeed import ZeroCheckpointKeys as K
 from hf_dist_recipes.core.layout import RankLayout
 
 

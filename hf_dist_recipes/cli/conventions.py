@@ -13,7 +13,7 @@ import argparse
 import textwrap
 from collections.abc import Iterator
 
-from hf_dist_recipes._compat import add_option_string, parser_actions, subcommand_parsers
+from hf_dist_recipes._compat.stdlib import add_option_string, parser_actions, subcommand_parsers
 from hf_dist_recipes.core.findings import EXIT_FOUND_PROBLEMS, EXIT_OK, EXIT_USAGE
 
 # `accelerate launch` flags (accelerate/commands/launch.py) whose kebab-case spelling a command of ours may use.

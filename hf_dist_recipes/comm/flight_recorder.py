@@ -4,7 +4,7 @@
 where NCCL's own dump on timeout also lands, `comm.nccl_defaults`):
 - `rank_<N>`: torch's own pickle of its flight recorder (torch 2.13 records every collective of Gloo and NCCL: op,
   sequence id, process group, sizes, the Python frames that called it), the file `python -m
-  torch.distributed.flight_recorder.fr_trace` reads (`_compat.flight_recorder_trace`);
+  torch.distributed.flight_recorder.fr_trace` reads (`_compat.torch.flight_recorder_trace`);
 - `stack_rank_<N>.json`: `{"rank", "reason" ("lost_peer" | "timeout" | "signal"), "time" (unix seconds), "message",
   "pid", "host", "flight_recorder" (the pickle's file name, null when the recorder gave none), "threads": [{"name",
   "is_main", "frames": [{"file", "line", "function", "code"}]}]}`, innermost frame LAST;
@@ -165,7 +165,7 @@ def dump_rank_state(
     `stack_rank_<N>.json`. `error`: the collective's exception, whose traceback becomes the main thread's stack.
     `rank` defaults to the global rank (the `RANK` variable before a process group exists). Never raises for a
     recorder that cannot dump (off: `TORCH_FR_BUFFER_SIZE=0`): the stacks are written all the same."""
-    from hf_dist_recipes import _compat
+    from hf_dist_recipes._compat import torch as compat_torch
 
     if reason not in REASONS:
         raise ValueError(f"reason={reason!r}: use one of {', '.join(REASONS)}")
@@ -175,7 +175,7 @@ def dump_rank_state(
     stacks = thread_stacks(error_frames(error) if error is not None else None)
     recorder = f"{FLIGHT_RECORDER_PREFIX}{rank}"
     try:
-        trace = _compat.flight_recorder_trace()
+        trace = compat_torch.flight_recorder_trace()
     except Exception as err:  # a dump must not fail for want of the recorder's part
         trace, message = None, f"{message} [flight recorder not dumped: {err}]"
     if trace:

@@ -9,7 +9,7 @@ when the dumps agree (exit 0); a folder without dumps is a ValueError (exit 2). 
 `to_dict()`, derived from the dataclasses.
 
 What is torch's and what is ours:
-- torch's (`torch.distributed.flight_recorder`, through `_compat.fr_match_collectives`): the pairing of the ranks'
+- torch's (`torch.distributed.flight_recorder`, through `_compat.torch.fr_match_collectives`): the pairing of the ranks'
   entries into collectives by (group, sequence id) from the first record all ranks hold (`align_trace_from_beginning`,
   `build_collectives`), and the match rules (`Op.match`: op, input/output sizes, all_gather's world-size rule,
   dtypes), which give the first mismatch of each group, its kind and torch's own sentence, and the members missing
@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from hf_dist_recipes import _compat
+from hf_dist_recipes._compat import torch as compat_torch
 from hf_dist_recipes.comm.hang_files import (
     Frame,
     RankFiles,
@@ -323,7 +323,7 @@ def diagnose(path: str | Path, world_size: int | None = None) -> HangDiagnosis:
     if dumped:
         # torch's matching over the ranks that dumped: a member without a dump would stop it (module docstring)
         present = {n: (d, [r for r in m if r in dumped]) for n, (d, m) in groups.items()}
-        matched = _compat.fr_match_collectives(dumped, present, version)
+        matched = compat_torch.fr_match_collectives(dumped, present, version)
         done: set[str] = set()
         for c in matched:
             name = str(c.group_id)

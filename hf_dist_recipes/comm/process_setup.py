@@ -3,13 +3,13 @@
 torch reads some settings once, when the first process group is created: the NCCL variables of
 `comm.nccl_defaults` (ProcessGroupNCCL's constructor) and the flight recorder's buffer size (Gloo too: the recorder
 is made with the first group; `tests/unit/test_process_setup.py` shows a value set after it is ignored). Others can
-change later: every group's collective timeout (`_compat.set_collective_timeout`), the CUDA allocator setting
+change later: every group's collective timeout (`_compat.torch.set_collective_timeout`), the CUDA allocator setting
 (`environment.alloc_defaults` hands it to the running allocator).
 
 Two routes reach the recipe's arguments (issue 30 section 1):
 - `RecipeTrainingArguments` (or `Recipe<C>`): `apply_process_effects` sets the variables before the stock post-init
   creates the group, so torch reads them. The group's timeout is the one transformers gives it: `ddp_timeout` on
-  GPU and DeepSpeed hosts, none (torch's 30 minutes) with `use_cpu` (`_compat.collective_timeout` names the
+  GPU and DeepSpeed hosts, none (torch's 30 minutes) with `use_cpu` (`_compat.torch.collective_timeout` names the
   lines); `apply_startup_timeout` then sets `ddp_timeout` on every group, before the script loads its model.
 - A script's own `TrainingArguments` (or `Seq2SeqTrainingArguments`, trl's configs), which RecipeTrainer upgrades:
   their post-init created the group already, with their own `ddp_timeout` (stock: 1800 s) and without the
@@ -30,7 +30,7 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-from hf_dist_recipes import _compat
+from hf_dist_recipes._compat import torch as compat_torch
 from hf_dist_recipes.comm.nccl_defaults import ALIASES
 
 logger = logging.getLogger(__name__)
@@ -93,10 +93,10 @@ def apply_startup_timeout(seconds: float, *, group_existed: bool) -> ProcessSett
     timeout already, else AFTER_GROUP with the timeout it replaced."""
     if not group_exists():
         return None
-    previous = _compat.collective_timeout()
+    previous = compat_torch.collective_timeout()
     # Every group, not only the default one: a group made earlier by `new_group` (DeepSpeed's, in a second job of the
     # process) has a timeout of its own; reading first keeps the record true when nothing had to change.
-    _compat.set_collective_timeout(seconds)
+    compat_torch.set_collective_timeout(seconds)
     when = BEFORE_GROUP if not group_existed and previous == seconds else AFTER_GROUP
     return ProcessSetting(COLLECTIVE_TIMEOUT, _number(seconds), when, None if previous is None else _number(previous))
 

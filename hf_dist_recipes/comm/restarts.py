@@ -26,7 +26,7 @@ import os
 from collections.abc import MutableMapping
 from datetime import timedelta
 
-from hf_dist_recipes import _compat
+from hf_dist_recipes._compat import torch as compat_torch
 from hf_dist_recipes.core.launch import free_port
 
 PORT_KEY = "hf_dist_recipes/restart_{attempt}/port"
@@ -38,7 +38,7 @@ def fresh_rendezvous_after_restart(environ: MutableMapping[str, str] = os.enviro
     read the port of this attempt's own store, set MASTER_PORT to it and stop using the agent's store; returns the
     port. None (nothing changed) on a first attempt, without torch elastic, or with a store of its own already."""
     attempt = int(environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    if attempt == 0 or not _compat.agent_store_in_use(environ):
+    if attempt == 0 or not compat_torch.agent_store_in_use(environ):
         return None
     if environ.get("GROUP_WORLD_SIZE", "1") != "1":
         # Each machine's agent counts its own restarts (pytorch/pytorch#108158): the ranks of two machines could
@@ -60,5 +60,5 @@ def fresh_rendezvous_after_restart(environ: MutableMapping[str, str] = os.enviro
         agent.set(key, str(free_port("0.0.0.0")))
     port = int(agent.get(key).decode())
     environ["MASTER_PORT"] = str(port)
-    _compat.stop_using_agent_store(environ)
+    compat_torch.stop_using_agent_store(environ)
     return port

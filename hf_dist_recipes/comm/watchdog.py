@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass
 
 from transformers import TrainerCallback
 
-from hf_dist_recipes import _compat
+from hf_dist_recipes._compat import torch as compat_torch
 from hf_dist_recipes.comm.flight_recorder import (
     AutomaticDump,
     FatalStacks,
@@ -353,14 +353,14 @@ class HangWatchdogCallback(TrainerCallback):
         the timeout in force during the save."""
         timeout = max(self.current_timeout(), bound_s)
         if _distributed() and timeout != self.current_timeout():
-            _compat.set_collective_timeout(timeout)
+            compat_torch.set_collective_timeout(timeout)
             self.save_timeout = timeout
             logger.info("collective timeout %g s while the checkpoint is written (save bound)", timeout)
         return timeout
 
     def end_save(self) -> None:
         if self.save_timeout is not None:
-            _compat.set_collective_timeout(self.current_timeout())
+            compat_torch.set_collective_timeout(self.current_timeout())
             self.save_timeout = None
 
     def on_save(self, args, state, control, **kwargs):
@@ -373,9 +373,10 @@ class HangWatchdogCallback(TrainerCallback):
             return
         if not self.step_timeout_set:
             # The arguments gave every group the start-up timeout; DeepSpeed's groups, made since with the engine
-            # (`new_group` without a timeout: torch's 30 minutes on Gloo, 10 on NCCL, `_compat.collective_timeout`),
-            # get it here, so that start-up means the same on every group until the first step sets step_timeout.
-            _compat.set_collective_timeout(self.startup_timeout)
+            # (`new_group` without a timeout: torch's 30 minutes on Gloo, 10 on NCCL,
+            # `_compat.torch.collective_timeout`), get it here, so that start-up means the same on every group until the
+            # first step sets step_timeout.
+            compat_torch.set_collective_timeout(self.startup_timeout)
         self.output_dir, self.step = args.output_dir, state.global_step
         self.dump = AutomaticDump(args.output_dir)
         if self.fatal_stacks is None:
@@ -392,7 +393,7 @@ class HangWatchdogCallback(TrainerCallback):
                 self.preemption.on_expire = self.signal_dump.terminate
         if self.peer_timeout and self.watchdog is None:
             self.watchdog = HeartbeatWatchdog(
-                _compat.default_store(),
+                compat_torch.default_store(),
                 dist.get_rank(),
                 dist.get_world_size(),
                 self.peer_timeout,
@@ -415,7 +416,7 @@ class HangWatchdogCallback(TrainerCallback):
         if self.watchdog is not None:
             self.watchdog.set_step(state.global_step)
         if self.step_timeout and not self.step_timeout_set and _distributed():
-            _compat.set_collective_timeout(self.step_timeout)
+            compat_torch.set_collective_timeout(self.step_timeout)
             self.step_timeout_set = True
             if state.is_world_process_zero:
                 logger.info(
@@ -470,7 +471,7 @@ class HangWatchdogCallback(TrainerCallback):
             self.fatal_stacks = None
         self.dump = None
         if self.step_timeout_set:
-            _compat.set_collective_timeout(self.startup_timeout)
+            compat_torch.set_collective_timeout(self.startup_timeout)
             self.step_timeout_set = False
 
 

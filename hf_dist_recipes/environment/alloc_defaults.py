@@ -15,7 +15,7 @@ any of them set means the allocator was configured by someone, and nothing is ad
 Setting the variable is not enough inside a process that has imported torch: the allocator reads it once, and some
 torch 2.x releases read it while `import torch` loads the CUDA library (their `BackendStaticInitializer` asks the
 allocator config which backend to use). So the value is also handed to the running allocator config
-(`_compat.set_allocator_settings`); the variable stays for the processes this one starts.
+(`_compat.torch.set_allocator_settings`); the variable stays for the processes this one starts.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import logging
 import os
 from collections.abc import Callable, MutableMapping
 
-from hf_dist_recipes import _compat
+from hf_dist_recipes._compat import torch as compat_torch
 
 logger = logging.getLogger(__name__)
 
@@ -39,13 +39,13 @@ def apply_alloc_conf_default(
 ) -> dict[str, str]:
     """Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in `environ` (default `os.environ`) unless a name of
     `ALLOC_CONF_NAMES` is set, and hand it to the running allocator through `apply` (default
-    `_compat.set_allocator_settings`). Returns what was set ({} when the user had configured the allocator); logs it
-    once, on global rank 0 (`RANK`). Call it only on hosts that train on CUDA."""
+    `_compat.torch.set_allocator_settings`). Returns what was set ({} when the user had configured the allocator); logs
+    it once, on global rank 0 (`RANK`). Call it only on hosts that train on CUDA."""
     env = os.environ if environ is None else environ
     if any(name in env for name in ALLOC_CONF_NAMES):
         return {}
     env[ALLOC_CONF_VARIABLE] = ALLOC_CONF
-    (apply or _compat.set_allocator_settings)(ALLOC_CONF)
+    (apply or compat_torch.set_allocator_settings)(ALLOC_CONF)
     if env.get("RANK", "0") == "0":
         logger.info("CUDA allocator default applied (unset before): %s=%s", ALLOC_CONF_VARIABLE, ALLOC_CONF)
     return {ALLOC_CONF_VARIABLE: ALLOC_CONF}

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from transformers import TrainerCallback
 
-from hf_dist_recipes._compat import is_zero_partitioned
+from hf_dist_recipes._compat.deepspeed import is_zero_partitioned
 from hf_dist_recipes.moe.expert_load import ExpertLoadTracker, RoutedLayer, find_routed_layers
 from hf_dist_recipes.runtime import JobFacts
 

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from transformers import TrainerCallback
 
-from hf_dist_recipes import _compat
+from hf_dist_recipes._compat import deepspeed as compat_deepspeed
 from hf_dist_recipes.core.gather import distributed
 from hf_dist_recipes.core.layout import RankLayout
 from hf_dist_recipes.runtime import RecipeRuntime
@@ -69,8 +69,8 @@ class RoutedLayer:
 
 def find_routed_layers(model: nn.Module) -> list[RoutedLayer]:
     """The model's MoE routers, in module order (each once, also where AutoEP aliases its router as `gate`)."""
-    classes = _compat.moe_router_classes()
-    ep_sizes = _compat.autoep_ep_sizes(model)
+    classes = compat_deepspeed.moe_router_classes()
+    ep_sizes = compat_deepspeed.autoep_ep_sizes(model)
     layers = []
     for name, module in model.named_modules():
         at = classes.get(type(module))

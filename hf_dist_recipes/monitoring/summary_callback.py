@@ -26,7 +26,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from hf_dist_recipes._compat import held_elements
+from hf_dist_recipes._compat.deepspeed import held_elements
 from hf_dist_recipes.monitoring import SUMMARY_DIRNAME
 from hf_dist_recipes.monitoring.system_metrics import launch_identity
 from hf_dist_recipes.runtime import RecipeRuntime
@@ -110,7 +110,7 @@ class RankSummaryCallback(TrainerCallback):
 
 def parameter_elements(model) -> tuple[int, int]:
     """(all elements, elements held by this rank) of `model`'s parameters. ZeRO-3 leaves each parameter an empty
-    placeholder, whose sizes `_compat.held_elements` reads."""
+    placeholder, whose sizes `_compat.deepspeed.held_elements` reads."""
     if model is None:
         return 0, 0
     sizes = [held_elements(p) for p in model.parameters()]

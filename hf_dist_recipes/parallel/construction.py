@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_dist_recipes._compat import is_zero_partitioned
+from hf_dist_recipes._compat.deepspeed import is_zero_partitioned
 from hf_dist_recipes.core.sizes import format_size
 
 FIX = (

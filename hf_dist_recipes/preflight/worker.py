@@ -293,20 +293,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch.distributed as dist
 
-    from hf_dist_recipes import _compat
+    from hf_dist_recipes._compat import torch as compat_torch
     from hf_dist_recipes.comm.watchdog import HeartbeatWatchdog
 
     if dist.is_initialized():
         # transformers 5.24 passes ddp_timeout to the group only on GPU / DeepSpeed hosts (training_args.py
         # _setup_devices: not with use_cpu), so set it on every group: ranks stuck in mismatched collectives (alive,
         # so the heartbeat cannot tell) end within it instead of Gloo's 30 minutes.
-        _compat.set_collective_timeout(args.collective_timeout_s)
+        compat_torch.set_collective_timeout(args.collective_timeout_s)
 
     watchdog = None
     if dist.is_initialized() and dist.get_world_size() > 1 and args.peer_timeout_s:
         # Its own key space: RecipeTrainer's watchdog (inside the training checks) beats under the same keys and
         # marks each rank "done" at the end of each run, which would make a rank stopped after that look finished.
-        store = dist.PrefixStore("hf_dist_recipes/preflight/", _compat.default_store())
+        store = dist.PrefixStore("hf_dist_recipes/preflight/", compat_torch.default_store())
         watchdog = HeartbeatWatchdog(
             store, dist.get_rank(), dist.get_world_size(), args.peer_timeout_s, on_lost=reporter.lost
         )

@@ -60,7 +60,7 @@ from typing import Literal, get_args
 import torch
 from transformers import TrainerCallback
 
-from hf_dist_recipes._compat import is_zero_partitioned
+from hf_dist_recipes._compat.deepspeed import is_zero_partitioned
 from hf_dist_recipes.core.gather import gather_floats, gather_objects
 from hf_dist_recipes.core.layout import RankLayout
 from hf_dist_recipes.monitoring.console import warn_once

@@ -15,8 +15,8 @@ Finding a non-finite value, per rank, without a host sync per micro-step:
   or by NaN (non-finite). The multiplication makes every gradient of that rank NaN, so a non-finite loss whose
   gradients happened to be finite can never be applied by an engine that only looks at gradients;
 - the gradients, under DeepSpeed ZeRO-3: each bucket of the rank's own gradients, just before the engine
-  reduce-scatters it (`_compat.watch_zero3_gradients`), gets one 2-norm per parameter from one fused call
-  (`_compat.tensor_norms`), added into one float32 slot per parameter (on CPU, where reading a value waits for no
+  reduce-scatters it (`_compat.deepspeed.watch_zero3_gradients`), gets one 2-norm per parameter from one fused call
+  (`_compat.torch.tensor_norms`), added into one float32 slot per parameter (on CPU, where reading a value waits for no
   device, one 2-norm over the bucket first, and the norms only when it is not finite): a few kernels per bucket, and
   DeepSpeed keeps one bucket per backward at its default `reduce_bucket_size` (5e8 elements). A hook per parameter
   tensor instead costs a Python call and a kernel per tensor per micro-step (see
@@ -59,11 +59,12 @@ Skipping the same step on every rank (`nonfinite_policy="skip"`, the default):
   job halts.
 - Without DeepSpeed (one process, DDP): the decision comes before `optimizer.step()`. Every rank drops its
   gradients (`optimizer.zero_grad(set_to_none=True)`: torch optimizers leave parameters without a gradient and
-  their state untouched) and marks the step skipped on accelerate's optimizer (`_compat.mark_optimizer_step_skipped`),
-  which makes the Trainer leave the scheduler alone (`accelerator.optimizer_step_was_skipped`) as it does after an
-  fp16 overflow. With a GradScaler (fp16) the gradients are set to NaN instead, and the scaler skips.
+  their state untouched) and marks the step skipped on accelerate's optimizer
+  (`_compat.accelerate.mark_optimizer_step_skipped`), which makes the Trainer leave the scheduler alone
+  (`accelerator.optimizer_step_was_skipped`) as it does after an fp16 overflow. With a GradScaler (fp16) the gradients
+  are set to NaN instead, and the scaler skips.
 - The Trainer's running loss would stay NaN for the rest of the run (`tr_loss -= tr_loss` keeps a NaN);
-  `RecipeTrainer.log` resets it after the log that shows the NaN (`_compat.reset_nonfinite_running_loss`).
+  `RecipeTrainer.log` resets it after the log that shows the NaN (`_compat.transformers.reset_nonfinite_running_loss`).
   `global_step` still counts the skipped step; its batch is not retried.
 
 Halting (`nonfinite_policy="halt"`, or more than `max_consecutive_skips` skips in a row): the bad step is
@@ -110,7 +111,9 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from hf_dist_recipes import _compat
+from hf_dist_recipes._compat import accelerate as compat_accelerate
+from hf_dist_recipes._compat import deepspeed as compat_deepspeed
+from hf_dist_recipes._compat import torch as compat_torch
 from hf_dist_recipes.core.gather import distributed, gather_objects
 from hf_dist_recipes.monitoring.console import warn_once
 from hf_dist_recipes.runtime import RecipeRuntime
@@ -183,7 +186,8 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         self._micro_steps = 0
         self._grad_norm: float | None = None
         self._local_sq: torch.Tensor | None = None  # this step's squared local gradient norm (module docstring)
-        # DeepSpeed ZeRO-3: gradients watched per bucket (`_compat.watch_zero3_gradients`), the engine decides.
+        # DeepSpeed ZeRO-3: gradients watched per bucket (`_compat.deepspeed.watch_zero3_gradients`), the engine
+        # decides.
         self._zero3 = False
         self._optimizer = None
         self._index: dict[int, int] = {}  # id(parameter) -> its slot in _grad_sums
@@ -256,7 +260,7 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         self._names = [n for n, _ in params]
         self._grad_sums = torch.zeros(len(params), dtype=torch.float32, device=args.device)
         self._local_sq = torch.zeros((), dtype=torch.float64, device=args.device)
-        if _compat.watch_zero3_gradients(optimizer, self._observe_bucket):
+        if compat_deepspeed.watch_zero3_gradients(optimizer, self._observe_bucket):
             self._zero3, self._optimizer = True, optimizer
             self._index = {id(p): i for i, (_, p) in enumerate(params)}
             return
@@ -280,7 +284,7 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         if not params:
             return
         # One fused call for all the bucket's norms; NaN and Inf survive them.
-        norms = _compat.tensor_norms([p.grad for p in params]).to(self._grad_sums.device)
+        norms = compat_torch.tensor_norms([p.grad for p in params]).to(self._grad_sums.device)
         self._local_sq += norms.double().square().sum()
         self._grad_sums.index_add_(0, torch.tensor(index, device=self._grad_sums.device), norms)
 
@@ -309,7 +313,7 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         self._check_unchecked()  # normally done already at the last step (should_training_stop)
         self._remove_hooks()
         if self._zero3:
-            _compat.unwatch_zero3_gradients(self._optimizer)
+            compat_deepspeed.unwatch_zero3_gradients(self._optimizer)
             self._zero3, self._optimizer = False, None
 
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, model=None, **kwargs):
@@ -452,7 +456,7 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
     def _skip_optimizer_step(self, optimizer) -> None:
         if optimizer is None:
             return
-        if _compat.has_grad_scaler(optimizer):
+        if compat_accelerate.has_grad_scaler(optimizer):
             # The scaler asserts on an optimizer without gradients; NaN gradients make it skip by itself.
             for group in optimizer.param_groups:
                 for p in group["params"]:
@@ -460,7 +464,7 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
                         p.grad.fill_(math.nan)
             return
         optimizer.zero_grad(set_to_none=True)
-        _compat.mark_optimizer_step_skipped(optimizer, True)
+        compat_accelerate.mark_optimizer_step_skipped(optimizer, True)
         self._skipping = True
 
     def _check_spikes(
@@ -522,7 +526,7 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
             self._check_unchecked()
 
         if self._skipping:  # after the Trainer read it to leave the scheduler alone
-            _compat.mark_optimizer_step_skipped(optimizer, False)
+            compat_accelerate.mark_optimizer_step_skipped(optimizer, False)
             self._skipping = False
 
     def on_save(self, args, state, control, **kwargs):

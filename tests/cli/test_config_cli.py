@@ -385,7 +385,7 @@ def _help_example(command: str) -> list[str]:
     """The argv of the `Example:` line of `hf-dist-recipes config <command> --help` (its epilog)."""
     import shlex
 
-    from hf_dist_recipes._compat import subcommand_parsers
+    from hf_dist_recipes._compat.stdlib import subcommand_parsers
     from hf_dist_recipes.cli.main import build_parser
 
     config = dict(subcommand_parsers(build_parser(("config",))))["config"]

@@ -15,7 +15,8 @@ import torch
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, Trainer, TrainingArguments
 from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
-from hf_dist_recipes import RecipeTrainer, RecipeTrainerMixin, RecipeTrainingArguments, _compat, recipe
+from hf_dist_recipes import RecipeTrainer, RecipeTrainerMixin, RecipeTrainingArguments, recipe
+from hf_dist_recipes._compat import transformers as compat_transformers
 from hf_dist_recipes.argument_classes import recipe_arguments_class
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
@@ -185,7 +186,7 @@ def test_recipe_factory_classes():
         made is recipe(SFTTrainer) is recipe(SFTTrainer, arguments_class=None) and made.__name__ == "RecipeSFTTrainer"
     )
     # The mixin's own base holds its overrides of private Trainer methods (_compat), before the Trainer.
-    assert made.__mro__[1:4] == (RecipeTrainerMixin, _compat.TrainerPrivateOverrides, SFTTrainer)
+    assert made.__mro__[1:4] == (RecipeTrainerMixin, compat_transformers.TrainerPrivateOverrides, SFTTrainer)
     assert recipe(made) is made
     assert made.recipe_arguments_base is SFTConfig  # from `args: SFTConfig | TrainingArguments | None`
     assert recipe(DPOTrainer).recipe_arguments_base is DPOConfig

@@ -3,7 +3,9 @@ import json
 import pytest
 from transformers import TrainingArguments
 
-from hf_dist_recipes import RecipeTrainingArguments, _compat
+from hf_dist_recipes import RecipeTrainingArguments
+from hf_dist_recipes._compat import accelerate as compat_accelerate
+from hf_dist_recipes._compat import transformers as compat_transformers
 from hf_dist_recipes.comm import backend
 
 
@@ -48,15 +50,18 @@ def test_upgrade_keeps_the_launch_plans_activation_checkpointing(tmp_path, monke
 
     generated = Path(__file__).resolve().parents[2] / "accelerate_configs" / "deepspeed"
     # The generated DeepSeek-V2-Lite JSON (its recorded plan assumed activation checkpointing) as the launcher's.
-    monkeypatch.setenv(_compat.ACCELERATE_USE_DEEPSPEED, "true")
+    monkeypatch.setenv(compat_accelerate.ACCELERATE_USE_DEEPSPEED, "true")
     monkeypatch.setenv(
-        _compat.ACCELERATE_DEEPSPEED_CONFIG_FILE, str(generated / "deepseek_v2_lite_zero3_ep2_1node_8gpu.json")
+        compat_accelerate.ACCELERATE_DEEPSPEED_CONFIG_FILE,
+        str(generated / "deepseek_v2_lite_zero3_ep2_1node_8gpu.json"),
     )
     assert RecipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True).activation_checkpointing is True
     plain = TrainingArguments(output_dir=str(tmp_path), use_cpu=True)
     # transformers' post-init turned the declared None into False (fails when upstream changes: see _compat).
     assert TrainingArguments.__dataclass_fields__["activation_checkpointing"].default is None
-    assert {name: getattr(plain, name) for name in _compat.STOCK_POST_INIT_DEFAULTS} == _compat.STOCK_POST_INIT_DEFAULTS
+    assert {
+        name: getattr(plain, name) for name in compat_transformers.STOCK_POST_INIT_DEFAULTS
+    } == compat_transformers.STOCK_POST_INIT_DEFAULTS
     up = RecipeTrainingArguments.from_training_arguments(plain)
     assert up.activation_checkpointing is True and up.gradient_checkpointing is True
     assert up.activation_checkpointing_from_plan is True
@@ -108,11 +113,11 @@ def test_tp_batch_trap_fixed_in_a_deepspeed_file(tmp_path, monkeypatch):
 def test_launcher_config_is_read_from_accelerate_env(tmp_path, monkeypatch):
     ds = tmp_path / "ds.json"
     ds.write_text('{"zero_optimization": {"stage": 3}}')
-    monkeypatch.setenv(_compat.ACCELERATE_USE_DEEPSPEED, "true")
-    monkeypatch.setenv(_compat.ACCELERATE_DEEPSPEED_CONFIG_FILE, str(ds))
-    assert _compat.launcher_deepspeed_config() == {"zero_optimization": {"stage": 3}}
-    monkeypatch.setenv(_compat.ACCELERATE_USE_DEEPSPEED, "false")
-    assert _compat.launcher_deepspeed_config() is None
+    monkeypatch.setenv(compat_accelerate.ACCELERATE_USE_DEEPSPEED, "true")
+    monkeypatch.setenv(compat_accelerate.ACCELERATE_DEEPSPEED_CONFIG_FILE, str(ds))
+    assert compat_accelerate.launcher_deepspeed_config() == {"zero_optimization": {"stage": 3}}
+    monkeypatch.setenv(compat_accelerate.ACCELERATE_USE_DEEPSPEED, "false")
+    assert compat_accelerate.launcher_deepspeed_config() is None
 
 
 def test_min_lr_ratio_is_checked_when_the_arguments_are_made(tmp_path):

@@ -271,7 +271,7 @@ def test_generate_records_the_chunk_and_the_arguments_take_it(tmp_path, monkeypa
     before); RecipeTrainingArguments take it from the launcher's config unless given, 0 turning it off."""
     import json
 
-    from hf_dist_recipes import _compat
+    from hf_dist_recipes._compat import accelerate as compat_accelerate
     from hf_dist_recipes.cli.main import main
     from hf_dist_recipes.parallel.plan_record import recorded_plan
 
@@ -281,8 +281,8 @@ def test_generate_records_the_chunk_and_the_arguments_take_it(tmp_path, monkeypa
     plain = json.loads((tmp_path / "deepspeed" / "plain.json").read_text())
     chunked = json.loads((tmp_path / "deepspeed" / "chunked.json").read_text())
     assert "loss_chunk_tokens" not in recorded_plan(plain) and recorded_plan(chunked)["loss_chunk_tokens"] == 512
-    monkeypatch.setenv(_compat.ACCELERATE_USE_DEEPSPEED, "true")
-    monkeypatch.setenv(_compat.ACCELERATE_DEEPSPEED_CONFIG_FILE, str(tmp_path / "deepspeed" / "chunked.json"))
+    monkeypatch.setenv(compat_accelerate.ACCELERATE_USE_DEEPSPEED, "true")
+    monkeypatch.setenv(compat_accelerate.ACCELERATE_DEEPSPEED_CONFIG_FILE, str(tmp_path / "deepspeed" / "chunked.json"))
     out = str(tmp_path / "run")
     assert RecipeTrainingArguments(output_dir=out, use_cpu=True).loss_chunk_tokens == 512
     assert RecipeTrainingArguments(output_dir=out, use_cpu=True, loss_chunk_tokens=64).loss_chunk_tokens == 64

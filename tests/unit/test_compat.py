@@ -1,6 +1,6 @@
-"""Fails when an installed upstream no longer matches what hf_dist_recipes/_compat.py relies on.
+"""Fails when an installed upstream no longer matches what hf_dist_recipes/_compat/ relies on.
 
-About 600 lines: one test or more per private touch in _compat.py (each workaround checked both ways), so the file
+About 600 lines: one test or more per private touch in _compat/ (each workaround checked both ways), so the file
 is as long as the list of what upstream may change under us; split, a touch's test would no longer sit in the one
 place that lists them."""
 
@@ -16,13 +16,17 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 from hf_dist_recipes import _compat
+from hf_dist_recipes._compat import accelerate as compat_accelerate
+from hf_dist_recipes._compat import deepspeed as compat_deepspeed
+from hf_dist_recipes._compat import torch as compat_torch
+from hf_dist_recipes._compat import transformers as compat_transformers
 
 
 def test_installed_versions_are_the_proven_ones():
     """The contract tests below run against whatever is installed; a release outside PROVEN has not been read."""
     for package, spec in _compat.PROVEN.items():
         assert SpecifierSet(spec).contains(version(package), prereleases=True), (
-            f"{package} {version(package)} is outside {spec}: re-read _compat.py's touches, then widen PROVEN"
+            f"{package} {version(package)} is outside {spec}: re-read _compat/'s touches, then widen PROVEN"
         )
 
 
@@ -62,13 +66,15 @@ def test_a_workaround_is_needed_exactly_in_its_affected_releases():
 
 
 def test_accelerate_hands_the_deepspeed_file_to_the_ranks_under_the_assumed_names():
-    assert f'"{_compat.ACCELERATE_DEEPSPEED_CONFIG_FILE}"' in inspect.getsource(acc_launch)
+    assert f'"{compat_accelerate.ACCELERATE_DEEPSPEED_CONFIG_FILE}"' in inspect.getsource(acc_launch)
     plugin_src = inspect.getsource(acc_dataclasses.DeepSpeedPlugin)
-    assert f'os.environ.get("{_compat.ACCELERATE_DEEPSPEED_CONFIG_FILE}"' in plugin_src
+    assert f'os.environ.get("{compat_accelerate.ACCELERATE_DEEPSPEED_CONFIG_FILE}"' in plugin_src
 
 
 def test_trainingarguments_builds_its_plugin_from_the_launcher_env():
-    assert f'os.environ.get("{_compat.ACCELERATE_USE_DEEPSPEED}"' in inspect.getsource(hf_args.TrainingArguments)
+    assert f'os.environ.get("{compat_accelerate.ACCELERATE_USE_DEEPSPEED}"' in inspect.getsource(
+        hf_args.TrainingArguments
+    )
 
 
 def test_trainer_reads_the_tp_degree_only_from_the_arguments_config():
@@ -96,8 +102,8 @@ def test_accelerate_refuses_the_keys_lint_reports_beside_a_deepspeed_file():
 
 
 def test_from_pretrained_refuses_weight_conversions_under_training_autotp_where_the_workaround_says():
-    """_compat.allow_weight_conversions_under_training_autotp hides training TP from this guard, in the releases
-    WORKAROUNDS["autotp_weight_conversion"] names. When this test fails, upstream changed the guard: re-check
+    """_compat.transformers.allow_weight_conversions_under_training_autotp hides training TP from this guard, in the
+    releases WORKAROUNDS["autotp_weight_conversion"] names. When this test fails, upstream changed the guard: re-check
     whether the wrapper is still needed, and close the entry's `affected` below the release that fixed it."""
     import transformers.integrations.deepspeed as hf_ds
     from transformers import AutoModelForCausalLM
@@ -106,7 +112,7 @@ def test_from_pretrained_refuses_weight_conversions_under_training_autotp_where_
 
     from hf_dist_recipes.core.model_templates import template_config
 
-    _compat.allow_weight_conversions_under_training_autotp()
+    compat_transformers.allow_weight_conversions_under_training_autotp()
     patched = hf_ds._apply_weight_conversions_to_state_dict
     original = getattr(patched, "__wrapped__", patched)
     assert (patched is not original) == _compat.needed("autotp_weight_conversion")
@@ -165,7 +171,7 @@ def test_moe_routers_return_their_top_k_indices_where_assumed():
     from hf_dist_recipes.core.model_templates import template_config
 
     model = AutoModelForCausalLM.from_config(template_config("tiny-deepseek-v3"))
-    classes = _compat.moe_router_classes()
+    classes = compat_deepspeed.moe_router_classes()
     router = next(m for m in model.modules() if type(m) in classes)
     hidden = torch.randn(5, model.config.hidden_size)
     indices = router(hidden)[classes[type(router)]]
@@ -178,27 +184,27 @@ def test_moe_routers_return_their_top_k_indices_where_assumed():
 
 
 def test_deepspeed_refuses_a_second_hpz_group_in_one_process_where_the_workaround_says():
-    """RecipeTrainer.call_model_init forgets this global (_compat.forget_zero_hpz_group) so that `train()` can call
-    `model_init` again under hpZ, in the releases WORKAROUNDS["hpz_group_per_process"] names. When this fails,
+    """RecipeTrainer.call_model_init forgets this global (_compat.deepspeed.forget_zero_hpz_group) so that `train()` can
+    call `model_init` again under hpZ, in the releases WORKAROUNDS["hpz_group_per_process"] names. When this fails,
     upstream changed how zero.Init keeps the hpZ group: re-check whether the reset is still needed and still enough."""
     import deepspeed.utils.groups as groups
     from deepspeed.runtime.zero.partition_parameters import Init
 
     refuses = (
-        hasattr(groups, _compat._HPZ_GROUP)
+        hasattr(groups, compat_deepspeed._HPZ_GROUP)
         and "ZeRO parameter intra parallel group is already initialized"
         in inspect.getsource(groups._create_zero_param_parallel_group)
         and "groups._create_zero_param_parallel_group(" in inspect.getsource(Init.__init__)
     )
     assert refuses == _compat.needed("hpz_group_per_process")
-    before = getattr(groups, _compat._HPZ_GROUP)
+    before = getattr(groups, compat_deepspeed._HPZ_GROUP)
     try:
         stand_in = object()  # stands in for a process group; none exists in this process
-        setattr(groups, _compat._HPZ_GROUP, stand_in)
-        _compat.forget_zero_hpz_group()
-        assert getattr(groups, _compat._HPZ_GROUP) is (None if refuses else stand_in)
+        setattr(groups, compat_deepspeed._HPZ_GROUP, stand_in)
+        compat_deepspeed.forget_zero_hpz_group()
+        assert getattr(groups, compat_deepspeed._HPZ_GROUP) is (None if refuses else stand_in)
     finally:
-        setattr(groups, _compat._HPZ_GROUP, before)
+        setattr(groups, compat_deepspeed._HPZ_GROUP, before)
 
 
 def test_torch_waits_on_the_build_lock_file_where_the_workaround_says():
@@ -258,13 +264,13 @@ def test_torch_non_persistent_buffers_are_the_ones_state_dict_leaves_out():
     module = torch.nn.Linear(2, 2)
     module.register_buffer("kept", torch.ones(1))
     module.register_buffer("dropped", torch.zeros(1), persistent=False)
-    assert _compat.non_persistent_buffer_names(module) == {"dropped"}
+    assert compat_torch.non_persistent_buffer_names(module) == {"dropped"}
     assert set(module.state_dict()) == {"weight", "bias", "kept"}
 
 
 def test_zero3_marks_partitioned_parameters_where_assumed():
-    """_compat.zero_param_id / is_zero_partitioned read the attributes zero.Init sets (DeepSpeed 0.19.8); the tied
-    weight detection in checkpoint/gather.py relies on one id per parameter, equal on every rank."""
+    """_compat.deepspeed.zero_param_id / is_zero_partitioned read the attributes zero.Init sets (DeepSpeed 0.19.8); the
+    tied weight detection in checkpoint/gather.py relies on one id per parameter, equal on every rank."""
     from deepspeed.runtime.zero.partition_parameters import Init
     from deepspeed.runtime.zero.utils import is_zero_param
 
@@ -273,10 +279,12 @@ def test_zero3_marks_partitioned_parameters_where_assumed():
     assert "param.ds_numel = " in convert and "param.ds_tensor = " in convert
     marked, plain = torch.nn.Parameter(torch.ones(1)), torch.nn.Parameter(torch.ones(1))
     marked.ds_id = 7
-    assert _compat.zero_param_id(marked) == 7 and _compat.zero_param_id(plain) is None
-    assert [_compat.is_zero_partitioned(p) for p in (marked, plain)] == [is_zero_param(p) for p in (marked, plain)]
+    assert compat_deepspeed.zero_param_id(marked) == 7 and compat_deepspeed.zero_param_id(plain) is None
+    assert [compat_deepspeed.is_zero_partitioned(p) for p in (marked, plain)] == [
+        is_zero_param(p) for p in (marked, plain)
+    ]
     marked.ds_numel, marked.ds_tensor = 10, torch.ones(5)  # a 10-element parameter, half of it on this rank
-    assert _compat.held_elements(marked) == (10, 5) and _compat.held_elements(plain) == (1, 1)
+    assert compat_deepspeed.held_elements(marked) == (10, 5) and compat_deepspeed.held_elements(plain) == (1, 1)
 
 
 def test_autotp_gather_context_takes_params_and_module_and_leaves_other_modules_alone():
@@ -286,7 +294,7 @@ def test_autotp_gather_context_takes_params_and_module_and_leaves_other_modules_
     assert "GatherReplacedLayerParams(" in inspect.getsource(_engine_class()._zero3_consolidated_16bit_state_dict)
     linear = torch.nn.Linear(3, 2)
     before = linear.weight.detach().clone()
-    with _compat.gather_tp_params(list(linear.parameters()), linear):
+    with compat_deepspeed.gather_tp_params(list(linear.parameters()), linear):
         assert torch.equal(linear.weight, before)  # not an AutoTP layer: nothing gathered, nothing changed
 
 
@@ -313,13 +321,14 @@ def autoep_model():
 
 
 def test_autoep_layer_parts_read_a_real_autoep_layer(autoep_model):
-    """checkpoint/gather.py reads an AutoEP layer only through _compat.autoep_layer_parts (DeepSpeed 0.19.8)."""
+    """checkpoint/gather.py reads an AutoEP layer only through _compat.deepspeed.autoep_layer_parts (DeepSpeed
+    0.19.8)."""
     model, original = autoep_model
     config = model.config
-    layers = [m for m in model.modules() if _compat.is_autoep_layer(m)]
+    layers = [m for m in model.modules() if compat_deepspeed.is_autoep_layer(m)]
     assert len(layers) == config.num_hidden_layers - config.first_k_dense_replace  # 2 of 3: the first is dense
-    assert not _compat.is_autoep_layer(original) and not _compat.is_autoep_layer(model)
-    parts = _compat.autoep_layer_parts(layers[0])
+    assert not compat_deepspeed.is_autoep_layer(original) and not compat_deepspeed.is_autoep_layer(model)
+    parts = compat_deepspeed.autoep_layer_parts(layers[0])
     e, inter, hidden = config.n_routed_experts, config.moe_intermediate_size, config.hidden_size  # 8, 32, 64
     assert parts.model_family == "deepseek_v3" and parts.num_experts == e
     assert parts.w1.shape == (e, inter, hidden) and parts.w3.shape == (e, inter, hidden)
@@ -327,9 +336,9 @@ def test_autoep_layer_parts_read_a_real_autoep_layer(autoep_model):
     assert isinstance(parts.router_gate, torch.nn.Linear) and parts.router_gate.weight.shape == (e, hidden)
     assert parts.router.e_score_correction_bias.shape == (e,) and parts.shared_experts is not None
     assert hasattr(layers[0], "ep_group")  # None until deepspeed.initialize sets the groups
-    assert _compat.autoep_experts_for_rank(parts.placement, 0) == list(range(e))
+    assert compat_deepspeed.autoep_experts_for_rank(parts.placement, 0) == list(range(e))
     # the same layer's state-dict names, as the offline export finds them in a checkpoint
-    K = _compat.ZeroCheckpointKeys
+    K = compat_deepspeed.ZeroCheckpointKeys
     names = set(layers[0].state_dict())
     assert {f"experts.{w}" for w in K.EXPERT_TENSORS} | {f"{K.ROUTER_GATE}.weight", K.ROUTER_SCORE_BIAS} <= names
 
@@ -338,8 +347,8 @@ def test_autoep_placement_hands_each_ep_rank_its_block_of_experts():
     from deepspeed.checkpoint.autoep_affine import legacy_uniform_autoep_placement_descriptor
 
     placement = legacy_uniform_autoep_placement_descriptor(8, 4, 2)  # 8 experts, 4 per rank, EP 2
-    assert [_compat.autoep_experts_for_rank(placement, r) for r in (0, 1)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    K = _compat.ZeroCheckpointKeys  # the offline export reads this descriptor from a checkpoint by these keys
+    assert [compat_deepspeed.autoep_experts_for_rank(placement, r) for r in (0, 1)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    K = compat_deepspeed.ZeroCheckpointKeys  # the offline export reads this descriptor from a checkpoint by these keys
     assert [(p[K.PLACEMENT_RANK], p[K.PLACEMENT_EXPERTS]) for p in placement[K.PLACEMENT_RANKS]] == [
         (0, [0, 1, 2, 3]),
         (1, [4, 5, 6, 7]),
@@ -348,14 +357,14 @@ def test_autoep_placement_hands_each_ep_rank_its_block_of_experts():
 
 def test_autoep_preset_names_the_replaced_blocks_modules(autoep_model):
     model, original = autoep_model
-    preset = _compat.autoep_preset("deepseek_v3")
+    preset = compat_deepspeed.autoep_preset("deepseek_v3")
     inter = model.config.moe_intermediate_size
     experts = original.get_submodule(preset.experts)
     assert isinstance(original.get_submodule(preset.router), torch.nn.Module)
     assert preset.expert_w3 is None and getattr(experts, preset.expert_w1).shape[1] == 2 * inter  # fused gate/up
     assert getattr(experts, preset.expert_w2).shape[2] == inter
     assert isinstance(original.get_submodule(preset.shared_experts), torch.nn.Module)
-    assert _compat.autoep_preset("no_such_model_type") is None
+    assert compat_deepspeed.autoep_preset("no_such_model_type") is None
 
 
 def test_transformers_reverts_fused_experts_to_the_layout_save_pretrained_writes():
@@ -372,7 +381,7 @@ def test_transformers_reverts_fused_experts_to_the_layout_save_pretrained_writes
     model = AutoModelForCausalLM.from_config(template_config("tiny-deepseek-v3"))
     fused = model.model.layers[1].mlp.experts.gate_up_proj.detach()  # [E, 2I, H]: gate rows, then up rows
     inter = model.config.moe_intermediate_size
-    disk = _compat.to_disk_layout(model, {"model.layers.1.mlp.experts.gate_up_proj": fused})
+    disk = compat_transformers.to_disk_layout(model, {"model.layers.1.mlp.experts.gate_up_proj": fused})
     for e in range(model.config.n_routed_experts):
         assert torch.equal(disk[f"model.layers.1.mlp.experts.{e}.gate_proj.weight"], fused[e, :inter])
         assert torch.equal(disk[f"model.layers.1.mlp.experts.{e}.up_proj.weight"], fused[e, inter:])
@@ -390,7 +399,7 @@ def test_zero_checkpoint_file_names_are_deepspeeds():
     optim = engine._get_rank_zero_ckpt_name(fake, "ckpt", "global_step5", mp_rank=1, dp_rank=3, bf16_mode=True)
     model = engine._get_ckpt_name(fake, "ckpt", "global_step5", pp_placeholder=3)
     for path, kind in ((optim, "optim"), (model, "model")):
-        m = _compat.ZERO_RANK_FILE.match(path.rsplit("/", 1)[1])
+        m = compat_deepspeed.ZERO_RANK_FILE.match(path.rsplit("/", 1)[1])
         assert m is not None and (int(m.group(2)), int(m.group(3)), m.group(4)) == (3, 1, kind), path
 
 
@@ -399,7 +408,7 @@ def test_zero_checkpoint_keys_are_deepspeeds():
     from deepspeed.checkpoint import constants as c
     from deepspeed.runtime.zero import stage3
 
-    K = _compat.ZeroCheckpointKeys
+    K = compat_deepspeed.ZeroCheckpointKeys
     named = {
         K.OPTIMIZER_STATE: c.OPTIMIZER_STATE_DICT,
         K.FP32_FLAT_GROUPS: c.FP32_FLAT_GROUPS,
@@ -469,7 +478,7 @@ def _method_source(module_source: str, name: str) -> str:
 
 
 def test_deepspeed_zero3_gradient_buckets_as_watch_zero3_gradients_reads_them():
-    """_compat.watch_zero3_gradients (DeepSpeed 0.19.8): every gradient leaves through the name-mangled bucket
+    """_compat.deepspeed.watch_zero3_gradients (DeepSpeed 0.19.8): every gradient leaves through the name-mangled bucket
     reduction, called when a bucket is full and at the end of each backward; the bucket names its parameters in
     `params`, whose `.grad` is still this rank's own gradient then; within reduce_bucket_size the gradients lie
     end to end in `buffer`, in the order of `params`."""
@@ -477,7 +486,7 @@ def test_deepspeed_zero3_gradient_buckets_as_watch_zero3_gradients_reads_them():
 
     from deepspeed.runtime.zero import stage3
 
-    assert hasattr(stage3.DeepSpeedZeroOptimizer_Stage3, _compat._ZERO3_REDUCE)
+    assert hasattr(stage3.DeepSpeedZeroOptimizer_Stage3, compat_deepspeed._ZERO3_REDUCE)
     assert {f.name for f in dataclasses.fields(stage3.IPGBucketZ3)} >= {"buffer", "params", "elements"}
     module = inspect.getsource(stage3)
     reduce = _method_source(module, "reduce_independent_p_g_buckets_and_remove_grads")
@@ -495,7 +504,7 @@ def test_deepspeed_zero3_gradient_buckets_as_watch_zero3_gradients_reads_them():
     assert reduce_ipg.index("self.partition_grads(params_in_bucket") < reduce_ipg.index("params_in_bucket.clear()")
     # the only caller of reduce_independent_p_g_buckets_and_remove_grads skips nothing (the flag is never set)
     assert module.count("self._coalesce_grad_reduction = True") == 0
-    assert not _compat.watch_zero3_gradients(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))]), print)
+    assert not compat_deepspeed.watch_zero3_gradients(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))]), print)
 
 
 def test_deepspeed_zero3_norm_stays_invalid_when_one_group_is():
@@ -511,7 +520,7 @@ def test_deepspeed_zero3_norm_stays_invalid_when_one_group_is():
 
 def test_tensor_norms_by_hand_keep_a_non_finite_value_in_its_own_norm():
     tensors = [torch.tensor([3.0, 4.0]), torch.tensor([float("nan"), 1.0]), torch.tensor([[float("inf")]])]
-    norms = _compat.tensor_norms(tensors + [torch.tensor([6.0, 8.0], dtype=torch.bfloat16)])
+    norms = compat_torch.tensor_norms(tensors + [torch.tensor([6.0, 8.0], dtype=torch.bfloat16)])
     assert norms.dtype == torch.float32 and norms.shape == (4,)
     assert norms[0].item() == 5.0 and norms[1].isnan() and norms[2].item() == float("inf")  # 5 = sqrt(9 + 16)
     assert norms[3].item() == 10.0
@@ -528,33 +537,37 @@ def test_mark_optimizer_step_skipped_makes_accelerate_skip_the_scheduler():
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
     model, opt, sched = acc.prepare(model, opt, sched)
-    assert not _compat.has_grad_scaler(opt)
-    _compat.mark_optimizer_step_skipped(opt, True)
+    assert not compat_accelerate.has_grad_scaler(opt)
+    compat_accelerate.mark_optimizer_step_skipped(opt, True)
     assert acc.optimizer_step_was_skipped
     sched.step()
     assert opt.param_groups[0]["lr"] == 1.0  # not stepped
-    _compat.mark_optimizer_step_skipped(opt, False)
+    compat_accelerate.mark_optimizer_step_skipped(opt, False)
     sched.step()
     assert opt.param_groups[0]["lr"] == 0.5
 
 
 def test_the_private_trainer_methods_the_recipe_overrides():
-    """_compat.TrainerPrivateOverrides (transformers 5.24): each private method still exists with the signature the
-    override has and is called where it assumes; and no other private Trainer method is overridden anywhere else."""
+    """_compat.transformers.TrainerPrivateOverrides (transformers 5.24): each private method still exists with the
+    signature the override has and is called where it assumes; and no other private Trainer method is overridden
+    anywhere else."""
     from transformers import Trainer
 
     from hf_dist_recipes.trainer import RecipeTrainer, RecipeTrainerMixin
 
-    overrides = {n for n in vars(_compat.TrainerPrivateOverrides) if n.startswith("_") and not n.startswith("__")}
+    overrides = {
+        n for n in vars(compat_transformers.TrainerPrivateOverrides) if n.startswith("_") and not n.startswith("__")
+    }
     assert overrides == {"_clip_grad_norm", "_load_from_checkpoint", "_load_callback_state", "_save_checkpoint"}
     for name in overrides:
         ours, theirs = (
-            inspect.signature(getattr(_compat.TrainerPrivateOverrides, name)),
+            inspect.signature(getattr(compat_transformers.TrainerPrivateOverrides, name)),
             inspect.signature(getattr(Trainer, name)),
         )
         assert list(ours.parameters) == list(theirs.parameters), name
         assert [p.default for p in ours.parameters.values()] == [p.default for p in theirs.parameters.values()]
-        assert getattr(RecipeTrainer, name) is getattr(_compat.TrainerPrivateOverrides, name)  # the ones in use
+        # the ones in use
+        assert getattr(RecipeTrainer, name) is getattr(compat_transformers.TrainerPrivateOverrides, name)
     # Called where the overrides assume: the clip call's value is the step's grad norm; train() resumes through it.
     assert "grad_norm = self._clip_grad_norm(model)" in inspect.getsource(Trainer._run_epoch)
     assert "self._load_from_checkpoint(resume_from_checkpoint)" in inspect.getsource(Trainer.train)
@@ -573,11 +586,13 @@ def test_the_private_trainer_methods_the_recipe_overrides():
     assert "new_callback = type(callback)(**args)" in restore and "self.callback_handler.add_callback" in restore
     # The mixin itself overrides no other private Trainer method: they all live in _compat.
     private = {n for n in vars(RecipeTrainerMixin) if n.startswith("_") and not n.startswith("__")}
-    assert not {n for n in private if hasattr(Trainer, n)}, "move the override into _compat.TrainerPrivateOverrides"
+    assert not {n for n in private if hasattr(Trainer, n)}, (
+        "move the override into _compat.transformers.TrainerPrivateOverrides"
+    )
 
 
 def test_transformers_gives_a_use_cpu_group_no_timeout(monkeypatch, tmp_path):
-    """Why the recipe sets ddp_timeout on the group itself (_compat.collective_timeout's note): transformers 5.24
+    """Why the recipe sets ddp_timeout on the group itself (_compat.torch.collective_timeout's note): transformers 5.24
     `_setup_devices` hands accelerate's PartialState `timeout=ddp_timeout` on the GPU branch but none with use_cpu,
     where accelerate then creates the Gloo group with torch's 30 minutes. When this fails, transformers passes it:
     the recipe route's group is then created with ddp_timeout (comm/process_setup.py records BEFORE_GROUP)."""
@@ -601,25 +616,27 @@ def test_transformers_gives_a_use_cpu_group_no_timeout(monkeypatch, tmp_path):
 
 
 def test_collective_timeout_reads_the_groups_backend(tmp_path):
-    """_compat.collective_timeout: torch 2.13 keeps a group's timeout in its backend's options (`_get_backend`,
+    """_compat.torch.collective_timeout: torch 2.13 keeps a group's timeout in its backend's options (`_get_backend`,
     `options._timeout`, both private); fails when they move."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    assert _compat.collective_timeout() is None  # no group
+    assert compat_torch.collective_timeout() is None  # no group
     dist.init_process_group(
         "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1, timeout=timedelta(seconds=123)
     )
     try:
-        assert _compat.collective_timeout() == 123
-        assert _compat.collective_timeout(dist.new_group([0])) == 1800  # new_group: torch's default, not the group's
+        assert compat_torch.collective_timeout() == 123
+        assert (
+            compat_torch.collective_timeout(dist.new_group([0])) == 1800
+        )  # new_group: torch's default, not the group's
     finally:
         dist.destroy_process_group()
 
 
 def test_the_gloo_flight_recorder_dumps_what_the_hang_report_reads(monkeypatch):
-    """_compat.flight_recorder_trace: torch 2.13's CPU recorder records Gloo collectives by default (2000 entries,
+    """_compat.torch.flight_recorder_trace: torch 2.13's CPU recorder records Gloo collectives by default (2000 entries,
     `TORCH_FR_BUFFER_SIZE`) and `_dump_fr_trace` pickles them in format 2.10 with the fields `logs hang` reads."""
     import pickle
     from datetime import timedelta
@@ -636,7 +653,7 @@ def test_the_gloo_flight_recorder_dumps_what_the_hang_report_reads(monkeypatch):
     dist.init_process_group("gloo", rank=0, world_size=1, timeout=timedelta(seconds=30))
     try:
         dist.all_gather([torch.zeros(5)], torch.ones(5))
-        trace = pickle.loads(_compat.flight_recorder_trace())
+        trace = pickle.loads(compat_torch.flight_recorder_trace())
     finally:
         dist.destroy_process_group()
     assert trace["version"] == "2.10" and {"pg_config", "pg_status", "entries"} <= set(trace)
@@ -651,11 +668,11 @@ def test_the_gloo_flight_recorder_dumps_what_the_hang_report_reads(monkeypatch):
 
 
 def test_the_zero3_relayout_touches_are_there():
-    """_compat's relayout helpers (checkpoint/relayout.py): DeepSpeed 0.19.8's public ZeRO-3 setters go through
+    """The relayout helpers (checkpoint/relayout.py): DeepSpeed 0.19.8's public ZeRO-3 setters go through
     `set_full_hp_param`, which still slices `value.flatten().narrow(0, part * rank, part)` (the padded last partition
     runs past the end: `set_zero3_partition_padded`) and reads the moments from `optimizer.state[flat]` (which must
     exist first: `create_zero3_optimizer_states`); the module partitions, the unflatten and the AutoTP patterns'
-    attribute are where _compat reads them."""
+    attribute are where _compat/deepspeed.py reads them."""
     from deepspeed.checkpoint import constants
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
@@ -674,8 +691,8 @@ def test_the_zero3_relayout_touches_are_there():
 
 
 def test_a_padded_zero3_partition_is_set_with_its_padding_zero():
-    """_compat.set_zero3_partition_padded: 5 elements over 2 partitions of 3; the last rank gets [3, 4] and a zero
-    (where DeepSpeed's `set_full_hp_param` would narrow past the end). A stand-in optimizer, no process group."""
+    """_compat.deepspeed.set_zero3_partition_padded: 5 elements over 2 partitions of 3; the last rank gets [3, 4] and a
+    zero (where DeepSpeed's `set_full_hp_param` would narrow past the end). A stand-in optimizer, no process group."""
     from types import SimpleNamespace
 
     for rank, expected in ((0, [0.0, 1.0, 2.0]), (1, [3.0, 4.0, 0.0])):
@@ -686,8 +703,8 @@ def test_a_padded_zero3_partition_is_set_with_its_padding_zero():
             _get_param_partition_world_size=lambda param: 2,
         )
         param = SimpleNamespace(_z3_optimizer=zero, ds_numel=5)
-        assert _compat.zero3_partition_padded(param)
-        _compat.set_zero3_partition_padded(param, torch.arange(5.0), "exp_avg")
+        assert compat_deepspeed.zero3_partition_padded(param)
+        compat_deepspeed.set_zero3_partition_padded(param, torch.arange(5.0), "exp_avg")
         assert part.tolist() == expected
 
 
@@ -696,10 +713,10 @@ def test_torch_elastic_workers_use_the_agent_store_by_the_variable_comm_restarts
 
     rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the module; the package's name is a function
     for value, expected in (("True", True), ("False", False)):
-        monkeypatch.setenv(_compat.AGENT_STORE_VARIABLE, value)
+        monkeypatch.setenv(compat_torch.AGENT_STORE_VARIABLE, value)
         assert rendezvous._torchelastic_use_agent_store() is expected
-        assert _compat.agent_store_in_use({_compat.AGENT_STORE_VARIABLE: value}) is expected
-    environ = {_compat.AGENT_STORE_VARIABLE: "True"}
-    _compat.stop_using_agent_store(environ)
-    monkeypatch.setenv(_compat.AGENT_STORE_VARIABLE, environ[_compat.AGENT_STORE_VARIABLE])
+        assert compat_torch.agent_store_in_use({compat_torch.AGENT_STORE_VARIABLE: value}) is expected
+    environ = {compat_torch.AGENT_STORE_VARIABLE: "True"}
+    compat_torch.stop_using_agent_store(environ)
+    monkeypatch.setenv(compat_torch.AGENT_STORE_VARIABLE, environ[compat_torch.AGENT_STORE_VARIABLE])
     assert rendezvous._torchelastic_use_agent_store() is False

@@ -13,7 +13,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from hf_dist_recipes import _compat
+from hf_dist_recipes._compat import torch as compat_torch
 from hf_dist_recipes.comm.hang_files import find_dump_dir, frame_kind, parse_fatal
 from hf_dist_recipes.comm.hang_report import HANG_SCHEMA, diagnose, rank_list
 from tests.support.hang_dumps import WORKER, hang_dumps, marker_line
@@ -198,15 +198,15 @@ def test_the_frame_rule():
 
 @distributed
 def test_compat_torch_analyser_still_has_what_we_use(dumps):
-    """_compat.fr_match_collectives: torch's builder on real Gloo dumps, with the groups rebuilt. Fails when torch's
-    `Collective` loses a field we read or its matching stops flagging the op mismatch."""
+    """_compat.torch.fr_match_collectives: torch's builder on real Gloo dumps, with the groups rebuilt. Fails when
+    torch's `Collective` loses a field we read or its matching stops flagging the op mismatch."""
     from torch.distributed.flight_recorder.components.types import Collective
 
-    assert set(_compat.FR_COLLECTIVE_FIELDS) <= set(Collective._fields)
+    assert set(compat_torch.FR_COLLECTIVE_FIELDS) <= set(Collective._fields)
     entries = {
         r: pickle.loads((dumps / "op" / "flight_recorder" / f"rank_{r}").read_bytes())["entries"] for r in (0, 1)
     }
-    collectives = _compat.fr_match_collectives(entries, {"0": ("default_pg", [0, 1])}, "2.10")
+    collectives = compat_torch.fr_match_collectives(entries, {"0": ("default_pg", [0, 1])}, "2.10")
     assert [c.pass_check for c in collectives] == [True, True, False]
     mismatch = collectives[-1].mismatch_collectives[1]
     assert mismatch.type_of_mismatch.state.name == "COLLECTIVE_TYPE_MISMATCH"

@@ -11,6 +11,7 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments, _compat
+from hf_dist_recipes._compat import transformers as compat_transformers
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 from tests.support.models import SMALL
@@ -45,7 +46,7 @@ def test_stock_resume_loses_the_experts_exactly_where_the_workaround_says(tmp_pa
     checkpoint = str(tmp_path / "full" / "checkpoint-2")
     torch.manual_seed(0)
     model = build_tiny_deepseek(**SMALL)
-    names = _compat.checkpoint_tensor_names(checkpoint)
+    names = compat_transformers.checkpoint_tensor_names(checkpoint)
     assert "model.layers.1.mlp.experts.gate_up_proj" in model.state_dict()
     assert (
         "model.layers.1.mlp.experts.gate_up_proj" not in names

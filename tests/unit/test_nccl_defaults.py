@@ -170,22 +170,23 @@ def test_the_arguments_set_expandable_segments_on_a_gpu_host_before_cuda(tmp_pat
     # Fake: only the device count the arguments read is replaced (8, whatever this host has), so they take the CUDA
     # path. The environment and the allocator config are real: os.environ (restored by monkeypatch) and this
     # process's torch allocator settings, which a CPU build parses too (and ignores), reset before and after.
-    from hf_dist_recipes import RecipeTrainingArguments, _compat
+    from hf_dist_recipes import RecipeTrainingArguments
+    from hf_dist_recipes._compat import torch as compat_torch
     from hf_dist_recipes.environment.alloc_defaults import ALLOC_CONF_NAMES
 
     monkeypatch.setattr("hf_dist_recipes.comm.backend.cuda_device_count", lambda: 8)
     monkeypatch.setenv("LOCAL_RANK", "0")  # a rank a launcher started: NCCL is chosen only there
     _unset(monkeypatch, ALLOC_CONF_NAMES)
-    _compat.set_allocator_settings("expandable_segments:False")
+    compat_torch.set_allocator_settings("expandable_segments:False")
     try:
         # As in the NCCL test above: the arguments then fail at the NCCL process group nothing launched here; the
         # allocator setting was applied before (and before anything read the GPUs' capability).
         with pytest.raises(ValueError, match=NO_GROUP_HERE):
             RecipeTrainingArguments(output_dir=str(tmp_path), bf16=False)
         assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
-        assert _compat.allocator_settings() == "expandable_segments:True"  # the running process's allocator too
+        assert compat_torch.allocator_settings() == "expandable_segments:True"  # the running process's allocator too
     finally:
-        _compat.set_allocator_settings("expandable_segments:False")
+        compat_torch.set_allocator_settings("expandable_segments:False")
 
 
 def test_a_user_alloc_conf_is_kept_and_a_cpu_host_gets_none(tmp_path, monkeypatch):

@@ -7,7 +7,8 @@ import pytest
 import torch
 from deepspeed.runtime.config import DeepSpeedConfig
 
-from hf_dist_recipes import RecipeTrainingArguments, _compat
+from hf_dist_recipes import RecipeTrainingArguments
+from hf_dist_recipes._compat import accelerate as compat_accelerate
 from hf_dist_recipes.parallel.plan_record import (
     PLAN_KEY,
     PlanConformanceCallback,
@@ -26,8 +27,8 @@ TRAINER_FILLS = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_ste
 def _launch_with(tmp_path, monkeypatch, plan: ParallelPlan):
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps(deepspeed_config(plan, auto=True)))
-    monkeypatch.setenv(_compat.ACCELERATE_USE_DEEPSPEED, "true")
-    monkeypatch.setenv(_compat.ACCELERATE_DEEPSPEED_CONFIG_FILE, str(ds))
+    monkeypatch.setenv(compat_accelerate.ACCELERATE_USE_DEEPSPEED, "true")
+    monkeypatch.setenv(compat_accelerate.ACCELERATE_DEEPSPEED_CONFIG_FILE, str(ds))
     return ds
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hf_dist_recipes import _compat
+from hf_dist_recipes._compat import torch as compat_torch
 from hf_dist_recipes.comm import process_setup
 from hf_dist_recipes.comm.nccl_defaults import ALIASES, FLIGHT_RECORDER_ENV_DEFAULTS
 from hf_dist_recipes.comm.process_setup import (
@@ -75,10 +75,10 @@ def test_no_group_no_timeout_record():
 def test_a_group_without_a_timeout_gets_ddp_timeout_on_every_group(gloo_group):
     gloo_group()  # as transformers 5.24 + accelerate 1.16 make a use_cpu group: torch's 30 minutes
     sub = dist.new_group([0])  # as DeepSpeed's groups: torch's default too
-    assert _compat.collective_timeout() == 1800 and _compat.collective_timeout(sub) == 1800
+    assert compat_torch.collective_timeout() == 1800 and compat_torch.collective_timeout(sub) == 1800
     record = apply_startup_timeout(7200, group_existed=False)
     assert record == ProcessSetting(COLLECTIVE_TIMEOUT, "7200", AFTER_GROUP, previous="1800")
-    assert _compat.collective_timeout() == _compat.collective_timeout(sub) == 7200
+    assert compat_torch.collective_timeout() == compat_torch.collective_timeout(sub) == 7200
     dist.all_reduce(torch.ones(1))  # the group still works
 
 
@@ -149,7 +149,7 @@ def test_recipe_arguments_made_after_the_group_fix_its_timeout_and_name_the_rest
         *(ProcessSetting(name, value, TOO_LATE) for name, value in FLIGHT_RECORDER_ENV_DEFAULTS.items()),
         ProcessSetting(COLLECTIVE_TIMEOUT, "7200", AFTER_GROUP, previous="1800"),
     )
-    assert _compat.collective_timeout() == args.ddp_timeout == 7200
+    assert compat_torch.collective_timeout() == args.ddp_timeout == 7200
     (message,) = [r.getMessage() for r in caplog.records if "process group existed" in r.getMessage()]
     assert "TORCH_FR_BUFFER_SIZE=2000" in message and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in message  # current name
 

@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from torch.distributed import TCPStore
 
-from hf_dist_recipes import _compat
+from hf_dist_recipes._compat import torch as compat_torch
 from hf_dist_recipes.comm.restarts import PORT_KEY, fresh_rendezvous_after_restart
 from hf_dist_recipes.core.launch import free_port
 
@@ -22,7 +22,7 @@ def _worker_env(agent_port: int, rank: int, attempt: int) -> dict[str, str]:
         "MASTER_PORT": str(agent_port),
         "RANK": str(rank),
         "TORCHELASTIC_RESTART_COUNT": str(attempt),
-        _compat.AGENT_STORE_VARIABLE: "True",
+        compat_torch.AGENT_STORE_VARIABLE: "True",
     }
 
 
@@ -36,7 +36,7 @@ def test_each_restarted_attempt_gets_its_own_port_that_every_rank_reads():
         got = [fresh_rendezvous_after_restart(env) for env in envs]  # rank 0 first, as it posts
         assert got[0] == got[1] and got[0] != port and 0 < got[0] < 2**16
         for env in envs:  # then init_process_group creates the group as without an agent store, on that port
-            assert env["MASTER_PORT"] == str(got[0]) and not _compat.agent_store_in_use(env)
+            assert env["MASTER_PORT"] == str(got[0]) and not compat_torch.agent_store_in_use(env)
         with socket.socket() as s:  # free when posted: rank 0's new store can bind it
             s.bind(("0.0.0.0", got[0]))
         ports[attempt] = got[0]
@@ -46,7 +46,7 @@ def test_each_restarted_attempt_gets_its_own_port_that_every_rank_reads():
 def test_nothing_changes_on_a_first_attempt_without_torch_elastic_or_with_an_own_store():
     first = _worker_env(1, 0, 0)
     without = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "RANK": "0"}
-    own = dict(_worker_env(1, 0, 1), **{_compat.AGENT_STORE_VARIABLE: "False"})  # c10d, store not shared
+    own = dict(_worker_env(1, 0, 1), **{compat_torch.AGENT_STORE_VARIABLE: "False"})  # c10d, store not shared
     for env in (first, without, own):
         before = dict(env)
         assert fresh_rendezvous_after_restart(env) is None and env == before

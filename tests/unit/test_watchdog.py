@@ -128,21 +128,21 @@ def test_off_is_allowed():
 
 
 def test_compat_store_and_collective_timeout_on_a_real_gloo_group(tmp_path):
-    """torch 2.13 private API used by the watchdog (_compat.default_store, _compat.set_collective_timeout): fails
-    when upstream moves `_get_default_store`, `_world.pg_map` or `_set_pg_timeout`, or when the timeout no longer
+    """torch 2.13 private API used by the watchdog (_compat.torch.default_store, _compat.torch.set_collective_timeout):
+    fails when upstream moves `_get_default_store`, `_world.pg_map` or `_set_pg_timeout`, or when the timeout no longer
     reaches every group's Gloo backend (read back through the backend's options, also private)."""
     from datetime import timedelta
 
     import torch
 
-    from hf_dist_recipes import _compat
+    from hf_dist_recipes._compat import torch as compat_torch
 
     dist.init_process_group(
         "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1, timeout=timedelta(seconds=7200)
     )
     try:
         sub = dist.new_group([0])
-        store = _compat.default_store()
+        store = compat_torch.default_store()
         store.set("hf_dist_recipes/probe", b"1")
         assert store.get("hf_dist_recipes/probe") == b"1"
 
@@ -152,7 +152,7 @@ def test_compat_store_and_collective_timeout_on_a_real_gloo_group(tmp_path):
         # new_group without a timeout takes torch's 30-minute default, not the default group's: DeepSpeed's groups
         # do not follow ddp_timeout, which is why every group is changed
         assert timeouts() == [timedelta(seconds=7200), timedelta(seconds=1800)]
-        assert _compat.set_collective_timeout(600) == 2
+        assert compat_torch.set_collective_timeout(600) == 2
         assert timeouts() == [timedelta(seconds=600)] * 2
         dist.all_reduce(torch.ones(1))  # the group still works with its new timeout
     finally:

@@ -10,7 +10,7 @@ import logging
 from numbers import Number
 from pathlib import Path
 
-from hf_dist_recipes import _compat
+from hf_dist_recipes._compat import accelerate as compat_accelerate
 from hf_dist_recipes.parallel.batch import tensor_parallel_size
 from hf_dist_recipes.parallel.plan_record import recorded_plan
 from hf_dist_recipes.preflight.training.facts import AgreementMismatch, ExpectedSettings, NonFiniteSkip, RunFacts
@@ -47,7 +47,7 @@ def run_once(
 
     trainer = None
     try:
-        ds = _compat.launcher_deepspeed_config() or {}
+        ds = compat_accelerate.launcher_deepspeed_config() or {}
         args = RecipeTrainingArguments(**argument_values(ds, output_dir, steps, seed, logging_dir), **(timeouts or {}))
         with args.main_process_first(desc="preflight data"):
             data = dataset(model_config.vocab_size, steps, args)

@@ -9,7 +9,7 @@ import math
 
 from transformers import TrainerCallback
 
-from hf_dist_recipes._compat import is_zero_partitioned
+from hf_dist_recipes._compat.deepspeed import is_zero_partitioned
 from hf_dist_recipes.preflight.training.facts import StepFacts
 from hf_dist_recipes.trainer import RecipeTrainer
 

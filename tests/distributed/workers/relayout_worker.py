@@ -18,7 +18,8 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM
 
-from hf_dist_recipes import RecipeTrainer, _compat
+from hf_dist_recipes import RecipeTrainer
+from hf_dist_recipes._compat import accelerate as compat_accelerate
 from tests.distributed.workers.checkpointed_run import checkpointed_run_args
 from tests.distributed.workers.lifecycle_worker import datasets
 from tests.distributed.workers.runs import mark_run_end, split_runs
@@ -29,7 +30,7 @@ class WeightsOnly(RecipeTrainer):
 
     def create_scheduler(self, num_training_steps, optimizer=None):
         scheduler = super().create_scheduler(num_training_steps, optimizer)
-        engine = _compat.training_engine(self)
+        engine = compat_accelerate.training_engine(self)
         if engine is not None and not getattr(engine, "_weights_only", False):
             load = engine.load_checkpoint
             engine.load_checkpoint = lambda path, **kw: load(path, **{**kw, "load_optimizer_states": False})

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from hf_dist_recipes import _compat
+from hf_dist_recipes._compat import accelerate as compat_accelerate
 
 THEN = "then"
 RUN_END = "=== end of run {} ==="  # rank 0's line on stdout and stderr after each run but the last
@@ -31,9 +31,9 @@ def use_deepspeed_json(path: str) -> None:
     """Give the next run of this launch its own DeepSpeed JSON, as `accelerate launch` would have from a YAML naming
     `path` (accelerate 1.16 `utils/launch.py` exports it as ACCELERATE_DEEPSPEED_CONFIG_FILE). Call it before the
     run's arguments: transformers 5.25 `TrainingArguments` resets accelerate's state and builds its DeepSpeed plugin
-    from the variable (`_compat.launcher_deepspeed_config` reads the same one). The YAML of such a launch must differ
-    from the run's only in that path (`tests.support.launch.write_cpu_deepspeed_yaml`)."""
-    os.environ[_compat.ACCELERATE_DEEPSPEED_CONFIG_FILE] = path
+    from the variable (`_compat.accelerate.launcher_deepspeed_config` reads the same one). The YAML of such a launch
+    must differ from the run's only in that path (`tests.support.launch.write_cpu_deepspeed_yaml`)."""
+    os.environ[compat_accelerate.ACCELERATE_DEEPSPEED_CONFIG_FILE] = path
 
 
 def mark_run_end(index: int, rank: int) -> None:
