@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hf_dist_recipes.core.findings import ERROR, WARNING
-from hf_dist_recipes.core.jsonfile import json_int
+from hf_dist_recipes.parallel.deepspeed_view import DeepSpeedView
 
 # engine.py:1986 `_is_supported_optimizer`: DeepSpeed's own optimizers (config.py:63, matched lower-case) or a
 # class of torch.optim (matched as written).
@@ -37,14 +37,6 @@ class Refusal:
     level: str
     where: str
     message: str
-
-
-def _enabled(section) -> bool | None:
-    """A `{"enabled": ...}` section's flag: True / False, None for "auto" (the Trainer decides)."""
-    if not isinstance(section, dict):
-        return False
-    value = section.get("enabled", False)
-    return None if value == "auto" else bool(value)
 
 
 def _section(config: dict, key: str) -> dict:
@@ -65,21 +57,14 @@ def cpu_fp16_supported() -> bool:
 
 @dataclass(frozen=True)
 class Settings:
-    """The values of a DeepSpeed config the rules read, each read once with DeepSpeed's default; None where the
-    Trainer fills it ("auto"). `stage`: a non-integer ("auto") leaves every stage rule unapplied (None matches
-    none). `world_size`, `use_cpu`, `cpu_fp16`: the launch's, as `initialize_refusals` was given them."""
+    """The config the rules read: as DeepSpeed reads it (`view`, `parallel.deepspeed_view`: DeepSpeed's typed
+    sections with its defaults; None where the Trainer fills "auto"), and as written (`config`) for the top-level
+    keys the view does not model. A stage of None ("auto") matches no stage rule. `world_size`, `use_cpu`,
+    `cpu_fp16`: the launch's, as `initialize_refusals` was given them."""
 
     config: dict
-    zero: dict
-    stage: int | None
-    autoep: bool
-    hpz: int
-    tp_section: dict
-    tp: int
-    fp16: bool | None
-    bf16: bool | None
+    view: DeepSpeedView
     grad_accum_dtype: str | None
-    offloads_optimizer: bool
     optimizer: str | None
     world_size: int | None
     use_cpu: bool | None
@@ -87,25 +72,12 @@ class Settings:
 
     @classmethod
     def read(cls, config: dict, *, world_size: int | None, use_cpu: bool | None, cpu_fp16: bool | None) -> Settings:
-        zero = _section(config, "zero_optimization")
-        ep = config.get("expert_parallel") or {}
-        tp_section = _section(config, "tensor_parallel")
         data_types = _section(config, "data_types")
-        offload = zero.get("offload_optimizer")
         optimizer = config.get("optimizer")
         return cls(
             config=config,
-            zero=zero,
-            stage=json_int(zero.get("stage", 0)),  # DeepSpeed's default stage is 0
-            # AutoEP replaces the MoE layers whenever the section is enabled, autoep_size 1 included (seen on CPU).
-            autoep=isinstance(ep, dict) and ep.get("enabled") is True,
-            hpz=json_int(zero.get("zero_hpz_partition_size"), 1),
-            tp_section=tp_section,
-            tp=json_int(tp_section.get("autotp_size"), 1),
-            fp16=_enabled(config.get("fp16")),
-            bf16=_enabled(config.get("bf16")),
+            view=DeepSpeedView.read(config),
             grad_accum_dtype=_DTYPES.get(str(data_types.get("grad_accum_dtype", "")).lower()),
-            offloads_optimizer=isinstance(offload, dict) and str(offload.get("device", "none")).lower() != "none",
             optimizer=optimizer.get("type") if isinstance(optimizer, dict) else None,
             world_size=world_size,
             use_cpu=use_cpu,
@@ -113,42 +85,40 @@ class Settings:
         )
 
     @property
-    def model_dtype(self) -> str:
-        """The parameters' dtype the enabled precision gives (meaningful when neither flag is "auto")."""
-        return "fp16" if self.fp16 else "bf16" if self.bf16 else "fp32"
+    def stage(self) -> int | None:
+        return self.view.stage
 
     @property
-    def ep_section(self) -> dict:
-        return _section(self.config, "expert_parallel")
+    def zero(self):
+        """DeepSpeed's `DeepSpeedZeroConfig` of the config."""
+        return self.view.zero
 
-    def nvme(self, key: str) -> dict | None:
-        """The `zero_optimization.<key>` section when it offloads to NVMe, else None."""
-        section = self.zero.get(key)
-        if not isinstance(section, dict) or str(section.get("device", "")).lower() != "nvme":
-            return None
-        return section
+    @property
+    def offloads_optimizer(self) -> bool:
+        return self.view.offload_optimizer is not None
 
 
 Finding = tuple[str, str]  # (level, message); an error's message gets DeepSpeed's raising line appended
 
 
 def _hpz_with_autoep(s: Settings) -> Finding | None:
-    if s.stage == 3 and s.autoep and s.hpz > 1:
+    hpz = s.zero.zero_hpz_partition_size
+    if s.stage == 3 and s.view.ep_enabled and hpz > 1:
         return ERROR, (
-            f"zero_hpz_partition_size={s.hpz} with ZeRO-3 + AutoEP: hpZ's secondary groups are not supported "
+            f"zero_hpz_partition_size={hpz} with ZeRO-3 + AutoEP: hpZ's secondary groups are not supported "
             "with AutoEP; remove zero_hpz_partition_size (config generate leaves it out under EP)"
         )
     return None
 
 
 def _quantized_gradients_with_autoep(s: Settings) -> Finding | None:
-    if s.stage == 3 and s.autoep and s.zero.get("zero_quantized_gradients") is True:
+    if s.stage == 3 and s.view.ep_enabled and s.zero.zero_quantized_gradients:
         return ERROR, "zero_quantized_gradients with ZeRO-3 + AutoEP is not supported; set it to false"
     return None
 
 
 def _expert_tensor_parallel(s: Settings) -> Finding | None:
-    etp = json_int(s.ep_section.get("expert_tensor_parallel_size"), 1) if s.autoep else 1
+    etp = s.view.expert_parallel.expert_tensor_parallel_size if s.view.ep_enabled else 1
     # With a world size the lint runs DeepSpeed's own validate_autoep_config, which raises this itself.
     if etp != 1 and s.world_size is None:
         return ERROR, (
@@ -160,8 +130,8 @@ def _expert_tensor_parallel(s: Settings) -> Finding | None:
 
 def _nvme_without_path(key: str, who: str) -> Callable[[Settings], Finding | None]:
     def rule(s: Settings) -> Finding | None:
-        section = s.nvme(key)
-        if s.stage == 3 and section is not None and not section.get("nvme_path"):
+        section = getattr(s.zero, key)  # DeepSpeed's offload config, None without the section
+        if s.stage == 3 and getattr(s.view, key) == "nvme" and not section.nvme_path:
             return ERROR, (
                 f'{key}.device "nvme" without {key}.nvme_path: DeepSpeed joins None into {who}; set nvme_path '
                 'to a directory on a local NVMe disk, or use device "cpu"'
@@ -172,7 +142,7 @@ def _nvme_without_path(key: str, who: str) -> Callable[[Settings], Finding | Non
 
 
 def _nvme_under_zero_1_or_2(s: Settings) -> Finding | None:
-    if s.stage in (1, 2) and s.nvme("offload_optimizer") is not None:
+    if s.stage in (1, 2) and s.view.offload_optimizer == "nvme":
         return WARNING, (
             f'offload_optimizer.device "nvme" under ZeRO-{s.stage}: ZeRO-1/2 keep the optimizer states in '
             'CPU memory, not on NVMe (only ZeRO-3 swaps to disk); say device "cpu" or use ZeRO-3'
@@ -181,10 +151,10 @@ def _nvme_under_zero_1_or_2(s: Settings) -> Finding | None:
 
 
 def _zero0_grad_accum_dtype(s: Settings) -> Finding | None:
-    accum = s.grad_accum_dtype
+    accum, precision = s.grad_accum_dtype, s.view.precision
     if s.stage != 0 or accum is None:
         return None
-    if s.fp16 is None or s.bf16 is None:
+    if precision is None:
         if accum != "fp32":
             return None
         return WARNING, (
@@ -192,9 +162,9 @@ def _zero0_grad_accum_dtype(s: Settings) -> Finding | None:
             "runs with --bf16 or --fp16, DeepSpeed refuses the mix (NotImplementedError in "
             "deepspeed.initialize, runtime/engine.py:2323); use ZeRO-1 or more, or drop grad_accum_dtype"
         )
-    if accum != s.model_dtype:
+    if accum != precision:
         return ERROR, (
-            f"ZeRO-0 with {s.model_dtype} parameters and data_types.grad_accum_dtype {accum!r}: without ZeRO "
+            f"ZeRO-0 with {precision} parameters and data_types.grad_accum_dtype {accum!r}: without ZeRO "
             "DeepSpeed accumulates gradients only in the parameters' dtype; use ZeRO stage 1 or more "
             "(it keeps fp32 gradients), or drop grad_accum_dtype"
         )
@@ -203,17 +173,18 @@ def _zero0_grad_accum_dtype(s: Settings) -> Finding | None:
 
 def _param_dtype(s: Settings) -> Finding | None:
     param_dtype = _DTYPES.get(str(_section(s.config, "data_types").get("param_dtype", "")).lower())
-    if param_dtype is None or s.fp16 is None or s.bf16 is None or param_dtype == s.model_dtype:
+    precision = s.view.precision
+    if param_dtype is None or precision is None or param_dtype == precision:
         return None
     return ERROR, (
-        f"data_types.param_dtype {param_dtype!r} but the enabled precision is {s.model_dtype}: set the matching "
+        f"data_types.param_dtype {param_dtype!r} but the enabled precision is {precision}: set the matching "
         "bf16/fp16 enabled flag, or drop param_dtype"
     )
 
 
 def _reduce_scatters(s: Settings, stage: int) -> bool:
     """Whether ZeRO-`stage` reduce-scatters the gradients here (ZeRO-2 and 3 do unless told not to; ZeRO-1 never)."""
-    return s.stage == stage and s.zero.get("reduce_scatter", True) is not False
+    return s.stage == stage and s.zero.reduce_scatter
 
 
 def _predivide(stage: int) -> Callable[[Settings], Finding | None]:
@@ -240,7 +211,7 @@ def _prescale(stage: int) -> Callable[[Settings], Finding | None]:
 
 
 def _no_grad_norm(s: Settings) -> bool:
-    return s.zero.get("compute_grad_norm") is False
+    return not s.zero.compute_grad_norm
 
 
 def _no_grad_norm_with_clipping(s: Settings) -> Finding | None:
@@ -267,7 +238,7 @@ def _no_grad_norm_with_offload(s: Settings) -> Finding | None:
 
 
 def _no_grad_norm_zero1_bf16(s: Settings) -> Finding | None:
-    if s.stage == 1 and _no_grad_norm(s) and s.bf16 and s.grad_accum_dtype == "fp32" and not s.offloads_optimizer:
+    if s.stage == 1 and _no_grad_norm(s) and s.view.bf16 and s.grad_accum_dtype == "fp32" and not s.offloads_optimizer:
         return ERROR, (
             "compute_grad_norm false under ZeRO-1 with bf16 parameters and fp32 gradient accumulation is not "
             "supported; drop compute_grad_norm"
@@ -279,10 +250,10 @@ def _master_weights(stages: tuple[int, ...]) -> Callable[[Settings], Finding | N
     # base_optimizer.py _configure_master_weights calls the stage's validator: 16-bit master weights need the
     # optimizer on the CPU (DeepSpeedCPUAdam, which accelerate maps the Trainer's AdamW to under offload)
     def rule(s: Settings) -> Finding | None:
-        bf16, fp16 = _section(s.config, "bf16"), _section(s.config, "fp16")
-        if bf16.get("bf16_master_weights_and_grads") is True and not bf16.get("bf16_optimizer_states"):
+        bf16, fp16 = s.view.bfloat16, s.view.float16
+        if bf16.bf16_master_weights_and_grads and not bf16.bf16_optimizer_states:
             master = "bf16.bf16_master_weights_and_grads"
-        elif fp16.get("fp16_master_weights_and_grads") is True:
+        elif fp16.fp16_master_weights_and_grads:
             master = "fp16.fp16_master_weights_and_grads"
         else:
             return None
@@ -297,8 +268,8 @@ def _master_weights(stages: tuple[int, ...]) -> Callable[[Settings], Finding | N
 
 
 def _odd_allgather_bucket(s: Settings) -> Finding | None:
-    allgather = json_int(s.zero.get("allgather_bucket_size")) if s.stage in (1, 2) else None
-    if allgather is not None and allgather % 2:
+    allgather = s.zero.allgather_bucket_size
+    if s.stage in (1, 2) and allgather % 2:
         return ERROR, (
             f"allgather_bucket_size={allgather} must be even (4-byte alignment of 16-bit elements); use {allgather + 1}"
         )
@@ -307,7 +278,8 @@ def _odd_allgather_bucket(s: Settings) -> Finding | None:
 
 def _unmanaged_accumulation_with_overlap(s: Settings) -> Finding | None:
     unmanaged = s.config.get("managed_gradient_accumulation") is False
-    if unmanaged and s.stage in (0, 1, 3) and s.zero.get("overlap_comm") is True:
+    # the engine's test: gradients partitioned (ZeRO-2 and 3) or no overlap_comm (DeepSpeed's default below ZeRO-3)
+    if unmanaged and s.stage in (0, 1) and s.zero.overlap_comm:
         return ERROR, (
             f"managed_gradient_accumulation false with overlap_comm under ZeRO-{s.stage}: only ZeRO-2 supports "
             "it; set overlap_comm false"
@@ -332,14 +304,17 @@ def _unknown_optimizer(s: Settings) -> Finding | None:
 
 def _lamb_static_loss_scale(s: Settings) -> Finding | None:
     # engine.py:1782 dynamic_loss_scale() reads fp16.loss_scale whether fp16 is enabled or not
-    loss_scale = _section(s.config, "fp16").get("loss_scale", 0)
-    if isinstance(s.optimizer, str) and s.optimizer.lower() == "lamb" and loss_scale not in (0, "auto"):
-        return ERROR, f"the LAMB optimizer needs dynamic loss scaling, but fp16.loss_scale is {loss_scale}; set it to 0"
+    loss_scale = s.view.float16.loss_scale  # DeepSpeed's default 0 for "auto"
+    if isinstance(s.optimizer, str) and s.optimizer.lower() == "lamb" and loss_scale != 0:
+        return (
+            ERROR,
+            f"the LAMB optimizer needs dynamic loss scaling, but fp16.loss_scale is {loss_scale:g}; set it to 0",
+        )
     return None
 
 
 def _fp16_on_cpu(s: Settings) -> Finding | None:
-    if not (s.use_cpu and s.fp16 is True):
+    if not (s.use_cpu and s.view.fp16 is True):
         return None
     # A host fact, not a constant: DeepSpeed's CPU accelerator refuses fp16 only on CPUs without fp16 kernels.
     supported = cpu_fp16_supported() if s.cpu_fp16 is None else s.cpu_fp16
@@ -357,18 +332,17 @@ def _fp16_on_cpu(s: Settings) -> Finding | None:
 
 
 def _inner_tp_size(s: Settings) -> Finding | None:
-    inner = s.tp_section.get("tp")
-    inner = json_int(inner.get("tp_size")) if isinstance(inner, dict) else None
-    if s.tp > 1 and inner is not None and inner not in (1, s.tp):
+    inner, tp = s.view.tensor_parallel.tensor_parallel.tp_size, s.view.tp
+    if tp > 1 and inner not in (1, tp):
         return ERROR, (
-            f"tensor_parallel.tp.tp_size={inner} differs from tensor_parallel.autotp_size={s.tp}; drop tp.tp_size"
+            f"tensor_parallel.tp.tp_size={inner} differs from tensor_parallel.autotp_size={tp}; drop tp.tp_size"
         )
     return None
 
 
 def _vocab_parallel_backend(s: Settings) -> Finding | None:
-    backend = s.tp_section.get("vocab_parallel_ce_backend", "torch")
-    if s.tp > 1 and backend != "torch" and not s.tp_section.get("vocab_parallel_lm_head"):
+    backend = s.view.tensor_parallel.vocab_parallel_ce_backend
+    if s.view.tp > 1 and backend != "torch" and not s.view.tensor_parallel.vocab_parallel_lm_head:
         return ERROR, (
             f"vocab_parallel_ce_backend={backend!r} needs vocab_parallel_lm_head true (a vocabulary-parallel "
             "LM head); set it, or drop the backend"
@@ -377,10 +351,10 @@ def _vocab_parallel_backend(s: Settings) -> Finding | None:
 
 
 def _hpz_not_dividing_world(s: Settings) -> Finding | None:
-    world = s.world_size
-    if s.stage == 3 and world is not None and s.hpz > 1 and world % min(s.hpz, world):
+    world, hpz = s.world_size, s.zero.zero_hpz_partition_size
+    if s.stage == 3 and world is not None and hpz > 1 and world % min(hpz, world):
         return ERROR, (
-            f"zero_hpz_partition_size={s.hpz} does not divide the {world} processes; use the GPUs per node (a "
+            f"zero_hpz_partition_size={hpz} does not divide the {world} processes; use the GPUs per node (a "
             f"divisor of {world})"
         )
     return None

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import yaml
 
-from hf_dist_recipes.core.jsonfile import json_int, load_deepspeed_json, read_text_file
-from hf_dist_recipes.parallel.batch import data_parallel_size, tensor_parallel_size
+from hf_dist_recipes.core.jsonfile import load_deepspeed_json, read_text_file
+from hf_dist_recipes.parallel.batch import data_parallel_size
+from hf_dist_recipes.parallel.deepspeed_view import DeepSpeedView
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class LaunchConfig:
     all machines' processes (accelerate's meaning); `deepspeed` is the parsed JSON named by
     `deepspeed_config_file`; `raw` the whole YAML mapping, for checks of keys not modelled here.
 
-    The degrees the files set are derived once, on first use, from the JSON (`tp`, `ep`, `zero_stage`), so that a
+    The JSON is read once, on first use (`view`: the ZeRO stage, TP and EP degrees, batch numbers), so that a
     malformed value raises where it is first needed (`check_launch_config`, the lint) and nowhere earlier."""
 
     path: Path
@@ -35,22 +36,10 @@ class LaunchConfig:
     raw: dict = field(default_factory=dict, repr=False)
 
     @cached_property
-    def tp(self) -> int:
-        """DeepSpeed AutoTP degree (1 without DeepSpeed or without `tensor_parallel`); ValueError for a value that
-        is no positive integer (`batch.tensor_parallel_size`)."""
-        return tensor_parallel_size(self.deepspeed or {})
-
-    @cached_property
-    def ep(self) -> int:
-        """DeepSpeed AutoEP degree: `expert_parallel.autoep_size` when the section is enabled (its `enabled`, else
-        present), 1 otherwise or when the size is not an integer."""
-        ep = (self.deepspeed or {}).get("expert_parallel") or {}
-        return json_int(ep.get("autoep_size"), 1) if ep.get("enabled", bool(ep)) else 1
-
-    @cached_property
-    def zero_stage(self) -> int:
-        """`zero_optimization.stage` (0 when absent or not an integer)."""
-        return json_int(((self.deepspeed or {}).get("zero_optimization") or {}).get("stage"), 0)
+    def view(self) -> DeepSpeedView:
+        """The DeepSpeed JSON as DeepSpeed reads it (`parallel.deepspeed_view`; an empty one without DeepSpeed);
+        ValueError for a value DeepSpeed refuses."""
+        return DeepSpeedView.read(self.deepspeed or {})
 
 
 def load_launch_config(path: str | Path, *, root: str | Path | None = None) -> LaunchConfig:
@@ -112,17 +101,13 @@ def check_launch_config(cfg: LaunchConfig, *, num_processes: int | None = None) 
             f"{cfg.path}: a deepspeed_config_file is given but distributed_type is {cfg.distributed_type}; "
             "set distributed_type: DEEPSPEED"
         )
-    tp = cfg.tp
+    tp = cfg.view.tp
     try:
         dp = data_parallel_size(world, tp)
     except ValueError as err:
         raise ValueError(f"{cfg.path} with {cfg.deepspeed_file}: {err}") from None
-    batch = [
-        cfg.deepspeed.get(k)
-        for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-    ]
-    if all(json_int(v) is not None for v in batch):
-        total, micro, accum = batch
+    total, micro, accum = cfg.view.train_batch, cfg.view.micro_batch, cfg.view.grad_accum
+    if None not in (total, micro, accum):
         if total != micro * accum * dp:
             raise ValueError(
                 f"{cfg.path} launches num_processes={world} (TP {tp}, so {dp} data-parallel ranks) but "

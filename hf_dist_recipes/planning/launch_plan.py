@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hf_dist_recipes.core.jsonfile import json_int
 from hf_dist_recipes.parallel.plan_record import recorded_plan
 from hf_dist_recipes.planning.launch_config import LaunchConfig
 from hf_dist_recipes.planning.plan import ParallelPlan
@@ -21,20 +20,18 @@ LOOPBACK_PREFIXES = ("127.", "localhost", "::1")
 def plan_of_launch(cfg: LaunchConfig, world: int) -> tuple[ParallelPlan, str | None]:
     """(plan, model reference or None) of a DeepSpeed launch config with `world` processes in all."""
     ds = cfg.deepspeed or {}
-    record = recorded_plan(ds)
-    zero = ds.get("zero_optimization") or {}
-
+    record, view = recorded_plan(ds), cfg.view
     plan = ParallelPlan(
         nodes=cfg.num_machines,
         procs_per_node=max(1, world // cfg.num_machines),
         device="cpu" if cfg.use_cpu else "cuda",
-        zero_stage=cfg.zero_stage,
-        offload_optimizer=bool(zero.get("offload_optimizer")),
-        offload_params=bool(zero.get("offload_param")),
-        tp=cfg.tp,
-        ep=cfg.ep,
-        micro_batch=json_int(ds.get("train_micro_batch_size_per_gpu"), record.get("micro_batch", 1)),
-        grad_accum=json_int(ds.get("gradient_accumulation_steps"), record.get("grad_accum", 1)),
+        zero_stage=view.stage or 0,
+        offload_optimizer=view.offload_optimizer is not None,
+        offload_params=view.offload_param is not None,
+        tp=view.tp,
+        ep=view.ep,
+        micro_batch=view.micro_batch or record.get("micro_batch", 1),
+        grad_accum=view.grad_accum or record.get("grad_accum", 1),
         seq_len=record.get("seq_len", ParallelPlan.seq_len),
         precision=record.get("precision", "fp32" if cfg.use_cpu else "bf16"),
         activation_checkpointing=bool(record.get("activation_checkpointing", False)),

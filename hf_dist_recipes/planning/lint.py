@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hf_dist_recipes.core.findings import ERROR, WARNING, Finding
 from hf_dist_recipes.core.jsonfile import load_deepspeed_json, read_text_file
-from hf_dist_recipes.parallel.batch import tensor_parallel_size
+from hf_dist_recipes.parallel.deepspeed_view import DeepSpeedView
 from hf_dist_recipes.planning.initialize_rules import initialize_refusals
 from hf_dist_recipes.planning.launch_config import LaunchConfig, check_launch_config, load_launch_config
 from hf_dist_recipes.planning.launch_plan import is_loopback, plan_of_launch
@@ -133,14 +133,13 @@ def lint_deepspeed(
         out.append(LintFinding(name, level, message))
 
     try:
-        tp = tensor_parallel_size(config)
+        view = DeepSpeedView.read(config)
     except ValueError as err:
         add(ERROR, str(err))
         return out
-    tp_cfg = config.get("tensor_parallel") or {}
-    ep_cfg = config.get("expert_parallel") or {}
-    zero = config.get("zero_optimization") or {}
-    ep_on = bool(ep_cfg.get("enabled", bool(ep_cfg))) and ep_cfg.get("autoep_size", 1) > 1
+    tp, tp_cfg, ep_cfg = view.tp, view.tensor_parallel, view.expert_parallel
+    for message in view.ignored:
+        add(WARNING, message)
     if tp > 1 and "train_batch_size" in config:
         add(
             ERROR,
@@ -157,37 +156,41 @@ def lint_deepspeed(
             "warm-up + cosine with hard restarts without a word; remove it and set lr_scheduler_type / "
             "warmup_steps in the training arguments",
         )
-    if tp > 1 and not tp_cfg.get("partition_config") and not tp_cfg.get("preset_model"):
+    if tp > 1 and not tp_cfg.partition_config and not tp_cfg.preset_model:
         add(
             WARNING,
             "AutoTP without partition_config follows the model's own tp_plan, which DeepSpeed refuses for "
             "DeepSeek MLA/MoE models ('moe_tp_experts', 'packed_colwise'); write an explicit "
             "partition_config (hf-dist-recipes config generate does)",
         )
-    if tp_cfg.get("preset_model") in ("deepseek_v2", "deepseek_v3") and not ep_on:
+    if tp_cfg.preset_model in ("deepseek_v2", "deepseek_v3") and view.ep == 1:
         add(
             WARNING,
-            f"tensor_parallel.preset_model={tp_cfg['preset_model']!r} leaves the fused expert weights "
+            f"tensor_parallel.preset_model={tp_cfg.preset_model!r} leaves the fused expert weights "
             "whole on every TP rank (measured 1.79x the per-rank model states of ZeRO-3 alone); add "
             "expert_parallel",
         )
-    tp_preset, ep_preset = tp_cfg.get("preset_model"), ep_cfg.get("preset_model")
+    tp_preset, ep_preset = tp_cfg.preset_model, ep_cfg.preset_model
     if tp_preset and ep_preset and tp_preset != ep_preset:
         add(
             ERROR,
             f"tensor_parallel.preset_model={tp_preset!r} and expert_parallel.preset_model={ep_preset!r} must "
             "match when both are set (DeepSpeed refuses them); drop the TP preset and give partition_config",
         )
-    if ep_on and zero.get("stage") == 3 and zero.get("stage3_gather_16bit_weights_on_model_save"):
+    if view.ep_enabled and view.stage == 3 and view.zero.gather_16bit_weights_on_model_save:
         add(
             ERROR,
             "stage3_gather_16bit_weights_on_model_save with ZeRO-3 + AutoEP: DeepSpeed 0.19.8 refuses the "
             "consolidated save (NotImplementedError at the first checkpoint, in Trainer.save_model); set it "
             "to false. RecipeTrainer.save_model exports AutoEP models without it",
         )
-    offload = bool(zero.get("offload_optimizer")) or bool(zero.get("offload_param"))
-    if tp > 1 and ep_on and offload:
-        add(ERROR, "ZeRO offload with AutoEP + AutoTP is refused by DeepSpeed; remove offload_* or the TP")
+    # DeepSpeed's folding check counts an offload section as offload, `"device": "none"` included (`offload_sections`)
+    if tp > 1 and view.ep_enabled and view.offload_sections:
+        add(
+            ERROR,
+            'ZeRO offload with AutoEP + AutoTP is refused by DeepSpeed (an offload_* section with device "none" '
+            "too); remove offload_* or the TP",
+        )
     out += [
         LintFinding(name, r.level, r.message)
         for r in initialize_refusals(config, world_size=world_size, use_cpu=use_cpu)
@@ -388,9 +391,9 @@ def _memory_findings(
             )
         ]
     # Where each activation-side value came from, so that the verdict can say it (plan_of_launch's order).
-    record, ds = recorded_plan(cfg.deepspeed), cfg.deepspeed or {}
+    record = recorded_plan(cfg.deepspeed)
     sources = {k: "recorded by config generate" for k in SOURCES if k in record}
-    if isinstance(ds.get("train_micro_batch_size_per_gpu"), int):
+    if cfg.view.micro_batch is not None:
         sources["micro_batch"] = "the DeepSpeed JSON"
     sources = {k: sources.get(k, "default, not in the files") for k in SOURCES}
     flags = {

@@ -84,17 +84,18 @@ def test_degrees_derived_from_the_json(tmp_path):
         "expert_parallel": {"enabled": True, "autoep_size": 4},
     }
     cfg = load_launch_config(_write(tmp_path, DS_YAML.format(n=8), ds), root=tmp_path)
-    assert (cfg.tp, cfg.ep, cfg.zero_stage) == (2, 4, 3)
-    # A section switched off, or none at all, is degree 1; no DeepSpeed JSON: stage 0.
-    ds["expert_parallel"]["enabled"] = False
-    cfg = load_launch_config(_write(tmp_path, DS_YAML.format(n=8), ds), root=tmp_path)
-    assert (cfg.tp, cfg.ep) == (2, 1)
+    assert (cfg.view.tp, cfg.view.ep, cfg.view.stage) == (2, 4, 3)
+    # A section switched off, one without `enabled` (DeepSpeed ignores it), or none at all, is degree 1; no
+    # DeepSpeed JSON: stage 0.
+    for ep in ({"enabled": False, "autoep_size": 4}, {"autoep_size": 4}):
+        cfg = load_launch_config(_write(tmp_path, DS_YAML.format(n=8), {**ds, "expert_parallel": ep}), root=tmp_path)
+        assert (cfg.view.tp, cfg.view.ep) == (2, 1)
     plain = load_launch_config(_write(tmp_path, "num_processes: 2\n"))
-    assert (plain.tp, plain.ep, plain.zero_stage) == (1, 1, 0)
+    assert (plain.view.tp, plain.view.ep, plain.view.stage) == (1, 1, 0)
 
 
 def test_a_bad_tp_degree_raises_where_it_is_used_not_at_load(tmp_path):
     ds = {"tensor_parallel": {"autotp_size": "two"}}
     cfg = load_launch_config(_write(tmp_path, DS_YAML.format(n=2), ds), root=tmp_path)  # the lint reports it
-    with pytest.raises(ValueError, match="autotp_size must be a positive integer, got 'two'"):
+    with pytest.raises(ValueError, match="DeepSpeed refuses the config: tensor_parallel: autotp_size='two'"):
         check_launch_config(cfg)
