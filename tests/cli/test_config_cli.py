@@ -299,6 +299,35 @@ def test_generate_refuses_zero0_with_16_bit_parameters(capsys, tmp_path):
     assert code == 0
 
 
+def test_validate_reports_what_deepspeed_reads_of_offload_none_and_ep_without_enabled(capsys, tmp_path):
+    """Issue 39: `"device": "none"` is no offload and an expert_parallel section without `enabled` is AutoEP off for
+    DeepSpeed (parallel/deepspeed_view.py), so there is no "offload with AutoEP + AutoTP" error: a warning says the
+    section is ignored, and the launch's plan is TP 2, EP 1, no offload."""
+    ds = {
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"}},
+        "tensor_parallel": {"autotp_size": 2, "partition_config": {"use_default_specs": True}},
+        "expert_parallel": {"autoep_size": 2},
+    }
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    yaml = tmp_path / "launch.yaml"
+    yaml.write_text(
+        f"distributed_type: DEEPSPEED\nnum_processes: 4\nuse_cpu: true\n"
+        f"deepspeed_config:\n  deepspeed_config_file: {tmp_path / 'ds.json'}\n"
+    )
+    code, out, _ = _run(capsys, ["config", "validate", str(tmp_path / "ds.json")])
+    assert code == 0 and "expert_parallel without enabled: true is ignored by DeepSpeed" in out
+    assert "WARNING" in out and "ERROR" not in out and "offload" not in out
+    code, out, _ = _run(
+        capsys, ["config", "validate", str(yaml), "--gpu-memory", "0.001", "--model", "deepseek-v2-lite"]
+    )
+    assert "(ZeRO-3, TP 2, EP 1; allowance" in out and "AutoEP + AutoTP is refused" not in out
+    # Switched on, the section meets DeepSpeed's folding check, which counts any offload section, "none" included.
+    ds["expert_parallel"]["enabled"] = True
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    code, out, _ = _run(capsys, ["config", "validate", str(tmp_path / "ds.json")])
+    assert code == 1 and "ZeRO offload with AutoEP + AutoTP is refused by DeepSpeed" in out and "ignored" not in out
+
+
 def test_validate_exits_1_on_what_deepspeed_refuses_only_in_initialize(capsys, tmp_path):
     # Both parse in DeepSpeedConfig and crash in deepspeed.initialize after the model has loaded
     # (tests/distributed/test_initialize_refusals.py shows DeepSpeed's own failures).
