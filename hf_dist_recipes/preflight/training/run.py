@@ -11,7 +11,7 @@ from numbers import Number
 from pathlib import Path
 
 from hf_dist_recipes._compat import accelerate as compat_accelerate
-from hf_dist_recipes.parallel.batch import tensor_parallel_size
+from hf_dist_recipes.parallel.deepspeed_view import DeepSpeedView
 from hf_dist_recipes.parallel.plan_record import recorded_plan
 from hf_dist_recipes.preflight.training.facts import AgreementMismatch, ExpectedSettings, NonFiniteSkip, RunFacts
 
@@ -113,20 +113,18 @@ def argument_values(ds: dict, output_dir: Path, steps: int, seed: int | None, lo
         values["seed"] = seed
     if logging_dir is not None:
         values["logging_dir"] = str(logging_dir)
-    micro, accum, clip = (
-        ds.get(k) for k in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping")
-    )
+    view, clip = DeepSpeedView.read(ds), ds.get("gradient_clipping")
     lr = ((ds.get("optimizer") or {}).get("params") or {}).get("lr")
     # A generated JSON says "auto" (the Trainer's value) and records the micro batch its plan was sized for: train at
     # that one, so the preflight neither exceeds the plan (the recipe's start-up warning would then be ours) nor
     # tests a smaller batch than the job's.
     planned = recorded_plan(ds).get("micro_batch")
-    if _number(micro):
-        values["per_device_train_batch_size"] = int(micro)
+    if view.micro_batch is not None:
+        values["per_device_train_batch_size"] = view.micro_batch
     elif _number(planned) and planned >= 1:
         values["per_device_train_batch_size"] = int(planned)
-    if _number(accum):
-        values["gradient_accumulation_steps"] = int(accum)
+    if view.grad_accum is not None:
+        values["gradient_accumulation_steps"] = view.grad_accum
     if _number(clip):
         values["max_grad_norm"] = float(clip)
         values["allow_unclipped_gradients"] = float(clip) == 0  # reported as an error by the clipping row
@@ -185,6 +183,6 @@ def expected_settings(trainer, ds: dict, tp: int | None) -> ExpectedSettings:
         min_lr_ratio=args.min_lr_ratio,
         restart_warmup_steps=args.restart_warmup_steps,
         ds_scheduler="scheduler" in ds,
-        tp=tensor_parallel_size(ds) if tp is None else tp,
+        tp=DeepSpeedView.read(ds).tp if tp is None else tp,
         deepspeed=trainer.is_deepspeed_enabled,
     )
