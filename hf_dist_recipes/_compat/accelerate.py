@@ -10,7 +10,8 @@ from hf_dist_recipes.core.jsonfile import load_deepspeed_json
 
 # accelerate 1.16 `utils/launch.py` exports the YAML's deepspeed_config_file to the ranks under these names, and
 # `DeepSpeedPlugin.__post_init__` reads the file back from the second one. transformers 5.24
-# `TrainingArguments.__post_init__` builds its DeepSpeed plugin from them when `deepspeed=` is not given.
+# `TrainingArguments.__post_init__` builds its DeepSpeed plugin from them when `deepspeed=` is not given. Not
+# documented; goes when accelerate documents them (or hands the ranks the config another way).
 ACCELERATE_USE_DEEPSPEED = "ACCELERATE_USE_DEEPSPEED"
 ACCELERATE_DEEPSPEED_CONFIG_FILE = "ACCELERATE_DEEPSPEED_CONFIG_FILE"
 

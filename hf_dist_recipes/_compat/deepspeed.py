@@ -15,7 +15,8 @@ from hf_dist_recipes._compat import needed
 # expert indices: transformers 5.24 `DeepseekV3TopkRouter` / `DeepseekV2TopkRouter` return (logits, weights,
 # indices); DeepSpeed 0.19.8 AutoEP's `TokenChoiceTopKRouter` returns (scores, indices, counts). AutoEP replaces
 # each MoE block with an `AutoEPMoELayer` whose `router` attribute is that router and whose `ep_size` is the EP
-# degree. None of these classes is public API.
+# degree. None of these classes is public API. Goes when transformers and DeepSpeed expose the routers' top-k
+# choices publicly (a hook or an output field).
 _MOE_ROUTERS = (
     ("transformers.models.deepseek_v3.modeling_deepseek_v3", "DeepseekV3TopkRouter", 2),
     ("transformers.models.deepseek_v2.modeling_deepseek_v2", "DeepseekV2TopkRouter", 2),
@@ -45,7 +46,8 @@ def autoep_ep_sizes(model) -> dict[int, int]:
 
 # DeepSpeed 0.19.8 keeps ZeRO++ hpZ's intra-node group in the module global `utils/groups.py
 # _ZERO_PARAM_INTRA_PARALLEL_GROUP`; `_create_zero_param_parallel_group` asserts it is None, and
-# `runtime/zero/partition_parameters.py Init.__init__` calls it for every model built under an hpZ config.
+# `runtime/zero/partition_parameters.py Init.__init__` calls it for every model built under an hpZ config. Gate and
+# when it goes: `WORKAROUNDS["hpz_group_per_process"]`.
 _HPZ_GROUPS_MODULE = "deepspeed.utils.groups"
 _HPZ_GROUP = "_ZERO_PARAM_INTRA_PARALLEL_GROUP"
 
@@ -74,7 +76,8 @@ def forget_zero_hpz_group() -> None:
 # reduce-scatters them (a NaN on one rank reaches every rank's partition) and frees them. With
 # `contiguous_gradients` and `bucket.elements <= reduce_bucket_size` (the defaults), `__add_grad_to_ipg_bucket`
 # copied each gradient into the bucket's flat `buffer`, end to end in the order of `params`. The wrapper is an
-# instance attribute, which the class's own `self.__reduce...` call finds first.
+# instance attribute, which the class's own `self.__reduce...` call finds first. Goes when DeepSpeed offers a public
+# hook on a rank's own gradients before the reduce-scatter.
 _ZERO3_REDUCE = "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads"
 
 

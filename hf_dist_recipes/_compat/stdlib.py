@@ -6,7 +6,7 @@ from __future__ import annotations
 # spelling; `hf-dist-recipes`' shared conventions (cli/conventions.py: accelerate's flag spellings, --output) need
 # both. Read in CPython 3.10 to 3.13's argparse.py: `_actions` (every argument, in order), `_SubParsersAction`
 # (`choices`: name -> parser), `_option_string_actions` (spelling -> action, shared with the argument groups).
-# tests/cli/test_conventions.py parses both spellings of every aliased flag.
+# tests/cli/test_conventions.py parses both spellings of every aliased flag. Goes when argparse offers both publicly.
 
 
 def parser_actions(parser) -> list:

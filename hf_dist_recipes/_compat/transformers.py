@@ -12,6 +12,7 @@ from hf_dist_recipes._compat import needed
 
 # transformers 5.24 `TrainingArguments.__post_init__` turns these fields' declared default None into this value, so
 # a plain TrainingArguments holds it whether or not the user chose it (`from_training_arguments` treats it as unset).
+# Goes when the declared default is the value post-init leaves (tests/unit/test_arguments.py checks it).
 STOCK_POST_INIT_DEFAULTS = {"activation_checkpointing": False, "gradient_checkpointing": False}
 
 
@@ -22,7 +23,8 @@ STOCK_POST_INIT_DEFAULTS = {"activation_checkpointing": False, "gradient_checkpo
 # the full model inside zero.Init and DeepSpeed applies AutoTP later, in `deepspeed.initialize`. So the conversion
 # (e.g. per-expert tensors on disk -> DeepSeek's fused experts) is exactly the one without TP. Proven by equal
 # losses: tests/distributed/test_checkpoint_lifecycle.py (the job's evaluation before training equals one plain
-# process's loss from the same checkpoint in every layout).
+# process's loss from the same checkpoint in every layout). Gate and when it goes:
+# `WORKAROUNDS["autotp_weight_conversion"]`.
 _CONVERSIONS = "_apply_weight_conversions_to_state_dict"
 _UNGUARDED = "_hf_dist_recipes_unguarded"
 
@@ -193,7 +195,8 @@ def evaluation_without_model_parallelism(trainer, config: dict):
 # the hub layout (one tensor per expert, `experts.<i>.gate_proj.weight`), the model holds fused experts
 # (`experts.gate_up_proj`), so the experts keep their fresh values and only a warning says so (transformers issue
 # 48805; PR 48822, open). `from_pretrained` applies the conversion: a checkpoint whose tensor names are not the
-# model's is loaded through it and copied in, all names checked. Covered: transformers 5.24.
+# model's is loaded through it and copied in, all names checked. Covered: transformers 5.24. Gate and when it goes:
+# `WORKAROUNDS["moe_resume_conversion"]`.
 def checkpoint_tensor_names(checkpoint_dir: str) -> set[str] | None:
     """Tensor names of the safetensors weights in `checkpoint_dir` (single file or sharded index); None if none."""
     import json
