@@ -125,9 +125,10 @@ from hf_dist_recipes.monitoring.stragglers import (
     DEFAULT_STRAGGLER_WINDOWS,
     validate_straggler_settings,
 )
-from hf_dist_recipes.parallel.batch import fix_tp_batch_size, tensor_parallel_size, validate_micro_batch
+from hf_dist_recipes.parallel.batch import fix_tp_batch_size, validate_micro_batch
 from hf_dist_recipes.parallel.checkpoint_bytes import DEFAULT_DDP_TIMEOUT
 from hf_dist_recipes.parallel.chunked_loss import validate_loss_chunk_tokens
+from hf_dist_recipes.parallel.deepspeed_view import DeepSpeedView
 from hf_dist_recipes.parallel.plan_record import recorded_plan
 from hf_dist_recipes.reproducibility.rank_agreement import SeedCheck, validate_policy, validate_rank_check_steps
 from hf_dist_recipes.reproducibility.seeding import SeedReport, seed_everything, validate_seed
@@ -528,7 +529,7 @@ class RecipeTrainingArguments(TrainingArguments):
         self._raise_startup_timeout(self.launch_plan.get("startup_timeout_s"))
         if raw is None:
             return None
-        self.autotp_size = tensor_parallel_size(raw)
+        self.autotp_size = DeepSpeedView.read(raw).tp
         fix = fix_tp_batch_size(
             raw,
             world_size=int(os.environ.get("WORLD_SIZE", "1")),
