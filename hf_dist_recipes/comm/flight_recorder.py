@@ -75,6 +75,17 @@ def flight_recorder_dir(output_dir: str | os.PathLike) -> Path:
     return Path(output_dir) / FLIGHT_RECORDER_DIR
 
 
+def hang_report_hint(output_dir: str | None) -> str:
+    """The sentence that points a failure message at the dumps and the command that reads them."""
+    if not output_dir:
+        return ""
+    return (
+        f" Each surviving rank wrote its flight recorder and stacks to {flight_recorder_dir(output_dir)}: run "
+        f"`hf-dist-recipes logs hang {output_dir}` for the collective where the ranks part, which rank never "
+        "arrived and each rank's line of code."
+    )
+
+
 def _frames(summary: traceback.StackSummary) -> list[Frame]:
     return [
         Frame(f.filename, f.lineno or 0, f.name, (f.line or linecache.getline(f.filename, f.lineno or 0)).strip())

@@ -1,45 +1,41 @@
 """No silent hangs: when a rank dies or stops, every other rank ends within a bound, naming it and its last step.
 
-Measured on this project's 2-core CPU machine (torch 2.13, Gloo, two `accelerate launch` machines on 127.0.0.1):
-- plain DDP, machine 1's rank killed with SIGKILL at step 5: machine 0's next all_gather raised "Connection closed
-  by peer" about 1 s later (the kernel closed the dead process's sockets), exit 1, but no word of which rank or step;
-- DeepSpeed ZeRO-3 on the same layout (shared/reference/verified-on-cpu.md): machine 0 still waited more than
-  200 s later; a rank that is alive but stuck, or a host that vanishes without closing its sockets, is the same:
-  the survivors wait for the collective timeout (`ddp_timeout`, 2 hours in the recipe, 30 minutes stock).
+Measured on this project's 2-core CPU machine (torch 2.13, Gloo, two `accelerate launch` machines on 127.0.0.1),
+machine 1's rank killed with SIGKILL at step 5: under plain DDP, machine 0's next all_gather raised "Connection closed
+by peer" about 1 s later (the kernel closed the dead process's sockets), exit 1, naming neither rank nor step; under
+DeepSpeed ZeRO-3 (shared/reference/verified-on-cpu.md), machine 0 still waited more than 200 s later. A rank alive but
+stuck, or a host gone without closing its sockets, is the same: the survivors wait for the collective timeout.
 
 Two bounds, one per failure:
-- a peer that is gone (process killed, host down, store unreachable): each rank runs one daemon thread that every
-  `interval_s` writes a heartbeat `(seq, step, host, state)` under `hf_dist_recipes/heartbeat/<rank>` in the
-  default process group's store and reads every peer's. A peer whose `seq` has not changed for `peer_timeout`
-  seconds of this rank's monotonic clock (no comparison of clocks across hosts) is lost: the thread prints which
-  rank, its host and its last step, and ends this process with exit code 3 (`LOST_PEER_EXIT_CODE`): the main
-  thread is blocked inside a C++ collective where no Python exception can reach it;
-- a peer alive but stuck in Python or CUDA (its heartbeat thread still beats): the collective timeout, which
-  `RecipeTrainingArguments.step_timeout` shortens once the first optimizer step finished (start-up keeps
-  `ddp_timeout`, which must cover rank 0 reading a large checkpoint alone under ZeRO-3).
+- a peer that is gone (process killed, host down, store unreachable): every `interval_s` each rank's daemon thread
+  writes a heartbeat `(seq, step, host, state)` under `hf_dist_recipes/heartbeat/<rank>` in the default group's store
+  and reads its peers'. A peer whose `seq` stays the same for `peer_timeout` seconds of this rank's monotonic clock
+  (no clocks compared across hosts) is lost: the thread prints its rank, host and last step and ends this process with
+  exit code 3 (`LOST_PEER_EXIT_CODE`), as no Python exception reaches a main thread blocked in a C++ collective;
+- a peer alive but stuck in Python or CUDA (its heartbeat thread still beats): the collective timeout, `ddp_timeout`
+  at start-up (2 hours in the recipe, 30 minutes stock: it must cover rank 0 reading a large checkpoint alone under
+  ZeRO-3), `RecipeTrainingArguments.step_timeout` once the first optimizer step finished.
 
 A save is not a hang: `RecipeTrainer.save_model` tells the run's runtime the bytes the busiest rank writes
-(`begin_save` event), and `HangWatchdogCallback.begin_save` raises the collective timeout to a bound from them (its
-`save_bound`, by default `hf_dist_recipes.parallel.checkpoint_bytes.save_timeout_s`: step timeout + bytes at an
-assumed 100 MiB/s per rank, handed over by `recipe_callbacks`); the collective timeout is raised to it (never
-lowered) until the checkpoint is complete (`on_save`, after the engine's files) or `save_model` returns (a final
-save). The heartbeat thread beats on while the main thread writes, so the peer bound needs nothing.
+(`begin_save` event); `HangWatchdogCallback.begin_save` raises (never lowers) the collective timeout to `save_bound` of
+them (by default `parallel.checkpoint_bytes.save_timeout_s`, handed over by `recipe_callbacks`: step timeout + bytes at
+an assumed 100 MiB/s per rank) until the checkpoint is complete (`on_save`, after the engine's files) or `save_model`
+returns (a final save). The heartbeat beats on meanwhile, so the peer bound needs nothing.
 
 What each rank was doing: before a rank ends for a lost peer, and when a collective of `train()` fails or times out,
-it writes its flight recorder and its threads' stacks into `<output_dir>/flight_recorder/`
-(`comm.flight_recorder.dump_rank_state`; once per process, the first failure's); SIGUSR1 sent to a rank's process
-does the same on demand while training runs, and a rank that Gloo aborts (a collective mismatch) leaves its stacks
-in `fatal_rank_<N>.txt` there (`FatalStacks`). Both messages name `hf-dist-recipes logs hang <output_dir>`, which
-reads every rank's dump and names the collective where the ranks part, the rank that never arrived and each rank's
-line of code.
+it writes its flight recorder and threads' stacks to `<output_dir>/flight_recorder/` (once per process, the first
+failure's), as does SIGUSR1 sent to a rank's process while training runs; a rank Gloo aborts (a collective mismatch)
+leaves its stacks in `fatal_rank_<N>.txt` there. Both messages name `hf-dist-recipes logs hang <output_dir>`
+(`hang_report_hint`): the collective where the ranks part, the rank that never arrived, each rank's line of code.
 
-Why one file of about 470 lines: the heartbeat, the bounds it enforces (peer, step, start-up, save) and the callback
+Why one file of about 430 lines: the heartbeat, the bounds it enforces (peer, step, start-up, save) and the callback
 that switches between them share one state machine per rank, whose order at train begin, each step, a save and a
-failure is the correctness argument; the dumps themselves live in `comm.flight_recorder`.
+failure is the correctness argument; the dumps and the sentence pointing at them live in `comm.flight_recorder`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -53,13 +49,8 @@ from dataclasses import asdict, dataclass
 from transformers import TrainerCallback
 
 from hf_dist_recipes._compat import torch as compat_torch
-from hf_dist_recipes.comm.flight_recorder import (
-    AutomaticDump,
-    FatalStacks,
-    SignalDump,
-    flight_recorder_dir,
-    is_collective_error,
-)
+from hf_dist_recipes.comm.flight_recorder import AutomaticDump, FatalStacks, SignalDump, hang_report_hint
+from hf_dist_recipes.comm.flight_recorder import is_collective_error as looks_like_lost_peer
 
 logger = logging.getLogger(__name__)
 
@@ -127,59 +118,8 @@ class PeerWatch:
             self.last_beat[peer], self.last_change[peer] = beat, now
 
     def stale(self, now: float) -> list[int]:
-        return [
-            p
-            for p, t in self.last_change.items()
-            if now - t > self.timeout_s and not (self.last_beat[p] and self.last_beat[p].state == DONE)
-        ]
-
-
-def hang_report_hint(output_dir: str | None) -> str:
-    """The sentence that points a failure message at the dumps and the command that reads them."""
-    if not output_dir:
-        return ""
-    return (
-        f" Each surviving rank wrote its flight recorder and stacks to {flight_recorder_dir(output_dir)}: run "
-        f"`hf-dist-recipes logs hang {output_dir}` for the collective where the ranks part, which rank never "
-        "arrived and each rank's line of code."
-    )
-
-
-def lost_peer_message(
-    *,
-    rank: int,
-    host: str,
-    step: int,
-    peer: int,
-    beat: Beat | None,
-    silent_s: float,
-    timeout_s: float,
-    output_dir: str | None = None,
-) -> str:
-    where = f"rank {peer} (host {beat.host})" if beat else f"rank {peer} (host unknown: it never sent a heartbeat)"
-    last = f"its last step was {beat.step}" if beat else "it reached no step"
-    return (
-        f"lost {where}: no heartbeat for {silent_s:.0f} s (peer_timeout={timeout_s:g} s); {last}, this rank "
-        f"{rank} on {host} is at step {step}. Ending rank {rank} with exit code {LOST_PEER_EXIT_CODE} instead of "
-        f"waiting in a collective. Look at rank {peer}'s log and host (killed, out of memory, hardware); "
-        "peer_timeout sets the bound (0: off)." + hang_report_hint(output_dir)
-    )
-
-
-def looks_like_lost_peer(error: BaseException) -> bool:
-    """An error a lost peer causes: a collective error (`comm.flight_recorder.is_collective_error`: torch's
-    DistError family, or Gloo's RuntimeError when a peer's connection closes or resets)."""
-    return is_collective_error(error)
-
-
-def stuck_rank_message(watchdog: HeartbeatWatchdog, timeout_s: float, output_dir: str | None = None) -> str:
-    peers = "; ".join(f"rank {p} ({b.host}): step {b.step}" for p, b in sorted(watchdog.watch.last_beat.items()) if b)
-    return (
-        f"a collective timed out after {timeout_s:g} s while the peers' heartbeats went on: a rank is alive but "
-        f"stuck (data loading, I/O, a deadlock, or a collective the others did not call). Last steps: this rank "
-        f"{watchdog.rank} ({watchdog.host}): step {watchdog.step}; {peers}. step_timeout sets this bound once steps "
-        "run, ddp_timeout before." + hang_report_hint(output_dir)
-    )
+        done = {p for p, b in self.last_beat.items() if b and b.state == DONE}
+        return [p for p, t in self.last_change.items() if now - t > self.timeout_s and p not in done]
 
 
 def _end_process(message: str) -> None:
@@ -231,29 +171,38 @@ class HeartbeatWatchdog:
     def check_once(self) -> str | None:
         """The message naming the first silent peer (or the unreachable store), else None."""
         if self.store.check([LOST_KEY]):
-            reported = self.store.get(LOST_KEY).decode()
-            return (
-                f"{reported} [reported through the store; this rank {self.rank} on {self.host} is at step {self.step}]"
-            )
+            here = f"this rank {self.rank} on {self.host} is at step {self.step}"
+            return f"{self.store.get(LOST_KEY).decode()} [reported through the store; {here}]"
         now = self.clock()
         for peer in self.watch.last_beat:
             key = f"{HEARTBEAT_PREFIX}{peer}"
             self.watch.observe(peer, Beat.decode(self.store.get(key)) if self.store.check([key]) else None, now)
         for peer in self.watch.stale(now):
-            message = lost_peer_message(
-                rank=self.rank,
-                host=self.host,
-                step=self.step,
-                peer=peer,
-                beat=self.watch.last_beat[peer],
-                silent_s=now - self.watch.last_change[peer],
-                timeout_s=self.timeout_s,
-                output_dir=self.output_dir,
-            )
+            message = self.lost_peer_message(peer, now)
             if not self.store.check([LOST_KEY]):
                 self.store.set(LOST_KEY, message)
             return message
         return None
+
+    def lost_peer_message(self, peer: int, now: float) -> str:
+        beat, silent_s = self.watch.last_beat[peer], now - self.watch.last_change[peer]
+        where = f"rank {peer} (host {beat.host})" if beat else f"rank {peer} (host unknown: it never sent a heartbeat)"
+        last = f"its last step was {beat.step}" if beat else "it reached no step"
+        return (
+            f"lost {where}: no heartbeat for {silent_s:.0f} s (peer_timeout={self.timeout_s:g} s); {last}, this rank "
+            f"{self.rank} on {self.host} is at step {self.step}. Ending rank {self.rank} with exit code "
+            f"{LOST_PEER_EXIT_CODE} instead of waiting in a collective. Look at rank {peer}'s log and host (killed, "
+            "out of memory, hardware); peer_timeout sets the bound (0: off)." + hang_report_hint(self.output_dir)
+        )
+
+    def stuck_rank_message(self, timeout_s: float, output_dir: str | None = None) -> str:
+        peers = "; ".join(f"rank {p} ({b.host}): step {b.step}" for p, b in sorted(self.watch.last_beat.items()) if b)
+        return (
+            f"a collective timed out after {timeout_s:g} s while the peers' heartbeats went on: a rank is alive but "
+            f"stuck (data loading, I/O, a deadlock, or a collective the others did not call). Last steps: this rank "
+            f"{self.rank} ({self.host}): step {self.step}; {peers}. step_timeout sets this bound once steps run, "
+            "ddp_timeout before." + hang_report_hint(output_dir)
+        )
 
     def _round(self) -> str | None:
         try:
@@ -300,10 +249,8 @@ class HeartbeatWatchdog:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.interval_s + 5)
-        try:
+        with contextlib.suppress(Exception):  # the store may already be gone at the very end of a job: nothing to tell
             self.beat_once(DONE)
-        except Exception:  # the store may already be gone at the very end of a job: nothing left to tell
-            pass
 
 
 class HangWatchdogCallback(TrainerCallback):
@@ -426,12 +373,11 @@ class HangWatchdogCallback(TrainerCallback):
                 )
 
     def explain_failure(self, error: BaseException) -> None:
-        """After `train()` raised a collective error ("Connection closed by peer": Gloo raises within about a
-        second when a peer's process dies, without naming it), give the heartbeat up to `peer_timeout` to find the
-        lost peer; when it does, the process ends with the message naming the rank and its last step. Returns (and
-        the caller re-raises `error`) when every peer still beats: then the error was not a lost peer.
-        First, for a collective error, this rank's state goes to disk (`comm.flight_recorder`), the main thread's
-        stack being the failed call's."""
+        """After `train()` raised a collective error ("Connection closed by peer": Gloo raises within about a second
+        when a peer's process dies, without naming it), give the heartbeat up to `peer_timeout` to find the lost peer;
+        when it does, the process ends with the message naming the rank and its last step. Returns (and the caller
+        re-raises `error`) when every peer still beats: then the error was not a lost peer. First this rank's state
+        goes to disk (`comm.flight_recorder`), the main thread's stack being the failed call's."""
         if not looks_like_lost_peer(error):
             return
         timed_out = "timed out" in str(error).lower()
@@ -445,10 +391,9 @@ class HangWatchdogCallback(TrainerCallback):
         if timed_out:
             # The collective waited its whole timeout while the heartbeats went on (a lost peer is found within
             # peer_timeout, shorter by default): some rank is alive but stuck. Say so, with every rank's last step.
-            timeout = self.save_timeout or self.current_timeout()
             if self.watchdog.longest_silence() > 3 * self.watchdog.interval_s:  # a peer may be gone: let it tell
                 self.watchdog.join(self.peer_timeout + 2 * self.watchdog.interval_s)
-            message = stuck_rank_message(self.watchdog, timeout, self.output_dir)
+            message = self.watchdog.stuck_rank_message(self.save_timeout or self.current_timeout(), self.output_dir)
             logger.error(message)
             print(f"[hf_dist_recipes] {message}", file=sys.stderr, flush=True)
             return
