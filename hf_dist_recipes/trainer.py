@@ -362,13 +362,8 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         record = self.runtime.logs.take()
         logs.update(record.history)
         logs.update(record.job)
-        history_length = len(self.state.log_history)
-        super().log(logs, start_time)
-        if record.job and len(self.state.log_history) > history_length:
-            # The stock log appended its copy of `logs` before the integrations saw them: keep it reproducible.
-            entry = self.state.log_history[-1]
-            for key in record.job:
-                entry.pop(key, None)
+        # The job numbers stay out of `log_history`, which a resumed run rebuilds alike.
+        compat_transformers.log_outside_history(self, super().log, logs, record.job, start_time)
         # After the log that showed it: else the Trainer's running loss stays NaN for the rest of the run.
         compat_transformers.reset_nonfinite_running_loss(self)
 

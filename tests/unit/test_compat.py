@@ -720,3 +720,29 @@ def test_torch_elastic_workers_use_the_agent_store_by_the_variable_comm_restarts
     compat_torch.stop_using_agent_store(environ)
     monkeypatch.setenv(compat_torch.AGENT_STORE_VARIABLE, environ[compat_torch.AGENT_STORE_VARIABLE])
     assert rendezvous._torchelastic_use_agent_store() is False
+
+
+def test_the_stock_log_appends_a_copy_of_its_logs_to_the_history(tmp_path):
+    """_compat.transformers.log_outside_history: the real `Trainer.log` appends one entry per call to
+    `state.log_history`, a copy of the `logs` every integration's `on_log` receives, before on_log; so a key dropped
+    from that entry afterwards reached the integrations and stays out of the history. Fails when upstream appends
+    `logs` itself, appends after on_log, elsewhere or more than once."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    seen = []
+
+    class Integration(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            seen.append((logs, dict(logs), state.log_history[-1] if state.log_history else None))
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    trainer = Trainer(model=torch.nn.Linear(2, 2), args=args, callbacks=[Integration()])
+    logs = {"loss": 1.0, "job/slowest_rank": 3.0}
+    trainer.log(logs)
+    history = trainer.state.log_history
+    assert len(history) == 1 and history[0] is not logs and history[0] == {**logs, "step": 0}
+    assert seen[0][0] is logs and seen[0][2] is history[0]  # on_log gets `logs` itself, after the append
+
+    compat_transformers.log_outside_history(trainer, trainer.log, {"loss": 2.0, "job/x": 5.0}, {"job/x": 5.0})
+    assert len(history) == 2 and history[1]["loss"] == 2.0 and "job/x" not in history[1]
+    assert seen[1][1]["job/x"] == 5.0 and history[0]["job/slowest_rank"] == 3.0  # the integrations got it
