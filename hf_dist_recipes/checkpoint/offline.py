@@ -6,10 +6,9 @@ DeepSpeed 0.19.8's own tools cover only part of this (measured on CPU checkpoint
 `ds_to_universal` fails on ZeRO-3 + AutoTP when the model was built under zero.Init and refuses AutoEP + AutoTP
 ("not supported yet"); `autoep_universal` needs per-expert files that ZeRO-3 never writes.
 
-Reading the per-rank files back into full tensors under the HuggingFace model's names is `checkpoint.zero_files`
-(a resume in another layout reads them so too); this module converts the dtype and writes them. Tensors are
-rebuilt one group (decoder layer) at a time, so the export reads each weight byte once and holds one layer plus the
-writer's shard buffer.
+Reading the per-rank files back into full tensors under the HuggingFace model's names is `checkpoint.zero_files`;
+this module converts the dtype and writes them. Tensors are rebuilt one group (decoder layer) at a time, so the
+export reads each weight byte once and holds one layer plus the writer's shard buffer.
 
 `workers` > 1: the shard plan is made first from metadata alone (the same rebuild on meta tensors, nothing read),
 then `workers` forked processes each rebuild only the groups holding a tensor of their block of shards and

@@ -1,6 +1,5 @@
 """A DeepSpeed ZeRO-3 training checkpoint (with or without AutoTP and AutoEP) read back as full tensors under
-DeepSpeed's module names, and renamed to the HuggingFace model's (`to_hf_names`): what `checkpoint.offline` exports
-(command line) and `checkpoint.relayout` resumes from (in every rank).
+DeepSpeed's module names or the HF model's (`to_hf_names`): what `checkpoint.offline` exports and `relayout` resumes.
 
 What is on disk, in `checkpoint-N/global_stepN/`, one pair per rank (global rank = D x tp + T):
 `zero_pp_rank_{D}_mp_rank_{T}_model_states.pt` -- `param_shapes` (per optimizer sub-group, name -> TP/EP-local

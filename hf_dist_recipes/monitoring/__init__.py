@@ -26,8 +26,7 @@ _PUBLIC = {
 
 __all__ = list(_PUBLIC)
 
-# The folder of output_dir each rank's summary is written to (`summary_callback`) and read back from (`logs.summary`):
-# named here, where the command line's reader imports nothing a rank needs, nor a rank the reader.
+# Written by summary_callback, read by logs.summary: named here, where neither imports the other's code.
 SUMMARY_DIRNAME = "rank_summaries"
 
 

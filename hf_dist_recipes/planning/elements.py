@@ -1,7 +1,7 @@
 """Where each parameter lands and how many elements a rank holds: the counting layer under the memory estimate
 (`memory`), the ZeRO-3 buffer sizes (`zero_buffers`) and the traffic model (`planning.comm`), which all read it and
-which it imports none of; and the bytes of one checkpoint of a plan (`plan_save_bytes`, for `config generate` and
-`estimate`). The placement rules (TP/EP splits, ZeRO groups) are stated in `memory`'s module docstring."""
+which it imports none of; and a plan's checkpoint bytes (`plan_save_bytes`). The placement rules (TP/EP splits,
+ZeRO groups) are stated in `memory`'s module docstring."""
 
 from __future__ import annotations
 

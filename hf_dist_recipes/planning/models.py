@@ -1,5 +1,4 @@
-"""Model shapes for planning: a model named by template (`core.model_templates`), config path or cached Hub id, and
-introspection of any transformers config.
+"""Model shapes for planning: any transformers config introspected, named by template, config.json or cached Hub id.
 
 Parameters are counted exactly by building the model on PyTorch's meta device (no memory, about a second for
 DeepSeek-V3's 671B), so every count here is what `model.parameters()` would hold, per parameter name.
