@@ -61,14 +61,14 @@ class GuardClock:
 
     PER_STEP = {
         GradientHealthCallback: (
-            "watch_loss",
-            "observe_grad_norm",
+            "on_micro_batch_loss",
+            "on_grad_norm",
             "_observe_bucket",
             "on_pre_optimizer_step",
             "on_step_end",
             "_log_counters",
         ),
-        RankAgreementCallback: ("observe", "on_step_end"),
+        RankAgreementCallback: ("on_micro_step", "on_step_end"),
     }
 
     def __init__(self):

@@ -15,6 +15,8 @@ _PUBLIC = {
     "ExpertBiasBalancer": "hf_dist_recipes.moe.expert_balance",
     "GradientHealthCallback": "hf_dist_recipes.stability.gradient_health",
     "RankAgreementCallback": "hf_dist_recipes.reproducibility.rank_agreement",
+    "RecipeCallback": "hf_dist_recipes.runtime",
+    "RecipeRuntime": "hf_dist_recipes.runtime",
     "ParallelPlan": "hf_dist_recipes.planning.plan",
     "SeedReport": "hf_dist_recipes.reproducibility.seeding",
     "seed_everything": "hf_dist_recipes.reproducibility.seeding",

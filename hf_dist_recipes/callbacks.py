@@ -1,26 +1,24 @@
 """The recipe's callbacks for given arguments, in the order they run: `recipe_callbacks`. The trainer wires them,
 the practices act (`RecipeTrainerMixin` adds them after the Trainer's own callbacks).
 
-Every callback is built with the run's `RecipeRuntime` (`hf_dist_recipes.runtime`): what the trainer feeds them
-(each micro-batch's loss and batch, the pre-clip gradient norm, the bytes of a save) arrives as its events, and
-what they log goes into its `LogSink`, from which `RecipeTrainer.log` fills each log. So no callback depends on
-another's place in the list for its numbers.
+Most are `RecipeCallback`s (`hf_dist_recipes.runtime`): the trainer hands them the run's `RecipeRuntime` when it adds
+them, calls the events no `TrainerCallback` hook carries on them (each micro-batch's loss and batch, the pre-clip
+gradient norm, the bytes of a save, a failure), and what they log goes into the runtime's `LogSink`, from which
+`RecipeTrainer.log` fills each log. So no callback depends on another's place in the list for its numbers.
 
 Order: one requirement remains, a `Before` entry of `ORDER` with its reason (`order_problems` checks a list against
 it: tests/unit/test_callbacks.py). The list runs after the Trainer's own callbacks (flow, `report_to`
 integrations, console): `GradientHealthCallback.on_step_end` and the samplers read the flow callback's decision to
 log, save or stop, which the trainer guarantees by adding the list after `Trainer.__init__`.
 
-Callbacks that need RecipeTrainer to feed them: `GradientHealthCallback` (each micro-batch's loss),
-`RankAgreementCallback` under TP (each micro step's loss and batch), `PerRankTensorBoardCallback` and
-`RankSummaryCallback` (the runtime's `RankMetrics`). Under a plain `transformers.Trainer` they raise ValueError at
-the first optimizer step, naming the fix (`recipe(YourTrainer)`). The others work with any Trainer.
+A `RecipeCallback` under a plain `transformers.Trainer` (no runtime) raises ValueError at train begin, naming the fix
+(`recipe(YourTrainer)`); `PlanConformanceCallback` and `PreemptionCallback` work with any Trainer.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, fields
 
 from transformers import TrainerCallback
@@ -38,11 +36,7 @@ from hf_dist_recipes.monitoring.tensorboard import PerRankTensorBoardCallback
 from hf_dist_recipes.parallel.checkpoint_bytes import save_timeout_s
 from hf_dist_recipes.parallel.plan_record import PlanConformanceCallback
 from hf_dist_recipes.reproducibility.rank_agreement import RankAgreementCallback, weights_checksum
-from hf_dist_recipes.runtime import RecipeRuntime
 from hf_dist_recipes.stability.gradient_health import GradientHealthCallback
-
-# Stock callbacks a recipe callback replaces: the stock TensorBoard callback writes rank 0 only, into the same root.
-REPLACES: dict[type[TrainerCallback], type[TrainerCallback]] = {PerRankTensorBoardCallback: TensorBoardCallback}
 
 
 @dataclass(frozen=True)
@@ -99,6 +93,10 @@ class RecipeCallbacks:
             },
         )
 
+    def replaced_stock(self) -> list[type[TrainerCallback]]:
+        """The stock callbacks these replace: the stock TensorBoard callback writes rank 0 only, into the same root."""
+        return [TensorBoardCallback] if self.tensorboard is not None else []
+
     def in_order(self) -> list[TrainerCallback]:
         """The callbacks to add, in the order they run (the fields' order)."""
         return [c for c in (getattr(self, f.name) for f in fields(self)) if c is not None]
@@ -107,33 +105,31 @@ class RecipeCallbacks:
 def recipe_callbacks(
     args: RecipeTrainingArguments,
     model,
-    runtime: RecipeRuntime,
     *,
-    registered: Sequence[TrainerCallback] = (),
+    registered: Collection[type] = (),
 ) -> RecipeCallbacks:
-    """The recipe's callbacks for `args`, each built with `runtime` (module docstring), to add after the Trainer's
-    own in `in_order()`.
+    """The recipe's callbacks for `args`, to add after the Trainer's own in `in_order()` (adding hands each recipe
+    callback the run's runtime: module docstring).
 
     `model`: the model as this rank built it (before any engine): its weights' checksum goes to the rank agreement
     check, a model with routed experts gets the expert-load callback, and one whose routers choose by DeepSeek-V3's
-    correction bias the bias balancer (under `expert_bias_balancing`), each unless `registered` (the callbacks the
-    Trainer holds already) has one."""
+    correction bias the bias balancer (under `expert_bias_balancing`), each unless `registered` (the classes of the
+    callbacks the Trainer holds already) has one."""
     # Last: its handlers are installed after the TensorBoard flush's and the watchdog's, so a signal it takes
     # asks for a save first; the watchdog's state dump ends a rank stuck past the grace.
     preemption = PreemptionCallback(parse_signals(args.preemption_signals))
-    wants_expert_load = has_routed_experts(model) and not any(isinstance(c, ExpertLoadCallback) for c in registered)
+    wants_expert_load = has_routed_experts(model) and ExpertLoadCallback not in registered
     return RecipeCallbacks(
         # A dead or stuck rank ends every rank within a bound instead of a silent wait in a collective.
         watchdog=HangWatchdogCallback(
             args.peer_timeout,
             args.step_timeout,
             args.ddp_timeout,
-            runtime=runtime,
             save_bound=save_timeout_s,
             preemption=preemption,
         ),
         plan_conformance=PlanConformanceCallback(args.launch_plan, allow=args.allow_no_recompute),
-        expert_load=ExpertLoadCallback(runtime=runtime) if wants_expert_load else None,
+        expert_load=ExpertLoadCallback() if wants_expert_load else None,
         # The memory estimate assumes even routing; this keeps the load near it (hf_dist_recipes.moe.expert_balance).
         expert_balance=(
             ExpertBiasBalancer() if args.expert_bias_balancing and needs_balancing(model, registered) else None
@@ -145,21 +141,17 @@ def recipe_callbacks(
             per_rank_dropout=args.per_rank_dropout,
             # The weights as this rank built them, before the engine's broadcast from rank 0 makes every rank agree.
             weights=None if args.seed_check == "off" else weights_checksum(model),
-            runtime=runtime,
         ),
         gradient_health=GradientHealthCallback(
             nonfinite_policy=args.nonfinite_policy,
             max_consecutive_skips=args.max_consecutive_skips,
             spike_window=args.spike_window,
             spike_threshold=args.spike_threshold,
-            runtime=runtime,
         ),
-        stragglers=StragglerCallback(
-            args.straggler_check_steps, args.straggler_threshold, args.straggler_windows, runtime=runtime
-        ),
-        system_metrics=SystemMetricsCallback(runtime=runtime),
-        tensorboard=PerRankTensorBoardCallback(args.logging_dir, runtime) if args.per_rank_tensorboard else None,
-        summary=RankSummaryCallback(args.logging_dir, runtime),
+        stragglers=StragglerCallback(args.straggler_check_steps, args.straggler_threshold, args.straggler_windows),
+        system_metrics=SystemMetricsCallback(),
+        tensorboard=PerRankTensorBoardCallback(args.logging_dir) if args.per_rank_tensorboard else None,
+        summary=RankSummaryCallback(args.logging_dir),
         preemption=preemption,
     )
 

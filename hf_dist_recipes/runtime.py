@@ -1,18 +1,16 @@
-"""One object per run: what the job is, what the trainer feeds each step, and where the practices put what they log.
+"""One object per run: what the job is, what the trainer feeds each step, where the practices put what they log, and
+the callback base class through which the trainer talks to them.
 
-`RecipeTrainer` builds one `RecipeRuntime` when it is constructed and hands it to every recipe callback's
-constructor (the shape of trl's `SyncRefModelCallback(ref_model=..., accelerator=...)`). From then on the trainer
-and the callbacks talk through it in one plain way, and neither looks the other up:
+`RecipeTrainer` builds one `RecipeRuntime` when it is constructed and hands it to every `RecipeCallback` it adds
+(`set_runtime`: the recipe's own, one the user registered, one the Trainer rebuilt from a checkpoint). From then on
+the trainer and the callbacks talk through declared methods, and neither looks the other up:
 
-- `facts` (`JobFacts`): the job's resolved facts, read once: the rank layout (world, TP and EP degrees from the
-  DeepSpeed config the engine uses), a snapshot of that config as the arguments made it, the launch plan.
-- events: the trainer *emits* what no `TrainerCallback` hook carries, and the callbacks *listen* (`listen`):
-  `loss` (each training micro-batch's loss from `compute_loss`; a listener may return a changed loss: the gradient
-  health check poisons a non-finite one), `micro_step` (the loss `training_step` returned, and the batch),
-  `grad_norm` (the pre-clip global gradient norm of the clip call), `begin_save`/`end_save` (the bytes a rank is
-  about to write), `flush` and `explain` (train() failed: first every listener writes out what it holds, then the
-  hang watchdog may name a lost rank and end the process). Listeners register when their callback's training
-  begins, so a callback the user removed never hears anything.
+- `facts` (`JobFacts`): the job's resolved facts, read once: this process's rank and local rank, the rank layout
+  (world, TP and EP degrees from the DeepSpeed config the engine uses, and the groups they make), a snapshot of that
+  config as the arguments made it, the launch plan. Every rank-side module takes identity and groups from here.
+- events: what no `TrainerCallback` hook carries is a method of `RecipeCallback` (`on_micro_batch_loss`,
+  `on_micro_step`, `on_grad_norm`, `on_save_begin`/`on_save_end`, `on_train_error`/`on_train_abort`), called by
+  `RecipeTrainerMixin.call_recipe_event` on the trainer's callback list the way transformers calls its own events.
 - `logs` (`LogSink`): three channels, emptied into each Trainer log by `RecipeTrainer.log`: `history` (numbers a
   resumed run logs again alike: `log_history`, every `report_to` integration, the console), `job` (numbers that are
   the same on every rank but measured, the per-rank spread: the `report_to` integrations and TensorBoard, never
@@ -21,27 +19,24 @@ and the callbacks talk through it in one plain way, and neither looks the other 
 - `rank_metrics`: the per-rank counters (loss, tokens, step time) the micro steps feed, read by the TensorBoard and
   summary callbacks; `seed_report`: this process's seeding.
 
-A recipe callback built without a runtime (under a plain `transformers.Trainer`) gets one of its own that nothing
-feeds: the callbacks that need the trainer's numbers then stop at the first optimizer step with the fix
-(`require_fed`). Tools that read a finished run's files build their own `RankLayout` (checkpoint/zero_files.py,
-logs/aggregate.py, preflight/training/verdicts.py): they describe another job, not the running one.
+Tools that read a finished run's files build their own `RankLayout` (checkpoint/zero_files.py, logs/aggregate.py,
+preflight/training/verdicts.py): they describe another job, not the running one.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from numbers import Number
 
 import torch
+from transformers import TrainerCallback
 
 from hf_dist_recipes.core.layout import RankLayout
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
-from hf_dist_recipes.parallel.batch import tensor_parallel_size
+from hf_dist_recipes.parallel.deepspeed_view import DeepSpeedView
 from hf_dist_recipes.reproducibility.seeding import SeedReport
-
-EVENTS = ("loss", "micro_step", "grad_norm", "begin_save", "end_save", "flush", "explain")
 
 
 @dataclass(frozen=True)
@@ -51,41 +46,33 @@ class JobFacts:
 
     layout: RankLayout = field(default_factory=lambda: RankLayout(1))
     rank: int = 0
+    local_rank: int = 0
     deepspeed: dict | None = None
     launch_plan: dict = field(default_factory=dict)
 
     @property
     def zero(self):
         """The config's `zero_optimization` section as DeepSpeed's own typed model (`DeepSpeedZeroConfig`: its
-        defaults filled, the offload sections typed); None without DeepSpeed. Parsed on first use."""
-        if self.deepspeed is None:
-            return None
-        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
-
-        return DeepSpeedZeroConfig(**(self.deepspeed.get("zero_optimization") or {}))
+        defaults filled, the offload sections typed); None without DeepSpeed."""
+        return None if self.deepspeed is None else DeepSpeedView.read(self.deepspeed).zero
 
     @property
     def zero_stage(self) -> int:
         """The ZeRO stage of the DeepSpeed config (0 without DeepSpeed, as DeepSpeed's own default)."""
-        return int(self.zero.stage) if self.deepspeed is not None else 0
-
-    @classmethod
-    def from_args(cls, args) -> JobFacts:
-        """The facts of Trainer arguments alone: their DeepSpeed config (`args.hf_deepspeed_config`), if any."""
-        ds = getattr(args, "hf_deepspeed_config", None)
-        return cls.read(args, ds.config if ds is not None else None)
+        return 0 if self.deepspeed is None else DeepSpeedView.read(self.deepspeed).stage or 0
 
     @classmethod
     def read(cls, args, deepspeed_config: dict | None) -> JobFacts:
         """The facts of a job run with `args` (RecipeTrainingArguments) under `deepspeed_config` (the engine's
         config dict, None without DeepSpeed)."""
         ds = copy.deepcopy(deepspeed_config) if deepspeed_config is not None else None
-        ep = (ds or {}).get("expert_parallel") or {}
-        ep_size = ep.get("autoep_size", 1) if isinstance(ep, dict) and ep.get("enabled") else 1
         world = max(int(getattr(args, "world_size", 1) or 1), 1)
-        layout = RankLayout(world, tensor_parallel_size(ds or {}), int(ep_size or 1))
+        # Without DeepSpeed nothing to read (and DeepSpeed not imported into a DDP job's rank)
+        view = DeepSpeedView.read(ds) if ds is not None else None
+        layout = RankLayout(world, view.tp, view.ep) if view is not None else RankLayout(world)
         rank = int(getattr(args, "process_index", 0) or 0)
-        return cls(layout, rank, ds, dict(getattr(args, "launch_plan", None) or {}))
+        local_rank = int(getattr(args, "local_process_index", 0) or 0)
+        return cls(layout, rank, local_rank, ds, dict(getattr(args, "launch_plan", None) or {}))
 
 
 @dataclass
@@ -154,17 +141,18 @@ def _numbers(values: Mapping[str, float], channel: str) -> dict[str, float]:
 
 
 class RecipeRuntime:
-    """See the module docstring. Built by `RecipeTrainer` (`for_trainer`); a bare `RecipeRuntime()` is a one-process
-    job that nothing feeds (what a recipe callback gets under a plain Trainer)."""
+    """See the module docstring. Built by `RecipeTrainer` (`for_trainer`) and handed to each `RecipeCallback` it
+    adds; one built by hand (`RecipeRuntime(facts)`; no facts: a one-process job) serves a test or a tool that
+    drives the callbacks itself."""
 
     def __init__(self, facts: JobFacts | None = None, seed_report: SeedReport | None = None):
-        self.facts = facts
+        self.facts = facts if facts is not None else JobFacts()  # default: a one-process job
         self.seed_report = seed_report
         self.logs = LogSink()
         self.rank_metrics = RankMetrics()
-        self._listeners: dict[str, dict[type, Callable]] = {name: {} for name in EVENTS}
-        self._fed: set[str] = set()
-        self.listen(self, micro_step=self._count_micro_step)
+        # What the trainer fed so far ("loss", "micro_step"): an override of compute_loss or training_step that
+        # does not call super() feeds nothing, and the callbacks that need it say so (`require_fed`).
+        self.fed: set[str] = set()
 
     @classmethod
     def for_trainer(cls, trainer, seed_report: SeedReport | None) -> RecipeRuntime:
@@ -172,83 +160,74 @@ class RecipeRuntime:
         ds = trainer.accelerator.state.deepspeed_plugin.hf_ds_config.config if trainer.is_deepspeed_enabled else None
         return cls(JobFacts.read(trainer.args, ds), seed_report)
 
-    def job(self, args) -> JobFacts:
-        """The job's facts: the trainer's, read when it was built; a bare runtime reads them from `args` once."""
-        if self.facts is None:
-            self.facts = JobFacts.from_args(args)
-        return self.facts
-
-    # Listening
-    def listen(self, owner, **handlers: Callable) -> None:
-        """Register `owner`'s handlers by event name (`EVENTS`). One listener per class: a second call by the same
-        owner, or by another instance of its class (the Trainer's rebuild of a callback restored from a checkpoint),
-        replaces the handlers, so a callback may listen again at every train() and a replaced one stops hearing."""
-        for event, handler in handlers.items():
-            if event not in self._listeners:
-                raise ValueError(f"unknown runtime event {event!r}; the events are {', '.join(EVENTS)}")
-            self._listeners[event][type(owner)] = handler
-
-    def listening(self, event: str) -> bool:
-        return bool(self._listeners[event])
-
-    def _emit(self, event: str, *values) -> None:
-        for handler in list(self._listeners[event].values()):
-            handler(*values)
-
-    # Fed by the trainer
-    def loss(self, loss: torch.Tensor) -> torch.Tensor:
-        """A training micro-batch's loss (`compute_loss`); returns it as the listeners leave it."""
-        self._fed.add("loss")
-        for handler in list(self._listeners["loss"].values()):
-            loss = handler(loss)
-        return loss
-
     def micro_step(self, loss: torch.Tensor, inputs) -> None:
-        """What `training_step` returned for one micro-batch, and the batch."""
-        self._fed.add("micro_step")
-        self._emit("micro_step", loss, inputs)
-
-    def grad_norm(self, norm) -> None:
-        """The pre-clip global gradient norm of this optimizer step (the Trainer's clip call)."""
-        self._emit("grad_norm", norm)
-
-    def begin_save(self, bytes_per_rank: int) -> None:
-        self._emit("begin_save", bytes_per_rank)
-
-    def end_save(self) -> None:
-        self._emit("end_save")
-
-    def failed(self, error: BaseException) -> None:
-        """train() raised `error`: first every listener writes out what it holds (`flush`), then `explain` (the hang
-        watchdog names a lost rank, which ends the process)."""
-        self._emit("flush")
-        self._emit("explain", error)
-
-    def _count_micro_step(self, loss: torch.Tensor, inputs) -> None:
+        """What `training_step` returned for one micro-batch, and the batch: this rank's counters."""
+        self.fed.add("micro_step")
         self.rank_metrics.add_micro_step(loss, count_tokens(inputs))
 
     def require_fed(self, signal: str, callback: str, needs: str) -> None:
-        """Raise ValueError unless the trainer fed `signal` ("loss" or "micro_step") into this runtime: `callback`
-        names who needs it, `needs` what. Checked at the first optimizer step, where a plain Trainer has fed
-        nothing, and so has a subclass whose `compute_loss` or `training_step` does not call `super()`."""
-        if signal not in self._fed:
+        """Raise ValueError unless the trainer fed `signal` ("loss" or "micro_step"): `callback` names who needs it,
+        `needs` what. Checked at the first optimizer step: a subclass whose `compute_loss` or `training_step` does
+        not call `super()` feeds nothing."""
+        if signal not in self.fed:
             raise ValueError(
-                f"{callback} needs {needs}, which only RecipeTrainer hands it, and nothing did: use RecipeTrainer, or "
-                f"recipe(YourTrainer) from hf_dist_recipes for another Trainer class, which register this callback "
-                f"and feed it (do not add a second one; an override of compute_loss or training_step must call super())"
+                f"{callback} needs {needs}, which RecipeTrainer hands it from compute_loss and training_step, and "
+                f"nothing did: an override of compute_loss or training_step must call super()"
             )
 
-    def adopt(self, callbacks) -> list:
-        """Hand this runtime to the recipe callbacks among `callbacks` that hold another, and return them: the one
-        place that looks through a trainer's callbacks, for those the user registered (an `ExpertLoadCallback`) and
-        those the Trainer rebuilt from a checkpoint's saved arguments (`restore_callback_states_from_checkpoint`),
-        which were built without it."""
-        adopted = []
-        for callback in callbacks:
-            if isinstance(getattr(callback, "runtime", None), RecipeRuntime) and callback.runtime is not self:
-                callback.runtime = self
-                adopted.append(callback)
-        return adopted
+
+class RecipeCallback(TrainerCallback):
+    """A `TrainerCallback` that also hears what only the recipe's trainer sees. The extra events are declared below
+    as methods that do nothing; `RecipeTrainerMixin.call_recipe_event` calls one by name on every callback of the
+    trainer's list that has it, in the list's order, with `args, state, control` first (the shape of transformers'
+    `CallbackHandler.call_event`), so a callback removed from the trainer hears nothing.
+
+    The run's `RecipeRuntime` is handed over when RecipeTrainer adds the callback (`set_runtime`; also one the user
+    passed in `callbacks=` and one the Trainer rebuilt from a checkpoint). A recipe callback used without one (a
+    plain `transformers.Trainer`) stops at train begin with one line naming the fix; a subclass that overrides
+    `on_train_begin` calls `super().on_train_begin` first."""
+
+    _runtime: RecipeRuntime | None = None
+
+    def set_runtime(self, runtime: RecipeRuntime) -> None:
+        self._runtime = runtime
+
+    @property
+    def runtime(self) -> RecipeRuntime:
+        if self._runtime is None:
+            raise ValueError(
+                f"{type(self).__name__} has no runtime, which only RecipeTrainer hands over: use RecipeTrainer, "
+                f"or recipe(YourTrainer) from hf_dist_recipes for another Trainer class"
+            )
+        return self._runtime
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.runtime  # noqa: B018 (raises without one: said at train begin, not at the first step that needs it)
+
+    # The recipe's events (RecipeTrainerMixin.call_recipe_event)
+    def on_micro_batch_loss(self, args, state, control, loss: torch.Tensor, **kwargs) -> torch.Tensor | None:
+        """A training micro-batch's loss (`compute_loss`); a tensor returned replaces it for the next callback and
+        the backward pass (the gradient-health check poisons a non-finite one)."""
+
+    def on_micro_step(self, args, state, control, loss: torch.Tensor, inputs, **kwargs):
+        """What `training_step` returned for one micro-batch, and the batch."""
+
+    def on_grad_norm(self, args, state, control, grad_norm, **kwargs):
+        """The global gradient norm of this optimizer step before clipping (a tensor or float; None where the
+        Trainer computes none), clipped or not (`max_grad_norm=0`)."""
+
+    def on_save_begin(self, args, state, control, bytes_per_rank: int, **kwargs):
+        """A save starts: the busiest rank writes about `bytes_per_rank` bytes."""
+
+    def on_save_end(self, args, state, control, **kwargs):
+        """The save begun last ended (`save_model` outside a checkpoint; a checkpoint's ends in `on_save`)."""
+
+    def on_train_error(self, args, state, control, error: BaseException, **kwargs):
+        """`train()` raised `error`: write out what you hold (no `on_train_end` follows)."""
+
+    def on_train_abort(self, args, state, control, error: BaseException, **kwargs):
+        """After every callback's `on_train_error`: the last word on `error` (the hang watchdog names a lost rank
+        here, which ends the process)."""
 
 
 def count_tokens(inputs) -> int:

@@ -2,48 +2,34 @@
 
 Drop-in: the constructor takes the Trainer's arguments in the Trainer's order; a plain `TrainingArguments` is
 upgraded to `RecipeTrainingArguments`, a subclass `C` of it (`Seq2SeqTrainingArguments`, trl's `SFTConfig`) to a
-`Recipe<C>` that is both (see `RecipeTrainingArguments.from_training_arguments`). Everything is in
-`RecipeTrainerMixin`, so any Trainer class takes it: `recipe(SFTTrainer)` (`hf_dist_recipes.trainer_classes`).
+`Recipe<C>` that is both (`RecipeTrainingArguments.from_training_arguments`). Everything is in `RecipeTrainerMixin`,
+so any Trainer class takes it: `recipe(SFTTrainer)` (`hf_dist_recipes.trainer_classes`).
 
-What it adds, through one `RecipeRuntime` per trainer (`hf_dist_recipes.runtime`), built after the stock constructor
-and handed to every recipe callback (`hf_dist_recipes.callbacks.recipe_callbacks`): the trainer feeds it what no
-callback hook carries (each micro-batch's loss, the batch, the pre-clip gradient norm, the bytes of a save, a failure)
-and empties its log sink into each log.
-- practice 4: the arguments seeded every process when they were created, and the stock constructor seeds again before
-  `model_init`, so it builds identical weights on every rank; the arguments' `SeedReport` is kept as
-  `trainer.seed_report` and logged; `RankAgreementCallback`
-  (`reproducibility.rank_agreement`, `trainer.rank_agreement`) checks across ranks at train begin and every
-  `rank_check_steps` that the ranks agree on what they must (seeds, data order, built weights, step, learning rate,
-  TP-group loss) and sets the dropout streams by role (`per_rank_dropout`);
-- practice 5: `GradientHealthCallback` (`hf_dist_recipes.stability.gradient_health`, `trainer.gradient_health`) finds a
-  non-finite loss or gradient on any rank with one all-reduce per step and skips that optimizer step on every
-  rank or halts with a report (`nonfinite_policy`), and names loss and grad-norm spikes; it sees each training
-  loss through `compute_loss` and the clip call's pre-clip norm through `_clip_grad_norm` (`_compat`), by the
-  runtime's events;
-- practice 2: after the process group exists, its backend is checked (Gloo on a CUDA host is an error);
-- practice 1: then every rank's environment fingerprint (Python, torch build, CUDA, NCCL, driver, the HF stack) is
-  all-gathered and the constructor stops on every rank, naming the rank and host that differ, when they do not
-  agree (`hf_dist_recipes.environment.fingerprint.check_ranks_agree`);
-- practice 6: `create_scheduler` builds the warm-up + cosine-with-restarts schedule (with `min_lr_ratio` and
-  `restart_warmup_steps`), also when DeepSpeed owns the optimizer (the engine then steps it);
-- practice 7: TensorBoard from every rank (`<logging_dir>/rank<N>`) and a per-rank JSON summary at the end;
-  a MoE model also logs its tokens per expert and per EP rank (`hf_dist_recipes.moe.expert_load`), and one whose
-  routers choose by DeepSeek-V3's correction bias gets it moved towards even load after every step
-  (`hf_dist_recipes.moe.expert_balance`; `expert_bias_balancing=False` turns that off, with a warning);
-- practice 3: the DeepSpeed batch-size trap under tensor parallelism is handled by the arguments;
-- checkpoints in every layout: `save_model` writes a `from_pretrained` checkpoint from ZeRO-3, AutoTP and AutoEP
-  (`hf_dist_recipes.checkpoint`), every rank writing its share of the files; a `save_steps` checkpoint holds what
-  resume needs (the engine's files) and the weights only with `hf_weights_in_checkpoints`; the collective timeout
-  allows a save its time, `evaluate()`/`predict()` work before `train()` under DeepSpeed, and a resume
-  continues the per-rank counters and reads the engine's files memory-mapped, so that its host memory stays at the
-  steady state (`memory_mapped_resume`, `hf_dist_recipes.checkpoint.resume_loading`);
-- `loss_chunk_tokens`: the training loss a chunk of tokens at a time, so the full logits never exist
-  (`compute_loss`, `hf_dist_recipes.parallel.chunked_loss`);
-- a Gloo process group is destroyed at exit (`backend.destroy_gloo_group_at_exit`);
-- under ZeRO-3, a model built whole on every rank (before the arguments, or by calling its class) above
-  `max_unpartitioned_model_size` stops the constructor with the fix (`parallel.construction`); so does a model
-  that will not recompute although the launch config's plan assumed activation checkpointing (a warning under
-  `allow_no_recompute`; `hf_dist_recipes.parallel.plan_record`).
+One `RecipeRuntime` per trainer (`hf_dist_recipes.runtime`), built after the stock constructor, is handed to every
+`RecipeCallback` the trainer holds or adds (`hand_runtime`); the trainer calls the events no callback hook carries
+(each micro-batch's loss, the batch, the pre-clip gradient norm, the bytes of a save, a failure) on its callbacks
+by name (`call_recipe_event`) and empties the runtime's log sink into each log. By practice:
+- 4: the arguments seeded every process, and the stock constructor seeds again before `model_init`, so every rank
+  builds identical weights; `RankAgreementCallback` (`trainer.rank_agreement`) checks that the ranks agree on
+  seeds, data order, built weights, step, learning rate and TP-group loss, and sets the dropout streams by role;
+- 5: `GradientHealthCallback` (`trainer.gradient_health`) finds a non-finite loss or gradient on any rank with one
+  all-reduce per step, skips that step on every rank or halts with a report, and names loss and grad-norm spikes;
+  it hears each training loss from `compute_loss` and the pre-clip norm, clipped or not, from `_get_grad_norm`
+  (`_compat.transformers`);
+- 2 and 1: once the process group exists, its backend is checked (Gloo on a CUDA host is an error), then every
+  rank's environment fingerprint is all-gathered and every rank stops, naming who differs, when they disagree
+  (`environment.fingerprint.check_ranks_agree`); a Gloo group is destroyed at exit;
+- 6: `create_scheduler` builds warm-up + cosine with restarts, also when DeepSpeed owns the optimizer;
+- 7: TensorBoard from every rank (`<logging_dir>/rank<N>`) and a per-rank JSON summary; a MoE model also logs its
+  tokens per expert and per EP rank, and DeepSeek-V3 routers get their correction bias balanced (`moe/`);
+- 3: the DeepSpeed batch-size trap under TP is handled by the arguments; under ZeRO-3 a model built whole above
+  `max_unpartitioned_model_size`, or one that will not recompute under a plan that assumed it, stops the
+  constructor with the fix (`parallel.construction`, `parallel.plan_record`);
+- checkpoints in every layout: `save_model` writes a `from_pretrained` checkpoint from ZeRO-3, AutoTP and AutoEP,
+  every rank writing its share (`hf_dist_recipes.checkpoint`); a `save_steps` checkpoint holds what resume needs;
+  a save gets its collective timeout; `evaluate()`/`predict()` work before `train()` under DeepSpeed; a resume
+  continues the per-rank counters and reads the engine's files memory-mapped (`checkpoint.resume_loading`);
+- `loss_chunk_tokens`: the training loss a chunk of tokens at a time (`parallel.chunked_loss`).
 """
 
 from __future__ import annotations
@@ -62,7 +48,7 @@ from hf_dist_recipes._compat import transformers as compat_transformers
 from hf_dist_recipes._compat.deepspeed import forget_zero_hpz_group
 from hf_dist_recipes.argument_classes import describe_replaced_defaults, recipe_arguments_class
 from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
-from hf_dist_recipes.callbacks import REPLACES, RecipeCallbacks, recipe_callbacks
+from hf_dist_recipes.callbacks import RecipeCallbacks, recipe_callbacks
 from hf_dist_recipes.checkpoint import relayout, resume_loading
 from hf_dist_recipes.checkpoint.auto_resume import plan_resume
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
@@ -129,7 +115,7 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         super().__init__(*bound.args, **bound.kwargs)
         # The one read of the callbacks the stock constructor registered (its own and the user's): the stock
         # console is replaced, a user's expert-load callback is not doubled, and every recipe callback among them
-        # gets this run's runtime. Nothing else looks through the list (a restored callback aside: `_compat`).
+        # gets this run's runtime below (a restored callback aside: `_compat`).
         held = list(self.callback_handler.callbacks)
         use_recipe_console(self, held)  # loss, lr, grad norm, skips, spikes; the rest in TensorBoard
         replaced = describe_replaced_defaults(args, type(self).__name__)
@@ -148,21 +134,21 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         self.runtime = RecipeRuntime.for_trainer(self, args.seed_report)
         if self.runtime.facts.zero_stage == 3 and self.model is not None:
             check_partitioned(self.model, limit_bytes=args.max_unpartitioned_model_bytes, world_size=args.world_size)
-        self.recipe_callbacks: RecipeCallbacks = recipe_callbacks(args, self.model, self.runtime, registered=held)
+        registered = {type(c) for c in held}
+        self.recipe_callbacks: RecipeCallbacks = recipe_callbacks(args, self.model, registered=registered)
         # What a resume from a checkpoint of another layout converted (checkpoint.relayout); None otherwise.
         self.relayout: relayout.Relayout | None = None
-        if not args.expert_bias_balancing and needs_balancing(self.model, held):
+        if not args.expert_bias_balancing and needs_balancing(self.model, registered):
             warn_once(logger, BALANCING_OFF)  # the memory estimate's even routing is then nobody's job
         # Before any engine: a model that will not recompute under a plan that assumed it stops here with the fix.
         self.recipe_callbacks.plan_conformance.check_before_training(self.model, args)
-        callbacks = self.recipe_callbacks.in_order()
-        for ours, stock in REPLACES.items():
-            if any(isinstance(c, ours) for c in callbacks):
-                self.remove_callback(stock)
-        for callback in callbacks:  # after the Trainer's own, in recipe_callbacks' order (hf_dist_recipes.callbacks)
+        for stock in self.recipe_callbacks.replaced_stock():
+            self.remove_callback(stock)
+        # After the Trainer's own, in recipe_callbacks' order (hf_dist_recipes.callbacks); each gets the runtime.
+        for callback in self.recipe_callbacks.in_order():
             self.add_callback(callback)
-        # An expert-load callback the user registered logs through this run's runtime too.
-        self.runtime.adopt(held)
+        # A recipe callback the user registered (an ExpertLoadCallback) logs through this run's runtime too.
+        self.hand_runtime(held)
         # The chunked loss stands in for the model inside the stock compute_loss; another Trainer's (trl's SFTTrainer
         # reads the logits for its metrics) would get outputs without them.
         after_mixin = super().compute_loss
@@ -174,6 +160,36 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
             if getattr(after_mixin, "__func__", None) is Trainer.compute_loss
             else type(self).__name__,
         )
+
+    runtime: RecipeRuntime | None = None  # None only inside the stock constructor, before the mixin builds it
+
+    def add_callback(self, callback):
+        """`Trainer.add_callback`; a `RecipeCallback` (or its class) added once the runtime exists gets it."""
+        super().add_callback(callback)
+        self.hand_runtime(self.callback_handler.callbacks[-1:])
+
+    def hand_runtime(self, callbacks) -> None:
+        """Hand this run's runtime to each of `callbacks` that takes one (`RecipeCallback.set_runtime`)."""
+        if self.runtime is None:
+            return
+        for callback in callbacks:
+            set_runtime = getattr(callback, "set_runtime", None)
+            if set_runtime is not None:
+                set_runtime(self.runtime)
+
+    def call_recipe_event(self, event: str, **values):
+        """Call the `RecipeCallback` event `event` (`hf_dist_recipes.runtime`) on every callback of this trainer that
+        has it, in the list's order, with `args, state, control` first, as `CallbackHandler.call_event` calls the
+        Trainer's events. A tensor returned by `on_micro_batch_loss` replaces the loss for the next callback;
+        returns the loss (None for events without one)."""
+        for callback in self.callback_handler.callbacks:
+            handler = getattr(callback, event, None)
+            if handler is None:
+                continue
+            result = handler(self.args, self.state, self.control, **values)
+            if event == "on_micro_batch_loss" and result is not None:
+                values["loss"] = result
+        return values.get("loss")
 
     def call_model_init(self, trial=None):
         """`Trainer.call_model_init`, which also rebuilds under ZeRO++ hpZ
@@ -207,7 +223,8 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
             # is named (which ends the process). A SIGTERM meanwhile is the launcher ending this rank, not a
             # request to save: it ends the process at once, as it did before the preemption callback.
             self.recipe_callbacks.preemption.abandon()
-            self.runtime.failed(error)
+            self.call_recipe_event("on_train_error", error=error)
+            self.call_recipe_event("on_train_abort", error=error)
             raise
         finally:
             self.runtime.logs.discard()  # what came after the last log: a next train() starts clean
@@ -323,18 +340,18 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
             f"{PREFIX_CHECKPOINT_DIR}-"
         )
         hf_copy = not in_checkpoint or self.args.hf_weights_in_checkpoints
-        bounded = self.runtime.listening("begin_save")  # the hang watchdog bounds the save's collective timeout
-        if bounded:
-            b = self._save_bytes(model)
-            self.runtime.begin_save(b.checkpoint_per_rank(hf_copy) if in_checkpoint else b.hf_per_rank)
+        b = self._save_bytes(model)  # the hang watchdog bounds the save's collective timeout by them
+        self.call_recipe_event(
+            "on_save_begin", bytes_per_rank=b.checkpoint_per_rank(hf_copy) if in_checkpoint else b.hf_per_rank
+        )
         try:
             if hf_copy:
                 save_hf_checkpoint(model, output_dir, max_shard_bytes=self.args.save_shard_bytes)
             elif self.args.should_save:
                 save_config_files(model.config, output_dir, getattr(model, "generation_config", None))
         finally:
-            if bounded and not in_checkpoint:  # a checkpoint's bound ends in on_save
-                self.runtime.end_save()
+            if not in_checkpoint:  # a checkpoint's bound ends in on_save
+                self.call_recipe_event("on_save_end")
         if self.args.should_save:
             if self.processing_class is not None:
                 self.processing_class.save_pretrained(output_dir)
@@ -396,8 +413,8 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         return self.runtime.seed_report
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """The stock loss; while training, handed to the runtime (`loss` event), where the gradient-health check
-        multiplies a non-finite loss by NaN so that no engine can apply its gradients
+        """The stock loss; while training, handed to the recipe callbacks (`on_micro_batch_loss`), where the
+        gradient-health check multiplies a non-finite loss by NaN so that no engine can apply its gradients
         (`hf_dist_recipes.stability.gradient_health`).
 
         With `loss_chunk_tokens`, a training batch with labels is computed by the chunked loss
@@ -412,13 +429,15 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         )
         if not model.training:
             return result
+        self.runtime.fed.add("loss")
         if return_outputs:
-            return self.runtime.loss(result[0]), result[1]
-        return self.runtime.loss(result)
+            return self.call_recipe_event("on_micro_batch_loss", loss=result[0]), result[1]
+        return self.call_recipe_event("on_micro_batch_loss", loss=result)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         loss = super().training_step(model, inputs, num_items_in_batch)
-        self.runtime.micro_step(loss, inputs)  # per-rank counters, the TP-group agreement checks
+        self.runtime.micro_step(loss, inputs)  # per-rank counters
+        self.call_recipe_event("on_micro_step", loss=loss, inputs=inputs)  # the TP-group agreement checks
         return loss
 
 

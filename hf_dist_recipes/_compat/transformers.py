@@ -113,23 +113,28 @@ def to_disk_layout(model, tensors: dict) -> dict:
 class TrainerPrivateOverrides:
     """Mixin of `RecipeTrainerMixin`: the overrides of private `Trainer` methods, each with when it can go."""
 
-    def _clip_grad_norm(self, model):
-        """transformers 5.24 `Trainer._clip_grad_norm(model)`: called once per optimizer step by `_run_epoch`, before
-        `on_pre_optimizer_step`; returns the pre-clip global gradient norm (under DeepSpeed the engine's). That norm
-        goes to `self.observe_grad_norm` (the gradient-health spike detector). Can go when a public hook receives
-        the pre-clip norm (in 5.24 `on_pre_optimizer_step` gets none; `on_optimizer_step` neither)."""
-        norm = super()._clip_grad_norm(model)
-        self.runtime.grad_norm(norm)
+    def _get_grad_norm(self, model, grad_norm=None):
+        """transformers 5.23-5.25 `Trainer._get_grad_norm(model, grad_norm=None)`: called once per optimizer step by
+        `_run_epoch` before `on_pre_optimizer_step`, with the clip call's pre-clip norm, or None when
+        `max_grad_norm == 0` skips the clip (it then computes the norm unclipped); returns the norm the Trainer
+        logs. Both branches pass here, so the recipe callbacks hear the norm clipped or not (`on_grad_norm`: the
+        gradient-health spike detector). Can go when a public hook receives the pre-clip norm (in 5.25
+        `on_pre_optimizer_step` gets none; `on_optimizer_step` neither)."""
+        norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        self.call_recipe_event("on_grad_norm", grad_norm=norm)
         return norm
 
     def _load_callback_state(self):
         """transformers 5.24 `Trainer._load_callback_state()`: on a resume with
         `restore_callback_states_from_checkpoint`, it rebuilds each stateful callback as `type(cb)(**saved_args)`
-        and appends the new one; a recipe callback rebuilt so holds a runtime of its own that nothing feeds. The run's
-        runtime is handed to it (`RecipeRuntime.adopt`). Can go when the Trainer restores a callback's state into
-        the instance it holds (or calls a public hook after restoring)."""
+        and appends the new one through the callback handler, not `Trainer.add_callback`: a recipe callback rebuilt so
+        has no runtime. The run's is handed to it, and it takes its role (`RecipeCallbacks.replaced_by`). Can go when
+        the Trainer restores a callback's state into the instance it holds (or calls a public hook after restoring)."""
+        held = list(self.callback_handler.callbacks)
         super()._load_callback_state()
-        self.recipe_callbacks = self.recipe_callbacks.replaced_by(self.runtime.adopt(self.callback_handler.callbacks))
+        rebuilt = [c for c in self.callback_handler.callbacks if not any(c is h for h in held)]
+        self.hand_runtime(rebuilt)
+        self.recipe_callbacks = self.recipe_callbacks.replaced_by(rebuilt)
 
     def _save_checkpoint(self, model, trial):
         """transformers 5.25 `Trainer._save_checkpoint(model, trial)`, which `_maybe_log_save_evaluate` calls before

@@ -16,8 +16,8 @@ Two bounds, one per failure:
   at start-up (2 hours in the recipe, 30 minutes stock: it must cover rank 0 reading a large checkpoint alone under
   ZeRO-3), `RecipeTrainingArguments.step_timeout` once the first optimizer step finished.
 
-A save is not a hang: `RecipeTrainer.save_model` tells the run's runtime the bytes the busiest rank writes
-(`begin_save` event); `HangWatchdogCallback.begin_save` raises (never lowers) the collective timeout to `save_bound` of
+A save is not a hang: `RecipeTrainer.save_model` tells the recipe callbacks the bytes the busiest rank writes
+(`on_save_begin`); `HangWatchdogCallback.begin_save` raises (never lowers) the collective timeout to `save_bound` of
 them (by default `parallel.checkpoint_bytes.save_timeout_s`, handed over by `recipe_callbacks`: step timeout + bytes at
 an assumed 100 MiB/s per rank) until the checkpoint is complete (`on_save`, after the engine's files) or `save_model`
 returns (a final save). The heartbeat beats on meanwhile, so the peer bound needs nothing.
@@ -46,11 +46,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from transformers import TrainerCallback
-
 from hf_dist_recipes._compat import torch as compat_torch
 from hf_dist_recipes.comm.flight_recorder import AutomaticDump, FatalStacks, SignalDump, hang_report_hint
 from hf_dist_recipes.comm.flight_recorder import is_collective_error as looks_like_lost_peer
+from hf_dist_recipes.runtime import RecipeCallback
 
 logger = logging.getLogger(__name__)
 
@@ -253,7 +252,7 @@ class HeartbeatWatchdog:
             self.beat_once(DONE)
 
 
-class HangWatchdogCallback(TrainerCallback):
+class HangWatchdogCallback(RecipeCallback):
     """Starts the heartbeat watchdog when training begins (multi-rank runs, `peer_timeout` > 0), sets the
     collective timeout to `step_timeout` once the first optimizer step finished and back to the start-up
     `ddp_timeout` when training ends (a save or evaluation after `train()` may again wait on one rank's I/O).
@@ -266,22 +265,16 @@ class HangWatchdogCallback(TrainerCallback):
         step_timeout: float,
         startup_timeout: float,
         *,
-        runtime=None,
         save_bound: Callable[[int, float], float] | None = None,
         preemption=None,
     ):
-        """`runtime`: the run's (`hf_dist_recipes.runtime.RecipeRuntime`): its `begin_save`/`end_save` events bound
-        the collective timeout of a save, with `save_bound(bytes_per_rank, current_timeout_s)` seconds; its
-        `explain` event (train() failed) names a lost peer. Without one, `begin_save`/`explain_failure` are called
-        directly. `preemption`: the run's `checkpoint.preemption.PreemptionCallback`; a SIGTERM it takes asks for a
-        save instead of ending the rank, and a rank stuck past its grace ends with this rank's state dump."""
-        self.preemption = preemption
+        """`save_bound(bytes_per_rank, current_timeout_s)`: the collective timeout of a save in seconds, applied
+        between `on_save_begin` and the save's end (None: a save keeps the current one). `preemption`: the run's
+        `checkpoint.preemption.PreemptionCallback`; a SIGTERM it takes asks for a save instead of ending the rank,
+        and a rank stuck past its grace ends with this rank's state dump. A failed train() reaches
+        `explain_failure` through `on_train_abort`."""
+        self.preemption, self.save_bound = preemption, save_bound
         self.peer_timeout, self.step_timeout, self.startup_timeout = peer_timeout, step_timeout, startup_timeout
-        if runtime is not None:
-            handlers = {"end_save": self.end_save, "explain": self.explain_failure}
-            if save_bound is not None:
-                handlers["begin_save"] = lambda n: self.begin_save(save_bound(n, self.current_timeout()))
-            runtime.listen(self, **handlers)
         self.watchdog: HeartbeatWatchdog | None = None
         self.step_timeout_set = False
         self.save_timeout: float | None = None  # the raised collective timeout while a save runs
@@ -310,10 +303,21 @@ class HangWatchdogCallback(TrainerCallback):
             compat_torch.set_collective_timeout(self.current_timeout())
             self.save_timeout = None
 
+    def on_save_begin(self, args, state, control, bytes_per_rank: int, **kwargs):
+        if self.save_bound is not None:
+            self.begin_save(self.save_bound(bytes_per_rank, self.current_timeout()))
+
+    def on_save_end(self, args, state, control, **kwargs):
+        self.end_save()
+
     def on_save(self, args, state, control, **kwargs):
         self.end_save()  # the engine's files, RNG and trainer state are written: the checkpoint is complete
 
+    def on_train_abort(self, args, state, control, error: BaseException, **kwargs):
+        self.explain_failure(error)
+
     def on_train_begin(self, args, state, control, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:

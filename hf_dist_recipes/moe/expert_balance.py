@@ -27,15 +27,14 @@ Turned off on such a model, the trainer says so once (`BALANCING_OFF`), naming t
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Collection
 
 import torch
 from torch import nn
-from transformers import TrainerCallback
 
 from hf_dist_recipes._compat.deepspeed import is_zero_partitioned
 from hf_dist_recipes.moe.expert_load import ExpertLoadTracker, RoutedLayer, find_routed_layers
-from hf_dist_recipes.runtime import JobFacts
+from hf_dist_recipes.runtime import RecipeCallback
 
 # Said once, on rank 0, by RecipeTrainer when the arguments turn the default balancer off on a model that has one
 # to balance (`needs_balancing`).
@@ -57,22 +56,23 @@ def bias_update(counts: torch.Tensor, gamma: float) -> torch.Tensor:
     return (gamma * torch.sign(counts.mean(-1, keepdim=True) - counts)).float()
 
 
-def needs_balancing(model: nn.Module | None, registered: Sequence[TrainerCallback] = ()) -> bool:
+def needs_balancing(model: nn.Module | None, registered: Collection[type] = ()) -> bool:
     """True when `model` has MoE routers and every one chooses its experts with a correction bias (DeepSeek-V3's
-    `e_score_correction_bias`: the routers `ExpertBiasBalancer` balances), and `registered` (the callbacks a trainer
-    holds already) has no `ExpertBiasBalancer`. DeepSeek-V2-style routers (auxiliary losses, no bias) and dense
-    models: False."""
-    if model is None or any(isinstance(c, ExpertBiasBalancer) for c in registered):
+    `e_score_correction_bias`: the routers `ExpertBiasBalancer` balances), and `registered` (the classes of the
+    callbacks a trainer holds already) has no `ExpertBiasBalancer`. DeepSeek-V2-style routers (auxiliary losses, no
+    bias) and dense models: False."""
+    if model is None or ExpertBiasBalancer in registered:
         return False
     layers = find_routed_layers(model)
     return bool(layers) and all(layer.bias is not None for layer in layers)
 
 
-class ExpertBiasBalancer(TrainerCallback):
+class ExpertBiasBalancer(RecipeCallback):
     """After every optimizer step, moves each MoE layer's expert-selection bias by `bias_update` of the step's token
     counts (module docstring: the rule and its sources). RecipeTrainer adds one with the default gamma to a model
     that `needs_balancing` (arguments: `expert_bias_balancing`); for another gamma pass your own, which takes its
-    place: `RecipeTrainer(..., callbacks=[ExpertBiasBalancer(gamma=0.002)])`. Under a plain Trainer pass it too.
+    place: `RecipeTrainer(..., callbacks=[ExpertBiasBalancer(gamma=0.002)])` (a recipe callback: RecipeTrainer hands it
+    the run's layout).
 
     The counts are the step's, summed over its gradient accumulation micro steps and over all ranks
     (`hf_dist_recipes.moe.expert_load`), so every rank applies the same update to its copy of the bias: the
@@ -102,8 +102,9 @@ class ExpertBiasBalancer(TrainerCallback):
         self._master: list[torch.Tensor | None] = []
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
         tracker = (
-            ExpertLoadTracker.for_model(model, tp_size=JobFacts.from_args(args).layout.tp, device=args.device)
+            ExpertLoadTracker.for_model(model, tp_size=self.runtime.facts.layout.tp, device=args.device)
             if model is not None
             else None
         )

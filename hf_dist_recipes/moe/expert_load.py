@@ -33,12 +33,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import TrainerCallback
 
 from hf_dist_recipes._compat import deepspeed as compat_deepspeed
 from hf_dist_recipes.core.gather import distributed
-from hf_dist_recipes.core.layout import RankLayout
-from hf_dist_recipes.runtime import RecipeRuntime
+from hf_dist_recipes.runtime import RecipeCallback
 
 # Above this many (MoE layer, expert) pairs only the per-layer summaries are logged by default: DeepSeek-V3 would
 # otherwise add 14,848 scalars per log step to every rank's TensorBoard.
@@ -217,8 +215,7 @@ class ExpertLoadTracker:
             return counts
         torch.distributed.all_reduce(counts)
         # Each token was counted once by every rank of its TP group.
-        layout = RankLayout(torch.distributed.get_world_size(), self.tp_size)
-        return counts // layout.tp if layout.tp > 1 else counts
+        return counts // self.tp_size if self.tp_size > 1 else counts
 
 
 def load_scalars(tokens: torch.Tensor, layers: list[RoutedLayer], *, per_expert: bool) -> dict[str, float]:
@@ -249,7 +246,7 @@ def load_scalars(tokens: torch.Tensor, layers: list[RoutedLayer], *, per_expert:
     return out
 
 
-class ExpertLoadCallback(TrainerCallback):
+class ExpertLoadCallback(RecipeCallback):
     """Logs how evenly the routers spread tokens over the experts, through the Trainer's logs (RecipeTrainer adds
     it, before its per-rank TensorBoard callback, when the model has routed experts; each key then shows as
     `train/<key>` on every rank's TensorBoard, with identical values: the counts are summed over all ranks).
@@ -271,22 +268,21 @@ class ExpertLoadCallback(TrainerCallback):
     Args:
         per_expert: log the per-expert and per-EP-rank token counts too; None (default): when the model has at most
             `PER_EXPERT_SCALAR_LIMIT` (512) MoE layer x expert pairs.
-        runtime: the run's (`hf_dist_recipes.runtime`; RecipeTrainer hands its own to one the user registered).
 
-    The keys go to the runtime's `history` channel: under RecipeTrainer `log_history`, every `report_to` integration
-    and the per-rank TensorBoard get them. Under a plain Trainer nothing takes them into its logs.
+    The keys go to the runtime's `history` channel (RecipeTrainer hands the runtime to one the user registered):
+    `log_history`, every `report_to` integration and the per-rank TensorBoard get them.
     """
 
-    def __init__(self, per_expert: bool | None = None, runtime: RecipeRuntime | None = None):
-        self.runtime = runtime or RecipeRuntime()
+    def __init__(self, per_expert: bool | None = None):
         self.per_expert = per_expert
         self.tracker: ExpertLoadTracker | None = None
         self._window: torch.Tensor | None = None
         self._window_steps = 0
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
         self.tracker = (
-            ExpertLoadTracker.for_model(model, tp_size=self.runtime.job(args).layout.tp, device=args.device)
+            ExpertLoadTracker.for_model(model, tp_size=self.runtime.facts.layout.tp, device=args.device)
             if model is not None
             else None
         )

@@ -37,10 +37,9 @@ import time
 from collections.abc import Sequence
 
 import torch
-from transformers import TrainerCallback
 
 from hf_dist_recipes.core.gather import gather_objects
-from hf_dist_recipes.runtime import RecipeRuntime
+from hf_dist_recipes.runtime import RecipeCallback
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +114,7 @@ class StragglerDetector:
         return newly, recovered
 
 
-class StragglerCallback(TrainerCallback):
+class StragglerCallback(RecipeCallback):
     """Finds ranks slower than the others while training runs (module docstring: what is measured, why, cost).
     RecipeTrainer registers it with `straggler_check_steps`, `straggler_threshold`, `straggler_windows`.
 
@@ -144,9 +143,7 @@ class StragglerCallback(TrainerCallback):
         check_steps: int = DEFAULT_STRAGGLER_CHECK_STEPS,
         threshold: float = DEFAULT_STRAGGLER_THRESHOLD,
         windows: int = DEFAULT_STRAGGLER_WINDOWS,
-        runtime: RecipeRuntime | None = None,
     ):
-        self.runtime = runtime or RecipeRuntime()
         self.check_steps, self.threshold, self.windows = validate_straggler_settings(check_steps, threshold, windows)
         self.detector = StragglerDetector(self.threshold, self.windows)
         self.hosts: list[str] = []
@@ -156,6 +153,7 @@ class StragglerCallback(TrainerCallback):
         self._window_start_step = 0
 
     def on_train_begin(self, args, state, control, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
         dist = torch.distributed
         self._active = (
             self.check_steps > 0 and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
@@ -180,7 +178,7 @@ class StragglerCallback(TrainerCallback):
 
     def _check(self, args, step: int, step_s: float) -> None:
         dist = torch.distributed
-        world = dist.get_world_size()
+        world = self.runtime.facts.layout.world
         mine = torch.tensor([step_s], dtype=torch.float64, device=args.device)
         step_times = [torch.zeros_like(mine) for _ in range(world)]
         started = time.perf_counter()
@@ -205,7 +203,7 @@ class StragglerCallback(TrainerCallback):
         ]
         # This rank's own busy time: the one per-rank time that differs between ranks in synchronous training,
         # so `logs summarize` finds stragglers offline from it (raw step times are everyone's).
-        me = dist.get_rank()
+        me = self.runtime.facts.rank
         self.runtime.logs.rank({"straggler/busy_s": max(step_list[me] - wait_list[me], 0.0)})
         self.runtime.logs.job(
             {
@@ -217,7 +215,7 @@ class StragglerCallback(TrainerCallback):
         if events:
             self.events.extend(events)
             self.runtime.logs.rank({"straggler_event": "; ".join(events)})
-            if args.process_index == 0:
+            if me == 0:
                 for event in events:
                     logger.warning("Straggler check: %s", event)
         # The next window starts after the collectives, so their own time is not counted as anyone's step.

@@ -24,25 +24,23 @@ import dataclasses
 import json
 from pathlib import Path
 
-from transformers import TrainerCallback
-
 from hf_dist_recipes._compat.deepspeed import held_elements
 from hf_dist_recipes.monitoring import SUMMARY_DIRNAME
 from hf_dist_recipes.monitoring.system_metrics import launch_identity
-from hf_dist_recipes.runtime import RecipeRuntime
+from hf_dist_recipes.runtime import RecipeCallback
 
 EVENTS_KEPT = 1000  # events are rare (a skip, a spike, a straggler); a run that spikes every step keeps the last
 
 
-class RankSummaryCallback(TrainerCallback):
-    """`logging_dir`: recorded in the summary; `runtime`: the run's (its rank metrics, seeding, log sink)."""
+class RankSummaryCallback(RecipeCallback):
+    """`logging_dir`: recorded in the summary. Reads the run's runtime: its rank metrics, seeding, log sink."""
 
-    def __init__(self, logging_dir: str | None, runtime: RecipeRuntime | None = None):
-        self.runtime = runtime or RecipeRuntime()
+    def __init__(self, logging_dir: str | None):
         self.logging_dir = logging_dir
         self.events: list[dict] = []  # {step, key, text} of each text in a log, in order
 
     def on_train_begin(self, args, state, control, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
         self._identity = launch_identity(args)  # collective, so taken at train begin on every rank
 
     @property

@@ -41,12 +41,11 @@ import uuid
 from dataclasses import asdict, dataclass
 
 import torch
-from transformers import TrainerCallback
 
 from hf_dist_recipes.core.gather import gather_floats, gather_objects
 from hf_dist_recipes.core.sizes import GIB
 from hf_dist_recipes.monitoring.console import rank_list, warn_once
-from hf_dist_recipes.runtime import RecipeRuntime
+from hf_dist_recipes.runtime import RecipeCallback
 
 logger = logging.getLogger(__name__)
 
@@ -94,12 +93,11 @@ def launch_identity(args) -> RunIdentity:
     return RunIdentity(socket.gethostname(), int(args.process_index), int(local_rank), _run_id)
 
 
-class SystemMetricsCallback(TrainerCallback):
+class SystemMetricsCallback(RecipeCallback):
     """See the module docstring for the keys. `nvml`: the pynvml module to use (None: import `pynvml`); tests pass
-    a fake one to cover GPU hosts on a machine without them. `runtime`: the run's (where the samples go)."""
+    a fake one to cover GPU hosts on a machine without them. The samples go to the run's runtime (its log sink)."""
 
-    def __init__(self, nvml=None, runtime: RecipeRuntime | None = None):
-        self.runtime = runtime or RecipeRuntime()
+    def __init__(self, nvml=None):
         self._nvml_module = nvml
         self._nvml = None  # the module once initialised
         self._nvml_handle = None
@@ -109,6 +107,7 @@ class SystemMetricsCallback(TrainerCallback):
         self._process = None
 
     def on_train_begin(self, args, state, control, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
         import psutil
 
         if self._process is None:
@@ -116,7 +115,7 @@ class SystemMetricsCallback(TrainerCallback):
         self._process.cpu_percent(None)  # starts the interval the first sample measures
         if not self._nvml_tried:
             self._nvml_tried = True
-            self._rank = int(args.process_index)
+            self._rank = self.runtime.facts.rank
             if _trains_on_gpu(args):  # the same on every rank: so is the gather in _init_nvml
                 self._init_nvml(args)
 

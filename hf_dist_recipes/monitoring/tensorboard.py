@@ -38,12 +38,10 @@ import threading
 import time
 from numbers import Number
 
-from transformers import TrainerCallback
-
 from hf_dist_recipes.core.event_writer import RunWriter
 from hf_dist_recipes.core.gather import gather_objects
 from hf_dist_recipes.monitoring.system_metrics import RunIdentity, launch_identity
-from hf_dist_recipes.runtime import RecipeRuntime
+from hf_dist_recipes.runtime import RecipeCallback
 
 RUN_FILENAME = "run.json"
 
@@ -53,21 +51,20 @@ def rank_log_dir(logging_dir: str | os.PathLike, rank: int) -> str:
     return os.path.join(os.fspath(logging_dir), f"rank{rank}")
 
 
-class PerRankTensorBoardCallback(TrainerCallback):
-    """`logging_dir`: the root of the per-rank runs; `runtime`: the run's (its rank metrics, seeding, log sink)."""
+class PerRankTensorBoardCallback(RecipeCallback):
+    """`logging_dir`: the root of the per-rank runs. Reads the run's runtime: its rank metrics, seeding, log sink."""
 
-    def __init__(self, logging_dir: str, runtime: RecipeRuntime | None = None):
+    def __init__(self, logging_dir: str):
         self.logging_dir = logging_dir
-        self.runtime = runtime or RecipeRuntime()
         self.writer = None
         self._rank_scalars_step: int | None = None  # an evaluation log at the same step must not repeat them
         self._previous_sigterm = None
 
     def on_train_begin(self, args, state, control, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
         identity = launch_identity(args)  # collective: before anything that may raise on one rank only
-        self.runtime.listen(self, flush=self.close)
         if self.writer is None:
-            run_dir = rank_log_dir(self.logging_dir, args.process_index)
+            run_dir = rank_log_dir(self.logging_dir, self.runtime.facts.rank)
             resumed = state.global_step > 0
             # Every rank hears of any rank's refusal: a rank that went on alone would wait in its first collective.
             refusals = gather_objects(None if resumed else mixing_refusal(run_dir, identity))
@@ -90,7 +87,9 @@ class PerRankTensorBoardCallback(TrainerCallback):
         self.writer.add_text("run", identity.describe(), state.global_step)
         if self.runtime.seed_report is not None:
             r = self.runtime.seed_report
-            self.writer.add_text("seed", f"rank {args.process_index}: seed {r.seed}, rng fingerprint {r.fingerprint}")
+            self.writer.add_text(
+                "seed", f"rank {self.runtime.facts.rank}: seed {r.seed}, rng fingerprint {r.fingerprint}"
+            )
         self.writer.flush()
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -115,6 +114,9 @@ class PerRankTensorBoardCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self.close()
+
+    def on_train_error(self, args, state, control, error, **kwargs):
+        self.close()  # on_train_end does not come: what this rank logged reaches the disk
 
     def close(self) -> None:
         """Write out and close the writer, and restore the SIGTERM handler (the next train() opens a new one)."""

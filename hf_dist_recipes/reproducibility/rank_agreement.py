@@ -58,13 +58,11 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 import torch
-from transformers import TrainerCallback
 
 from hf_dist_recipes._compat.deepspeed import is_zero_partitioned
 from hf_dist_recipes.core.gather import gather_floats, gather_objects
-from hf_dist_recipes.core.layout import RankLayout
 from hf_dist_recipes.monitoring.console import warn_once
-from hf_dist_recipes.runtime import RecipeRuntime
+from hf_dist_recipes.runtime import RecipeCallback
 
 logger = logging.getLogger(__name__)
 
@@ -205,11 +203,10 @@ def _hex_to_float(text: str | None) -> float:
     return -1.0 if text is None else float(int(text[:13], 16))  # 52 bits: exact in a float64
 
 
-class RankAgreementCallback(TrainerCallback):
-    """See the module docstring. `weights`: this rank's `weights_checksum` at construction; `runtime`: the run's
-    (`hf_dist_recipes.runtime`): its layout gives the TP groups, its `micro_step` event each micro step's loss and
-    batch. Works under a plain Trainer except for the periodic checks inside a TP group, which need that feeding:
-    there the first optimizer step raises ValueError naming the fix (`RecipeRuntime.require_fed`)."""
+class RankAgreementCallback(RecipeCallback):
+    """See the module docstring. `weights`: this rank's `weights_checksum` at construction. The run's runtime
+    (`hf_dist_recipes.runtime`) gives the rank layout (the TP groups); `on_micro_step` each micro step's loss and
+    batch."""
 
     def __init__(
         self,
@@ -219,9 +216,7 @@ class RankAgreementCallback(TrainerCallback):
         rank_check_steps: int = 100,
         per_rank_dropout: bool = False,
         weights: tuple[float, float] | str | None = None,
-        runtime: RecipeRuntime | None = None,
     ):
-        self.runtime = runtime or RecipeRuntime()
         self.seed = seed
         self.policy = validate_policy(policy)
         self.rank_check_steps = validate_rank_check_steps(rank_check_steps)
@@ -237,19 +232,19 @@ class RankAgreementCallback(TrainerCallback):
 
     @property
     def tp_size(self) -> int:
-        """The job's AutoTP degree (the runtime's layout; 1 until a bare runtime read its job at train begin)."""
-        return self.runtime.facts.layout.tp if self.runtime.facts is not None else 1
+        """The job's AutoTP degree (the runtime's layout)."""
+        return self.runtime.facts.layout.tp
 
-    def observe(self, loss: torch.Tensor, inputs) -> None:
-        """Each micro step's loss and inputs (the runtime's `micro_step` event): keeps references only."""
+    def on_micro_step(self, args, state, control, loss: torch.Tensor, inputs, **kwargs) -> None:
+        """Each micro step's loss and inputs: keeps references only."""
         self._loss = loss
         ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else None
         self._ids = ids if isinstance(ids, torch.Tensor) else None
 
     def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
-        self.runtime.listen(self, micro_step=self.observe)
-        layout = self.runtime.job(args).layout
-        dp_rank = layout.dp_rank(args.process_index)
+        super().on_train_begin(args, state, control, **kwargs)
+        layout = self.runtime.facts.layout
+        dp_rank = layout.dp_rank(self.runtime.facts.rank)
         torch.manual_seed(dropout_seed(self.seed, dp_rank, self.per_rank_dropout))  # every CUDA device as well
         if self.policy == "off":
             return
@@ -316,7 +311,7 @@ class RankAgreementCallback(TrainerCallback):
             return
         if self.tp_size > 1:
             self.runtime.require_fed(
-                "micro_step", "RankAgreementCallback with tp_size > 1", "each micro step's loss and batch (observe)"
+                "micro_step", "RankAgreementCallback with tp_size > 1", "each micro step's loss and batch"
             )
         if state.global_step % self.rank_check_steps:
             return
@@ -333,9 +328,9 @@ class RankAgreementCallback(TrainerCallback):
             )
         )
         rows = gather_floats(
-            [float(state.global_step), lr, loss, ids, _hex_to_float(rng_checksum()), float(args.process_index)]
+            [float(state.global_step), lr, loss, ids, _hex_to_float(rng_checksum()), float(self.runtime.facts.rank)]
         )
-        layout = RankLayout(len(rows), self.tp_size)
+        layout = self.runtime.facts.layout
         everyone = [list(range(layout.world))]
         groups = layout.tp_groups()
         col = lambda i: [row[i] for row in rows]  # noqa: E731

@@ -9,8 +9,8 @@ clip and before the optimizer, one collective for all of it); the pieces that st
 `GradientHealthCallback` (registered by `RecipeTrainer`, one per trainer) works like this.
 
 Finding a non-finite value, per rank, without a host sync per micro-step:
-- the loss: `RecipeTrainer.compute_loss` hands each training micro-batch's loss to the runtime (`hf_dist_recipes.
-  runtime`), whose `loss` event reaches `watch_loss`, which ORs
+- the loss: `RecipeTrainer.compute_loss` hands each training micro-batch's loss to `on_micro_batch_loss` (a
+  `RecipeCallback` event, `hf_dist_recipes.runtime`), which ORs
   `~isfinite(loss)` into a device flag and returns the loss multiplied by 1 (finite: bit-for-bit the same loss)
   or by NaN (non-finite). The multiplication makes every gradient of that rank NaN, so a non-finite loss whose
   gradients happened to be finite can never be applied by an engine that only looks at gradients;
@@ -29,7 +29,7 @@ non-finite on this rank. A finite gradient whose float32 norm overflows also cou
 summed, give this rank's *local gradient norm* (its own gradient before the reduction; with gradient accumulation
 the root of the sum of its micro-batches' squared norms), which names the rank of a gradient-norm spike.
 
-Deciding, once per optimizer step, in `on_pre_optimizer_step` (after `_clip_grad_norm`, before
+Deciding, once per optimizer step, in `on_pre_optimizer_step` (after the clip and `on_grad_norm`, before
 `optimizer.step()`):
 - DeepSpeed ZeRO-3: the engine has already decided, the same way on every rank: its `step` all-reduces the global
   gradient norm, which is non-finite exactly when some rank's gradient is (a NaN survives the reduce-scatter), and
@@ -108,7 +108,6 @@ import os
 import statistics
 
 import torch
-from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from hf_dist_recipes._compat import accelerate as compat_accelerate
@@ -116,7 +115,7 @@ from hf_dist_recipes._compat import deepspeed as compat_deepspeed
 from hf_dist_recipes._compat import torch as compat_torch
 from hf_dist_recipes.core.gather import distributed, gather_objects
 from hf_dist_recipes.monitoring.console import warn_once
-from hf_dist_recipes.runtime import RecipeRuntime
+from hf_dist_recipes.runtime import RecipeCallback
 from hf_dist_recipes.stability.nonfinite import (
     DEFAULT_MAX_CONSECUTIVE_SKIPS,
     REPORT_NAME,
@@ -147,10 +146,9 @@ def _under_deepspeed(optimizer) -> bool:
     return isinstance(optimizer, DeepSpeedOptimizerWrapper)
 
 
-class GradientHealthCallback(TrainerCallback, ExportableState):
-    """See the module docstring. Built by `RecipeTrainer` from the arguments' fields of the same names and its
-    `runtime`, which feeds it each micro-batch's loss and the pre-clip norm; without a trainer's runtime (a plain
-    Trainer) the first optimizer step raises ValueError naming the fix (`RecipeRuntime.require_fed`)."""
+class GradientHealthCallback(RecipeCallback, ExportableState):
+    """See the module docstring. Built by `RecipeTrainer` from the arguments' fields of the same names; the trainer
+    feeds it each micro-batch's loss and the pre-clip norm (`RecipeCallback` events)."""
 
     def __init__(
         self,
@@ -158,11 +156,7 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         max_consecutive_skips: int = DEFAULT_MAX_CONSECUTIVE_SKIPS,
         spike_window: int = DEFAULT_SPIKE_WINDOW,
         spike_threshold: float = DEFAULT_SPIKE_THRESHOLD,
-        runtime: RecipeRuntime | None = None,
     ):
-        # Last and optional: the Trainer rebuilds this callback from state()'s "args" alone on a resume with
-        # restore_callback_states_from_checkpoint; RecipeTrainer then hands it the run's runtime (`adopt`).
-        self.runtime = runtime or RecipeRuntime()
         self.nonfinite_policy = validate_nonfinite_policy(nonfinite_policy)
         self.max_consecutive_skips = validate_max_consecutive_skips(max_consecutive_skips)
         self.spike_window, self.spike_threshold = validate_spike_settings(spike_window, spike_threshold)
@@ -221,8 +215,8 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
     def active(self) -> bool:
         return self.nonfinite_policy != "off"
 
-    # Fed through the runtime
-    def watch_loss(self, loss: torch.Tensor) -> torch.Tensor:
+    # Fed by the trainer (RecipeCallback events)
+    def on_micro_batch_loss(self, args, state, control, loss: torch.Tensor, **kwargs) -> torch.Tensor:
         """Record a training micro-batch's loss; return it unchanged if finite, else multiplied by NaN."""
         if not self.active or not isinstance(loss, torch.Tensor):
             return loss
@@ -236,8 +230,9 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
         self._micro_steps += 1
         return loss * torch.where(finite, 1.0, math.nan).to(loss.dtype)
 
-    def observe_grad_norm(self, norm) -> None:
-        """The pre-clip global gradient norm of this step, from the Trainer's clip call."""
+    def on_grad_norm(self, args, state, control, grad_norm, **kwargs) -> None:
+        """The pre-clip global gradient norm of this step (clipped or not)."""
+        norm = grad_norm
         if norm is None:
             self._grad_norm = None
             return
@@ -245,6 +240,7 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
 
     # TrainerCallback
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
         # A resume loads the checkpoint's TrainerState, which holds what state() returned when it was saved; the
         # Trainer itself restores it only with restore_callback_states_from_checkpoint=True (default False).
         saved = (state.stateful_callbacks or {}).get(type(self).__name__)
@@ -253,7 +249,6 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
                 setattr(self, key, value)
         if not self.active or model is None:
             return
-        self.runtime.listen(self, loss=self.watch_loss, grad_norm=self.observe_grad_norm)
         self._log_counters()
         self._remove_hooks()
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -338,6 +333,7 @@ class GradientHealthCallback(TrainerCallback, ExportableState):
             if self._loss_bad is not None
             else torch.zeros((), dtype=torch.bool, device=device)
         )
+        # The slots of the collective below: the process group's own ranks.
         world = torch.distributed.get_world_size() if distributed() else 1
         rank = torch.distributed.get_rank() if distributed() else 0
         # Each rank's slots: its flag, its mean micro-batch loss, its local gradient norm.

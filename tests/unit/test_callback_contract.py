@@ -49,6 +49,8 @@ def package_callbacks() -> set[type]:
 OUTSIDE_THE_CONTRACT = {
     "hf_dist_recipes.preflight.training.trainer.StepRecorder": "the preflight runner's own recorder, inside its "
     "launch (tests/distributed/test_preflight_training.py, tests/cli/test_preflight_cli.py)",
+    "hf_dist_recipes.runtime.RecipeCallback": "the base class of the recipe's callbacks, never registered itself "
+    "(its events: tests/unit/test_callbacks.py, tests/unit/test_runtime.py)",
 }
 # The console callback follows disable_tqdm: the first scenario shows the progress bar, the others print.
 CONSOLE = {True: RecipePrinterCallback, False: RecipeProgressCallback}

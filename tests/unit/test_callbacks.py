@@ -1,5 +1,5 @@
-"""`hf_dist_recipes.callbacks`: the recipe's callbacks in order, each built with the run's runtime, and what the fed
-ones do under a plain Trainer.
+"""`hf_dist_recipes.callbacks`: the recipe's callbacks in order, each handed the run's runtime when the trainer adds
+it, the recipe's events reaching them by name, and what a recipe callback does under a plain Trainer.
 
 The order rule is checked against the list `recipe_callbacks` returns and against a real RecipeTrainer's handler;
 the plain-Trainer cases train a tiny DeepSeek model through `transformers.Trainer` itself, one process."""
@@ -15,7 +15,6 @@ from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.callbacks import ORDER, Before, order_problems, recipe_callbacks
 from hf_dist_recipes.checkpoint.preemption import PreemptionCallback
 from hf_dist_recipes.comm.watchdog import HangWatchdogCallback
-from hf_dist_recipes.core.layout import RankLayout
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 from hf_dist_recipes.moe.expert_balance import ExpertBiasBalancer
@@ -26,7 +25,7 @@ from hf_dist_recipes.monitoring.system_metrics import SystemMetricsCallback
 from hf_dist_recipes.monitoring.tensorboard import PerRankTensorBoardCallback
 from hf_dist_recipes.parallel.plan_record import PlanConformanceCallback
 from hf_dist_recipes.reproducibility.rank_agreement import RankAgreementCallback
-from hf_dist_recipes.runtime import JobFacts, RecipeRuntime
+from hf_dist_recipes.runtime import RecipeCallback
 from hf_dist_recipes.stability.gradient_health import GradientHealthCallback
 from tests.support.models import SMALL
 
@@ -58,20 +57,19 @@ def moe_model():
 @pytest.mark.parametrize("per_rank_tensorboard", [True, False])
 def test_the_list_for_given_arguments_keeps_every_order_rule(tmp_path, moe_model, per_rank_tensorboard):
     args = _args(tmp_path, per_rank_tensorboard=per_rank_tensorboard)
-    runtime = RecipeRuntime()
-    callbacks = recipe_callbacks(args, moe_model, runtime).in_order()
+    callbacks = recipe_callbacks(args, moe_model).in_order()
     expected = FULL if per_rank_tensorboard else [c for c in FULL if c is not PerRankTensorBoardCallback]
     assert [type(c) for c in callbacks] == expected
     assert order_problems(callbacks) == []
-    # Every callback that takes the runtime got this one (the watchdog listens to it instead of keeping it).
-    assert all(c.runtime is runtime for c in callbacks if hasattr(c, "runtime"))
-    # all but watchdog, plan, the balancer (which logs nothing) and the preemption (which only reads signals)
-    assert sum(hasattr(c, "runtime") for c in callbacks) == len(expected) - 4
+    # All but the plan check and the preemption (which only read the arguments and signals) take the runtime.
+    assert [type(c) for c in callbacks if not isinstance(c, RecipeCallback)] == [
+        PlanConformanceCallback,
+        PreemptionCallback,
+    ]
     # A dense model has no experts to count or balance; one the user registered is not doubled.
-    dense = recipe_callbacks(args, None, RecipeRuntime()).in_order()
+    dense = recipe_callbacks(args, None).in_order()
     assert not {ExpertLoadCallback, ExpertBiasBalancer} & {type(c) for c in dense} and order_problems(dense) == []
-    mine = [ExpertLoadCallback(), ExpertBiasBalancer()]
-    users = recipe_callbacks(args, moe_model, RecipeRuntime(), registered=mine).in_order()
+    users = recipe_callbacks(args, moe_model, registered={ExpertLoadCallback, ExpertBiasBalancer}).in_order()
     assert not {ExpertLoadCallback, ExpertBiasBalancer} & {type(c) for c in users}
 
 
@@ -94,7 +92,10 @@ def test_recipe_trainer_adds_them_after_the_stock_callbacks_in_order(tmp_path, m
     assert held[first_ours:] == ours  # nothing stock after ours
     assert not any(isinstance(c, TensorBoardCallback) for c in held)  # replaced by the per-rank one
     assert trainer.rank_agreement is ours[4] and trainer.plan_conformance is ours[1]
-    assert all(c.runtime is trainer.runtime for c in ours if hasattr(c, "runtime"))
+    assert all(c.runtime is trainer.runtime for c in ours if isinstance(c, RecipeCallback))
+    later = GradientHealthCallback()
+    trainer.add_callback(later)  # a recipe callback added later gets the runtime too
+    assert later.runtime is trainer.runtime
 
 
 def test_an_expert_load_callback_the_user_registered_logs_through_the_trainers_runtime(tmp_path, moe_model):
@@ -125,45 +126,51 @@ def _plain_trainer(tmp_path, callbacks, **fields) -> Trainer:
     )
 
 
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda tmp: GradientHealthCallback(),
-        lambda tmp: RankSummaryCallback(str(tmp / "tb")),
-        lambda tmp: PerRankTensorBoardCallback(str(tmp / "tb")),
-    ],
-    ids=["gradient_health", "rank_summary", "per_rank_tensorboard"],
-)
-def test_a_fed_callback_under_a_plain_trainer_names_the_fix(tmp_path, make):
-    trainer = _plain_trainer(tmp_path, [make(tmp_path)])
-    with pytest.raises(ValueError, match=r"only RecipeTrainer hands it.*recipe\(YourTrainer\)"):
+@pytest.mark.parametrize("recipe_callback", [c for c in FULL if issubclass(c, RecipeCallback)])
+def test_a_recipe_callback_under_a_plain_trainer_names_the_fix_at_train_begin(tmp_path, recipe_callback):
+    made = {
+        HangWatchdogCallback: lambda: HangWatchdogCallback(120, 600, 7200),
+        RankAgreementCallback: lambda: RankAgreementCallback(seed=7),
+        RankSummaryCallback: lambda: RankSummaryCallback(str(tmp_path / "tb")),
+        PerRankTensorBoardCallback: lambda: PerRankTensorBoardCallback(str(tmp_path / "tb")),
+    }.get(recipe_callback, recipe_callback)
+    trainer = _plain_trainer(tmp_path, [made()])
+    with pytest.raises(ValueError, match=rf"^{recipe_callback.__name__} has no runtime.*recipe\(YourTrainer\)"):
         trainer.train()
-    assert trainer.state.global_step <= 1  # stopped at the first optimizer step (before or after it counted)
+    assert trainer.state.global_step == 0
 
 
-def test_rank_agreement_inside_a_tp_group_needs_feeding_under_a_plain_trainer(tmp_path):
-    # With tp_size 2 the periodic checks compare each micro step's loss and batch, which only RecipeTrainer observes.
-    tp2 = RecipeRuntime(JobFacts(layout=RankLayout(2, tp=2)))
-    trainer = _plain_trainer(tmp_path, [RankAgreementCallback(seed=7, rank_check_steps=1, runtime=tp2)])
-    with pytest.raises(ValueError, match="RankAgreementCallback with tp_size > 1 needs"):
-        trainer.callback_handler.on_step_end(trainer.args, trainer.state, trainer.control)
+class Heard(RecipeCallback):
+    """A user's recipe callback: records every recipe event it hears, by name."""
+
+    def __init__(self):
+        self.heard: list[tuple[str, int]] = []
+
+    def on_micro_batch_loss(self, args, state, control, loss, **kwargs):
+        self.heard.append(("on_micro_batch_loss", state.global_step))
+        return loss * 2  # the loss the next callback and the backward pass see
+
+    def on_micro_step(self, args, state, control, loss, inputs, **kwargs):
+        self.heard.append(("on_micro_step", state.global_step))
+
+    def on_grad_norm(self, args, state, control, grad_norm, **kwargs):
+        self.heard.append(("on_grad_norm", state.global_step))
 
 
-def test_the_unfed_callbacks_work_under_a_plain_trainer(tmp_path):
-    # One process: the rank agreement's train-begin record and periodic check (step, learning rate) need no feeding,
-    # nor do the stragglers (idle in one process), the system metrics and the watchdog.
-    runtime = RecipeRuntime()
-    agreement = RankAgreementCallback(seed=7, rank_check_steps=1, weights=(1.0, 2.0), runtime=runtime)
-    others = [
-        SystemMetricsCallback(runtime=runtime),
-        StragglerCallback(1, 0.2, 2),
-        HangWatchdogCallback(120, 600, 7200),
-    ]
-    trainer = _plain_trainer(tmp_path, [agreement, *others])
+def test_the_recipe_events_reach_a_users_callback_in_step_order_and_a_removed_one_hears_nothing(tmp_path):
+    heard, removed = Heard(), Heard()
+    args = _args(tmp_path, logging_steps=1, gradient_accumulation_steps=2, disable_tqdm=True, seed_check="off")
+    trainer = RecipeTrainer(
+        model=build_tiny_deepseek(**SMALL),
+        args=args,
+        train_dataset=stdlib_dataset(seq_len=16, max_bytes=2_000),
+        callbacks=[heard, removed],
+    )
+    trainer.remove_callback(removed)
     trainer.train()
-    assert trainer.state.global_step == 2
-    assert agreement.begin_report["rank_check/seed_ok"] == 1.0 and agreement.last_agreed_step == 2
-    # Under a plain Trainer nothing takes the runtime's channels into the logs: they wait there, not in log_history.
-    pending = runtime.logs.peek()
-    assert pending.history == {"rank_check/ok": 1.0} and "system/rss_gib" in pending.rank
-    assert not any("rank_check/ok" in e or "system/rss_gib" in e for e in trainer.state.log_history)
+    step = [("on_micro_batch_loss", 0), ("on_micro_step", 0)] * 2 + [("on_grad_norm", 0)]
+    assert heard.heard == step + [(event, 1) for event, _ in step]
+    assert removed.heard == []
+    # The doubled loss is what trained: the Trainer's logged loss is the mean of the returned micro-batch losses.
+    logged = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    assert len(logged) == 2 and all(value > 2 * 4.0 for value in logged)  # ln(vocab) ~ 4.8 at random init, doubled

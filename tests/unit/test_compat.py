@@ -226,9 +226,9 @@ def test_gradient_health_upstream_assumptions():
     from transformers import Trainer
 
     loop = inspect.getsource(Trainer._run_epoch)
-    # the clip call returns the pre-clip norm and comes before on_pre_optimizer_step, then the scheduler guard
+    # the norm, clipped or not, passes _get_grad_norm before on_pre_optimizer_step, then the scheduler guard
     clip, pre, step, guard = (
-        loop.index("grad_norm = self._clip_grad_norm(model)"),
+        loop.index("grad_norm = self._get_grad_norm(model, grad_norm=grad_norm)"),
         loop.index("on_pre_optimizer_step"),
         loop.index("self.optimizer.step()"),
         loop.index("if not self.accelerator.optimizer_step_was_skipped:"),
@@ -558,7 +558,7 @@ def test_the_private_trainer_methods_the_recipe_overrides():
     overrides = {
         n for n in vars(compat_transformers.TrainerPrivateOverrides) if n.startswith("_") and not n.startswith("__")
     }
-    assert overrides == {"_clip_grad_norm", "_load_from_checkpoint", "_load_callback_state", "_save_checkpoint"}
+    assert overrides == {"_get_grad_norm", "_load_from_checkpoint", "_load_callback_state", "_save_checkpoint"}
     for name in overrides:
         ours, theirs = (
             inspect.signature(getattr(compat_transformers.TrainerPrivateOverrides, name)),
@@ -568,8 +568,11 @@ def test_the_private_trainer_methods_the_recipe_overrides():
         assert [p.default for p in ours.parameters.values()] == [p.default for p in theirs.parameters.values()]
         # the ones in use
         assert getattr(RecipeTrainer, name) is getattr(compat_transformers.TrainerPrivateOverrides, name)
-    # Called where the overrides assume: the clip call's value is the step's grad norm; train() resumes through it.
-    assert "grad_norm = self._clip_grad_norm(model)" in inspect.getsource(Trainer._run_epoch)
+    # Called where the overrides assume: both branches (clipped or not, max_grad_norm == 0) reach _get_grad_norm,
+    # whose value is the step's grad norm; train() resumes through _load_from_checkpoint.
+    loop = inspect.getsource(Trainer._run_epoch)
+    clipped = "if self.args.max_grad_norm > 0:\n                        grad_norm = self._clip_grad_norm(model)\n"
+    assert clipped + "                    grad_norm = self._get_grad_norm(model, grad_norm=grad_norm)" in loop
     assert "self._load_from_checkpoint(resume_from_checkpoint)" in inspect.getsource(Trainer.train)
     # A save: the checkpoint folder and the rotation by the arguments' limit inside `_save_checkpoint`, then on_save.
     save = inspect.getsource(Trainer._save_checkpoint)

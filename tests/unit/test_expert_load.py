@@ -23,6 +23,7 @@ from hf_dist_recipes.moe.expert_load import (
     max_over_mean,
 )
 from hf_dist_recipes.monitoring import read_scalars
+from hf_dist_recipes.runtime import RecipeRuntime
 from tests.support.models import SMALL
 
 TOKENS = (4, 16)  # a batch of 4 sequences of 16 tokens
@@ -213,20 +214,26 @@ def test_gamma_must_be_a_non_negative_number(gamma):
         ExpertBiasBalancer(gamma)
 
 
+def _handed(callback):
+    """`callback` with a one-process runtime, as RecipeTrainer would hand it one."""
+    callback.set_runtime(RecipeRuntime())
+    return callback
+
+
 def test_balancer_refuses_routers_without_a_bias():
     args = SimpleNamespace(device=torch.device("cpu"))
     with pytest.raises(ValueError, match="DeepseekV2TopkRouter.*remove ExpertBiasBalancer"):
-        ExpertBiasBalancer().on_train_begin(args, None, None, model=_tiny("deepseek_v2"))
+        _handed(ExpertBiasBalancer()).on_train_begin(args, None, None, model=_tiny("deepseek_v2"))
     dense = AutoModelForCausalLM.from_config(template_config("tiny-llama"))
     with pytest.raises(ValueError, match="no MoE router"):
-        ExpertBiasBalancer().on_train_begin(args, None, None, model=dense)
+        _handed(ExpertBiasBalancer()).on_train_begin(args, None, None, model=dense)
 
 
 def test_balancer_keeps_a_float32_master_for_a_bf16_bias():
     model = _tiny().train()
     for layer in find_routed_layers(model):
         layer.router.e_score_correction_bias = layer.router.e_score_correction_bias.to(torch.bfloat16) + 0.5
-    balancer = ExpertBiasBalancer(gamma=0.001)
+    balancer = _handed(ExpertBiasBalancer(gamma=0.001))
     balancer.on_train_begin(SimpleNamespace(device=torch.device("cpu")), None, None, model=model)
     tracker = balancer.tracker
     exact = torch.full((2, 8), 0.5)  # float32

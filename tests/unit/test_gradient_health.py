@@ -15,6 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback
 
 from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
+from hf_dist_recipes.runtime import RecipeRuntime
 from hf_dist_recipes.stability.gradient_health import GradientHealthCallback
 from hf_dist_recipes.stability.nonfinite import NonFiniteHalt, NonFiniteReport, next_action, validate_nonfinite_policy
 from hf_dist_recipes.stability.spikes import SpikeDetector, highest_rank, robust_z, validate_spike_settings
@@ -288,9 +289,13 @@ def test_single_process_clips_at_max_grad_norm(tmp_path):
         assert applied < raw
 
 
-def test_a_loss_and_grad_norm_spike_is_an_event_naming_the_step(tmp_path, caplog):
+@pytest.mark.parametrize(
+    "clipping", [{}, {"max_grad_norm": 0.0, "allow_unclipped_gradients": True}], ids=["clipped", "unclipped"]
+)
+def test_a_loss_and_grad_norm_spike_is_an_event_naming_the_step(tmp_path, caplog, clipping):
     # The loss x 100 at step 6 (gradients x 100 too) against a window of the 4 steps before (loss ~4.1, norm ~1.1).
-    trainer, inj = _train(tmp_path, "spike", step=6, steps=6, spike_window=4, spike_threshold=6.0)
+    # Unclipped, transformers skips the clip call and computes the norm on its own: the spike is heard all the same.
+    trainer, inj = _train(tmp_path, "spike", step=6, steps=6, spike_window=4, spike_threshold=6.0, **clipping)
     with caplog.at_level("WARNING", logger="hf_dist_recipes.stability.gradient_health"):
         trainer.train()
     logs = [e for e in trainer.state.log_history if "loss" in e]
@@ -319,8 +324,10 @@ def test_fp16_loss_scaler_overflows_are_not_counted_as_non_finite_steps(fp16):
     cb = GradientHealthCallback()
     args = SimpleNamespace(fp16=fp16, device=torch.device("cpu"))
     state, control = TrainerState(), TrainerControl()
+    cb.set_runtime(RecipeRuntime())
     cb.on_train_begin(args, state, control, model=model)
-    loss = cb.runtime.loss((model(torch.ones(1, 3)) * 0).sum() + 1.0)  # finite loss
+    cb.runtime.fed.add("loss")  # what RecipeTrainer.compute_loss marks before it calls the event
+    loss = cb.on_micro_batch_loss(args, state, control, loss=(model(torch.ones(1, 3)) * 0).sum() + 1.0)  # finite
     loss.backward()
     model.weight.grad.fill_(math.inf)  # the hook already summed the finite gradient: poison the sum it saw
     cb._sum_values[-1] = torch.tensor(math.inf)

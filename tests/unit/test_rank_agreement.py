@@ -130,7 +130,8 @@ class _Args:
 
 
 def test_single_process_callback_reseeds_and_logs_its_keys():
-    cb = RankAgreementCallback(seed=9, rank_check_steps=2, weights=(1.0, 2.0), runtime=(runtime := RecipeRuntime()))
+    cb = RankAgreementCallback(seed=9, rank_check_steps=2, weights=(1.0, 2.0))
+    cb.set_runtime(runtime := RecipeRuntime())
     torch.manual_seed(0)
     cb.on_train_begin(_Args(), _State(0), None)
     after = torch.rand(3)
@@ -143,7 +144,7 @@ def test_single_process_callback_reseeds_and_logs_its_keys():
     logs = record.rank
     assert runtime.logs.take().rank == {}  # logged once
     assert logs["rank_check/seed_ok"] == 1.0 and logs["rank_check/weights_ok"] == 1.0
-    cb.observe(torch.tensor(2.5), {"input_ids": torch.tensor([[1, 2]])})
+    cb.on_micro_step(_Args(), _State(1), None, loss=torch.tensor(2.5), inputs={"input_ids": torch.tensor([[1, 2]])})
     cb.on_step_end(_Args(), _State(1), None)  # not a check step
     assert cb.last_agreed_step is None
     cb.on_step_end(_Args(), _State(2), None)

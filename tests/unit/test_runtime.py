@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hf_dist_recipes.runtime import JobFacts, LogRecord, RecipeRuntime
+from hf_dist_recipes.runtime import JobFacts, LogRecord, RecipeCallback, RecipeRuntime
 
 
 def _args(world=4, rank=1):
@@ -54,26 +54,28 @@ def test_the_channels_reach_the_next_log_once_and_standing_numbers_every_log():
         logs.history({"flag": True})
 
 
-def test_events_reach_one_listener_per_class_and_the_trainer_feed_is_required():
+def test_a_recipe_callback_without_a_runtime_stops_at_train_begin_with_the_fix():
+    """A recipe callback under a plain Trainer: nothing handed it a runtime; one line at train begin names the fix."""
+    from transformers import TrainerControl, TrainerState
+
+    class Mine(RecipeCallback):
+        pass
+
+    callback = Mine()
+    with pytest.raises(ValueError, match=r"Mine has no runtime.*recipe\(YourTrainer\)"):
+        callback.on_train_begin(None, TrainerState(), TrainerControl())
     runtime = RecipeRuntime()
-    with pytest.raises(ValueError, match="only RecipeTrainer hands it"):
-        runtime.require_fed("loss", "GradientHealthCallback", "each loss")
+    callback.set_runtime(runtime)
+    callback.on_train_begin(None, TrainerState(), TrainerControl())
+    assert callback.runtime is runtime and runtime.facts.layout.world == 1  # no facts: a one-process job
 
-    class Doubler:
-        def __init__(self, seen):
-            self.seen = seen
-            runtime.listen(self, loss=lambda loss: loss * 2, grad_norm=seen.append)
 
-    first, second = [], []
-    Doubler(first)
-    Doubler(second)  # another instance of the class replaces the first (a callback restored from a checkpoint)
-    assert runtime.loss(torch.tensor(1.5)).item() == 3.0
-    runtime.grad_norm(0.25)
-    assert (first, second) == ([], [0.25])
-    runtime.require_fed("loss", "x", "y")  # fed now: no error
-    with pytest.raises(ValueError, match="require_fed|only RecipeTrainer"):
+def test_the_trainer_feed_is_required_and_counts_tokens():
+    runtime = RecipeRuntime()
+    with pytest.raises(ValueError, match="must call super"):
         runtime.require_fed("micro_step", "RankSummaryCallback", "each micro step")
     runtime.micro_step(torch.tensor(2.0), {"input_ids": torch.zeros(2, 8, dtype=torch.long)})
-    assert runtime.rank_metrics.tokens == 16  # the runtime's own counters listen to the micro steps
-    with pytest.raises(ValueError, match="unknown runtime event"):
-        runtime.listen(object(), lossy=print)
+    runtime.require_fed("micro_step", "x", "y")  # fed now: no error
+    assert runtime.rank_metrics.tokens == 16
+    with pytest.raises(ValueError, match="must call super"):
+        runtime.require_fed("loss", "GradientHealthCallback", "each loss")

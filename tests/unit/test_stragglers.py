@@ -12,7 +12,7 @@ from hf_dist_recipes.monitoring.stragglers import (
     busy_ratios,
     validate_straggler_settings,
 )
-from hf_dist_recipes.runtime import LogRecord
+from hf_dist_recipes.runtime import LogRecord, RecipeRuntime
 
 
 def test_busy_ratios_subtract_each_ranks_wait():
@@ -93,6 +93,7 @@ def test_one_process_checks_nothing_and_logs_nothing():
         process_index, device = 0, "cpu"
 
     cb = StragglerCallback(check_steps=1, threshold=0.2, windows=1)
+    cb.set_runtime(RecipeRuntime())
     cb.on_train_begin(Args(), State(), None)  # no process group here
     for step in range(5):
         State.global_step = step

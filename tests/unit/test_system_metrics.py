@@ -17,6 +17,7 @@ from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 from hf_dist_recipes.monitoring import SystemMetricsCallback, read_scalars, read_texts
+from hf_dist_recipes.runtime import JobFacts, RecipeRuntime
 from tests.support.hosts import NVML_NOTE
 from tests.support.models import SMALL
 
@@ -111,6 +112,7 @@ def test_nvml_values_are_converted_to_the_units_in_the_key_names(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # fakes a host without torch CUDA but with NVML
     fake = FakeNvml()
     cb = SystemMetricsCallback(nvml=fake)
+    cb.set_runtime(RecipeRuntime(JobFacts(rank=1, local_rank=1)))
     args = SimpleNamespace(process_index=1, local_process_index=1, device=torch.device("cuda", 1))
     cb.on_train_begin(args, None, None)
     sample = cb.sample()
@@ -127,6 +129,7 @@ def test_nvml_that_fails_mid_run_is_reported_and_dropped():
             raise RuntimeError("GPU is lost")  # fakes a driver error we cannot cause without a GPU
 
     cb = SystemMetricsCallback(nvml=Dying())
+    cb.set_runtime(RecipeRuntime())
     cb.on_train_begin(
         SimpleNamespace(process_index=0, local_process_index=0, device=torch.device("cuda", 0)), None, None
     )
@@ -142,9 +145,11 @@ def test_nvml_is_tried_only_on_a_gpu_run_and_its_absence_said_once_naming_the_ra
 
     tried = FakeNvml()
     cpu_run = SystemMetricsCallback(nvml=tried)
+    cpu_run.set_runtime(RecipeRuntime())
     cpu_run.on_train_begin(SimpleNamespace(process_index=0, local_process_index=0, device=torch.device("cpu")), 0, 0)
     assert tried.indices == [] and "gpu/power_w" not in cpu_run.sample()  # a CPU run: no GPU to ask about
     gpu_run = SystemMetricsCallback(nvml=Missing())
+    gpu_run.set_runtime(RecipeRuntime())
     with caplog.at_level(logging.WARNING, logger="hf_dist_recipes.monitoring.system_metrics"):
         gpu_run.on_train_begin(
             SimpleNamespace(process_index=0, local_process_index=0, device=torch.device("cuda")), 0, 0
