@@ -1,5 +1,4 @@
-"""Reading a JSON object from a user's file with errors that name the file, the problem and the fix, and reading an
-integer out of it (`json_int`)."""
+"""Reading a JSON object from a user's file with errors that name the file, the problem and the fix."""
 
 from __future__ import annotations
 
@@ -43,9 +42,3 @@ def read_json_object(path: str | os.PathLike, what: str, hint: str) -> dict:
 def load_deepspeed_json(path: str | os.PathLike) -> dict:
     """Read a DeepSpeed JSON file, or raise ValueError naming the file and the problem."""
     return read_json_object(path, "DeepSpeed config", "check deepspeed_config_file / --deepspeed")
-
-
-def json_int(value: object, default: int | None = None) -> int | None:
-    """`value` when it is a JSON integer, else `default` ("auto", a float, absent). JSON's true and false arrive as
-    Python bools, which are ints: a flag written where a count belongs is not taken as 1 or 0."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else default

@@ -64,46 +64,26 @@ class Settings:
 
     config: dict
     view: DeepSpeedView
-    grad_accum_dtype: str | None
-    optimizer: str | None
     world_size: int | None
     use_cpu: bool | None
     cpu_fp16: bool | None
 
-    @classmethod
-    def read(cls, config: dict, *, world_size: int | None, use_cpu: bool | None, cpu_fp16: bool | None) -> Settings:
-        data_types = _section(config, "data_types")
-        optimizer = config.get("optimizer")
-        return cls(
-            config=config,
-            view=DeepSpeedView.read(config),
-            grad_accum_dtype=_DTYPES.get(str(data_types.get("grad_accum_dtype", "")).lower()),
-            optimizer=optimizer.get("type") if isinstance(optimizer, dict) else None,
-            world_size=world_size,
-            use_cpu=use_cpu,
-            cpu_fp16=cpu_fp16,
-        )
+    @property
+    def grad_accum_dtype(self) -> str | None:
+        return _DTYPES.get(str(_section(self.config, "data_types").get("grad_accum_dtype", "")).lower())
 
     @property
-    def stage(self) -> int | None:
-        return self.view.stage
-
-    @property
-    def zero(self):
-        """DeepSpeed's `DeepSpeedZeroConfig` of the config."""
-        return self.view.zero
-
-    @property
-    def offloads_optimizer(self) -> bool:
-        return self.view.offload_optimizer is not None
+    def optimizer(self) -> str | None:
+        optimizer = self.config.get("optimizer")
+        return optimizer.get("type") if isinstance(optimizer, dict) else None
 
 
 Finding = tuple[str, str]  # (level, message); an error's message gets DeepSpeed's raising line appended
 
 
 def _hpz_with_autoep(s: Settings) -> Finding | None:
-    hpz = s.zero.zero_hpz_partition_size
-    if s.stage == 3 and s.view.ep_enabled and hpz > 1:
+    hpz = s.view.zero.zero_hpz_partition_size
+    if s.view.stage == 3 and s.view.ep_enabled and hpz > 1:
         return ERROR, (
             f"zero_hpz_partition_size={hpz} with ZeRO-3 + AutoEP: hpZ's secondary groups are not supported "
             "with AutoEP; remove zero_hpz_partition_size (config generate leaves it out under EP)"
@@ -112,14 +92,14 @@ def _hpz_with_autoep(s: Settings) -> Finding | None:
 
 
 def _quantized_gradients_with_autoep(s: Settings) -> Finding | None:
-    if s.stage == 3 and s.view.ep_enabled and s.zero.zero_quantized_gradients:
+    if s.view.stage == 3 and s.view.ep_enabled and s.view.zero.zero_quantized_gradients:
         return ERROR, "zero_quantized_gradients with ZeRO-3 + AutoEP is not supported; set it to false"
     return None
 
 
 def _expert_tensor_parallel(s: Settings) -> Finding | None:
     etp = s.view.expert_parallel.expert_tensor_parallel_size if s.view.ep_enabled else 1
-    # With a world size the lint runs DeepSpeed's own validate_autoep_config, which raises this itself.
+    # The lint's run of DeepSpeed's own validate_autoep_config says it too; without a world size this names the line.
     if etp != 1 and s.world_size is None:
         return ERROR, (
             f"expert_parallel.expert_tensor_parallel_size={etp}: AutoEP does not support expert tensor "
@@ -130,8 +110,8 @@ def _expert_tensor_parallel(s: Settings) -> Finding | None:
 
 def _nvme_without_path(key: str, who: str) -> Callable[[Settings], Finding | None]:
     def rule(s: Settings) -> Finding | None:
-        section = getattr(s.zero, key)  # DeepSpeed's offload config, None without the section
-        if s.stage == 3 and getattr(s.view, key) == "nvme" and not section.nvme_path:
+        section = getattr(s.view.zero, key)  # DeepSpeed's offload config, None without the section
+        if s.view.stage == 3 and getattr(s.view, key) == "nvme" and not section.nvme_path:
             return ERROR, (
                 f'{key}.device "nvme" without {key}.nvme_path: DeepSpeed joins None into {who}; set nvme_path '
                 'to a directory on a local NVMe disk, or use device "cpu"'
@@ -142,9 +122,9 @@ def _nvme_without_path(key: str, who: str) -> Callable[[Settings], Finding | Non
 
 
 def _nvme_under_zero_1_or_2(s: Settings) -> Finding | None:
-    if s.stage in (1, 2) and s.view.offload_optimizer == "nvme":
+    if s.view.stage in (1, 2) and s.view.offload_optimizer == "nvme":
         return WARNING, (
-            f'offload_optimizer.device "nvme" under ZeRO-{s.stage}: ZeRO-1/2 keep the optimizer states in '
+            f'offload_optimizer.device "nvme" under ZeRO-{s.view.stage}: ZeRO-1/2 keep the optimizer states in '
             'CPU memory, not on NVMe (only ZeRO-3 swaps to disk); say device "cpu" or use ZeRO-3'
         )
     return None
@@ -152,7 +132,7 @@ def _nvme_under_zero_1_or_2(s: Settings) -> Finding | None:
 
 def _zero0_grad_accum_dtype(s: Settings) -> Finding | None:
     accum, precision = s.grad_accum_dtype, s.view.precision
-    if s.stage != 0 or accum is None:
+    if s.view.stage != 0 or accum is None:
         return None
     if precision is None:
         if accum != "fp32":
@@ -184,7 +164,7 @@ def _param_dtype(s: Settings) -> Finding | None:
 
 def _reduce_scatters(s: Settings, stage: int) -> bool:
     """Whether ZeRO-`stage` reduce-scatters the gradients here (ZeRO-2 and 3 do unless told not to; ZeRO-1 never)."""
-    return s.stage == stage and s.zero.reduce_scatter
+    return s.view.stage == stage and s.view.zero.reduce_scatter
 
 
 def _predivide(stage: int) -> Callable[[Settings], Finding | None]:
@@ -211,11 +191,11 @@ def _prescale(stage: int) -> Callable[[Settings], Finding | None]:
 
 
 def _no_grad_norm(s: Settings) -> bool:
-    return not s.zero.compute_grad_norm
+    return not s.view.zero.compute_grad_norm
 
 
 def _no_grad_norm_with_clipping(s: Settings) -> Finding | None:
-    if s.stage not in (1, 2) or not _no_grad_norm(s):
+    if s.view.stage not in (1, 2) or not _no_grad_norm(s):
         return None
     clip = s.config.get("gradient_clipping", 1.0)  # DeepSpeed's default (constants.py GRADIENT_CLIPPING_DEFAULT)
     if clip == "auto":
@@ -232,13 +212,14 @@ def _no_grad_norm_with_clipping(s: Settings) -> Finding | None:
 
 
 def _no_grad_norm_with_offload(s: Settings) -> Finding | None:
-    if s.stage in (1, 2) and _no_grad_norm(s) and s.offloads_optimizer:
+    if s.view.stage in (1, 2) and _no_grad_norm(s) and s.view.offload_optimizer:
         return ERROR, "compute_grad_norm false with optimizer offload is not supported; drop one of them"
     return None
 
 
 def _no_grad_norm_zero1_bf16(s: Settings) -> Finding | None:
-    if s.stage == 1 and _no_grad_norm(s) and s.view.bf16 and s.grad_accum_dtype == "fp32" and not s.offloads_optimizer:
+    v = s.view
+    if v.stage == 1 and _no_grad_norm(s) and v.bf16 and s.grad_accum_dtype == "fp32" and not v.offload_optimizer:
         return ERROR, (
             "compute_grad_norm false under ZeRO-1 with bf16 parameters and fp32 gradient accumulation is not "
             "supported; drop compute_grad_norm"
@@ -257,7 +238,7 @@ def _master_weights(stages: tuple[int, ...]) -> Callable[[Settings], Finding | N
             master = "fp16.fp16_master_weights_and_grads"
         else:
             return None
-        if s.stage not in stages or s.offloads_optimizer:
+        if s.view.stage not in stages or s.view.offload_optimizer:
             return None
         return ERROR, (
             f"{master} needs optimizer offload (ZeRO-Offload with DeepSpeedCPUAdam); add "
@@ -268,8 +249,8 @@ def _master_weights(stages: tuple[int, ...]) -> Callable[[Settings], Finding | N
 
 
 def _odd_allgather_bucket(s: Settings) -> Finding | None:
-    allgather = s.zero.allgather_bucket_size
-    if s.stage in (1, 2) and allgather % 2:
+    allgather = s.view.zero.allgather_bucket_size
+    if s.view.stage in (1, 2) and allgather % 2:
         return ERROR, (
             f"allgather_bucket_size={allgather} must be even (4-byte alignment of 16-bit elements); use {allgather + 1}"
         )
@@ -279,9 +260,9 @@ def _odd_allgather_bucket(s: Settings) -> Finding | None:
 def _unmanaged_accumulation_with_overlap(s: Settings) -> Finding | None:
     unmanaged = s.config.get("managed_gradient_accumulation") is False
     # the engine's test: gradients partitioned (ZeRO-2 and 3) or no overlap_comm (DeepSpeed's default below ZeRO-3)
-    if unmanaged and s.stage in (0, 1) and s.zero.overlap_comm:
+    if unmanaged and s.view.stage in (0, 1) and s.view.zero.overlap_comm:
         return ERROR, (
-            f"managed_gradient_accumulation false with overlap_comm under ZeRO-{s.stage}: only ZeRO-2 supports "
+            f"managed_gradient_accumulation false with overlap_comm under ZeRO-{s.view.stage}: only ZeRO-2 supports "
             "it; set overlap_comm false"
         )
     return None
@@ -351,8 +332,8 @@ def _vocab_parallel_backend(s: Settings) -> Finding | None:
 
 
 def _hpz_not_dividing_world(s: Settings) -> Finding | None:
-    world, hpz = s.world_size, s.zero.zero_hpz_partition_size
-    if s.stage == 3 and world is not None and hpz > 1 and world % min(hpz, world):
+    world, hpz = s.world_size, s.view.zero.zero_hpz_partition_size
+    if s.view.stage == 3 and world is not None and hpz > 1 and world % min(hpz, world):
         return ERROR, (
             f"zero_hpz_partition_size={hpz} does not divide the {world} processes; use the GPUs per node (a "
             f"divisor of {world})"
@@ -408,7 +389,7 @@ def initialize_refusals(
     """The refusals of the module docstring for a DeepSpeed config dict. `world_size` (all processes) and
     `use_cpu` (the accelerate YAML's) enable the rules that need them. `cpu_fp16`: whether the CPUs that will run
     a `use_cpu` launch have fp16 kernels (None: ask this host, `cpu_fp16_supported`)."""
-    settings = Settings.read(config, world_size=world_size, use_cpu=use_cpu, cpu_fp16=cpu_fp16)
+    settings = Settings(config, DeepSpeedView.read(config), world_size, use_cpu, cpu_fp16)
     out = []
     for rule in RULES:
         found = rule.check(settings)

@@ -137,7 +137,7 @@ def lint_deepspeed(
     except ValueError as err:
         add(ERROR, str(err))
         return out
-    tp, tp_cfg, ep_cfg = view.tp, view.tensor_parallel, view.expert_parallel
+    tp, tp_cfg = view.tp, view.tensor_parallel
     for message in view.ignored:
         add(WARNING, message)
     if tp > 1 and "train_batch_size" in config:
@@ -170,13 +170,6 @@ def lint_deepspeed(
             "whole on every TP rank (measured 1.79x the per-rank model states of ZeRO-3 alone); add "
             "expert_parallel",
         )
-    tp_preset, ep_preset = tp_cfg.preset_model, ep_cfg.preset_model
-    if tp_preset and ep_preset and tp_preset != ep_preset:
-        add(
-            ERROR,
-            f"tensor_parallel.preset_model={tp_preset!r} and expert_parallel.preset_model={ep_preset!r} must "
-            "match when both are set (DeepSpeed refuses them); drop the TP preset and give partition_config",
-        )
     if view.ep_enabled and view.stage == 3 and view.zero.gather_16bit_weights_on_model_save:
         add(
             ERROR,
@@ -184,24 +177,18 @@ def lint_deepspeed(
             "consolidated save (NotImplementedError at the first checkpoint, in Trainer.save_model); set it "
             "to false. RecipeTrainer.save_model exports AutoEP models without it",
         )
-    # DeepSpeed's folding check counts an offload section as offload, `"device": "none"` included (`offload_sections`)
-    if tp > 1 and view.ep_enabled and view.offload_sections:
-        add(
-            ERROR,
-            'ZeRO offload with AutoEP + AutoTP is refused by DeepSpeed (an offload_* section with device "none" '
-            "too); remove offload_* or the TP",
-        )
     out += [
         LintFinding(name, r.level, r.message)
         for r in initialize_refusals(config, world_size=world_size, use_cpu=use_cpu)
     ]
-    out += _deepspeed_own_checks(config, name, tp, world_size)
+    out += _deepspeed_own_checks(config, name, view, world_size)
     return out
 
 
-def _deepspeed_own_checks(config: dict, name: str, tp: int, world_size: int | None) -> list[LintFinding]:
+def _deepspeed_own_checks(config: dict, name: str, view: DeepSpeedView, world_size: int | None) -> list[LintFinding]:
     """Parse through DeepSpeed's `DeepSpeedConfig` ("auto" values filled with placeholders: the Trainer fills
-    them at run time) and, with a known world size, DeepSpeed's AutoEP validation."""
+    them at run time), then DeepSpeed's AutoEP validation (presets, offload with AutoEP + AutoTP, ...) for the
+    launch's `world_size`, else for the fewest processes the TP and EP degrees take (TP x EP)."""
     from deepspeed.runtime.config import DeepSpeedConfig
 
     filled = _fill_autos(copy.deepcopy(config))
@@ -209,29 +196,31 @@ def _deepspeed_own_checks(config: dict, name: str, tp: int, world_size: int | No
     filled.pop("train_batch_size", None)
     filled.setdefault("train_micro_batch_size_per_gpu", 1)
     try:
-        parsed = DeepSpeedConfig(filled)
+        DeepSpeedConfig(filled)
     except Exception as err:  # DeepSpeed raises pydantic, assertion and value errors alike
         return [LintFinding(name, ERROR, f"DeepSpeed refuses the config: {_first_line(err)}")]
-    ep = parsed.expert_parallel_config
-    if world_size is None or ep is None or not ep.enabled:
+    if not view.ep_enabled:
         return []
     from deepspeed.module_inject.auto_ep_config import validate_autoep_config
 
-    zero = parsed.zero_config
+    zero, etp = view.zero, view.expert_parallel.expert_tensor_parallel_size
+    etp = etp if isinstance(etp, int) and etp > 0 else 1  # not an integer: DeepSpeed's own check below says so
     try:
         validate_autoep_config(
-            ep,
-            world_size,
+            view.expert_parallel,
+            world_size or view.tp * view.ep * etp,
             1,
-            tp,
+            view.tp,
             1,
-            zero_stage=parsed.zero_optimization_stage,
-            tp_preset_model=getattr(parsed.tensor_parallel_config, "preset_model", None),
+            zero_stage=zero.stage,
+            tp_preset_model=view.tensor_parallel.preset_model,
+            # as the engine passes them: any offload section, "device": "none" too
             zero_offload_optimizer=zero.offload_optimizer is not None,
             zero_offload_param=zero.offload_param is not None,
         )
     except ValueError as err:
-        return [LintFinding(name, ERROR, f"DeepSpeed AutoEP refuses it for {world_size} processes: {_first_line(err)}")]
+        processes = f" for {world_size} processes" if world_size else ""
+        return [LintFinding(name, ERROR, f"DeepSpeed AutoEP refuses it{processes}: {_first_line(err)}")]
     return []
 
 

@@ -106,9 +106,6 @@ def test_the_view_reads_what_deepspeed_reads(name):
     assert view.offload_optimizer == optimizer
     param = Engine.zero_offload_param(engine)
     assert view.offload_param == (param.device if param is not None and param.device != "none" else None)
-    assert view.offload_sections == (
-        Engine.zero_offload_optimizer(engine) is not None or Engine.zero_offload_param(engine) is not None
-    )
     assert view.tp == max(Engine.autotp_size(engine), 1)
     # engine._configure_expert_parallel: `if autoep_config is None or not autoep_config.enabled: return`
     assert view.ep_enabled == bool(ds.expert_parallel_config.enabled)
@@ -126,7 +123,6 @@ def test_the_edge_cases_read_as_deepspeed_reads_them():
     nothing: the issue's JSON is no offload and AutoEP off, with TP 2."""
     edge = DeepSpeedView.read(EDGE_CASES["no_enabled_device_none"])
     assert (edge.stage, edge.offload_optimizer, edge.tp, edge.ep_enabled, edge.ep) == (3, None, 2, False, 1)
-    assert edge.offload_sections  # DeepSpeed's AutoEP + AutoTP folding check would still count the section
     offload = DeepSpeedView.read(EDGE_CASES["ep_on_nvme_params"])
     assert (offload.offload_optimizer, offload.offload_param, offload.ep_enabled, offload.ep) == (
         "cpu",
