@@ -215,7 +215,7 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
             warn_once(logger, line)
         checkpoint = plan.checkpoint
         if checkpoint:  # the per-rank counters continue where the checkpoint left them
-            self.runtime.rank_metrics.load(checkpoint, self.args.process_index)
+            self.runtime.rank_metrics.load(checkpoint, self.runtime.facts.rank)
         try:
             output = super().train(checkpoint, trial, ignore_keys_for_eval)
         except BaseException as error:
@@ -232,14 +232,9 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         if stop is not None:
             # Not back to the script: what follows train() (a final save_model, an evaluation) belongs to the end of
             # the run, which this is not. The job started again continues from the checkpoint (auto_resume).
-            if self.args.process_index == 0:
-                logger.warning(
-                    "checkpoint-%d is complete; exiting with code %d (%s reached rank %d)",
-                    stop.step,
-                    PREEMPTED_EXIT_CODE,
-                    stop.signal_name,
-                    stop.first_rank,
-                )
+            if self.runtime.facts.rank == 0:
+                said = (stop.step, PREEMPTED_EXIT_CODE, stop.signal_name, stop.first_rank)
+                logger.warning("checkpoint-%d is complete; exiting with code %d (%s reached rank %d)", *said)
             raise SystemExit(PREEMPTED_EXIT_CODE)
         return output
 
@@ -257,15 +252,10 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         `_compat.transformers.TrainerPrivateOverrides._save_checkpoint`): this rank's counters, then every rank's files
         made durable and, last, the manifest that makes the checkpoint complete; then the rotation of
         `save_total_limit`, counting complete checkpoints only (`hf_dist_recipes.checkpoint.manifest`)."""
-        args = self.args
-        self.runtime.rank_metrics.save(checkpoint, args.process_index)
-        complete_checkpoint(
-            checkpoint,
-            self.state.global_step,
-            self.running_layout(),
-            flushes=args.local_process_index == 0,
-            writes=args.process_index == 0,
-        )
+        args, facts = self.args, self.runtime.facts
+        self.runtime.rank_metrics.save(checkpoint, facts.rank)
+        flushes, writes = facts.local_rank == 0, facts.rank == 0
+        complete_checkpoint(checkpoint, self.state.global_step, self.running_layout(), flushes=flushes, writes=writes)
         if args.should_save:
             output_dir = os.path.dirname(checkpoint)
             for deleted in rotate_complete_checkpoints(
@@ -283,9 +273,7 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
 
     def _evaluation_engine(self):
         """Before training, DeepSpeed's evaluation engine without AutoTP/AutoEP, which would rewrite the model in
-        place and leave nothing for the training engine to rewrite
-        (`_compat.transformers.evaluation_without_model_parallelism`).
-        """
+        place for nothing to be left to the training engine (`_compat.transformers`)."""
         return compat_transformers.evaluation_without_model_parallelism(self, self.runtime.facts.deepspeed)
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
@@ -363,11 +351,9 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         """Bytes of one save of this job (`parallel.checkpoint_bytes`), from the model class's parameter count."""
         if getattr(self, "_save_bytes_cache", None) is None:
             total = sum(p.numel() for p in reference_model(model).parameters())
-            dtype = next(model.parameters()).dtype
-            precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
-            self._save_bytes_cache = save_bytes(
-                total, self.args.world_size, precision=precision, max_shard_bytes=self.args.save_shard_bytes
-            )
+            precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(next(model.parameters()).dtype, "fp32")
+            shard = self.args.save_shard_bytes
+            self._save_bytes_cache = save_bytes(total, self.args.world_size, precision=precision, max_shard_bytes=shard)
         return self._save_bytes_cache
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
