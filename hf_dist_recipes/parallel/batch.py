@@ -14,22 +14,13 @@ from dataclasses import dataclass
 
 from hf_dist_recipes.core.layout import RankLayout
 from hf_dist_recipes.core.user_values import positive_int
+from hf_dist_recipes.parallel.deepspeed_view import DeepSpeedView
 
 
 def validate_micro_batch(value: object, name: str = "micro_batch") -> int:
     """Return `value`, or raise ValueError unless it is a whole number of samples >= 1 per rank per micro step.
     `name`: the setting as the user wrote it (`per_device_train_batch_size`, the demo's `--micro-batch`)."""
     return positive_int(value, name, 8, unit="samples")
-
-
-def tensor_parallel_size(ds_config: dict) -> int:
-    """DeepSpeed AutoTP degree of a config dict (1 when absent)."""
-    tp = (ds_config.get("tensor_parallel") or {}).get("autotp_size", 1)
-    if tp in (None, "auto"):
-        return 1
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise ValueError(f"tensor_parallel.autotp_size must be a positive integer, got {tp!r}")
-    return tp
 
 
 def data_parallel_size(world_size: int, tp_size: int = 1) -> int:
@@ -53,10 +44,10 @@ def fix_tp_batch_size(ds_config: dict, *, world_size: int, micro_batch: int, gra
     is "auto" or already equals the data-parallel value; any other number raises ValueError naming the right one.
     `micro_batch` and `grad_accum` are the Trainer's values (`"auto"` entries in the JSON take them).
     """
-    tp = tensor_parallel_size(ds_config)
+    view = DeepSpeedView.read(ds_config)
+    tp = view.tp
     dp = data_parallel_size(world_size, tp)
-    micro = _resolve(ds_config, "train_micro_batch_size_per_gpu", micro_batch)
-    accum = _resolve(ds_config, "gradient_accumulation_steps", grad_accum)
+    micro, accum = view.micro_batch or micro_batch, view.grad_accum or grad_accum
     global_batch = micro * accum * dp
     if tp == 1 or "train_batch_size" not in ds_config:
         return BatchFix(config=ds_config, global_batch=global_batch, change=None)
@@ -74,12 +65,3 @@ def fix_tp_batch_size(ds_config: dict, *, world_size: int, micro_batch: int, gra
         f"batch {micro} x {accum} x DP {dp} = {global_batch} itself (DeepSpeed issue 7298)"
     )
     return BatchFix(config=fixed, global_batch=global_batch, change=change)
-
-
-def _resolve(ds_config: dict, key: str, trainer_value: int) -> int:
-    value = ds_config.get(key, "auto")
-    if value == "auto":
-        return trainer_value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'DeepSpeed {key} must be a positive integer or "auto", got {value!r}')
-    return value

@@ -114,12 +114,8 @@ def _auto(section, key: str) -> bool:
 def _parse(key: str, parse, config: dict):
     try:
         return parse(config)
-    except Exception as err:  # noqa: BLE001 - pydantic's ValidationError, or a section that is no JSON object
-        if callable(getattr(err, "errors", None)):  # pydantic: each refused field with its value
-            where = [(".".join(map(str, e["loc"])), e) for e in err.errors()]
-            reason = "; ".join(f"{w}={e['input']!r}: {e['msg']}" if w else e["msg"] for w, e in where)
-        else:
-            reason = str(err).strip().split("\n")[0] or type(err).__name__
+    except Exception as err:  # noqa: BLE001 - pydantic's ValidationError (its field and value in 3 lines), or else
+        reason = " ".join(line.strip() for line in str(err).strip().splitlines()[:3]) or type(err).__name__
         raise ValueError(f"DeepSpeed refuses the config: {key}: {reason}") from None
 
 

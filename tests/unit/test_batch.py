@@ -1,6 +1,6 @@
 import pytest
 
-from hf_dist_recipes.parallel.batch import data_parallel_size, fix_tp_batch_size, tensor_parallel_size
+from hf_dist_recipes.parallel.batch import data_parallel_size, fix_tp_batch_size
 
 TP2 = {"tensor_parallel": {"autotp_size": 2}, "zero_optimization": {"stage": 3}}
 
@@ -37,9 +37,3 @@ def test_world_size_value_under_tp_is_refused_with_the_right_number():
 def test_tp_must_divide_world():
     with pytest.raises(ValueError, match="not divisible by the tensor-parallel degree 4"):
         data_parallel_size(6, 4)
-
-
-@pytest.mark.parametrize("bad", [0, -2, "two", 1.5])
-def test_bad_autotp_size(bad):
-    with pytest.raises(ValueError, match="autotp_size"):
-        tensor_parallel_size({"tensor_parallel": {"autotp_size": bad}})

@@ -150,13 +150,10 @@ def test_an_expert_parallel_section_without_enabled_is_named_as_ignored():
     "config, match",
     [
         ({"tensor_parallel": {"autotp_size": -2}}, "autotp_size must be a positive integer, got -2"),
-        (
-            {"tensor_parallel": {"autotp_size": "two"}},
-            "DeepSpeed refuses the config: tensor_parallel: autotp_size='two'",
-        ),
-        ({"tensor_parallel": {"autotp_size": 1.5}}, "autotp_size=1.5"),
-        ({"zero_optimization": {"stage": 7}}, "DeepSpeed refuses the config: zero_optimization: stage=7"),
-        ({"zero_optimization": {"offload_optimizer": {"device": "gpu"}}}, "offload_optimizer.device='gpu'"),
+        ({"tensor_parallel": {"autotp_size": "two"}}, "refuses the config: tensor_parallel: 1 validation error"),
+        ({"tensor_parallel": {"autotp_size": 1.5}}, "autotp_size Input should be a valid integer"),
+        ({"zero_optimization": {"stage": 7}}, "DeepSpeed refuses the config: zero_optimization: 1 validation error"),
+        ({"zero_optimization": {"offload_optimizer": {"device": "gpu"}}}, "offload_optimizer.device Input should be"),
         ({"train_micro_batch_size_per_gpu": 0}, 'train_micro_batch_size_per_gpu must be a positive integer or "auto"'),
         ({"gradient_accumulation_steps": True}, "gradient_accumulation_steps must be a positive integer"),
         ({"expert_parallel": {"enabled": True, "autoep_size": "two"}}, "autoep_size must be a positive integer"),

@@ -97,5 +97,5 @@ def test_degrees_derived_from_the_json(tmp_path):
 def test_a_bad_tp_degree_raises_where_it_is_used_not_at_load(tmp_path):
     ds = {"tensor_parallel": {"autotp_size": "two"}}
     cfg = load_launch_config(_write(tmp_path, DS_YAML.format(n=2), ds), root=tmp_path)  # the lint reports it
-    with pytest.raises(ValueError, match="DeepSpeed refuses the config: tensor_parallel: autotp_size='two'"):
+    with pytest.raises(ValueError, match="refuses the config: tensor_parallel: .*input_value='two'"):
         check_launch_config(cfg)
