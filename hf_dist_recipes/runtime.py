@@ -51,12 +51,6 @@ class JobFacts:
     launch_plan: dict = field(default_factory=dict)
 
     @property
-    def zero(self):
-        """The config's `zero_optimization` section as DeepSpeed's own typed model (`DeepSpeedZeroConfig`: its
-        defaults filled, the offload sections typed); None without DeepSpeed."""
-        return None if self.deepspeed is None else DeepSpeedView.read(self.deepspeed).zero
-
-    @property
     def zero_stage(self) -> int:
         """The ZeRO stage of the DeepSpeed config (0 without DeepSpeed, as DeepSpeed's own default)."""
         return 0 if self.deepspeed is None else DeepSpeedView.read(self.deepspeed).stage or 0

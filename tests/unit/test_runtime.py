@@ -14,7 +14,7 @@ def _args(world=4, rank=1):
     return SimpleNamespace(world_size=world, process_index=rank, launch_plan={"tp": 2})
 
 
-def test_facts_read_the_layout_and_deepspeeds_typed_zero_section():
+def test_facts_read_the_layout_and_the_zero_stage_as_deepspeed_reads_them():
     config = {
         "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
         "tensor_parallel": {"autotp_size": 2},
@@ -23,10 +23,12 @@ def test_facts_read_the_layout_and_deepspeeds_typed_zero_section():
     facts = JobFacts.read(_args(), config)
     assert (facts.layout.world, facts.layout.tp, facts.layout.ep, facts.rank) == (4, 2, 2, 1)
     assert facts.layout.tp_group(1) == [0, 1] and facts.layout.dp_group(1) == [1, 3]
-    assert facts.zero_stage == 3 and facts.zero.offload_optimizer.device == "cpu"  # DeepSpeed's model, typed
+    assert facts.zero_stage == 3
     config["zero_optimization"]["stage"] = 1  # a snapshot: later edits of the engine's dict do not reach it
     assert facts.zero_stage == 3 and facts.launch_plan == {"tp": 2}
-    assert JobFacts.read(_args(), None).zero_stage == 0 and JobFacts.read(_args(), None).zero is None
+    assert JobFacts.read(_args(), None).zero_stage == 0
+    # an expert_parallel section without `enabled` is AutoEP off for DeepSpeed (parallel/deepspeed_view.py)
+    assert JobFacts.read(_args(), {"expert_parallel": {"autoep_size": 2}}).layout.ep == 1
     with pytest.raises(ValueError, match="autotp_size"):  # a TP degree that does not divide the world
         JobFacts.read(_args(world=3), {"tensor_parallel": {"autotp_size": 2}})
 
