@@ -114,7 +114,7 @@ from hf_dist_recipes.comm import backend, process_setup
 from hf_dist_recipes.comm.nccl_defaults import apply_flight_recorder_env_defaults, apply_nccl_env_defaults
 from hf_dist_recipes.comm.restarts import fresh_rendezvous_after_restart
 from hf_dist_recipes.comm.watchdog import validate_hang_settings
-from hf_dist_recipes.core.jsonfile import load_deepspeed_json
+from hf_dist_recipes.core.jsonfile import read_deepspeed_argument
 from hf_dist_recipes.core.sizes import parse_size
 from hf_dist_recipes.environment import cuda_host, extensions, precision
 from hf_dist_recipes.environment.alloc_defaults import apply_alloc_conf_default
@@ -524,7 +524,7 @@ class RecipeTrainingArguments(TrainingArguments):
         elif isinstance(self.deepspeed, dict):
             raw = self.deepspeed
         else:
-            raw = load_deepspeed_json(self.deepspeed)
+            raw = read_deepspeed_argument(self.deepspeed)  # a file, a JSON or base64 string, as the stock reads it
         self.launch_plan = recorded_plan(raw)
         self._raise_startup_timeout(self.launch_plan.get("startup_timeout_s"))
         if raw is None:

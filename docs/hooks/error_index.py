@@ -15,7 +15,7 @@ from pathlib import Path
 
 PAGE = "errors.md"
 PACKAGE = Path(__file__).resolve().parents[2] / "hf_dist_recipes"
-RAISED = ("ValueError", "RuntimeError")
+RAISED = ("ValueError", "RuntimeError", "SchedulerKwargError")  # the last: a ValueError (and TypeError), by name
 
 INTRO = """# Every error message
 

@@ -96,6 +96,17 @@ def log_outside_history(trainer, log, logs: dict, keys, start_time: float | None
             history[-1].pop(key, None)
 
 
+# transformers 5.25 `get_scheduler` (which `Trainer.create_scheduler` calls) hands `lr_scheduler_kwargs` to the
+# function `optimization.TYPE_TO_SCHEDULER_FUNCTION` (not documented) holds for the type, so a key that function does
+# not take is Python's TypeError naming it; the recipe's earlier error starts with the same sentence
+# (tests/unit/test_upstream_messages.py). Goes when the recipe leaves that check to the Trainer.
+def scheduler_function_name(schedule) -> str:
+    """The name of the function the stock Trainer builds a `schedule` (a `SchedulerType`) with."""
+    from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION
+
+    return TYPE_TO_SCHEDULER_FUNCTION[schedule].__name__
+
+
 # transformers 5.24 `core_model_loading.py:2024 revert_weight_conversion(model, state_dict)`: the reverse of the
 # conversions `from_pretrained` applied (e.g. fused experts -> one tensor per expert), the layout on disk;
 # `save_pretrained` calls it on each shard (modeling_utils.py:3612). Public name, undocumented module (the "Dynamic

@@ -3,7 +3,8 @@
 
 - a path: that checkpoint, as given (an explicit choice always wins, complete or not);
 - True (the stock "the last checkpoint of output_dir"): the newest complete one (`checkpoint.manifest`), each newer
-  incomplete one named; ValueError naming the fix when there is none;
+  incomplete one named; when there is none, the stock Trainer's ValueError ("No valid checkpoint found in output
+  directory (...)") with the fix added;
 - None or False with `auto_resume`: the same, or a fresh start when there is none; without `auto_resume`: a fresh
   start, as the stock Trainer.
 
@@ -52,9 +53,10 @@ def plan_resume(resume_from_checkpoint: str | bool | None, auto_resume: bool, ou
     why = "resume_from_checkpoint=True" if asked else "auto_resume"
     if choice.checkpoint is not None:
         return ResumePlan(choice.checkpoint, [*lines, f"{why}: resuming from {choice.checkpoint}"])
-    if asked:
+    if asked:  # the stock Trainer's sentence first (a script may match it), then what the recipe found and the fix
         raise ValueError(
-            f"resume_from_checkpoint=True: no complete checkpoint in {output_dir}"
+            f"No valid checkpoint found in output directory ({output_dir}): resume_from_checkpoint=True takes the "
+            "newest complete checkpoint"
             + (f" ({'; '.join(lines)})" if lines else "")
             + "; pass a checkpoint's path to resume from it as it is, or train without resume_from_checkpoint"
         )

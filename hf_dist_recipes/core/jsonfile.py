@@ -42,3 +42,17 @@ def read_json_object(path: str | os.PathLike, what: str, hint: str) -> dict:
 def load_deepspeed_json(path: str | os.PathLike) -> dict:
     """Read a DeepSpeed JSON file, or raise ValueError naming the file and the problem."""
     return read_json_object(path, "DeepSpeed config", "check deepspeed_config_file / --deepspeed")
+
+
+def read_deepspeed_argument(value: str) -> dict:
+    """`TrainingArguments(deepspeed=value)` read as the stock post-init reads it (accelerate's `HfDeepSpeedConfig`: a
+    file, else a JSON or base64 string) and with its errors, the file named or the fix added: a file's bad JSON is
+    the same JSONDecodeError, anything else accelerate's ValueError."""
+    from accelerate.utils import HfDeepSpeedConfig
+
+    try:
+        return HfDeepSpeedConfig(value).config
+    except json.JSONDecodeError as err:
+        raise json.JSONDecodeError(f"DeepSpeed config {value} is not valid JSON: {err.msg}", err.doc, err.pos) from None
+    except ValueError as err:
+        raise ValueError(f"{err} (no such file; check deepspeed_config_file / --deepspeed)") from None

@@ -7,14 +7,25 @@ import dataclasses
 
 from transformers.trainer_utils import SchedulerType
 
+from hf_dist_recipes._compat import transformers as compat_transformers
 from hf_dist_recipes.schedules.warmup_cosine import (
-    check_schedule_kwargs,
+    SCHEDULE_KWARGS,
     validate_min_lr_ratio,
     validate_num_cycles,
     validate_restart_warmup_steps,
 )
 
 RECIPE_SCHEDULER = SchedulerType.COSINE_WITH_RESTARTS
+
+
+class SchedulerKwargError(ValueError, TypeError):
+    """A key of `lr_scheduler_kwargs` the schedule does not take, found when the arguments are built. The stock
+    Trainer hands the kwargs to the schedule's function when it builds the scheduler, which raises Python's
+    TypeError naming the key: the message starts with that sentence, and the class is a TypeError too."""
+
+    def __init__(self, schedule: SchedulerType, key: str, fix: str):
+        name = compat_transformers.scheduler_function_name(schedule)
+        super().__init__(f"{name}() got an unexpected keyword argument '{key}': {fix}")
 
 
 def schedule_kwargs_into_fields(args) -> None:
@@ -27,13 +38,15 @@ def schedule_kwargs_into_fields(args) -> None:
     when training starts). A field left at its default takes the kwargs' value; a field set to another value is an
     error: which one was meant cannot be told."""
     kwargs = dict(args.lr_scheduler_kwargs or {})
-    ours = [name for name in ("min_lr_ratio", "restart_warmup_steps") if name in kwargs]
+    ours = [name for name in kwargs if name in ("min_lr_ratio", "restart_warmup_steps")]
     if args.lr_scheduler_type != RECIPE_SCHEDULER:
         chosen = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)  # a SchedulerType by now
         if ours:
-            raise ValueError(
+            raise SchedulerKwargError(
+                args.lr_scheduler_type,
+                ours[0],
                 f"lr_scheduler_kwargs {ours} only apply to lr_scheduler_type='{RECIPE_SCHEDULER.value}', not "
-                f"'{chosen}'; remove them or use lr_scheduler_type='{RECIPE_SCHEDULER.value}'"
+                f"'{chosen}'; remove them or use lr_scheduler_type='{RECIPE_SCHEDULER.value}'",
             )
         if args.min_lr_ratio or args.restart_warmup_steps:
             raise ValueError(
@@ -42,7 +55,14 @@ def schedule_kwargs_into_fields(args) -> None:
                 "or use the recipe's schedule"
             )
         return
-    check_schedule_kwargs(kwargs)
+    unknown = [name for name in kwargs if name not in SCHEDULE_KWARGS]
+    if unknown:
+        raise SchedulerKwargError(
+            RECIPE_SCHEDULER,
+            unknown[0],
+            f"lr_scheduler_kwargs has {', '.join(map(repr, unknown))}, which {RECIPE_SCHEDULER.value} does not "
+            f"take; accepted keys: {', '.join(SCHEDULE_KWARGS)}",
+        )
     validate_restart_warmup_steps(args.restart_warmup_steps)
     if "num_cycles" in kwargs:
         validate_num_cycles(kwargs["num_cycles"])

@@ -20,10 +20,8 @@ moments meet the peak learning rate gradually after every restart, as they did a
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
@@ -88,16 +86,6 @@ def validate_num_cycles(value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"num_cycles must be a positive integer, got {value!r}; e.g. num_cycles=3")
     return value
-
-
-def check_schedule_kwargs(kwargs: Mapping[str, Any]) -> None:
-    """Raise ValueError naming the accepted keys when `kwargs` (an `lr_scheduler_kwargs`) has any other."""
-    unknown = sorted(set(kwargs) - set(SCHEDULE_KWARGS))
-    if unknown:
-        raise ValueError(
-            f"lr_scheduler_kwargs has {', '.join(map(repr, unknown))}, which cosine_with_restarts does not take; "
-            f"accepted keys: {', '.join(SCHEDULE_KWARGS)}"
-        )
 
 
 @dataclass(frozen=True)

@@ -157,7 +157,7 @@ def test_an_explicit_path_wins_and_true_takes_the_newest_complete_checkpoint(tmp
         stock_last.checkpoint == four and stock_last.lines[-1] == f"resume_from_checkpoint=True: resuming from {four}"
     )
     assert newest_complete_checkpoint(tmp_path).skipped[0].checkpoint == six
-    with pytest.raises(ValueError, match="no complete checkpoint in .*pass a checkpoint's path"):
+    with pytest.raises(ValueError, match="No valid checkpoint found in output directory .*pass a checkpoint's path"):
         plan_resume(True, False, str(tmp_path / "empty"))
 
 
