@@ -28,11 +28,10 @@ AUTO, AUTO_TOO = "auto", ' or "auto"'
 
 @dataclass(frozen=True)
 class DeepSpeedView:
-    """The typed sections are DeepSpeed's own models. `stage`: ZeRO stage (0 by default). `offload_optimizer` /
-    `offload_param`: "cpu", "nvme" or None. `tp`: AutoTP degree (1 without). `ep_enabled`, `ep`: AutoEP on, and its
-    degree (1 when off). `train_batch` / `micro_batch` / `grad_accum`: global batch, per-GPU micro batch,
-    accumulation steps (None: "auto" or absent). `bf16` / `fp16`: the enabled flags. `ignored`: warnings, each with
-    its fix."""
+    """The typed sections are DeepSpeed's own models. `stage`: ZeRO stage (0 by default). `offload_*`: "cpu", "nvme"
+    or None. `tp`: AutoTP degree (1 without). `ep_enabled`, `ep`: AutoEP on, and its degree (1 when off). `train_batch`
+    / `micro_batch` / `grad_accum`: global batch, per-GPU micro batch, accumulation steps (None: "auto" or absent).
+    `bf16` / `fp16`: the enabled flags. `ignored`: warnings, each with its fix."""
 
     zero: DeepSpeedZeroConfig
     tensor_parallel: TPTrainingConfig
@@ -92,9 +91,7 @@ class DeepSpeedView:
     @property
     def precision(self) -> str | None:
         """The parameters' dtype: "fp16" (it wins, as in the engine), "bf16" or "fp32"; None while a flag is "auto"."""
-        if self.fp16 is None or self.bf16 is None:
-            return None
-        return "fp16" if self.fp16 else "bf16" if self.bf16 else "fp32"
+        return None if None in (self.fp16, self.bf16) else "fp16" if self.fp16 else "bf16" if self.bf16 else "fp32"
 
 
 _EP_IGNORED = (

@@ -57,10 +57,8 @@ def cpu_fp16_supported() -> bool:
 
 @dataclass(frozen=True)
 class Settings:
-    """The config the rules read: as DeepSpeed reads it (`view`, `parallel.deepspeed_view`: DeepSpeed's typed
-    sections with its defaults; None where the Trainer fills "auto"), and as written (`config`) for the top-level
-    keys the view does not model. A stage of None ("auto") matches no stage rule. `world_size`, `use_cpu`,
-    `cpu_fp16`: the launch's, as `initialize_refusals` was given them."""
+    """The config as DeepSpeed reads it (`view`: a stage of None, "auto", matches no stage rule) and as written
+    (`config`, for the top-level keys the view does not model); `world_size`, `use_cpu`, `cpu_fp16`: the launch's."""
 
     config: dict
     view: DeepSpeedView
@@ -94,17 +92,6 @@ def _hpz_with_autoep(s: Settings) -> Finding | None:
 def _quantized_gradients_with_autoep(s: Settings) -> Finding | None:
     if s.view.stage == 3 and s.view.ep_enabled and s.view.zero.zero_quantized_gradients:
         return ERROR, "zero_quantized_gradients with ZeRO-3 + AutoEP is not supported; set it to false"
-    return None
-
-
-def _expert_tensor_parallel(s: Settings) -> Finding | None:
-    etp = s.view.expert_parallel.expert_tensor_parallel_size if s.view.ep_enabled else 1
-    # The lint's run of DeepSpeed's own validate_autoep_config says it too; without a world size this names the line.
-    if etp != 1 and s.world_size is None:
-        return ERROR, (
-            f"expert_parallel.expert_tensor_parallel_size={etp}: AutoEP does not support expert tensor "
-            "parallelism yet (ZeRO-3's own refusal, engine.py:2231, is never reached); remove it"
-        )
     return None
 
 
@@ -353,7 +340,6 @@ class Rule:
 RULES: tuple[Rule, ...] = (
     Rule("runtime/engine.py:2226", _hpz_with_autoep),
     Rule("runtime/engine.py:2223", _quantized_gradients_with_autoep),
-    Rule("module_inject/auto_ep_folding.py:215", _expert_tensor_parallel),
     # stage3.py:840 `os.path.join(offload_optimizer_config.nvme_path, ...)` -> TypeError on None
     Rule("runtime/zero/stage3.py:840", _nvme_without_path("offload_optimizer", "the optimizer states' swap folder")),
     Rule("runtime/zero/stage_1_and_2.py:220", _nvme_under_zero_1_or_2),

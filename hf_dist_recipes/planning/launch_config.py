@@ -37,8 +37,7 @@ class LaunchConfig:
 
     @cached_property
     def view(self) -> DeepSpeedView:
-        """The DeepSpeed JSON as DeepSpeed reads it (`parallel.deepspeed_view`; an empty one without DeepSpeed);
-        ValueError for a value DeepSpeed refuses."""
+        """The DeepSpeed JSON as DeepSpeed reads it (an empty one without DeepSpeed); ValueError where it refuses."""
         return DeepSpeedView.read(self.deepspeed or {})
 
 

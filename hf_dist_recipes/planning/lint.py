@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -219,8 +220,10 @@ def _deepspeed_own_checks(config: dict, name: str, view: DeepSpeedView, world_si
             zero_offload_param=zero.offload_param is not None,
         )
     except ValueError as err:
+        frame = traceback.extract_tb(err.__traceback__)[-1]  # DeepSpeed's raising line, as initialize_rules names them
+        where = f"{Path(frame.filename).as_posix().rpartition('/deepspeed/')[2]}:{frame.lineno}"
         processes = f" for {world_size} processes" if world_size else ""
-        return [LintFinding(name, ERROR, f"DeepSpeed AutoEP refuses it{processes}: {_first_line(err)}")]
+        return [LintFinding(name, ERROR, f"DeepSpeed AutoEP refuses it{processes}: {_first_line(err)} ({where})")]
     return []
 
 
