@@ -21,9 +21,9 @@ RECIPE_SCHEDULER = SchedulerType.COSINE_WITH_RESTARTS
 class SchedulerKwargError(ValueError, TypeError):
     """A key of `lr_scheduler_kwargs` the schedule does not take, found when the arguments are built. The stock
     Trainer hands the kwargs to the schedule's function when it builds the scheduler, which raises Python's
-    TypeError naming the key: the message starts with that sentence, and the class is a TypeError too."""
+    TypeError naming the key: the message starts with that sentence, then `fix`; the class is a TypeError too."""
 
-    def __init__(self, schedule: SchedulerType, key: str, fix: str):
+    def __init__(self, fix: str, schedule: SchedulerType, key: str):
         name = compat_transformers.scheduler_function_name(schedule)
         super().__init__(f"{name}() got an unexpected keyword argument '{key}': {fix}")
 
@@ -43,10 +43,10 @@ def schedule_kwargs_into_fields(args) -> None:
         chosen = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)  # a SchedulerType by now
         if ours:
             raise SchedulerKwargError(
-                args.lr_scheduler_type,
-                ours[0],
                 f"lr_scheduler_kwargs {ours} only apply to lr_scheduler_type='{RECIPE_SCHEDULER.value}', not "
                 f"'{chosen}'; remove them or use lr_scheduler_type='{RECIPE_SCHEDULER.value}'",
+                args.lr_scheduler_type,
+                ours[0],
             )
         if args.min_lr_ratio or args.restart_warmup_steps:
             raise ValueError(
@@ -58,10 +58,10 @@ def schedule_kwargs_into_fields(args) -> None:
     unknown = [name for name in kwargs if name not in SCHEDULE_KWARGS]
     if unknown:
         raise SchedulerKwargError(
-            RECIPE_SCHEDULER,
-            unknown[0],
             f"lr_scheduler_kwargs has {', '.join(map(repr, unknown))}, which {RECIPE_SCHEDULER.value} does not "
             f"take; accepted keys: {', '.join(SCHEDULE_KWARGS)}",
+            RECIPE_SCHEDULER,
+            unknown[0],
         )
     validate_restart_warmup_steps(args.restart_warmup_steps)
     if "num_cycles" in kwargs:
