@@ -94,10 +94,7 @@ class DeepSpeedView:
         return None if None in (self.fp16, self.bf16) else "fp16" if self.fp16 else "bf16" if self.bf16 else "fp32"
 
 
-_EP_IGNORED = (
-    "expert_parallel without enabled: true is ignored by DeepSpeed (AutoEP off, the model's experts are not split); "
-    'set "enabled": true to use AutoEP, or remove the section'
-)
+_EP_IGNORED = 'expert_parallel without enabled: true is ignored by DeepSpeed (AutoEP off); set "enabled": true'
 
 
 def _known(section: dict) -> dict:

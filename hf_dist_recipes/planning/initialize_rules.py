@@ -16,6 +16,7 @@ The rules are the table `RULES`: each one DeepSpeed raising line and a small fun
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,8 +26,6 @@ from hf_dist_recipes.parallel.deepspeed_view import DeepSpeedView
 # engine.py:1986 `_is_supported_optimizer`: DeepSpeed's own optimizers (config.py:63, matched lower-case) or a
 # class of torch.optim (matched as written).
 DEEPSPEED_OPTIMIZERS = ("adagrad", "adam", "adamw", "lamb", "muadam", "muadamw", "musgd", "lion", "muon")
-_DTYPES = {"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16", "half": "fp16"}
-_DTYPES |= {"bf16": "bf16", "bfloat16": "bf16"}
 
 
 @dataclass(frozen=True)
@@ -37,12 +36,6 @@ class Refusal:
     level: str
     where: str
     message: str
-
-
-def _section(config: dict, key: str) -> dict:
-    """`config[key]` when it is a JSON object, else {} (absent, null, or not an object: DeepSpeed's defaults)."""
-    value = config.get(key) or {}
-    return value if isinstance(value, dict) else {}
 
 
 def cpu_fp16_supported() -> bool:
@@ -66,9 +59,13 @@ class Settings:
     use_cpu: bool | None
     cpu_fp16: bool | None
 
-    @property
-    def grad_accum_dtype(self) -> str | None:
-        return _DTYPES.get(str(_section(self.config, "data_types").get("grad_accum_dtype", "")).lower())
+    def dtype(self, key: str) -> str | None:
+        """`data_types.<key>` as DeepSpeed's `DtypeEnum` names it ("fp32", "bf16", ...); None if unset or unknown."""
+        from deepspeed.runtime.config import DtypeEnum
+
+        with contextlib.suppress(ValueError, AttributeError):
+            return DtypeEnum(self.config.get("data_types", {}).get(key)).name
+        return None
 
     @property
     def optimizer(self) -> str | None:
@@ -80,11 +77,10 @@ Finding = tuple[str, str]  # (level, message); an error's message gets DeepSpeed
 
 
 def _hpz_with_autoep(s: Settings) -> Finding | None:
-    hpz = s.view.zero.zero_hpz_partition_size
-    if s.view.stage == 3 and s.view.ep_enabled and hpz > 1:
+    if s.view.stage == 3 and s.view.ep_enabled and s.view.zero.zero_hpz_partition_size > 1:
         return ERROR, (
-            f"zero_hpz_partition_size={hpz} with ZeRO-3 + AutoEP: hpZ's secondary groups are not supported "
-            "with AutoEP; remove zero_hpz_partition_size (config generate leaves it out under EP)"
+            f"zero_hpz_partition_size={s.view.zero.zero_hpz_partition_size} with ZeRO-3 + AutoEP: hpZ's secondary "
+            "groups are not supported with AutoEP; remove zero_hpz_partition_size (config generate leaves it out)"
         )
     return None
 
@@ -97,8 +93,7 @@ def _quantized_gradients_with_autoep(s: Settings) -> Finding | None:
 
 def _nvme_without_path(key: str, who: str) -> Callable[[Settings], Finding | None]:
     def rule(s: Settings) -> Finding | None:
-        section = getattr(s.view.zero, key)  # DeepSpeed's offload config, None without the section
-        if s.view.stage == 3 and getattr(s.view, key) == "nvme" and not section.nvme_path:
+        if s.view.stage == 3 and getattr(s.view, key) == "nvme" and not getattr(s.view.zero, key).nvme_path:
             return ERROR, (
                 f'{key}.device "nvme" without {key}.nvme_path: DeepSpeed joins None into {who}; set nvme_path '
                 'to a directory on a local NVMe disk, or use device "cpu"'
@@ -118,7 +113,7 @@ def _nvme_under_zero_1_or_2(s: Settings) -> Finding | None:
 
 
 def _zero0_grad_accum_dtype(s: Settings) -> Finding | None:
-    accum, precision = s.grad_accum_dtype, s.view.precision
+    accum, precision = s.dtype("grad_accum_dtype"), s.view.precision
     if s.view.stage != 0 or accum is None:
         return None
     if precision is None:
@@ -139,7 +134,7 @@ def _zero0_grad_accum_dtype(s: Settings) -> Finding | None:
 
 
 def _param_dtype(s: Settings) -> Finding | None:
-    param_dtype = _DTYPES.get(str(_section(s.config, "data_types").get("param_dtype", "")).lower())
+    param_dtype = s.dtype("param_dtype")
     precision = s.view.precision
     if param_dtype is None or precision is None or param_dtype == precision:
         return None
@@ -205,8 +200,8 @@ def _no_grad_norm_with_offload(s: Settings) -> Finding | None:
 
 
 def _no_grad_norm_zero1_bf16(s: Settings) -> Finding | None:
-    v = s.view
-    if v.stage == 1 and _no_grad_norm(s) and v.bf16 and s.grad_accum_dtype == "fp32" and not v.offload_optimizer:
+    fp32_accumulation = s.dtype("grad_accum_dtype") == "fp32"
+    if s.view.stage == 1 and _no_grad_norm(s) and s.view.bf16 and fp32_accumulation and not s.view.offload_optimizer:
         return ERROR, (
             "compute_grad_norm false under ZeRO-1 with bf16 parameters and fp32 gradient accumulation is not "
             "supported; drop compute_grad_norm"
