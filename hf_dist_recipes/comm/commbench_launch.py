@@ -71,10 +71,6 @@ def worker_launch(plan: CommbenchPlan, backend: str, output: str) -> Launch:
     )
 
 
-def worker_command(plan: CommbenchPlan, backend: str, output: str) -> list[str]:
-    return worker_launch(plan, backend, output).argv()
-
-
 def run_commbench(plan: CommbenchPlan) -> dict:
     """Launch each backend of `plan` in turn; {"backend": ..., results...} for one, side_by_side() for two.
     A failed launch is RuntimeError with its exit status (the ranks' output is already on stderr)."""

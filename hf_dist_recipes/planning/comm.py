@@ -346,9 +346,6 @@ class StepEstimate:
         }
 
 
-OFFLOAD_PARTS = ("gradient copies", "parameter copies", "CPU Adam")
-
-
 def offload_parts(plan: ParallelPlan, optimizer_elements: int, param_elements: int, hw: Hardware) -> dict[str, float]:
     """Seconds per optimizer step that offload adds, by part (empty without offload); see the module docstring.
     `optimizer_elements`: the rank's optimizer (= fp32 gradient) partition; `param_elements`: its parameter

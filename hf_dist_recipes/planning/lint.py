@@ -10,12 +10,13 @@ from __future__ import annotations
 import copy
 import math
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hf_dist_recipes.core.findings import ERROR, WARNING, Finding
 from hf_dist_recipes.core.jsonfile import load_deepspeed_json, read_text_file
 from hf_dist_recipes.parallel.deepspeed_view import DeepSpeedView
+from hf_dist_recipes.parallel.plan_record import recorded_plan
 from hf_dist_recipes.planning.initialize_rules import initialize_refusals
 from hf_dist_recipes.planning.launch_config import LaunchConfig, check_launch_config, load_launch_config
 from hf_dist_recipes.planning.launch_plan import is_loopback, plan_of_launch
@@ -187,9 +188,8 @@ def lint_deepspeed(
 
 
 def _deepspeed_own_checks(config: dict, name: str, view: DeepSpeedView, world_size: int | None) -> list[LintFinding]:
-    """Parse through DeepSpeed's `DeepSpeedConfig` ("auto" values filled with placeholders: the Trainer fills
-    them at run time), then DeepSpeed's AutoEP validation (presets, offload with AutoEP + AutoTP, ...) for the
-    launch's `world_size`, else for the fewest processes the TP and EP degrees take (TP x EP)."""
+    """Parse through DeepSpeed's `DeepSpeedConfig` ("auto" filled with placeholders, as the Trainer fills it), then
+    DeepSpeed's AutoEP validation for the launch's `world_size`, else the fewest processes TP x EP x ETP take."""
     from deepspeed.runtime.config import DeepSpeedConfig
 
     filled = _fill_autos(copy.deepcopy(config))
@@ -245,11 +245,10 @@ def lint_accelerate(
 
     # A path is read here (ValueError for missing / malformed files); a caller that has read it hands it on.
     cfg = path if isinstance(path, LaunchConfig) else load_launch_config(path, root=root)
-    path = cfg.path
-    name = str(path)
+    name = str(cfg.path)
     out: list[LintFinding] = []
     try:
-        load_config_from_file(str(path))
+        load_config_from_file(name)
     except Exception as err:
         out.append(LintFinding(name, ERROR, f"accelerate refuses the config: {_first_line(err)}"))
     data = cfg.raw
@@ -329,8 +328,6 @@ def _json_memory_findings(
     launch's (the accelerate YAML's), not the JSON's: a JSON that `config generate` wrote records them with its plan,
     and is checked as that launch; any other is said to be unchecked, naming the file that would answer, rather
     than passing in silence."""
-    from hf_dist_recipes.parallel.plan_record import recorded_plan
-
     record = recorded_plan(config)
     nodes, per_node = record.get("nodes"), record.get("procs_per_node")
     if not (isinstance(nodes, int) and isinstance(per_node, int) and nodes > 0 and per_node > 0):
@@ -363,9 +360,6 @@ def _memory_findings(
     assume: dict | None = None,
     host_memory_gib: float | None = None,
 ) -> list[LintFinding]:
-    from dataclasses import replace
-
-    from hf_dist_recipes.parallel.plan_record import recorded_plan
     from hf_dist_recipes.planning.fit import SOURCES, check_fit
     from hf_dist_recipes.planning.memory import DEFAULT_DEVICE_TARGET
     from hf_dist_recipes.planning.models import introspect
@@ -383,24 +377,18 @@ def _memory_findings(
             )
         ]
     # Where each activation-side value came from, so that the verdict can say it (plan_of_launch's order).
-    record = recorded_plan(cfg.deepspeed)
-    sources = {k: "recorded by config generate" for k in SOURCES if k in record}
+    sources = {k: "recorded by config generate" for k in recorded_plan(cfg.deepspeed) if k in SOURCES}
     if cfg.view.micro_batch is not None:
         sources["micro_batch"] = "the DeepSpeed JSON"
     sources = {k: sources.get(k, "default, not in the files") for k in SOURCES}
-    flags = {
-        "seq_len": "--seq-len",
-        "micro_batch": "--micro-batch",
-        "activation_checkpointing": "--activation-checkpointing",
-    }
+    flags = {k: "--" + k.replace("_", "-") for k in SOURCES}  # --seq-len, --micro-batch, ...
     given = {k: v for k, v in (assume or {}).items() if v is not None}
     plan = replace(plan, **given)
     sources.update({k: flags[k] for k in given})
     shape = introspect(model_ref)
+    gpu_source = "--gpu-memory" if gpu_memory_gib is not None else "no GPU limit given"
     if gpu_memory_gib is None:  # the host alone: the device side is not asked about
-        gpu_memory_gib, gpu_source = math.inf, "no GPU limit given"
-    else:
-        gpu_source = "--gpu-memory"
+        gpu_memory_gib = math.inf
     verdict = check_fit(plan, shape, model_ref, gpu_memory_gib, gpu_source, sources, host_gib=host_memory_gib)
     change = "validate takes --seq-len, --micro-batch and --activation-checkpointing / --no-activation-checkpointing"
     if not verdict.fits:

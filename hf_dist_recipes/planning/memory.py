@@ -244,13 +244,6 @@ def activation_parts(
     }
 
 
-def activation_bytes(
-    plan: ParallelPlan, model: ModelShape, *, routing_imbalance: float = DEFAULT_ROUTING_IMBALANCE
-) -> int:
-    """The activation estimate of the module docstring, per rank, in bytes."""
-    return sum(activation_parts(plan, model, routing_imbalance=routing_imbalance).values())
-
-
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes per rank by kind, where they live, and whether the device holds its share (`device_bytes` of

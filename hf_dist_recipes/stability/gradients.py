@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 
-DEFAULT_MAX_GRAD_NORM = 1.0
-
 
 def validate_max_grad_norm(max_grad_norm: float | None, *, allow_unclipped: bool = False) -> float:
     """Return the clipping norm, or raise ValueError when clipping would be off without an explicit opt-out.

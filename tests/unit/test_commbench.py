@@ -18,7 +18,7 @@ from hf_dist_recipes.comm.commbench import (
     message_bytes,
     settings_of,
 )
-from hf_dist_recipes.comm.commbench_launch import plan_commbench, side_by_side, worker_command
+from hf_dist_recipes.comm.commbench_launch import plan_commbench, side_by_side, worker_launch
 from hf_dist_recipes.comm.commbench_render import render
 
 
@@ -88,8 +88,8 @@ def test_plan_on_a_gpu_host_puts_gloo_next_to_nccl():
     assert (plan.num_processes, plan.backends) == (8, ("nccl",))
     plan = plan_commbench(BenchSettings(), backend="gloo", cuda_devices=8)
     assert plan.backends == ("nccl", "gloo")
-    assert "--allow-gloo-on-cuda" in worker_command(plan, "gloo", "out.json")
-    assert "--allow-gloo-on-cuda" not in worker_command(plan, "nccl", "out.json")
+    assert "--allow-gloo-on-cuda" in worker_launch(plan, "gloo", "out.json").argv()
+    assert "--allow-gloo-on-cuda" not in worker_launch(plan, "nccl", "out.json").argv()
     with pytest.raises(ValueError, match="--num-processes 9 needs 9 GPUs .* 8 visible; e.g. --num-processes 8"):
         plan_commbench(BenchSettings(), num_processes=9, cuda_devices=8)
     with pytest.raises(ValueError, match="2 needs 2 GPUs .* 1 visible; one GPU has no GPU-to-GPU link"):
@@ -110,7 +110,7 @@ def test_one_parser_for_the_subcommand_the_ranks_and_the_launcher_between_them()
     assert _flags(rank) == shared | {"--output", "--allow-gloo-on-cuda"}
     settings = BenchSettings(sizes=(1000, 4096), iters=3, warmup=1, link_bytes=65536, fraction=0.25)
     plan = plan_commbench(settings, cuda_devices=0)
-    argv = worker_command(plan, "gloo", "out.json")
+    argv = worker_launch(plan, "gloo", "out.json").argv()
     args = rank.parse_args(argv[argv.index("hf_dist_recipes.comm.commbench") + 1 :])
     assert settings_of(args) == settings and (args.backend, args.output) == ("gloo", "out.json")
     assert settings_of(sub.parse_args([])) == settings_of(rank.parse_args([])) == BenchSettings()

@@ -7,7 +7,7 @@ import torch
 from hf_dist_recipes.core.model_templates import template_config
 from hf_dist_recipes.core.sizes import GIB
 from hf_dist_recipes.planning.memory import (
-    activation_bytes,
+    activation_parts,
     estimate,
     layer_bytes_per_token,
     rank_elements,
@@ -22,6 +22,11 @@ V3 = introspect("deepseek-v3")
 _ATTN = 64 * 32 + 32 + 32 * 4 * 24 + 64 * (16 + 8) + 16 + 16 * 4 * (16 + 16) + 4 * 16 * 64  # 12,848
 _MOE = _ATTN + 2 * 64 + 8 * (2 * 32 * 64 + 64 * 32) + 8 * 64 + 3 * 64 * 32  # experts, router, shared: 68,784
 TINY_PARAMS = 2 * 128 * 64 + 64 + (_ATTN + 2 * 64 + 3 * 64 * 128) + 2 * _MOE  # 191,568
+
+
+def activation_bytes(plan, model, **kwargs) -> int:
+    """The activation estimate per rank, in bytes: the sum of `activation_parts`."""
+    return sum(activation_parts(plan, model, **kwargs).values())
 
 
 def test_zero3_without_tp_matches_deepspeeds_own_estimate():
