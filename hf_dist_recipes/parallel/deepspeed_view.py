@@ -1,10 +1,8 @@
 """A DeepSpeed config dict as DeepSpeed reads it, `DeepSpeedView.read(config)`: the package's one reader of DeepSpeed
-JSON, for the rank (runtime, arguments, batch) and the command line (lint, launch config, preflight) alike.
-
-Each section goes through DeepSpeed 0.19.8's own parser (`get_zero_config`, `get_tensor_parallel_config`,
-`get_expert_parallel_config` -> `parse_autoep_config`, the bf16/fp16 configs, the batch `get_*` readers) and the
-facts follow the engine's own tests: an offload is a device in {cpu, nvme} (`zero_use_cpu_optimizer`; "none" is
-none), AutoEP is on when `enabled` is true (`_configure_expert_parallel`; a section without it is in `ignored`).
+JSON, for the rank and the command line alike. Each section goes through DeepSpeed 0.19.8's own parser
+(`get_zero_config`, `get_tensor_parallel_config`, `parse_autoep_config`, the bf16/fp16 configs, the batch `get_*`
+readers); the facts follow the engine's tests: an offload is a device in {cpu, nvme} (`zero_use_cpu_optimizer`),
+AutoEP is on when `enabled` is true (`_configure_expert_parallel`; a section without it is in `ignored`).
 
 "auto" (the Trainer fills it at run time) is unknown: the batch numbers, the bf16/fp16 flags and the stage read None;
 other "auto" values of the ZeRO, TP and precision sections are dropped before DeepSpeed parses them (its defaults
@@ -66,7 +64,6 @@ class DeepSpeedView:
         expert_parallel = _parse("expert_parallel", ds.get_expert_parallel_config, known)
         bfloat16, float16 = _parse("bf16", get_bfloat16_config, known), _parse("fp16", get_float16_config, known)
         ep, ep_section = bool(expert_parallel.enabled), config.get("expert_parallel")
-        ignored = isinstance(ep_section, dict) and ep_section and "enabled" not in ep_section
         return cls(
             zero=zero,
             tensor_parallel=tensor_parallel,
@@ -85,7 +82,7 @@ class DeepSpeedView:
             # get_bfloat16_config's own lookup: "bf16", else the older "bfloat16"
             bf16=None if _auto(config.get("bf16", config.get("bfloat16")), "enabled") else bfloat16.enabled,
             fp16=None if _auto(config.get("fp16"), "enabled") else float16.enabled,
-            ignored=(_EP_IGNORED,) if ignored else (),
+            ignored=(_EP_IGNORED,) if ep_section and "enabled" not in ep_section else (),  # parsed: a dict
         )
 
     @property

@@ -106,14 +106,13 @@ def check_launch_config(cfg: LaunchConfig, *, num_processes: int | None = None) 
     except ValueError as err:
         raise ValueError(f"{cfg.path} with {cfg.deepspeed_file}: {err}") from None
     total, micro, accum = cfg.view.train_batch, cfg.view.micro_batch, cfg.view.grad_accum
-    if None not in (total, micro, accum):
-        if total != micro * accum * dp:
-            raise ValueError(
-                f"{cfg.path} launches num_processes={world} (TP {tp}, so {dp} data-parallel ranks) but "
-                f"{cfg.deepspeed_file} says train_batch_size={total} = micro {micro} x accumulation {accum} x "
-                f"{total // (micro * accum) if total % (micro * accum) == 0 else '?'} ranks. Make num_processes "
-                f'match, or set train_batch_size to {micro * accum * dp} (or "auto").'
-            )
+    if None not in (total, micro, accum) and total != micro * accum * dp:
+        raise ValueError(
+            f"{cfg.path} launches num_processes={world} (TP {tp}, so {dp} data-parallel ranks) but "
+            f"{cfg.deepspeed_file} says train_batch_size={total} = micro {micro} x accumulation {accum} x "
+            f"{total // (micro * accum) if total % (micro * accum) == 0 else '?'} ranks. Make num_processes "
+            f'match, or set train_batch_size to {micro * accum * dp} (or "auto").'
+        )
     return world
 
 
