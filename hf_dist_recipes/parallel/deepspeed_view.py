@@ -52,17 +52,14 @@ class DeepSpeedView:
     @classmethod
     def read(cls, config: Mapping) -> DeepSpeedView:
         """The view of a DeepSpeed config dict (the JSON, or the engine's config after the Trainer filled it)."""
-        from deepspeed.runtime import config as ds
-        from deepspeed.runtime.precision_config import get_bfloat16_config, get_float16_config
-        from deepspeed.runtime.tensor_parallel.config import get_tensor_parallel_config
-        from deepspeed.runtime.zero.config import get_zero_config
+        from deepspeed.runtime import config as ds  # the section readers DeepSpeedConfig itself calls
 
         # AutoEP's section as written: DeepSpeed takes any true `enabled` (even "auto") as on
         known = {k: v if k == "expert_parallel" or not isinstance(v, dict) else _known(v) for k, v in config.items()}
-        zero = _parse("zero_optimization", get_zero_config, known)
-        tensor_parallel = _parse("tensor_parallel", get_tensor_parallel_config, known)
+        zero = _parse("zero_optimization", ds.get_zero_config, known)
+        tensor_parallel = _parse("tensor_parallel", ds.get_tensor_parallel_config, known)
         expert_parallel = _parse("expert_parallel", ds.get_expert_parallel_config, known)
-        bfloat16, float16 = _parse("bf16", get_bfloat16_config, known), _parse("fp16", get_float16_config, known)
+        bfloat16, float16 = _parse("bf16", ds.get_bfloat16_config, known), _parse("fp16", ds.get_float16_config, known)
         ep, ep_section = bool(expert_parallel.enabled), config.get("expert_parallel")
         return cls(
             zero=zero,

@@ -19,8 +19,7 @@ LOOPBACK_PREFIXES = ("127.", "localhost", "::1")
 
 def plan_of_launch(cfg: LaunchConfig, world: int) -> tuple[ParallelPlan, str | None]:
     """(plan, model reference or None) of a DeepSpeed launch config with `world` processes in all."""
-    ds = cfg.deepspeed or {}
-    record, view = recorded_plan(ds), cfg.view
+    record, view = recorded_plan(cfg.deepspeed), cfg.view
     plan = ParallelPlan(
         nodes=cfg.num_machines,
         procs_per_node=max(1, world // cfg.num_machines),
@@ -38,7 +37,7 @@ def plan_of_launch(cfg: LaunchConfig, world: int) -> tuple[ParallelPlan, str | N
         loss_chunk_tokens=record.get("loss_chunk_tokens"),
     )
     # The gradient reduction dtype the file sets; DeepSpeed's default without it is the compute dtype.
-    reduce = str(ds.get("communication_data_type") or plan.precision).lower()
+    reduce = str((cfg.deepspeed or {}).get("communication_data_type") or plan.precision).lower()
     plan = replace(plan, grad_reduce_dtype=reduce if reduce in ("fp32", plan.precision) else plan.precision)
     return plan, record.get("model")
 
