@@ -9,6 +9,22 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # transformers loads in seconds: only template_config imports it
     from transformers import PretrainedConfig
 
+# What the two small DeepSeek-V3-style templates below share.
+_DEEPSEEK_V3_COMMON = dict(
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_shared_experts=1,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    n_group=2,
+    topk_group=1,
+    first_k_dense_replace=1,
+    qk_nope_head_dim=16,
+    use_cache=False,
+    bos_token_id=None,
+    eos_token_id=None,
+)
+
 # model_type and config values of public checkpoints (their config.json). Names are what --model accepts.
 TEMPLATES: dict[str, tuple[str, dict]] = {
     "deepseek-v3": ("deepseek_v3", {}),  # DeepseekV3Config's defaults are DeepSeek-V3 (671B)
@@ -142,55 +158,33 @@ TEMPLATES: dict[str, tuple[str, dict]] = {
     "tiny-deepseek-v3": (
         "deepseek_v3",
         dict(
+            **_DEEPSEEK_V3_COMMON,
             vocab_size=128,
             hidden_size=64,
             intermediate_size=128,
             moe_intermediate_size=32,
             num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            n_shared_experts=1,
-            n_routed_experts=8,
-            num_experts_per_tok=2,
-            n_group=2,
-            topk_group=1,
-            first_k_dense_replace=1,
             kv_lora_rank=16,
             q_lora_rank=32,
             qk_rope_head_dim=8,
             v_head_dim=16,
-            qk_nope_head_dim=16,
             max_position_embeddings=64,
-            use_cache=False,
-            bos_token_id=None,
-            eos_token_id=None,
         ),
     ),
     "demo-deepseek-v3": (
         "deepseek_v3",
         dict(
+            **_DEEPSEEK_V3_COMMON,
             vocab_size=256,
             hidden_size=128,
             intermediate_size=256,
             moe_intermediate_size=64,
             num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            n_shared_experts=1,
-            n_routed_experts=8,
-            num_experts_per_tok=2,
-            n_group=2,
-            topk_group=1,
-            first_k_dense_replace=1,
             kv_lora_rank=32,
             q_lora_rank=64,
             qk_rope_head_dim=16,
-            qk_nope_head_dim=16,
             v_head_dim=32,
             max_position_embeddings=512,
-            use_cache=False,
-            bos_token_id=None,
-            eos_token_id=None,
         ),
     ),
 }

@@ -33,6 +33,13 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, path: str) -> bool:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
 def _block_x(summary: LogSummary) -> np.ndarray:
     return (np.arange(BLOCKS) + 0.5) * summary.block_width
 
@@ -53,10 +60,7 @@ def plot_loss_per_rank(summary: LogSummary, path: str) -> bool:
     ax.set_title(f"{summary.loss_tag} per rank (mean over blocks of {summary.block_width} step(s))")
     if len(per_rank) <= 16:
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, path)
 
 
 def plot_learning_rate(summary: LogSummary, path: str) -> bool:
@@ -70,10 +74,7 @@ def plot_learning_rate(summary: LogSummary, path: str) -> bool:
     ax.set_xlabel("step")
     ax.set_ylabel(LR_TAG)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, path)
 
 
 def plot_step_time_heatmap(summary: LogSummary, path: str) -> bool:
@@ -93,10 +94,7 @@ def plot_step_time_heatmap(summary: LogSummary, path: str) -> bool:
         ax.set_yticks(range(len(summary.ranks)), [str(r) for r in summary.ranks])
     ax.set_title(f"{STEP_TIME_TAG} per rank (mean over blocks of {summary.block_width} step(s))")
     fig.colorbar(im, ax=ax, label="seconds")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, path)
 
 
 def write_report(summary: LogSummary, out_dir: str | os.PathLike) -> str:
