@@ -80,11 +80,13 @@ def plan_demo(
         if gpus and num_processes is None:
             num_processes = gpus
     cfg = load_launch_config(config_file, root=root)
-    world = check_launch_config(cfg, num_processes=num_processes)
-    # Every setting before anything slow or anything launched: a bad value is one line here, not a traceback per rank.
+    world = cfg.num_processes if num_processes is None else num_processes
+    # Every setting before anything slow or anything launched: a bad value is one line here, not a traceback per rank
+    # (and before the DeepSpeed JSON is read, whose reader imports DeepSpeed and its notice).
     check_settings(settings, world)
     settings = replace(settings, max_bytes=max_bytes_for(settings, world))  # the ranks get the resolved value
     output_dir = writable_dir(settings.output_dir, "--output", "runs/demo")
+    check_launch_config(cfg, num_processes=num_processes)
     if cfg.deepspeed is not None:
         check_no_stale_locks()
     requested = settings.backend or (backend.CPU_BACKEND if cfg.use_cpu else None)
