@@ -67,14 +67,14 @@ New fields, all at the end so positional use of TrainingArguments keeps working:
   bounds a rank that is alive but stuck. On creation, where the backend is NCCL, the NCCL defaults of
   `hf_dist_recipes.comm.nccl_defaults` (async error handling, flight recorder dumped into
   `<output_dir>/flight_recorder`; any other backend gets the recorder's buffer size only) are set where the user
-  has not set them, before the process group exists;
-  `nccl_env_applied` keeps what was set. Where CUDA is used, `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` is
-  set the same way, before CUDA initialises, unless the allocator was configured (`environment.alloc_defaults`);
-  `env_applied` keeps every variable set (the NCCL defaults and this one); `process_setup` lists each of them and the
-  collective timeout with when it was applied (`comm.process_setup.ProcessSetting`: before the process group
-  existed, after it, or too late). A group that existed before the arguments (a script's own TrainingArguments made
-  it, and RecipeTrainer upgraded them) read none of these variables: one warning names them with the fix; on NCCL it
-  is an error unless `allow_late_process_setup=True`;
+  has not set them, before the process group exists. Where CUDA is used, `PYTORCH_CUDA_ALLOC_CONF=
+  expandable_segments:True` is set the same way, before CUDA initialises, unless the allocator was configured
+  (`environment.alloc_defaults`). This process's record (`comm.process_setup.current()`, `trainer.runtime.process`;
+  not the arguments': they are the process's facts) keeps every variable set (`env_applied`, of which
+  `nccl_env_applied`), each of them and the collective timeout with when it was applied (`settings`: before the
+  process group existed, after it, or too late), and the seeding (`seed_report`). A group that existed before the
+  arguments (a script's own TrainingArguments made it, and RecipeTrainer upgraded them) read none of these
+  variables: one warning names them with the fix; on NCCL it is an error unless `allow_late_process_setup=True`;
 - `expert_bias_balancing` (default True): a model whose MoE routers choose experts with DeepSeek-V3's correction
   bias (`e_score_correction_bias`) gets `ExpertBiasBalancer()` (`hf_dist_recipes.moe.expert_balance`), which moves
   that bias towards even expert load after every optimizer step (one you registered, with your gamma, takes its
@@ -131,7 +131,7 @@ from hf_dist_recipes.parallel.chunked_loss import validate_loss_chunk_tokens
 from hf_dist_recipes.parallel.deepspeed_view import DeepSpeedView
 from hf_dist_recipes.parallel.plan_record import recorded_plan
 from hf_dist_recipes.reproducibility.rank_agreement import SeedCheck, validate_policy, validate_rank_check_steps
-from hf_dist_recipes.reproducibility.seeding import SeedReport, seed_everything, validate_seed
+from hf_dist_recipes.reproducibility.seeding import seed_everything, validate_seed
 from hf_dist_recipes.schedules.scheduler_kwargs import RECIPE_SCHEDULER, schedule_kwargs_into_fields
 from hf_dist_recipes.schedules.warmup_cosine import (
     DEFAULT_NUM_CYCLES,
@@ -391,16 +391,9 @@ class RecipeTrainingArguments(TrainingArguments):
     max_unpartitioned_model_bytes: int | None = _derived(None, "max_unpartitioned_model_size in bytes; None: no check")
     launch_plan: dict = _derived(dict, "the plan recorded in the DeepSpeed config (`parallel.plan_record`); {} if none")
     autotp_size: int = _derived(1, "DeepSpeed AutoTP degree of the DeepSpeed config the arguments read (1: no TP)")
-    tp_batch_note: str | None = _derived(None, "what the DeepSpeed batch fix under AutoTP changed, in words")
     activation_checkpointing_from_plan: bool = _derived(
         False, "activation_checkpointing was chosen by the launch plan (RecipeTrainer may turn it off), not the user"
     )
-    nccl_env_applied: dict = _derived(dict, "NCCL environment variables set on creation (`comm.nccl_defaults`)")
-    env_applied: dict = _derived(dict, "every environment variable set on creation (NCCL's and the allocator's)")
-    process_setup: tuple = _derived(
-        tuple, "what creation applied to the process and when, around the process group (`comm.process_setup`)"
-    )
-    seed_report: SeedReport | None = _derived(None, "this process's seeding on creation (`seed_everything`)")
     replaced_defaults: tuple = _derived(
         tuple,
         "((field, the user's class's default, the recipe's value), ...): the stock defaults an upgrade of the user's "
@@ -430,7 +423,7 @@ class RecipeTrainingArguments(TrainingArguments):
             self.logging_dir = os.path.join(self.output_dir, "tensorboard")
         # Last, so nothing above draws from the seeded state: a model built after the arguments (the order of the
         # HF examples, without set_seed) gets the same weights on every run.
-        self.seed_report = seed_everything(self.seed, deterministic=self.full_determinism)
+        process_setup.record(seed_report=seed_everything(self.seed, deterministic=self.full_determinism))
 
     def validate(self) -> None:
         """The recipe's checks of every field it adds or changes (ValueError naming the fix), and the fields derived
@@ -480,7 +473,7 @@ class RecipeTrainingArguments(TrainingArguments):
         if not gpus and not self.use_cpu:
             # Without use_cpu a CPU-only torchrun run counts world_size 1 and fills DeepSpeed's batch wrongly.
             self.use_cpu = True
-        self.tp_batch_note = self._fix_deepspeed_batch()
+        self._fix_deepspeed_batch()
         if self.loss_chunk_tokens is None:  # the plan's memory estimate counted one chunk's logits, not all of them
             self.loss_chunk_tokens = self.launch_plan.get("loss_chunk_tokens")
         if self.loss_chunk_tokens != 0:
@@ -567,9 +560,9 @@ def recipe_arguments(base: type[TrainingArguments]) -> type[RecipeTrainingArgume
 
 def apply_process_effects(args: RecipeTrainingArguments, *, group_existed: bool | None = None) -> None:
     """What creating the arguments changes for the whole process, after `args.validate()`; run once by
-    `__post_init__` before the stock post-init (seeding, last, is the post-init's own). Records in
-    `args.nccl_env_applied` and `args.env_applied` the environment variables it set, and in `args.process_setup`
-    each with when (`group_existed`: the process group existed before the arguments; None: look now).
+    `__post_init__` before the stock post-init (seeding, last, is the post-init's own). Starts this process's record
+    (`comm.process_setup.current()`) with the environment variables it set, each with when (`group_existed`: the
+    process group existed before the arguments; None: look now).
 
     - `TORCH_EXTENSIONS_DIR` (when unset) at a node-local folder: before DeepSpeed builds or loads any op (on GPU
       hosts the stock post-init already starts DeepSpeed's comm: accelerate 1.16 PartialState ->
@@ -585,31 +578,32 @@ def apply_process_effects(args: RecipeTrainingArguments, *, group_existed: bool 
       example;
     - after a launcher's restart (`--max_restarts`), this attempt's own rendezvous (`comm.restarts`)."""
     extensions.use_node_local_extensions_dir()
-    args.nccl_env_applied = (
+    nccl = (
         apply_nccl_env_defaults(args.output_dir or "trainer_output") if args.ddp_backend == backend.GPU_BACKEND else {}
     )
     gpus = 0 if args.use_cpu else backend.cuda_device_count()
     # Any other backend (Gloo) keeps the flight recorder on too: every rank dumps it when a job hangs.
     recorder = apply_flight_recorder_env_defaults() if args.ddp_backend != backend.GPU_BACKEND else {}
-    args.env_applied = {**args.nccl_env_applied, **recorder, **(apply_alloc_conf_default() if gpus else {})}
+    applied = {**nccl, **recorder, **(apply_alloc_conf_default() if gpus else {})}
     if group_existed is None:
         group_existed = process_setup.group_exists()
     if not group_existed:
         fresh_rendezvous_after_restart()  # a restarted rank meets its peers in a store of its own attempt
-    args.process_setup = tuple(process_setup.environment_settings(args.env_applied, group_existed=group_existed))
+    settings = tuple(process_setup.environment_settings(applied, group_existed=group_existed))
+    process_setup.record(fresh=True, nccl_env_applied=nccl, env_applied=applied, settings=settings)
     if args.autotp_size > 1:
         compat_transformers.allow_weight_conversions_under_training_autotp()
 
 
 def apply_group_effects(args: RecipeTrainingArguments, *, group_existed: bool) -> None:
     """After the stock post-init, which creates the process group on a multi-process launch: every group's collective
-    timeout becomes `ddp_timeout` (`comm.process_setup.apply_startup_timeout`), recorded in `args.process_setup`,
+    timeout becomes `ddp_timeout` (`comm.process_setup.apply_startup_timeout`), recorded in the process's record,
     before the script loads its model. Then what could not take effect because the group existed before the
     arguments (`group_existed`: a script's own TrainingArguments made it) is named in one warning with the fix, an
     error on NCCL unless `allow_late_process_setup` (`comm.process_setup.check_late_setup`)."""
     timeout = process_setup.apply_startup_timeout(args.ddp_timeout, group_existed=group_existed)
     if timeout is not None:
-        args.process_setup = (*args.process_setup, timeout)
+        process_setup.record(settings=(*process_setup.current().settings, timeout))
     base = getattr(type(args), "_recipe_base", None)  # set on a Recipe<C> (argument_classes)
     arguments = (
         "RecipeTrainingArguments(...)"
@@ -618,7 +612,7 @@ def apply_group_effects(args: RecipeTrainingArguments, *, group_existed: bool) -
         f"argument_classes: a {base.__name__} with the recipe)"
     )
     process_setup.check_late_setup(
-        list(args.process_setup),
+        list(process_setup.current().settings),
         group_existed=group_existed,
         arguments=arguments,
         backend=process_setup.group_backend(),

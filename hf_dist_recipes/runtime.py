@@ -17,7 +17,8 @@ the trainer and the callbacks talk through declared methods, and neither looks t
   `log_history`, which a resume must reproduce) and `rank` (this rank's own values and event texts: its TensorBoard
   run and its summary only).
 - `rank_metrics`: the per-rank counters (loss, tokens, step time) the micro steps feed, read by the TensorBoard and
-  summary callbacks; `seed_report`: this process's seeding.
+  summary callbacks; `process`: what creating the arguments did to this process (the environment variables set,
+  each with when, and the seeding: `comm.process_setup.ProcessRecord`), kept off the arguments object.
 
 Tools that read a finished run's files build their own `RankLayout` (checkpoint/zero_files.py, logs/aggregate.py,
 preflight/training/verdicts.py): they describe another job, not the running one.
@@ -33,10 +34,10 @@ from numbers import Number
 import torch
 from transformers import TrainerCallback
 
+from hf_dist_recipes.comm.process_setup import ProcessRecord, current
 from hf_dist_recipes.core.layout import RankLayout
 from hf_dist_recipes.monitoring.rank_metrics import RankMetrics
 from hf_dist_recipes.parallel.deepspeed_view import DeepSpeedView
-from hf_dist_recipes.reproducibility.seeding import SeedReport
 
 
 @dataclass(frozen=True)
@@ -139,9 +140,9 @@ class RecipeRuntime:
     adds; one built by hand (`RecipeRuntime(facts)`; no facts: a one-process job) serves a test or a tool that
     drives the callbacks itself."""
 
-    def __init__(self, facts: JobFacts | None = None, seed_report: SeedReport | None = None):
+    def __init__(self, facts: JobFacts | None = None, process: ProcessRecord | None = None):
         self.facts = facts if facts is not None else JobFacts()  # default: a one-process job
-        self.seed_report = seed_report
+        self.process = process if process is not None else ProcessRecord()
         self.logs = LogSink()
         self.rank_metrics = RankMetrics()
         # What the trainer fed so far ("loss", "micro_step"): an override of compute_loss or training_step that
@@ -149,10 +150,16 @@ class RecipeRuntime:
         self.fed: set[str] = set()
 
     @classmethod
-    def for_trainer(cls, trainer, seed_report: SeedReport | None) -> RecipeRuntime:
-        """The runtime of `trainer` (after `Trainer.__init__`: the accelerator knows the DeepSpeed config)."""
+    def for_trainer(cls, trainer) -> RecipeRuntime:
+        """The runtime of `trainer` (after `Trainer.__init__`: the accelerator knows the DeepSpeed config; the
+        process record is its arguments', made last)."""
         ds = trainer.accelerator.state.deepspeed_plugin.hf_ds_config.config if trainer.is_deepspeed_enabled else None
-        return cls(JobFacts.read(trainer.args, ds), seed_report)
+        return cls(JobFacts.read(trainer.args, ds), current())
+
+    @property
+    def seed_report(self):
+        """This process's seeding when the arguments were created (`SeedReport`; None without recipe arguments)."""
+        return self.process.seed_report
 
     def micro_step(self, loss: torch.Tensor, inputs) -> None:
         """What `training_step` returned for one micro-batch, and the batch: this rank's counters."""

@@ -131,7 +131,7 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         # The run's facts, feeds and log sink, handed to every recipe callback (hf_dist_recipes.runtime). Its facts
         # hold the DeepSpeed config as the arguments made it, before an evaluation can finalize it for inference.
         check_not_fp8(self.model)  # before any engine: DeepSeek's published FP8 weights, loaded as they are
-        self.runtime = RecipeRuntime.for_trainer(self, args.seed_report)
+        self.runtime = RecipeRuntime.for_trainer(self)
         if self.runtime.facts.zero_stage == 3 and self.model is not None:
             check_partitioned(self.model, limit_bytes=args.max_unpartitioned_model_bytes, world_size=args.world_size)
         registered = {type(c) for c in held}

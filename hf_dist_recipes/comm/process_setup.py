@@ -19,19 +19,23 @@ Two routes reach the recipe's arguments (issue 30 section 1):
   error unless `allow_late_process_setup=True` (or `HF_DIST_RECIPES_ALLOW_LATE_PROCESS_SETUP=1`, for arguments
   that have no such field).
 
-Each route records what it applied as `args.process_setup`, one `ProcessSetting` per variable and one for the
-collective timeout, so that both can be compared (tests/support/process_state.py).
+Each route records what it applied in this process's `ProcessRecord` (`current()`): the variables set, one
+`ProcessSetting` per variable and one for the collective timeout (so that both routes can be compared:
+tests/support/process_state.py), and the seeding. These are the process's facts, not the arguments': they live here,
+not on the arguments object the user builds and pickles, and `RecipeRuntime.process` is the record in force when
+the trainer was built.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from hf_dist_recipes._compat import torch as compat_torch
 from hf_dist_recipes.comm.nccl_defaults import ALIASES
+from hf_dist_recipes.reproducibility.seeding import SeedReport
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +63,34 @@ class ProcessSetting:
     @property
     def late(self) -> bool:
         return self.when == TOO_LATE
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """What the latest creation of the recipe's arguments did to this process (module docstring): `env_applied`,
+    every environment variable it set (`nccl_env_applied`: those of `comm.nccl_defaults`); `settings`, each of them
+    and the collective timeout with when, around the process group; `seed_report`, the seeding it did."""
+
+    nccl_env_applied: dict[str, str] = field(default_factory=dict)
+    env_applied: dict[str, str] = field(default_factory=dict)
+    settings: tuple[ProcessSetting, ...] = ()
+    seed_report: SeedReport | None = None
+
+
+_record = ProcessRecord()
+
+
+def current() -> ProcessRecord:
+    """This process's record (empty before any recipe arguments were created)."""
+    return _record
+
+
+def record(*, fresh: bool = False, **facts) -> ProcessRecord:
+    """Put `facts` (fields of `ProcessRecord`) into this process's record, a new one with `fresh` (a creation of the
+    arguments starts one); returns it."""
+    global _record
+    _record = replace(ProcessRecord() if fresh else _record, **facts)
+    return _record
 
 
 def group_exists() -> bool:

@@ -5,8 +5,8 @@ modules, the per-expert token batches and the all-to-all buffers change size fro
 fragments the caching allocator into blocks too small to reuse; expandable segments grow one mapping per stream
 instead (`planning.zero_buffers.recommended_env`). The memory estimate's allowance (`planning.memory`: 2 GiB plus
 10% of the transient peak) assumes it, so `RecipeTrainingArguments` sets it on hosts where CUDA is used (the same
-place and order as the NCCL defaults of `nccl_defaults`: before anything initialises CUDA) and lists it in
-`args.env_applied`.
+place and order as the NCCL defaults of `nccl_defaults`: before anything initialises CUDA) and records it in the
+process's `env_applied` (`comm.process_setup.current()`).
 
 A user value is kept: torch 2.13 reads `PYTORCH_CUDA_ALLOC_CONF`, else `PYTORCH_ALLOC_CONF` (its newer, generic
 name), and on ROCm `PYTORCH_HIP_ALLOC_CONF` (`c10/cuda/CUDAAllocatorConfig.h`, `CUDAAllocatorConfig::instance`);

@@ -89,10 +89,10 @@ class RankSummaryCallback(RecipeCallback):
             "logging_dir": self.logging_dir,
             # The NCCL defaults RecipeTrainingArguments set because nobody had (hf_dist_recipes.comm.nccl_defaults), and
             # every environment default it set, the CUDA allocator's included (environment.alloc_defaults).
-            "nccl_env_applied": dict(getattr(args, "nccl_env_applied", None) or {}),
-            "env_applied": dict(getattr(args, "env_applied", None) or {}),
+            "nccl_env_applied": dict(self.runtime.process.nccl_env_applied),
+            "env_applied": dict(self.runtime.process.env_applied),
             # Each of them and the collective timeout with when, around the process group (comm.process_setup).
-            "process_setup": [dataclasses.asdict(s) for s in getattr(args, "process_setup", None) or ()],
+            "process_setup": [dataclasses.asdict(s) for s in self.runtime.process.settings],
             "events": list(self.events),
         }
         identity = getattr(self, "_identity", None)

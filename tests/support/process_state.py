@@ -1,6 +1,6 @@
 """The process state of a recipe job when training begins, read from outside the recipe (issue 30 section 1): every
 process group's collective timeout, read back from torch's Gloo backend as tests/unit/test_watchdog.py reads it,
-the arguments' `ddp_timeout`, what the arguments say they applied and when (`args.process_setup`), and the
+the arguments' `ddp_timeout`, what the arguments say they applied and when (`comm.process_setup.current()`), and the
 recipe's warnings while the arguments and the trainer were made.
 
 A script's own `TrainingArguments` (the plain route: its post-init creates the process group before RecipeTrainer
@@ -30,13 +30,15 @@ def read_process_state(args) -> dict:
     from torch.distributed import distributed_c10d
 
     groups = [g for g in distributed_c10d._world.pg_map if not distributed_c10d._rank_not_in_group(g)]
-    setup = getattr(args, "process_setup", None)
+    from hf_dist_recipes.comm.process_setup import current
+
+    record = current()
     return {
         "default_group_timeout_s": group_timeout_s(dist.group.WORLD),
         "group_timeouts_s": sorted(group_timeout_s(g) for g in groups),
         "ddp_timeout": args.ddp_timeout,
-        "process_setup": None if setup is None else [dataclasses.asdict(s) for s in setup],
-        "env_applied": dict(getattr(args, "env_applied", None) or {}),
+        "process_setup": [dataclasses.asdict(s) for s in record.settings] or None,
+        "env_applied": dict(record.env_applied),
     }
 
 
@@ -84,7 +86,7 @@ def check_process_state(state: dict, warnings: list[str], *, rank: int, group_be
     assert state["default_group_timeout_s"] == ddp_timeout, state
     assert set(state["group_timeouts_s"]) == {ddp_timeout}, state
     setup = state["process_setup"]
-    assert setup is not None, "the arguments list nothing they applied (args.process_setup)"
+    assert setup is not None, "the arguments recorded nothing they applied (comm.process_setup.current())"
     assert sorted((s["name"], s["value"]) for s in setup) == expected_settings(ddp_timeout), setup
     assert state["env_applied"] == dict(FLIGHT_RECORDER_ENV_DEFAULTS), state
     when = {s["name"]: s["when"] for s in setup}

@@ -18,6 +18,7 @@ from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 from hf_dist_recipes import RecipeTrainer, RecipeTrainerMixin, RecipeTrainingArguments, recipe
 from hf_dist_recipes._compat import transformers as compat_transformers
 from hf_dist_recipes.argument_classes import recipe_arguments_class
+from hf_dist_recipes.comm import process_setup
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 from tests.support.models import SMALL
@@ -69,7 +70,7 @@ def test_user_subclass_keeps_fields_methods_defaults_and_post_init(tmp_path):
     assert args.teacher_temperature == 4.0 and args.scaled(8.0) == 2.0  # 8 / 4
     assert args.learning_rate == 1e-3  # the subclass's own default, not the stock 5e-5
     assert args.warmup_steps == 3  # the user's choice beats the recipe's 0.05
-    assert args.post_init_ran and args.seed_report is not None  # both post-inits ran
+    assert args.post_init_ran and process_setup.current().seed_report.seed == args.seed  # both post-inits ran
     # A field the subclass declares keeps its help for HfArgumentParser.
     fields = {f.name: f for f in dataclasses.fields(args)}
     assert fields["teacher_temperature"].metadata["help"] == "Softmax temperature of the teacher."

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from hf_dist_recipes import RecipeTrainingArguments
+from hf_dist_recipes.comm import process_setup
 from hf_dist_recipes.environment import cuda_host
 from hf_dist_recipes.environment.cuda_host import check_torch_sees_gpus
 
@@ -251,7 +252,8 @@ def test_an_explicit_cpu_request_with_visible_gpus_chooses_gloo_and_fp32(tmp_pat
     monkeypatch.delenv("HF_DIST_RECIPES_USE_CPU", raising=False)
     args = RecipeTrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True)
     # Without the request the same host gets NCCL and bf16 (tests/unit/test_precision.py); asked, the CPU's choices.
-    assert args.use_cpu is True and args.ddp_backend is None and args.bf16 is False and args.nccl_env_applied == {}
+    assert args.use_cpu is True and args.ddp_backend is None and args.bf16 is False
+    assert process_setup.current().nccl_env_applied == {}
 
 
 def test_accelerates_deepspeed_launcher_passes_no_use_cpu_on():

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hf_dist_recipes.comm import process_setup
 from hf_dist_recipes.comm.nccl_defaults import (
     ALIASES,
     FLIGHT_RECORDER_ENV_DEFAULTS,
@@ -119,9 +120,9 @@ def test_a_cpu_host_gets_the_flight_recorder_only(tmp_path, monkeypatch):
 
     _cpu_host(monkeypatch, tmp_path)
     _unset(monkeypatch, ())
-    args = RecipeTrainingArguments(output_dir=str(tmp_path))
-    assert args.nccl_env_applied == {}
-    assert args.env_applied == FLIGHT_RECORDER_ENV_DEFAULTS == {"TORCH_FR_BUFFER_SIZE": "2000"}
+    RecipeTrainingArguments(output_dir=str(tmp_path))
+    assert process_setup.current().nccl_env_applied == {}
+    assert process_setup.current().env_applied == FLIGHT_RECORDER_ENV_DEFAULTS == {"TORCH_FR_BUFFER_SIZE": "2000"}
     assert os.environ["TORCH_FR_BUFFER_SIZE"] == "2000" and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in os.environ
     assert not (tmp_path / "flight_recorder").exists()  # Gloo writes no dump of its own: nothing to point at
 
@@ -203,8 +204,9 @@ def test_a_user_alloc_conf_is_kept_and_a_cpu_host_gets_none(tmp_path, monkeypatc
     monkeypatch.delenv("PYTORCH_ALLOC_CONF")
     monkeypatch.delenv("LOCAL_RANK")  # one process on its own again
     _cpu_host(monkeypatch, tmp_path)  # nothing set or listed
-    args = RecipeTrainingArguments(output_dir=str(tmp_path))
-    assert set(args.env_applied) <= set(FLIGHT_RECORDER_ENV_DEFAULTS) and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
+    RecipeTrainingArguments(output_dir=str(tmp_path))
+    assert set(process_setup.current().env_applied) <= set(FLIGHT_RECORDER_ENV_DEFAULTS)
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
 
 
 _RECORDER_PROCESS = """

@@ -26,6 +26,7 @@ from hf_dist_recipes.comm.process_setup import (
     ProcessSetting,
     apply_startup_timeout,
     check_late_setup,
+    current,
     environment_settings,
 )
 
@@ -145,7 +146,7 @@ def test_recipe_arguments_made_after_the_group_fix_its_timeout_and_name_the_rest
     gloo_group()
     with caplog.at_level(logging.WARNING, logger="hf_dist_recipes"):
         args = RecipeTrainingArguments(output_dir=str(tmp_path))
-    assert args.process_setup == (
+    assert current().settings == (
         *(ProcessSetting(name, value, TOO_LATE) for name, value in FLIGHT_RECORDER_ENV_DEFAULTS.items()),
         ProcessSetting(COLLECTIVE_TIMEOUT, "7200", AFTER_GROUP, previous="1800"),
     )
@@ -158,8 +159,8 @@ def test_recipe_arguments_without_a_group_apply_everything_before_it(no_recorder
     from hf_dist_recipes import RecipeTrainingArguments
 
     monkeypatch.setattr("hf_dist_recipes.comm.backend.cuda_device_count", lambda: 0)
-    args = RecipeTrainingArguments(output_dir=str(tmp_path))
-    assert args.process_setup == tuple(
+    RecipeTrainingArguments(output_dir=str(tmp_path))
+    assert current().settings == tuple(
         ProcessSetting(name, value, BEFORE_GROUP) for name, value in FLIGHT_RECORDER_ENV_DEFAULTS.items()
     )
 
