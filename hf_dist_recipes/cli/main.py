@@ -10,6 +10,7 @@ summarize` does not pay for importing `config`'s YAML and plan machinery or `dem
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from importlib import import_module
@@ -21,6 +22,8 @@ from hf_dist_recipes.core.findings import EXIT_USAGE
 SUBCOMMANDS = ("demo", "config", "checkpoint", "logs", "doctor", "pin", "commbench", "calibrate", "preflight")
 USAGE_ERROR = EXIT_USAGE  # the command could not do its job: a usage error, an input it cannot read
 BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer that `| head` closed
+# Reading a DeepSpeed JSON imports DeepSpeed, which logs this to stdout on hosts without a GPU: a refusal's second line
+logging.getLogger("DeepSpeed").addFilter(lambda rec: not rec.getMessage().startswith("Setting accelerator to CPU"))
 
 
 def _version() -> str:

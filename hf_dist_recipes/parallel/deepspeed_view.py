@@ -55,12 +55,16 @@ class DeepSpeedView:
         from deepspeed.runtime import config as ds  # the section readers DeepSpeedConfig itself calls
 
         # AutoEP's section as written: DeepSpeed takes any true `enabled` (even "auto") as on
-        known = {k: v if k == "expert_parallel" or not isinstance(v, dict) else _known(v) for k, v in config.items()}
+        known = {
+            k: {n: x for n, x in v.items() if x != AUTO} if isinstance(v, dict) and k != "expert_parallel" else v
+            for k, v in config.items()
+        }
         zero = _parse("zero_optimization", ds.get_zero_config, known)
         tensor_parallel = _parse("tensor_parallel", ds.get_tensor_parallel_config, known)
         expert_parallel = _parse("expert_parallel", ds.get_expert_parallel_config, known)
         bfloat16, float16 = _parse("bf16", ds.get_bfloat16_config, known), _parse("fp16", ds.get_float16_config, known)
         ep, ep_section = bool(expert_parallel.enabled), config.get("expert_parallel")
+        opt, par = zero.offload_optimizer, zero.offload_param  # offload: device cpu or nvme (zero_use_cpu_optimizer)
         return cls(
             zero=zero,
             tensor_parallel=tensor_parallel,
@@ -68,8 +72,8 @@ class DeepSpeedView:
             bfloat16=bfloat16,
             float16=float16,
             stage=None if _auto(config.get("zero_optimization"), "stage") else int(zero.stage),
-            offload_optimizer=_offload_device(zero.offload_optimizer),
-            offload_param=_offload_device(zero.offload_param),
+            offload_optimizer=opt.device if opt is not None and opt.device != "none" else None,
+            offload_param=par.device if par is not None and par.device != "none" else None,
             tp=_count(tensor_parallel.autotp_size or 1, "tensor_parallel.autotp_size", auto=False),
             ep_enabled=ep,
             ep=_count(expert_parallel.autoep_size, "expert_parallel.autoep_size", auto=False) if ep else 1,
@@ -91,10 +95,6 @@ class DeepSpeedView:
 _EP_IGNORED = 'expert_parallel without enabled: true is ignored by DeepSpeed (AutoEP off); set "enabled": true'
 
 
-def _known(section: dict) -> dict:
-    return {k: v for k, v in section.items() if v != AUTO}
-
-
 def _auto(section, key: str) -> bool:
     return isinstance(section, dict) and section.get(key) == AUTO
 
@@ -114,8 +114,3 @@ def _count(value, key: str, *, auto: bool = True) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"DeepSpeed {key} must be a positive integer{AUTO_TOO if auto else ''}, got {value!r}")
     return value
-
-
-def _offload_device(section) -> str | None:
-    """The engine's offload test (`zero_use_cpu_optimizer`): the device when it is cpu or nvme, else None."""
-    return section.device if section is not None and section.device in ("cpu", "nvme") else None
