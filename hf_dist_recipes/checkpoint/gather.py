@@ -37,6 +37,7 @@ from hf_dist_recipes._compat.deepspeed import (
     zero_param_id,
 )
 from hf_dist_recipes._compat.torch import non_persistent_buffer_names
+from hf_dist_recipes.core.gather import process_rank
 
 Receivers = Callable[[str], Collection[int]]  # group key -> the global ranks that receive that group's tensors
 _GROUP_KEY = re.compile(r"^(.*?\.\d+)\.")  # "model.layers.3.mlp.gate.weight" -> "model.layers.3"
@@ -65,10 +66,6 @@ def _own_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     skipped = non_persistent_buffer_names(module)
     tensors += [(n, b) for n, b in module.named_buffers(recurse=False) if b is not None and n not in skipped]
     return tensors
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _placeholder(t: torch.Tensor) -> torch.Tensor:
@@ -102,7 +99,7 @@ def _gather_experts_into(out: torch.Tensor | None, local: torch.Tensor, layer, r
     members = dist.get_process_group_ranks(group)
     owners = [autoep_experts_for_rank(layer.placement, r) for r in range(size)]
     for dst in sorted(set(receivers) & set(members)):
-        receiving = dist.get_rank() == dst
+        receiving = dist.getprocess_rank() == dst
         if receiving and out is None:
             raise ValueError(f"rank {dst} receives the experts but has no tensor to receive them into")
         direct = receiving and local.device.type == "cpu"
@@ -133,7 +130,7 @@ def _autoep_layer_tensors(
             f"DeepSpeed has no AutoEP preset named {layer.model_family!r}: this DeepSpeed version's AutoEP layers "
             "are not understood by hf_dist_recipes.checkpoint.gather"
         )
-    main = meta or _rank() in receivers
+    main = meta or process_rank() in receivers
     out: dict[str, torch.Tensor] = {}
     # Router: weight (and bias) under the block's router name, the score correction bias wherever the block keeps it.
     router = {k: v for k, v in _gathered_values(layer.router, main, meta).items()}
@@ -204,7 +201,7 @@ def _iter_tensors(module: nn.Module, ref: nn.Module, receivers: Receivers, meta:
         for name, t in _autoep_layer_tensors(module, block, receivers(group_key(prefix + "_")), meta).items():
             yield prefix + name, t
         return
-    rank = _rank()
+    rank = process_rank()
     main = meta or any(rank in receivers(group_key(prefix + n)) for n, _ in _own_tensors(module))
     values = _gathered_values(module, main, meta)
     for name, param in _own_tensors(module):

@@ -45,6 +45,7 @@ from hf_dist_recipes._compat.deepspeed import ZeroCheckpointKeys as K
 from hf_dist_recipes.checkpoint.gather import group_key, reference_model
 from hf_dist_recipes.checkpoint.manifest import MANIFEST_NAME, CheckpointLayout, Manifest
 from hf_dist_recipes.checkpoint.zero_files import RankFiles, Rebuilder, resolve_tag_dir, to_hf_names
+from hf_dist_recipes.core.gather import process_rank
 
 MOMENTS = ("exp_avg", "exp_avg_sq")  # Adam's; a checkpoint whose optimizer holds others is refused
 
@@ -229,7 +230,7 @@ class _LiveLayout:
         }
         self.preset = compat_deepspeed.autoep_preset(module.config.model_type)
         self.patterns = compat_deepspeed.autotp_patterns(module)
-        rank = dist.get_rank() if dist.is_initialized() else 0
+        rank = process_rank()
         self.tp_rank, self.tp = rank % target.tp, target.tp
 
     def values(self, key: str, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

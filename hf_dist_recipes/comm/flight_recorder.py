@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hf_dist_recipes.core.files import write_atomically
+from hf_dist_recipes.core.gather import process_rank
 
 FLIGHT_RECORDER_DIR = "flight_recorder"
 FLIGHT_RECORDER_PREFIX = "rank_"  # torch's dump (ours and NCCL's own) is <prefix><global rank>
@@ -156,14 +157,6 @@ def stacks_text(stacks: list[ThreadStack]) -> str:
     return "\n\n".join(blocks) + "\n"
 
 
-def _global_rank() -> int:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return int(os.environ.get("RANK", "0"))
-
-
 def dump_rank_state(
     output_dir: str | os.PathLike,
     reason: str,
@@ -180,7 +173,7 @@ def dump_rank_state(
 
     if reason not in REASONS:
         raise ValueError(f"reason={reason!r}: use one of {', '.join(REASONS)}")
-    rank = _global_rank() if rank is None else rank
+    rank = process_rank() if rank is None else rank
     directory = flight_recorder_dir(output_dir)
     directory.mkdir(parents=True, exist_ok=True)
     stacks = thread_stacks(error_frames(error) if error is not None else None)

@@ -35,6 +35,7 @@ from typing import Literal
 
 from hf_dist_recipes._compat import torch as compat_torch
 from hf_dist_recipes.comm.nccl_defaults import ALIASES
+from hf_dist_recipes.core.gather import process_rank
 from hf_dist_recipes.reproducibility.seeding import SeedReport
 
 logger = logging.getLogger(__name__)
@@ -182,7 +183,7 @@ def check_late_setup(
             f"{message}; or accept torch's values: allow_late_process_setup=True (arguments without that field: "
             f"{ALLOW_LATE_ENV}=1)"
         )
-    if os.environ.get("RANK", "0") == "0":
+    if process_rank() == 0:
         logger.warning(message)
 
 

@@ -329,11 +329,11 @@ class HangWatchdogCallback(RecipeCallback):
             # first step sets step_timeout.
             compat_torch.set_collective_timeout(self.startup_timeout)
         self.output_dir, self.step = args.output_dir, state.global_step
+        rank, world = self.runtime.facts.rank, self.runtime.facts.layout.world
         self.dump = AutomaticDump(args.output_dir)
         if self.fatal_stacks is None:
-            self.fatal_stacks = FatalStacks(args.output_dir, dist.get_rank())
+            self.fatal_stacks = FatalStacks(args.output_dir, rank)
         if self.signal_dump is None and threading.current_thread() is threading.main_thread():
-            rank = dist.get_rank()
             self.signal_dump = SignalDump(
                 args.output_dir,
                 describe=lambda: f" (rank {rank}, step {self.step})",
@@ -345,8 +345,8 @@ class HangWatchdogCallback(RecipeCallback):
         if self.peer_timeout and self.watchdog is None:
             self.watchdog = HeartbeatWatchdog(
                 compat_torch.default_store(),
-                dist.get_rank(),
-                dist.get_world_size(),
+                rank,
+                world,
                 self.peer_timeout,
                 on_lost=self._on_lost,
                 output_dir=args.output_dir,

@@ -22,6 +22,16 @@ def distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def process_rank() -> int:
+    """This process's global rank where no runtime holds it (the arguments' seeding, a hang's dump, a CLI worker):
+    the process group's when one exists, else the launcher's `RANK`, else 0."""
+    import os
+
+    import torch.distributed as dist
+
+    return dist.get_rank() if distributed() else int(os.environ.get("RANK", "0"))
+
+
 def gather_objects(obj: T, group=None) -> list[T]:
     """Every rank's `obj`, in rank order (of `group`, default the world); `[obj]` without a process group."""
     import torch.distributed as dist

@@ -25,7 +25,7 @@ import warnings
 from pathlib import Path
 
 from hf_dist_recipes.core.files import write_atomically
-from hf_dist_recipes.core.gather import gather_objects
+from hf_dist_recipes.core.gather import gather_objects, process_rank
 from hf_dist_recipes.preflight.result import CHECKS, ERROR, CheckResult, PreflightReport, worst
 
 REPORT_FILENAME = "preflight_report.json"
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=r".*is deprecated. Please use `torch.distributed", category=FutureWarning)
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    rank, world = process_rank(), int(os.environ.get("WORLD_SIZE", 1))
     reporter = Reporter(rank, output_dir, args.config_file, world)
     try:
         create_process_group(output_dir, args.collective_timeout_s, args.seed)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hf_dist_recipes.core.gather import process_rank
 from hf_dist_recipes.core.user_values import setting
 
 MAX_SEED = 2**32 - 1  # NumPy's legacy seeding refuses anything larger
@@ -35,13 +36,6 @@ class SeedReport:
     rank: int
     fingerprint: str
     deterministic: bool
-
-
-def current_rank() -> int:
-    """This process's global rank: from torch.distributed when initialised, else the launcher's RANK, else 0."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank()
-    return int(os.environ.get("RANK", "0"))
 
 
 def rng_fingerprint() -> str:
@@ -81,4 +75,4 @@ def seed_everything(seed: int, *, deterministic: bool = False) -> SeedReport:
         from transformers.trainer_utils import enable_full_determinism
 
         enable_full_determinism(seed)
-    return SeedReport(seed=seed, rank=current_rank(), fingerprint=rng_fingerprint(), deterministic=deterministic)
+    return SeedReport(seed=seed, rank=process_rank(), fingerprint=rng_fingerprint(), deterministic=deterministic)
