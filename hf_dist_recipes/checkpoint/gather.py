@@ -99,7 +99,7 @@ def _gather_experts_into(out: torch.Tensor | None, local: torch.Tensor, layer, r
     members = dist.get_process_group_ranks(group)
     owners = [autoep_experts_for_rank(layer.placement, r) for r in range(size)]
     for dst in sorted(set(receivers) & set(members)):
-        receiving = dist.getprocess_rank() == dst
+        receiving = dist.get_rank() == dst
         if receiving and out is None:
             raise ValueError(f"rank {dst} receives the experts but has no tensor to receive them into")
         direct = receiving and local.device.type == "cpu"
