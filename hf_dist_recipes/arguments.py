@@ -391,6 +391,7 @@ class RecipeTrainingArguments(TrainingArguments):
     max_unpartitioned_model_bytes: int | None = _derived(None, "max_unpartitioned_model_size in bytes; None: no check")
     launch_plan: dict = _derived(dict, "the plan recorded in the DeepSpeed config (`parallel.plan_record`); {} if none")
     autotp_size: int = _derived(1, "DeepSpeed AutoTP degree of the DeepSpeed config the arguments read (1: no TP)")
+    tp_batch_note: str | None = _derived(None, "what the DeepSpeed batch fix under AutoTP changed, in words")
     activation_checkpointing_from_plan: bool = _derived(
         False, "activation_checkpointing was chosen by the launch plan (RecipeTrainer may turn it off), not the user"
     )
@@ -473,7 +474,7 @@ class RecipeTrainingArguments(TrainingArguments):
         if not gpus and not self.use_cpu:
             # Without use_cpu a CPU-only torchrun run counts world_size 1 and fills DeepSpeed's batch wrongly.
             self.use_cpu = True
-        self._fix_deepspeed_batch()
+        self.tp_batch_note = self._fix_deepspeed_batch()
         if self.loss_chunk_tokens is None:  # the plan's memory estimate counted one chunk's logits, not all of them
             self.loss_chunk_tokens = self.launch_plan.get("loss_chunk_tokens")
         if self.loss_chunk_tokens != 0:

@@ -80,6 +80,9 @@ def test_the_chunked_loss_trains_to_the_stock_losses_under_zero3(runs):
         assert chunked["lm_head_partitioned"] and chunked["lm_head_max_tokens"] == CHUNK
         # micro steps x (the model's own call + 4 chunks + their recomputation), + the first call's check
         assert chunked["lm_head_calls"] == STEPS * 2 * (1 + 2 * 4) + 1
-        # measured: losses within 5e-7 for two steps, 3e-5 at the third; gradient norms within 3e-4 (relative)
-        assert chunked["losses"] == pytest.approx(rank["losses"], abs=1e-4)
+        # Measured: losses within 5e-7 for two steps; gradient norms within 3e-4 (relative). From the third step the
+        # weights carry two updates from the head's bf16-rounded gradient, whose rounding depends on the host's bf16
+        # kernels (3e-5 on a host without AMX, 4.4e-4 on one with AMX-BF16): within bf16's unit roundoff, 2**-9.
+        assert chunked["losses"][:2] == pytest.approx(rank["losses"][:2], abs=1e-4)
+        assert chunked["losses"][2:] == pytest.approx(rank["losses"][2:], rel=2**-9)
         assert chunked["grad_norms"] == pytest.approx(rank["grad_norms"], rel=1e-3)

@@ -145,7 +145,7 @@ def test_recipe_arguments_closed_sets_are_parser_choices():
 
 def test_fields_set_on_creation_are_not_command_line_options(tmp_path):
     derived = [f.name for f in dataclasses.fields(RecipeTrainingArguments) if not f.init]
-    assert {"launch_plan", "save_shard_bytes", "max_unpartitioned_model_bytes"} <= set(derived)
+    assert {"launch_plan", "save_shard_bytes", "max_unpartitioned_model_bytes", "tp_batch_note"} <= set(derived)
     # What creating them did to the process is the process's record, not theirs (comm.process_setup.current()).
     assert not {"seed_report", "env_applied", "nccl_env_applied", "process_setup"} & set(derived)
     text = HfArgumentParser(RecipeTrainingArguments).format_help()
