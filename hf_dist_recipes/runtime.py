@@ -50,11 +50,7 @@ class JobFacts:
     local_rank: int = 0
     deepspeed: dict | None = None
     launch_plan: dict = field(default_factory=dict)
-
-    @property
-    def zero_stage(self) -> int:
-        """The ZeRO stage of the DeepSpeed config (0 without DeepSpeed, as DeepSpeed's own default)."""
-        return 0 if self.deepspeed is None else DeepSpeedView.read(self.deepspeed).stage or 0
+    zero_stage: int = 0  # of the DeepSpeed config (0 without DeepSpeed, as DeepSpeed's own default)
 
     @classmethod
     def read(cls, args, deepspeed_config: dict | None) -> JobFacts:
@@ -67,7 +63,8 @@ class JobFacts:
         layout = RankLayout(world, view.tp, view.ep) if view is not None else RankLayout(world)
         rank = int(getattr(args, "process_index", 0) or 0)
         local_rank = int(getattr(args, "local_process_index", 0) or 0)
-        return cls(layout, rank, local_rank, ds, dict(getattr(args, "launch_plan", None) or {}))
+        plan = dict(getattr(args, "launch_plan", None) or {})
+        return cls(layout, rank, local_rank, ds, plan, (view.stage or 0) if view is not None else 0)
 
 
 @dataclass
