@@ -9,8 +9,6 @@ numbers are a smoke test of the fabric, not a benchmark: `hf-dist-recipes commbe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
 from hf_dist_recipes.core.sizes import format_size
 from hf_dist_recipes.preflight.result import ERROR, OK, WARNING, CheckResult
 
@@ -28,7 +26,7 @@ def bench_settings():
     return BenchSettings(sizes=parse_sizes(PREFLIGHT_SIZES), iters=5, warmup=2, link_bytes=parse_size("1M"))
 
 
-def communication_check(gather: Callable[[object], list], hosts: Sequence[str]) -> list[CheckResult]:
+def communication_check() -> list[CheckResult]:
     """Check 3 on every rank (the benchmark's collectives involve all); the same results on every rank."""
     import torch
     import torch.distributed as dist
@@ -60,30 +58,21 @@ def interpret(result: dict) -> list[CheckResult]:
                 fix="use the backend the policy picks for the host (NCCL on GPUs)",
             )
         )
-    for link in result["links"]:
-        if link["flagged"]:
-            out.append(
-                CheckResult(
-                    "communication",
-                    WARNING,
-                    f"link rank {link['src']} ({link['src_host']}) -> rank {link['dst']} "
-                    f"({link['dst_host']}): {link['GBps']:.3f} GB/s, below {result['fraction']:.0%} of the median link",
-                    fix=FIX_SLOW,
-                    ranks=(link["src"], link["dst"]),
-                )
-            )
-    for rank in result["ranks"]:
-        if rank["flagged"]:
-            out.append(
-                CheckResult(
-                    "communication",
-                    WARNING,
-                    f"rank {rank['rank']} ({rank['host']}): all-reduce at "
-                    f"{rank['algbw_GBps']:.3f} GB/s, below {result['fraction']:.0%} of the median rank",
-                    fix=FIX_SLOW,
-                    ranks=(rank["rank"],),
-                )
-            )
+    below = f"below {result['fraction']:.0%} of the median"
+    slow = [
+        (
+            f"link rank {x['src']} ({x['src_host']}) -> rank {x['dst']} ({x['dst_host']}): {x['GBps']:.3f} GB/s, "
+            f"{below} link",
+            (x["src"], x["dst"]),
+        )
+        for x in result["links"]
+        if x["flagged"]
+    ] + [
+        (f"rank {x['rank']} ({x['host']}): all-reduce at {x['algbw_GBps']:.3f} GB/s, {below} rank", (x["rank"],))
+        for x in result["ranks"]
+        if x["flagged"]
+    ]
+    out += [CheckResult("communication", WARNING, text, fix=FIX_SLOW, ranks=ranks) for text, ranks in slow]
     timed = [r for r in result["results"] if r["time_us"] is not None]
     summary = {
         r["op"]: r for r in timed if r["size_bytes"] == max(x["size_bytes"] for x in timed if x["op"] == r["op"])

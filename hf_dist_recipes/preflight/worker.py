@@ -129,7 +129,7 @@ def run_checks(args: argparse.Namespace, reporter: Reporter, rank: int, world: i
     reporter.finish(2, "backend", env_checks.backend_check(gather_objects, hosts))
 
     reporter.start(3, "communication")
-    reporter.finish(3, "communication", comm_checks.communication_check(gather_objects, hosts))
+    reporter.finish(3, "communication", comm_checks.communication_check())
 
     reporter.start(4, "plan")
     models = plan = None

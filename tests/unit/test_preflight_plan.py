@@ -162,8 +162,13 @@ def test_commbench_flags_become_warnings_naming_the_link():
     }
     [r] = interpret(result)
     assert r.status == WARNING and r.ranks == (0, 1) and "rank 0 (a) -> rank 1 (b)" in r.detail
+    assert r.detail.startswith("link rank 0 (a) -> rank 1 (b): 0.100 GB/s, below 50% of the median link")
     links[0]["flagged"] = False
     assert [x.status for x in interpret(result)] == [OK]
+    result["ranks"] = [{"rank": 1, "host": "b", "algbw_GBps": 0.05, "flagged": True}]
+    [r] = interpret(result)
+    assert r.status == WARNING and r.ranks == (1,)
+    assert r.detail.startswith("rank 1 (b): all-reduce at 0.050 GB/s, below 50% of the median rank")
 
 
 def test_logs_check_names_a_rank_without_a_run(tmp_path):
