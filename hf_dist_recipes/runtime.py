@@ -133,9 +133,8 @@ def _numbers(values: Mapping[str, float], channel: str) -> dict[str, float]:
 
 
 class RecipeRuntime:
-    """See the module docstring. Built by `RecipeTrainer` (`for_trainer`) and handed to each `RecipeCallback` it
-    adds; one built by hand (`RecipeRuntime(facts)`; no facts: a one-process job) serves a test or a tool that
-    drives the callbacks itself."""
+    """See the module docstring. Built by `RecipeTrainer` (`for_trainer`); one built by hand (no facts: a one-process
+    job) serves a test or a tool that drives the callbacks itself."""
 
     def __init__(self, facts: JobFacts | None = None, process: ProcessRecord | None = None):
         self.facts = facts if facts is not None else JobFacts()  # default: a one-process job
@@ -148,15 +147,9 @@ class RecipeRuntime:
 
     @classmethod
     def for_trainer(cls, trainer) -> RecipeRuntime:
-        """The runtime of `trainer` (after `Trainer.__init__`: the accelerator knows the DeepSpeed config; the
-        process record is its arguments', made last)."""
+        """The runtime of `trainer`, after `Trainer.__init__` (the accelerator knows the DeepSpeed config)."""
         ds = trainer.accelerator.state.deepspeed_plugin.hf_ds_config.config if trainer.is_deepspeed_enabled else None
         return cls(JobFacts.read(trainer.args, ds), current())
-
-    @property
-    def seed_report(self):
-        """This process's seeding when the arguments were created (`SeedReport`; None without recipe arguments)."""
-        return self.process.seed_report
 
     def micro_step(self, loss: torch.Tensor, inputs) -> None:
         """What `training_step` returned for one micro-batch, and the batch: this rank's counters."""

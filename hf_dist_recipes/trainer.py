@@ -396,7 +396,7 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
     @property
     def seed_report(self):
         """This process's seeding (when the arguments were created)."""
-        return self.runtime.seed_report
+        return self.runtime.process.seed_report
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The stock loss; while training, handed to the recipe callbacks (`on_micro_batch_loss`), where the

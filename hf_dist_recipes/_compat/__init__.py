@@ -1,15 +1,9 @@
-"""Every reliance on an upstream detail that is not public API, one module per upstream: `transformers`,
-`accelerate`, `deepspeed`, `torch`, and `stdlib` (argparse). This package holds what they share: the releases the
-touches were proven at (`PROVEN`) and the workarounds' version gates (`WORKAROUNDS`, `needed`).
-
-Each item names the versions it was read from and checked against, and when it can go; `tests/unit/test_compat.py`
-fails when an installed upstream no longer behaves as assumed here. tests/unit/test_private_upstream.py fails when a
-private upstream name is used anywhere in the package outside this folder.
-
-Proven: every release from the floor to the newest of each range in pyproject.toml (`PROVEN`; .ci/run runs these
-tests at both ends). The workarounds (`WORKAROUNDS`) apply only where the installed release needs them: each names
-the releases that behave so, the upstream issue and when it can go, and its contract test checks both ways that the
-installed release behaves as its entry says.
+"""Every reliance on an upstream detail that is not public API, one module per upstream (`transformers`,
+`accelerate`, `deepspeed`, `torch`, `stdlib`), each item with the versions it was read in and when it can go. Here:
+the releases they were proven at, the floor to the newest of each range (`PROVEN`; .ci/run tests both ends), and the
+workarounds' version gates (`WORKAROUNDS`, `needed`: each names the releases that behave so and the upstream issue).
+`tests/unit/test_compat.py` fails when an installed upstream no longer behaves as assumed here (a workaround's both
+ways); `tests/unit/test_private_upstream.py` when a private upstream name is used outside this folder.
 """
 
 from __future__ import annotations

@@ -19,11 +19,9 @@ Two routes reach the recipe's arguments (issue 30 section 1):
   error unless `allow_late_process_setup=True` (or `HF_DIST_RECIPES_ALLOW_LATE_PROCESS_SETUP=1`, for arguments
   that have no such field).
 
-Each route records what it applied in this process's `ProcessRecord` (`current()`): the variables set, one
-`ProcessSetting` per variable and one for the collective timeout (so that both routes can be compared:
-tests/support/process_state.py), and the seeding. These are the process's facts, not the arguments': they live here,
-not on the arguments object the user builds and pickles, and `RecipeRuntime.process` is the record in force when
-the trainer was built.
+Each route records what it applied in this process's `ProcessRecord` (`current()`; `RecipeRuntime.process`): the
+variables, one `ProcessSetting` each and one for the collective timeout (both routes compared:
+tests/support/process_state.py), and the seeding: the process's facts, kept off the arguments the user pickles.
 """
 
 from __future__ import annotations
@@ -87,8 +85,7 @@ def current() -> ProcessRecord:
 
 
 def record(*, fresh: bool = False, **facts) -> ProcessRecord:
-    """Put `facts` (fields of `ProcessRecord`) into this process's record, a new one with `fresh` (a creation of the
-    arguments starts one); returns it."""
+    """Put `facts` (fields of `ProcessRecord`) into this process's record, a new one with `fresh`; returns it."""
     global _record
     _record = replace(ProcessRecord() if fresh else _record, **facts)
     return _record

@@ -47,10 +47,6 @@ class RankSummaryCallback(RecipeCallback):
     def metrics(self):
         return self.runtime.rank_metrics
 
-    @property
-    def seed_report(self):
-        return self.runtime.seed_report
-
     def on_step_begin(self, args, state, control, **kwargs):
         self.metrics.step_begin()
 
@@ -69,11 +65,11 @@ class RankSummaryCallback(RecipeCallback):
     def on_train_end(self, args, state, control, **kwargs):
         self.metrics.flush_window()  # the steps after the last log
         losses = [entry["loss"] for entry in state.log_history if "loss" in entry]
-        m = self.metrics
+        m, seeding = self.metrics, self.runtime.process.seed_report
         total, local = parameter_elements(kwargs.get("model"))
         summary = {
-            "rank": args.process_index,
-            "world_size": args.world_size,
+            "rank": self.runtime.facts.rank,
+            "world_size": self.runtime.facts.layout.world,
             "steps": state.global_step,
             "tokens": m.tokens,
             "train_seconds": m.train_seconds,
@@ -84,8 +80,8 @@ class RankSummaryCallback(RecipeCallback):
             "last_rank_loss": m.last_loss,
             "first_loss": losses[0] if losses else None,
             "last_loss": losses[-1] if losses else None,
-            "seed": self.seed_report.seed if self.seed_report else None,
-            "rng_fingerprint": self.seed_report.fingerprint if self.seed_report else None,
+            "seed": seeding.seed if seeding else None,
+            "rng_fingerprint": seeding.fingerprint if seeding else None,
             "logging_dir": self.logging_dir,
             # The NCCL defaults RecipeTrainingArguments set because nobody had (hf_dist_recipes.comm.nccl_defaults), and
             # every environment default it set, the CUDA allocator's included (environment.alloc_defaults).
@@ -103,7 +99,7 @@ class RankSummaryCallback(RecipeCallback):
         )
         out = Path(args.output_dir) / SUMMARY_DIRNAME
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"rank{args.process_index}.json").write_text(json.dumps(summary, indent=2))
+        (out / f"rank{self.runtime.facts.rank}.json").write_text(json.dumps(summary, indent=2))
 
 
 def parameter_elements(model) -> tuple[int, int]:

@@ -85,8 +85,8 @@ class PerRankTensorBoardCallback(RecipeCallback):
                 json.dump(identity.as_dict(), f)
             self._install_sigterm_flush()
         self.writer.add_text("run", identity.describe(), state.global_step)
-        if self.runtime.seed_report is not None:
-            r = self.runtime.seed_report
+        r = self.runtime.process.seed_report
+        if r is not None:
             self.writer.add_text(
                 "seed", f"rank {self.runtime.facts.rank}: seed {r.seed}, rng fingerprint {r.fingerprint}"
             )
