@@ -22,7 +22,6 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, fields
 
 from transformers import TrainerCallback
-from transformers.integrations import TensorBoardCallback
 
 from hf_dist_recipes.arguments import RecipeTrainingArguments
 from hf_dist_recipes.checkpoint.preemption import PreemptionCallback, parse_signals
@@ -92,10 +91,6 @@ class RecipeCallbacks:
                 if (c := getattr(self, f.name)) is not None and type(c) in by_class
             },
         )
-
-    def replaced_stock(self) -> list[type[TrainerCallback]]:
-        """The stock callbacks these replace: the stock TensorBoard callback writes rank 0 only, into the same root."""
-        return [TensorBoardCallback] if self.tensorboard is not None else []
 
     def in_order(self) -> list[TrainerCallback]:
         """The callbacks to add, in the order they run (the fields' order)."""

@@ -157,9 +157,8 @@ class RecipeRuntime:
         self.rank_metrics.add_micro_step(loss, count_tokens(inputs))
 
     def require_fed(self, signal: str, callback: str, needs: str) -> None:
-        """Raise ValueError unless the trainer fed `signal` ("loss" or "micro_step"): `callback` names who needs it,
-        `needs` what. Checked at the first optimizer step: a subclass whose `compute_loss` or `training_step` does
-        not call `super()` feeds nothing."""
+        """Raise ValueError unless the trainer fed `signal` ("loss" or "micro_step"), naming `callback` and what it
+        `needs`: a subclass whose `compute_loss` or `training_step` does not call `super()` feeds nothing."""
         if signal not in self.fed:
             raise ValueError(
                 f"{callback} needs {needs}, which RecipeTrainer hands it from compute_loss and training_step, and "
@@ -168,15 +167,13 @@ class RecipeRuntime:
 
 
 class RecipeCallback(TrainerCallback):
-    """A `TrainerCallback` that also hears what only the recipe's trainer sees. The extra events are declared below
-    as methods that do nothing; `RecipeTrainerMixin.call_recipe_event` calls one by name on every callback of the
-    trainer's list that has it, in the list's order, with `args, state, control` first (the shape of transformers'
-    `CallbackHandler.call_event`), so a callback removed from the trainer hears nothing.
+    """A `TrainerCallback` that also hears what only the recipe's trainer sees: the events declared below, which
+    `RecipeTrainerMixin.call_recipe_event` calls by name on every callback of the trainer's list, in order, with
+    `args, state, control` first (transformers' `CallbackHandler.call_event`); a removed callback hears nothing.
 
-    The run's `RecipeRuntime` is handed over when RecipeTrainer adds the callback (`set_runtime`; also one the user
-    passed in `callbacks=` and one the Trainer rebuilt from a checkpoint). A recipe callback used without one (a
-    plain `transformers.Trainer`) stops at train begin with one line naming the fix; a subclass that overrides
-    `on_train_begin` calls `super().on_train_begin` first."""
+    RecipeTrainer hands the run's `RecipeRuntime` over when it adds the callback (`set_runtime`; also to one passed in
+    `callbacks=` or rebuilt from a checkpoint). Without one (a plain `transformers.Trainer`) it stops at train begin
+    naming the fix; a subclass that overrides `on_train_begin` calls `super().on_train_begin` first."""
 
     _runtime: RecipeRuntime | None = None
 

@@ -40,6 +40,7 @@ import os
 
 import torch
 from transformers import PreTrainedModel, Trainer, TrainingArguments
+from transformers.integrations import TensorBoardCallback
 from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -142,8 +143,8 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
             warn_once(logger, BALANCING_OFF)  # the memory estimate's even routing is then nobody's job
         # Before any engine: a model that will not recompute under a plan that assumed it stops here with the fix.
         self.recipe_callbacks.plan_conformance.check_before_training(self.model, args)
-        for stock in self.recipe_callbacks.replaced_stock():
-            self.remove_callback(stock)
+        if self.recipe_callbacks.tensorboard is not None:  # the stock one writes rank 0 only, into the same root
+            self.remove_callback(TensorBoardCallback)
         # After the Trainer's own, in recipe_callbacks' order (hf_dist_recipes.callbacks); each gets the runtime.
         for callback in self.recipe_callbacks.in_order():
             self.add_callback(callback)

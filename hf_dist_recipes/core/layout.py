@@ -1,8 +1,10 @@
 """Which ranks form which group: tensor-parallel (TP), expert-parallel (EP) and data-parallel (DP), in one place.
 
 DeepSpeed 0.19.8 forms AutoTP groups of consecutive ranks ([0, 1], [2, 3] for TP 2) and the data-parallel replicas
-across them (rank r is replica r // tp). Every feature that asks "who are my TP peers" or "which replica am I" asks
-this object, as torchtitan's `ParallelDims` answers it for its trainer, instead of repeating the arithmetic."""
+across them (rank r is replica r // tp); its expert-parallel groups are runs of `ep` consecutive members of a
+data-parallel group (`groups._get_expert_parallel_ranks`, without AutoTP folding). Every feature that asks "who are
+my TP peers" or "which replica am I" asks this object, as torchtitan's `ParallelDims` answers it for its trainer,
+instead of repeating the arithmetic."""
 
 from __future__ import annotations
 
@@ -58,6 +60,12 @@ class RankLayout:
         """The ranks that hold `rank`'s TP shard, one per replica, itself included: its data-parallel group (what
         ZeRO partitions over under TP)."""
         return list(range(rank % self.tp, self.world, self.tp))
+
+    def ep_group(self, rank: int) -> list[int]:
+        """The ranks of `rank`'s expert-parallel group (each a share of the experts), itself included."""
+        dp = self.dp_group(rank)
+        start = dp.index(rank) // self.ep * self.ep
+        return dp[start : start + self.ep]
 
     def tp_groups(self) -> list[list[int]]:
         """Every TP group, in order: [[0, .., tp-1], [tp, .., 2tp-1], ...]."""

@@ -97,6 +97,8 @@ def test_ep_rank_tokens_are_the_contiguous_experts_each_rank_holds(job):
     for r in ranks:
         layer = r["layers"]["model.layers.1.mlp"]
         assert (layer["ep_size"], layer["ep_rank"], layer["num_local_experts"]) == (2, r["rank"], EXPERTS // 2)
+        # The runtime's one layout is DeepSpeed's truth of EP group membership (the layer's own group)
+        assert layer["runtime_ep_group"] == layer["deepspeed_ep_group"] == [0, 1]
     s = scalars[0]
     held = {0: range(0, 4), 1: range(4, 8)}  # AutoEP: rank r holds experts [4r, 4r + 4)
     shares = []

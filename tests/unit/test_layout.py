@@ -68,3 +68,17 @@ def test_gather_without_a_process_group_is_this_rank_alone():
     assert gather_objects(record)[0] is record  # no copy, no pickling
     assert gather_objects(None) == [None]
     assert gather_floats([1.0, 2.5, -1.0]) == [[1.0, 2.5, -1.0]]
+
+
+@pytest.mark.parametrize("world,tp,ep", [(8, 1, 2), (8, 1, 4), (8, 2, 2), (8, 2, 4), (16, 2, 4), (4, 1, 1), (8, 4, 2)])
+def test_expert_parallel_groups_are_deepspeeds(world, tp, ep):
+    """Each rank's EP group as DeepSpeed 0.19.8 forms it without AutoTP folding (`deepspeed.utils.groups.
+    _get_expert_parallel_ranks`, the generator `_create_expert_and_data_parallel` builds the groups from); a live
+    AutoEP run compares the layer's own group: tests/distributed/test_expert_load_ranks.py."""
+    from deepspeed.utils.groups import _get_expert_parallel_ranks
+
+    groups, _ = _get_expert_parallel_ranks(world, tp, ep)
+    theirs = {rank: sorted(group) for group in groups for rank in group}
+    layout = RankLayout(world, tp, ep)
+    assert {rank: layout.ep_group(rank) for rank in range(world)} == theirs
+    assert RankLayout(8, 2, 2).ep_group(5) == [5, 7]  # by hand: rank 5's DP group is 1 3 5 7, in runs of 2

@@ -71,6 +71,8 @@ def main(output_dir: str, steps: int, gamma: float) -> None:
                 "deepspeed_tokens_per_expert": module.tokens_per_expert.long().tolist(),
                 "ep_rank": module.ep_rank,
                 "ep_size": module.ep_size,
+                "deepspeed_ep_group": torch.distributed.get_process_group_ranks(module.ep_group),
+                "runtime_ep_group": trainer.runtime.facts.layout.ep_group(args.process_index),
                 "num_local_experts": module.num_local_experts,
                 "bias": module.router.e_score_correction_bias.tolist(),
             }
