@@ -128,7 +128,6 @@ from hf_dist_recipes.monitoring.stragglers import (
 from hf_dist_recipes.parallel.batch import fix_tp_batch_size, validate_micro_batch
 from hf_dist_recipes.parallel.checkpoint_bytes import DEFAULT_DDP_TIMEOUT
 from hf_dist_recipes.parallel.chunked_loss import validate_loss_chunk_tokens
-from hf_dist_recipes.parallel.deepspeed_view import DeepSpeedView
 from hf_dist_recipes.parallel.plan_record import recorded_plan
 from hf_dist_recipes.reproducibility.rank_agreement import SeedCheck, validate_policy, validate_rank_check_steps
 from hf_dist_recipes.reproducibility.seeding import seed_everything, validate_seed
@@ -523,13 +522,13 @@ class RecipeTrainingArguments(TrainingArguments):
         self._raise_startup_timeout(self.launch_plan.get("startup_timeout_s"))
         if raw is None:
             return None
-        self.autotp_size = DeepSpeedView.read(raw).tp
-        fix = fix_tp_batch_size(
+        fix = fix_tp_batch_size(  # reads the config through DeepSpeedView once, its TP degree included
             raw,
             world_size=int(os.environ.get("WORLD_SIZE", "1")),
             micro_batch=self.per_device_train_batch_size,
             grad_accum=self.gradient_accumulation_steps,
         )
+        self.autotp_size = fix.tp
         if fix.change is not None:
             logger.info(fix.change)
         if fix.change is not None or (from_launcher and self.autotp_size > 1):

@@ -30,9 +30,10 @@ def data_parallel_size(world_size: int, tp_size: int = 1) -> int:
 
 @dataclass(frozen=True)
 class BatchFix:
-    """Outcome of `fix_tp_batch_size`: the config to use and what changed (None when nothing did)."""
+    """Outcome of `fix_tp_batch_size`: the config to use, its AutoTP degree and what changed (None when nothing did)."""
 
     config: dict
+    tp: int
     global_batch: int
     change: str | None
 
@@ -50,7 +51,7 @@ def fix_tp_batch_size(ds_config: dict, *, world_size: int, micro_batch: int, gra
     micro, accum = view.micro_batch or micro_batch, view.grad_accum or grad_accum
     global_batch = micro * accum * dp
     if tp == 1 or "train_batch_size" not in ds_config:
-        return BatchFix(config=ds_config, global_batch=global_batch, change=None)
+        return BatchFix(config=ds_config, tp=tp, global_batch=global_batch, change=None)
     value = ds_config["train_batch_size"]
     if value != "auto" and value != global_batch:
         raise ValueError(
@@ -64,4 +65,4 @@ def fix_tp_batch_size(ds_config: dict, *, world_size: int, micro_batch: int, gra
         f"removed train_batch_size={value!r} from the DeepSpeed config: under TP {tp} DeepSpeed derives the global "
         f"batch {micro} x {accum} x DP {dp} = {global_batch} itself (DeepSpeed issue 7298)"
     )
-    return BatchFix(config=fixed, global_batch=global_batch, change=change)
+    return BatchFix(config=fixed, tp=tp, global_batch=global_batch, change=change)

@@ -8,7 +8,7 @@ TP2 = {"tensor_parallel": {"autotp_size": 2}, "zero_optimization": {"stage": 3}}
 def test_without_tp_nothing_changes():
     cfg = {"train_batch_size": "auto", "zero_optimization": {"stage": 3}}
     fix = fix_tp_batch_size(cfg, world_size=4, micro_batch=8, grad_accum=2)
-    assert fix.change is None and fix.config is cfg
+    assert fix.change is None and fix.config is cfg and fix.tp == 1
     assert fix.global_batch == 8 * 2 * 4
 
 
@@ -17,7 +17,7 @@ def test_auto_under_tp_is_removed_and_global_batch_counts_data_parallel_ranks_on
     fix = fix_tp_batch_size(cfg, world_size=8, micro_batch=4, grad_accum=3)
     assert "train_batch_size" not in fix.config
     assert cfg["train_batch_size"] == "auto"  # the caller's dict is not modified
-    assert fix.global_batch == 4 * 3 * 4  # DP = 8 / 2
+    assert fix.global_batch == 4 * 3 * 4 and fix.tp == 2  # DP = 8 / 2
     assert "7298" in fix.change
 
 
