@@ -4,8 +4,10 @@ import accelerate_launch`)."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
-from collections import Counter
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +15,7 @@ from tests.support.launch import launched_ranks_env
 from tests.support.launch_count import COUNTER as LAUNCHES
 from tests.support.paths import environment_first_on_path
 
-WARM_COUNTS: Counter = Counter()  # how the ranks started, summed over xdist workers
+WARM_SERVERS = pytest.StashKey()  # the warm rank servers this process started (the xdist controller's, or its own)
 
 # One OpenMP thread in this process and the processes it starts (launched ranks get 1 from accelerate anyway):
 # on 2 busy cores two threads spin against each other. A tiny-deepseek-v3 step took 7.7 s with 2 threads and 0.24 s
@@ -47,26 +49,64 @@ def no_stale_deepspeed_locks():
         pytest.exit(str(err), returncode=3)
 
 
+def _warm_ranks_wanted() -> bool:
+    return os.environ.get("HF_DIST_RECIPES_WARM_RANKS") != "0" and LAUNCHES.available()
+
+
+def pytest_configure(config):
+    """pytest-xdist's controller starts the session's one pair of warm rank servers (tests.support.warm_ranks) before
+    its workers start, so that they import while the workers collect; every worker attaches to them. The controller
+    cannot see which tests the workers will run: a session of unit tests under -n pays two imports in the
+    background."""
+    controller = getattr(config, "workerinput", None) is None and config.pluginmanager.hasplugin("xdist")
+    if controller and config.getoption("numprocesses", None) and _warm_ranks_wanted():
+        from tests.support import warm_ranks
+
+        directory = Path(tempfile.mkdtemp(prefix="hf-dist-recipes-warm-"))
+        config.stash[WARM_SERVERS] = warm_ranks.WarmServers(directory, launched_ranks_env(os.environ))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    servers = node.config.stash.get(WARM_SERVERS, None)
+    if servers is not None:
+        node.workerinput["warm_servers"] = servers.handover()
+
+
+def pytest_unconfigure(config):
+    servers = config.stash.get(WARM_SERVERS, None)
+    if servers is not None:
+        servers.stop()
+        shutil.rmtree(servers.directory, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def warm_ranks(request, tmp_path_factory):
     """Ranks forked from interpreters that imported the stack once (tests.support.warm_ranks), for a session that
-    launches anything; HF_DIST_RECIPES_WARM_RANKS=0 starts every rank fresh instead."""
+    launches anything: the controller's servers under xdist, this process's own in a serial run;
+    HF_DIST_RECIPES_WARM_RANKS=0 starts every rank fresh instead."""
     from tests.support import warm_ranks
+    from tests.support.warm_python import start_launchers_warm
 
     launching = any(item.get_closest_marker("distributed") for item in request.session.items)
-    if not launching or os.environ.get("HF_DIST_RECIPES_WARM_RANKS") == "0" or not LAUNCHES.available():
+    handed = getattr(request.config, "workerinput", {}).get("warm_servers")
+    if not launching or not (handed or _warm_ranks_wanted()):
         yield None
         return
-    servers = warm_ranks.WarmServers(tmp_path_factory.mktemp("warm"), launched_ranks_env(os.environ))
-    LAUNCHES.excluded.update(process.pid for process in servers.processes)
+    if handed:
+        servers = warm_ranks.WarmServers.attach(handed)
+    else:
+        servers = warm_ranks.WarmServers(tmp_path_factory.mktemp("warm"), launched_ranks_env(os.environ))
+        request.config.stash[WARM_SERVERS] = servers  # counted and stopped at the end, as the controller's are
+    LAUNCHES.excluded.update(servers.pids)
     servers.wait_ready()  # about 5 s once; a rank that came before would start fresh
     saved = dict(os.environ)
     os.environ.update(servers.env)
+    undo = start_launchers_warm()  # the launchers of commands run in this process (cli_main(["demo", ...]))
     yield servers
+    undo()
     os.environ.clear()
     os.environ.update(saved)
-    servers.stop()
-    WARM_COUNTS.update(servers.counts())
 
 
 @pytest.fixture(autouse=True)
@@ -98,7 +138,9 @@ def pytest_runtest_logstart(nodeid, location):
 def pytest_terminal_summary(terminalreporter):
     from tests.support.warm_ranks import summary_line
 
-    for line in LAUNCHES.summary_lines() + ([summary_line(WARM_COUNTS)] if WARM_COUNTS else []):
+    servers = terminalreporter.config.stash.get(WARM_SERVERS, None)
+    counts = servers.counts() if servers is not None else None  # every rank, whichever worker launched it
+    for line in LAUNCHES.summary_lines() + ([summary_line(counts)] if counts else []):
         terminalreporter.write_line(line)
 
 
@@ -106,7 +148,6 @@ def pytest_sessionfinish(session):
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: its launches go to the controller's summary
         workeroutput["launches_by_test"] = dict(LAUNCHES.by_test)
-        workeroutput["warm_counts"] = dict(WARM_COUNTS)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -120,7 +161,6 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_testnodedown(node, error):
     output = getattr(node, "workeroutput", {})
     LAUNCHES.by_test.update(output.get("launches_by_test", {}))
-    WARM_COUNTS.update(output.get("warm_counts", {}))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -151,3 +151,31 @@ def test_a_rank_naming_the_accelerator_the_servers_chose_stays_warm(client, tmp_
     assert code == 0 and seen["preloaded"], "DS_ACCELERATOR=cpu, the servers' own choice, made the rank start fresh"
     code, seen, _ = _run(client, tmp_path, "other-accelerator", "exit:0", DS_ACCELERATOR="cuda")
     assert code == 0 and not seen["preloaded"], "DS_ACCELERATOR=cuda did not make the rank start fresh"
+
+
+def test_a_commands_own_launcher_is_started_through_the_client_unless_its_environment_is_fresh(client):
+    """What `start_launchers_warm` rewrites in a process of the suite: only a launcher module run by this interpreter
+    in an environment naming the client (`fresh_env` drops it: a test that looks for the launch's processes in its
+    own tree keeps a fresh launcher)."""
+    import sys
+
+    from tests.support.launch import fresh_env
+    from tests.support.warm_python import warm_launcher_argv
+
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "c.yaml", "train.py"]
+    env = dict(os.environ)
+    assert warm_launcher_argv(launch, env) == [client, "-u", *launch[1:]]
+    assert warm_launcher_argv(launch, None) == [client, "-u", *launch[1:]]  # this process's environment
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "train.py"]
+    assert warm_launcher_argv(torchrun, env)[:2] == [client, "-u"]
+    assert warm_launcher_argv(launch, fresh_env(env)) == launch
+    for other in ([sys.executable, "-m", "pip", "list"], ["/usr/bin/python3", *launch[1:]], "accelerate launch x"):
+        assert warm_launcher_argv(other, env) == other
+    # And the rewrite is in force in this process: the command line a Popen records is the client's.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "accelerate.commands.launch", "--help"],
+        env=launched_ranks_env(os.environ),  # as a command's launch of a CPU config: forked warm
+        stdout=subprocess.PIPE,
+    )
+    out, _ = proc.communicate(timeout=120)
+    assert proc.args[:2] == [client, "-u"] and proc.returncode == 0 and b"--config_file" in out

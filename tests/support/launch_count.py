@@ -19,6 +19,8 @@ import threading
 from collections import Counter
 from pathlib import Path
 
+from tests.support.warm_python import LAUNCHERS
+
 POLL_S = 0.2
 EXEC_GRACE_S = 3.0  # a process this young without RANK=0 may not have exec'd yet
 PROC = Path("/proc")
@@ -57,7 +59,7 @@ def _age_s(pid: int) -> float:
     return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
-LAUNCHER_MODULE = "accelerate.commands.launch"
+LAUNCHER_MODULE = LAUNCHERS[0]  # accelerate launch
 
 
 # Our commands that make one launch each (a --dry-run makes none), started by a test through the warm servers'
@@ -66,7 +68,8 @@ LAUNCHING_COMMANDS = (b"demo", b"preflight", b"commbench", b"calibrate")
 
 
 def _is_warm_launcher(pid: int) -> bool:
-    """`accelerate launch` run by the warm rank servers' client (tests.support.launch.accelerate_launch), or one of
+    """A launcher run by the warm rank servers' client (tests.support.launch.accelerate_launch, or a command's own
+    launcher: warm_python.start_launchers_warm), or one of
     our LAUNCHING_COMMANDS run by it: the stand-in of a process forked from a server, whose launch is then the
     server's descendant, counted as this stand-in."""
     client = os.environ.get("PYTHON_EXEC")
@@ -76,7 +79,7 @@ def _is_warm_launcher(pid: int) -> bool:
     args = cmdline.split(b"\0")
     if client.encode() not in args[:3]:
         return False
-    if LAUNCHER_MODULE.encode() in args:
+    if any(module.encode() in args for module in LAUNCHERS):  # a test's own launch, or a command's launcher
         return True
     cli = b"hf_dist_recipes.cli.main" in args and b"--dry-run" not in args
     return cli and any(command in args for command in LAUNCHING_COMMANDS)

@@ -23,7 +23,7 @@ lives outside that tree, beside its stand-in, and SIGSTOP cannot be forwarded.
 Process layout: server -> (per rank) reaper -> rank. The reaper forwards the signals warm_python.py receives, kills
 the rank if warm_python.py disappears (SIGKILL cannot be forwarded), and reports how the rank ended.
 
-    python -u warm_ranks.py SOCKET_PATH     # prints "ready" once it accepts ranks
+    python -u warm_ranks.py SOCKET_PATH     # touches SOCKET_PATH.ready once it accepts ranks
 """
 
 from __future__ import annotations
@@ -59,7 +59,12 @@ def summary_line(counts: Counter) -> str:
 
 
 class WarmServers:
-    """The running servers and the environment that points torchrun at them (`env`, to add to os.environ)."""
+    """The running servers and the environment that points torchrun at them (`env`, to add to os.environ).
+
+    One process starts them (`WarmServers(...)`: pytest's xdist controller for the whole session, or a serial pytest
+    for itself); the xdist workers `attach` to them with what `handover` gives. Each server imports the stack
+    (about 5 s of one core), so one pair for the session instead of one per worker saves 4 of those imports on
+    `make test`'s 3 workers, all at the start, when every worker waits for its servers."""
 
     def __init__(self, directory: Path, server_env: dict[str, str]) -> None:
         from tests.support import warm_python
@@ -70,56 +75,69 @@ class WarmServers:
         # -I: the client needs only the standard library, and no PYTHON* variable of the rank's may change it.
         client.write_text(f"#!{sys.executable} -I\n" + Path(warm_python.__file__).read_text())
         client.chmod(0o755)
-        sockets = [str(directory / f"rank{i}.sock") for i in range(SERVERS)]
+        self.sockets = [str(directory / f"rank{i}.sock") for i in range(SERVERS)]
         with self.log.open("w") as log:
             self.processes = [
-                subprocess.Popen(
-                    [sys.executable, "-u", __file__, path],
-                    env=server_env,
-                    stdout=subprocess.PIPE,
-                    stderr=log,
-                    bufsize=0,
-                )
-                for path in sockets
+                subprocess.Popen([sys.executable, "-u", __file__, path], env=server_env, stdout=log, stderr=log)
+                for path in self.sockets
             ]
+        self.pids = [process.pid for process in self.processes]
         self.ranks_log = directory / "ranks.log"  # warm_python.py's line per rank
         self.env = {
             "PYTHON_EXEC": str(client),
             warm_python.LOG: str(self.ranks_log),
-            warm_python.SOCKETS: os.pathsep.join(sockets),
+            warm_python.SOCKETS: os.pathsep.join(self.sockets),
             warm_python.PYTHON: sys.executable,
             warm_python.SERVER_ENV: json.dumps(
                 dict(warm_python.import_time_env(server_env), PYTHONPATH=server_env.get("PYTHONPATH", ""))
             ),
         }
 
+    def handover(self) -> dict:
+        """What another process needs to `attach` (JSON-serialisable: it travels in xdist's workerinput)."""
+        return {"directory": str(self.directory), "pids": self.pids, "env": self.env}
+
+    @classmethod
+    def attach(cls, handed: dict) -> WarmServers:
+        """The servers another process started (`handover`): this process uses them, never stops them."""
+        from tests.support import warm_python
+
+        servers = cls.__new__(cls)
+        servers.directory = Path(handed["directory"])
+        servers.log = servers.directory / "servers.log"
+        servers.sockets = handed["env"][warm_python.SOCKETS].split(os.pathsep)
+        servers.processes = []
+        servers.pids = list(handed["pids"])
+        servers.ranks_log = servers.directory / "ranks.log"
+        servers.env = dict(handed["env"])
+        return servers
+
     def wait_ready(self) -> None:
-        """Block until every server accepts ranks; raise with the servers' log if one died or took too long."""
+        """Block until every server accepts ranks (its socket's `.ready` file); raise with the servers' log if one
+        died or took too long."""
         deadline = time.monotonic() + READY_TIMEOUT_S
-        for process in self.processes:
-            said = b""  # the imports log to stdout too (DeepSpeed's accelerator warning)
-            while b"ready\n" not in said:
-                ready, _, _ = select.select([process.stdout], [], [], max(0.0, deadline - time.monotonic()))
-                chunk = os.read(process.stdout.fileno(), 4096) if ready else b""
-                if not chunk:  # ended, or too slow
-                    self.stop()
-                    log = said.decode() + self.log.read_text()
-                    raise RuntimeError(f"a warm rank server did not start:\n{log[-3000:]}")
-                said += chunk
+        while not all(os.path.exists(path + ".ready") for path in self.sockets):
+            if time.monotonic() > deadline or not all(_alive(pid) for pid in self.pids):
+                self.stop()
+                log = self.log.read_text() if self.log.exists() else "(no log)"
+                raise RuntimeError(f"a warm rank server did not start:\n{log[-3000:]}")
+            time.sleep(0.1)
 
     def counts(self) -> Counter:
         """How this session's ranks started: {"warm": N, "fresh:<why>": M, ...}, and its launchers under "launcher:"
-        keys (tests.support.launch.accelerate_launch); `summary_line` renders a sum."""
-        from tests.support.launch_count import LAUNCHER_MODULE
+        keys (tests.support.launch.accelerate_launch, and the launchers of commands: warm_python.LAUNCHERS);
+        `summary_line` renders it."""
+        from tests.support.warm_python import LAUNCHERS
 
         lines = self.ranks_log.read_text().splitlines() if self.ranks_log.exists() else []
         return Counter(
-            ("launcher:" if line.split()[-1] == LAUNCHER_MODULE else "")
+            ("launcher:" if line.split()[-1] in LAUNCHERS else "")
             + ("warm" if line.startswith("warm ") else f"fresh:{line.split()[1]}")
             for line in lines
         )
 
     def stop(self) -> None:
+        """End the servers this process started (an attached process has none to end)."""
         for process in self.processes:
             process.terminate()
         for process in self.processes:
@@ -127,6 +145,20 @@ class WarmServers:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a server that died but is not yet reaped by the process that started it
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
 
 
 def _die_with_parent() -> None:
@@ -157,7 +189,6 @@ def _preimport() -> None:
 def _serve(listener: socket.socket) -> socket.socket:
     """Accept ranks forever; returns only in a forked reaper, with that rank's connection."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the reapers are reaped by the kernel
-    print("ready", flush=True)
     while True:
         conn, _ = listener.accept()
         if os.fork() == 0:
@@ -230,6 +261,7 @@ def _become_rank(request: dict, fds: list[int]) -> str:
     import numpy
     import torch
 
+    _start_launchers_warm()  # a command's own launcher (preflight, demo) forked warm too, by the same rules
     torch.seed()  # from the OS, as torch seeds a new process's default generator
     numpy.random.seed(int.from_bytes(os.urandom(4), "little"))
     return module or argv[0]
@@ -240,6 +272,8 @@ _PYTHONPATH = os.environ.get("PYTHONPATH", "")  # the server's, to tell its entr
 if __name__ == "__main__":
     _die_with_parent()
     _preimport()
+    from warm_python import start_launchers_warm as _start_launchers_warm  # this file's folder, sys.path[0]
+
     # The imported stack (about 430,000 objects) moves to the permanent generation: a rank's full collections
     # then neither scan it nor write its GC headers, which would copy every page of it out of the shared fork
     # (the CPython docs' advice for fork without exec).
@@ -256,6 +290,7 @@ if __name__ == "__main__":
     _listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     _listener.bind(sys.argv[1])
     _listener.listen(128)
+    Path(sys.argv[1] + ".ready").touch()  # WarmServers.wait_ready, in whichever process waits
     _conn = _serve(_listener)
     _request, _fds = _receive(_conn)
     _rank_pid = os.fork()
