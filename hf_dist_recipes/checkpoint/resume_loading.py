@@ -3,10 +3,10 @@
 DeepSpeed 0.19.8 reads each rank's `*_optim_states.pt` on resume with a plain `torch.load` (its
 `TorchCheckpointEngine`), every rank of a node at once, into memory of the rank's own. Under ZeRO-3 the file holds
 the rank's fp32 master partition and its Adam moments, F = 12 bytes per parameter of the partition. With optimizer
-offload the host holds the steady state S (per node: master, moments and fp32 gradients of every rank) except the
-moments, which DeepSpeed 0.19.8 creates at the first step: a resume needs `S + P x F / 3` per node (P processes),
-and `S + P x F` where the moments exist already (`load_best_model_at_end` reloading after training; issue 32 counted
-this case, 1,253 + 8 x 117 = 2,190 GiB on a DeepSeek-V3 node, more than a 2 TiB DGX H100).
+offload the host holds the steady state S (per node: master, moments and both fp32 gradient copies of every rank,
+`planning.host_memory`) except the moments, which DeepSpeed 0.19.8 creates at the first step: a resume needs
+`S + P x F / 3` per node (P processes), and `S + P x F` where the moments exist already (`load_best_model_at_end`
+reloading after training; 1,566 + 8 x 117 = 2,502 GiB on a DeepSeek-V3 node, more than a 2 TiB DGX H100).
 
 `MappedLoads` wraps the engine's checkpoint engine and changes only its `load`: a zip-format file (what
 `torch.save` writes by default, and DeepSpeed unless `checkpoint_serialization` is false) is opened with

@@ -35,14 +35,49 @@ def resolve_bf16(requested: bool | None, *, fp16: bool, cuda_devices: int, bf16_
     return bool(cuda_devices) and bf16_supported and not fp16
 
 
-def check_not_fp8(model) -> None:
-    """Stop a model loaded from an FP8 block-scaled checkpoint before training (its config still carries the FP8
-    `quantization_config`): a fine-tune starts from the bf16 weights `checkpoint dequantize` writes."""
-    quant = getattr(getattr(model, "config", None), "quantization_config", None)
+def _is_fp8(quant) -> bool:
     method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
-    if str(getattr(method, "value", method)) == "fp8":
-        raise ValueError(
-            "the model comes from an FP8 block-scaled checkpoint (config quantization_config quant_method 'fp8'): "
-            "train from bf16 weights: hf-dist-recipes checkpoint dequantize SRC --output DST, then "
-            "from_pretrained(DST)"
-        )
+    return str(getattr(method, "value", method)) == "fp8"
+
+
+def _source_config(name_or_path: str) -> dict | None:
+    """The config.json of the checkpoint a model was loaded from: a local folder, or a hub id's copy in the local
+    cache (never downloaded); None where neither is found or readable."""
+    import json
+    from pathlib import Path
+
+    path: str | Path | None = Path(name_or_path) / "config.json"
+    if not Path(path).is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            path = try_to_load_from_cache(name_or_path, "config.json")
+        except Exception:  # not a hub id (a path that is gone, a name with odd characters)
+            path = None
+    if not isinstance(path, (str, Path)):  # None, or the cache's "known not to exist"
+        return None
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def check_not_fp8(model) -> None:
+    """Stop a model loaded from an FP8 block-scaled checkpoint before training: a fine-tune starts from the bf16
+    weights `checkpoint dequantize` writes. Judged from the model's config (transformers keeps the FP8
+    `quantization_config` on a model it loads as FP8) and from the config.json of the checkpoint it was loaded from
+    (`name_or_path`, a folder or the hub cache): transformers 5.25 drops `quantization_config` from a model it
+    dequantized while loading (on a host without a GPU, or with `dequantize=True`), through its own reading of the
+    scale grid, which partial blocks defeat."""
+    config = getattr(model, "config", None)
+    source = str(getattr(config, "_name_or_path", "") or "")
+    if _is_fp8(getattr(config, "quantization_config", None)):
+        where = "config quantization_config quant_method 'fp8'"
+    elif source and _is_fp8((_source_config(source) or {}).get("quantization_config")):
+        where = f"{source}/config.json quantization_config quant_method 'fp8'; transformers dequantized it on load"
+    else:
+        return
+    raise ValueError(
+        f"the model comes from an FP8 block-scaled checkpoint ({where}): train from bf16 weights: "
+        "hf-dist-recipes checkpoint dequantize SRC --output DST, then from_pretrained(DST)"
+    )

@@ -30,6 +30,11 @@ _FILTER = re.compile(r"^[A-Za-z0-9_.,:=^-]+$")
 _TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$|^\d+-\d{1,2}$")  # sbatch's forms: M, M:S, H:M:S, D-H, D-H:M:S
 
 
+PIN_BACKEND_ENV = "DS_PIN_MEMORY_BACKEND"  # deepspeed/utils/pin_memory.py: "native" pins exact sizes
+# Threads per rank for CPU Adam, evaluated on the node: cores / ranks - 2, at least 1 (a value the job sets wins).
+OMP_THREADS_EXPR = "${OMP_NUM_THREADS:-$(( $(nproc) / PROCS_PER_NODE > 3 ? $(nproc) / PROCS_PER_NODE - 2 : 1 ))}"
+
+
 def add_launcher_flags(parser: argparse.ArgumentParser) -> None:
     """`config generate`'s flags for the launch script."""
     group = parser.add_argument_group("launch script (--launcher: an sbatch script beside the YAML)")
@@ -131,6 +136,14 @@ def launch_script(
     # instead of the first attempt's, whose keys a restarted rank would read (pytorch/pytorch#135712,
     # hf_dist_recipes.comm.restarts).
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    if plan.device == "cuda" and (plan.offload_optimizer or plan.offload_params):
+        # Offloaded states pinned at their size by DeepSpeed's own page-locked allocator: torch's pinning, DeepSpeed's
+        # default, rounds each block up to a power of two (planning.host_memory counts the exact bytes).
+        env[PIN_BACKEND_ENV] = f"${{{PIN_BACKEND_ENV}:-native}}"
+    if plan.device == "cuda" and plan.offload_optimizer:
+        # CPU Adam runs on OpenMP threads: the node's cores shared by its ranks, 2 each left for the data loader and
+        # the host side of the step; torchrun and accelerate otherwise hand every rank 1 (issue 40: 8 of ~112 cores).
+        env["OMP_NUM_THREADS"] = OMP_THREADS_EXPR
     if plan.device == "cpu":
         # DeepSpeed picks its accelerator from what torch sees, and the recipe stops a CPU run on a GPU host unless
         # asked for explicitly (environment.cuda_host): a CPU plan is that request.

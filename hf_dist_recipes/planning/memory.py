@@ -88,20 +88,7 @@ Phases: the ZeRO-3 gathers, gradient buffers and activations peak in the backwar
 optimizer step, when activations are gone. device_total = model states on the GPU + persistent buffers
 + max(backward peak, step peak) + allowance.
 
-Host memory per node (CUDA plans): `host_steady_per_node` = the offloaded states of the node's P ranks (optimizer
-offload: the fp32 master copy, Adam's moments and the fp32 gradient partitions, all pinned; parameter offload: the
-parameters) + HOST_ALLOWANCE_PER_RANK for each rank's own process. Resuming reads each rank's `*_optim_states.pt`
-(F = the rank's optimizer partition, `optimizer` bytes: the fp32 master copy and the two moments). DeepSpeed's
-stock load is a plain `torch.load` into each rank's memory; DeepSpeed 0.19.8 creates Adam's moments at the first
-step, so at a job's resume a rank holds its states less the moments (2F/3) plus the whole file: the node peaks at
-steady + P x F/3 (steady + P x F where the moments already exist, e.g. a reload after training). RecipeTrainer's
-resume maps the files (`memory_mapped_resume`, `hf_dist_recipes.checkpoint.resume_loading`): their pages are page
-cache the kernel can drop, and the peak stays at the steady state (measured on 2 CPU ranks, ZeRO-3 + optimizer
-offload: +0 MiB of anonymous memory against +83 MiB per rank stock, F = 248 MiB;
-benchmarks/results/2026-12-06-resume-host-memory.md). `host_resume_peak_per_node` is the peak of the plan's resume
-(`memory_mapped`: RecipeTrainer's, default; else the stock load). For DeepSeek-V3 on 8 x 8 H100 with optimizer
-offload: 1,285 GiB steady, 1,598 at a stock resume. The check is against the node's memory (`host_bytes`:
-`--host-memory`, a DGX preset's, or what preflight reads: MemTotal and the cgroup limit).
+Host memory per node (CUDA plans): `host_memory` (the offloaded states, each rank's process, the resume's peak).
 
 Headroom: a plan `fits` when device_total is at most `device_target` of the GPU (90 % by default where a plan is
 chosen or written: `config estimate --suggest`, `config generate`; `--memory-target`), for what the estimate does
@@ -128,6 +115,7 @@ from hf_dist_recipes.planning.elements import (
     head_logits_bytes,
     rank_elements,
 )
+from hf_dist_recipes.planning.host_memory import host_bytes_per_node, subgroup_copy_bytes
 from hf_dist_recipes.planning.models import ModelShape
 from hf_dist_recipes.planning.plan import ParallelPlan, grad_reduce_bytes
 from hf_dist_recipes.planning.zero_buffers import use_vocab_parallel_lm_head, zero_buffers
@@ -141,11 +129,6 @@ USABLE_FRACTION = 1.0  # of the device memory: the context, NCCL and fragmentati
 # 200 steps; 2.0 with the bias balancer and without it, the early steps after a fresh start; 1.39 / 1.76 on average).
 DEFAULT_ROUTING_IMBALANCE = 2.0
 DEFAULT_DEVICE_TARGET = 0.9  # where a plan is chosen or written; preflight warns above the same fraction
-# Each rank process's host memory besides offloaded states: Python, the torch / CUDA / NCCL libraries and the CUDA
-# context's host side, DeepSpeed's pinned staging buffers, a dataloader worker. A stated margin: a CPU rank of the
-# demo (torch, transformers, deepspeed imported, a tiny model) holds about 1.5 GiB of RSS here, and a CUDA context
-# adds 1-2 GiB of host memory per process.
-HOST_ALLOWANCE_PER_RANK = 4 * GIB
 
 
 def _norm_bytes(c: int, width: int) -> int:
@@ -306,9 +289,9 @@ class MemoryEstimate:
         """Bytes of device_total beyond the model states on the GPU, `gathered` and `activations`: the buffers
         that fall in the peak phase and the allowance."""
         on_host = self.host_total_per_node // self.plan.procs_per_node
-        return self.device_total - (
-            self.params + self.grads + self.optimizer - on_host + self.gathered + self.activations
-        )
+        moved = on_host - subgroup_copy_bytes(self.plan, self.elements)  # the states that left the GPU
+        states = self.params + self.grads + self.optimizer - moved
+        return self.device_total - (states + self.gathered + self.activations)
 
     def as_dict(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k not in ("plan", "elements")}
@@ -345,18 +328,6 @@ BACKWARD_BUFFERS = ("prefetched_params", "gathered_grads", "reduce_copy")
 STEP_BUFFERS = ("subgroup_fp32_grads",)
 
 
-def host_bytes_per_node(plan: ParallelPlan, on_host_per_rank: int, optimizer_per_rank: int, memory_mapped: bool):
-    """(steady, resume peak) host bytes per node of a CUDA plan (module docstring); (0, 0) for CPU plans, whose
-    device memory is the host's."""
-    if plan.device != "cuda":
-        return 0, 0
-    steady = plan.procs_per_node * (on_host_per_rank + HOST_ALLOWANCE_PER_RANK)
-    if plan.engine != "deepspeed" or memory_mapped:  # FSDP2 resumes through torch.distributed.checkpoint
-        return steady, steady
-    # The stock load: each rank's whole file in its memory, less the moments (2/3 of it) not yet created.
-    return steady, steady + plan.procs_per_node * optimizer_per_rank // 3
-
-
 def estimate(
     plan: ParallelPlan,
     model: ModelShape,
@@ -381,17 +352,18 @@ def estimate(
     parts = activation_parts(plan, model, routing_imbalance=routing_imbalance)
     activations = sum(parts.values())
     buffers = zero3_buffer_bytes(plan, model, el)
-    on_host = 0
+    moved = 0  # off the GPU
     if plan.offload_optimizer:
-        on_host += optimizer + grads
+        moved += optimizer + grads
     if plan.offload_params:
-        on_host += params
+        moved += params
+    on_host = moved + subgroup_copy_bytes(plan, el)
     persistent = sum(buffers.get(k, 0) for k in PERSISTENT_BUFFERS)
     backward = activations + gathered + sum(buffers.get(k, 0) for k in BACKWARD_BUFFERS)
     step = sum(buffers.get(k, 0) for k in STEP_BUFFERS)
     transient = max(backward, step)
     allowance = int(ALLOWANCE_FIXED_BYTES + FRAGMENTATION_FRACTION * transient) if plan.device == "cuda" else 0
-    device_total = params + grads + optimizer - on_host + persistent + transient + allowance
+    device_total = params + grads + optimizer - moved + persistent + transient + allowance
     steady, resume = host_bytes_per_node(plan, on_host, optimizer, memory_mapped_resume)
     return MemoryEstimate(
         plan=plan,

@@ -28,17 +28,17 @@ FP8_MAX = 448.0  # the largest float8_e4m3fn value
 QUANT = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(BLOCK)}
 
 
-def _blocks(shape):
+def _blocks(shape, block=BLOCK):
     rows, cols = shape
-    for i in range(math.ceil(rows / BLOCK[0])):
-        for j in range(math.ceil(cols / BLOCK[1])):
-            yield i, j, slice(i * BLOCK[0], (i + 1) * BLOCK[0]), slice(j * BLOCK[1], (j + 1) * BLOCK[1])
+    for i in range(math.ceil(rows / block[0])):
+        for j in range(math.ceil(cols / block[1])):
+            yield i, j, slice(i * block[0], (i + 1) * block[0]), slice(j * block[1], (j + 1) * block[1])
 
 
-def _quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize(w: torch.Tensor, block=BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty(w.shape, dtype=torch.float8_e4m3fn)
-    scale = torch.empty(math.ceil(w.shape[0] / BLOCK[0]), math.ceil(w.shape[1] / BLOCK[1]))
-    for i, j, r, c in _blocks(w.shape):
+    scale = torch.empty(math.ceil(w.shape[0] / block[0]), math.ceil(w.shape[1] / block[1]))
+    for i, j, r, c in _blocks(w.shape, block):
         s = w[r, c].float().abs().max().clamp(min=1e-12) / FP8_MAX
         q[r, c] = (w[r, c].float() / s).to(torch.float8_e4m3fn)
         scale[i, j] = s
@@ -60,10 +60,9 @@ def _tensors(folder) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.fixture(scope="module")
-def fp8(tmp_path_factory):
-    """(FP8 folder, bf16 reference folder, names of the quantized weights)."""
-    root = tmp_path_factory.mktemp("fp8")
+def write_fp8_checkpoint(root, block=BLOCK):
+    """A tiny DeepSeek-V3 in the published FP8 format under `root`: (FP8 folder, bf16 reference folder, names of the
+    quantized weights). The scales of a file's weights go into the next file, as in DeepSeek's shards."""
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(template_config("tiny-deepseek-v3"))
     plain = root / "plain"
@@ -82,7 +81,7 @@ def fp8(tmp_path_factory):
             if (
                 key.endswith(("proj.weight", "proj_with_mqa.weight")) and t.dim() == 2
             ):  # as DeepSeek: not embeddings, norms, router
-                q, s = _quantize(t)
+                q, s = _quantize(t, block)
                 fp8_tensors[key], ref_tensors[key] = q, _by_hand(q, s)
                 scales_for[files[(n + 1) % len(files)]][key + "_scale_inv"] = s
                 index["weight_map"][key + "_scale_inv"] = files[(n + 1) % len(files)]
@@ -99,9 +98,16 @@ def fp8(tmp_path_factory):
     (ref / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": ref_index}))
     config = json.loads((plain / "config.json").read_text())
     (ref / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
-    (src / "config.json").write_text(json.dumps({**config, "quantization_config": QUANT}))
+    quant = {**QUANT, "weight_block_size": list(block)}
+    (src / "config.json").write_text(json.dumps({**config, "quantization_config": quant}))
     (src / "generation_config.json").write_text((plain / "generation_config.json").read_text())
     return src, ref, sorted(quantized)
+
+
+@pytest.fixture(scope="module")
+def fp8(tmp_path_factory):
+    """(FP8 folder, bf16 reference folder, names of the quantized weights), with partial blocks."""
+    return write_fp8_checkpoint(tmp_path_factory.mktemp("fp8"))
 
 
 def _tensors_of(path) -> dict[str, torch.Tensor]:
@@ -189,4 +195,19 @@ def test_a_model_from_an_fp8_checkpoint_stops_before_training_naming_the_command
     model.config.quantization_config = dict(QUANT)
     args = RecipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_steps=1)
     with pytest.raises(ValueError, match="hf-dist-recipes checkpoint dequantize SRC --output DST"):
+        RecipeTrainer(model=model, args=args)
+
+
+def test_a_model_transformers_dequantized_on_load_is_stopped_too(tmp_path):
+    """transformers 5.25 on a host without a GPU dequantizes an FP8 checkpoint while loading it and drops
+    `quantization_config` from the model's config (so does `dequantize=True` anywhere): the guard reads the config.json
+    of the folder the model came from. Blocks that divide every weight, so that transformers loads it at all (it
+    refuses the partial blocks of the `fp8` fixture)."""
+    from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
+
+    src, _, _ = write_fp8_checkpoint(tmp_path, block=(16, 16))
+    model = AutoModelForCausalLM.from_pretrained(src)  # as a user's script loads it, on this CPU host
+    assert getattr(model.config, "quantization_config", None) is None  # what hid it from the config-only guard
+    args = RecipeTrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, report_to="none", max_steps=1)
+    with pytest.raises(ValueError, match=f"{src}.*hf-dist-recipes checkpoint dequantize SRC --output DST"):
         RecipeTrainer(model=model, args=args)

@@ -131,6 +131,28 @@ def test_a_generated_job_resumes_by_itself_unless_its_environment_says_0(launche
     assert f'\nexport {AUTO_RESUME_ENV}="${{{AUTO_RESUME_ENV}:-1}}"\n' in text
 
 
+@pytest.mark.parametrize(("cores", "threads"), [(112, 12), (224, 26), (32, 2), (16, 1), (8, 1)])
+def test_an_offload_plan_pins_exactly_and_gives_cpu_adam_the_nodes_cores(cores, threads, tmp_path):
+    """Issue 40: DeepSpeed's exact pinning, and OpenMP threads per rank from the node's cores (cores / 8 ranks - 2,
+    at least 1), evaluated by bash as the node would, `nproc` answering `cores`; a value the job sets wins."""
+    import subprocess
+    from dataclasses import replace
+
+    offload = replace(GPU_PLAN, offload_optimizer=True, offload_params=True)
+    text = launch_script(
+        offload, "slurm", job_name="v3", config_file="/c.yaml", deepspeed_file=None, main_process_port=1, log_dir="/l"
+    ).render()
+    assert '\nexport DS_PIN_MEMORY_BACKEND="${DS_PIN_MEMORY_BACKEND:-native}"\n' in text
+    (line,) = re.findall(r"^export OMP_NUM_THREADS=.*$", text, flags=re.M)
+    for given, expected in (("unset OMP_NUM_THREADS; ", threads), ("OMP_NUM_THREADS=5; ", 5)):
+        script = f'nproc() {{ echo {cores}; }}; PROCS_PER_NODE=8; {given}{line}; echo "$OMP_NUM_THREADS"'
+        out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
+        assert out.strip() == str(expected)
+    # Neither without offload: torch's pinning then pins nothing of size, and the ranks' 1 thread is torchrun's.
+    plain = _gpu_script().render()
+    assert "DS_PIN_MEMORY_BACKEND" not in plain and "OMP_NUM_THREADS" not in plain
+
+
 def test_a_cpu_plan_asks_for_no_gpus_and_hides_them():
     plan = ParallelPlan(nodes=2, procs_per_node=1, device="cpu", precision="fp32")
     script = launch_script(
