@@ -70,6 +70,14 @@ WORKAROUNDS = {
         "process (no upstream issue yet)",
         "zero.Init reuses or replaces the group: close `affected` below that release",
     ),
+    "cpu_adam_resumed_step": Workaround(
+        "deepspeed",
+        ">=0.19.8",
+        "csrc/includes/cpu_adam.h `IncrementStep`: CPU Adam multiplies beta1^t and beta2^t once per step in its C++ "
+        "state, but an optimizer whose first step is a later one (a resume) takes std::pow, which can differ in the "
+        "last bit of a float: the first update after a resume is not the uninterrupted run's (no upstream issue yet)",
+        "IncrementStep computes the powers the same way on both paths: close `affected` below that release",
+    ),
     "jit_build_lock_file": Workaround(
         "torch",
         "<2.14",

@@ -166,6 +166,17 @@ class TrainerPrivateOverrides:
             os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         )
 
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        """transformers 5.23-5.25 `Trainer._load_optimizer_and_scheduler(checkpoint)`: on a resume `train()` calls it
+        right after `deepspeed_load_checkpoint`; under DeepSpeed it loads nothing itself. Here CPU Adam's step state
+        is replayed to the uninterrupted run's (`_compat.deepspeed.replay_cpu_adam_steps`). Can go with the
+        `cpu_adam_resumed_step` workaround."""
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None and self.is_deepspeed_enabled:
+            from hf_dist_recipes._compat.deepspeed import replay_cpu_adam_steps
+
+            replay_cpu_adam_steps(self.model_wrapped.optimizer)
+
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         """transformers 5.24 `Trainer._load_from_checkpoint(resume_from_checkpoint, model=None)`, which `train()`
         calls on resume: without DeepSpeed it restores MoE experts too, through `from_pretrained`'s conversion

@@ -70,7 +70,7 @@ def check_not_fp8(model) -> None:
     dequantized while loading (on a host without a GPU, or with `dequantize=True`), through its own reading of the
     scale grid, which partial blocks defeat."""
     config = getattr(model, "config", None)
-    source = str(getattr(config, "_name_or_path", "") or "")
+    source = str(getattr(config, "name_or_path", "") or "")
     if _is_fp8(getattr(config, "quantization_config", None)):
         where = "config quantization_config quant_method 'fp8'"
     elif source and _is_fp8((_source_config(source) or {}).get("quantization_config")):

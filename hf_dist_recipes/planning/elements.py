@@ -35,6 +35,17 @@ class RankElements:
     largest_partition: int = 0
 
 
+def bytes_per_element(plan: ParallelPlan) -> tuple[int, int, int]:
+    """(parameter, gradient, optimizer) bytes per partitioned element of `plan`. DeepSpeed's ZeRO optimizers keep
+    an fp32 master partition of their own even when the parameters are fp32 (0.19.8 stage3.py
+    `_create_fp32_partitions`, stage_1_and_2.py: `.clone().float()`): 12 optimizer bytes at every precision, as a real
+    fp32 run's buffers show (tests/distributed/test_offload_autoep.py); elsewhere fp32's parameter is the master."""
+    p_bytes, g_bytes, o_bytes = BYTES_PER_ELEMENT[plan.precision]
+    if plan.engine == "deepspeed" and plan.zero_stage >= 1:
+        o_bytes = 12
+    return p_bytes, g_bytes, o_bytes
+
+
 def placements(plan: ParallelPlan, model: ModelShape) -> list[tuple[str, int, list[int], str]]:
     """Where each parameter lands, by the rules of `memory`'s module docstring: (name, elements on a rank after TP/EP,
     the tensors ZeRO partitions them as, ZeRO group "dp" | "edp" | "world"). The one place these rules live:

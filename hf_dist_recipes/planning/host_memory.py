@@ -24,7 +24,7 @@ anonymous memory against +83 MiB per rank stock, F = 248 MiB; benchmarks/results
 from __future__ import annotations
 
 from hf_dist_recipes.core.sizes import GIB
-from hf_dist_recipes.planning.elements import BYTES_PER_ELEMENT, RankElements
+from hf_dist_recipes.planning.elements import RankElements, bytes_per_element
 from hf_dist_recipes.planning.plan import ParallelPlan
 
 # Each rank process's host memory besides offloaded states: Python, the torch / CUDA / NCCL libraries and the CUDA
@@ -45,7 +45,7 @@ def subgroup_copy_bytes(plan: ParallelPlan, el: RankElements) -> int:
 def host_bytes_per_element(plan: ParallelPlan) -> int:
     """Host bytes per partitioned element that `plan`'s offloads hold (module docstring): with optimizer offload the
     optimizer states, the gradient partition and the sub-group gradient copy; with parameter offload the parameter."""
-    p_bytes, g_bytes, o_bytes = BYTES_PER_ELEMENT[plan.precision]
+    p_bytes, g_bytes, o_bytes = bytes_per_element(plan)
     optimizer = o_bytes + g_bytes + SUBGROUP_GRAD_BYTES if plan.offload_optimizer else 0
     return optimizer + (p_bytes if plan.offload_params else 0)
 

@@ -12,7 +12,8 @@ Model states, per parameter, in the order DeepSpeed applies them:
 These element counts match what each rank holds in a real run exactly (tests/distributed/test_tp_ep.py).
 
 Bytes per element: bf16/fp16 -- parameter 2, gradient 4, optimizer 12 (fp32 master copy + Adam's two moments);
-fp32 -- 4, 4, 8. Gradients take 4 bytes under bf16/fp16 because the generated JSON accumulates them in fp32
+fp32 -- 4, 4, 12 (DeepSpeed's ZeRO keeps an fp32 master partition of its own: `elements.bytes_per_element`; 8
+without ZeRO). Gradients take 4 bytes under bf16/fp16 because the generated JSON accumulates them in fp32
 (`"data_types": {"grad_accum_dtype": "fp32"}`): DeepSpeed's engine.py `get_data_types` hands that dtype to the
 ZeRO optimizer, and stage3.py `_setup_for_real_optimizer` allocates the gradient partitions
 (`grad_partitions_flat_buffer`) in it (ZeRO-1: bf16_optimizer.py `fp32_groups_gradients_flat`; ZeRO-2:
@@ -112,6 +113,7 @@ from hf_dist_recipes.planning.elements import (
     COMPUTE_BYTES,
     LOGIT_BYTES,
     RankElements,
+    bytes_per_element,
     head_logits_bytes,
     rank_elements,
 )
@@ -346,7 +348,7 @@ def estimate(
     if not 0 < device_target <= 1:
         raise ValueError(f"the memory target is a fraction of the GPU in (0, 1], got {device_target!r}; e.g. 0.9")
     el = rank_elements(plan, model)
-    p_bytes, g_bytes, o_bytes = BYTES_PER_ELEMENT[plan.precision]
+    p_bytes, g_bytes, o_bytes = bytes_per_element(plan)
     params, grads, optimizer = el.params * p_bytes, el.grads * g_bytes, el.optimizer * o_bytes
     gathered = el.gathered_layer * p_bytes
     parts = activation_parts(plan, model, routing_imbalance=routing_imbalance)

@@ -59,6 +59,7 @@ def test_a_workaround_is_needed_exactly_in_its_affected_releases():
         "evaluation_before_training",
         "moe_resume_conversion",
         "hpz_group_per_process",
+        "cpu_adam_resumed_step",
         "jit_build_lock_file",
     }
     for entry in _compat.WORKAROUNDS.values():
@@ -558,7 +559,13 @@ def test_the_private_trainer_methods_the_recipe_overrides():
     overrides = {
         n for n in vars(compat_transformers.TrainerPrivateOverrides) if n.startswith("_") and not n.startswith("__")
     }
-    assert overrides == {"_get_grad_norm", "_load_from_checkpoint", "_load_callback_state", "_save_checkpoint"}
+    assert overrides == {
+        "_get_grad_norm",
+        "_load_from_checkpoint",
+        "_load_callback_state",
+        "_save_checkpoint",
+        "_load_optimizer_and_scheduler",
+    }
     for name in overrides:
         ours, theirs = (
             inspect.signature(getattr(compat_transformers.TrainerPrivateOverrides, name)),
@@ -574,6 +581,10 @@ def test_the_private_trainer_methods_the_recipe_overrides():
     clipped = "if self.args.max_grad_norm > 0:\n                        grad_norm = self._clip_grad_norm(model)\n"
     assert clipped + "                    grad_norm = self._get_grad_norm(model, grad_norm=grad_norm)" in loop
     assert "self._load_from_checkpoint(resume_from_checkpoint)" in inspect.getsource(Trainer.train)
+    # A DeepSpeed resume: the engine's checkpoint first, then _load_optimizer_and_scheduler (CPU Adam's replay).
+    prepare = inspect.getsource(Trainer._prepare_for_training)
+    loaded = prepare.index("deepspeed_load_checkpoint(")
+    assert prepare.index("self._load_optimizer_and_scheduler(resume_from_checkpoint)", loaded) > loaded
     # A save: the checkpoint folder and the rotation by the arguments' limit inside `_save_checkpoint`, then on_save.
     save = inspect.getsource(Trainer._save_checkpoint)
     assert 'checkpoint_folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"' in save
@@ -749,3 +760,36 @@ def test_the_stock_log_appends_a_copy_of_its_logs_to_the_history(tmp_path):
     compat_transformers.log_outside_history(trainer, trainer.log, {"loss": 2.0, "job/x": 5.0}, {"job/x": 5.0})
     assert len(history) == 2 and history[1]["loss"] == 2.0 and "job/x" not in history[1]
     assert seen[1][1]["job/x"] == 5.0 and history[0]["job/slowest_rank"] == 3.0  # the integrations got it
+
+
+def test_cpu_adam_started_at_a_later_step_updates_otherwise_and_the_replay_makes_it_the_same():
+    """Why `_compat.deepspeed.replay_cpu_adam_steps` (WORKAROUNDS["cpu_adam_resumed_step"]): DeepSpeed's CPU Adam
+    that steps 1..t and one that starts at step t (a resume: the state loaded, the optimizer new) update alike only
+    after the replay. When the first assertion fails, upstream computes the powers alike: close the gate."""
+    import torch
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    from hf_dist_recipes._compat.deepspeed import replay_cpu_adam_steps
+
+    torch.manual_seed(0)
+    grads = [torch.randn(64) for _ in range(8)]
+
+    def run(resume_at: int | None, replay: bool) -> torch.Tensor:
+        param = torch.nn.Parameter(torch.ones(64))
+        opt = DeepSpeedCPUAdam([param], lr=1e-2)
+        for step, grad in enumerate(grads, 1):
+            if step == resume_at:  # a new optimizer holding the saved state, as a resume builds it
+                saved = opt.state_dict()
+                opt = DeepSpeedCPUAdam([param], lr=1e-2)
+                opt.load_state_dict(saved)
+                if replay:
+                    assert replay_cpu_adam_steps(type("Zero", (), {"optimizer": opt})()) == step - 1
+            param.grad = grad.clone()
+            opt.step()
+        return param.detach().clone()
+
+    # Resumed at step 3, which differs in 0.19.8 (the float products against the power; seen at 3, 6, 12, 14 and
+    # 16-39 of 2-39). Each CPU Adam loads the op, about 2 s here, so one step only.
+    straight = run(None, False)
+    assert _compat.needed("cpu_adam_resumed_step") == (not torch.equal(straight, run(3, False)))
+    assert torch.equal(straight, run(3, True))
