@@ -3,14 +3,15 @@
     python -m tests.support.build_ops
 
 DeepSpeed JIT-builds an op the first time a process loads it (`deepspeed_shm_comm` at every CPU launch's
-`init_distributed`, `cpu_adam` in `hf-dist-recipes calibrate`). Left to the suite, the first test to load one builds it
-while the tests of the other pytest processes that load it wait on torch's build lock: measured in clean-clone CI
-(2026-12-06), the preflight launch's set-up took 100 s against 36 s with the op built, and the calibrate test's
-208 s against 60 s. A training image builds them at install for the same reason (a job killed mid-build leaves
-the lock that hangs the next one: `doctor/op_builds.py`). Built here with the ranks' environment (GPUs hidden, so
-DeepSpeed's CPU builders) into the folder the ranks load from: `TORCH_EXTENSIONS_DIR`, which the Makefile sets to
-`.cache/torch_extensions` of the checkout when unset, so that every process of the suite, launched through
-`RecipeTrainingArguments` or not, finds the same builds. Loading an op already built takes about a second.
+`init_distributed`, `cpu_adam` in `hf-dist-recipes calibrate`, every optimizer-offload run and test_compat's CPU
+Adam check). Left to the suite, the first test to load one builds it while the tests of the other pytest processes
+that load it wait on torch's build lock: measured in clean-clone CI (2026-12-06), the preflight launch's set-up took
+100 s against 36 s with the op built, and the calibrate test's 208 s against 60 s. A training image builds them at
+install for the same reason (a job killed mid-build leaves the lock that hangs the next one: `doctor/op_builds.py`).
+Built here with the ranks' environment (GPUs hidden, so DeepSpeed's CPU builders) into the folder the ranks load
+from: `TORCH_EXTENSIONS_DIR`, which the Makefile sets to `.cache/torch_extensions` of the checkout when unset, so
+that every process of the suite, launched through `RecipeTrainingArguments` or not, finds the same builds. Loading
+an op already built takes about a second.
 """
 
 from __future__ import annotations
