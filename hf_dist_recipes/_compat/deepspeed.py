@@ -426,14 +426,11 @@ def autotp_patterns(module) -> dict:
 
 
 def replay_cpu_adam_steps(optimizer) -> int:
-    """After a resume loaded DeepSpeed's checkpoint: bring CPU Adam's C++ step state (`cpu_adam_resumed_step` in
-    WORKAROUNDS) to where the uninterrupted run's is, by replaying its step increments 1..t on a one-element scratch
-    tensor (the real parameters are untouched), so that step t + 1 multiplies as that run did. `optimizer`: the
-    engine's ZeRO optimizer; returns t, 0 when its optimizer is not DeepSpeedCPUAdam or has not stepped. DeepSpeed
-    0.19.8 `DeepSpeedCPUAdam.step` passes (opt_id, step, lr, betas, eps, weight_decay, bias_correction, param, grad,
-    exp_avg, exp_avg_sq) to `ds_opt_adam.adam_update`. Measured on 2 CPU ranks (tiny DeepSeek-V3, ZeRO-3 + offload):
-    without it the loss of the second step after the resume differed in the 6th digit, with it the final weights
-    are bitwise the uninterrupted run's (tests/distributed/test_offload_autoep.py)."""
+    """After a resume loaded DeepSpeed's checkpoint: replay CPU Adam's step increments 1..t on a one-element scratch
+    tensor (WORKAROUNDS["cpu_adam_resumed_step"]), so that its C++ state multiplies at step t + 1 as the uninterrupted
+    run's did; the parameters are untouched. `optimizer`: the engine's ZeRO optimizer. Returns t (0: not CPU Adam, or
+    no step yet). 0.19.8 `DeepSpeedCPUAdam.step` calls `ds_opt_adam.adam_update` with these arguments. Without it the
+    loss of the second step after a resume differed in the 6th digit (tests/distributed/test_offload_autoep.py)."""
     import torch
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
@@ -442,14 +439,9 @@ def replay_cpu_adam_steps(optimizer) -> int:
     inner = getattr(optimizer, "optimizer", None)
     if not isinstance(inner, DeepSpeedCPUAdam) or not needed("cpu_adam_resumed_step"):
         return 0
-    steps = [int(state["step"]) for state in inner.state.values() if "step" in state]
-    if not steps:
-        return 0
-    group = inner.param_groups[0]
-    beta1, beta2 = group["betas"]
-    scratch = [torch.zeros(1) for _ in range(4)]  # parameter, gradient, exp_avg, exp_avg_sq
-    for step in range(1, max(steps) + 1):
-        inner.ds_opt_adam.adam_update(
-            inner.opt_id, step, 0.0, beta1, beta2, group["eps"], 0.0, group["bias_correction"], *scratch
-        )
-    return max(steps)
+    last = max((int(state["step"]) for state in inner.state.values() if "step" in state), default=0)
+    group, scratch = inner.param_groups[0], [torch.zeros(1) for _ in range(4)]  # param, grad, exp_avg, exp_avg_sq
+    betas, eps, correct = group["betas"], group["eps"], group["bias_correction"]
+    for step in range(1, last + 1):
+        inner.ds_opt_adam.adam_update(inner.opt_id, step, 0.0, *betas, eps, 0.0, correct, *scratch)
+    return last
