@@ -48,7 +48,7 @@ READY_TIMEOUT_S = 120  # importing the stack takes ~5 s per server on 2 idle cor
 
 
 def summary_line(counts: Counter) -> str:
-    """pytest's summary line for `WarmServers.counts()`, summed over the xdist workers."""
+    """pytest's summary line for `WarmServers.counts()`: every rank of the session, whichever worker launched it."""
     fresh = Counter({key.split(":", 1)[1]: n for key, n in counts.items() if key.startswith("fresh:")})
     why = ", ".join(f"{n} {reason}" for reason, n in fresh.most_common())
     line = f"ranks: {counts['warm']} forked warm, {fresh.total()} started fresh" + (f" ({why})" if why else "")
