@@ -78,17 +78,30 @@ def is_stripped(path: str | os.PathLike) -> bool:
     return Path(path).read_text(encoding="utf-8") == stripped_text(path)
 
 
-def execute(path: str | os.PathLike, workdir: str | os.PathLike, timeout: int = 600) -> nbformat.NotebookNode:
+def execute(
+    path: str | os.PathLike, workdir: str | os.PathLike, timeout: int = 600, python: list[str] | None = None
+) -> nbformat.NotebookNode:
     """Run the notebook top to bottom in a fresh kernel whose working folder is `workdir`; an error in any cell
-    raises (nbclient's CellExecutionError)."""
+    raises (nbclient's CellExecutionError). `python`: the interpreter command the kernel starts with instead of the
+    kernel spec's (the tests give theirs, which forks the kernel from an interpreter that already imported torch)."""
+    from jupyter_client.manager import AsyncKernelManager
     from nbclient import NotebookClient
+
+    class Kernel(AsyncKernelManager):
+        def format_kernel_cmd(self, extra_arguments=None):
+            cmd = super().format_kernel_cmd(extra_arguments)  # [python, -m, ipykernel_launcher, -f, file]
+            return [*python, *cmd[1:]] if python else cmd
 
     nb = nbformat.read(path, as_version=4)
     saved = {k: os.environ.get(k) for k in CPU_ENV}
     os.environ.update(CPU_ENV)
     try:
         NotebookClient(
-            nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": os.fspath(workdir)}}
+            nb,
+            timeout=timeout,
+            kernel_name="python3",
+            kernel_manager_class=Kernel,
+            resources={"metadata": {"path": os.fspath(workdir)}},
         ).execute()
     finally:
         for key, value in saved.items():

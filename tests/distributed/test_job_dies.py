@@ -1,13 +1,13 @@
 """What ends long jobs, each in a real `accelerate launch` on CPU (2 ranks, ZeRO-3, the shipped config, a tiny Llama):
-a rank killed with SIGKILL under `--max_restarts 1`, a SIGTERM at the launcher, and a newest checkpoint that is
-damaged (rank 1's optimizer file truncated) or incomplete (its manifest missing). Every job runs with
-`auto_resume=True` and must end with final weights bitwise equal to those of an uninterrupted run of the same job,
-which is the independent reference: the model is built from its config after the recipe's seeding, the data order is
-the sampler's, so nothing but the interruption differs.
+a SIGTERM at the launcher, and a newest checkpoint that is damaged (rank 1's optimizer file truncated) or incomplete
+(its manifest missing). A rank killed with SIGKILL under `--max_restarts 1` is test_offload_autoep's job, in the
+layout the planner recommends at scale (AutoEP + ZeRO-3 + both offloads), which resumes through the same path. Every
+job runs with `auto_resume=True` and must end with final weights bitwise equal to those of an uninterrupted run of the
+same job, which is the independent reference: the model is built from its config after the recipe's seeding, the data
+order is the sampler's, so nothing but the interruption differs.
 
-Three launches: (1) the killed run then, in the same processes after the restart, the uninterrupted reference; (2) the
-run given SIGTERM; (3) that run started again, then the two damaged-checkpoint jobs (copies of the reference's
-output directory up to checkpoint-9, which is damaged).
+Three launches: (1) the uninterrupted reference; (2) the run given SIGTERM; (3) that run started again, then the two
+damaged-checkpoint jobs (copies of the reference's output directory up to checkpoint-9, which is damaged).
 """
 
 import os
@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 WORKER = str(REPO / "tests" / "distributed" / "workers" / "survival_worker.py")
 CONFIG = REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml"
-STEPS, SAVE_STEPS, KILL_AT = 10, 3, 5  # checkpoints 3, 6, 9; rank 1 dies after step 5, past checkpoint-3
+STEPS, SAVE_STEPS = 10, 3  # checkpoints 3, 6, 9
 SIGNAL_AFTER = 2  # the launcher gets SIGTERM once rank 0 ended this step (each step end then waits PAUSE_S)
 PAUSE_S = 0.5
 
@@ -72,14 +72,8 @@ def sigterm_at_the_launcher(out: Path) -> tuple[subprocess.CompletedProcess, int
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
     root = tmp_path_factory.mktemp("job_dies")
-    killed, reference, stopped = root / "killed", root / "reference", root / "stopped"
-    first = accelerate_launch(
-        CONFIG,
-        [WORKER, str(killed), str(STEPS), str(SAVE_STEPS), f"kill-at={KILL_AT}"]
-        + ["then", str(reference), str(STEPS), str(SAVE_STEPS)],
-        launch_args=("--max_restarts", "1"),
-    )
-    check_launch(first)
+    reference, stopped = root / "reference", root / "stopped"
+    check_launch(accelerate_launch(CONFIG, [WORKER, str(reference), str(STEPS), str(SAVE_STEPS)]))
     term, signalled_at = sigterm_at_the_launcher(stopped)
     # As the stopped job left them, before the launch that continues it writes its own.
     after_term = {
@@ -105,9 +99,7 @@ def jobs(tmp_path_factory):
     )
     check_launch(again)
     return {
-        "killed": killed,
         "reference": reference,
-        "first": first,
         "stopped": stopped,
         "term": term,
         "signalled_at": signalled_at,
@@ -115,16 +107,6 @@ def jobs(tmp_path_factory):
         "again": again,
         **damaged,
     }
-
-
-def test_a_rank_killed_under_max_restarts_finishes_by_itself_equal_to_an_uninterrupted_run(jobs):
-    text = jobs["first"].stdout + jobs["first"].stderr
-    assert "exitcode: -9" in text and "local_rank: 1" in text  # the launcher saw rank 1 die of SIGKILL
-    # Only the restarted attempt returned from train(), and it trained from the step after checkpoint-3.
-    records = sorted(p.name for p in (jobs["killed"] / "survival").iterdir())
-    assert records == ["rank0-attempt1.json", "rank1-attempt1.json"]
-    assert f"auto_resume: resuming from {jobs['killed'] / 'checkpoint-3'}" in text
-    assert_bitwise_equal(jobs["killed"] / "final", jobs["reference"] / "final")
 
 
 def test_sigterm_at_the_launcher_saves_the_next_step_on_every_rank_and_exits_75(jobs):

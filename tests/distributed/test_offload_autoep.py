@@ -49,8 +49,12 @@ def runs(tmp_path_factory):
 
 def test_a_killed_rank_comes_back_by_itself_to_the_uninterrupted_runs_weights(runs):
     killed = runs["killed"]
-    # The first attempt died: rank 1 wrote no end record for attempt 0; attempt 1 resumed after checkpoint-2.
-    assert not (killed / "survival" / "rank1-attempt0.json").exists()
+    text = runs["launch"].stdout + runs["launch"].stderr
+    assert "exitcode: -9" in text and "local_rank: 1" in text  # the launcher saw rank 1 die of SIGKILL
+    assert f"auto_resume: resuming from {killed / 'checkpoint-2'}" in text
+    # Only the restarted attempt returned from train(), and it trained from the step after checkpoint-2.
+    records = sorted(p.name for p in (killed / "survival").glob("*.json"))
+    assert records == ["rank0-attempt1.json", "rank1-attempt1.json"]
     for rank in (0, 1):
         after = json.loads((killed / "survival" / f"rank{rank}-attempt1.json").read_text())
         assert after["first_step"] == 3 and after["global_step"] == STEPS, after

@@ -120,6 +120,8 @@ def test_ranks_that_import_differently_start_fresh(client, tmp_path):
         "interpreter-flag": {"PYTHONFAULTHANDLER": "1"},
         # read when torch._inductor is imported, which the servers do (DeepSpeed's Muon optimizer, warm_ranks.py)
         "compile-config": {"TORCHINDUCTOR_COMPILE_THREADS": "3"},
+        # datasets.config takes its cache folder at import: a warm fork would write to the servers' one
+        "datasets-cache": {"HF_DATASETS_CACHE": str(tmp_path / "datasets")},
         "shadowing-path": {"PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(tmp_path)])},
     }
     for name, env in cases.items():

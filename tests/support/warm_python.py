@@ -22,7 +22,9 @@ LOG = "HF_DIST_RECIPES_WARM_LOG"  # a line per rank: "warm SCRIPT" or "fresh WHY
 IMPORT_TIME_ENV = (
     "CUDA_VISIBLE_DEVICES",
     "DS_ACCELERATOR",
+    "HF_DATASETS_CACHE",  # datasets.config and huggingface_hub.constants read their cache folders at import
     "HF_HOME",
+    "HF_HUB_CACHE",
     "HF_HUB_OFFLINE",
     "LD_LIBRARY_PATH",
     "LD_PRELOAD",

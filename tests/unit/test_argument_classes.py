@@ -6,7 +6,6 @@ import dataclasses
 import inspect
 import os
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -171,8 +170,16 @@ def test_upgraded_arguments_deepcopy_and_load_from_training_args_bin_in_a_fresh_
         "print(type(u).__name__, u.teacher_temperature, u.scaled(8.0), u.lr_scheduler_type.value)\n"
         "print(type(s).__name__, s.predict_with_generate, s.generation_max_length)\n"
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parents[1])]))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    from tests.support.launch import launched_ranks_env, python_for
+
+    # A new process that imported nothing of ours (forked warm, from a server that imported only upstream's stack,
+    # in a session that launches): the unpickling imports the classes by itself. Without the hash seed the
+    # arguments above exported, which a fresh interpreter would take and a warm fork cannot.
+    env = launched_ranks_env({k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"})
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parents[1])])
+    (tmp_path / "load.py").write_text(code)
+    argv = [*python_for(env), str(tmp_path / "load.py")]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[:2] == [
         "RecipeUserArguments 4.0 2.0 cosine_with_restarts",

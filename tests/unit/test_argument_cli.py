@@ -233,14 +233,18 @@ def test_none_turns_the_model_size_check_off_from_the_command_line(tmp_path):
 
 def test_the_run_clm_script_prints_its_help(tmp_path):
     """The user's view: `python run_clm.py --help` with our class in the tuple exits 0 and lists our arguments."""
+    import os
     import subprocess
 
+    from tests.support.launch import launched_ranks_env, python_for
+
+    env = dict(launched_ranks_env(os.environ), COLUMNS="120")  # forked warm in a session that launches
     proc = subprocess.run(
-        [sys.executable, str(REPO_SCRIPTS / "run_clm.py"), "--help"],
+        [*python_for(env), str(REPO_SCRIPTS / "run_clm.py"), "--help"],
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        env={**__import__("os").environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "120"},
+        env=env,
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
