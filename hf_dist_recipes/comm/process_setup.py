@@ -33,6 +33,7 @@ from typing import Literal
 
 from hf_dist_recipes._compat import torch as compat_torch
 from hf_dist_recipes.comm.nccl_defaults import ALIASES
+from hf_dist_recipes.core.gather import distributed as group_exists
 from hf_dist_recipes.core.gather import process_rank
 from hf_dist_recipes.reproducibility.seeding import SeedReport
 
@@ -89,12 +90,6 @@ def record(*, fresh: bool = False, **facts) -> ProcessRecord:
     global _record
     _record = replace(ProcessRecord() if fresh else _record, **facts)
     return _record
-
-
-def group_exists() -> bool:
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized()
 
 
 def group_backend() -> str | None:
