@@ -8,13 +8,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hf_dist_recipes.parallel.checkpoint_bytes import DEFAULT_SHARD_BYTES, PRECISION_BYTES, SaveBytes, save_bytes
+from hf_dist_recipes.parallel.checkpoint_bytes import (
+    DEFAULT_SHARD_BYTES,
+    ENGINE_BYTES_PER_ELEMENT,
+    PRECISION_BYTES,
+    SaveBytes,
+    save_bytes,
+)
 from hf_dist_recipes.planning.models import ModelShape, component_of
 from hf_dist_recipes.planning.plan import ParallelPlan
 from hf_dist_recipes.planning.tp_specs import partition_config, tp_split_dim
 
 BYTES_PER_ELEMENT = {"bf16": (2, 4, 12), "fp16": (2, 4, 12), "fp32": (4, 4, 8)}  # parameter, gradient, optimizer
-COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # activations, gathered gradients, communication buffers
 LOGIT_BYTES = 12  # per logit element, gathered head (`memory` module docstring)
 VOCAB_PARALLEL_LOGIT_BYTES = 14  # per local logit element, DeepSpeed's vocabulary-parallel head
 
@@ -42,7 +47,7 @@ def bytes_per_element(plan: ParallelPlan) -> tuple[int, int, int]:
     fp32 run's buffers show (tests/distributed/test_offload_autoep.py); elsewhere fp32's parameter is the master."""
     p_bytes, g_bytes, o_bytes = BYTES_PER_ELEMENT[plan.precision]
     if plan.engine == "deepspeed" and plan.zero_stage >= 1:
-        o_bytes = 12
+        o_bytes = ENGINE_BYTES_PER_ELEMENT
     return p_bytes, g_bytes, o_bytes
 
 

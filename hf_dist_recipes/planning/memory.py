@@ -109,9 +109,8 @@ from dataclasses import asdict, dataclass, field
 
 from hf_dist_recipes.core.sizes import GIB
 from hf_dist_recipes.planning.elements import (
-    BYTES_PER_ELEMENT,
-    COMPUTE_BYTES,
     LOGIT_BYTES,
+    PRECISION_BYTES,
     RankElements,
     bytes_per_element,
     head_logits_bytes,
@@ -140,7 +139,7 @@ def _norm_bytes(c: int, width: int) -> int:
 
 
 def _attention_bytes_per_token(plan: ParallelPlan, model: ModelShape) -> float:
-    c, t, h = COMPUTE_BYTES[plan.precision], plan.tp, model.hidden_size
+    c, t, h = PRECISION_BYTES[plan.precision], plan.tp, model.hidden_size
     if model.is_mla:
         nope, rope, v = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
         norms = _norm_bytes(c, h) + _norm_bytes(c, model.kv_lora_rank)
@@ -163,7 +162,7 @@ def _imbalance(plan: ParallelPlan, routing_imbalance: float) -> float:
 def _mlp_bytes_per_token(
     plan: ParallelPlan, model: ModelShape, moe: bool, routing_imbalance: float = DEFAULT_ROUTING_IMBALANCE
 ) -> float:
-    c, t, h = COMPUTE_BYTES[plan.precision], plan.tp, model.hidden_size
+    c, t, h = PRECISION_BYTES[plan.precision], plan.tp, model.hidden_size
     norm = _norm_bytes(c, h)
     if not moe:
         return norm + 4 * c * model.intermediate_size / t
@@ -207,7 +206,7 @@ def activation_parts(
     checkpointing), `dispatch` (AutoEP's all-to-all copies, EP > 1), `logits`. `routing_imbalance`: the busiest EP
     rank's expert load over the mean (module docstring)."""
     tokens = plan.seq_len * plan.micro_batch
-    c = COMPUTE_BYTES[plan.precision]
+    c = PRECISION_BYTES[plan.precision]
     f = _imbalance(plan, routing_imbalance)
     dense = layer_bytes_per_token(plan, model, moe=False)
     moe = layer_bytes_per_token(plan, model, moe=True, routing_imbalance=routing_imbalance)
@@ -306,23 +305,22 @@ def zero3_buffer_bytes(plan: ParallelPlan, model: ModelShape, el: RankElements) 
     if plan.zero_stage != 3:
         return {}
     zb = zero_buffers(plan, model)
-    p_bytes = BYTES_PER_ELEMENT[plan.precision][0]
-    c = COMPUTE_BYTES[plan.precision]
+    c = PRECISION_BYTES[plan.precision]  # parameters, gathered gradients and buckets alike
     subgroup = min(zb.sub_group_size + el.largest_partition, el.optimizer)
     return {
-        "prefetched_params": (zb.live_parameter_elements(el.sharded) - el.gathered_layer) * p_bytes,
+        "prefetched_params": (zb.live_parameter_elements(el.sharded) - el.gathered_layer) * c,
         "gathered_grads": el.gathered_layer * c,
         "reduce_bucket": zb.reduce_bucket_size * c,
         "reduce_copy": min(zb.reduce_bucket_size, el.sharded) * _reduce_copy_bytes(plan),
         "subgroup_fp32_grads": 0 if plan.offload_optimizer else subgroup * 4,
-        "hpz_secondary": zb.hpz_secondary_elements * p_bytes,
+        "hpz_secondary": zb.hpz_secondary_elements * c,
     }
 
 
 def _reduce_copy_bytes(plan: ParallelPlan) -> int:
     """Bytes per bucket element alive during ZeRO-3's reduce-scatter (module docstring, `reduce_copy`)."""
     reduce = grad_reduce_bytes(plan)
-    return reduce if reduce == COMPUTE_BYTES[plan.precision] else 2 * reduce
+    return reduce if reduce == PRECISION_BYTES[plan.precision] else 2 * reduce
 
 
 PERSISTENT_BUFFERS = ("reduce_bucket", "hpz_secondary")

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 
 from hf_dist_recipes.core.sizes import GIB
 from hf_dist_recipes.environment.alloc_defaults import ALLOC_CONF, ALLOC_CONF_VARIABLE
-from hf_dist_recipes.planning.elements import BYTES_PER_ELEMENT, head_logits_bytes, rank_elements
+from hf_dist_recipes.planning.elements import PRECISION_BYTES, head_logits_bytes, rank_elements
 from hf_dist_recipes.planning.models import ModelShape
 from hf_dist_recipes.planning.plan import ParallelPlan
 
@@ -149,7 +149,7 @@ def hpz_partition_size(plan: ParallelPlan, model: ModelShape | None = None) -> i
 
 
 def _hpz_secondary_bytes(plan: ParallelPlan, model: ModelShape) -> int:
-    return math.ceil(model.total_params / plan.procs_per_node) * BYTES_PER_ELEMENT[plan.precision][0]
+    return math.ceil(model.total_params / plan.procs_per_node) * PRECISION_BYTES[plan.precision]
 
 
 def vocab_parallel_saving_bytes(plan: ParallelPlan, model: ModelShape) -> int:
@@ -200,7 +200,7 @@ def zero_buffer_notes(plan: ParallelPlan, model: ModelShape | None) -> list[str]
         ]
     if plan.zero_stage == 3 and model is not None:
         if b.hpz_partition_size > 1:
-            secondary = b.hpz_secondary_elements * BYTES_PER_ELEMENT[plan.precision][0]
+            secondary = b.hpz_secondary_elements * PRECISION_BYTES[plan.precision]
             lines.append(
                 f"zero_hpz_partition_size {b.hpz_partition_size}: a node-local copy of the parameters "
                 f"({secondary / GIB:.1f} GiB/GPU) keeps backward gathers in the node"
