@@ -30,7 +30,6 @@ def register(subparsers) -> None:
         "calibrate",
         help="measure CPU Adam, collective, copy and matmul rates here; write a profile for config --profile",
         description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: hf-dist-recipes calibrate --output profile.json && hf-dist-recipes config estimate "
         "--model deepseek-v3 --nodes 8 --gpu-memory 80 --suggest --profile profile.json",
     )

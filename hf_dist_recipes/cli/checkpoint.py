@@ -26,14 +26,12 @@ def register(subparsers) -> None:
         "checkpoint",
         help="turn a DeepSpeed training checkpoint (ZeRO-3, TP, EP) into a HuggingFace checkpoint",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     export = sub.add_parser(
         "export",
         help="write a from_pretrained-loadable checkpoint from a checkpoint-N folder",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: hf-dist-recipes checkpoint export runs/job/checkpoint-1200 --output runs/job/hf-1200",
     )
     export.add_argument("checkpoint", help="a Trainer checkpoint-N folder (or its global_stepN folder)")

@@ -44,7 +44,6 @@ def register(subparsers) -> None:
         "config",
         help="plan, generate, validate and size ZeRO-3 + TP + EP configs",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="config_command", metavar="SUBCOMMAND", required=True)
 

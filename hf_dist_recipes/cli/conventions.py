@@ -114,12 +114,15 @@ def apply(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def _exit_epilog(parser: argparse.ArgumentParser) -> None:
-    """EXIT_STATUS under the command's own epilog. Help is then printed as written (the table's layout), so a
-    description or epilog written as one paragraph is wrapped here."""
-    if not issubclass(parser.formatter_class, argparse.RawDescriptionHelpFormatter):
+    """EXIT_STATUS under the command's own epilog. Help is then printed as written (the table's layout): a
+    description with line breaks of its own (a module docstring) keeps them, with its epilog; a description or
+    epilog written as one paragraph is wrapped here."""
+    if "\n" not in (parser.description or "") and not issubclass(
+        parser.formatter_class, argparse.RawDescriptionHelpFormatter
+    ):
         parser.description = _wrap(parser.description)
         parser.epilog = _wrap(parser.epilog)
-        parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = f"{parser.epilog}\n\n{EXIT_STATUS}" if parser.epilog else EXIT_STATUS
 
 

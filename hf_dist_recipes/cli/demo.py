@@ -19,7 +19,6 @@ def register(subparsers) -> None:
         "demo",
         help="train a tiny DeepSeek-V3-style model with ZeRO-3 on 2 processes and summarise it",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: hf-dist-recipes demo --max-steps 100 --output runs/try1\n"
         "Your data: hf-dist-recipes demo --data-files notes.txt more.txt   (or: --data-files chat.jsonl "
         "--text-field content)\n"

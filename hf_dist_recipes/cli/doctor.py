@@ -29,7 +29,6 @@ def register(subparsers) -> None:
         help="check this environment for distributed training: versions, driver, NCCL, GPUs, links, "
         "known-bad combinations",
         description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: hf-dist-recipes doctor --strict --lock pinned/requirements.lock",
     )
     parser.add_argument("--json", action="store_true", help="print facts, checks and exit code as JSON")

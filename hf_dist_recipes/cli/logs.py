@@ -34,14 +34,12 @@ def register(subparsers) -> None:
         "logs",
         help="every rank's logs: summarize (aggregate run, stragglers, divergence, report), hang (why a job hung)",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     summarize = sub.add_parser(
         "summarize",
         help="aggregate the rank<N> runs under LOGDIR",
         description=SUMMARIZE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: hf-dist-recipes logs summarize runs/job/logs --tp 2 && tensorboard --logdir "
         "runs/job/logs/summary",
     )
@@ -76,7 +74,6 @@ def register(subparsers) -> None:
         "hang",
         help="why a job hung: which rank, which collective, which line (from the ranks' hang dumps)",
         description=HANG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: hf-dist-recipes logs hang runs/job  (the output_dir; the logging dir works too)",
     )
     hang.add_argument("dir", help="the job's output_dir or logging_dir, or its flight_recorder/ folder")

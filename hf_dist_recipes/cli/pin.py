@@ -21,7 +21,6 @@ def register(subparsers) -> None:
         "pin",
         help="write requirements.lock and a Dockerfile reproducing this environment or a chosen torch build",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: hf-dist-recipes pin --output pinned --torch 2.13.0 --cuda 13.0 && docker build -t job pinned",
     )
     parser.add_argument(

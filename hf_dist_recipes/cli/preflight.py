@@ -30,7 +30,6 @@ def register(subparsers) -> None:
         help="prove a launch config on the machines it will run on: environment, backend, "
         "communication, plan, training, failure paths, logs",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: hf-dist-recipes preflight --config-file accelerate_configs/cpu_zero3_2proc.yaml",
     )
     parser.add_argument("--config-file", required=True, help="the accelerate YAML the job will be launched with")

@@ -276,7 +276,6 @@ def commbench_command_parser(subparsers=None) -> argparse.ArgumentParser:
             "commbench",
             help="measure collective bandwidth (all_reduce, all_gather, reduce_scatter) and ring links",
             description=COMMAND_DESCRIPTION,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
             epilog="Example: hf-dist-recipes commbench --sizes 1M,64M,256M --iters 50\n"
             "On a GPU host: hf-dist-recipes commbench --backend gloo   (Gloo next to NCCL, with the ratio)",
         )

@@ -29,7 +29,6 @@ from hf_dist_recipes.comm.flight_recorder import FATAL_PREFIX, FLIGHT_RECORDER_D
 
 ANCESTORS = 3  # <output_dir>/runs/<run>/rank<N> is three levels under the output directory
 FrameKind = Literal["torch", "stdlib", "dumper", "library", "user"]
-SKIPPED: frozenset[str] = frozenset({"torch", "stdlib", "dumper"})  # never a rank's stack top
 _PACKAGE = re.compile(r"[/\\](?:site|dist)-packages[/\\]([^/\\]+)")
 _STDLIB = re.compile(r"[/\\]lib[/\\]python\d+(?:\.\d+)?[/\\]")
 _DUMPERS = ("hf_dist_recipes/comm/flight_recorder.py", "hf_dist_recipes/comm/watchdog.py")
