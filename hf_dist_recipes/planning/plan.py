@@ -13,11 +13,11 @@ wrong) and returns warnings for what runs but wastes GPUs.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from importlib.metadata import PackageNotFoundError, version
 from typing import Literal, get_args
 
 from packaging.version import Version
 
+from hf_dist_recipes.environment.fingerprint import installed_version
 from hf_dist_recipes.planning.models import ModelShape
 
 # The closed sets, typed (the tuples are what `validate` and the CLI's choices read: one source).
@@ -188,12 +188,8 @@ class ParallelPlan:
             )
 
     def _validate_deepspeed_version(self, deepspeed_version: str | None) -> None:
-        if deepspeed_version is None:
-            try:
-                deepspeed_version = version("deepspeed")
-            except PackageNotFoundError:
-                return
-        if Version(deepspeed_version) < Version(MIN_DEEPSPEED_ZERO3_AUTOTP):
+        deepspeed_version = deepspeed_version or installed_version("deepspeed")
+        if deepspeed_version is not None and Version(deepspeed_version) < Version(MIN_DEEPSPEED_ZERO3_AUTOTP):
             raise ValueError(
                 f"ZeRO-3 with AutoTP needs DeepSpeed >= {MIN_DEEPSPEED_ZERO3_AUTOTP} (DeepSpeed PRs "
                 f"8167, 8168), this is {deepspeed_version}; upgrade DeepSpeed or use --zero 2"

@@ -324,15 +324,9 @@ def matmul_tflops(model, tokens: int, ep: int = 1) -> Rate:
 
 
 def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
+    from hf_dist_recipes.environment.fingerprint import installed_version
 
-    out = {}
-    for dist in ("torch", "deepspeed", "hf-dist-recipes"):
-        try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:
-            out[dist] = "not installed"
-    return out
+    return {dist: installed_version(dist) or "not installed" for dist in ("torch", "deepspeed", "hf-dist-recipes")}
 
 
 def calibrate(s: CalibrationSettings, progress: Callable[[str], None] = lambda line: None) -> Profile:
