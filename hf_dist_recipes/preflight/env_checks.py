@@ -114,25 +114,12 @@ def local_backend() -> dict:
     try:
         live = backend.check_process_group_backend(cuda_devices=gpus)
     except ValueError as err:
-        return {
-            "status": ERROR,
-            "backend": None,
-            "gpus": gpus,
-            "detail": str(err).split(". ")[0],
-            "fix": str(err).split(". ", 1)[-1],
-        }
-    dropped = deepspeed_dropped()
-    if dropped:
-        return {"status": ERROR, "backend": live, "gpus": gpus, "detail": dropped[0], "fix": dropped[1]}
-    if live is None:
-        return {
-            "status": ERROR,
-            "backend": None,
-            "gpus": gpus,
-            "detail": "no process group on this rank",
-            "fix": "launch with accelerate launch (the preflight does)",
-        }
-    return {"status": OK, "backend": live, "gpus": gpus, "detail": "", "fix": ""}
+        live, problem = None, (str(err).split(". ")[0], str(err).split(". ", 1)[-1])
+    else:
+        no_group = ("no process group on this rank", "launch with accelerate launch (the preflight does)")
+        problem = deepspeed_dropped() or (no_group if live is None else None)
+    detail, fix = problem or ("", "")
+    return {"status": ERROR if problem else OK, "backend": live, "gpus": gpus, "detail": detail, "fix": fix}
 
 
 def deepspeed_dropped(environ=None) -> tuple[str, str] | None:
