@@ -42,6 +42,7 @@ from hf_dist_recipes.comm.hang_files import (
     thread_frames,
     top_frame,
 )
+from hf_dist_recipes.core import findings
 from hf_dist_recipes.core.findings import ERROR, HANG_EXIT, OK, ExitCode, Status, exit_code, json_schema
 
 DivergenceKind = Literal[
@@ -397,14 +398,7 @@ _KIND_WORDS: dict[str, str] = {
 
 def rank_list(ranks: list[int]) -> str:
     """ "rank 3" / "ranks 0-2, 5": consecutive ranks folded into ranges."""
-    spans: list[list[int]] = []
-    for r in sorted(ranks):
-        if spans and r == spans[-1][1] + 1:
-            spans[-1][1] = r
-        else:
-            spans.append([r, r])
-    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
-    return f"rank{'s' if len(ranks) > 1 else ''} {text}"
+    return f"rank{'s' if len(ranks) > 1 else ''} {findings.rank_list(ranks, min_run=2)}"
 
 
 def where(frame: Frame | None) -> str:

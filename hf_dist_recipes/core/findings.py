@@ -65,6 +65,19 @@ def worst(statuses: Iterable[str]) -> Status:
     return max(statuses, key=severity_rank, default=OK)
 
 
+def rank_list(ranks: Iterable[int], min_run: int = 3) -> str:
+    """Ranks as the console writes them: sorted, runs of `min_run` or more as first-last ("0-7, 9, 12, 13")."""
+    parts: list[str] = []
+    run: list[int] = []
+    for rank in sorted(set(ranks)) + [None]:
+        if run and (rank is None or rank != run[-1] + 1):
+            parts += [f"{run[0]}-{run[-1]}"] if len(run) >= min_run else [str(r) for r in run]
+            run = []
+        if rank is not None:
+            run.append(rank)
+    return ", ".join(parts)
+
+
 def count_statuses(statuses: Iterable[str]) -> dict[str, int]:
     """How many of each status, every status present (0 when none)."""
     counts = dict.fromkeys(STATUSES, 0)

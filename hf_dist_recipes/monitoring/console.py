@@ -22,10 +22,10 @@ values the ranks gathered or agreed on, and a line from each rank said the same 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 
 from transformers import PrinterCallback, ProgressCallback
 
+from hf_dist_recipes.core.findings import rank_list as rank_list  # console's name for it (warn_once's messages)
 from hf_dist_recipes.core.gather import distributed
 
 # Keys our callbacks add that the console leaves to TensorBoard (expert_load.py, rank_agreement.py,
@@ -102,16 +102,3 @@ def warn_once(logger: logging.Logger, message: str, *args) -> None:
     names the rank(s) it is about."""
     if on_rank_zero():
         logger.warning(message, *args)
-
-
-def rank_list(ranks: Iterable[int]) -> str:
-    """Ranks as the console writes them: sorted, runs of 3 or more as first-last ("0-7, 9, 12, 13")."""
-    parts: list[str] = []
-    run: list[int] = []
-    for rank in sorted(set(ranks)) + [None]:
-        if run and (rank is None or rank != run[-1] + 1):
-            parts += [f"{run[0]}-{run[-1]}"] if len(run) >= 3 else [str(r) for r in run]
-            run = []
-        if rank is not None:
-            run.append(rank)
-    return ", ".join(parts)
