@@ -163,28 +163,16 @@ class LaunchResult:
         return f"ended with exit code {self.returncode}"
 
 
-def run_launch(
-    launch: Launch,
-    *,
-    output: Output = "capture",
-    on_line: Callable[[str], None] | None = None,
-    stop: Callable[[], bool] | None = None,
-    stop_grace_s: float = 2.0,
-    kill_grace_s: float = KILL_GRACE_S,
-    base_env: Mapping[str, str] | None = None,
-) -> LaunchResult:
-    """Run `launch` (its argv, environment, working directory, timeout and log file) with `run_process`."""
+def run_launch(launch: Launch, *, base_env: Mapping[str, str] | None = None, **options) -> LaunchResult:
+    """Run `launch` (its argv, environment, working directory, timeout and log file) with `run_process`, whose
+    `output`, `on_line`, `stop`, `stop_grace_s` and `kill_grace_s` `options` may set."""
     return run_process(
         launch.argv(),
         env=launch.child_env(base_env),
         cwd=launch.cwd,
         timeout_s=launch.timeout_s,
-        output=output,
         log_path=launch.output,
-        on_line=on_line,
-        stop=stop,
-        stop_grace_s=stop_grace_s,
-        kill_grace_s=kill_grace_s,
+        **options,
     )
 
 
