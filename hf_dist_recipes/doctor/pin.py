@@ -28,6 +28,7 @@ from hf_dist_recipes.doctor.lock import (
     lock_of,
     python_version,
     running_torch_build,
+    split_local,
     write_lock,
 )
 from hf_dist_recipes.environment import cuda_host
@@ -115,18 +116,9 @@ def plan_lock(
         tag, build_cuda = running_torch_build()
         if "torch" in installed and tag is None:
             raise ValueError("cannot tell the running torch's build; pin a chosen one with --torch X --cuda Y")
-        build_cuda = build_cuda or torch_builds.CPU
-        nccl = _nccl_installed(installed)
-        lock = lock_of(
-            installed,
-            torch_build=tag,
-            cuda=None if build_cuda == torch_builds.CPU else build_cuda,
-            index_url=torch_builds.index_url(build_cuda),
-            nccl=nccl,
-            python=python,
-            local=local,
-        )
-        build = torch_builds.TorchBuild(lock.packages.get("torch", ""), build_cuda, nccl)
+        torch_version = split_local(installed.get("torch", ""))[0]
+        build = torch_builds.TorchBuild(torch_version, build_cuda or torch_builds.CPU, _nccl_installed(installed))
+        packages = installed
     else:
         build = torch_builds.lookup(torch, cuda)
         packages = {
@@ -141,15 +133,16 @@ def plan_lock(
         packages["torch"] = build.torch
         if build.nccl_distribution and build.nccl:
             packages[build.nccl_distribution] = build.nccl
-        lock = lock_of(
-            packages,
-            torch_build=build.tag,
-            cuda=None if build.cuda == torch_builds.CPU else build.cuda,
-            index_url=build.index_url,
-            nccl=build.nccl,
-            python=python,
-            local=local,
-        )
+        tag = build.tag
+    lock = lock_of(
+        packages,
+        torch_build=tag,
+        cuda=None if build.cuda == torch_builds.CPU else build.cuda,
+        index_url=build.index_url,
+        nccl=build.nccl,
+        python=python,
+        local=local,
+    )
     notes = []
     if build.cuda != torch_builds.CPU:
         floor = cuda_host.min_driver_for_cuda(build.cuda)
