@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 
 from hf_dist_recipes.planning.calibration import RATE_KINDS, Profile, Rate
 from hf_dist_recipes.planning.comm import Span, all_gather_bytes
@@ -242,6 +243,22 @@ def launch_collectives(processes: int | None, progress: Callable[[str], None]) -
     return run_commbench(plan), f"commbench launched by calibrate on {socket.gethostname()}"
 
 
+def _cuda_seconds(work: Callable[[], object], iters: int = 10) -> float:
+    """Seconds one call of `work` (GPU work queued on the current stream) takes, the mean of `iters` timed with
+    CUDA events after one untimed call."""
+    import torch
+
+    work()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        work()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
 def copy_bandwidth() -> Rate:
     """Host <-> GPU copies of COPY_BYTES of pinned memory, each way, timed with CUDA events; the rate is their
     harmonic mean (offload moves about as many bytes each way)."""
@@ -251,15 +268,7 @@ def copy_bandwidth() -> Rate:
     dev = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
     speeds = {}
     for name, (dst, src) in {"host->GPU": (dev, host), "GPU->host": (host, dev)}.items():
-        dst.copy_(src, non_blocking=True)
-        torch.cuda.synchronize()
-        start, end, iters = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), 10
-        start.record()
-        for _ in range(iters):
-            dst.copy_(src, non_blocking=True)
-        end.record()
-        torch.cuda.synchronize()
-        speeds[name] = COPY_BYTES * iters / (start.elapsed_time(end) / 1e3) / 1e9
+        speeds[name] = COPY_BYTES / _cuda_seconds(partial(dst.copy_, src, non_blocking=True)) / 1e9
     value = 2 / sum(1 / v for v in speeds.values())
     how = "pinned copies of 256 MiB, " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in speeds.items()) + " (harmonic mean)"
     return Rate(value, RATE_KINDS["pcie_gbps"].unit, how)
@@ -304,15 +313,7 @@ def matmul_tflops(model, tokens: int, ep: int = 1) -> Rate:
     for batch, rows, k, n in shapes:
         x = torch.randn(batch, rows, k, dtype=torch.bfloat16, device="cuda")
         w = torch.randn(batch, k, n, dtype=torch.bfloat16, device="cuda")
-        torch.bmm(x, w)
-        torch.cuda.synchronize()
-        start, end, iters = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), 10
-        start.record()
-        for _ in range(iters):
-            torch.bmm(x, w)
-        end.record()
-        torch.cuda.synchronize()
-        seconds += start.elapsed_time(end) / 1e3 / iters
+        seconds += _cuda_seconds(partial(torch.bmm, x, w))
         flops += 2.0 * batch * rows * k * n
         del x, w
     name = getattr(model, "name", None) or "no model (a {}x{}x{} matmul)".format(*DEFAULT_MATMUL)
