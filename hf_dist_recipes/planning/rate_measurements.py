@@ -244,8 +244,7 @@ def launch_collectives(processes: int | None, progress: Callable[[str], None]) -
 
 
 def _cuda_seconds(work: Callable[[], object], iters: int = 10) -> float:
-    """Seconds one call of `work` (GPU work queued on the current stream) takes, the mean of `iters` timed with
-    CUDA events after one untimed call."""
+    """Seconds of one call of `work` (queued GPU work): the mean of `iters` timed with CUDA events, after one."""
     import torch
 
     work()
