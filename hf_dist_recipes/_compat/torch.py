@@ -17,13 +17,6 @@ def set_allocator_settings(settings: str) -> None:
     torch._C._accelerator_setAllocatorSettings(settings)
 
 
-def allocator_settings() -> str:
-    """The allocator settings last parsed in this process (torch 2.13 `_accelerator_getAllocatorSettings`)."""
-    import torch
-
-    return torch._C._accelerator_getAllocatorSettings()
-
-
 def tensor_norms(tensors: list):
     """The 2-norm of each tensor, float32, from one fused call (torch 2.13 `torch._foreach_norm`, the kernel
     `clip_grad_norm_` uses; on CPU it loops in C++). NaN and Inf survive; so does a float32 overflow."""
