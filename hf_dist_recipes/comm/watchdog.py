@@ -318,9 +318,7 @@ class HangWatchdogCallback(RecipeCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         super().on_train_begin(args, state, control, **kwargs)
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        if not _distributed():
             return
         if not self.step_timeout_set:
             # The arguments gave every group the start-up timeout; DeepSpeed's groups, made since with the engine
