@@ -18,12 +18,14 @@ def setting(name: str, value: object) -> str:
     return f"{name} {value}" if name.startswith("--") else f"{name}={value}"
 
 
-def positive_int(value: object, name: str, example: int, *, minimum: int = 1, unit: str = "") -> int:
+def positive_int(value: object, name: str, example: int, *, minimum: int = 1, unit: str = "", note: str = "") -> int:
     """Return `value` when it is an integer >= `minimum` (default 1), else raise ValueError naming `name`, the
-    bound, and `example` as a valid value. `unit` (e.g. "optimizer steps") is added to the message."""
+    bound, and `example` as a valid value. `unit` (e.g. "optimizer steps") is added to the message, `note` (e.g.
+    "0: off") follows the example in brackets."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         what = f"a whole number of {unit}" if unit else "an integer"
-        raise ValueError(f"{name} must be {what} >= {minimum}, got {value!r}; e.g. {setting(name, example)}")
+        note = f" ({note})" if note else ""
+        raise ValueError(f"{name} must be {what} >= {minimum}, got {value!r}; e.g. {setting(name, example)}{note}")
     return value
 
 

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 import torch
 
 from hf_dist_recipes.core.gather import gather_objects
+from hf_dist_recipes.core.user_values import positive_int
 from hf_dist_recipes.runtime import RecipeCallback
 
 logger = logging.getLogger(__name__)
@@ -50,21 +51,14 @@ DEFAULT_STRAGGLER_WINDOWS = 2
 
 def validate_straggler_settings(check_steps: object, threshold: object, windows: object) -> tuple[int, float, int]:
     """The three settings, checked; ValueError naming the fix otherwise."""
-    if isinstance(check_steps, bool) or not isinstance(check_steps, int) or check_steps < 0:
-        raise ValueError(
-            f"straggler_check_steps must be an integer >= 0 (optimizer steps; 0: off), got "
-            f"{check_steps!r}; use {DEFAULT_STRAGGLER_CHECK_STEPS} (the default)"
-        )
+    note = "optimizer steps, 0: off; use the default"
+    positive_int(check_steps, "straggler_check_steps", DEFAULT_STRAGGLER_CHECK_STEPS, minimum=0, note=note)
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold > 0:
         raise ValueError(
             f"straggler_threshold must be a number > 0 (0.2: 20% slower than the median), got "
             f"{threshold!r}; use {DEFAULT_STRAGGLER_THRESHOLD} (the default)"
         )
-    if isinstance(windows, bool) or not isinstance(windows, int) or windows < 1:
-        raise ValueError(
-            f"straggler_windows must be an integer >= 1 (checks in a row), got {windows!r}; use "
-            f"{DEFAULT_STRAGGLER_WINDOWS} (the default)"
-        )
+    positive_int(windows, "straggler_windows", DEFAULT_STRAGGLER_WINDOWS, note="checks in a row; use the default")
     return check_steps, float(threshold), windows
 
 

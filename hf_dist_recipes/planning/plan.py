@@ -17,6 +17,7 @@ from typing import Literal, get_args
 
 from packaging.version import Version
 
+from hf_dist_recipes.core.user_values import positive_int
 from hf_dist_recipes.environment.fingerprint import installed_version
 from hf_dist_recipes.planning.models import ModelShape
 
@@ -100,15 +101,10 @@ class ParallelPlan:
         installed one (the rule on ZeRO-3 + AutoTP is skipped when DeepSpeed is not installed)."""
         warnings: list[str] = []
         for name in ("nodes", "procs_per_node", "tp", "ep", "micro_batch", "grad_accum", "seq_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        chunk = self.loss_chunk_tokens
-        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
-            raise ValueError(
-                f"loss_chunk_tokens must be a positive number of tokens, got {chunk!r}; pass --loss-chunk-tokens N "
-                "(e.g. 4096) or leave it out for the stock loss"
-            )
+            positive_int(getattr(self, name), name, getattr(ParallelPlan, name))  # the default as the example
+        if self.loss_chunk_tokens is not None:
+            note = "pass --loss-chunk-tokens N or leave it out for the stock loss"
+            positive_int(self.loss_chunk_tokens, "loss_chunk_tokens", 4096, unit="tokens", note=note)
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         if self.precision not in PRECISIONS:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hf_dist_recipes.core.sizes import GIB
+from hf_dist_recipes.core.user_values import positive_int
 from hf_dist_recipes.planning.comm import Hardware, StepEstimate, describe, step_estimate
 from hf_dist_recipes.planning.memory import (
     DEFAULT_DEVICE_TARGET,
@@ -43,9 +44,7 @@ def target_sequences(seq_len: int, *, sequences: int | None = None, tokens: int 
     if sequences is not None and tokens is not None:
         raise ValueError("give the batch target once: --global-batch (sequences) or --global-batch-tokens")
     if sequences is not None:
-        if isinstance(sequences, bool) or not isinstance(sequences, int) or sequences < 1:
-            raise ValueError(f"--global-batch is a number of sequences >= 1, got {sequences!r}")
-        return sequences
+        return positive_int(sequences, "--global-batch", 256, unit="sequences")
     tokens = DEFAULT_BATCH_TOKENS if tokens is None else tokens
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < seq_len:
         raise ValueError(

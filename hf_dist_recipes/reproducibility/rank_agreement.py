@@ -61,6 +61,7 @@ import torch
 
 from hf_dist_recipes._compat.deepspeed import is_zero_partitioned
 from hf_dist_recipes.core.gather import gather_floats, gather_objects
+from hf_dist_recipes.core.user_values import positive_int
 from hf_dist_recipes.monitoring.console import warn_once
 from hf_dist_recipes.runtime import RecipeCallback
 
@@ -79,9 +80,7 @@ def validate_policy(policy: object) -> str:
 
 
 def validate_rank_check_steps(steps: object) -> int:
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"rank_check_steps must be an integer >= 0 (0 turns the periodic check off), got {steps!r}")
-    return steps
+    return positive_int(steps, "rank_check_steps", 100, minimum=0, note="0 turns the periodic check off")
 
 
 def dropout_seed(seed: int, dp_rank: int, per_rank_dropout: bool) -> int:

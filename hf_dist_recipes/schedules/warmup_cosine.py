@@ -73,12 +73,7 @@ def validate_min_lr_ratio(value: float) -> float:
 
 def validate_restart_warmup_steps(value: int) -> int:
     """Return `value`, or raise ValueError unless it is a whole number of optimizer steps >= 0."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(
-            f"restart_warmup_steps must be a whole number of optimizer steps >= 0, got {value!r}; "
-            "e.g. restart_warmup_steps=20 (0: hard restarts)"
-        )
-    return value
+    return positive_int(value, "restart_warmup_steps", 20, minimum=0, unit="optimizer steps", note="0: hard restarts")
 
 
 def validate_num_cycles(value: int) -> int:

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from hf_dist_recipes.core.user_values import positive_int
+
 NonFinitePolicy = Literal["skip", "halt", "off"]
 POLICIES: tuple[str, ...] = get_args(NonFinitePolicy)
 DEFAULT_MAX_CONSECUTIVE_SKIPS = 3
@@ -30,9 +32,7 @@ def validate_nonfinite_policy(policy: object) -> str:
 
 
 def validate_max_consecutive_skips(n: object) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"max_consecutive_skips must be an integer >= 0, got {n!r}; use 3 (the default)")
-    return n
+    return positive_int(n, "max_consecutive_skips", DEFAULT_MAX_CONSECUTIVE_SKIPS, minimum=0, note="the default")
 
 
 def next_action(policy: str, consecutive_skips: int, max_consecutive_skips: int) -> str:
