@@ -149,6 +149,12 @@ from hf_dist_recipes.stability.spikes import validate_spike_settings
 logger = logging.getLogger(__name__)
 
 
+def _option(default, help: str, **metadata):
+    """A field the user sets: its default and its command-line help (`metadata`: more of HfArgumentParser's
+    keywords)."""
+    return field(default=default, metadata={"help": help, **metadata})
+
+
 def _derived(default, help: str):
     """A field set on creation from the others, never given (see `RecipeTrainingArguments.validate`)."""
     kind = {"default_factory": default} if callable(default) else {"default": default}
@@ -157,232 +163,172 @@ def _derived(default, help: str):
 
 @dataclass
 class RecipeTrainingArguments(TrainingArguments):
-    lr_scheduler_type: SchedulerType | str = field(
-        default=RECIPE_SCHEDULER.value,
-        metadata={"help": "Learning-rate schedule; the recipe default is linear warm-up + cosine with hard restarts."},
+    lr_scheduler_type: SchedulerType | str = _option(
+        RECIPE_SCHEDULER.value,
+        "Learning-rate schedule; the recipe default is linear warm-up + cosine with hard restarts.",
     )
-    warmup_steps: float = field(
-        default=0.05,
-        metadata={"help": "Linear warm-up: optimizer steps if >= 1, else a ratio of all steps (default 0.05)."},
+    warmup_steps: float = _option(
+        0.05, "Linear warm-up: optimizer steps if >= 1, else a ratio of all steps (default 0.05)."
     )
-    logging_nan_inf_filter: bool = field(
-        default=False,
-        metadata={"help": "Hide NaN/Inf losses in the logs. Off in the recipe: a NaN must be seen."},
+    logging_nan_inf_filter: bool = _option(
+        False, "Hide NaN/Inf losses in the logs. Off in the recipe: a NaN must be seen."
     )
-    bf16: bool | None = field(
-        default=None,
-        metadata={
-            "help": "bf16 mixed precision. Default: on when every visible GPU supports bf16 (compute "
-            "capability >= 8.0), off on CPU hosts. False trains in fp32.",
-            "nargs": "?",
-            "const": True,
-        },
+    bf16: bool | None = _option(
+        None,
+        "bf16 mixed precision. Default: on when every visible GPU supports bf16 (compute "
+        "capability >= 8.0), off on CPU hosts. False trains in fp32.",
+        nargs="?",
+        const=True,
     )
-    activation_checkpointing: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Recompute activations in the backward pass. Default: what the launch config's plan "
-            "assumed (config generate --activation-checkpointing), else off.",
-            "nargs": "?",
-            "const": True,
-        },
+    activation_checkpointing: bool | None = _option(
+        None,
+        "Recompute activations in the backward pass. Default: what the launch config's plan "
+        "assumed (config generate --activation-checkpointing), else off.",
+        nargs="?",
+        const=True,
     )
-    ddp_timeout: int = field(
-        default=DEFAULT_DDP_TIMEOUT,
-        metadata={
-            "help": "Seconds a collective may wait during start-up (default 7200: rank 0 reads a large "
-            "checkpoint alone under ZeRO-3 while the others wait); step_timeout applies once steps "
-            "run."
-        },
+    ddp_timeout: int = _option(
+        DEFAULT_DDP_TIMEOUT,
+        "Seconds a collective may wait during start-up (default 7200: rank 0 reads a large "
+        "checkpoint alone under ZeRO-3 while the others wait); step_timeout applies once steps "
+        "run.",
     )
-    logging_dir: str | None = field(
-        default=None,
-        metadata={
-            "help": "TensorBoard root; each rank writes <logging_dir>/rank<N>. Default <output_dir>/tensorboard."
-        },
+    logging_dir: str | None = _option(
+        None, "TensorBoard root; each rank writes <logging_dir>/rank<N>. Default <output_dir>/tensorboard."
     )
-    per_rank_tensorboard: bool = field(
-        default=True, metadata={"help": "Write TensorBoard logs from every rank, not only rank 0."}
+    per_rank_tensorboard: bool = _option(True, "Write TensorBoard logs from every rank, not only rank 0.")
+    min_lr_ratio: float = _option(0.0, "Floor of each cosine cycle, as a fraction of the peak learning rate.")
+    save_shard_size: str = _option(
+        DEFAULT_MAX_SHARD_SIZE,
+        "Largest safetensors file save_model writes under DeepSpeed (5GB = 5e9 bytes, 5GiB = 5 x 2^30, "
+        "500MB, or a byte count). The "
+        "writing rank holds at most one shard plus one decoder layer (default 5GB).",
     )
-    min_lr_ratio: float = field(
-        default=0.0, metadata={"help": "Floor of each cosine cycle, as a fraction of the peak learning rate."}
+    hf_weights_in_checkpoints: bool = _option(
+        False,
+        "Under DeepSpeed, also write a from_pretrained copy of the weights into every checkpoint-N "
+        "(resume needs only the engine's files, which every rank writes; save_model and checkpoint export "
+        "write the HF checkpoint). Default False.",
     )
-    save_shard_size: str = field(
-        default=DEFAULT_MAX_SHARD_SIZE,
-        metadata={
-            "help": "Largest safetensors file save_model writes under DeepSpeed (5GB = 5e9 bytes, 5GiB = 5 x 2^30, "
-            "500MB, or a byte count). The "
-            "writing rank holds at most one shard plus one decoder layer (default 5GB)."
-        },
+    loss_chunk_tokens: int | None = _option(
+        None,
+        "Compute the training loss this many tokens at a time (LM head + fp32 cross-entropy per chunk, "
+        "recomputed in the backward pass), so the tokens x vocabulary logits never exist whole. Default: what "
+        "the launch config's plan recorded (config generate --loss-chunk-tokens), else off; 0: off (the stock "
+        "loss). Evaluation and prediction keep the stock loss.",
     )
-    hf_weights_in_checkpoints: bool = field(
-        default=False,
-        metadata={
-            "help": "Under DeepSpeed, also write a from_pretrained copy of the weights into every checkpoint-N "
-            "(resume needs only the engine's files, which every rank writes; save_model and checkpoint export "
-            "write the HF checkpoint). Default False."
-        },
+    memory_mapped_resume: bool = _option(
+        True,
+        "Under DeepSpeed, read the checkpoint files of a resume with torch.load(mmap=True) and copy the "
+        "optimizer states out one tensor at a time: a resume needs the steady-state host memory, not that plus "
+        "up to one optimizer file per process. False: DeepSpeed's plain torch.load (a file system where mmap is "
+        "slow or unsupported). Default True.",
     )
-    loss_chunk_tokens: int | None = field(
-        default=None,
-        metadata={
-            "help": "Compute the training loss this many tokens at a time (LM head + fp32 cross-entropy per chunk, "
-            "recomputed in the backward pass), so the tokens x vocabulary logits never exist whole. Default: what "
-            "the launch config's plan recorded (config generate --loss-chunk-tokens), else off; 0: off (the stock "
-            "loss). Evaluation and prediction keep the stock loss."
-        },
+    auto_resume: bool = _option(
+        False,
+        "train() without resume_from_checkpoint (None or False) resumes from the newest complete "
+        "checkpoint in output_dir (one whose manifest and files agree; each newer incomplete one is named), or "
+        "starts fresh when there is none, and says which; resume_from_checkpoint=True takes the newest complete "
+        "one too, and a path always wins. Default False, as the stock Trainer; HF_DIST_RECIPES_AUTO_RESUME=1 in "
+        "the environment turns it on (the generated Slurm and torchrun scripts export it).",
     )
-    memory_mapped_resume: bool = field(
-        default=True,
-        metadata={
-            "help": "Under DeepSpeed, read the checkpoint files of a resume with torch.load(mmap=True) and copy the "
-            "optimizer states out one tensor at a time: a resume needs the steady-state host memory, not that plus "
-            "up to one optimizer file per process. False: DeepSpeed's plain torch.load (a file system where mmap is "
-            "slow or unsupported). Default True."
-        },
+    preemption_signals: str = _option(
+        DEFAULT_PREEMPTION_SIGNALS,
+        "signals (comma-separated) on which every rank agrees, at the next step end, to save a checkpoint "
+        f"and exit with code {PREEMPTED_EXIT_CODE}, so that a job requeued or restarted with auto_resume loses no "
+        "step: a scheduler's SIGTERM (torchrun forwards it to every rank), SIGUSR2 sent to the ranks. Costs one "
+        "all-reduce of two integers per step. 'none' keeps the stock behaviour (the process dies). Not SIGUSR1, "
+        "which writes a rank's state for `hf-dist-recipes logs hang`.",
     )
-    auto_resume: bool = field(
-        default=False,
-        metadata={
-            "help": "train() without resume_from_checkpoint (None or False) resumes from the newest complete "
-            "checkpoint in output_dir (one whose manifest and files agree; each newer incomplete one is named), or "
-            "starts fresh when there is none, and says which; resume_from_checkpoint=True takes the newest complete "
-            "one too, and a path always wins. Default False, as the stock Trainer; HF_DIST_RECIPES_AUTO_RESUME=1 in "
-            "the environment turns it on (the generated Slurm and torchrun scripts export it)."
-        },
-    )
-    preemption_signals: str = field(
-        default=DEFAULT_PREEMPTION_SIGNALS,
-        metadata={
-            "help": "signals (comma-separated) on which every rank agrees, at the next step end, to save a checkpoint "
-            f"and exit with code {PREEMPTED_EXIT_CODE}, so that a job requeued or restarted with auto_resume loses no "
-            "step: a scheduler's SIGTERM (torchrun forwards it to every rank), SIGUSR2 sent to the ranks. Costs one "
-            "all-reduce of two integers per step. 'none' keeps the stock behaviour (the process dies). Not SIGUSR1, "
-            "which writes a rank's state for `hf-dist-recipes logs hang`."
-        },
-    )
-    max_unpartitioned_model_size: str | None = field(
-        default="2GB",
-        metadata={
-            "help": "Under ZeRO-3, stop when a model larger than this was built without being partitioned "
-            "(every rank holds a full copy), e.g. 2GB (2e9 bytes) or 2GiB (2 x 2^30). None: no check."
-        },
+    max_unpartitioned_model_size: str | None = _option(
+        "2GB",
+        "Under ZeRO-3, stop when a model larger than this was built without being partitioned "
+        "(every rank holds a full copy), e.g. 2GB (2e9 bytes) or 2GiB (2 x 2^30). None: no check.",
     )
     # seeds
     # Literal: HfArgumentParser renders a closed set as argparse choices (tests/unit/test_argument_cli.py).
-    seed_check: SeedCheck = field(
-        default="error",
-        metadata={
-            "help": "Ranks that disagree on seeds, data order, built weights or (every rank_check_steps) the "
-            "step, learning rate, TP-group loss: 'error' stops the job, 'warn' logs, 'off' skips."
-        },
+    seed_check: SeedCheck = _option(
+        "error",
+        "Ranks that disagree on seeds, data order, built weights or (every rank_check_steps) the "
+        "step, learning rate, TP-group loss: 'error' stops the job, 'warn' logs, 'off' skips.",
     )
-    rank_check_steps: int = field(
-        default=100, metadata={"help": "Optimizer steps between cross-rank agreement checks (0: only at start)."}
-    )
-    per_rank_dropout: bool = field(
-        default=False,
-        metadata={
-            "help": "Distinct dropout streams per data-parallel replica (TP ranks always share one); "
-            "weights and data order stay identical."
-        },
+    rank_check_steps: int = _option(100, "Optimizer steps between cross-rank agreement checks (0: only at start).")
+    per_rank_dropout: bool = _option(
+        False,
+        "Distinct dropout streams per data-parallel replica (TP ranks always share one); "
+        "weights and data order stay identical.",
     )
     # schedule
-    restart_warmup_steps: int = field(
-        default=0,
-        metadata={
-            "help": "Optimizer steps of linear re-warm-up from the floor to the peak at each restart of "
-            "cosine_with_restarts (default 0: hard restarts, straight back to the peak)."
-        },
+    restart_warmup_steps: int = _option(
+        0,
+        "Optimizer steps of linear re-warm-up from the floor to the peak at each restart of "
+        "cosine_with_restarts (default 0: hard restarts, straight back to the peak).",
     )
     # gradient health
-    nonfinite_policy: NonFinitePolicy = field(
-        default="skip",
-        metadata={
-            "help": "A non-finite loss or gradient on any rank: 'skip' the optimizer step on every rank "
-            "(counted, logged), 'halt' (save the last good state, stop non-zero with a report), "
-            "'off' (no checks)."
-        },
+    nonfinite_policy: NonFinitePolicy = _option(
+        "skip",
+        "A non-finite loss or gradient on any rank: 'skip' the optimizer step on every rank "
+        "(counted, logged), 'halt' (save the last good state, stop non-zero with a report), "
+        "'off' (no checks).",
     )
-    max_consecutive_skips: int = field(
-        default=3, metadata={"help": "Under nonfinite_policy='skip', more skips in a row than this halt the job."}
+    max_consecutive_skips: int = _option(
+        3, "Under nonfinite_policy='skip', more skips in a row than this halt the job."
     )
-    spike_window: int = field(
-        default=50, metadata={"help": "Steps of loss and grad norm a spike is measured against (robust z-score)."}
-    )
-    spike_threshold: float = field(
-        default=6.0, metadata={"help": "Robust z-score (median/MAD) above the window that makes a spike event."}
-    )
+    spike_window: int = _option(50, "Steps of loss and grad norm a spike is measured against (robust z-score).")
+    spike_threshold: float = _option(6.0, "Robust z-score (median/MAD) above the window that makes a spike event.")
     # straggler detection
-    straggler_check_steps: int = field(
-        default=DEFAULT_STRAGGLER_CHECK_STEPS,
-        metadata={"help": "Optimizer steps between cross-rank straggler checks (the same step on every rank; 0: off)."},
+    straggler_check_steps: int = _option(
+        DEFAULT_STRAGGLER_CHECK_STEPS,
+        "Optimizer steps between cross-rank straggler checks (the same step on every rank; 0: off).",
     )
-    straggler_threshold: float = field(
-        default=DEFAULT_STRAGGLER_THRESHOLD,
-        metadata={
-            "help": "A rank whose busy time per step exceeds the median rank's by more than this fraction "
-            "(0.2: 20 percent) is slow in that window."
-        },
+    straggler_threshold: float = _option(
+        DEFAULT_STRAGGLER_THRESHOLD,
+        "A rank whose busy time per step exceeds the median rank's by more than this fraction "
+        "(0.2: 20 percent) is slow in that window.",
     )
-    straggler_windows: int = field(
-        default=DEFAULT_STRAGGLER_WINDOWS,
-        metadata={"help": "Checks in a row a rank must be slow in before it is flagged as a straggler."},
+    straggler_windows: int = _option(
+        DEFAULT_STRAGGLER_WINDOWS, "Checks in a row a rank must be slow in before it is flagged as a straggler."
     )
     # hangs
-    peer_timeout: float = field(
-        default=120.0,
-        metadata={
-            "help": "Seconds without a heartbeat from a peer rank (killed, host down) before every other rank "
-            "ends, naming it and its last step (default 120; 0: off)."
-        },
+    peer_timeout: float = _option(
+        120.0,
+        "Seconds without a heartbeat from a peer rank (killed, host down) before every other rank "
+        "ends, naming it and its last step (default 120; 0: off).",
     )
-    step_timeout: float = field(
-        default=600.0,
-        metadata={
-            "help": "Collective timeout in seconds once the first optimizer step finished; bounds a rank "
-            "that is alive but stuck (default 600, torch's NCCL default; 0: keep ddp_timeout)."
-        },
+    step_timeout: float = _option(
+        600.0,
+        "Collective timeout in seconds once the first optimizer step finished; bounds a rank "
+        "that is alive but stuck (default 600, torch's NCCL default; 0: keep ddp_timeout).",
     )
     # mixture of experts
-    expert_bias_balancing: bool = field(
-        default=True,
-        metadata={
-            "help": "For MoE routers that choose experts with DeepSeek-V3's correction bias "
-            "(e_score_correction_bias): move each expert's bias towards even load after every optimizer step "
-            "(ExpertBiasBalancer, gamma 0.001). False keeps the bias frozen and warns: EP ranks above the mean "
-            "load then need more memory than the estimate, which assumes even routing. Other models: no effect."
-        },
+    expert_bias_balancing: bool = _option(
+        True,
+        "For MoE routers that choose experts with DeepSeek-V3's correction bias "
+        "(e_score_correction_bias): move each expert's bias towards even load after every optimizer step "
+        "(ExpertBiasBalancer, gamma 0.001). False keeps the bias frozen and warns: EP ranks above the mean "
+        "load then need more memory than the estimate, which assumes even routing. Other models: no effect.",
     )
-    allow_gloo_on_cuda: bool = field(
-        default=False, metadata={"help": "Accept Gloo on a host with CUDA GPUs (normally an error)."}
+    allow_gloo_on_cuda: bool = _option(False, "Accept Gloo on a host with CUDA GPUs (normally an error).")
+    allow_unclipped_gradients: bool = _option(
+        False, "Accept max_grad_norm=0 (no gradient clipping; normally an error)."
     )
-    allow_unclipped_gradients: bool = field(
-        default=False, metadata={"help": "Accept max_grad_norm=0 (no gradient clipping; normally an error)."}
+    allow_cpu_with_gpus: bool = _option(
+        False,
+        "Train on the CPU although the machine has NVIDIA GPUs that torch cannot use (normally "
+        "an error naming the reason: CPU-only torch, old driver, CUDA_VISIBLE_DEVICES hiding "
+        "them).",
     )
-    allow_cpu_with_gpus: bool = field(
-        default=False,
-        metadata={
-            "help": "Train on the CPU although the machine has NVIDIA GPUs that torch cannot use (normally "
-            "an error naming the reason: CPU-only torch, old driver, CUDA_VISIBLE_DEVICES hiding "
-            "them)."
-        },
+    allow_no_recompute: bool = _option(
+        False,
+        "Train without recomputation although the launch config's plan assumed activation checkpointing "
+        "(normally an error naming the fix: its memory estimate does not hold without it).",
     )
-    allow_no_recompute: bool = field(
-        default=False,
-        metadata={
-            "help": "Train without recomputation although the launch config's plan assumed activation checkpointing "
-            "(normally an error naming the fix: its memory estimate does not hold without it)."
-        },
-    )
-    allow_late_process_setup: bool = field(
-        default=False,
-        metadata={
-            "help": "Accept an NCCL process group created before these arguments (by a script's own "
-            "TrainingArguments), which never read the recipe's NCCL error handling and flight recorder settings "
-            "(normally an error naming them; a warning on Gloo). Arguments without this field: "
-            "HF_DIST_RECIPES_ALLOW_LATE_PROCESS_SETUP=1."
-        },
+    allow_late_process_setup: bool = _option(
+        False,
+        "Accept an NCCL process group created before these arguments (by a script's own "
+        "TrainingArguments), which never read the recipe's NCCL error handling and flight recorder settings "
+        "(normally an error naming them; a warning on Gloo). Arguments without this field: "
+        "HF_DIST_RECIPES_ALLOW_LATE_PROCESS_SETUP=1.",
     )
     # Set on creation, never given: init=False keeps them out of the constructor, HfArgumentParser and to_dict()
     # (training_args.json); compare=False keeps equality about what the user chose.
