@@ -467,29 +467,24 @@ class GradientHealthCallback(RecipeCallback, ExportableState):
         self, step: int, loss: float | None, grad_norm: float | None, rank_losses: list, rank_norms: list
     ) -> None:
         """`rank_losses`, `rank_norms`: every rank's own loss and local gradient norm at `step`, in rank order."""
-        for what, value, window, per_rank in (
-            ("loss", loss, self.loss_window, rank_losses),
-            ("grad_norm", grad_norm, self.grad_norm_window, rank_norms),
+        for what, value, per_rank, rank_value in (
+            ("loss", loss, rank_losses, "loss"),
+            ("grad_norm", grad_norm, rank_norms, "local gradient norm"),
         ):
             if value is None:
                 continue
-            detector = SpikeDetector(self.spike_window, self.spike_threshold, window)
+            # self.<what>_window and self.<what>_spikes: the state() attributes of that value
+            detector = SpikeDetector(self.spike_window, self.spike_threshold, getattr(self, f"{what}_window"))
             z = detector.check(value)
-            if what == "loss":
-                self.loss_window = detector.values
-            else:
-                self.grad_norm_window = detector.values
+            setattr(self, f"{what}_window", detector.values)
             if z is None:
                 continue
             median = statistics.median(detector.values[:-1])
-            if what == "loss":
-                self.loss_spikes += 1
-            else:
-                self.grad_norm_spikes += 1
+            setattr(self, f"{what}_spikes", getattr(self, f"{what}_spikes") + 1)
             message = (
                 f"step {step}: {what} spike {value:.6g} against a median of {median:.6g} over the last "
                 f"{self.spike_window} steps (robust z {z:.1f} > {self.spike_threshold:g}); "
-                + highest_rank(per_rank, "loss" if what == "loss" else "local gradient norm")
+                + highest_rank(per_rank, rank_value)
             )
             warn_once(logger, "Spike: %s", message)
             self.runtime.logs.rank({"spike_event": message})
