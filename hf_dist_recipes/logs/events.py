@@ -33,7 +33,6 @@ __all__ = [
     "RankEvents",
     "RunEvents",
     "find_rank_files",
-    "iter_record_batches",
     "iter_records",
     "read_rank",
     "read_run",
@@ -46,18 +45,13 @@ _RANK_DIR = re.compile(r"^rank(\d+)$")
 _HOST_IN_TEXT = re.compile(r"\bhost(?:name)?\s*[=:]\s*([A-Za-z0-9_.-]+)")
 
 
-def iter_record_batches(path: str | os.PathLike):
-    """Yield lists of the data of consecutive TFRecords in `path`, one list per chunk read (streaming: at most a
-    chunk and one record are held). Raises CorruptRecordError, after yielding every good record before it, on a
-    truncated record or one whose length fails its checksum."""
-    for buf, starts, lengths in frame_file(path, CHUNK_BYTES):
-        yield [buf[p + 12 : p + 12 + n] for p, n in zip(starts.tolist(), lengths.tolist(), strict=True)]
-
-
 def iter_records(path: str | os.PathLike):
-    """Yield the data of each TFRecord in `path` (see `iter_record_batches`)."""
-    for batch in iter_record_batches(path):
-        yield from batch
+    """Yield the data of each TFRecord in `path`, streaming: at most a chunk and one record are held. Raises
+    CorruptRecordError, after yielding every good record before it, on a truncated record or one whose length fails
+    its checksum."""
+    for buf, starts, lengths in frame_file(path, CHUNK_BYTES):
+        for p, n in zip(starts.tolist(), lengths.tolist(), strict=True):
+            yield buf[p + 12 : p + 12 + n]
 
 
 @dataclass
