@@ -20,6 +20,7 @@ from hf_dist_recipes.planning.plan import ParallelPlan
 
 # Where a value of the plan came from, for the verdict's words; a key missing here reads "default".
 SOURCES = ("seq_len", "micro_batch", "activation_checkpointing")
+FLAGS = {k: "--" + k.replace("_", "-") for k in SOURCES}  # the flag of each: --seq-len, --micro-batch, ...
 
 
 def assumptions(plan: ParallelPlan, sources: dict[str, str] | None = None) -> str:

@@ -11,7 +11,7 @@ import argparse
 import json
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hf_dist_recipes.core.user_values import writable_dir
@@ -128,7 +128,7 @@ class MemoryLimits:
     """What a plan is held to besides the GPU's size: `device_target`, the fraction of the GPU it may fill;
     `host_gib`, host memory per node (None: not checked), named by `host_source`; `routing_imbalance`, the busiest EP
     rank's expert load over the mean (`planning.memory`); `memory_mapped_resume`, RecipeTrainer's resume (False:
-    DeepSpeed's stock load)."""
+    DeepSpeed's stock load). The fields are `fit.check_fit`'s keywords of the same names."""
 
     device_target: float = DEFAULT_DEVICE_TARGET
     host_gib: float | None = None
@@ -248,7 +248,7 @@ def fit_problem(
     a file written elsewhere may not record what it was sized for."""
     if plan.device != "cuda" or plan.engine != "deepspeed":
         return None
-    from hf_dist_recipes.planning.fit import SOURCES, check_fit
+    from hf_dist_recipes.planning.fit import FLAGS, SOURCES, check_fit
 
     if gpu_memory_gib is not None:
         gib, source, name = gpu_memory_gib, "--gpu-memory", hardware
@@ -261,27 +261,9 @@ def fit_problem(
             else (f"the largest GPU we know ({name}; pass --gpu-memory or --hardware for yours)")
         )
     default = ParallelPlan()
-    flags = {
-        "seq_len": "--seq-len",
-        "micro_batch": "--micro-batch",
-        "activation_checkpointing": "--activation-checkpointing",
-    }
-    sources = {k: flags[k] if getattr(plan, k) != getattr(default, k) else "default" for k in SOURCES}
-    limits = limits or MemoryLimits()
-    verdict = check_fit(
-        plan,
-        model,
-        model_ref,
-        gib,
-        source,
-        sources,
-        hardware=name,
-        device_target=limits.device_target,
-        host_gib=limits.host_gib,
-        host_source=limits.host_source,
-        routing_imbalance=limits.routing_imbalance,
-        memory_mapped_resume=limits.memory_mapped_resume,
-    )
+    sources = {k: FLAGS[k] if getattr(plan, k) != getattr(default, k) else "default" for k in SOURCES}
+    limits = asdict(limits or MemoryLimits())  # its fields are check_fit's keywords
+    verdict = check_fit(plan, model, model_ref, gib, source, sources, hardware=name, **limits)
     if verdict.fits:
         return None
     return verdict.message(change="generate takes --seq-len, --micro-batch and --activation-checkpointing")

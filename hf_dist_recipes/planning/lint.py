@@ -360,7 +360,7 @@ def _memory_findings(
     assume: dict | None = None,
     host_memory_gib: float | None = None,
 ) -> list[LintFinding]:
-    from hf_dist_recipes.planning.fit import SOURCES, check_fit
+    from hf_dist_recipes.planning.fit import FLAGS, SOURCES, check_fit
     from hf_dist_recipes.planning.memory import DEFAULT_DEVICE_TARGET
     from hf_dist_recipes.planning.models import introspect
 
@@ -381,10 +381,9 @@ def _memory_findings(
     if cfg.view.micro_batch is not None:
         sources["micro_batch"] = "the DeepSpeed JSON"
     sources = {k: sources.get(k, "default, not in the files") for k in SOURCES}
-    flags = {k: "--" + k.replace("_", "-") for k in SOURCES}  # --seq-len, --micro-batch, ...
     given = {k: v for k, v in (assume or {}).items() if v is not None}
     plan = replace(plan, **given)
-    sources.update({k: flags[k] for k in given})
+    sources.update({k: FLAGS[k] for k in given})
     shape = introspect(model_ref)
     gpu_source = "--gpu-memory" if gpu_memory_gib is not None else "no GPU limit given"
     if gpu_memory_gib is None:  # the host alone: the device side is not asked about
