@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from hf_dist_recipes.cli.plan_inputs import check_gpu_memory, deepspeed_logs_to_stderr, hardware_and_sources
 from hf_dist_recipes.core.findings import ERROR, OK, WARNING, exit_code, strict_exit
@@ -38,12 +38,7 @@ def run_estimate(args: argparse.Namespace) -> int:
     )
 
     target = None
-    limited = {
-        "host_gib": limits.host_gib,
-        "device_target": limits.device_target,
-        "routing_imbalance": limits.routing_imbalance,
-        "memory_mapped_resume": limits.memory_mapped_resume,
-    }
+    limited = {k: v for k, v in asdict(limits).items() if k != "host_source"}  # suggest's and evaluate's keywords
     if args.suggest:
         from hf_dist_recipes.planning.suggest import target_sequences
 
