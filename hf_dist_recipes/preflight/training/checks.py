@@ -3,6 +3,7 @@ ask): the runs (`run.run_once`), every rank's facts gathered, the rows decided (
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from collections.abc import Callable
@@ -61,19 +62,10 @@ def run_training_checks(
     timeouts = {k: v for k, v in (("peer_timeout", peer_timeout), ("step_timeout", step_timeout)) if v is not None}
     warnings.filterwarnings("ignore", message=r".*is deprecated. Please use `torch.distributed", category=FutureWarning)
 
+    # What the training run and the failure-paths run below share.
+    run = functools.partial(run_once, model_config, steps=steps, seed=seed, tp=tp, timeouts=timeouts)
     say(f"training: {steps} steps with the launch's plan")
-    main: list[RunFacts] = gather_objects(
-        run_once(
-            model_config,
-            root / "training",
-            steps=steps,
-            seed=seed,
-            tp=tp,
-            logging_dir=root / "tensorboard",
-            save_at=save_at,
-            timeouts=timeouts,
-        )
-    )
+    main: list[RunFacts] = gather_objects(run(root / "training", logging_dir=root / "tensorboard", save_at=save_at))
     results = training_results(main, steps)
     nan_step = save_at + 2
     say(f"failure paths: resume from the checkpoint at step {save_at}, then a NaN on the last rank at step {nan_step}")
@@ -82,19 +74,9 @@ def run_training_checks(
     else:
         # One run for both failure paths: the resumed run's step save_at + 1 is compared with the uninterrupted
         # run's, then its step save_at + 2 gets the NaN (one engine build fewer: about 6 s on 2 CPU ranks).
+        resume = root / "training" / f"checkpoint-{save_at}"
         resumed = gather_objects(
-            run_once(
-                model_config,
-                root / "failure_paths",
-                steps=steps,
-                seed=seed,
-                tp=tp,
-                resume=root / "training" / f"checkpoint-{save_at}",
-                nan_step=nan_step,
-                stop_after=nan_step + 1,
-                digests=True,
-                timeouts=timeouts,
-            )
+            run(root / "failure_paths", resume=resume, nan_step=nan_step, stop_after=nan_step + 1, digests=True)
         )
     results.append(resume_result(main, resumed, save_at))
     results.append(nan_result(resumed, nan_step))
