@@ -166,6 +166,7 @@ def run_generate(args: argparse.Namespace) -> int:
         ib_hca=args.ib_hca,
         time_limit=args.time,
         env_setup=args.env_setup,
+        signal_lead=args.signal_lead,
     )
     rates = hardware_and_sources(args, plan) if args.profile else None  # a bad profile stops before any file
     check_gpu_memory(args.gpu_memory)  # a bad value is a usage error (2), not a plan that does not fit

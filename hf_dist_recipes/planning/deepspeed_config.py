@@ -45,6 +45,10 @@ def plan_record(plan: ParallelPlan, model_name: str | None, model: ModelShape | 
     }
     if model is not None:  # the collective timeout start-up needs while rank 0 reads the weights
         record["startup_timeout_s"] = startup_timeout_s(plan_save_bytes(plan, model).hf_total)
+    if model is not None and plan.device == "cuda":  # what `config validate` holds a launch script's --signal to
+        from hf_dist_recipes.planning.launch_script_args import planned_signal_lead
+
+        record["signal_lead_s"] = planned_signal_lead(plan, model)[0]
     if model is not None and plan.activation_checkpointing:  # what a rank that will not recompute quotes
         record["device_gib"] = round(estimate(plan, model).device_total / GIB, 1)
         no_recompute = replace(plan, activation_checkpointing=False)

@@ -7,6 +7,7 @@ the YAML (`script_from_args`, `write_launch_script`). What a script holds, how i
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import shlex
 from pathlib import Path
@@ -16,8 +17,9 @@ from hf_dist_recipes.core.user_values import writable_dir
 from hf_dist_recipes.planning.launch_scripts import (
     DEFAULT_TIME,
     LAUNCHERS,
+    REQUEUE_S,
     SHUTDOWN_TIMEOUT_ENV,
-    SHUTDOWN_TIMEOUT_S,
+    SIGNAL_LEAD_S,
     SUFFIXES,
     Launcher,
     LaunchScript,
@@ -33,6 +35,25 @@ _TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$|^\d+-\d{1,2}$")  # sbatch's f
 PIN_BACKEND_ENV = "DS_PIN_MEMORY_BACKEND"  # deepspeed/utils/pin_memory.py: "native" pins exact sizes
 # Threads per rank for CPU Adam, evaluated on the node: cores / ranks - 2, at least 1 (a value the job sets wins).
 OMP_THREADS_EXPR = "${OMP_NUM_THREADS:-$(( $(nproc) / PROCS_PER_NODE > 3 ? $(nproc) / PROCS_PER_NODE - 2 : 1 ))}"
+
+
+def planned_signal_lead(plan: ParallelPlan, model, hardware: str = "h100") -> tuple[int, str]:
+    """(seconds, why): how long before --time Slurm must signal a job of `plan` for its save to end in time: one
+    estimated step on `hardware` (the running one ends first), then the busiest rank's checkpoint bytes at the
+    assumed write rate, then REQUEUE_S; SIGNAL_LEAD_S at the least, and without a model (`model` None) or a GPU."""
+    if model is None or plan.device != "cuda" or plan.engine != "deepspeed":
+        return SIGNAL_LEAD_S, f"{SIGNAL_LEAD_S} s, the default (no model to size a save for)"
+    from hf_dist_recipes.parallel.checkpoint_bytes import ASSUMED_WRITE_BYTES_PER_S as RATE
+    from hf_dist_recipes.planning.comm import step_estimate
+    from hf_dist_recipes.planning.elements import plan_save_bytes
+
+    step = step_estimate(plan, model, hardware).step_time_s
+    per_rank = plan_save_bytes(plan, model).engine_per_rank
+    lead = max(SIGNAL_LEAD_S, 60 * math.ceil((step + per_rank / RATE + REQUEUE_S) / 60))
+    return lead, (
+        f"{lead} s: a step ({step:,.0f} s estimated on {hardware}), one save ({per_rank / 1e9:,.1f} GB per rank at "
+        f"an assumed {RATE / 2**20:.0f} MiB/s, {per_rank / RATE:,.0f} s), {REQUEUE_S} s to requeue, in whole minutes"
+    )
 
 
 def add_launcher_flags(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +73,14 @@ def add_launcher_flags(parser: argparse.ArgumentParser) -> None:
         help=f"with --launcher: the job's time limit, as sbatch takes it (default {DEFAULT_TIME}; e.g. 2-00:00:00)",
     )
     group.add_argument(
+        "--signal-lead",
+        type=int,
+        metavar="SECONDS",
+        help="with --launcher: how long before --time Slurm signals the job to save and requeue (default: a step "
+        f"and one save of the plan's checkpoint at 100 MiB/s per rank, plus {REQUEUE_S} s; at least "
+        f"{SIGNAL_LEAD_S}); config validate checks a script's against the same sum",
+    )
+    group.add_argument(
         "--env-setup",
         help="with --launcher: the shell line that activates the Python environment on every node (default: the "
         "environment config generate runs in, e.g. 'source /shared/venv/bin/activate'; e.g. 'module load cuda/12.4 "
@@ -68,13 +97,14 @@ def check_launcher_options(
     ib_hca: str | None = None,
     time_limit: str | None = None,
     env_setup: str | None = None,
+    signal_lead: int | None = None,
 ) -> None:
     """Raise ValueError naming the fix for launcher options that cannot make a script, before any file is written.
     `log_dir` must be creatable (it is created by `write_launch_script`: Slurm does not create an --output
     folder)."""
     if launcher is None:
         flags = (("--log-dir", log_dir), ("--socket-ifname", socket_ifname), ("--ib-hca", ib_hca))
-        flags += (("--time", time_limit), ("--env-setup", env_setup))
+        flags += (("--time", time_limit), ("--env-setup", env_setup), ("--signal-lead", signal_lead))
         given = [f for f, v in flags if v]
         if given:
             raise ValueError(f"{given[0]} is a setting of the launch script; add --launcher slurm (or torchrun)")
@@ -91,6 +121,11 @@ def check_launcher_options(
             raise ValueError(f"{flag} {value!r}: interface names and NCCL's ^ = , : only; e.g. {flag} {example}")
     if time_limit is not None and not _TIME.match(time_limit):
         raise ValueError(f"--time {time_limit!r}: sbatch's forms are MINUTES, H:M:S or D-H:M:S; e.g. --time 2-00:00:00")
+    if signal_lead is not None and signal_lead <= REQUEUE_S:
+        raise ValueError(
+            f"--signal-lead {signal_lead}: the save needs time after the signal, and the requeue {REQUEUE_S} s; "
+            f"e.g. --signal-lead {SIGNAL_LEAD_S}"
+        )
     if env_setup is not None and ("\n" in env_setup or not env_setup.strip()):
         raise ValueError("--env-setup: one shell line; e.g. --env-setup 'source /shared/venv/bin/activate'")
     if log_dir is not None:
@@ -112,6 +147,7 @@ def launch_script(
     header: tuple[str, ...] = (),
     time_limit: str | None = None,
     env_setup: str | None = None,
+    signal_lead_s: int = SIGNAL_LEAD_S,
 ) -> LaunchScript:
     """The LaunchScript of `plan` (paths made absolute). Its environment: NCCL_ENV_DEFAULTS (hang-proof NCCL, the
     flight recorder's buffer); the network filters given; `extra_env` (e.g. the plan's
@@ -131,7 +167,7 @@ def launch_script(
     # A requeued or restarted job resumes from its newest complete checkpoint (RecipeTrainingArguments.auto_resume),
     # unless the job's environment says 0.
     env["HF_DIST_RECIPES_AUTO_RESUME"] = "${HF_DIST_RECIPES_AUTO_RESUME:-1}"
-    env[SHUTDOWN_TIMEOUT_ENV] = str(SHUTDOWN_TIMEOUT_S)
+    env[SHUTDOWN_TIMEOUT_ENV] = str(signal_lead_s - REQUEUE_S)
     # A launch given --max_restarts (torchrun's c10d form: across machines) then gives each round its own store
     # instead of the first attempt's, whose keys a restarted rank would read (pytorch/pytorch#135712,
     # hf_dist_recipes.comm.restarts).
@@ -170,6 +206,7 @@ def launch_script(
         header=header,
         time_limit=time_limit or DEFAULT_TIME,
         env_setup=env_setup if env_setup is not None else this_environment(),
+        signal_lead_s=signal_lead_s,
     )
 
 
@@ -198,10 +235,14 @@ def script_from_args(args: argparse.Namespace, generated, argv: list[str] | None
     model = model_from(args.model, required=False)
     yaml_file = Path(generated.yaml_file)
     command = "hf-dist-recipes config generate" + (" " + shlex.join(argv) if argv else "")
+    lead, why = planned_signal_lead(plan, model, args.hardware or "h100")
+    if args.signal_lead is not None:
+        lead, why = args.signal_lead, f"{args.signal_lead} s, as --signal-lead asked (the plan's: {why})"
     header = (
         f"Generated by: {command}",
         f"{plan.nodes} node(s) x {plan.procs_per_node} {plan.device} process(es), {plan.world_size} in all; "
         f"ZeRO-{plan.zero_stage}, TP {plan.tp}, EP {plan.ep}; the plan: {yaml_file.name}",
+        f"The time limit's signal comes {why}.",
     )
     script = launch_script(
         plan,
@@ -217,6 +258,7 @@ def script_from_args(args: argparse.Namespace, generated, argv: list[str] | None
         header=header,
         time_limit=args.time,
         env_setup=args.env_setup,
+        signal_lead_s=lead,
     )
     return write_launch_script(script, yaml_file.parent)
 

@@ -11,11 +11,13 @@ from pathlib import Path
 
 from hf_dist_recipes.core.findings import ERROR, WARNING, Finding
 from hf_dist_recipes.core.jsonfile import read_text_file
+from hf_dist_recipes.parallel.plan_record import recorded_plan
 from hf_dist_recipes.planning.accelerate_config import DEFAULT_PORT
 from hf_dist_recipes.planning.launch_config import load_launch_config
 from hf_dist_recipes.planning.launch_plan import is_loopback
 from hf_dist_recipes.planning.launch_scripts import (
     ENV_SETUP_COMMENT,
+    REQUEUE_S,
     SHUTDOWN_TIMEOUT_ENV,
     LaunchScript,
     assignments,
@@ -171,6 +173,17 @@ def _job_findings(script: LaunchScript, options: dict, text: str, cfg, name: str
             f"{', '.join(missing)}: at --time the ranks are killed without saving their last steps, and the job "
             "does not run again",
             f"restore the trap, requeue and {SHUTDOWN_TIMEOUT_ENV} lines, {regenerate}",
+        )
+    for option, why in (("time", "the partition's default limit ends the job"), ("signal", "no save before --time")):
+        if option not in options:
+            add(WARNING, f"no #SBATCH --{option}: {why}", f"add #SBATCH --{option}, {regenerate}")
+    needed, lead = recorded_plan(cfg.deepspeed).get("signal_lead_s"), script.signal_lead_s
+    if lead and needed and lead < needed:
+        add(
+            ERROR,
+            f"#SBATCH --signal comes {lead} s before --time; the plan's step and one save need {needed} s: the save "
+            "is cut off at the limit, and the job resumes from the save before",
+            f"#SBATCH --signal=B:USR1@{needed} and export {SHUTDOWN_TIMEOUT_ENV}={needed - REQUEUE_S}, {regenerate}",
         )
     # With one task per node SLURM_PROCID equals SLURM_NODEID; either numbers the machines.
     if script.launcher == "slurm" and not re.search(r'--machine_rank "?\$\{?SLURM_(NODEID|PROCID)\b', text):

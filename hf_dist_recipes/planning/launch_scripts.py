@@ -15,7 +15,7 @@ variables `accelerate launch` itself sets for a DeepSpeed launch (accelerate 1.1
 `prepare_deepspeed_cmd_env`: ACCELERATE_USE_DEEPSPEED, ACCELERATE_DEEPSPEED_CONFIG_FILE, ACCELERATE_MIXED_PRECISION;
 transformers' TrainingArguments and accelerate's DeepSpeedPlugin read them), so any Trainer script runs unchanged.
 
-Both run srun in the background under a trap: the time limit's SIGUSR1 (`SIGNAL`) or a SIGTERM reaching the batch
+Both run srun in the background under a trap: the time limit's SIGUSR1 (`--signal`) or a SIGTERM reaching the batch
 shell goes on to srun as SIGTERM, the ranks save and exit 75 (`checkpoint.preemption`), each launcher waiting
 `SHUTDOWN_TIMEOUT_S` for them; after SIGUSR1 the shell requeues the job, which resumes (`auto_resume`).
 """
@@ -36,15 +36,16 @@ SCRIPT_SUFFIX = ".sbatch"  # what `config validate` reads as a launch script
 DEFAULT_TIME = "24:00:00"
 # The line under this comment activates the Python environment on every node (config validate reads it back).
 ENV_SETUP_COMMENT = "# The Python environment every node runs"
-# Slurm sends SIGUSR1 to the batch shell 10 minutes before --time runs out (B: the shell, not the ranks); the shell
-# hands it to the ranks as SIGTERM (they save and exit PREEMPTED_EXIT_CODE) and requeues the job (--requeue).
+# Slurm sends SIGUSR1 to the batch shell `signal_lead_s` before --time runs out (B: the shell, not the ranks); the
+# shell hands it to the ranks as SIGTERM (they save and exit PREEMPTED_EXIT_CODE) and requeues the job (--requeue).
+# 10 minutes at the least; a plan with a model gets what its step and its save need (`launch_script_args`).
 SIGNAL_LEAD_S = 600
-SIGNAL = f"B:USR1@{SIGNAL_LEAD_S}"
+# For srun to end and the requeue to run once the ranks have saved, before Slurm kills the job at --time.
+REQUEUE_S = 60
 # How long each node's launcher lets its ranks run after forwarding them the SIGTERM before it kills them (torch
 # elastic's default: 30 s, often less than a save). A launcher returns as soon as its ranks exit, so a longer wait
-# costs nothing; a shorter one kills a save midway. Hence the most the signal's lead leaves: a minute short of it,
-# for srun to end and the requeue to run before Slurm kills the job at --time.
-SHUTDOWN_TIMEOUT_S = SIGNAL_LEAD_S - 60
+# costs nothing; a shorter one kills a save midway. Hence the most the signal's lead leaves: REQUEUE_S short of it.
+SHUTDOWN_TIMEOUT_S = SIGNAL_LEAD_S - REQUEUE_S
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # read by torch/distributed/launcher/api.py
 # The lines that turn the signal into a save and a requeue; `config validate` warns about a script without them.
 TRAP_USR1 = "trap 'forward USR1' USR1"
@@ -73,7 +74,8 @@ class LaunchScript:
     the DeepSpeed JSON the torchrun form exports (absolute; None in the slurm form, whose YAML names it);
     `main_process_port`: the rendezvous port on the first node; `log_dir`: where the job's and each node's output
     go (absolute); `env`: exported before `srun`, in order (values may name the plan variables, e.g.
-    "$LOG_DIR/..."); `header`: comment lines under the shebang."""
+    "$LOG_DIR/..."); `header`: comment lines under the shebang; `signal_lead_s`: seconds before --time that Slurm
+    signals the job to save."""
 
     launcher: Launcher
     job_name: str
@@ -88,6 +90,7 @@ class LaunchScript:
     header: tuple[str, ...] = ()
     time_limit: str = DEFAULT_TIME
     env_setup: str = ""
+    signal_lead_s: int = SIGNAL_LEAD_S
 
     @property
     def num_processes(self) -> int:
@@ -103,7 +106,7 @@ class LaunchScript:
         # what pinned optimizer states and a resume's loads need (issue 32: ~1.25 TiB per node for DeepSeek-V3).
         options["mem"] = "0"
         options["time"] = self.time_limit
-        options["signal"] = SIGNAL
+        options["signal"] = f"B:USR1@{self.signal_lead_s}"
         options["requeue"] = ""
         options["output"] = f"{self.log_dir}/%x-%j.out"
         options["error"] = f"{self.log_dir}/%x-%j.err"
@@ -245,6 +248,8 @@ class LaunchScript:
         return cls(
             launcher="torchrun" if "exec torchrun " in text else "slurm",
             time_limit=options.get("time", ""),
+            # sbatch's [B:|R:]SIG[@SECONDS], 60 s when not given; 0: no --signal
+            signal_lead_s=int(lead) if (lead := options.get("signal", "@0").partition("@")[2]).isdigit() else 60,
             env_setup=setup,
             job_name=options.get("job-name", ""),
             nodes=ints["NUM_MACHINES"],

@@ -18,6 +18,7 @@ from hf_dist_recipes.comm.nccl_defaults import NCCL_ENV_DEFAULTS
 from hf_dist_recipes.planning.launch_script_args import launch_script
 from hf_dist_recipes.planning.launch_script_check import check_launch_script
 from hf_dist_recipes.planning.launch_scripts import (
+    REQUEUE_S,
     SHUTDOWN_TIMEOUT_ENV,
     SHUTDOWN_TIMEOUT_S,
     SIGNAL_LEAD_S,
@@ -234,6 +235,8 @@ DRIFTS = {
     "no environment": ("# The Python environment every node runs", "# ", "warning", "--env-setup"),
     "no trap": ("trap 'forward USR1' USR1\n", "", "warning", "restore the trap, requeue and"),
     "no requeue": ('  scontrol requeue "$SLURM_JOB_ID" ||', "  true ||", "warning", "restore the trap, requeue and"),
+    "no time limit": ("#SBATCH --time=24:00:00\n", "", "warning", "add #SBATCH --time"),
+    "no signal": (f"#SBATCH --signal=B:USR1@{SIGNAL_LEAD_S}\n", "", "warning", "add #SBATCH --signal"),
     "no shutdown timeout": (
         f'export {SHUTDOWN_TIMEOUT_ENV}="{SHUTDOWN_TIMEOUT_S}"\n',
         "",
@@ -359,6 +362,8 @@ def test_the_script_stops_without_a_training_command_or_in_the_wrong_allocation(
         (["--socket-ifname", "lo"], "add --launcher slurm"),
         (["--launcher", "slurm", "--socket-ifname", "eth0;rm -rf x"], "--socket-ifname ib0"),
         (["--launcher", "slurm", "--ib-hca", "$(mlx5)"], "--ib-hca =mlx5_0,mlx5_1"),
+        (["--launcher", "slurm", "--signal-lead", "60"], "--signal-lead 600"),
+        (["--signal-lead", "900"], "add --launcher slurm"),
     ],
 )
 def test_launcher_flags_that_cannot_make_a_script_are_one_line_exit_2(flags, named, tmp_path, capsys):
@@ -464,3 +469,29 @@ def test_the_launchers_wait_for_the_save_less_than_the_signals_lead():
     assert f'\nexport {SHUTDOWN_TIMEOUT_ENV}="{SHUTDOWN_TIMEOUT_S}"\n' in text
     assert 30 < SHUTDOWN_TIMEOUT_S < SIGNAL_LEAD_S  # above torch's default, below the signal's lead
     assert f"#SBATCH --signal=B:USR1@{SIGNAL_LEAD_S}\n" in text
+
+
+def test_the_signal_comes_early_enough_for_the_plans_save_and_validate_holds_a_script_to_it(tmp_path, capsys):
+    """Issue 40: DeepSeek-V3 on 8 x 8 GPUs (EP 16, optimizer offload) saves 12 bytes per partitioned element, of the
+    published 671e9 parameters over 64 ranks: about 126 GB per rank, 1,200 s at the assumed 100 MiB/s. The default
+    10 minutes cut that save off; the generated lead covers it, the running step and the requeue."""
+    plan = ["--model", "deepseek-v3", "--nodes", "8", "--ep", "16", "--offload-optimizer", "--micro-batch", "2"]
+    plan += ["--grad-accum", "8", "--activation-checkpointing", "--gpu-memory", "80", "--name", "v3"]
+    assert cli(["config", "generate", *plan, "--output", str(tmp_path), "--launcher", "slurm"]) == 0
+    text = (tmp_path / "v3.sbatch").read_text()
+    lead = LaunchScript.parse(text).signal_lead_s
+    save_s = 12 * 671e9 / 64 / (100 * 2**20)
+    assert save_s + REQUEUE_S < lead < save_s + REQUEUE_S + 600 and lead % 60 == 0, (lead, save_s)
+    assert f'export {SHUTDOWN_TIMEOUT_ENV}="{lead - REQUEUE_S}"' in text  # the launchers wait for the save
+    assert f"The time limit's signal comes {lead} s: a step" in text
+    assert check_launch_script(tmp_path / "v3.sbatch") == []
+    # The default lead edited back in: an error naming the lead the plan needs.
+    short = _write(tmp_path / "short.sbatch", text.replace(f"B:USR1@{lead}", f"B:USR1@{SIGNAL_LEAD_S}"))
+    (finding,) = check_launch_script(short)
+    assert finding.status == "error" and f"--signal=B:USR1@{lead}" in finding.fix, finding
+    # --signal-lead: what the user's file system needs instead, written as given (validate holds it to the plan).
+    out = tmp_path / "given"
+    assert cli(["config", "generate", *plan, "--output", str(out), "--launcher", "slurm", "--signal-lead", "3600"]) == 0
+    assert LaunchScript.parse((out / "v3.sbatch").read_text()).signal_lead_s == 3600
+    assert check_launch_script(out / "v3.sbatch") == []
+    capsys.readouterr()
