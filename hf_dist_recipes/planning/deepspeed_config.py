@@ -28,6 +28,7 @@ from hf_dist_recipes.core.sizes import GIB
 from hf_dist_recipes.parallel.checkpoint_bytes import startup_timeout_s
 from hf_dist_recipes.parallel.plan_record import PLAN_KEY, RECORDED, RECORDED_WHEN_SET
 from hf_dist_recipes.planning.elements import plan_save_bytes
+from hf_dist_recipes.planning.launch_scripts import planned_signal_lead
 from hf_dist_recipes.planning.memory import estimate
 from hf_dist_recipes.planning.models import ModelShape
 from hf_dist_recipes.planning.plan import EP_PRESETS, ParallelPlan
@@ -46,8 +47,6 @@ def plan_record(plan: ParallelPlan, model_name: str | None, model: ModelShape | 
     if model is not None:  # the collective timeout start-up needs while rank 0 reads the weights
         record["startup_timeout_s"] = startup_timeout_s(plan_save_bytes(plan, model).hf_total)
     if model is not None and plan.device == "cuda":  # what `config validate` holds a launch script's --signal to
-        from hf_dist_recipes.planning.launch_script_args import planned_signal_lead
-
         record["signal_lead_s"] = planned_signal_lead(plan, model)[0]
     if model is not None and plan.activation_checkpointing:  # what a rank that will not recompute quotes
         record["device_gib"] = round(estimate(plan, model).device_total / GIB, 1)

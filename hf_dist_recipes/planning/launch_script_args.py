@@ -7,7 +7,6 @@ the YAML (`script_from_args`, `write_launch_script`). What a script holds, how i
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import shlex
 from pathlib import Path
@@ -23,6 +22,7 @@ from hf_dist_recipes.planning.launch_scripts import (
     SUFFIXES,
     Launcher,
     LaunchScript,
+    planned_signal_lead,
 )
 from hf_dist_recipes.planning.plan import ParallelPlan
 
@@ -35,25 +35,6 @@ _TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$|^\d+-\d{1,2}$")  # sbatch's f
 PIN_BACKEND_ENV = "DS_PIN_MEMORY_BACKEND"  # deepspeed/utils/pin_memory.py: "native" pins exact sizes
 # Threads per rank for CPU Adam, evaluated on the node: cores / ranks - 2, at least 1 (a value the job sets wins).
 OMP_THREADS_EXPR = "${OMP_NUM_THREADS:-$(( $(nproc) / PROCS_PER_NODE > 3 ? $(nproc) / PROCS_PER_NODE - 2 : 1 ))}"
-
-
-def planned_signal_lead(plan: ParallelPlan, model, hardware: str = "h100") -> tuple[int, str]:
-    """(seconds, why): how long before --time Slurm must signal a job of `plan` for its save to end in time: one
-    estimated step on `hardware` (the running one ends first), then the busiest rank's checkpoint bytes at the
-    assumed write rate, then REQUEUE_S; SIGNAL_LEAD_S at the least, and without a model (`model` None) or a GPU."""
-    if model is None or plan.device != "cuda" or plan.engine != "deepspeed":
-        return SIGNAL_LEAD_S, f"{SIGNAL_LEAD_S} s, the default (no model to size a save for)"
-    from hf_dist_recipes.parallel.checkpoint_bytes import ASSUMED_WRITE_BYTES_PER_S as RATE
-    from hf_dist_recipes.planning.comm import step_estimate
-    from hf_dist_recipes.planning.elements import plan_save_bytes
-
-    step = step_estimate(plan, model, hardware).step_time_s
-    per_rank = plan_save_bytes(plan, model).engine_per_rank
-    lead = max(SIGNAL_LEAD_S, 60 * math.ceil((step + per_rank / RATE + REQUEUE_S) / 60))
-    return lead, (
-        f"{lead} s: a step ({step:,.0f} s estimated on {hardware}), one save ({per_rank / 1e9:,.1f} GB per rank at "
-        f"an assumed {RATE / 2**20:.0f} MiB/s, {per_rank / RATE:,.0f} s), {REQUEUE_S} s to requeue, in whole minutes"
-    )
 
 
 def add_launcher_flags(parser: argparse.ArgumentParser) -> None:

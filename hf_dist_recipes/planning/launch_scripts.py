@@ -22,6 +22,7 @@ shell goes on to srun as SIGTERM, the ranks save and exit 75 (`checkpoint.preemp
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -36,9 +37,8 @@ SCRIPT_SUFFIX = ".sbatch"  # what `config validate` reads as a launch script
 DEFAULT_TIME = "24:00:00"
 # The line under this comment activates the Python environment on every node (config validate reads it back).
 ENV_SETUP_COMMENT = "# The Python environment every node runs"
-# Slurm sends SIGUSR1 to the batch shell `signal_lead_s` before --time runs out (B: the shell, not the ranks); the
-# shell hands it to the ranks as SIGTERM (they save and exit PREEMPTED_EXIT_CODE) and requeues the job (--requeue).
-# 10 minutes at the least; a plan with a model gets what its step and its save need (`launch_script_args`).
+# Slurm sends SIGUSR1 to the batch shell (B:, not the ranks) `signal_lead_s` before --time, at least this; the shell
+# hands it to the ranks as SIGTERM (they save, exit PREEMPTED_EXIT_CODE) and requeues the job. `planned_signal_lead`.
 SIGNAL_LEAD_S = 600
 # For srun to end and the requeue to run once the ranks have saved, before Slurm kills the job at --time.
 REQUEUE_S = 60
@@ -65,6 +65,25 @@ TORCHRUN_LINE = (
     'exec torchrun --nnodes "$NUM_MACHINES" --nproc-per-node "$PROCS_PER_NODE" --rdzv-backend c10d '
     '--rdzv-endpoint "$MAIN_PROCESS_IP:$MAIN_PROCESS_PORT" --rdzv-id "$SLURM_JOB_ID" "$@"'
 )
+
+
+def planned_signal_lead(plan, model, hardware: str = "h100") -> tuple[int, str]:
+    """(seconds, why): how long before --time Slurm must signal a job of `plan` for its save to end in time: one
+    estimated step on `hardware` (the running one ends first), then the busiest rank's checkpoint bytes at the
+    assumed write rate, then REQUEUE_S; SIGNAL_LEAD_S at the least, and without a model (`model` None) or a GPU."""
+    if model is None or plan.device != "cuda" or plan.engine != "deepspeed":
+        return SIGNAL_LEAD_S, f"{SIGNAL_LEAD_S} s, the default (no model to size a save for)"
+    from hf_dist_recipes.parallel.checkpoint_bytes import ASSUMED_WRITE_BYTES_PER_S as RATE
+    from hf_dist_recipes.planning.comm import step_estimate
+    from hf_dist_recipes.planning.elements import plan_save_bytes
+
+    step = step_estimate(plan, model, hardware).step_time_s
+    per_rank = plan_save_bytes(plan, model).engine_per_rank
+    lead = max(SIGNAL_LEAD_S, 60 * math.ceil((step + per_rank / RATE + REQUEUE_S) / 60))
+    return lead, (
+        f"{lead} s: a step ({step:,.0f} s estimated on {hardware}), one save ({per_rank / 1e9:,.1f} GB per rank at "
+        f"an assumed {RATE / 2**20:.0f} MiB/s, {per_rank / RATE:,.0f} s), {REQUEUE_S} s to requeue, in whole minutes"
+    )
 
 
 @dataclass(frozen=True)
