@@ -117,7 +117,7 @@ from hf_dist_recipes.comm.watchdog import validate_hang_settings
 from hf_dist_recipes.core.jsonfile import read_deepspeed_argument
 from hf_dist_recipes.core.sizes import parse_size
 from hf_dist_recipes.environment import cuda_host, extensions, precision
-from hf_dist_recipes.environment.alloc_defaults import apply_alloc_conf_default
+from hf_dist_recipes.environment.alloc_defaults import apply_alloc_conf_default, apply_offload_defaults
 from hf_dist_recipes.environment.precision import resolve_bf16
 from hf_dist_recipes.monitoring.stragglers import (
     DEFAULT_STRAGGLER_CHECK_STEPS,
@@ -531,6 +531,9 @@ def apply_process_effects(args: RecipeTrainingArguments, *, group_existed: bool 
     # Any other backend (Gloo) keeps the flight recorder on too: every rank dumps it when a job hangs.
     recorder = apply_flight_recorder_env_defaults() if args.ddp_backend != backend.GPU_BACKEND else {}
     applied = {**nccl, **recorder, **(apply_alloc_conf_default() if gpus else {})}
+    if gpus and args.launch_plan:  # a generated plan's offload (a hand-written JSON: the launch script's exports)
+        plan = args.launch_plan
+        applied |= apply_offload_defaults(optimizer=plan.get("offload_optimizer"), params=plan.get("offload_params"))
     if group_existed is None:
         group_existed = process_setup.group_exists()
     if not group_existed:

@@ -1,4 +1,5 @@
-"""The CUDA caching allocator's expandable segments, set where the user has not configured the allocator.
+"""The CUDA caching allocator's expandable segments, set where the user has not configured the allocator; under
+DeepSpeed offload, exact pinning and CPU Adam's threads (`apply_offload_defaults`).
 
 `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`: under ZeRO-3 and for mixture-of-experts models the gathered
 modules, the per-expert token batches and the all-to-all buffers change size from one allocation to the next, which
@@ -49,3 +50,48 @@ def apply_alloc_conf_default(
     if env.get("RANK", "0") == "0":
         logger.info("CUDA allocator default applied (unset before): %s=%s", ALLOC_CONF_VARIABLE, ALLOC_CONF)
     return {ALLOC_CONF_VARIABLE: ALLOC_CONF}
+
+
+PIN_BACKEND_ENV = "DS_PIN_MEMORY_BACKEND"  # deepspeed/utils/pin_memory.py reads it when it pins
+
+
+def adam_threads(cores: int, local_ranks: int) -> int:
+    """OpenMP threads per rank for CPU Adam: the node's `cores` shared by its `local_ranks`, 2 each left for the data
+    loader and the host side of the step, at least 1 (112 cores, 8 ranks: 12)."""
+    share = cores // max(1, local_ranks)
+    return share - 2 if share > 3 else 1
+
+
+def apply_offload_defaults(
+    environ: MutableMapping[str, str] | None = None,
+    *,
+    optimizer: bool,
+    params: bool,
+    cores: int | None = None,
+    set_threads: Callable[[int], None] | None = None,
+) -> dict[str, str]:
+    """For a CUDA run under DeepSpeed offload (`optimizer`, `params`), what the generated scripts export, where the
+    user has not set it: `DS_PIN_MEMORY_BACKEND=native` (DeepSpeed's own page-locked allocator pins the offloaded
+    states at their size, where torch's rounds each block up to a power of two; it JIT-builds the pin_memory op),
+    and under optimizer offload `adam_threads` OpenMP threads for CPU Adam when `OMP_NUM_THREADS` is unset or 1
+    (torchrun and accelerate set 1 for every rank), given to this process (`set_threads`, default
+    `torch.set_num_threads`, which sets OpenMP's count for the thread that steps the optimizer) and exported.
+    `cores`: the CPUs this process may run on (default its affinity). Returns what was set."""
+    env = os.environ if environ is None else environ
+    applied = {}
+    if (optimizer or params) and PIN_BACKEND_ENV not in env:
+        applied[PIN_BACKEND_ENV] = "native"
+    if optimizer and env.get("OMP_NUM_THREADS", "1") == "1":
+        cores = len(os.sched_getaffinity(0)) if cores is None else cores
+        threads = adam_threads(cores, int(env.get("LOCAL_WORLD_SIZE", "1")))
+        if threads > 1:
+            applied["OMP_NUM_THREADS"] = str(threads)
+            if set_threads is None:
+                import torch
+
+                set_threads = torch.set_num_threads
+            set_threads(threads)
+    env.update(applied)
+    if applied and env.get("RANK", "0") == "0":
+        logger.info("DeepSpeed offload defaults applied (unset before): %s", applied)
+    return applied

@@ -145,9 +145,13 @@ def _gb(n: float) -> str:
 
 
 def render(b: SaveBytes) -> str:
-    """One line for `config estimate`."""
+    """Two lines for `config estimate`: the bytes of one save, then its time at ASSUMED_WRITE_BYTES_PER_S and the
+    disk that kept checkpoints take."""
     return (
         f"checkpoint per save: {_gb(b.engine_per_rank)} per rank, {_gb(b.engine_total)} in all "
         f"(engine files, every rank at once); HF copy (save_model) {_gb(b.hf_total)}, "
-        f"at most {_gb(b.hf_per_rank)} per rank"
+        f"at most {_gb(b.hf_per_rank)} per rank\n"
+        f"a save takes about {b.engine_per_rank / ASSUMED_WRITE_BYTES_PER_S / 60:,.0f} min at an assumed "
+        f"{ASSUMED_WRITE_BYTES_PER_S / MIB:.0f} MiB/s per rank; each checkpoint kept takes {_gb(b.engine_total)}: "
+        "set save_total_limit (the Trainer keeps every one)"
     )

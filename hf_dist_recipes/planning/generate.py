@@ -293,8 +293,11 @@ def generate_from_args(
 
 def jit_built_ops(plan: ParallelPlan) -> list[str]:
     """The DeepSpeed ops a launch of `plan` JIT-builds on its nodes (`environment.extensions`): cpu_adam under
-    optimizer offload, deepspeed_shm_comm (DeepSpeed's CPU collectives) on CPU."""
-    used = {"cpu_adam": plan.offload_optimizer, "deepspeed_shm_comm": plan.device == "cpu"}
+    optimizer offload, pin_memory under offload on GPUs (the exact pinning the script and the arguments ask for),
+    deepspeed_shm_comm (DeepSpeed's CPU collectives) on CPU."""
+    offload = plan.offload_optimizer or plan.offload_params
+    used = {"cpu_adam": plan.offload_optimizer, "pin_memory": offload and plan.device == "cuda"}
+    used["deepspeed_shm_comm"] = plan.device == "cpu"
     return [op for op, needed in used.items() if needed]
 
 

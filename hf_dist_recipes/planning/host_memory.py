@@ -7,9 +7,9 @@ and Adam's two moments (12 bytes), and the fp32 gradients twice (4 + 4): DeepSpe
 flat partition (stage3.py `grad_partitions_flat_buffer`) and, at the step, copies each optimizer sub-group's share
 into a `.grad` buffer of its own (`_prepare_fp32_grad_for_sub_group`) that offload never frees; parameter offload
 holds the parameter (2 at bf16). Both offloads at bf16: 22 bytes, held against a real run's buffers in
-tests/distributed/test_offload_autoep.py. Pinned exactly: the generated scripts set `DS_PIN_MEMORY_BACKEND=native`
-(DeepSpeed's page-locked allocator, deepspeed/utils/pin_memory.py) for offload on GPUs; torch's pinning, DeepSpeed's
-default and what a job launched otherwise gets, rounds each block up to a power of two (up to twice the bytes).
+tests/distributed/test_offload_autoep.py. Pinned exactly: the generated scripts and the arguments of a generated
+plan set `DS_PIN_MEMORY_BACKEND=native` (DeepSpeed's page-locked allocator, deepspeed/utils/pin_memory.py) for
+offload on GPUs; torch's pinning, DeepSpeed's default, rounds each block up to a power of two (up to twice the bytes).
 
 Resume peak (`host_resume_peak_per_node`): resuming reads each rank's `*_optim_states.pt` (F = the rank's optimizer
 partition, `optimizer` bytes: the fp32 master copy and the two moments). DeepSpeed's stock load is a plain

@@ -4,12 +4,14 @@ What the files say themselves wins: machines and processes (YAML), ZeRO stage, o
 integer micro batch and accumulation (JSON). What only the plan knew (the model, the sequence length, the
 precision the estimate assumed, activation checkpointing, the chunked loss) comes from the plan recorded by `config
 generate` (`plan_record`); a file written by hand needs `--model` (and takes the ParallelPlan defaults for the rest).
+`unplanned`: what the files say that the plan does not hold, which `config validate` reports.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from hf_dist_recipes.core.findings import ERROR, WARNING
 from hf_dist_recipes.parallel.plan_record import recorded_plan
 from hf_dist_recipes.planning.launch_config import LaunchConfig
 from hf_dist_recipes.planning.plan import ParallelPlan
@@ -44,3 +46,42 @@ def plan_of_launch(cfg: LaunchConfig, world: int) -> tuple[ParallelPlan, str | N
 
 def is_loopback(address: str | None) -> bool:
     return bool(address) and str(address).startswith(LOOPBACK_PREFIXES)
+
+
+def unplanned(cfg: LaunchConfig, world: int, *, memory_checked: bool) -> list[tuple[str, str]]:
+    """(level, message) for what a DeepSpeed launch of `world` processes holds beyond its recorded plan: another
+    machine or process count than the plan's (its memory, batch and timeouts are another job's: an error),
+    sequence or context parallelism (`sequence_parallel_size`, accelerate's `parallelism_config`), which no estimate
+    or check here models, and a GPU plan with a model whose memory was not checked (`memory_checked` False)."""
+    record, out = recorded_plan(cfg.deepspeed), []
+    nodes, per_node = record.get("nodes"), record.get("procs_per_node")
+    if isinstance(nodes, int) and isinstance(per_node, int) and (nodes, nodes * per_node) != (cfg.num_machines, world):
+        out.append(
+            (
+                ERROR,
+                f"the DeepSpeed JSON was generated for {nodes} machine(s) x {per_node} processes; this launch has "
+                f"{cfg.num_machines} machine(s) and {world} processes in all, so its memory, batch and timeouts are "
+                f"another job's: set num_machines / num_processes to the plan's, or regenerate with config generate "
+                f"--nodes {cfg.num_machines} --gpus-per-node {max(1, world // cfg.num_machines)}",
+            )
+        )
+    sizes = {"sequence_parallel_size": (cfg.deepspeed or {}).get("sequence_parallel_size")}
+    sizes.update((k, v) for k, v in (cfg.raw.get("parallelism_config") or {}).items() if k.endswith("_size"))
+    beyond = [f"{k}={v}" for k, v in sizes.items() if isinstance(v, int) and v > 1]
+    if beyond:
+        out.append(
+            (
+                WARNING,
+                f"{', '.join(beyond)}: parallelism the plan does not model (the memory per rank, the batch and the "
+                "TP/EP groups checked here assume none); check the job itself with hf-dist-recipes preflight",
+            )
+        )
+    if not memory_checked and not cfg.use_cpu and record.get("model"):
+        out.append(
+            (
+                WARNING,
+                f"memory not checked: {record['model']} was planned for GPUs; pass --gpu-memory GIB (and --host-memory"
+                " GIB with offload) to hold the plan to them",
+            )
+        )
+    return out

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hf_dist_recipes.comm.nccl_defaults import NCCL_ENV_DEFAULTS
 from hf_dist_recipes.core.user_values import writable_dir
+from hf_dist_recipes.environment.alloc_defaults import PIN_BACKEND_ENV
 from hf_dist_recipes.planning.launch_scripts import (
     DEFAULT_TIME,
     LAUNCHERS,
@@ -32,8 +33,8 @@ _FILTER = re.compile(r"^[A-Za-z0-9_.,:=^-]+$")
 _TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$|^\d+-\d{1,2}$")  # sbatch's forms: M, M:S, H:M:S, D-H, D-H:M:S
 
 
-PIN_BACKEND_ENV = "DS_PIN_MEMORY_BACKEND"  # deepspeed/utils/pin_memory.py: "native" pins exact sizes
-# Threads per rank for CPU Adam, evaluated on the node: cores / ranks - 2, at least 1 (a value the job sets wins).
+# Threads per rank for CPU Adam, evaluated on the node as `environment.alloc_defaults.adam_threads` counts them:
+# cores / ranks - 2, at least 1 (a value the job sets wins).
 OMP_THREADS_EXPR = "${OMP_NUM_THREADS:-$(( $(nproc) / PROCS_PER_NODE > 3 ? $(nproc) / PROCS_PER_NODE - 2 : 1 ))}"
 
 

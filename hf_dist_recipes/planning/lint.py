@@ -19,7 +19,7 @@ from hf_dist_recipes.parallel.deepspeed_view import DeepSpeedView
 from hf_dist_recipes.parallel.plan_record import recorded_plan
 from hf_dist_recipes.planning.initialize_rules import initialize_refusals
 from hf_dist_recipes.planning.launch_config import LaunchConfig, check_launch_config, load_launch_config
-from hf_dist_recipes.planning.launch_plan import is_loopback, plan_of_launch
+from hf_dist_recipes.planning.launch_plan import is_loopback, plan_of_launch, unplanned
 from hf_dist_recipes.planning.launch_script_check import check_launch_script, passes_rank0_address
 from hf_dist_recipes.planning.launch_scripts import SCRIPT_SUFFIX, LaunchScript
 
@@ -282,7 +282,9 @@ def lint_accelerate(
     if cfg.deepspeed is not None:
         out += lint_deepspeed(cfg.deepspeed, str(cfg.deepspeed_file), world_size=world, use_cpu=cfg.use_cpu)
         out += _model_findings(cfg, world, model)
-        if gpu_memory_gib is not None or host_memory_gib is not None:
+        checked = gpu_memory_gib is not None or host_memory_gib is not None
+        out += [LintFinding(name, *f) for f in unplanned(cfg, world, memory_checked=checked)]
+        if checked:
             out += _memory_findings(cfg, world, gpu_memory_gib, model, assume, host_memory_gib)
     return out
 

@@ -90,3 +90,7 @@ def test_config_estimate_reports_checkpoint_bytes(capsys):
     assert cli_main(args) == 0
     text = capsys.readouterr().out
     assert f"checkpoint per save: {b['engine_per_rank'] / 1e9:,.1f} GB per rank" in text
+    # The save's time at 100 MiB/s per rank (126 GB: 1,200 s), and what each kept checkpoint takes on disk.
+    minutes = round(b["engine_per_rank"] / (100 * 2**20) / 60)
+    assert f"a save takes about {minutes} min at an assumed 100 MiB/s per rank" in text and minutes == 20
+    assert f"each checkpoint kept takes {b['engine_total'] / 1e9:,.1f} GB: set save_total_limit" in text

@@ -151,6 +151,9 @@ def test_launch_header_names_the_ops_of_the_plan(tmp_path):
 
     assert jit_built_ops(ParallelPlan(device="cpu", offload_optimizer=True)) == ["cpu_adam", "deepspeed_shm_comm"]
     assert jit_built_ops(ParallelPlan()) == []
+    # DS_PIN_MEMORY_BACKEND=native (the scripts' and the arguments' exact pinning) loads DeepSpeed's pin_memory op.
+    assert jit_built_ops(ParallelPlan(offload_optimizer=True)) == ["cpu_adam", "pin_memory"]
+    assert jit_built_ops(ParallelPlan(offload_params=True)) == ["pin_memory"]
     cpu_offload = " ".join(launch_header_lines(["cpu_adam", "deepspeed_shm_comm"]))
     gpu = " ".join(launch_header_lines())
     assert "cpu_adam" in cpu_offload and "deepspeed_shm_comm" in cpu_offload

@@ -179,3 +179,22 @@ def test_host_bytes_per_element_by_hand(precision, optimizer, params, expected):
         e.params if params else 0
     )
     assert e.host_steady_per_node == 8 * (by_kind + HOST_ALLOWANCE_PER_RANK)
+
+
+@pytest.mark.parametrize(
+    ("cores", "local_ranks", "omp", "expected"),
+    [(112, 8, None, "12"), (112, 8, "1", "12"), (112, 8, "4", None), (8, 8, None, None), (2, 1, None, None)],
+)
+def test_cpu_adam_gets_the_nodes_cores_and_exact_pinning_under_offload(cores, local_ranks, omp, expected):
+    """What RecipeTrainingArguments applies on a CUDA host under offload (the host facts given: no GPU here). The
+    script's expression on the same node gives the same count (test_launch_scripts evaluates it in bash)."""
+    from hf_dist_recipes.environment.alloc_defaults import apply_offload_defaults
+
+    env = {"LOCAL_WORLD_SIZE": str(local_ranks), **({"OMP_NUM_THREADS": omp} if omp else {})}
+    given = []
+    applied = apply_offload_defaults(env, optimizer=True, params=False, cores=cores, set_threads=given.append)
+    assert env["DS_PIN_MEMORY_BACKEND"] == "native" == applied["DS_PIN_MEMORY_BACKEND"]
+    assert applied.get("OMP_NUM_THREADS") == expected and given == ([int(expected)] if expected else [])
+    # Parameter offload alone: pinning, no CPU Adam; a user's pinning backend is kept.
+    env = {"DS_PIN_MEMORY_BACKEND": "torch"}
+    assert apply_offload_defaults(env, optimizer=False, params=True, set_threads=given.append) == {}

@@ -237,3 +237,28 @@ def test_fp16_on_cpu_follows_the_cpus_fp16_kernels(cpu_fp16, level):
     refusals = initialize_refusals({"fp16": {"enabled": True}}, use_cpu=True, cpu_fp16=cpu_fp16)
     assert [(r.level, r.where) for r in refusals] == [(level, "runtime/engine.py:2004")]
     assert initialize_refusals({"fp16": {"enabled": True}}, use_cpu=False, cpu_fp16=False) == []
+
+
+def test_a_launch_beyond_its_recorded_plan_is_reported(tmp_path):
+    """Issue 40: validate passed a YAML checked without --gpu-memory, a process count the plan record contradicts,
+    and parallelism the plan does not model. The shipped DeepSeek-V2-Lite config records 1 machine x 8 GPUs."""
+    from tests.support.paths import REPO
+
+    name = "deepseek_v2_lite_zero3_ep2_1node_8gpu"
+    shipped = (REPO / "accelerate_configs" / f"{name}.yaml").read_text()
+    as_shipped = tmp_path / "as_shipped.yaml"
+    as_shipped.write_text(shipped.replace("accelerate_configs/deepspeed/", f"{REPO}/accelerate_configs/deepspeed/"))
+    assert "memory not checked: deepseek-v2-lite was planned for GPUs; pass --gpu-memory" in _messages(
+        lint_file(as_shipped), WARNING
+    )
+    assert lint_file(as_shipped, gpu_memory_gib=80) == []
+    two_nodes = tmp_path / "two_nodes.yaml"
+    two_nodes.write_text(as_shipped.read_text().replace("machines: 1", "machines: 2").replace(": 8\n", ": 16\n"))
+    errors = _messages(lint_file(two_nodes, gpu_memory_gib=80), ERROR)
+    assert "generated for 1 machine(s) x 8 processes; this launch has 2 machine(s) and 16 processes" in errors
+    assert "--nodes 2 --gpus-per-node 8" in errors
+    sp = tmp_path / "sp.yaml"
+    sp.write_text(as_shipped.read_text() + "parallelism_config:\n  parallelism_config_sp_size: 2\n")
+    assert "parallelism_config_sp_size=2: parallelism the plan does not model" in _messages(
+        lint_file(sp, gpu_memory_gib=80), WARNING
+    )
