@@ -137,6 +137,12 @@ from hf_dist_recipes.stability.spikes import (
 logger = logging.getLogger(__name__)
 
 _SKIPS_KEPT = 100
+_COUNTERS = ("skipped_steps", "loss_spikes", "grad_norm_spikes")  # the run-long counters every log carries
+# state(): the constructor's arguments and the attributes a checkpoint keeps
+_STATE = {
+    "args": ("nonfinite_policy", "max_consecutive_skips", "spike_window", "spike_threshold"),
+    "attributes": ("consecutive_skips", "skipped_at", "loss_window", "grad_norm_window", *_COUNTERS),
+}
 
 
 def _under_deepspeed(optimizer) -> bool:
@@ -193,23 +199,7 @@ class GradientHealthCallback(RecipeCallback, ExportableState):
 
     # ExportableState
     def state(self) -> dict:
-        return {
-            "args": {
-                "nonfinite_policy": self.nonfinite_policy,
-                "max_consecutive_skips": self.max_consecutive_skips,
-                "spike_window": self.spike_window,
-                "spike_threshold": self.spike_threshold,
-            },
-            "attributes": {
-                "skipped_steps": self.skipped_steps,
-                "consecutive_skips": self.consecutive_skips,
-                "skipped_at": self.skipped_at,
-                "loss_spikes": self.loss_spikes,
-                "grad_norm_spikes": self.grad_norm_spikes,
-                "loss_window": self.loss_window,
-                "grad_norm_window": self.grad_norm_window,
-            },
-        }
+        return {key: {name: getattr(self, name) for name in names} for key, names in _STATE.items()}
 
     @property
     def active(self) -> bool:
@@ -492,13 +482,7 @@ class GradientHealthCallback(RecipeCallback, ExportableState):
 
     def _log_counters(self) -> None:
         """Every log carries the run-long counters (a resumed run continues them, so logs them alike)."""
-        self.runtime.logs.standing(
-            {
-                "skipped_steps": self.skipped_steps,
-                "loss_spikes": self.loss_spikes,
-                "grad_norm_spikes": self.grad_norm_spikes,
-            }
-        )
+        self.runtime.logs.standing({name: getattr(self, name) for name in _COUNTERS})
 
     def _reset_step(self) -> None:
         if self._grad_sums is not None:
