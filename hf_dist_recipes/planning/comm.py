@@ -60,7 +60,7 @@ between experts (see `hf_dist_recipes.monitoring`), and NCCL's SHARP/NVLS reduct
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from hf_dist_recipes.planning.elements import placements, rank_elements
 from hf_dist_recipes.planning.models import ModelShape, component_of
@@ -332,18 +332,9 @@ class StepEstimate:
         return max(0.0, self.seconds_by_kind.get("zero", 0.0) - self.compute_s)
 
     def as_dict(self) -> dict:
-        return {
-            "hardware": asdict(self.hardware),
-            "comm_intra_bytes": self.comm_intra_bytes,
-            "comm_inter_bytes": self.comm_inter_bytes,
-            "bytes_by_kind": self.bytes_by_kind,
-            "seconds_by_kind": self.seconds_by_kind,
-            "compute_s": self.compute_s,
-            "step_time_s": self.step_time_s,
-            "tokens_per_s": self.tokens_per_s,
-            "offload_s": self.offload_s,
-            "offload_parts": self.offload_parts,
-        }
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "plan"}
+        out["hardware"] = asdict(self.hardware)
+        return {**out, "tokens_per_s": self.tokens_per_s, "offload_s": self.offload_s}
 
 
 def offload_parts(plan: ParallelPlan, optimizer_elements: int, param_elements: int, hw: Hardware) -> dict[str, float]:

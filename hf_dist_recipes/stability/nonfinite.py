@@ -14,7 +14,7 @@ The callback that finds the values and applies the policy: `stability.gradient_h
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Literal, get_args
 
 from hf_dist_recipes.core.user_values import positive_int
@@ -73,16 +73,8 @@ class NonFiniteReport:
         return f"step {self.step}: {where}; {verb}{': ' + self.reason if self.reason else ''}"
 
     def to_dict(self) -> dict:
-        return {
-            "step": self.step,
-            "first_rank": self.first_rank,
-            "ranks": self.ranks,
-            "loss_ranks": self.loss_ranks,
-            "parameters": {str(r): n for r, n in self.parameters.items()},
-            "action": self.action,
-            "reason": self.reason,
-            "message": self.message(),
-        }
+        parameters = {str(r): n for r, n in self.parameters.items()}
+        return {**asdict(self), "first_rank": self.first_rank, "parameters": parameters, "message": self.message()}
 
 
 def _short(names: list[str], limit: int = 8) -> str:
