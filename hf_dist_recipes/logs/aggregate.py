@@ -74,16 +74,10 @@ class StepStats:
             grid = np.union1d(self.steps, steps)
             where = np.searchsorted(grid, self.steps)
             n = len(grid)
-            count, mean, m2 = np.zeros(n, np.int32), np.zeros(n), np.zeros(n)
-            lo, hi = np.full(n, np.inf), np.full(n, -np.inf)
-            count[where], mean[where], m2[where], lo[where], hi[where] = (
-                self.count,
-                self.mean,
-                self.m2,
-                self.min,
-                self.max,
-            )
-            self.steps, self.count, self.mean, self.m2, self.min, self.max = grid, count, mean, m2, lo, hi
+            grown = (np.zeros(n, np.int32), np.zeros(n), np.zeros(n), np.full(n, np.inf), np.full(n, -np.inf))
+            for new, old in zip(grown, (self.count, self.mean, self.m2, self.min, self.max), strict=True):
+                new[where] = old
+            self.steps, (self.count, self.mean, self.m2, self.min, self.max) = grid, grown
         i = np.searchsorted(self.steps, steps)
         self.count[i] += 1
         delta = values - self.mean[i]
@@ -252,21 +246,16 @@ class _Folder:
             if not g.parted:
                 continue
             agree = g.seen - len(g.parted)  # including the reference
-            first = min(step for step, _, _ in g.parted.values())
             if agree > len(g.parted):
                 odd = sorted(g.parted)
-                step = min(g.parted[r][0] for r in odd)
-                values = {r: g.parted[r][1] for r in odd if g.parted[r][0] == step}
-                values[g.ref_rank] = next(v[2] for v in g.parted.values() if v[0] == step)
             elif agree < len(g.parted):
-                # The reference is the odd one: everyone else parts from it at the same step.
-                odd, step = [g.ref_rank], first
-                values = {r: v[1] for r, v in g.parted.items() if v[0] == step}
-                values[g.ref_rank] = next(v[2] for v in g.parted.values() if v[0] == step)
+                odd = [g.ref_rank]  # the reference is the odd one: everyone else parts from it at the same step
             else:
-                odd, step = sorted([g.ref_rank, *g.parted]), first
-                values = {r: v[1] for r, v in g.parted.items() if v[0] == step}
-                values[g.ref_rank] = next(v[2] for v in g.parted.values() if v[0] == step)
+                odd = sorted([g.ref_rank, *g.parted])
+            # every case reports the first step any rank parts at: the parted ranks' values there, and the reference's
+            step = min(step for step, _, _ in g.parted.values())
+            values = {r: v[1] for r, v in g.parted.items() if v[0] == step}
+            values[g.ref_rank] = next(v[2] for v in g.parted.values() if v[0] == step)
             out.append(Divergence(tag, sorted(g.ranks), odd, step, dict(sorted(values.items()))))
         return out
 
