@@ -46,14 +46,11 @@ def varint(n: int) -> bytes:
     """Protobuf's base-128 varint of a non-negative int (int64 fields: negatives as their uint64)."""
     n &= 0xFFFFFFFFFFFFFFFF
     out = bytearray()
-    while True:
-        low = n & 0x7F
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
         n >>= 7
-        if n:
-            out.append(low | 0x80)
-        else:
-            out.append(low)
-            return bytes(out)
+    out.append(n)
+    return bytes(out)
 
 
 def _field(number: int, wire_type: int) -> bytes:
@@ -109,8 +106,7 @@ def _layout_rows(
     summary_head = _field(5, 2) + varint(summary_len)
     event_head = _field(1, 1) + struct.pack("<d", wall_time) + (_field(2, 0) if width else b"")
     data_len = len(event_head) + width + len(summary_head) + summary_len
-    header = struct.pack("<Q", data_len)
-    head = header + struct.pack("<I", masked_crc32c(header)) + event_head
+    head = _length_header(data_len) + event_head
     fields = [("head", f"S{len(head)}")]
     if width:
         fields.append(("step", "u1", (width,)))
