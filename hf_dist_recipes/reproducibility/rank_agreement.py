@@ -50,6 +50,7 @@ instead of leaving some waiting in a collective.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import logging
@@ -202,6 +203,45 @@ def _hex_to_float(text: str | None) -> float:
     return -1.0 if text is None else float(int(text[:13], 16))  # 52 bits: exact in a float64
 
 
+# What must agree, (record key, TP groups only, what, fix): the data order at train begin, then each gathered column
+# of the periodic check (step, learning rate, loss, batch, dropout RNG state) in row order.
+_DATA_CHECKS = (
+    (
+        "data_seed",
+        False,
+        "the data sampler's seed",
+        "use the same data_seed on every rank (or seed before the trainer is built)",
+    ),
+    (
+        "global_first_batch",
+        False,
+        "the first step's sample order",
+        "use the same data_seed and the same dataset on every rank",
+    ),
+    (
+        "first_batch",
+        True,
+        "the first batch inside a TP group",
+        "tensor-parallel ranks must get the same batch: shard data by data-parallel rank",
+    ),
+)
+_WEIGHTS_FIX = (
+    "seed before building the model: build it after RecipeTrainingArguments (which seeds every rank) or call "
+    "seed_everything(seed) first"
+)
+_STEP_CHECKS = (
+    (False, "the global step", "every rank must run the same optimizer steps"),
+    (False, "the learning rate", "every rank must use the same optimizer and schedule settings"),
+    (True, "the loss inside a TP group", "TP ranks must compute the same loss: same batch, same dropout stream"),
+    (True, "the batch inside a TP group", "tensor-parallel ranks must get the same batch"),
+    (
+        True,
+        "the dropout RNG state inside a TP group",
+        "TP ranks must draw the same random numbers (do not reseed one rank)",
+    ),
+)
+
+
 class RankAgreementCallback(RecipeCallback):
     """See the module docstring. `weights`: this rank's `weights_checksum` at construction. The run's runtime
     (`hf_dist_recipes.runtime`) gives the rank layout (the TP groups); `on_micro_step` each micro step's loss and
@@ -234,6 +274,14 @@ class RankAgreementCallback(RecipeCallback):
         """The job's AutoTP degree (the runtime's layout)."""
         return self.runtime.facts.layout.tp
 
+    def _disagree(self, rows: list, key, tp_only: bool, what: str, fix: str) -> list[Mismatch]:
+        """`find_mismatches` of each rank's `rows[rank][key]` over every rank, or with `tp_only` inside each TP group
+        (nothing to compare at TP 1)."""
+        layout, values = self.runtime.facts.layout, [row[key] for row in rows]
+        if tp_only and layout.tp == 1:
+            return []
+        return find_mismatches(values, layout.tp_groups() if tp_only else [list(range(layout.world))], what, fix)
+
     def on_micro_step(self, args, state, control, loss: torch.Tensor, inputs, **kwargs) -> None:
         """Each micro step's loss and inputs: keeps references only."""
         self._loss = loss
@@ -256,46 +304,11 @@ class RankAgreementCallback(RecipeCallback):
             "weights": self.weights,
         }
         records = gather_objects(record)
-        everyone = [list(range(layout.world))]
-        groups = layout.tp_groups()
-        column = lambda key: [r[key] for r in records]  # noqa: E731
-        seed_bad = find_mismatches(column("seed"), everyone, "the seed", "pass the same seed= on every rank")
-        data_bad = (
-            find_mismatches(
-                column("data_seed"),
-                everyone,
-                "the data sampler's seed",
-                "use the same data_seed on every rank (or seed before the trainer is built)",
-            )
-            + find_mismatches(
-                column("global_first_batch"),
-                everyone,
-                "the first step's sample order",
-                "use the same data_seed and the same dataset on every rank",
-            )
-            + (
-                find_mismatches(
-                    column("first_batch"),
-                    groups,
-                    "the first batch inside a TP group",
-                    "tensor-parallel ranks must get the same batch: shard data by data-parallel rank",
-                )
-                if self.tp_size > 1
-                else []
-            )
-        )
-        weights_known = all(w is not None and w != ZERO_INIT_BROADCAST for w in column("weights"))
-        weights_bad = (
-            find_mismatches(
-                column("weights"),
-                everyone,
-                "the weights they built",
-                "seed before building the model: build it after RecipeTrainingArguments "
-                "(which seeds every rank) or call seed_everything(seed) first",
-            )
-            if weights_known
-            else []
-        )
+        check = functools.partial(self._disagree, records)
+        seed_bad = check("seed", False, "the seed", "pass the same seed= on every rank")
+        data_bad = [m for found in _DATA_CHECKS for m in check(*found)]
+        weights_known = all(r["weights"] is not None and r["weights"] != ZERO_INIT_BROADCAST for r in records)
+        weights_bad = check("weights", False, "the weights they built", _WEIGHTS_FIX) if weights_known else []
         self.begin_report = {
             "rank_check/seed_ok": float(not seed_bad),
             "rank_check/data_ok": float(not data_bad),
@@ -329,33 +342,7 @@ class RankAgreementCallback(RecipeCallback):
         rows = gather_floats(
             [float(state.global_step), lr, loss, ids, _hex_to_float(rng_checksum()), float(self.runtime.facts.rank)]
         )
-        layout = self.runtime.facts.layout
-        everyone = [list(range(layout.world))]
-        groups = layout.tp_groups()
-        col = lambda i: [row[i] for row in rows]  # noqa: E731
-        bad = find_mismatches(
-            col(0), everyone, "the global step", "every rank must run the same optimizer steps"
-        ) + find_mismatches(
-            col(1), everyone, "the learning rate", "every rank must use the same optimizer and schedule settings"
-        )
-        if self.tp_size > 1:
-            bad += (
-                find_mismatches(
-                    col(2),
-                    groups,
-                    "the loss inside a TP group",
-                    "TP ranks must compute the same loss: same batch, same dropout stream",
-                )
-                + find_mismatches(
-                    col(3), groups, "the batch inside a TP group", "tensor-parallel ranks must get the same batch"
-                )
-                + find_mismatches(
-                    col(4),
-                    groups,
-                    "the dropout RNG state inside a TP group",
-                    "TP ranks must draw the same random numbers (do not reseed one rank)",
-                )
-            )
+        bad = [m for i, found in enumerate(_STEP_CHECKS) for m in self._disagree(rows, i, *found)]
         if bad:
             since = "" if self.last_agreed_step is None else f" (last agreement at step {self.last_agreed_step})"
             bad = [Mismatch(m.what + since, m.ranks, m.group, m.values, m.fix) for m in bad]
