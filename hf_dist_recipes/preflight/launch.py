@@ -246,10 +246,7 @@ def read_report(path: Path, p: PreflightPlan) -> PreflightReport:
     if not path.is_file():
         return PreflightReport(config_file=str(p.config_file), world_size=p.world_size)
     data = json.loads(path.read_text())
-    results = [
-        CheckResult(r["name"], r["status"], r["detail"], r["fix"], tuple(r["ranks"]), r["data"])
-        for r in data["results"]
-    ]
+    results = [CheckResult(**{**r, "ranks": tuple(r["ranks"])}) for r in data["results"]]  # CheckResult.to_dict's
     return PreflightReport(
         config_file=str(p.config_file), world_size=data["world_size"], hosts=list(data["hosts"]), results=results
     )
