@@ -330,18 +330,9 @@ def settings_of(args: argparse.Namespace) -> BenchSettings:
 
 def settings_args(s: BenchSettings) -> list[str]:
     """The commbench flags that give `s` back through `settings_of` (what the launcher passes its ranks)."""
-    return [
-        "--sizes",
-        ",".join(map(str, s.sizes)),
-        "--iters",
-        str(s.iters),
-        "--warmup",
-        str(s.warmup),
-        "--link-size",
-        str(s.link_bytes),
-        "--fraction",
-        str(s.fraction),
-    ]
+    flags = {"--sizes": ",".join(map(str, s.sizes)), "--iters": s.iters, "--warmup": s.warmup}
+    flags.update({"--link-size": s.link_bytes, "--fraction": s.fraction})
+    return [text for flag, value in flags.items() for text in (flag, str(value))]
 
 
 def main(argv: list[str] | None = None) -> int:
