@@ -84,7 +84,7 @@ def export_checkpoint(
     for name in rebuilder.names():
         if name not in rebuilder.shared:  # tied: stored once, tied again by from_pretrained
             by_group[group_key(name)].append(name)
-    order = sorted(by_group, key=_natural)
+    order = sorted(by_group, key=lambda key: [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", key)])
 
     def build(key: str, meta: bool = False) -> dict[str, torch.Tensor]:
         group = to_hf_names({n: rebuilder.tensor(n, meta) for n in by_group[key]}, rebuilder.autoep, ref_shapes, preset)
@@ -144,7 +144,3 @@ def _export_with_workers(build, order: list[str], ref, output_dir: str, max_shar
     result.writer_cpu_seconds = cpu_seconds
     save_config_files(ref.config, output_dir, getattr(ref, "generation_config", None))
     return result
-
-
-def _natural(key: str):
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", key)]

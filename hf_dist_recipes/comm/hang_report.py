@@ -160,10 +160,6 @@ def _group_key(entry: dict) -> str:
     return str(entry["process_group"][0])
 
 
-def _group_label(name: str, desc: str) -> str:
-    return f"{name} ({desc})" if desc and desc != "undefined" else name
-
-
 def _seq(entry: dict) -> int:
     return int(entry["p2p_seq_id"] if entry.get("is_p2p") else entry["collective_seq_id"])
 
@@ -311,7 +307,7 @@ def diagnose(path: str | Path, world_size: int | None = None) -> HangDiagnosis:
     files = read_rank_files(directory)
     world = _world_size(files, world_size)
     groups = _groups(files, world)
-    labels = {name: _group_label(name, d) for name, (d, _) in groups.items()}
+    labels = {name: f"{name} ({d})" if d and d != "undefined" else name for name, (d, _) in groups.items()}
     dumped = {r: f.dump["entries"] for r, f in files.items() if f.dump is not None}
     notes = []
     version = next((str(f.dump.get("version", "")) for f in files.values() if f.dump is not None), "")

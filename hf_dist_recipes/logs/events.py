@@ -66,17 +66,12 @@ class RankEvents:
     warnings: list[str] = field(default_factory=list)
 
 
-def _text_of(value) -> str:
-    vals = value.tensor.string_val
-    return vals[0].decode("utf-8", "replace") if vals else ""
-
-
 def _tensor_value(v, out: RankEvents) -> float | None:
     """The scalar of a tensor-valued summary (tf.summary's scalars plugin); a text one only updates `out.host`."""
     if v.WhichOneof("value") != "tensor":
         return None
     if v.metadata.plugin_data.plugin_name == "text":
-        text = _text_of(v)
+        text = v.tensor.string_val[0].decode("utf-8", "replace") if v.tensor.string_val else ""
         m = _HOST_IN_TEXT.search(text)
         if m:
             out.host = m.group(1)

@@ -40,17 +40,13 @@ def _save(plt, fig, path: str) -> bool:
     return True
 
 
-def _block_x(summary: LogSummary) -> np.ndarray:
-    return (np.arange(BLOCKS) + 0.5) * summary.block_width
-
-
 def plot_loss_per_rank(summary: LogSummary, path: str) -> bool:
     per_rank = summary.block_means.get(summary.loss_tag or "", {})
     if not per_rank:
         return False
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
-    x = _block_x(summary)
+    x = (np.arange(BLOCKS) + 0.5) * summary.block_width
     for rank in summary.ranks[:64]:  # beyond 64 lines a legend or a curve is unreadable
         y = per_rank.get(rank)
         if y is not None:

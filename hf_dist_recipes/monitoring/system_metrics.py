@@ -116,7 +116,8 @@ class SystemMetricsCallback(RecipeCallback):
         if not self._nvml_tried:
             self._nvml_tried = True
             self._rank = self.runtime.facts.rank
-            if _trains_on_gpu(args):  # the same on every rank: so is the gather in _init_nvml
+            # Training on a GPU: the same on every rank, so is the gather in _init_nvml.
+            if getattr(getattr(args, "device", None), "type", None) == "cuda":
                 self._init_nvml(args)
 
     def _init_nvml(self, args) -> None:
@@ -184,10 +185,6 @@ def spread_over_ranks(sample: dict[str, float]) -> dict[str, float]:
             value, rank = max(values)
             out[f"{key}_max"], out[f"{key}_max_rank"] = value, float(rank)
     return out
-
-
-def _trains_on_gpu(args) -> bool:
-    return getattr(getattr(args, "device", None), "type", None) == "cuda"
 
 
 def _device_index(args) -> int:

@@ -56,32 +56,23 @@ def unplanned(cfg: LaunchConfig, world: int, *, memory_checked: bool) -> list[tu
     record, out = recorded_plan(cfg.deepspeed), []
     nodes, per_node = record.get("nodes"), record.get("procs_per_node")
     if isinstance(nodes, int) and isinstance(per_node, int) and (nodes, nodes * per_node) != (cfg.num_machines, world):
-        out.append(
-            (
-                ERROR,
-                f"the DeepSpeed JSON was generated for {nodes} machine(s) x {per_node} processes; this launch has "
-                f"{cfg.num_machines} machine(s) and {world} processes in all, so its memory, batch and timeouts are "
-                f"another job's: set num_machines / num_processes to the plan's, or regenerate with config generate "
-                f"--nodes {cfg.num_machines} --gpus-per-node {max(1, world // cfg.num_machines)}",
-            )
+        regenerate = f"--nodes {cfg.num_machines} --gpus-per-node {max(1, world // cfg.num_machines)}"
+        other_job = (
+            f"the DeepSpeed JSON was generated for {nodes} machine(s) x {per_node} processes; this launch has "
+            f"{cfg.num_machines} machine(s) and {world} processes in all, so its memory, batch and timeouts are "
+            f"another job's: set num_machines / num_processes to the plan's, or regenerate with config generate "
+            f"{regenerate}"
         )
+        out.append((ERROR, other_job))
     sizes = {"sequence_parallel_size": (cfg.deepspeed or {}).get("sequence_parallel_size")}
     sizes.update((k, v) for k, v in (cfg.raw.get("parallelism_config") or {}).items() if k.endswith("_size"))
-    beyond = [f"{k}={v}" for k, v in sizes.items() if isinstance(v, int) and v > 1]
-    if beyond:
-        out.append(
-            (
-                WARNING,
-                f"{', '.join(beyond)}: parallelism the plan does not model (the memory per rank, the batch and the "
-                "TP/EP groups checked here assume none); check the job itself with hf-dist-recipes preflight",
-            )
+    if beyond := [f"{k}={v}" for k, v in sizes.items() if isinstance(v, int) and v > 1]:
+        not_modelled = (
+            f"{', '.join(beyond)}: parallelism the plan does not model (the memory per rank, the batch and the TP/EP "
+            "groups checked here assume none); check the job itself with hf-dist-recipes preflight"
         )
+        out.append((WARNING, not_modelled))
     if not memory_checked and not cfg.use_cpu and record.get("model"):
-        out.append(
-            (
-                WARNING,
-                f"memory not checked: {record['model']} was planned for GPUs; pass --gpu-memory GIB (and --host-memory"
-                " GIB with offload) to hold the plan to them",
-            )
-        )
+        unchecked = f"memory not checked: {record['model']} was planned for GPUs; pass --gpu-memory GIB (and "
+        out.append((WARNING, unchecked + "--host-memory GIB with offload) to hold the plan to them"))
     return out

@@ -252,10 +252,6 @@ def label(plan: ParallelPlan) -> str:
     return f"Z{plan.zero_stage} TP{plan.tp} EP{plan.ep} off:{off}"
 
 
-def batch_label(plan: ParallelPlan) -> str:
-    return f"micro batch {plan.micro_batch} x accumulation {plan.grad_accum} x {plan.dp_size} DP = {plan.global_batch}"
-
-
 def _same_layout(a: ParallelPlan, b: ParallelPlan) -> bool:
     return replace(a, micro_batch=1, grad_accum=1) == replace(b, micro_batch=1, grad_accum=1)
 
@@ -278,7 +274,8 @@ def reasons(chosen: Candidate, candidates: list[Candidate]) -> list[str]:
     compares with the fastest (the margin) or the runner-up, and the first plan that fits (what a memory-only choice
     would run)."""
     p = chosen.plan
-    lines = [f"{label(p)}, {batch_label(p)} sequences: {describe(chosen.step)}"]
+    batch = f"micro batch {p.micro_batch} x accumulation {p.grad_accum} x {p.dp_size} DP = {p.global_batch}"
+    lines = [f"{label(p)}, {batch} sequences: {describe(chosen.step)}"]
     lines += _bounds(chosen, candidates)
     _, fastest = pick(candidates)
     if fastest is not None and fastest is not chosen:

@@ -143,13 +143,11 @@ def hpz_partition_size(plan: ParallelPlan, model: ModelShape | None = None) -> i
     (HPZ_MAX_SECONDARY_BYTES); without it the size rule is not applied, so pass it wherever the model is known."""
     if _hpz_refusal(plan) is not None:
         return 1
-    if model is not None and _hpz_secondary_bytes(plan, model) > HPZ_MAX_SECONDARY_BYTES:
+    # The secondary copy: every parameter over the node's ranks, in the training precision.
+    secondary = math.ceil(model.total_params / plan.procs_per_node) * PRECISION_BYTES[plan.precision] if model else 0
+    if secondary > HPZ_MAX_SECONDARY_BYTES:
         return 1
     return plan.procs_per_node
-
-
-def _hpz_secondary_bytes(plan: ParallelPlan, model: ModelShape) -> int:
-    return math.ceil(model.total_params / plan.procs_per_node) * PRECISION_BYTES[plan.precision]
 
 
 def vocab_parallel_saving_bytes(plan: ParallelPlan, model: ModelShape) -> int:
