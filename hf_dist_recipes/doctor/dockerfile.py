@@ -32,11 +32,6 @@ def _env_value(value: str) -> str:
     return value if re.fullmatch(r"[A-Za-z0-9_./:^,=+-]+", value) else json.dumps(value)
 
 
-def python_minor(python: str) -> str:
-    """ "3.11.7" -> "3.11"."""
-    return ".".join(python.split(".")[:2])
-
-
 def render_dockerfile(
     lock: Lock, env: Mapping[str, str], *, image: str | None, python: str, notes: tuple[str, ...] = ()
 ) -> str:
@@ -46,7 +41,7 @@ def render_dockerfile(
         raise ValueError(
             "the lock names no wheel index for its torch build (# index-url:); write it with hf-dist-recipes pin"
         )
-    minor = python_minor(python)
+    minor = ".".join(python.split(".")[:2])  # "3.11.7" -> "3.11"
     torch = lock.packages.get("torch", "not locked")
     lines = [
         f"# Written by hf-dist-recipes pin: torch {torch} ({lock.torch_build or 'no torch'}; CUDA "

@@ -22,11 +22,6 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def cuda_version_from_int(value: int) -> str:
-    """NVML/CUDA's integer version as "major.minor": 12040 -> "12.4" (CUDA encodes 1000*major + 10*minor)."""
-    return f"{value // 1000}.{(value % 1000) // 10}"
-
-
 def probe_torch(torch_cuda, dev_dir: str | None, nvidia_smi: str | None) -> tuple[TorchFacts, list[Gpu], list]:
     """torch's facts, the GPUs it sees and (i, j, can) for every ordered pair; `torch_cuda` replaces torch.cuda."""
     import torch
@@ -83,7 +78,9 @@ def probe_nvml(nvml) -> tuple[DriverFacts, list[Gpu]]:
     try:
         driver = _text(nvml.nvmlSystemGetDriverVersion())
         try:
-            cuda = cuda_version_from_int(int(nvml.nvmlSystemGetCudaDriverVersion_v2()))
+            # CUDA encodes its version as 1000 x major + 10 x minor: 12040 -> "12.4".
+            version = int(nvml.nvmlSystemGetCudaDriverVersion_v2())
+            cuda = f"{version // 1000}.{(version % 1000) // 10}"
         except Exception:
             cuda = None
         gpus = []

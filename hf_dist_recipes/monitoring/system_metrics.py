@@ -70,18 +70,14 @@ class RunIdentity:
 _run_id: str | None = None  # one per launch (process), drawn at its first train begin
 
 
-def new_run_id() -> str:
-    """UTC time of the launch plus 8 random hex digits: sorts by time, unique across hosts."""
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
-
-
 def launch_identity(args) -> RunIdentity:
     """This rank's identity in this launch. The run id is drawn once per process, by rank 0, and broadcast when
     torch.distributed runs with several ranks: collective the first time, so every rank calls it at train begin.
     Several `train()` calls of one process (a script that trains twice) share it."""
     global _run_id
     if _run_id is None:
-        run_id = [new_run_id()]
+        # UTC time of the launch plus 8 random hex digits: sorts by time, unique across hosts.
+        run_id = [time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:8]]
         if (
             torch.distributed.is_available()
             and torch.distributed.is_initialized()

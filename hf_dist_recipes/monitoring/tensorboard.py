@@ -15,6 +15,9 @@ rank and the launch's run id (`system_metrics.launch_identity`, also in `rank<N>
 purges what an earlier attempt logged after step k (TensorBoard's `purge_step`), so a step never shows twice.
 A new (not resumed) launch into a `rank<N>` that holds event files of another launch is refused (ValueError): its
 curves would mix with the old ones. (Several `train()` calls in one process are one launch and share the run.)
+Under `auto_resume` it is the run starting again with nothing to resume (an attempt that died before its first save):
+each rank moves the earlier attempt's `rank<N>` to `<logging_dir>.attempt-<its run id>/rank<N>`, out of what
+TensorBoard and `logs summarize` read, and rank 0 names it in one line.
 
 The writer is `core.event_writer.RunWriter`: the records torch's SummaryWriter would write (TensorBoard reads them
 the same; texts under `<tag>/text_summary`, as torch names them), built as bytes and held in memory until a flush,
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import threading
@@ -40,10 +44,13 @@ from numbers import Number
 
 from hf_dist_recipes.core.event_writer import RunWriter
 from hf_dist_recipes.core.gather import gather_objects
+from hf_dist_recipes.monitoring.console import warn_once
 from hf_dist_recipes.monitoring.system_metrics import RunIdentity, launch_identity
 from hf_dist_recipes.runtime import RecipeCallback
 
 RUN_FILENAME = "run.json"
+logger = logging.getLogger(__name__)
+KEPT = "the earlier attempt's TensorBoard runs (every rank's) are kept in"
 
 
 def rank_log_dir(logging_dir: str | os.PathLike, rank: int) -> str:
@@ -67,7 +74,10 @@ class PerRankTensorBoardCallback(RecipeCallback):
             run_dir = rank_log_dir(self.logging_dir, self.runtime.facts.rank)
             resumed = state.global_step > 0
             # Every rank hears of any rank's refusal: a rank that went on alone would wait in its first collective.
-            refusals = gather_objects(None if resumed else mixing_refusal(run_dir, identity))
+            refusal = None if resumed else mixing_refusal(run_dir, identity)
+            aside = set_aside(run_dir) if refusal and args.auto_resume else None
+            answers = gather_objects((None if aside else refusal, aside))  # every rank's, in rank order
+            refusals = [r for r, _ in answers]
             if any(refusals):
                 first = next(r for r in refusals if r)
                 raise ValueError(
@@ -76,6 +86,9 @@ class PerRankTensorBoardCallback(RecipeCallback):
                     else f"rank {refusals.index(first)} of "
                     f"{len(refusals)} ({sum(map(bool, refusals))} refusing): {first}"
                 )
+            if answers[0][1]:
+                kept = os.path.dirname(answers[0][1])
+                warn_once(logger, f"auto_resume: no checkpoint to resume from: the run starts again; {KEPT} {kept}")
             # Resumed at step k: hide what a previous attempt logged after k (purge_step hides steps >= its value),
             # so each step shows once.
             purge = state.global_step + 1 if resumed else None
@@ -147,26 +160,40 @@ class PerRankTensorBoardCallback(RecipeCallback):
         signal.signal(signal.SIGTERM, flush_then_terminate)
 
 
+def previous_run_id(run_dir: str) -> str | None:
+    """The run id of the launch that wrote `run_dir` (its `run.json`); None when unreadable."""
+    try:
+        with open(os.path.join(run_dir, RUN_FILENAME), encoding="utf-8") as f:
+            return json.load(f)["run_id"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def mixing_refusal(run_dir: str | os.PathLike, identity: RunIdentity) -> str | None:
     """Why a new launch may not write into `run_dir` (it holds event files of another run, whose curves would mix
     with the new ones), naming the fixes; None when it may."""
     run_dir = os.fspath(run_dir)
     if not os.path.isdir(run_dir) or not any(n.startswith("events.out.tfevents") for n in os.listdir(run_dir)):
         return None
-    previous = "an unknown run"
-    try:
-        with open(os.path.join(run_dir, RUN_FILENAME), encoding="utf-8") as f:
-            previous_id = json.load(f)["run_id"]
-        if previous_id == identity.run_id:
-            return None
-        previous = f"run {previous_id}"
-    except (OSError, ValueError, KeyError):
-        pass
+    previous_id = previous_run_id(run_dir)
+    if previous_id == identity.run_id:
+        return None
+    previous = f"run {previous_id}" if previous_id else "an unknown run"
     return (
         f"{run_dir} already holds TensorBoard event files of {previous}; this launch (run {identity.run_id}) would "
         f"mix its curves into them. Use a new output_dir / logging_dir, delete {run_dir}, or resume with "
         f"trainer.train(resume_from_checkpoint=...)."
     )
+
+
+def set_aside(run_dir: str) -> str:
+    """Move an earlier attempt's `run_dir` (`<logging_dir>/rank<N>`) to `<logging_dir>.attempt-<its run id>/rank<N>`
+    (the folder's modification time without a `run.json`); returns where it went."""
+    root, rank = os.path.split(os.path.normpath(run_dir))
+    target = os.path.join(f"{root}.attempt-{previous_run_id(run_dir) or int(os.path.getmtime(run_dir))}", rank)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    os.replace(run_dir, target)
+    return target
 
 
 def _after_existing_event_files(run_dir: str, *, clock=time.time, sleep=time.sleep) -> None:

@@ -91,11 +91,6 @@ def _shipped(name: str) -> ShippedConfig:
     return next(c for c in shipped_configs() if c.name == stem)
 
 
-def _yaml_scalar(text: str) -> str:
-    # A JSON string is a YAML double-quoted scalar: any path (spaces, colons, '#') reads back as written.
-    return text if re.fullmatch(r"[\w./+~-]+", text) else json.dumps(text)
-
-
 @dataclass(frozen=True)
 class CopiedConfig:
     """The files `copy_config` wrote, both absolute."""
@@ -123,7 +118,9 @@ def copy_config(name: str, output: str | Path, *, flag: str = "--output", exampl
     field = f"  deepspeed_config_file: {shipped_ds}\n"
     if field not in yaml_text:  # the generator changed how it writes the field: fail here, not in accelerate
         raise RuntimeError(f"{root / (config.name + '.yaml')} does not name {shipped_ds}: regenerate (make configs)")
-    yaml_text = yaml_text.replace(field, f"  deepspeed_config_file: {_yaml_scalar(str(ds_file))}\n")
+    # A JSON string is a YAML double-quoted scalar: any path (spaces, colons, '#') reads back as written.
+    path = str(ds_file) if re.fullmatch(r"[\w./+~-]+", str(ds_file)) else json.dumps(str(ds_file))
+    yaml_text = yaml_text.replace(field, f"  deepspeed_config_file: {path}\n")
     yaml_text = yaml_text.replace(
         "# Launch from the directory the DeepSpeed path is relative to:\n"
         f"#   accelerate launch --config_file {SHIPPED_PREFIX}/{config.name}.yaml",

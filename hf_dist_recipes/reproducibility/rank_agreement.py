@@ -199,10 +199,6 @@ def first_batches(train_dataloader) -> tuple[str | None, str | None, int | None]
     return checksum(global_step), (None if own is None else checksum(own)), seed
 
 
-def _hex_to_float(text: str | None) -> float:
-    return -1.0 if text is None else float(int(text[:13], 16))  # 52 bits: exact in a float64
-
-
 # What must agree, (record key, TP groups only, what, fix): the data order at train begin, then each gathered column
 # of the periodic check (step, learning rate, loss, batch, dropout RNG state) in row order.
 _DATA_CHECKS = (
@@ -339,9 +335,9 @@ class RankAgreementCallback(RecipeCallback):
                 )
             )
         )
-        rows = gather_floats(
-            [float(state.global_step), lr, loss, ids, _hex_to_float(rng_checksum()), float(self.runtime.facts.rank)]
-        )
+        rng = rng_checksum()
+        rng = -1.0 if rng is None else float(int(rng[:13], 16))  # 52 bits of the hex digest: exact in a float64
+        rows = gather_floats([float(state.global_step), lr, loss, ids, rng, float(self.runtime.facts.rank)])
         bad = [m for i, found in enumerate(_STEP_CHECKS) for m in self._disagree(rows, i, *found)]
         if bad:
             since = "" if self.last_agreed_step is None else f" (last agreement at step {self.last_agreed_step})"

@@ -1,13 +1,15 @@
 """What ends long jobs, each in a real `accelerate launch` on CPU (2 ranks, ZeRO-3, the shipped config, a tiny Llama):
-a SIGTERM at the launcher, and a newest checkpoint that is damaged (rank 1's optimizer file truncated) or incomplete
-(its manifest missing). A rank killed with SIGKILL under `--max_restarts 1` is test_offload_autoep's job, in the
-layout the planner recommends at scale (AutoEP + ZeRO-3 + both offloads), which resumes through the same path. Every
+a rank SIGKILLed at step 2, before the first checkpoint, under `--max_restarts 1` (issue 41: the restart has nothing
+to resume from and must start the run again by itself), a SIGTERM at the launcher, and a newest checkpoint that is
+damaged (rank 1's optimizer file truncated) or incomplete (its manifest missing). A rank killed after a checkpoint is
+test_offload_autoep's job, in the layout the planner recommends at scale (AutoEP + ZeRO-3 + both offloads). Every
 job runs with `auto_resume=True` and must end with final weights bitwise equal to those of an uninterrupted run of the
 same job, which is the independent reference: the model is built from its config after the recipe's seeding, the data
 order is the sampler's, so nothing but the interruption differs.
 
-Three launches: (1) the uninterrupted reference; (2) the run given SIGTERM; (3) that run started again, then the two
-damaged-checkpoint jobs (copies of the reference's output directory up to checkpoint-9, which is damaged).
+Three launches: (1) the early-killed run, then, in the same processes after the restart, the uninterrupted reference;
+(2) the run given SIGTERM; (3) that run started again, then the two damaged-checkpoint jobs (copies of the
+reference's output directory up to checkpoint-9, which is damaged).
 """
 
 import os
@@ -30,7 +32,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 WORKER = str(REPO / "tests" / "distributed" / "workers" / "survival_worker.py")
 CONFIG = REPO / "accelerate_configs" / "cpu_zero3_2proc.yaml"
-STEPS, SAVE_STEPS = 10, 3  # checkpoints 3, 6, 9
+STEPS, SAVE_STEPS, KILL_AT = 10, 3, 2  # checkpoints 3, 6, 9; rank 1 dies after step 2, before checkpoint-3
 SIGNAL_AFTER = 2  # the launcher gets SIGTERM once rank 0 ended this step (each step end then waits PAUSE_S)
 PAUSE_S = 0.5
 
@@ -72,8 +74,14 @@ def sigterm_at_the_launcher(out: Path) -> tuple[subprocess.CompletedProcess, int
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
     root = tmp_path_factory.mktemp("job_dies")
-    reference, stopped = root / "reference", root / "stopped"
-    check_launch(accelerate_launch(CONFIG, [WORKER, str(reference), str(STEPS), str(SAVE_STEPS)]))
+    early, reference, stopped = root / "early", root / "reference", root / "stopped"
+    first = accelerate_launch(
+        CONFIG,
+        [WORKER, str(early), str(STEPS), str(SAVE_STEPS), f"kill-at={KILL_AT}"]
+        + ["then", str(reference), str(STEPS), str(SAVE_STEPS)],
+        launch_args=("--max_restarts", "1"),
+    )
+    check_launch(first)
     term, signalled_at = sigterm_at_the_launcher(stopped)
     # As the stopped job left them, before the launch that continues it writes its own.
     after_term = {
@@ -99,6 +107,8 @@ def jobs(tmp_path_factory):
     )
     check_launch(again)
     return {
+        "early": early,
+        "first": first,
         "reference": reference,
         "stopped": stopped,
         "term": term,
@@ -107,6 +117,21 @@ def jobs(tmp_path_factory):
         "again": again,
         **damaged,
     }
+
+
+def test_a_rank_killed_before_the_first_checkpoint_starts_the_run_again_by_itself(jobs):
+    early, text = jobs["early"], jobs["first"].stdout + jobs["first"].stderr
+    assert "exitcode: -9" in text and "local_rank: 1" in text  # the launcher saw rank 1 die of SIGKILL
+    # The restart had nothing to resume: it started the run again, said so once, and kept the dead attempt's
+    # TensorBoard runs aside (it refused to start before: the folder held another launch's event files).
+    said = [line for line in text.splitlines() if "no checkpoint to resume from: the run starts again" in line]
+    assert len(said) == 1, text[-3000:]
+    (kept,) = early.glob("tensorboard.attempt-*")
+    assert sorted(p.name for p in kept.iterdir()) == ["rank0", "rank1"] and str(kept) in said[0]
+    assert list((kept / "rank1").glob("events.out.tfevents.*"))
+    records = sorted(p.name for p in (early / "survival").glob("*.json"))
+    assert records == ["rank0-attempt1.json", "rank1-attempt1.json"]
+    assert_bitwise_equal(early / "final", jobs["reference"] / "final")
 
 
 def test_sigterm_at_the_launcher_saves_the_next_step_on_every_rank_and_exits_75(jobs):
