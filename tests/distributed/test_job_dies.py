@@ -1,15 +1,17 @@
 """What ends long jobs, each in a real `accelerate launch` on CPU (2 ranks, ZeRO-3, the shipped config, a tiny Llama):
 a rank SIGKILLed at step 2, before the first checkpoint, under `--max_restarts 1` (issue 41: the restart has nothing
 to resume from and must start the run again by itself), a SIGTERM at the launcher, and a newest checkpoint that is
-damaged (rank 1's optimizer file truncated) or incomplete (its manifest missing). A rank killed after a checkpoint is
+damaged (rank 1's optimizer file truncated) or incomplete (its manifest missing), and a SIGTERM before any step ended
+(nothing to save) followed by a relaunch. A rank killed after a checkpoint is
 test_offload_autoep's job, in the layout the planner recommends at scale (AutoEP + ZeRO-3 + both offloads). Every
 job runs with `auto_resume=True` and must end with final weights bitwise equal to those of an uninterrupted run of the
 same job, which is the independent reference: the model is built from its config after the recipe's seeding, the data
 order is the sampler's, so nothing but the interruption differs.
 
-Three launches: (1) the early-killed run, then, in the same processes after the restart, the uninterrupted reference;
-(2) the run given SIGTERM; (3) that run started again, then the two damaged-checkpoint jobs (copies of the
-reference's output directory up to checkpoint-9, which is damaged).
+Four launches: (1) the early-killed run, then, in the same processes after the restart, the uninterrupted reference;
+(2) the run given SIGTERM after step 2; (2b) the run given SIGTERM before any step ended, which dies in seconds; (3)
+the run of (2) started again, the two damaged-checkpoint jobs (copies of the reference's output directory up to
+checkpoint-9, which is damaged), then the run of (2b) started again.
 """
 
 import os
@@ -57,13 +59,13 @@ def _step(out: Path) -> int:
     return int(text) if text.strip() else 0
 
 
-def sigterm_at_the_launcher(out: Path) -> tuple[subprocess.CompletedProcess, int]:
-    """Launch the paused job, send SIGTERM to `accelerate launch` once rank 0 ended SIGNAL_AFTER steps; the launch
-    as it ended, and the step rank 0 had ended when the signal went."""
-    cmd, env = accelerate_launch_command(CONFIG, [WORKER, str(out), str(STEPS), "100", f"step-pause={PAUSE_S}"])
+def sigterm_at_the_launcher(out: Path, option: str, ready) -> tuple[subprocess.CompletedProcess, int]:
+    """Launch the paused job (`option`: the worker's pause), send SIGTERM to `accelerate launch` once `ready(out)`;
+    the launch as it ended, and the step rank 0 had ended when the signal went."""
+    cmd, env = accelerate_launch_command(CONFIG, [WORKER, str(out), str(STEPS), "100", option])
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-    while _step(out) < SIGNAL_AFTER and proc.poll() is None and time.monotonic() < deadline:
+    while not ready(out) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     signalled_at = _step(out)
     proc.send_signal(signal.SIGTERM)
@@ -71,10 +73,18 @@ def sigterm_at_the_launcher(out: Path) -> tuple[subprocess.CompletedProcess, int
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), signalled_at
 
 
+def _ended_signal_after(out: Path) -> bool:
+    return _step(out) >= SIGNAL_AFTER
+
+
+def _both_began(out: Path) -> bool:
+    return all((out / "progress" / f"began-rank{r}").exists() for r in (0, 1))
+
+
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
     root = tmp_path_factory.mktemp("job_dies")
-    early, reference, stopped = root / "early", root / "reference", root / "stopped"
+    early, reference, stopped, unsaved = root / "early", root / "reference", root / "stopped", root / "unsaved"
     first = accelerate_launch(
         CONFIG,
         [WORKER, str(early), str(STEPS), str(SAVE_STEPS), f"kill-at={KILL_AT}"]
@@ -82,7 +92,10 @@ def jobs(tmp_path_factory):
         launch_args=("--max_restarts", "1"),
     )
     check_launch(first)
-    term, signalled_at = sigterm_at_the_launcher(stopped)
+    term, signalled_at = sigterm_at_the_launcher(stopped, f"step-pause={PAUSE_S}", _ended_signal_after)
+    # SIGTERM once both ranks began their first step (train() began, its TensorBoard runs written): nothing to save.
+    unsaved_term, _ = sigterm_at_the_launcher(unsaved, "begin-pause=60", _both_began)
+    unsaved_left = sorted(p.name for p in unsaved.glob("checkpoint-*"))
     # As the stopped job left them, before the launch that continues it writes its own.
     after_term = {
         "checkpoints": sorted(p.name for p in stopped.glob("checkpoint-*")),
@@ -103,12 +116,16 @@ def jobs(tmp_path_factory):
         CONFIG,
         [WORKER, str(stopped), str(STEPS), "100"]
         + ["then", str(damaged["truncated"]), str(STEPS), str(SAVE_STEPS)]
-        + ["then", str(damaged["no_manifest"]), str(STEPS), str(SAVE_STEPS)],
+        + ["then", str(damaged["no_manifest"]), str(STEPS), str(SAVE_STEPS)]
+        + ["then", str(unsaved), str(STEPS), str(SAVE_STEPS)],
     )
     check_launch(again)
     return {
         "early": early,
         "first": first,
+        "unsaved": unsaved,
+        "unsaved_term": unsaved_term,
+        "unsaved_left": unsaved_left,
         "reference": reference,
         "stopped": stopped,
         "term": term,
@@ -132,6 +149,17 @@ def test_a_rank_killed_before_the_first_checkpoint_starts_the_run_again_by_itsel
     records = sorted(p.name for p in (early / "survival").glob("*.json"))
     assert records == ["rank0-attempt1.json", "rank1-attempt1.json"]
     assert_bitwise_equal(early / "final", jobs["reference"] / "final")
+
+
+def test_a_sigterm_before_any_step_ended_then_a_relaunch_starts_the_run_again(jobs):
+    """Nothing to save yet: the signal takes its stock course (the ranks die), and the relaunch, finding no
+    checkpoint, starts the run again (it refused before issue 41: the dead attempt's event files were there)."""
+    assert jobs["unsaved_term"].returncode != 0 and jobs["unsaved_left"] == []
+    text = jobs["again"].stdout + jobs["again"].stderr
+    assert "no checkpoint to resume from: the run starts again" in text
+    (kept,) = jobs["unsaved"].glob("tensorboard.attempt-*")
+    assert list((kept / "rank0").glob("events.out.tfevents.*"))
+    assert_bitwise_equal(jobs["unsaved"] / "final", jobs["reference"] / "final")
 
 
 def test_sigterm_at_the_launcher_saves_the_next_step_on_every_rank_and_exits_75(jobs):

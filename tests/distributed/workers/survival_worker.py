@@ -1,14 +1,16 @@
 """A job that something ends, run on every rank under `accelerate launch` by tests/distributed/test_job_dies.py,
 test_sbatch_requeue.py (under the generated sbatch script) and test_offload_autoep.py:
 
-    survival_worker.py OUTPUT_DIR STEPS SAVE_STEPS [kill-at=K] [step-pause=S] [model=NAME] [bf16=1]
+    survival_worker.py OUTPUT_DIR STEPS SAVE_STEPS [kill-at=K] [step-pause=S] [begin-pause=S] [model=NAME] [bf16=1]
                        [then OUTPUT_DIR STEPS SAVE_STEPS ...]
 
 Trains a tiny Llama (`model=`: another template, e.g. tiny-deepseek-v3; `bf16=1`: in bf16) from its config (the
 same weights on every attempt: the recipe seeds before the model is built) with `auto_resume=True`, STEPS steps, a
 checkpoint every SAVE_STEPS, then `save_model` to OUTPUT_DIR/final. `kill-at=K`: rank 1 ends itself with SIGKILL at
 the end of step K, on the launcher's first attempt only (TORCHELASTIC_RESTART_COUNT=0), as a dead node would.
-`step-pause=S`: each step end waits S seconds, so that a test can signal the launcher between two steps. Each rank
+`step-pause=S`: each step end waits S seconds, so that a test can signal the launcher between two steps;
+`begin-pause=S`: the first step's beginning writes OUTPUT_DIR/progress/began-rank<N> and waits S seconds, so that a
+test can signal it after train() began (its TensorBoard run written) and before any step ended. Each rank
 writes OUTPUT_DIR/progress/rank<N> (the last step ended) at every step end, OUTPUT_DIR/survival/rank<N>-attempt<A>.json
 at the end of each attempt that returns from train() (the first step it trained, the step it ended at, its losses),
 OUTPUT_DIR/exits/rank<N> with the code of a SystemExit that train() raised (the recipe's exit after a save on a
@@ -35,10 +37,17 @@ SEQ_LEN = 32
 
 
 class Progress(TrainerCallback):
-    def __init__(self, output_dir: str, kill_at: int | None, pause_s: float):
+    def __init__(self, output_dir: str, kill_at: int | None, pause_s: float, begin_pause_s: float = 0.0):
         self.output_dir, self.kill_at, self.pause_s = Path(output_dir), kill_at, pause_s
+        self.begin_pause_s = begin_pause_s
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.first_step: int | None = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == 0 and self.begin_pause_s:
+            (self.output_dir / "progress").mkdir(parents=True, exist_ok=True)
+            (self.output_dir / "progress" / f"began-rank{args.process_index}").write_text("")
+            time.sleep(self.begin_pause_s)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.first_step is None:
@@ -101,12 +110,13 @@ def main(
     pause_s: float,
     model_name: str = "tiny-llama",
     bf16: bool = False,
+    begin_pause_s: float = 0.0,
 ) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     args = checkpointed_run_args(output_dir, steps, save_steps, auto_resume=True, bf16=bf16)
     model = AutoModelForCausalLM.from_config(template_config(model_name))
     train = TokenBlocks(token_blocks(stdlib_dataset(seq_len=SEQ_LEN, max_bytes=60_000), model.config.vocab_size).tokens)
-    progress, host = Progress(output_dir, kill_at, pause_s), HostBytes(output_dir)
+    progress, host = Progress(output_dir, kill_at, pause_s, begin_pause_s), HostBytes(output_dir)
     trainer = RecipeTrainer(model=model, args=args, train_dataset=train, callbacks=[progress, host])
     host.trainer = trainer
     trainer.train()
@@ -138,6 +148,7 @@ if __name__ == "__main__":
                 float(options.get("step-pause", "0")),
                 options.get("model", "tiny-llama"),
                 options.get("bf16") == "1",
+                float(options.get("begin-pause", "0")),
             )
         except SystemExit as stop:  # the recipe's exit after a save on a signal: its code, for the test
             folder = Path(output_dir) / "exits"
