@@ -50,11 +50,10 @@ from hf_dist_recipes._compat.deepspeed import forget_zero_hpz_group
 from hf_dist_recipes.argument_classes import describe_replaced_defaults, recipe_arguments_class
 from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
 from hf_dist_recipes.callbacks import RecipeCallbacks, recipe_callbacks
-from hf_dist_recipes.checkpoint import relayout, resume_loading
+from hf_dist_recipes.checkpoint import manifest, relayout, resume_loading
 from hf_dist_recipes.checkpoint.auto_resume import plan_resume
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.checkpoint.gather import reference_model
-from hf_dist_recipes.checkpoint.manifest import CheckpointLayout, complete_checkpoint, rotate_complete_checkpoints
 from hf_dist_recipes.checkpoint.preemption import PREEMPTED_EXIT_CODE
 from hf_dist_recipes.checkpoint.writer import save_config_files
 from hf_dist_recipes.comm.backend import check_process_group_backend, destroy_gloo_group_at_exit
@@ -239,14 +238,18 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
             raise SystemExit(PREEMPTED_EXIT_CODE)
         return output
 
-    def running_layout(self) -> CheckpointLayout:
+    def running_layout(self) -> manifest.CheckpointLayout:
         """This job's layout as a checkpoint's manifest records it (processes, TP and EP degrees, ZeRO stage)."""
         facts = self.runtime.facts
-        return CheckpointLayout(self.args.world_size, facts.layout.tp, facts.layout.ep, facts.zero_stage)
+        return manifest.CheckpointLayout(self.args.world_size, facts.layout.tp, facts.layout.ep, facts.zero_stage)
 
     def _said_relayout(self, converted: relayout.Relayout) -> None:
         self.relayout = converted
         warn_once(logger, converted.line())
+
+    def start_checkpoint(self, checkpoint: str) -> None:
+        """Before the Trainer writes `checkpoint` (every rank): a folder saved into again loses its old manifest."""
+        manifest.retract_manifest(checkpoint, writes=self.runtime.facts.rank == 0)
 
     def finish_checkpoint(self, checkpoint: str) -> None:
         """After the Trainer wrote `checkpoint` (every rank,
@@ -255,14 +258,12 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         `save_total_limit`, counting complete checkpoints only (`hf_dist_recipes.checkpoint.manifest`)."""
         args, facts = self.args, self.runtime.facts
         self.runtime.rank_metrics.save(checkpoint, facts.rank)
-        flushes, writes = facts.local_rank == 0, facts.rank == 0
-        complete_checkpoint(checkpoint, self.state.global_step, self.running_layout(), flushes=flushes, writes=writes)
+        layout, flushes, writes = self.running_layout(), facts.local_rank == 0, facts.rank == 0
+        manifest.complete_checkpoint(checkpoint, self.state.global_step, layout, flushes=flushes, writes=writes)
         if args.should_save:
-            output_dir = os.path.dirname(checkpoint)
-            for deleted in rotate_complete_checkpoints(
-                output_dir, args.save_total_limit, self.state.best_model_checkpoint
-            ):
-                logger.info("Deleted %s (save_total_limit=%s)", deleted, args.save_total_limit)
+            limit, best = args.save_total_limit, self.state.best_model_checkpoint
+            for deleted in manifest.rotate_complete_checkpoints(os.path.dirname(checkpoint), limit, best):
+                logger.info("Deleted %s (save_total_limit=%s)", deleted, limit)
 
     def evaluate(self, *args, **kwargs):
         with self._evaluation_engine():

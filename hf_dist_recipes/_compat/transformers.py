@@ -151,20 +151,21 @@ class TrainerPrivateOverrides:
         """transformers 5.25 `Trainer._save_checkpoint(model, trial)`, which `_maybe_log_save_evaluate` calls before
         `on_save`: it writes checkpoint-N and then rotates (`rotate_checkpoints` with `args.save_total_limit`), so
         at `save_total_limit=1` the last complete checkpoint is gone before the new one is, and a half-written one
-        counts. The stock rotation is turned off for the call (the limit is None only meanwhile, so the checkpoint's
-        training_args.bin records None); then `finish_checkpoint` makes it complete (fsync, barrier, the manifest)
+        counts. A folder saved into again first loses its old manifest (`start_checkpoint`). The
+        stock rotation is off for the call (the limit is None only meanwhile, so the checkpoint's training_args.bin
+        records None); then `finish_checkpoint` makes it complete (fsync, barrier, the manifest)
         and rotates complete checkpoints only (`hf_dist_recipes.checkpoint.manifest`). Can go when the Trainer
         offers a hook after a checkpoint's files and before its rotation, or rotation by a callable."""
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        self.start_checkpoint(folder)
         limit, self.args.save_total_limit = self.args.save_total_limit, None
         try:
             super()._save_checkpoint(model, trial)
         finally:
             self.args.save_total_limit = limit
-        self.finish_checkpoint(
-            os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        )
+        self.finish_checkpoint(folder)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         """transformers 5.23-5.25 `Trainer._load_optimizer_and_scheduler(checkpoint)`: on a resume `train()` calls it

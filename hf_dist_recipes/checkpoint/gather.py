@@ -55,12 +55,6 @@ def reference_model(model: nn.Module) -> nn.Module:
         return type(model)(model.config)
 
 
-def _zero_gather(params):
-    import deepspeed
-
-    return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
-
-
 def _own_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     tensors = [(n, p) for n, p in module.named_parameters(recurse=False) if p is not None]
     skipped = non_persistent_buffer_names(module)
@@ -80,7 +74,9 @@ def _gathered_values(module: nn.Module, main: bool, meta: bool = False) -> dict[
         return {name: _placeholder(t) for name, t in _own_tensors(module)}
     params = [p for p in module.parameters(recurse=False) if p is not None]
     out: dict[str, torch.Tensor] = {}
-    with _zero_gather(params), gather_tp_params(params, module):
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None), gather_tp_params(params, module):
         if main:
             for name, t in _own_tensors(module):
                 out[name] = t.detach().to("cpu", copy=True)

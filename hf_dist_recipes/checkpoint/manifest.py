@@ -111,11 +111,25 @@ def complete_checkpoint(
     waits for every other's, then `writes` (rank 0) writes the manifest, which it returns (None elsewhere)."""
     if flushes:
         fsync_tree(checkpoint)
+    _barrier()
+    return write_manifest(checkpoint, step, layout) if writes else None
+
+
+def retract_manifest(checkpoint: str | os.PathLike, *, writes: bool) -> None:
+    """On every rank, before the Trainer writes into `checkpoint`: a folder saved into again (after a roll-back to
+    an older checkpoint) is incomplete from its first new byte, so `writes` (rank 0) removes its old manifest, durably,
+    and no rank writes before that (issue 41: a kill mid-save left two runs' files under one complete manifest)."""
+    if writes and (path := Path(checkpoint) / MANIFEST_NAME).is_file():
+        path.unlink()
+        _fsync(str(checkpoint))
+    _barrier()
+
+
+def _barrier() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
-    return write_manifest(checkpoint, step, layout) if writes else None
 
 
 def check_checkpoint(checkpoint: str | os.PathLike) -> list[str]:

@@ -43,12 +43,6 @@ _SEVERITY_STATUS: dict[str, Status] = {"error": ERROR, "warning": WARNING, "info
 MARK: dict[str, str] = {OK: "ok", WARNING: "WARNING", ERROR: "ERROR"}
 
 
-def check_status(status: object, owner: str = "Finding") -> None:
-    """ValueError unless `status` is one of STATUSES; `owner` names what was being built."""
-    if status not in STATUSES:
-        raise ValueError(f"{owner} status must be one of {STATUSES}, got {status!r}")
-
-
 def status_of_severity(severity: str) -> Status:
     """The status a known-issue rule's severity shows as: error -> error, warning -> warning, info -> ok (with its
     fix); an unknown severity shows as a warning rather than vanish."""
@@ -97,7 +91,8 @@ class Finding:
     fix: str = ""
 
     def __post_init__(self):
-        check_status(self.status, type(self).__name__)
+        if self.status not in STATUSES:
+            raise ValueError(f"{type(self).__name__} status must be one of {STATUSES}, got {self.status!r}")
 
 
 @dataclass(frozen=True)

@@ -141,3 +141,33 @@ class _State:
 
 class _Control:
     should_save = should_training_stop = False
+
+
+def test_a_checkpoint_saved_into_again_reads_incomplete_until_its_new_manifest(tmp_path):
+    """Issue 41: a run rolled back to checkpoint-2 (here: resumed from it by path) saves into checkpoint-4 again.
+    While its files are being rewritten the folder must not read as complete under the old manifest: a kill then
+    would leave two runs' files that a resume accepts. Seen from inside the save, through the trainer."""
+    seen = []
+
+    class Watched(RecipeTrainer):
+        def save_model(self, output_dir=None, _internal_call=False):
+            if _internal_call:  # the checkpoint's own weights, the first files _save_checkpoint writes
+                seen.append((os.path.basename(output_dir), check_checkpoint(output_dir)))
+            return super().save_model(output_dir, _internal_call)
+
+    def run(resume=None):
+        args = RecipeTrainingArguments(output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=2,
+                                       save_strategy="steps", save_steps=2, disable_tqdm=True, report_to="none",
+                                       seed=7, use_cpu=True)  # fmt: skip
+        Watched(model=build_tiny_deepseek(**SMALL), args=args,
+                train_dataset=stdlib_dataset(seq_len=16, max_bytes=4_000)).train(resume)  # fmt: skip
+
+    run()
+    assert [name for name, _ in seen] == ["checkpoint-2", "checkpoint-4"] and check_checkpoint(
+        tmp_path / "checkpoint-4"
+    ) == []
+    seen.clear()
+    run(str(tmp_path / "checkpoint-2"))
+    ((name, problems),) = seen
+    assert name == "checkpoint-4" and problems == [f"no {MANIFEST_NAME} (its save did not finish)"]
+    assert check_checkpoint(tmp_path / "checkpoint-4") == []  # complete again once its files are

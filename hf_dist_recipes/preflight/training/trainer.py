@@ -28,12 +28,6 @@ class PreflightTrainer(RecipeTrainer):
         return super().training_step(model, inputs, num_items_in_batch)
 
 
-def engine_of(trainer):
-    """The live DeepSpeed engine, or None without DeepSpeed."""
-    wrapped = getattr(trainer, "model_wrapped", None)
-    return wrapped if hasattr(wrapped, "gradient_clipping") and hasattr(wrapped, "was_step_applied") else None
-
-
 def weights_digest(model) -> str:
     """SHA-256 (16 hex digits) of this rank's full weights (ZeRO-3 partitions gathered; under TP/EP this rank's
     shard)."""
@@ -65,8 +59,8 @@ class StepRecorder(TrainerCallback):
 
     def on_step_end(self, args, state, control, optimizer=None, model=None, **kwargs):
         step = self.steps.setdefault(state.global_step, StepFacts())
-        engine = engine_of(self.trainer)
-        if engine is not None:
+        engine = getattr(self.trainer, "model_wrapped", None)  # the live DeepSpeed engine, when there is one
+        if hasattr(engine, "gradient_clipping") and hasattr(engine, "was_step_applied"):
             step.applied = bool(engine.was_step_applied())
             step.clip = float(engine.gradient_clipping())
             clip = getattr(getattr(engine, "optimizer", None), "clip_grad", None)
