@@ -139,6 +139,8 @@ def test_an_offload_plan_pins_exactly_and_gives_cpu_adam_the_nodes_cores(cores, 
     import subprocess
     from dataclasses import replace
 
+    from hf_dist_recipes.environment.alloc_defaults import adam_threads
+
     offload = replace(GPU_PLAN, offload_optimizer=True, offload_params=True)
     text = launch_script(
         offload, "slurm", job_name="v3", config_file="/c.yaml", deepspeed_file=None, main_process_port=1, log_dir="/l"
@@ -149,6 +151,8 @@ def test_an_offload_plan_pins_exactly_and_gives_cpu_adam_the_nodes_cores(cores, 
         script = f'nproc() {{ echo {cores}; }}; PROCS_PER_NODE=8; {given}{line}; echo "$OMP_NUM_THREADS"'
         out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
         assert out.strip() == str(expected)
+    # The arguments' count (environment.alloc_defaults, applied in the ranks) is the script's, by the same table.
+    assert adam_threads(cores, 8) == threads
     # Neither without offload: torch's pinning then pins nothing of size, and the ranks' 1 thread is torchrun's.
     plain = _gpu_script().render()
     assert "DS_PIN_MEMORY_BACKEND" not in plain and "OMP_NUM_THREADS" not in plain
