@@ -54,7 +54,7 @@ from hf_dist_recipes.checkpoint import manifest, relayout, resume_loading
 from hf_dist_recipes.checkpoint.auto_resume import plan_resume
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.checkpoint.gather import reference_model
-from hf_dist_recipes.checkpoint.preemption import PREEMPTED_EXIT_CODE
+from hf_dist_recipes.checkpoint.preemption import PREEMPTED_EXIT_CODE, end_launch
 from hf_dist_recipes.checkpoint.writer import save_config_files
 from hf_dist_recipes.comm.backend import check_process_group_backend, destroy_gloo_group_at_exit
 from hf_dist_recipes.core.gather import gather_objects
@@ -208,9 +208,11 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         when there is none (`hf_dist_recipes.checkpoint.auto_resume`). A path is used as given."""
         if self.runtime.facts.deepspeed is not None:
             compat_transformers.forget_evaluation_engine(self, self.runtime.facts.deepspeed)
-        # A path wins; True and auto_resume take the newest complete checkpoint (`checkpoint.auto_resume`). Every
-        # rank takes rank 0's choice, so that a file appearing meanwhile cannot split them.
-        plan = gather_objects(plan_resume(resume_from_checkpoint, self.args.auto_resume, self.args.output_dir))[0]
+        # A path wins; True and auto_resume take the newest complete checkpoint (`checkpoint.auto_resume`), each rank
+        # hashing its share; every rank takes rank 0's choice, so that a file appearing meanwhile cannot split them.
+        args = self.args
+        plan = gather_objects(plan_resume(resume_from_checkpoint, args.auto_resume, args.output_dir,
+                                          self.runtime.facts.rank, args.world_size))[0]  # fmt: skip
         for line in plan.lines:
             warn_once(logger, line)
         checkpoint = plan.checkpoint
@@ -232,9 +234,12 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         if stop is not None:
             # Not back to the script: what follows train() (a final save_model, an evaluation) belongs to the end of
             # the run, which this is not. The job started again continues from the checkpoint (auto_resume).
-            if self.runtime.facts.rank == 0:
+            facts = self.runtime.facts
+            if facts.rank == 0:  # it wrote the manifest
                 said = (stop.step, PREEMPTED_EXIT_CODE, stop.signal_name, stop.first_rank)
                 logger.warning("checkpoint-%d is complete; exiting with code %d (%s reached rank %d)", *said)
+            checkpoint = os.path.join(self.args.output_dir, f"checkpoint-{stop.step}")
+            end_launch(stop, checkpoint, rank=facts.rank, local_rank=facts.local_rank)
             raise SystemExit(PREEMPTED_EXIT_CODE)
         return output
 
@@ -252,14 +257,15 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         manifest.retract_manifest(checkpoint, writes=self.runtime.facts.rank == 0)
 
     def finish_checkpoint(self, checkpoint: str) -> None:
-        """After the Trainer wrote `checkpoint` (every rank,
-        `_compat.transformers.TrainerPrivateOverrides._save_checkpoint`): this rank's counters, then every rank's files
-        made durable and, last, the manifest that makes the checkpoint complete; then the rotation of
-        `save_total_limit`, counting complete checkpoints only (`hf_dist_recipes.checkpoint.manifest`)."""
+        """After the Trainer wrote `checkpoint` (every rank, `_compat.transformers._save_checkpoint`): this rank's
+        counters, then every rank's files hashed and made durable and, last, the manifest that makes the checkpoint
+        complete; then the rotation of `save_total_limit`, counting complete ones only (`checkpoint.manifest`)."""
         args, facts = self.args, self.runtime.facts
         self.runtime.rank_metrics.save(checkpoint, facts.rank)
-        layout, flushes, writes = self.running_layout(), facts.local_rank == 0, facts.rank == 0
-        manifest.complete_checkpoint(checkpoint, self.state.global_step, layout, flushes=flushes, writes=writes)
+        manifest.complete_checkpoint(
+            checkpoint, self.state.global_step, self.running_layout(),
+            rank=facts.rank, world=args.world_size, flushes=facts.local_rank == 0,
+        )  # fmt: skip
         if args.should_save:
             limit, best = args.save_total_limit, self.state.best_model_checkpoint
             for deleted in manifest.rotate_complete_checkpoints(os.path.dirname(checkpoint), limit, best):

@@ -41,14 +41,17 @@ class ResumePlan:
     lines: list[str] = field(default_factory=list)
 
 
-def plan_resume(resume_from_checkpoint: str | bool | None, auto_resume: bool, output_dir: str) -> ResumePlan:
-    """The checkpoint `train(resume_from_checkpoint)` resumes from (module docstring)."""
+def plan_resume(
+    resume_from_checkpoint: str | bool | None, auto_resume: bool, output_dir: str, rank: int = 0, world: int = 1
+) -> ResumePlan:
+    """The checkpoint `train(resume_from_checkpoint)` resumes from (module docstring). With world > 1, call it on every
+    rank: each hashes its share of the candidate's files (`checkpoint.manifest.newest_complete_checkpoint`)."""
     if isinstance(resume_from_checkpoint, str | os.PathLike):
         return ResumePlan(os.fspath(resume_from_checkpoint))
     asked = resume_from_checkpoint is True
     if not asked and not auto_resume:
         return ResumePlan(None)
-    choice = newest_complete_checkpoint(output_dir)
+    choice = newest_complete_checkpoint(output_dir, rank, world)
     lines = [s.line() for s in choice.skipped]
     why = "resume_from_checkpoint=True" if asked else "auto_resume"
     if choice.checkpoint is not None:

@@ -23,10 +23,20 @@ save is bounded by the collective timeout of a save instead.
 torchrun gives its workers 30 s after forwarding a SIGTERM, then kills them (`TORCH_ELASTIC_SHUTDOWN_TIMEOUT`); the
 generated launch scripts raise it to 540 s, a minute short of the time limit's signal lead
 (`planning.launch_scripts.SHUTDOWN_TIMEOUT_S`).
+
+The launch ends too (`end_launch`, after the save, every rank). The elastic agent of `accelerate launch` and torchrun
+reads any non-zero exit as a failure: with `--max_restarts` left it starts the ranks again, which resume and train on
+through the scheduler's grace (issue 41). So once every rank is past the save, the first rank of each node ends its
+agent with SIGTERM (the agent's own death signal: it stops its workers and exits; no restart) and every rank waits
+for that, then exits 75. No launcher lets 75 through: a rank's 75 is a `ChildFailedError`, status 1, and an agent
+ended by a signal exits 128 + 15 under `accelerate launch` (its `_run_torchrun`) and 1 under torchrun (the uncaught
+`SignalException`). So rank 0 also writes the stop (JSON: the signal, the rank it reached, the step, the checkpoint)
+to `$HF_DIST_RECIPES_STOP_FILE` when set: the generated sbatch sets it and requeues the job when it appears.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -38,9 +48,13 @@ from dataclasses import dataclass
 
 from transformers import TrainerCallback
 
+from hf_dist_recipes.core.files import write_atomically
+
 logger = logging.getLogger(__name__)
 
 PREEMPTED_EXIT_CODE = 75  # os.EX_TEMPFAIL: the run stopped on a signal, saved, and continues when started again
+STOP_FILE_ENV = "HF_DIST_RECIPES_STOP_FILE"  # where rank 0 writes the agreed stop once its checkpoint is complete
+AGENT_WAIT_S = 30.0  # how long a rank waits for its agent to end it after the agent was signalled, then exits itself
 DEFAULT_PREEMPTION_SIGNALS = "SIGTERM,SIGUSR2"
 GRACE_MARGIN_S = 30.0
 # Signals that must keep their meaning: the state dump, the interrupt a person types, and those no handler can catch.
@@ -210,3 +224,67 @@ def _exit_for(signum: int) -> None:
         flush=True,
     )
     os._exit(128 + signum)
+
+
+def restarts_left(environ=os.environ) -> int:
+    """How many more times the elastic agent that started this process would start the ranks again (0: none, or not
+    under an agent): TORCHELASTIC_MAX_RESTARTS less TORCHELASTIC_RESTART_COUNT, both set by the agent."""
+    try:
+        return max(0, int(environ["TORCHELASTIC_MAX_RESTARTS"]) - int(environ["TORCHELASTIC_RESTART_COUNT"]))
+    except (KeyError, ValueError):
+        return 0
+
+
+# How an elastic agent's command line begins: `torchrun`, `python -m torch.distributed.run`, `accelerate launch`,
+# `python -m accelerate.commands.launch` (each word's last path component).
+_LAUNCHERS = ("torchrun", "torch.distributed.run", "accelerate launch", "accelerate.commands.launch")
+
+
+def is_launcher(pid: int) -> bool:
+    """Whether process `pid` runs torchrun or `accelerate launch` (Linux /proc; False where it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = [os.path.basename(w.decode(errors="replace")) for w in f.read().split(b"\0")[:4]]
+    except OSError:
+        return False
+    pairs = words + [f"{a} {b}" for a, b in zip(words, words[1:], strict=False)]
+    return any(name in pairs for name in _LAUNCHERS)
+
+
+def end_launch(stop: Stop, checkpoint: str, *, rank: int, local_rank: int, environ=os.environ) -> None:
+    """On every rank after the agreed save, before the exit with PREEMPTED_EXIT_CODE (module docstring): wait until
+    the checkpoint is complete on every rank, write the stop record (rank 0, `STOP_FILE_ENV`), and where the agent has
+    restarts left, end it and wait for it to end this rank (SystemExit(75) from its SIGTERM, or after AGENT_WAIT_S)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # rank 0's manifest is written: the checkpoint is complete
+    if rank == 0 and environ.get(STOP_FILE_ENV):
+        record = {"signal": stop.signal_name, "rank": stop.first_rank, "step": stop.step, "checkpoint": checkpoint}
+        write_atomically(environ[STOP_FILE_ENV], json.dumps(record) + "\n", durable=True)
+    left, agent = restarts_left(environ), os.getppid()
+    if not left:
+        return
+    if not is_launcher(agent):  # e.g. notebook_launcher's agent is the notebook's kernel: never signalled
+        if rank == 0:
+            logger.warning("the elastic agent may start the ranks again (%d restarts left): it is not this rank's "
+                           "parent process, a torchrun or accelerate launch, which this would end", left)  # fmt: skip
+        return
+    if rank == 0:
+        logger.warning(
+            "ending the launcher (pid %d) with SIGTERM: its --max_restarts (%d left) would start the ranks again, and "
+            "they stopped on %s to be started again from checkpoint-%d; the launch exits non-zero",
+            agent, left, stop.signal_name, stop.step,
+        )  # fmt: skip
+
+    def ended(signum, frame):
+        raise SystemExit(PREEMPTED_EXIT_CODE)
+
+    signal.signal(signal.SIGTERM, ended)
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # the handler is in place on every rank before any agent stops its workers
+    if local_rank == 0:
+        os.kill(agent, signal.SIGTERM)
+    deadline = time.monotonic() + AGENT_WAIT_S
+    while os.getppid() == agent and time.monotonic() < deadline:
+        time.sleep(0.05)

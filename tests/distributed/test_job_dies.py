@@ -1,7 +1,8 @@
 """What ends long jobs, each in a real `accelerate launch` on CPU (2 ranks, ZeRO-3, the shipped config, a tiny Llama):
 a rank SIGKILLed at step 2, before the first checkpoint, under `--max_restarts 1` (issue 41: the restart has nothing
 to resume from and must start the run again by itself), a SIGTERM at the launcher, and a newest checkpoint that is
-damaged (rank 1's optimizer file truncated) or incomplete (its manifest missing), and a SIGTERM before any step ended
+damaged (rank 1's optimizer file truncated, or 64 KiB of it zeroed, its size kept) or incomplete (its manifest
+missing), and a SIGTERM before any step ended
 (nothing to save) followed by a relaunch. A rank killed after a checkpoint is
 test_offload_autoep's job, in the layout the planner recommends at scale (AutoEP + ZeRO-3 + both offloads). Every
 job runs with `auto_resume=True` and must end with final weights bitwise equal to those of an uninterrupted run of the
@@ -10,10 +11,11 @@ order is the sampler's, so nothing but the interruption differs.
 
 Four launches: (1) the early-killed run, then, in the same processes after the restart, the uninterrupted reference;
 (2) the run given SIGTERM after step 2; (2b) the run given SIGTERM before any step ended, which dies in seconds; (3)
-the run of (2) started again, the two damaged-checkpoint jobs (copies of the reference's output directory up to
+the run of (2) started again, the three damaged-checkpoint jobs (copies of the reference's output directory up to
 checkpoint-9, which is damaged), then the run of (2b) started again.
 """
 
+import json
 import os
 import shutil
 import signal
@@ -26,7 +28,8 @@ import torch
 from safetensors.torch import load_file
 
 from hf_dist_recipes.checkpoint.manifest import MANIFEST_NAME, Manifest, check_checkpoint
-from hf_dist_recipes.checkpoint.preemption import PREEMPTED_EXIT_CODE
+from hf_dist_recipes.checkpoint.preemption import PREEMPTED_EXIT_CODE, STOP_FILE_ENV
+from tests.support.damage import zero_the_middle
 from tests.support.launch import LAUNCH_TIMEOUT_S, accelerate_launch, accelerate_launch_command, check_launch
 from tests.support.paths import REPO
 
@@ -73,6 +76,27 @@ def sigterm_at_the_launcher(out: Path, option: str, ready) -> tuple[subprocess.C
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), signalled_at
 
 
+def sigusr2_to_rank_1(out: Path, stop_file: Path) -> tuple[subprocess.CompletedProcess, int]:
+    """Launch the paused job under `--max_restarts 1`, its ranks fresh (their parent is the launcher, as on a
+    cluster; a warm rank's is its server), and send SIGUSR2 to rank 1 alone once rank 0 ended SIGNAL_AFTER; the
+    launch as it ended, and the step rank 0 had ended when the signal went."""
+    cmd, env = accelerate_launch_command(
+        CONFIG,
+        [WORKER, str(out), str(STEPS), "100", f"step-pause={PAUSE_S}"],
+        env={"PYTHON_EXEC": None, STOP_FILE_ENV: str(stop_file)},
+        launch_args=("--max_restarts", "1"),
+    )
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid_file, deadline = out / "progress" / "pid-rank1", time.monotonic() + LAUNCH_TIMEOUT_S
+    while not (_ended_signal_after(out) and pid_file.exists()) and proc.poll() is None:
+        assert time.monotonic() < deadline, "no step ended in time"
+        time.sleep(0.05)
+    signalled_at = _step(out)
+    os.kill(int(pid_file.read_text()), signal.SIGUSR2)
+    stdout, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), signalled_at
+
+
 def _ended_signal_after(out: Path) -> bool:
     return _step(out) >= SIGNAL_AFTER
 
@@ -93,6 +117,7 @@ def jobs(tmp_path_factory):
     )
     check_launch(first)
     term, signalled_at = sigterm_at_the_launcher(stopped, f"step-pause={PAUSE_S}", _ended_signal_after)
+    usr2, usr2_at = sigusr2_to_rank_1(root / "usr2", root / "usr2.stopped.json")
     # SIGTERM once both ranks began their first step (train() began, its TensorBoard runs written): nothing to save.
     unsaved_term, _ = sigterm_at_the_launcher(unsaved, "begin-pause=60", _both_began)
     unsaved_left = sorted(p.name for p in unsaved.glob("checkpoint-*"))
@@ -103,7 +128,7 @@ def jobs(tmp_path_factory):
         "exits": {p.name: p.read_text() for p in (stopped / "exits").iterdir()},
         "final": (stopped / "final").exists(),
     }
-    damaged = {"truncated": root / "truncated", "no_manifest": root / "no_manifest"}
+    damaged = {"truncated": root / "truncated", "zeroed": root / "zeroed", "no_manifest": root / "no_manifest"}
     for folder in damaged.values():
         # As if the job had died during step 10: checkpoint-9 is its newest.
         shutil.copytree(
@@ -111,11 +136,14 @@ def jobs(tmp_path_factory):
         )
     (optim,) = (damaged["truncated"] / "checkpoint-9").glob("global_step9/*rank_1*optim_states.pt")
     optim.write_bytes(optim.read_bytes()[: optim.stat().st_size // 2])
+    (optim,) = (damaged["zeroed"] / "checkpoint-9").glob("global_step9/*rank_1*optim_states.pt")
+    zero_the_middle(optim)  # 64 KiB, its size kept (issue 41: the sizes alone let it through)
     (damaged["no_manifest"] / "checkpoint-9" / MANIFEST_NAME).unlink()
     again = accelerate_launch(
         CONFIG,
         [WORKER, str(stopped), str(STEPS), "100"]
         + ["then", str(damaged["truncated"]), str(STEPS), str(SAVE_STEPS)]
+        + ["then", str(damaged["zeroed"]), str(STEPS), str(SAVE_STEPS)]
         + ["then", str(damaged["no_manifest"]), str(STEPS), str(SAVE_STEPS)]
         + ["then", str(unsaved), str(STEPS), str(SAVE_STEPS)],
     )
@@ -129,6 +157,8 @@ def jobs(tmp_path_factory):
         "reference": reference,
         "stopped": stopped,
         "term": term,
+        "usr2": usr2,
+        "usr2_at": usr2_at,
         "signalled_at": signalled_at,
         "after_term": after_term,
         "again": again,
@@ -179,19 +209,43 @@ def test_sigterm_at_the_launcher_saves_the_next_step_on_every_rank_and_exits_75(
     assert jobs["term"].returncode != 0
 
 
+def test_sigusr2_to_one_rank_under_max_restarts_ends_the_launch_after_the_save(jobs):
+    """Issue 41: the elastic agent restarted the ranks that exited 75, and they trained on to the end."""
+    launch = jobs["usr2"]
+    out = Path(launch.args[launch.args.index(WORKER) + 1])
+    text = launch.stdout + launch.stderr
+    (checkpoint,) = out.glob("checkpoint-*")
+    step = Manifest.from_json((checkpoint / MANIFEST_NAME).read_text()).step
+    assert jobs["usr2_at"] <= step <= jobs["usr2_at"] + 1 < STEPS and check_checkpoint(checkpoint) == []
+    # No rank trained past the save, no attempt started again, nothing after train() ran.
+    assert {r: (out / "progress" / f"rank{r}").read_text() for r in (0, 1)} == {0: str(step), 1: str(step)}
+    assert {p.name: p.read_text() for p in (out / "exits").iterdir()} == {"rank0": "75", "rank1": "75"}
+    assert not (out / "final").exists() and not (out / "survival").exists()
+    # The launch ends non-zero: accelerate exits 128 + SIGTERM once its agent is ended by a signal.
+    assert launch.returncode == 128 + signal.SIGTERM, text[-3000:]
+    assert text.count("ending the launcher") == 1 and "--max_restarts (1 left)" in text, text[-3000:]
+    # What the generated sbatch reads to requeue the job: the stop, written once the checkpoint was complete.
+    stop = json.loads((out.parent / "usr2.stopped.json").read_text())
+    assert stop == {"signal": "SIGUSR2", "rank": 1, "step": step, "checkpoint": str(checkpoint)}
+
+
 def test_the_stopped_job_started_again_resumes_and_ends_equal_to_an_uninterrupted_run(jobs):
     (name,) = jobs["after_term"]["checkpoints"]
     assert f"auto_resume: resuming from {jobs['stopped'] / name}" in jobs["again"].stdout + jobs["again"].stderr
     assert_bitwise_equal(jobs["stopped"] / "final", jobs["reference"] / "final")
 
 
-@pytest.mark.parametrize("damage", ["truncated", "no_manifest"])
+@pytest.mark.parametrize("damage", ["truncated", "zeroed", "no_manifest"])
 def test_a_damaged_newest_checkpoint_is_named_and_passed_over_for_the_one_before(jobs, damage):
     folder = jobs[damage]
     text = jobs["again"].stdout + jobs["again"].stderr
     assert f"auto_resume: resuming from {folder / 'checkpoint-6'}" in text
     named = [line for line in text.splitlines() if str(folder / "checkpoint-9") in line]
     assert named, text[-3000:]
-    assert ("rank_1" in named[0] and "optim_states" in named[0]) if damage == "truncated" else "manifest" in named[0]
+    if damage == "no_manifest":
+        assert "manifest" in named[0]
+    else:  # named in one line: the file, and (zeroed) that its content is not what was saved
+        assert "rank_1" in named[0] and "optim_states" in named[0]
+        assert ("not what was saved" in named[0]) == (damage == "zeroed"), named[0]
     assert_bitwise_equal(folder / "final", jobs["reference"] / "final")
     assert os.path.getsize(next((folder / "checkpoint-9").glob("global_step9/*rank_1*optim_states.pt"))) > 0

@@ -8,9 +8,12 @@ so the test submits the script again, as Slurm starts the requeued job). Real: t
 bash, `accelerate launch` and its shutdown wait, two CPU ranks training ZeRO-3, their agreement on a step, the
 save, the exit code and the resume.
 
-Three launches: the job signalled after step 2, the requeued job run to the end, and an uninterrupted reference.
+Four launches: the job signalled after step 2; the requeued job, whose rank 1 alone gets SIGUSR2 (the ranks stop,
+and rank 0's stop record makes the script requeue the job); the job requeued again, run to the end; and an
+uninterrupted reference.
 """
 
+import os
 import re
 import signal
 import time
@@ -92,11 +95,26 @@ def test_the_time_limits_signal_saves_requeues_and_the_requeued_job_resumes_to_t
     assert f"exiting with code {PREEMPTED_EXIT_CODE}" in ranks_out
     assert not (out / "final").exists()
 
-    second = sbatch(script, worker, **submit, timeout_s=LAUNCH_TIMEOUT_S)
-    resumed_log = node_log.read_text()
-    assert second.result.ok, f"{second.result.describe()}\n{second.stderr_file.read_text()}\n{resumed_log[-4000:]}"
+    # The requeued job: SIGUSR2 to rank 1 alone, nothing to the shell. The launcher's status is 1 (no launcher
+    # passes the ranks' 75 through); rank 0's stop record makes the shell requeue the job.
+    running = sbatch_start(script, worker, **submit)
+    _wait_for_step(out / "progress" / "rank0", step + 2, running, LAUNCH_TIMEOUT_S)
+    os.kill(int((out / "progress" / "pid-rank1").read_text()), signal.SIGUSR2)
+    second = running.wait(LAUNCH_TIMEOUT_S)
+    second_out, resumed_log = second.stdout_file.read_text(), node_log.read_text()
     assert f"auto_resume: resuming from {checkpoint}" in resumed_log
-    assert "requeue" not in second.stdout_file.read_text() and requeues.read_text() == f"requeue {JOB_ID}\n"
+    (stopped,) = re.findall(r"rank 1 received SIGUSR2: every rank stops after step (\d+)", resumed_log)
+    assert f"job {JOB_ID}: requeueing (the ranks stopped on a signal: " in second_out, second_out
+    assert '"signal": "SIGUSR2"' in second_out and f'"step": {stopped}' in second_out
+    assert requeues.read_text() == f"requeue {JOB_ID}\n" * 2
+    assert [int((out / "progress" / f"rank{r}").read_text()) for r in (0, 1)] == [int(stopped)] * 2
+
+    third = sbatch(script, worker, **submit, timeout_s=LAUNCH_TIMEOUT_S)
+    resumed_log = node_log.read_text()
+    assert third.result.ok, f"{third.result.describe()}\n{third.stderr_file.read_text()}\n{resumed_log[-4000:]}"
+    assert f"auto_resume: resuming from {out / f'checkpoint-{stopped}'}" in resumed_log
+    # The record of the attempt before was cleared at the start: a job that ends on its own is not requeued.
+    assert "requeue" not in third.stdout_file.read_text() and requeues.read_text() == f"requeue {JOB_ID}\n" * 2
 
     reference = tmp_path / "reference"
     started = time.monotonic()
@@ -107,6 +125,7 @@ def test_the_time_limits_signal_saves_requeues_and_the_requeued_job_resumes_to_t
     for name, tensor in uninterrupted.items():
         assert torch.equal(resumed[name].view(torch.uint8), tensor.view(torch.uint8)), name
     print(
-        f"signalled after step {step} (job {first_s:.0f} s, exit {first.result.returncode}); requeued job "
-        f"{second.result.seconds:.0f} s; uninterrupted reference {reference_s:.0f} s"
+        f"signalled after step {step} (job {first_s:.0f} s, exit {first.result.returncode}); SIGUSR2 after step "
+        f"{stopped} ({second.result.seconds:.0f} s); the job run to its end {third.result.seconds:.0f} s; "
+        f"uninterrupted reference {reference_s:.0f} s"
     )

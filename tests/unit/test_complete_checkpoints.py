@@ -6,6 +6,8 @@ run, an explicit path winning, and the rotation of complete checkpoints only. Th
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -23,10 +25,14 @@ from hf_dist_recipes.checkpoint.manifest import (
     checkpoint_files,
     newest_complete_checkpoint,
     rotate_complete_checkpoints,
+    share,
+    verify_digests,
     write_manifest,
 )
+from hf_dist_recipes.cli.main import main
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
+from tests.support.damage import zero_the_middle
 from tests.support.models import SMALL
 
 STEPS, SAVE_STEPS = 6, 2
@@ -63,7 +69,9 @@ def test_every_checkpoint_gets_a_manifest_of_its_files(full):
         # Every file, the rank's counters (written before the manifest) and the optimizer included, with its size.
         assert manifest.files == checkpoint_files(ckpt)
         assert {"optimizer.pt", "trainer_state.json", "rank_metrics/rank0.json"} <= manifest.files.keys()
-        assert check_checkpoint(ckpt) == []
+        assert check_checkpoint(ckpt) == [] and verify_digests(ckpt) == []
+        # Each file's sha256, as hashlib reads the bytes on disk (what `sha256sum` prints).
+        assert manifest.digests == {n: hashlib.sha256((ckpt / n).read_bytes()).hexdigest() for n in manifest.files}
 
 
 @pytest.fixture
@@ -93,11 +101,72 @@ def _break(ckpt: Path, how: str) -> None:
     if how == "truncated":
         with open(ckpt / "optimizer.pt", "r+b") as f:
             f.truncate(100)
+    elif how == "zeroed":
+        zero_the_middle(ckpt / "optimizer.pt")
     else:
         (ckpt / MANIFEST_NAME).unlink()
 
 
-@pytest.mark.parametrize("how", ["truncated", "no manifest"])
+PROBLEMS = {
+    "truncated": "optimizer.pt has 100 bytes",
+    "zeroed": "optimizer.pt is not what was saved: its sha256 differs from the manifest's",
+    "no manifest": f"no {MANIFEST_NAME}",
+}
+
+
+def test_same_size_corruption_is_named_by_its_digest_and_the_cli_says_so(ckpt, capsys):
+    assert check_checkpoint(ckpt) == [] and verify_digests(ckpt) == []
+    zero_the_middle(ckpt / "optimizer.pt")
+    assert check_checkpoint(ckpt) == []  # the sizes cannot see it
+    (problem,) = verify_digests(ckpt)
+    assert problem.startswith(PROBLEMS["zeroed"])
+    # Each rank re-reads its share only; together they find it once.
+    assert [p for rank in range(3) for p in verify_digests(ckpt, rank, 3)] == [problem]
+    assert main(["checkpoint", "verify", str(ckpt)]) == 1
+    assert PROBLEMS["zeroed"] in capsys.readouterr().out
+    assert main(["checkpoint", "verify", str(ckpt.parent / "nowhere")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+
+
+def test_checkpoint_verify_takes_an_output_folder_as_auto_resume_does(full, tmp_path, capsys):
+    for step in (2, 4):
+        shutil.copytree(full["out"] / f"checkpoint-{step}", tmp_path / f"checkpoint-{step}")
+    assert main(["checkpoint", "verify", str(tmp_path), "--json"]) == 0
+    clean = json.loads(capsys.readouterr().out)
+    files = Manifest.from_json((tmp_path / "checkpoint-4" / MANIFEST_NAME).read_text()).files
+    assert clean["checkpoint"] == str(tmp_path / "checkpoint-4") and clean["skipped"] == []
+    assert (clean["files"], clean["bytes"]) == (len(files), sum(files.values()))
+    zero_the_middle(tmp_path / "checkpoint-4" / "optimizer.pt")
+    assert main(["checkpoint", "verify", str(tmp_path), "--json"]) == 0  # checkpoint-2 still resumes
+    found = json.loads(capsys.readouterr().out)
+    assert found["checkpoint"] == str(tmp_path / "checkpoint-2")
+    assert [s["checkpoint"] for s in found["skipped"]] == [str(tmp_path / "checkpoint-4")]
+
+
+def test_a_format_1_manifest_of_sizes_only_is_still_read(ckpt):
+    data = json.loads((ckpt / MANIFEST_NAME).read_text())
+    del data["digests"]
+    data["format"] = 1
+    (ckpt / MANIFEST_NAME).write_text(json.dumps(data))
+    zero_the_middle(ckpt / "optimizer.pt")
+    assert check_checkpoint(ckpt) == [] and verify_digests(ckpt) == []  # no digests: checked by sizes, as before
+    (ckpt / "rng_state.pth").unlink()
+    assert check_checkpoint(ckpt) == ["rng_state.pth missing"]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+def test_each_file_is_hashed_by_one_rank_and_the_shares_are_balanced(world):
+    files = {f"f{i}": size for i, size in enumerate([900, 700, 650, 400, 300, 300, 120, 80, 10, 0])}
+    shares = [share(files, rank, world) for rank in range(world)]
+    assert sorted(n for s in shares for n in s) == sorted(files)
+    loads = [sum(files[n] for n in s) for s in shares]
+    # Greedy largest-first: the most loaded rank got its last file while it had the least, so it exceeds the least
+    # loaded one by at most that file, and never by more than the largest file.
+    assert max(loads) - min(loads) <= max(files.values())
+    assert shares == [share(dict(reversed(files.items())), rank, world) for rank in range(world)]  # order-free
+
+
+@pytest.mark.parametrize("how", ["truncated", "zeroed", "no manifest"])
 def test_auto_resume_passes_over_an_incomplete_checkpoint_and_finishes_as_the_uninterrupted_run(
     full, tmp_path, how, caplog
 ):
@@ -109,7 +178,7 @@ def test_auto_resume_passes_over_an_incomplete_checkpoint_and_finishes_as_the_un
     with caplog.at_level(logging.WARNING, logger="hf_dist_recipes.trainer"):
         trainer.train()
     lines = [r.getMessage() for r in caplog.records if r.name == "hf_dist_recipes.trainer"]
-    problem = "optimizer.pt has 100 bytes" if how == "truncated" else f"no {MANIFEST_NAME}"
+    problem = PROBLEMS[how]
     assert len(lines) == 2
     assert lines[0].startswith(f"{out / 'checkpoint-4'} is incomplete, not resumed from: {problem}")
     assert lines[1] == f"auto_resume: resuming from {out / 'checkpoint-2'}"

@@ -215,7 +215,7 @@ def _findings(tmp_path, source: Path, old: str, new: str):
     text = source.read_text()
     assert old in text, old
     edited = tmp_path / source.name
-    edited.write_text(text.replace(old, new, 1))
+    edited.write_text(text.replace(old, new))
     return check_launch_script(edited)
 
 
@@ -499,3 +499,22 @@ def test_the_signal_comes_early_enough_for_the_plans_save_and_validate_holds_a_s
     assert LaunchScript.parse((out / "v3.sbatch").read_text()).signal_lead_s == 3600
     assert check_launch_script(out / "v3.sbatch") == []
     capsys.readouterr()
+
+
+def test_the_script_names_the_stop_record_the_ranks_write_and_its_help_names_the_signals(written):
+    """The sbatch requeues on rank 0's stop record (`checkpoint.preemption.end_launch`): the variable it exports is
+    the one the ranks read, and is cleared before srun, so that an earlier attempt's record cannot requeue this one."""
+    import subprocess
+
+    from hf_dist_recipes.checkpoint.preemption import STOP_FILE_ENV
+
+    text = (written / "gpu.sbatch").read_text()
+    lines = text.splitlines()
+    export, clear = lines.index(f"export {STOP_FILE_ENV}"), lines.index(f'rm -f "${STOP_FILE_ENV}"')
+    srun = next(i for i, line in enumerate(lines) if line.startswith("srun "))
+    assert export < clear < srun
+    assert f'elif [ -z "$caught" ] && [ -f "${STOP_FILE_ENV}" ]; then' in lines[srun:]
+    helped = subprocess.run(["bash", str(written / "gpu.sbatch"), "--help"], capture_output=True, text=True)
+    assert helped.returncode == 0 and "SIGUSR2 to a rank" in helped.stdout and "SIGUSR1 to a rank" in helped.stdout
+    bare = subprocess.run(["bash", str(written / "gpu.sbatch")], capture_output=True, text=True)
+    assert bare.returncode == 2 and bare.stderr.startswith("usage: sbatch")

@@ -4,17 +4,17 @@ test_sbatch_requeue.py (under the generated sbatch script) and test_offload_auto
     survival_worker.py OUTPUT_DIR STEPS SAVE_STEPS [kill-at=K] [step-pause=S] [begin-pause=S] [model=NAME] [bf16=1]
                        [then OUTPUT_DIR STEPS SAVE_STEPS ...]
 
-Trains a tiny Llama (`model=`: another template, e.g. tiny-deepseek-v3; `bf16=1`: in bf16) from its config (the
-same weights on every attempt: the recipe seeds before the model is built) with `auto_resume=True`, STEPS steps, a
-checkpoint every SAVE_STEPS, then `save_model` to OUTPUT_DIR/final. `kill-at=K`: rank 1 ends itself with SIGKILL at
-the end of step K, on the launcher's first attempt only (TORCHELASTIC_RESTART_COUNT=0), as a dead node would.
-`step-pause=S`: each step end waits S seconds, so that a test can signal the launcher between two steps;
-`begin-pause=S`: the first step's beginning writes OUTPUT_DIR/progress/began-rank<N> and waits S seconds, so that a
-test can signal it after train() began (its TensorBoard run written) and before any step ended. Each rank
-writes OUTPUT_DIR/progress/rank<N> (the last step ended) at every step end, OUTPUT_DIR/survival/rank<N>-attempt<A>.json
-at the end of each attempt that returns from train() (the first step it trained, the step it ended at, its losses),
-OUTPUT_DIR/exits/rank<N> with the code of a SystemExit that train() raised (the recipe's exit after a save on a
-signal), and under offload OUTPUT_DIR/host/rank<N>.json after step 2 (`host_bytes`: the offloaded states, by kind).
+Trains a tiny Llama (`model=`: another template, e.g. tiny-deepseek-v3; `bf16=1`: in bf16) from its config (the same
+weights on every attempt: the recipe seeds before the model is built) with `auto_resume=True`, STEPS steps, a checkpoint
+every SAVE_STEPS, then `save_model` to OUTPUT_DIR/final. `kill-at=K`: rank 1 ends itself with SIGKILL at the end of step
+K, on the launcher's first attempt only (TORCHELASTIC_RESTART_COUNT=0), as a dead node would. `step-pause=S`: each step
+end waits S seconds, so that a test can signal the launcher between two steps; `begin-pause=S`: the first step's
+beginning writes OUTPUT_DIR/progress/began-rank<N> and waits S seconds, so that a test can signal it after train() began
+(its TensorBoard run written) and before any step ended. Each rank writes OUTPUT_DIR/progress/rank<N> (the last step
+ended) and progress/pid-rank<N> at every step end, OUTPUT_DIR/survival/rank<N>-attempt<A>.json at the end of each
+attempt that returns from train() (the first step it trained, the step it ended at, its losses),
+OUTPUT_DIR/exits/rank<N> with the code of a SystemExit that train() raised (the recipe's exit after a save on a signal),
+and under offload OUTPUT_DIR/host/rank<N>.json after step 2 (`host_bytes`: the offloaded states, by kind).
 """
 
 import json
@@ -55,6 +55,7 @@ class Progress(TrainerCallback):
         folder = self.output_dir / "progress"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"rank{args.process_index}").write_text(str(state.global_step))
+        (folder / f"pid-rank{args.process_index}").write_text(str(os.getpid()))
         if state.global_step == self.kill_at and args.process_index == 1 and self.attempt == 0:
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(self.pause_s)
