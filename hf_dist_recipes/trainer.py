@@ -34,6 +34,7 @@ by name (`call_recipe_event`) and empties the runtime's log sink into each log. 
 
 from __future__ import annotations
 
+import errno
 import inspect
 import logging
 import os
@@ -50,7 +51,7 @@ from hf_dist_recipes._compat.deepspeed import forget_zero_hpz_group
 from hf_dist_recipes.argument_classes import describe_replaced_defaults, recipe_arguments_class
 from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
 from hf_dist_recipes.callbacks import RecipeCallbacks, recipe_callbacks
-from hf_dist_recipes.checkpoint import manifest, relayout, resume_loading
+from hf_dist_recipes.checkpoint import disk_space, manifest, relayout, resume_loading
 from hf_dist_recipes.checkpoint.auto_resume import plan_resume
 from hf_dist_recipes.checkpoint.export import save_hf_checkpoint
 from hf_dist_recipes.checkpoint.gather import reference_model
@@ -253,8 +254,19 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         warn_once(logger, converted.line())
 
     def start_checkpoint(self, checkpoint: str) -> None:
-        """Before the Trainer writes `checkpoint` (every rank): a folder saved into again loses its old manifest."""
+        """Before the Trainer writes `checkpoint` (every rank): not begun, on every rank, when a rank's disk cannot
+        hold it (`checkpoint.disk_space`); a folder saved into again loses its old manifest."""
+        model, args = self.accelerator.unwrap_model(self.model_wrapped), self.args
+        estimate = self._save_bytes(model).checkpoint_total(args.hf_weights_in_checkpoints)
+        self._space_needed = disk_space.needed_bytes(args.output_dir, estimate)
+        if short := [s for s in gather_objects(disk_space.shortage(checkpoint, *self._space_needed)) if s]:
+            raise OSError(errno.ENOSPC, short[0])
         manifest.retract_manifest(checkpoint, writes=self.runtime.facts.rank == 0)
+
+    def failed_checkpoint(self, checkpoint: str, error: BaseException) -> None:
+        """A write into `checkpoint` failed on this rank: the disk's part in it, as a note on the error and logged."""
+        if said := disk_space.explain(error, checkpoint, *self._space_needed):
+            logger.error("rank %d: %s", self.runtime.facts.rank, said)
 
     def finish_checkpoint(self, checkpoint: str) -> None:
         """After the Trainer wrote `checkpoint` (every rank, `_compat.transformers._save_checkpoint`): this rank's

@@ -151,7 +151,8 @@ class TrainerPrivateOverrides:
         """transformers 5.25 `Trainer._save_checkpoint(model, trial)`, which `_maybe_log_save_evaluate` calls before
         `on_save`: it writes checkpoint-N and then rotates (`rotate_checkpoints` with `args.save_total_limit`), so
         at `save_total_limit=1` the last complete checkpoint is gone before the new one is, and a half-written one
-        counts. A folder saved into again first loses its old manifest (`start_checkpoint`). The
+        counts. A save the disk cannot hold is not begun, a failed one is explained, and a folder saved into again
+        first loses its old manifest (`start_checkpoint`, `failed_checkpoint`). The
         stock rotation is off for the call (the limit is None only meanwhile, so the checkpoint's training_args.bin
         records None); then `finish_checkpoint` makes it complete (fsync, barrier, the manifest)
         and rotates complete checkpoints only (`hf_dist_recipes.checkpoint.manifest`). Can go when the Trainer
@@ -163,6 +164,9 @@ class TrainerPrivateOverrides:
         limit, self.args.save_total_limit = self.args.save_total_limit, None
         try:
             super()._save_checkpoint(model, trial)
+        except (OSError, RuntimeError) as error:  # torch's full-disk error is a RuntimeError
+            self.failed_checkpoint(folder, error)
+            raise
         finally:
             self.args.save_total_limit = limit
         self.finish_checkpoint(folder)

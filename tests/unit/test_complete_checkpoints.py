@@ -6,9 +6,11 @@ run, an explicit path winning, and the rotation of complete checkpoints only. Th
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -32,7 +34,7 @@ from hf_dist_recipes.checkpoint.manifest import (
 from hf_dist_recipes.cli.main import main
 from hf_dist_recipes.demo.data import stdlib_dataset
 from hf_dist_recipes.demo.model import build_tiny_deepseek
-from tests.support.damage import zero_the_middle
+from tests.support.damage import small_disk, zero_the_middle
 from tests.support.models import SMALL
 
 STEPS, SAVE_STEPS = 6, 2
@@ -250,3 +252,44 @@ def test_auto_resume_is_off_by_default_and_the_environment_turns_it_on(monkeypat
         resolve_auto_resume(False, {AUTO_RESUME_ENV: "maybe"})
     monkeypatch.setenv(AUTO_RESUME_ENV, "1")
     assert RecipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none").auto_resume is True
+
+
+def test_a_save_the_disk_cannot_hold_is_not_begun_and_says_the_bytes(tmp_path, caplog):
+    """A real 1.2 MiB tmpfs: checkpoint-2 (about 0.6 MiB) fits, checkpoint-4 would not. Stock, the save would begin
+    and die in torch's `unexpected pos ...`; here the Trainer raises OSError(ENOSPC) before writing, naming the
+    folder, the bytes free and the bytes needed (checkpoint-2's, from its manifest), and checkpoint-2 stays whole."""
+    with small_disk(tmp_path / "disk", "1200k") as disk:
+        trainer = _trainer(disk / "run")
+        with pytest.raises(OSError) as raised:
+            trainer.train()
+        two = disk / "run" / "checkpoint-2"
+        took = sum(Manifest.from_json((two / MANIFEST_NAME).read_text()).files.values())
+        assert raised.value.errno == errno.ENOSPC and trainer.state.global_step == 4
+        message = str(raised.value)
+        assert f"{disk / 'run' / 'checkpoint-4'}: not enough disk space for a checkpoint" in message
+        assert f"takes {took:,} bytes (" in message and "(as checkpoint-2 took)" in message
+        free = int(re.search(r"([\d,]+) bytes \([^)]*\) free", message)[1].replace(",", ""))
+        assert free < took and "save_total_limit" in message
+        assert not (disk / "run" / "checkpoint-4").exists() and check_checkpoint(two) == []
+        assert verify_digests(two) == []
+
+
+def test_a_failed_write_on_a_full_disk_is_explained_with_its_type_and_message_kept(tmp_path):
+    import torch
+
+    from hf_dist_recipes.checkpoint.disk_space import explain
+
+    # torch's full-disk error, for real: a RuntimeError that names no disk.
+    with small_disk(tmp_path / "disk", "64k") as disk:
+        with pytest.raises(RuntimeError) as raised:
+            torch.save({"w": torch.zeros(64 * 1024)}, disk / "optimizer.pt")
+        assert "unexpected pos" in str(raised.value) and "space" not in str(raised.value)
+        said = explain(raised.value, disk, 256 * 1024, "estimated from the model")
+        assert said.startswith(f"{disk}: not enough disk space for a checkpoint: ") and "takes 262,144 bytes" in said
+        assert raised.value.__notes__ == [said] and "unexpected pos" in str(raised.value)
+    # The kernel's own: a write to /dev/full fails with ENOSPC whatever the space.
+    with pytest.raises(OSError) as raised:
+        with open("/dev/full", "wb") as f:
+            f.write(b"x" * 4096)
+    assert raised.value.errno == errno.ENOSPC and explain(raised.value, tmp_path, 0, "x") is not None
+    assert explain(ValueError("a bug"), tmp_path, 0, "x") is None  # not the disk: said nothing
