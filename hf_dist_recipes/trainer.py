@@ -257,8 +257,10 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         """Before the Trainer writes `checkpoint` (every rank): not begun, on every rank, when a rank's disk cannot
         hold it (`checkpoint.disk_space`); a folder saved into again loses its old manifest."""
         model, args = self.accelerator.unwrap_model(self.model_wrapped), self.args
-        estimate = self._save_bytes(model).checkpoint_total(args.hf_weights_in_checkpoints)
-        self._space_needed = disk_space.needed_bytes(args.output_dir, estimate)
+        estimate = isinstance(model, PreTrainedModel) and self._save_bytes(model).checkpoint_total(
+            args.hf_weights_in_checkpoints
+        )  # 0 for another module (e.g. PEFT): then only a checkpoint already written says what one takes
+        self._space_needed = disk_space.needed_bytes(args.output_dir, int(estimate))
         if short := [s for s in gather_objects(disk_space.shortage(checkpoint, *self._space_needed)) if s]:
             raise OSError(errno.ENOSPC, short[0])
         manifest.retract_manifest(checkpoint, writes=self.runtime.facts.rank == 0)
