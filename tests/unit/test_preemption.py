@@ -171,3 +171,56 @@ def test_a_checkpoint_saved_into_again_reads_incomplete_until_its_new_manifest(t
     ((name, problems),) = seen
     assert name == "checkpoint-4" and problems == [f"no {MANIFEST_NAME} (its save did not finish)"]
     assert check_checkpoint(tmp_path / "checkpoint-4") == []  # complete again once its files are
+
+
+def test_restarts_left_counts_what_the_elastic_agent_would_still_start():
+    from hf_dist_recipes.checkpoint.preemption import restarts_left
+
+    assert restarts_left({"TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_RESTART_COUNT": "1"}) == 2
+    assert restarts_left({"TORCHELASTIC_MAX_RESTARTS": "1", "TORCHELASTIC_RESTART_COUNT": "1"}) == 0
+    assert restarts_left({}) == 0  # not under an agent (srun python train.py, a notebook)
+
+
+# Command lines as the launchers' processes have them: (how it is started, a launcher?). The modules and scripts are
+# stand-ins that sleep, under the launchers' names, so /proc shows the same words.
+COMMAND_LINES = {
+    "torchrun": (["torchrun", "--nproc-per-node", "8"], True),
+    "python -m torch.distributed.run": (["-m", "torch.distributed.run", "train.py"], True),
+    "accelerate launch": (["accelerate", "launch", "train.py"], True),
+    "python -m accelerate.commands.launch": (["-m", "accelerate.commands.launch", "train.py"], True),
+    "a notebook's kernel": (["-m", "ipykernel_launcher", "-f", "k.json"], False),  # notebook_launcher's agent
+    "accelerate config": (["accelerate", "config"], False),
+}
+
+
+@pytest.mark.parametrize("name", list(COMMAND_LINES))
+def test_only_a_torchrun_or_accelerate_launch_parent_is_taken_for_the_agent(name, tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from hf_dist_recipes.checkpoint.preemption import is_launcher
+
+    words, launcher = COMMAND_LINES[name]
+    sleep = "import time; time.sleep(30)\n"
+    for module in ("torch.distributed.run", "accelerate.commands.launch", "ipykernel_launcher"):
+        path = tmp_path.joinpath("modules", *module.split("."))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.with_suffix(".py").write_text(sleep)
+    (tmp_path / "bin").mkdir()
+    for script in ("torchrun", "accelerate"):
+        (tmp_path / "bin" / script).write_text(sleep)
+    argv = (
+        [sys.executable, *words] if words[0] == "-m" else [sys.executable, str(tmp_path / "bin" / words[0]), *words[1:]]
+    )
+    proc = subprocess.Popen(argv, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path / "modules")})
+    try:
+        cmdline, deadline = Path(f"/proc/{proc.pid}/cmdline"), time.monotonic() + 10
+        while len(cmdline.read_bytes().split(b"\0")) < len(argv):  # the fork's cmdline until exec
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert is_launcher(proc.pid) is launcher
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not is_launcher(os.getpid()) and not is_launcher(proc.pid)  # pytest; a process gone
