@@ -54,6 +54,15 @@ TRAP_USR1 = "trap 'forward USR1' USR1"
 # Where rank 0 writes the stop the ranks agreed on (checkpoint.preemption.STOP_FILE_ENV; held equal by a test).
 STOP_FILE_ENV = "HF_DIST_RECIPES_STOP_FILE"
 REQUEUE = 'scontrol requeue "$SLURM_JOB_ID"'
+# A signal that reaches the ranks without the batch shell stops them too; the shell learns of it from this file.
+STOP_FILE_LINES = (
+    "# A signal that reaches the ranks without this shell (SIGUSR2 to a rank, a preemption sent to the",
+    "# tasks) stops them too: rank 0 writes the stop here once the checkpoint is complete (a launcher's",
+    "# status is never the ranks' 75), and the job is requeued.",
+    f'{STOP_FILE_ENV}="$LOG_DIR/${{SLURM_JOB_NAME:-job}}-${{SLURM_JOB_ID}}.stopped.json"',
+    f"export {STOP_FILE_ENV}",
+    f'rm -f "${STOP_FILE_ENV}"',
+)
 # The plan's values, in this order, as plain NAME=value lines: what `parse` and `config validate` read back.
 PLAN_VARIABLES = ("CONFIG_FILE", "NUM_MACHINES", "PROCS_PER_NODE", "NUM_PROCESSES", "MAIN_PROCESS_PORT", "LOG_DIR")
 # Without pipefail inside: head exits after one line and scontrol, still writing a long node list, dies of SIGPIPE,
@@ -135,6 +144,19 @@ class LaunchScript:
         options["error"] = f"{self.log_dir}/%x-%j.err"
         return options
 
+    def usage(self, name: str) -> list[str]:
+        """The script's `usage` function: the command, and what each signal does (`--help` prints it)."""
+        return [
+            "usage() {",
+            f'  echo "usage: sbatch {name} TRAINING_SCRIPT [ARGS...] (the training command each node launches)"',
+            '  echo "Signals: SIGUSR2 to a rank (kill -USR2 PID on a node): every rank saves the same step and"',
+            '  echo "  stops, and the job is requeued; it resumes from that checkpoint. SIGUSR1 to a rank: it writes"',
+            '  echo "  its state for hf-dist-recipes logs hang, trains on. scancel: every rank saves; the job ends."',
+            f'  echo "  {self.signal_lead_s} s before --time, Slurm signals this script: every rank saves; the job"',
+            '  echo "  is requeued."',
+            "}",
+        ]
+
     def render(self, path: str | Path | None = None) -> str:
         """The script's text; `path` (where it will be written) goes into the usage line."""
         name = str(path) if path else f"{self.job_name}{SUFFIXES[self.launcher]}"
@@ -157,14 +179,7 @@ class LaunchScript:
                 if self.env_setup
                 else []
             ),
-            "usage() {",
-            f'  echo "usage: sbatch {name} TRAINING_SCRIPT [ARGS...] (the training command each node launches)"',
-            '  echo "Signals: SIGUSR2 to a rank (kill -USR2 PID on a node): every rank saves the same step and"',
-            '  echo "  stops, and the job is requeued; it resumes from that checkpoint. SIGUSR1 to a rank: it writes"',
-            '  echo "  its state for hf-dist-recipes logs hang, trains on. scancel: every rank saves; the job ends."',
-            f'  echo "  {self.signal_lead_s} s before --time, Slurm signals this script: every rank saves; the job"',
-            '  echo "  is requeued."',
-            "}",
+            *self.usage(name),
             'if [ "$#" -eq 0 ]; then usage >&2; exit 2; fi',
             'if [ "$1" = -h ] || [ "$1" = --help ]; then usage; exit 0; fi',
             "",
@@ -209,12 +224,7 @@ class LaunchScript:
             '# is controlling"), and the launcher to its ranks: they agree on a step, save it and exit 75',
             "# (hf_dist_recipes/checkpoint/preemption.py). srun runs in the background: bash runs no trap until a",
             "# foreground command ends.",
-            "# A signal that reaches the ranks without this shell (SIGUSR2 to a rank, a preemption sent to the",
-            "# tasks) stops them too: rank 0 writes the stop here once the checkpoint is complete (a launcher's",
-            "# status is never the ranks' 75), and the job is requeued.",
-            f'{STOP_FILE_ENV}="$LOG_DIR/${{SLURM_JOB_NAME:-job}}-${{SLURM_JOB_ID}}.stopped.json"',
-            f"export {STOP_FILE_ENV}",
-            f'rm -f "${STOP_FILE_ENV}"',
+            *STOP_FILE_LINES,
             "# Once: a second SIGTERM would cut the launchers' wait for the save short. The last signal decides the",
             "# requeue: a SIGTERM after the warning is scancel or the limit itself.",
             'caught=""',
