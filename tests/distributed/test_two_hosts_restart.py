@@ -1,0 +1,84 @@
+"""Restarts across two hosts (issue 41): two network namespaces on this machine, each a "node" with its own address
+on its own interface (tests/support/netns.py; not 127.0.0.1, so no node reaches the other through loopback), and on
+each a real torchrun as the generated torchrun script runs it (c10d rendezvous on node 0, the DeepSpeed JSON of the
+generated 2-machine CPU config handed over through accelerate's variables, `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`),
+with `--max-restarts 1`: one rank per node, ZeRO-3, Gloo over the veth pair. Node 1's rank SIGKILLs itself after
+step 4, on its first attempt only, as a dead node's ranks would die; checkpoint-3 is the newest complete one. Node
+1's agent restarts its rank, node 0's agent restarts its own when node 1 rejoins the rendezvous, and both resume
+from checkpoint-3 through `auto_resume`; the job ends bitwise equal to an uninterrupted run of the same job, trained
+in the same restarted processes afterwards (`then`). Faked: two hosts' hostnames (one machine's), so each agent is
+told its address (`--local-addr`) and which one serves the store (`is_host`); on a cluster torch reads both from
+the node's hostname. Ranks start fresh: a warm rank's server lives outside the namespaces.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.distributed.test_job_dies import assert_bitwise_equal
+from tests.support.launch import LAUNCH_TIMEOUT_S, _launch_env, cpu_only_env, free_port, two_machine_config
+from tests.support.netns import IFNAME, two_hosts
+from tests.support.paths import REPO
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+WORKER = str(REPO / "tests" / "distributed" / "workers" / "survival_worker.py")
+STEPS, SAVE_STEPS, KILL_AT = 10, 3, 4
+
+
+def test_a_node_whose_ranks_die_restarts_and_the_job_resumes_to_the_uninterrupted_weights(tmp_path):
+    config, _ = two_machine_config(tmp_path / "cfg")
+    out, reference = tmp_path / "run", tmp_path / "reference"
+    worker = [WORKER, str(out), str(STEPS), str(SAVE_STEPS), f"kill-at={KILL_AT}"]
+    worker += ["then", str(reference), str(STEPS), str(SAVE_STEPS)]
+    env = {k: v for k, v in cpu_only_env(_launch_env()).items() if k != "PYTHON_EXEC"}
+    env |= {  # what the torchrun form of the generated script exports (planning/launch_script_args.py)
+        "ACCELERATE_USE_DEEPSPEED": "true",
+        "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(config.parent / "deepspeed" / "two.json"),
+        "ACCELERATE_MIXED_PRECISION": "no",
+        # c10d's store per rendezvous round: the recipe refuses restarts of several machines without it
+        # (`comm.restarts`, pytorch/pytorch#135712).
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        "GLOO_SOCKET_IFNAME": IFNAME,  # the veth end in each namespace, the same name in both
+    }
+    port = free_port()
+    with two_hosts() as hosts:
+        procs = []
+        for rank, host in enumerate(hosts):
+            torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
+            torchrun += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts[0].address}:{port}", "--rdzv-id", "job"]
+            torchrun += [
+                "--rdzv-conf",
+                f"is_host={int(rank == 0)}",
+                "--local-addr",
+                host.address,
+                "--max-restarts",
+                "1",
+            ]
+            procs.append(
+                subprocess.Popen(
+                    host.command([*torchrun, *worker]),
+                    cwd=tmp_path,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
+        try:
+            outputs = [p.communicate(timeout=LAUNCH_TIMEOUT_S)[0] for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n=====\n".join(o[-4000:] for o in outputs)
+    assert "exitcode: -9" in outputs[1]  # node 1's agent saw its rank die of SIGKILL
+    assert f"auto_resume: resuming from {out / 'checkpoint-3'}" in outputs[0]
+    # Node 1's rank restarted on its failure (attempt 1); node 0's when node 1 rejoined (a membership change, which
+    # torch does not count as an attempt), or on its own rank's failure had that come first. Both trained steps 4-10
+    # again from checkpoint-3, once each.
+    records = {p.name: json.loads(p.read_text()) for p in (out / "survival").glob("*.json")}
+    assert len(records) == 2 and "rank1-attempt1.json" in records and {n[:5] for n in records} == {"rank0", "rank1"}
+    assert all(r["first_step"] == KILL_AT and r["global_step"] == STEPS for r in records.values())
+    assert_bitwise_equal(out / "final", reference / "final")
