@@ -76,6 +76,27 @@ def flight_recorder_dir(output_dir: str | os.PathLike) -> Path:
     return Path(output_dir) / FLIGHT_RECORDER_DIR
 
 
+def set_aside_dumps(output_dir: str | os.PathLike) -> str | None:
+    """Before a launch's ranks write into `<output_dir>/flight_recorder/` (once, rank 0, at the first train() of the
+    process): what an earlier launch or attempt left there goes aside, so that `logs hang` reads one launch's dumps.
+    Empty files (the `FatalStacks` file of a rank that was killed) are removed; the rest moves to
+    `flight_recorder.attempt-<unix time of its newest file>`, which is returned (None: nothing was kept)."""
+    folder = flight_recorder_dir(output_dir)
+    if not folder.is_dir():
+        return None
+    for path in folder.iterdir():
+        if path.is_file() and path.stat().st_size == 0:
+            path.unlink(missing_ok=True)
+    left = list(folder.iterdir())
+    if not left:
+        return None
+    target = folder.with_name(f"{FLIGHT_RECORDER_DIR}.attempt-{max(int(p.stat().st_mtime) for p in left)}")
+    while target.exists():  # two attempts ended in the same second
+        target = target.with_name(target.name + "+")
+    os.replace(folder, target)
+    return str(target)
+
+
 def hang_report_hint(output_dir: str | None) -> str:
     """The sentence that points a failure message at the dumps and the command that reads them."""
     if not output_dir:

@@ -47,7 +47,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from hf_dist_recipes._compat import torch as compat_torch
-from hf_dist_recipes.comm.flight_recorder import AutomaticDump, FatalStacks, SignalDump, hang_report_hint
+from hf_dist_recipes.comm.flight_recorder import (
+    AutomaticDump,
+    FatalStacks,
+    SignalDump,
+    hang_report_hint,
+    set_aside_dumps,
+)
 from hf_dist_recipes.comm.flight_recorder import is_collective_error as looks_like_lost_peer
 from hf_dist_recipes.runtime import RecipeCallback
 
@@ -329,7 +335,13 @@ class HangWatchdogCallback(RecipeCallback):
         self.output_dir, self.step = args.output_dir, state.global_step
         rank, world = self.runtime.facts.rank, self.runtime.facts.layout.world
         self.dump = AutomaticDump(args.output_dir)
-        if self.fatal_stacks is None:
+        if self.fatal_stacks is None:  # this process's first train(): no rank of this launch wrote dumps yet
+            kept = set_aside_dumps(args.output_dir) if rank == 0 else None
+            import torch.distributed as dist
+
+            dist.barrier()  # before any rank opens its files there
+            if kept:
+                logger.warning("hang dumps of an earlier attempt kept in %s (hf-dist-recipes logs hang %s)", kept, kept)
             self.fatal_stacks = FatalStacks(args.output_dir, rank)
         if self.signal_dump is None and threading.current_thread() is threading.main_thread():
             self.signal_dump = SignalDump(

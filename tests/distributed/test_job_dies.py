@@ -178,6 +178,10 @@ def test_a_rank_killed_before_the_first_checkpoint_starts_the_run_again_by_itsel
     assert list((kept / "rank1").glob("events.out.tfevents.*"))
     records = sorted(p.name for p in (early / "survival").glob("*.json"))
     assert records == ["rank0-attempt1.json", "rank1-attempt1.json"]
+    # The dead attempt's hang dumps went aside too, named once: `logs hang` of the run reads one attempt's.
+    (dumps,) = early.glob("flight_recorder.attempt-*")
+    assert text.count(f"hang dumps of an earlier attempt kept in {dumps}") == 1, text[-3000:]
+    assert all(p.stat().st_size for p in dumps.iterdir()) and not list((early / "flight_recorder").glob("rank_*"))
     assert_bitwise_equal(early / "final", jobs["reference"] / "final")
 
 

@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
@@ -203,3 +204,23 @@ def test_a_dump_while_the_main_thread_handles_a_collective_error_shows_where_it_
         path = dump_rank_state(tmp_path, "signal", "x", rank=0)
     frames = next(t for t in json.loads(path.read_text())["threads"] if t["is_main"])["frames"]
     assert frames[-1]["file"].endswith("flight_recorder.py")  # any other error: the stack as it is
+
+
+def test_an_earlier_attempts_dumps_go_aside_and_a_killed_ranks_empty_file_goes(tmp_path):
+    from hf_dist_recipes.comm.flight_recorder import FLIGHT_RECORDER_DIR, set_aside_dumps
+
+    assert set_aside_dumps(tmp_path) is None  # no folder
+    folder = tmp_path / FLIGHT_RECORDER_DIR
+    folder.mkdir()
+    (folder / "fatal_rank_1.txt").write_text("")  # FatalStacks' file of a SIGKILLed rank
+    assert set_aside_dumps(tmp_path) is None and list(folder.iterdir()) == []  # nothing worth keeping
+    kept = []
+    for _ in range(2):  # two attempts that ended in the same second keep two folders
+        (folder / "rank_0").write_bytes(b"pickle")
+        (folder / "stack_rank_0.json").write_text("{}")
+        os.utime(folder / "rank_0", (1_700_000_000, 1_700_000_000))
+        os.utime(folder / "stack_rank_0.json", (1_700_000_000, 1_700_000_000))
+        kept.append(set_aside_dumps(tmp_path))
+        folder.mkdir()
+    assert kept == [str(tmp_path / f"{FLIGHT_RECORDER_DIR}.attempt-1700000000{s}") for s in ("", "+")]
+    assert sorted(p.name for p in Path(kept[1]).iterdir()) == ["rank_0", "stack_rank_0.json"]
