@@ -261,7 +261,11 @@ def end_launch(stop: Stop, checkpoint: str, *, rank: int, local_rank: int, envir
         dist.barrier()  # rank 0's manifest is written: the checkpoint is complete
     if rank == 0 and environ.get(STOP_FILE_ENV):
         record = {"signal": stop.signal_name, "rank": stop.first_rank, "step": stop.step, "checkpoint": checkpoint}
-        write_atomically(environ[STOP_FILE_ENV], json.dumps(record) + "\n", durable=True)
+        try:
+            write_atomically(environ[STOP_FILE_ENV], json.dumps(record) + "\n", durable=True)
+        except OSError as error:  # the checkpoint is complete: a missing record must not turn the exit into a crash
+            said = (STOP_FILE_ENV, environ[STOP_FILE_ENV], error)
+            logger.warning("%s=%s: the stop was not recorded (%s); a script that requeues on it will not", *said)
     left, agent = restarts_left(environ), os.getppid()
     if not left:
         return

@@ -224,3 +224,25 @@ def test_only_a_torchrun_or_accelerate_launch_parent_is_taken_for_the_agent(name
         proc.kill()
         proc.wait()
     assert not is_launcher(os.getpid()) and not is_launcher(proc.pid)  # pytest; a process gone
+
+
+def test_the_stop_record_is_written_once_complete_and_a_path_it_cannot_write_is_named_not_fatal(tmp_path, caplog):
+    import json
+    import logging
+
+    from hf_dist_recipes.checkpoint.preemption import STOP_FILE_ENV, Stop, end_launch
+
+    stop, record = Stop("SIGUSR2", 1, 4), tmp_path / "job-7.stopped.json"
+    end_launch(stop, "runs/x/checkpoint-4", rank=0, local_rank=0, environ={STOP_FILE_ENV: str(record)})
+    assert json.loads(record.read_text()) == {
+        "signal": "SIGUSR2",
+        "rank": 1,
+        "step": 4,
+        "checkpoint": "runs/x/checkpoint-4",
+    }
+    end_launch(stop, "c", rank=1, local_rank=1, environ={STOP_FILE_ENV: str(tmp_path / "other.json")})
+    assert not (tmp_path / "other.json").exists()  # rank 0 alone writes it
+    missing = tmp_path / "no-such-folder" / "job.stopped.json"
+    with caplog.at_level(logging.WARNING, logger="hf_dist_recipes.checkpoint.preemption"):
+        end_launch(stop, "c", rank=0, local_rank=0, environ={STOP_FILE_ENV: str(missing)})
+    assert f"{STOP_FILE_ENV}={missing}: the stop was not recorded" in caplog.text
