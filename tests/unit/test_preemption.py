@@ -210,16 +210,20 @@ def test_only_a_torchrun_or_accelerate_launch_parent_is_taken_for_the_agent(name
     (tmp_path / "bin").mkdir()
     for script in ("torchrun", "accelerate"):
         (tmp_path / "bin" / script).write_text(sleep)
-    argv = (
-        [sys.executable, *words] if words[0] == "-m" else [sys.executable, str(tmp_path / "bin" / words[0]), *words[1:]]
+    python = str(Path(sys.prefix) / "bin" / "python")  # not sys.executable: in a warm session, its stand-in
+    argv = [python, *words] if words[0] == "-m" else [python, str(tmp_path / "bin" / words[0]), *words[1:]]
+    # Through bash's exec: a session with warm servers rewrites a launcher's command line given to Popen.
+    proc = subprocess.Popen(
+        ["bash", "-c", 'exec "$@"', "bash", *argv],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "modules")},
     )
-    proc = subprocess.Popen(argv, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path / "modules")})
     try:
         cmdline, deadline = Path(f"/proc/{proc.pid}/cmdline"), time.monotonic() + 10
-        while len(cmdline.read_bytes().split(b"\0")) < len(argv):  # the fork's cmdline until exec
+        while cmdline.read_bytes().split(b"\0")[0] != python.encode():  # bash until it execs
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        assert is_launcher(proc.pid) is launcher
+        assert is_launcher(proc.pid) is launcher, cmdline.read_bytes()
     finally:
         proc.kill()
         proc.wait()
