@@ -126,6 +126,11 @@ def test_same_size_corruption_is_named_by_its_digest_and_the_cli_says_so(ckpt, c
     assert [p for rank in range(3) for p in verify_digests(ckpt, rank, 3)] == [problem]
     assert main(["checkpoint", "verify", str(ckpt)]) == 1
     assert PROBLEMS["zeroed"] in capsys.readouterr().out
+    (ckpt / "rng_state.pth").unlink()  # gone between the sizes' check and the hashing: named, not raised
+    assert [p.split(":")[0] for p in verify_digests(ckpt)] == [
+        "optimizer.pt is not what was saved",
+        "rng_state.pth unreadable",
+    ]
     assert main(["checkpoint", "verify", str(ckpt.parent / "nowhere")]) == 2
     assert "no such folder" in capsys.readouterr().err
 
