@@ -1,8 +1,9 @@
 """The conventions every `hf-dist-recipes` command shares, applied once to the built parser (`apply`), so that a
 command added later follows them without a line of its own:
 
-- accelerate's spellings: a flag of ours that shares a name with an `accelerate launch` flag is accepted in both
-  spellings (`--config-file` and `--config_file`): users paste one command line into the other;
+- both spellings: every flag is accepted as written in help (`--max-steps`) and with underscores (`--max_steps`), or
+  the other way round, as `accelerate launch` and transformers' `HfArgumentParser` accept theirs: users paste one
+  command line into another. The other spelling stays out of help, which says so once (SPELLINGS);
 - one output flag: `--output` names where a command writes; the older `--out` and `--output-dir` stay as aliases;
 - one exit-status table (EXIT_STATUS), in every command's `--help` and on the CLI reference page.
 """
@@ -16,46 +17,6 @@ from collections.abc import Iterator
 from hf_dist_recipes._compat.stdlib import add_option_string, parser_actions, subcommand_parsers
 from hf_dist_recipes.core.findings import EXIT_FOUND_PROBLEMS, EXIT_OK, EXIT_USAGE
 
-# `accelerate launch` flags (accelerate/commands/launch.py) whose kebab-case spelling a command of ours may use.
-# Only their names are kept here: importing accelerate would cost every `--help` a second. tests/cli/
-# test_conventions.py reads accelerate's own parser, so a flag of ours that shares a name with one missing here fails.
-ACCELERATE_FLAGS = frozenset(
-    {
-        "--config_file",
-        "--machine_rank",
-        "--main_process_ip",
-        "--main_process_port",
-        "--num_processes",
-        "--num_machines",
-        "--num_cpu_threads_per_process",
-        "--mixed_precision",
-        "--gpu_ids",
-        "--same_network",
-        "--log_dir",
-        "--max_restarts",
-        "--monitor_interval",
-        "--rdzv_backend",
-        "--rdzv_conf",
-        "--multi_gpu",
-        "--use_deepspeed",
-        "--use_fsdp",
-        "--zero_stage",
-        "--gradient_accumulation_steps",
-        "--gradient_clipping",
-        "--deepspeed_config_file",
-        "--deepspeed_hostfile",
-        "--deepspeed_multinode_launcher",
-        "--offload_optimizer_device",
-        "--offload_param_device",
-        "--zero3_init_flag",
-        "--zero3_save_16bit_model",
-        "--enable_cpu_affinity",
-        "--dynamo_backend",
-        "--main_training_function",
-        "--downcast_bf16",
-        "--no_python",
-    }
-)
 # Our flags named differently from accelerate's flag of the same meaning: accelerate's name in both spellings.
 SYNONYMS = {"--nodes": ("--num-machines", "--num_machines")}
 
@@ -70,6 +31,7 @@ EXIT_MEANINGS = {
     EXIT_USAGE: "the command could not do its job: a usage error, an input it cannot read (one line on stderr "
     "names the fix)",
 }
+SPELLINGS = "Every flag also takes its other spelling: --max_steps for --max-steps, --output_dir for --output-dir."
 EXIT_STATUS = "Exit status:\n" + "\n".join(
     textwrap.fill(meaning, 100, initial_indent=f"  {code}  ", subsequent_indent="     ")
     for code, meaning in EXIT_MEANINGS.items()
@@ -86,10 +48,13 @@ def commands(
         yield from commands(sub, (*path, name))
 
 
-def accelerate_spelling(option: str) -> str | None:
-    """`--config_file` for `--config-file` when accelerate launch has that flag, else None."""
-    snake = "--" + option[2:].replace("-", "_")
-    return snake if snake != option and snake in ACCELERATE_FLAGS else None
+def other_spelling(option: str) -> str | None:
+    """`--max_steps` for `--max-steps`, `--max-steps` for `--max_steps`; None for a one-word or a short flag."""
+    if not option.startswith("--"):
+        return None
+    name = option[2:]
+    other = name.replace("-", "_") if "-" in name else name.replace("_", "-")
+    return None if other == name else f"--{other}"
 
 
 def apply(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -97,9 +62,6 @@ def apply(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     for path, command in commands(parser):
         for action in parser_actions(command):
             for option in list(action.option_strings):
-                alias = accelerate_spelling(option)
-                if alias:
-                    add_option_string(command, action, alias)  # a flag the command has already wins
                 for synonym in SYNONYMS.get(option, ()):
                     add_option_string(command, action, synonym)
                 if option in OUTPUT_ALIASES:
@@ -108,6 +70,10 @@ def apply(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                     add_option_string(command, action, OUTPUT, first=True)
                     for other in OUTPUT_ALIASES:  # `--out` was an abbreviation of --output-dir: now it is exact
                         add_option_string(command, action, other)
+            for action in parser_actions(command):  # every spelling above, in the other spelling too
+                for option in list(action.option_strings):
+                    if other := other_spelling(option):
+                        add_option_string(command, action, other, hidden=True)  # a flag the command has wins
         if path:
             _exit_epilog(command)
     return parser
@@ -123,7 +89,7 @@ def _exit_epilog(parser: argparse.ArgumentParser) -> None:
         parser.description = _wrap(parser.description)
         parser.epilog = _wrap(parser.epilog)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = f"{parser.epilog}\n\n{EXIT_STATUS}" if parser.epilog else EXIT_STATUS
+    parser.epilog = "\n\n".join(p for p in (parser.epilog, SPELLINGS, EXIT_STATUS) if p)
 
 
 def _wrap(text: str | None) -> str | None:

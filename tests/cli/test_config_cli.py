@@ -3,6 +3,7 @@ import re
 
 import pytest
 
+from hf_dist_recipes.cli.conventions import SPELLINGS
 from hf_dist_recipes.cli.main import main
 
 
@@ -421,7 +422,7 @@ def _help_example(command: str) -> list[str]:
     config = dict(subcommand_parsers(build_parser(("config",))))["config"]
     epilog = dict(subcommand_parsers(config))[command].epilog
     assert epilog.startswith("Example: "), epilog
-    example = epilog.removeprefix("Example: ").split("Exit status:")[0]  # wrapped at WRAP: lines rejoined by split
+    example = epilog.removeprefix("Example: ").split(SPELLINGS)[0]  # wrapped at WRAP: lines rejoined by split
     argv = shlex.split(example.split("&&")[0])
     assert argv[:3] == ["hf-dist-recipes", "config", command], epilog
     return argv[1:]

@@ -1,4 +1,4 @@
-"""The conventions every command shares (cli/conventions.py): accelerate's flag spellings, `--output`, one exit-status
+"""The conventions every command shares (cli/conventions.py): both flag spellings, `--output`, one exit-status
 table in every `--help`, help texts written for users, `--strict`, and defaults that follow the flags they depend on.
 
 Every list here is built from the parsers themselves, so a command or flag added later is checked without an edit."""
@@ -52,34 +52,45 @@ def _value(action: argparse.Action) -> list[str]:
     return ["3"] if action.type in (int, float) else ["some-value"]
 
 
-SHARED = [
-    (name, parser, action, option, conventions.accelerate_spelling(option))
+# Every long flag of every command with two or more words, in each spelling it is written in (help's and aliases).
+FLAGS = [
+    (name, parser, action, option)
     for name, parser in _leaves()
     for action in parser._actions
     for option in action.option_strings
-    if option.startswith("--") and "-" in option[2:] and "--" + option[2:].replace("-", "_") in _accelerate_flags()
+    if conventions.other_spelling(option)
 ]
 
 
-def test_the_shared_flags_are_found():
-    names = {option for _, _, _, option, _ in SHARED}
+def test_the_flags_accelerate_shares_are_among_them():
+    names = {option for _, _, _, option in FLAGS}
     assert {"--config-file", "--machine-rank", "--num-processes"} <= names, names
-    assert {"--main-process-ip", "--main-process-port"} <= names, names
+    assert {"--main-process-ip", "--main-process-port", "--max-steps", "--output-dir"} <= names, names
+    shared = {o for o in names if conventions.other_spelling(o) in _accelerate_flags()}
+    assert {"--config-file", "--num-processes", "--main-process-port"} <= shared, shared
 
 
-def test_our_list_of_accelerate_flags_is_accelerates():
-    # A name accelerate dropped would keep an alias users can no longer paste anywhere.
-    assert conventions.ACCELERATE_FLAGS <= _accelerate_flags(), conventions.ACCELERATE_FLAGS - _accelerate_flags()
-
-
-@pytest.mark.parametrize("case", range(len(SHARED)), ids=[f"{c[0]} {c[3]}" for c in SHARED])
-def test_every_shared_flag_takes_both_spellings_with_the_same_value(case):
-    name, parser, action, option, snake = SHARED[case]
-    assert snake in action.option_strings, f"{name}: {option} is accelerate's {snake} too; add it to ACCELERATE_FLAGS"
+@pytest.mark.parametrize("case", range(len(FLAGS)), ids=[f"{c[0]} {c[3]}" for c in FLAGS])
+def test_every_flag_takes_both_spellings_with_the_same_value(case):
+    """As accelerate launch and HfArgumentParser: `--max-steps 3` and `--max_steps 3` (issue 42)."""
+    name, parser, action, option = FLAGS[case]
+    other = conventions.other_spelling(option)
     base = _required_argv(parser, action)
-    kebab = parser.parse_args(base + [option, *_value(action)])
-    underscore = parser.parse_args(base + [snake, *_value(action)])
-    assert getattr(kebab, action.dest) == getattr(underscore, action.dest) != action.default
+    written = parser.parse_args(base + [option, *_value(action)])
+    spelled = parser.parse_args(base + [other, *_value(action)])
+    assert getattr(written, action.dest) == getattr(spelled, action.dest) != action.default, f"{name} {other}"
+
+
+def test_the_other_spelling_stays_out_of_help_which_says_so_once(capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    text = capsys.readouterr().out
+    assert "--max-steps MAX_STEPS" in text and "--max_steps MAX_STEPS" not in text
+    assert text.count(conventions.SPELLINGS) == 1
+    out = str(tmp_path / "x")
+    assert main(["demo", "--output_dir", out, "--max_steps", "10", "--dry-run", "--json"]) == EXIT_OK
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    assert (settings["output_dir"], settings["max_steps"]) == (out, 10)
 
 
 def test_nodes_is_also_accelerates_num_machines():
