@@ -41,11 +41,14 @@ class LaunchConfig:
         return DeepSpeedView.read(self.deepspeed or {})
 
 
-def load_launch_config(path: str | Path, *, root: str | Path | None = None) -> LaunchConfig:
+def load_launch_config(
+    path: str | Path, *, root: str | Path | None = None, given_as: str = "--config-file"
+) -> LaunchConfig:
     """Parse the accelerate YAML at `path`; a relative `deepspeed_config_file` is resolved against `root` (the
-    directory `accelerate launch` will run in; default: the current directory). Raises ValueError naming the file."""
+    directory `accelerate launch` will run in; default: the current directory). Raises ValueError naming the file;
+    a missing one names how the command was given it (`given_as`: its flag, or its argument's name)."""
     p = Path(path)
-    text = read_text_file(p, "accelerate config", "pass an existing file with --config-file")
+    text = read_text_file(p, "accelerate config", f"pass an existing file as {given_as}")
     if not text.strip():
         raise ValueError(f"accelerate config {p} is empty; write one with hf-dist-recipes config generate")
     try:

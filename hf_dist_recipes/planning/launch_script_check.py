@@ -39,7 +39,7 @@ def check_launch_script(path: str | Path) -> list[Finding]:
     options = sbatch_options(text)
     regenerate = "or regenerate the files with hf-dist-recipes config generate ... --launcher " + script.launcher
     try:
-        cfg = load_launch_config(script.config_file)
+        cfg = load_launch_config(script.config_file, given_as="the script's CONFIG_FILE=")
     except ValueError as err:
         fix = f"set CONFIG_FILE= to the plan's accelerate YAML, {regenerate}"
         return [Finding(str(p), ERROR, f"CONFIG_FILE: {err}", fix)]

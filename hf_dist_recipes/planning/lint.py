@@ -115,7 +115,7 @@ def check_readable(path: str | Path, *, root: str | Path | None = None) -> None:
     if p.suffix == ".json":
         load_deepspeed_json(p)
     elif p.suffix in (".yaml", ".yml"):
-        load_launch_config(p, root=root)
+        load_launch_config(p, root=root, given_as="FILE")
     elif p.suffix == SCRIPT_SUFFIX:
         text = read_text_file(p, "launch script", "pass a script written by config generate --launcher")
         LaunchScript.parse(text, str(p))
@@ -244,7 +244,7 @@ def lint_accelerate(
     from accelerate.commands.config.config_args import load_config_from_file
 
     # A path is read here (ValueError for missing / malformed files); a caller that has read it hands it on.
-    cfg = path if isinstance(path, LaunchConfig) else load_launch_config(path, root=root)
+    cfg = path if isinstance(path, LaunchConfig) else load_launch_config(path, root=root, given_as="FILE")
     name = str(cfg.path)
     out: list[LintFinding] = []
     try:

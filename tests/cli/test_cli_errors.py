@@ -105,8 +105,27 @@ def test_real_process_exit_code_and_no_traceback(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"hf-dist-recipes demo: error: accelerate config {tmp_path / 'nope.yaml'} does not exist; "
-        "pass an existing file with --config-file"
+        "pass an existing file as --config-file"
     ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "given_as"),
+    [(["config", "validate"], "FILE"), (["preflight", "--config-file"], "--config-file")],
+)
+def test_a_missing_config_is_named_as_the_command_was_given_it(capsys, tmp_path, argv, given_as):
+    """Issue 42: `config validate` on a missing file suggested --config-file, a flag that command does not have."""
+    import re
+
+    from hf_dist_recipes.cli import conventions
+    from hf_dist_recipes.cli.main import build_parser
+
+    missing = str(tmp_path / "nope.yaml")
+    code, _, err = _run(capsys, [*argv, missing])
+    assert code == 2 and err.strip().endswith(f"pass an existing file as {given_as}"), err
+    parser = dict(conventions.commands(build_parser()))[tuple(a for a in argv if not a.startswith("-"))]
+    flags = {o for a in parser._actions for o in a.option_strings}
+    assert set(re.findall(r"--[a-z][\w-]*", err)) <= flags, err
 
 
 def test_checkpoint_export_of_a_missing_folder(capsys, tmp_path):
