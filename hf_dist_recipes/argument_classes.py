@@ -111,30 +111,50 @@ def upgrade(args: TrainingArguments, base: type[TrainingArguments] | None, recip
             kept[f.name] = value
         elif f.name not in ours and _default(target_fields[f.name]) != default:
             kept[f.name] = default  # the source class's default, as a to_dict() rebuild would carry it
-    upgraded = target(**kept)
-    # What the user's class would have used and the recipe replaced: said once at start-up (RecipeTrainer), with how
-    # to keep theirs. Only the stock fields the recipe declares: the recipe's own fields replace nothing.
-    upgraded.replaced_defaults = tuple(
-        (name, getattr(args, name), getattr(upgraded, name))
-        for name in sorted(ours)
-        if name in source_defaults and name not in kept and getattr(upgraded, name) != getattr(args, name)
-    )
-    return upgraded
+    return target(**kept)
 
 
-def describe_replaced_defaults(args, trainer_name: str) -> str | None:
-    """The start-up line naming the defaults of the user's arguments class that the recipe replaced, and how to keep
-    them (`args.replaced_defaults`, set by `upgrade`); None when nothing was replaced."""
-    replaced = getattr(args, "replaced_defaults", ())
-    if not replaced:
-        return None
+def recipe_defaults_in_effect(args, recipe: type) -> list[tuple[str, object, object]]:
+    """(field, the user's class's default, the value in effect) for each stock field the recipe class `recipe`
+    declares whose value in `args` is the recipe's default where the user's class (`Recipe<C>`'s `C`; a plain
+    `RecipeTrainingArguments`: `TrainingArguments`) has another. Read from the values, so every route alike: a
+    `Recipe<C>` made by `recipe_arguments(C)`, an upgrade of a `C`, `HfArgumentParser` (which passes every field)."""
     base = getattr(type(args), "_recipe_base", TrainingArguments)
-    changes = ", ".join(f"{name} {_shown(theirs)} -> {_shown(ours)}" for name, theirs, ours in replaced)
-    keep = ", ".join(f"{name}={_shown(theirs)}" for name, theirs, _ in replaced)
+    stock = {f.name for f in dataclasses.fields(TrainingArguments)}
+    theirs = {f.name: _default(f) for f in dataclasses.fields(base)}
+    ours = {f.name: _default(f) for f in dataclasses.fields(recipe)}
+    declared = sorted(set(vars(recipe).get("__annotations__", {})) & stock)
+    return [
+        (name, theirs[name], getattr(args, name))
+        for name in declared
+        if _shown(getattr(args, name)) == _shown(ours[name]) != _shown(theirs[name])
+    ]
+
+
+def describe_recipe_defaults(args, trainer_name: str, recipe: type) -> str:
+    """The start-up line: each default of the user's arguments class the recipe replaced (`recipe_defaults_in_effect`;
+    the schedule with its cycles), the seeding and the seed check, and how to keep the class's values."""
+    base = getattr(type(args), "_recipe_base", TrainingArguments)
+    replaced = recipe_defaults_in_effect(args, recipe)
+    cycles = (args.lr_scheduler_kwargs or {}).get("num_cycles")
+
+    def change(name, theirs, ours) -> str:
+        said = f"{name} {_shown(theirs)} -> {_shown(ours)}"
+        return f"{said} (num_cycles={cycles})" if name == "lr_scheduler_type" and cycles is not None else said
+
+    seeding = (
+        f"every rank seeded with seed={args.seed} when the recipe's arguments were made, and seed_check="
+        f"{_shown(args.seed_check)} stops a job whose ranks disagree on seeds, data order or weights"
+    )
+    if not replaced:
+        return f"{trainer_name}: {seeding}."
+    owner = base.__name__ + ("'" if base.__name__.endswith("s") else "'s")
+    build = type(args).__name__ if base is TrainingArguments else f"hf_dist_recipes.recipe_arguments({base.__name__})"
     return (
-        f"{trainer_name}: {base.__name__} fields left at their defaults take the recipe's: {changes}. "
-        f"To keep {base.__name__}'s, build the arguments as hf_dist_recipes.recipe_arguments({base.__name__})"
-        f"(..., {keep}): values given to a recipe arguments class are kept as given."
+        f"{trainer_name}: the recipe's defaults in place of {owner}: "
+        f"{', '.join(change(*r) for r in replaced)}; {seeding}. To keep {owner}, give them: {build}(..., "
+        f"{', '.join(f'{name}={_shown(theirs)}' for name, theirs, _ in replaced)}); values given to a recipe "
+        "arguments class are kept as given."
     )
 
 

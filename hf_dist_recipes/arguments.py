@@ -8,8 +8,11 @@ sets the start-up timeout on the group (`apply_group_effects`), and seeds every 
 
 Changed defaults (everything else is the stock default):
 - `lr_scheduler_type="cosine_with_restarts"` with `lr_scheduler_kwargs={"num_cycles": 3}` and `warmup_steps=0.05`
-  (5% of the optimizer steps; an integer >= 1 means steps) -- practice 6;
+  (5% of the optimizer steps; an integer >= 1 means steps) -- practice 6; `{"num_cycles": 1}` (one cosine, no
+  restarts) where the arguments class is trl's (`SFTConfig`, `DPOConfig`, ...): those trainers fine-tune;
 - `logging_nan_inf_filter=False`: a NaN loss shows in the logs instead of being averaged away -- practice 5;
+- `log_level_replica="error"`: a transformers warning every rank meets is said once, by the main process (with
+  `filter_stack_warnings`, the console rule of `monitoring.console` in a user's own script);
 - `bf16=None`: bf16 where every visible GPU supports it, fp32 on CPU hosts; `bf16=False` chooses fp32
   (`hf_dist_recipes.environment.precision`);
 - `activation_checkpointing=None`: what the launch config's recorded plan assumed (`config generate
@@ -25,7 +28,8 @@ Changed defaults (everything else is the stock default):
   practice 2; `use_cpu=True` on hosts without CUDA, where the stock default miscounts the world size.
 
 New fields, all at the end so positional use of TrainingArguments keeps working:
-- `logging_dir` (default `<output_dir>/tensorboard`): parent of the per-rank TensorBoard runs `rank<N>`;
+- `logging_dir` (default `$TENSORBOARD_LOGGING_DIR`, else `<output_dir>/tensorboard`): parent of the per-rank
+  TensorBoard runs `rank<N>`;
 - `per_rank_tensorboard` (default True) -- practice 7;
 - `min_lr_ratio` (default 0.0): floor of the cosine cycles as a fraction of the peak learning rate;
 - `save_shard_size` (default "5GB"): largest weight file of `save_model` under DeepSpeed, which bounds the memory
@@ -119,6 +123,7 @@ from hf_dist_recipes.core.sizes import parse_size
 from hf_dist_recipes.environment import cuda_host, extensions, precision
 from hf_dist_recipes.environment.alloc_defaults import apply_alloc_conf_default, apply_offload_defaults
 from hf_dist_recipes.environment.precision import resolve_bf16
+from hf_dist_recipes.monitoring.console import quiet_the_stack
 from hf_dist_recipes.monitoring.stragglers import (
     DEFAULT_STRAGGLER_CHECK_STEPS,
     DEFAULT_STRAGGLER_THRESHOLD,
@@ -131,9 +136,12 @@ from hf_dist_recipes.parallel.chunked_loss import validate_loss_chunk_tokens
 from hf_dist_recipes.parallel.plan_record import recorded_plan
 from hf_dist_recipes.reproducibility.rank_agreement import SeedCheck, validate_policy, validate_rank_check_steps
 from hf_dist_recipes.reproducibility.seeding import seed_everything, validate_seed
-from hf_dist_recipes.schedules.scheduler_kwargs import RECIPE_SCHEDULER, schedule_kwargs_into_fields
+from hf_dist_recipes.schedules.scheduler_kwargs import (
+    RECIPE_SCHEDULER,
+    default_num_cycles,
+    schedule_kwargs_into_fields,
+)
 from hf_dist_recipes.schedules.warmup_cosine import (
-    DEFAULT_NUM_CYCLES,
     validate_learning_rate,
     validate_min_lr_ratio,
     validate_warmup_steps,
@@ -187,6 +195,12 @@ class RecipeTrainingArguments(TrainingArguments):
         nargs="?",
         const=True,
     )
+    log_level_replica: str = _option(
+        "error",
+        "transformers' log level on every rank but the main one (default error: a warning every rank meets alike is "
+        "said once, by rank 0; the stock default is warning).",
+        choices=["detail", "debug", "info", "warning", "error", "critical", "passive"],
+    )
     ddp_timeout: int = _option(
         DEFAULT_DDP_TIMEOUT,
         "Seconds a collective may wait during start-up (default 7200: rank 0 reads a large "
@@ -194,7 +208,9 @@ class RecipeTrainingArguments(TrainingArguments):
         "run.",
     )
     logging_dir: str | None = _option(
-        None, "TensorBoard root; each rank writes <logging_dir>/rank<N>. Default <output_dir>/tensorboard."
+        None,
+        "TensorBoard root; each rank writes <logging_dir>/rank<N>. Default $TENSORBOARD_LOGGING_DIR (the stock "
+        "TensorBoardCallback's), else <output_dir>/tensorboard.",
     )
     per_rank_tensorboard: bool = _option(True, "Write TensorBoard logs from every rank, not only rank 0.")
     min_lr_ratio: float = _option(0.0, "Floor of each cosine cycle, as a fraction of the peak learning rate.")
@@ -308,6 +324,11 @@ class RecipeTrainingArguments(TrainingArguments):
         "(ExpertBiasBalancer, gamma 0.001). False keeps the bias frozen and warns: EP ranks above the mean "
         "load then need more memory than the estimate, which assumes even routing. Other models: no effect.",
     )
+    filter_stack_warnings: bool = _option(
+        True,
+        "Hide the warnings the stack repeats on every rank (torch's FutureWarning for each collective DeepSpeed "
+        "calls, every step; DeepSpeed's 'Setting accelerator to CPU' on a CPU run); False shows them.",
+    )
     allow_gloo_on_cuda: bool = _option(False, "Accept Gloo on a host with CUDA GPUs (normally an error).")
     allow_unclipped_gradients: bool = _option(
         False, "Accept max_grad_norm=0 (no gradient clipping; normally an error)."
@@ -340,17 +361,14 @@ class RecipeTrainingArguments(TrainingArguments):
     activation_checkpointing_from_plan: bool = _derived(
         False, "activation_checkpointing was chosen by the launch plan (RecipeTrainer may turn it off), not the user"
     )
-    replaced_defaults: tuple = _derived(
-        tuple,
-        "((field, the user's class's default, the recipe's value), ...): the stock defaults an upgrade of the user's "
-        "arguments replaced by the recipe's (`argument_classes.upgrade`); said once at start-up by RecipeTrainer",
-    )
 
     def __post_init__(self):
         """Check every field and derive the fields above (`validate`: nothing outside this object changes), then
         apply the process-wide effects (`apply_process_effects`: environment variables, the upstream patch), then
         the stock post-init, which creates the process group, then what needs the group (`apply_group_effects`: the
         start-up timeout); seed every process last."""
+        if self.filter_stack_warnings:  # first: validating reads the DeepSpeed config through DeepSpeed
+            quiet_the_stack(cpu_run=cuda_host.cpu_request(self.use_cpu) or not backend.cuda_device_count())
         self.validate()
         # Before anything of ours: a group that exists now was made by someone else's arguments (the plain route).
         group_existed = process_setup.group_exists()
@@ -364,9 +382,12 @@ class RecipeTrainingArguments(TrainingArguments):
         apply_group_effects(self, group_existed=group_existed)
         schedule_kwargs_into_fields(self)  # after super(): it parses a JSON string
         if self.lr_scheduler_type == RECIPE_SCHEDULER and not self.lr_scheduler_kwargs:
-            self.lr_scheduler_kwargs = {"num_cycles": DEFAULT_NUM_CYCLES}
-        if self.logging_dir is None:
-            self.logging_dir = os.path.join(self.output_dir, "tensorboard")
+            self.lr_scheduler_kwargs = {"num_cycles": default_num_cycles(type(self))}
+        if self.logging_dir is None:  # transformers 5 reads TensorBoard's folder from the environment alone
+            tensorboard_dir = os.environ.get("TENSORBOARD_LOGGING_DIR")
+            self.logging_dir = (
+                os.path.expanduser(tensorboard_dir) if tensorboard_dir else os.path.join(self.output_dir, "tensorboard")
+            )
         # Last, so nothing above draws from the seeded state: a model built after the arguments (the order of the
         # HF examples, without set_seed) gets the same weights on every run.
         process_setup.record(seed_report=seed_everything(self.seed, deterministic=self.full_determinism))

@@ -28,6 +28,8 @@ from hf_dist_recipes.checkpoint.preemption import PreemptionCallback, parse_sign
 from hf_dist_recipes.comm.watchdog import HangWatchdogCallback
 from hf_dist_recipes.moe.expert_balance import ExpertBiasBalancer, needs_balancing
 from hf_dist_recipes.moe.expert_load import ExpertLoadCallback, has_routed_experts
+from hf_dist_recipes.monitoring import rank_series
+from hf_dist_recipes.monitoring.rank_series import RankSeriesCallback
 from hf_dist_recipes.monitoring.stragglers import StragglerCallback
 from hf_dist_recipes.monitoring.summary_callback import RankSummaryCallback
 from hf_dist_recipes.monitoring.system_metrics import SystemMetricsCallback
@@ -60,6 +62,12 @@ ORDER: tuple[Before, ...] = (
         "its on_train_begin installs the signal handlers last, so that a SIGTERM asks for a save before the "
         "TensorBoard flush or the state dump ends the process, and the watchdog has handed it its state dump",
     ),
+    Before(
+        (GradientHealthCallback, RankSummaryCallback),
+        RankSeriesCallback,
+        "their on_step_end give what the per-rank series report at a logged step: the check of the steps waiting "
+        "under ZeRO-3 every rank's local gradient norm, the summary's the end of the step's timing (RankMetrics)",
+    ),
 )
 
 
@@ -77,6 +85,7 @@ class RecipeCallbacks:
     system_metrics: SystemMetricsCallback
     tensorboard: PerRankTensorBoardCallback | None
     summary: RankSummaryCallback
+    rank_series: RankSeriesCallback | None
     preemption: PreemptionCallback
 
     def replaced_by(self, callbacks: Sequence[TrainerCallback]) -> RecipeCallbacks:
@@ -114,6 +123,12 @@ def recipe_callbacks(
     # asks for a save first; the watchdog's state dump ends a rank stuck past the grace.
     preemption = PreemptionCallback(parse_signals(args.preemption_signals))
     wants_expert_load = has_routed_experts(model) and ExpertLoadCallback not in registered
+    gradient_health = GradientHealthCallback(
+        nonfinite_policy=args.nonfinite_policy,
+        max_consecutive_skips=args.max_consecutive_skips,
+        spike_window=args.spike_window,
+        spike_threshold=args.spike_threshold,
+    )
     return RecipeCallbacks(
         # A dead or stuck rank ends every rank within a bound instead of a silent wait in a collective.
         watchdog=HangWatchdogCallback(
@@ -137,16 +152,12 @@ def recipe_callbacks(
             # The weights as this rank built them, before the engine's broadcast from rank 0 makes every rank agree.
             weights=None if args.seed_check == "off" else weights_checksum(model),
         ),
-        gradient_health=GradientHealthCallback(
-            nonfinite_policy=args.nonfinite_policy,
-            max_consecutive_skips=args.max_consecutive_skips,
-            spike_window=args.spike_window,
-            spike_threshold=args.spike_threshold,
-        ),
+        gradient_health=gradient_health,
         stragglers=StragglerCallback(args.straggler_check_steps, args.straggler_threshold, args.straggler_windows),
         system_metrics=SystemMetricsCallback(),
         tensorboard=PerRankTensorBoardCallback(args.logging_dir) if args.per_rank_tensorboard else None,
         summary=RankSummaryCallback(args.logging_dir),
+        rank_series=RankSeriesCallback(gradient_health) if rank_series.wanted(args.report_to) else None,
         preemption=preemption,
     )
 

@@ -48,7 +48,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from hf_dist_recipes._compat import accelerate as compat_accelerate
 from hf_dist_recipes._compat import transformers as compat_transformers
 from hf_dist_recipes._compat.deepspeed import forget_zero_hpz_group
-from hf_dist_recipes.argument_classes import describe_replaced_defaults, recipe_arguments_class
+from hf_dist_recipes.argument_classes import describe_recipe_defaults, recipe_arguments_class
 from hf_dist_recipes.arguments import RECIPE_SCHEDULER, RecipeTrainingArguments
 from hf_dist_recipes.callbacks import RecipeCallbacks, recipe_callbacks
 from hf_dist_recipes.checkpoint import disk_space, manifest, relayout, resume_loading
@@ -67,8 +67,8 @@ from hf_dist_recipes.parallel.checkpoint_bytes import SaveBytes, save_bytes
 from hf_dist_recipes.parallel.chunked_loss import ChunkedLoss, chunked_loss_for
 from hf_dist_recipes.parallel.construction import check_partitioned
 from hf_dist_recipes.runtime import RecipeRuntime
+from hf_dist_recipes.schedules.scheduler_kwargs import default_num_cycles
 from hf_dist_recipes.schedules.warmup_cosine import (
-    DEFAULT_NUM_CYCLES,
     WarmupCosineRestarts,
     warmup_cosine_restarts_scheduler,
 )
@@ -119,9 +119,9 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         # gets this run's runtime below (a restored callback aside: `_compat`).
         held = list(self.callback_handler.callbacks)
         use_recipe_console(self, held)  # loss, lr, grad norm, skips, spikes; the rest in TensorBoard
-        replaced = describe_replaced_defaults(args, type(self).__name__)
-        if replaced:  # a trl user's SFTConfig schedule became the recipe's: said once, with how to keep theirs
-            warn_once(logger, replaced)
+        # The defaults the recipe put in place of the user's class's (a trl user's schedule, the warm-up, ...) and
+        # the seeding: said once on every route, with how to keep theirs.
+        warn_once(logger, describe_recipe_defaults(args, type(self).__name__, RecipeTrainingArguments))
         # use_cpu (asked for, or set by the arguments where torch sees no GPU) is a CPU run: Gloo is right there.
         check_process_group_backend(
             allow_gloo_on_cuda=args.allow_gloo_on_cuda, cuda_devices=0 if args.use_cpu else None
@@ -324,7 +324,7 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         schedule = WarmupCosineRestarts(
             warmup_steps=self.args.get_warmup_steps(num_training_steps),
             total_steps=num_training_steps,
-            num_cycles=kwargs.get("num_cycles", DEFAULT_NUM_CYCLES),
+            num_cycles=kwargs.get("num_cycles", default_num_cycles(type(self.args))),
             min_lr_ratio=self.args.min_lr_ratio,
             restart_warmup_steps=self.args.restart_warmup_steps,
         )

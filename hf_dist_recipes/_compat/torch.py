@@ -39,7 +39,7 @@ def non_persistent_buffer_names(module) -> set[str]:
 # group's Gloo and NCCL backends: later collectives of that group use the new timeout (Gloo raises when it passes;
 # ProcessGroupNCCL's watchdog aborts, and with TORCH_NCCL_ASYNC_ERROR_HANDLING tears the process down). A group made
 # by `new_group` (DeepSpeed's ZeRO/TP/EP groups) keeps the timeout it was created with, so every group in
-# `_world.pg_map` is changed. Covered: torch 2.13 and 2.14 (PROVEN). The store goes when torch exposes a group's
+# `_world.pg_map` is changed. Covered: torch 2.13 to 2.15 (PROVEN). The store goes when torch exposes a group's
 # store; the private timeout setter when the torch floor is 2.14 (public `set_timeout`, used where present).
 # torch elastic tells its workers to rendezvous through the agent's own store with TORCHELASTIC_USE_AGENT_STORE="True"
 # (torch 2.13 distributed/rendezvous.py `_torchelastic_use_agent_store`); after a restart that store still holds the
@@ -122,7 +122,7 @@ def collective_timeout(group=None) -> float | None:
 # `_dump_nccl_trace()` return the pickle (format "version" 2.10: "entries" with "collective_seq_id",
 # "profiling_name" such as "gloo:all_reduce", "input_sizes", "state", "frames" (the Python call site) and
 # "process_group", plus "pg_config" and "pg_status") that NCCL's dump on timeout writes and
-# `torch.distributed.flight_recorder.fr_trace` reads. Neither is public API. Covered: torch 2.13 and 2.14 (PROVEN).
+# `torch.distributed.flight_recorder.fr_trace` reads. Neither is public API. Covered: torch 2.13 to 2.15 (PROVEN).
 # Goes when torch offers a public in-process dump.
 def flight_recorder_trace() -> bytes | None:
     """This process's flight recorder as torch's pickle: NCCL's where the default group is NCCL, else the CPU
@@ -143,7 +143,7 @@ def flight_recorder_trace() -> bytes | None:
 # The private `Trainer` methods the recipe overrides, all here: `RecipeTrainerMixin` inherits this class, so its
 
 
-# 2.13 and 2.14 (tests/unit/test_hang_report.py::test_compat_*). Goes when torch documents the analyser as a library.
+# 2.13 to 2.15 (tests/unit/test_hang_report.py::test_compat_*). Goes when torch documents the analyser as a library.
 FR_COLLECTIVE_FIELDS = (
     "pass_check",
     "collective_seq_id",

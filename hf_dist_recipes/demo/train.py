@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import time
-import warnings
 
 import torch
 
@@ -87,8 +86,6 @@ def run(s: DemoSettings) -> RecipeTrainer:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_training_flags(parser)
-    # DeepSpeed 0.19 calls collectives that torch 2.13 deprecates, one warning per call and step: noise, not news.
-    warnings.filterwarnings("ignore", message=r".*is deprecated. Please use `torch.distributed", category=FutureWarning)
     # The launch plan passes every setting; run by hand, --max-bytes follows this launch's world size.
     run(settings_from(parser.parse_args(argv), processes=int(os.environ.get("WORLD_SIZE", "1"))))
 

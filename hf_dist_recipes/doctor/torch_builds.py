@@ -67,6 +67,10 @@ RELEASES: tuple[TorchRelease, ...] = (
     TorchRelease("2.12", "13.0", {"12.6": "2.29.3", "13.0": "2.29.7", "13.2": "2.29.7"}, ("2.12.1",)),
     TorchRelease("2.13", "13.0", {"12.6": "2.29.3", "13.0": "2.29.7", "13.2": "2.29.7"}, ("2.13.0",)),
     TorchRelease("2.14", "13.0", {"12.6": "2.29.3", "13.0": "2.30.7", "13.2": "2.30.7"}, ("2.14.1",)),
+    # 2.15.0: the default build alone, from its wheel's Requires-Dist (cuda-toolkit 13.2.2, nvidia-nccl-cu13 2.30.7;
+    # PyPI's default moved to CUDA 13.2). Its other builds are not in the copy of RELEASE.md read here: add them from
+    # the matrix's 2.15 row.
+    TorchRelease("2.15", "13.2", {"13.2": "2.30.7"}, ("2.15.0",)),
 )
 
 # nvidia/cuda devel image with cuDNN per CUDA version (sources in the module docstring).

@@ -17,11 +17,19 @@ Events (a spike, a skipped step, ranks that disagree, NVML missing on a GPU run)
 naming the rank(s) they are about (`warn_once`, `rank_list`): every rank knows them alike, because they come from
 values the ranks gathered or agreed on, and a line from each rank said the same thing N times with no rank named
 (`make demo` printed each spike twice, issue 30). Each rank's own logs (TensorBoard, its summary) still keep them.
+
+The stack's own repeats are filtered where the recipe's arguments are made, in every rank (`quiet_the_stack`, off
+with `filter_stack_warnings=False`): torch's FutureWarning for each collective DeepSpeed calls (a user's script
+printed 364 of them in 20 steps, issue 42), and DeepSpeed's "Setting accelerator to CPU" from every rank of a CPU
+run. The replicas' transformers logs stop at errors (`log_level_replica="error"`, a recipe default): a tokenizer or
+config warning every rank meets alike is said by rank 0.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import warnings
 
 from transformers import PrinterCallback, ProgressCallback
 
@@ -29,9 +37,24 @@ from hf_dist_recipes.core.findings import rank_list as rank_list  # console's na
 from hf_dist_recipes.core.gather import distributed
 
 # Keys our callbacks add that the console leaves to TensorBoard (expert_load.py, rank_agreement.py,
-# system_metrics.py, stragglers.py, gradient_health.py); skipped_steps, loss_spikes, grad_norm_spikes are shown.
-HIDDEN_PREFIXES = ("experts/", "rank_check/", "system/", "gpu/", "straggler/")
+# system_metrics.py, stragglers.py, gradient_health.py, rank_series.py); skipped_steps, loss_spikes,
+# grad_norm_spikes are shown.
+HIDDEN_PREFIXES = ("experts/", "rank_check/", "system/", "gpu/", "straggler/", "per_rank/")
 HIDDEN_KEYS = frozenset({"nonfinite_event", "spike_event", "straggler_event"})
+
+# torch 2.13 and later deprecate collectives DeepSpeed 0.19 calls (`all_gather_into_tensor`, `reduce_scatter_tensor`),
+# one FutureWarning per call, every step, on every rank: noise to a user, whose code does not make the calls.
+STACK_WARNINGS = ({"message": r".*is deprecated. Please use `torch.distributed", "category": FutureWarning},)
+
+
+def quiet_the_stack(*, cpu_run: bool) -> None:
+    """Ignore the `STACK_WARNINGS` in this process, and on a CPU run (`cpu_run`) name DeepSpeed's accelerator
+    (`DS_ACCELERATOR=cpu`, where unset) so that DeepSpeed does not warn from every rank that it detected none; it
+    picks the CPU then all the same."""
+    for rule in STACK_WARNINGS:
+        warnings.filterwarnings("ignore", **rule)
+    if cpu_run:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 def console_logs(logs: dict) -> dict:

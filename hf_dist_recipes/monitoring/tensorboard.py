@@ -44,6 +44,7 @@ from numbers import Number
 
 from hf_dist_recipes.core.event_writer import RunWriter
 from hf_dist_recipes.core.gather import gather_objects
+from hf_dist_recipes.monitoring import rank_series
 from hf_dist_recipes.monitoring.console import warn_once
 from hf_dist_recipes.monitoring.system_metrics import RunIdentity, launch_identity
 from hf_dist_recipes.runtime import RecipeCallback
@@ -115,6 +116,8 @@ class PerRankTensorBoardCallback(RecipeCallback):
             return
         # The log as the integrations saw it, then this rank's own values and texts of the same log.
         for key, value in {**(logs or {}), **self.runtime.logs.last.rank}.items():
+            if key.startswith(rank_series.PREFIX):  # every rank's values, for the integrations: this run has its own
+                continue
             if isinstance(value, Number) and not isinstance(value, bool):
                 self.writer.add_scalar(f"train/{key}", value, state.global_step)
             elif isinstance(value, str):  # events (a skipped non-finite step, a spike) as text at their step

@@ -69,6 +69,8 @@ def load_launch_config(
         if not ds_file.is_absolute():
             ds_file = Path(root or Path.cwd()) / ds_file
         ds_json = load_deepspeed_json(ds_file)
+    elif isinstance(ds_section, dict) and ds_section and str(data.get("distributed_type")) == "DEEPSPEED":
+        ds_json = inline_deepspeed_config(ds_section, p)
     return LaunchConfig(
         path=p,
         distributed_type=str(data.get("distributed_type", "NO")),
@@ -79,6 +81,41 @@ def load_launch_config(
         deepspeed=ds_json,
         raw=data,
     )
+
+
+# The DeepSpeed settings `accelerate config` writes into the YAML itself (no JSON file): `accelerate launch` hands
+# each to the ranks as an ACCELERATE_DEEPSPEED_* variable, and accelerate's DeepSpeedPlugin builds the DeepSpeed
+# config from them (accelerate 1.16 utils/launch.py, utils/dataclasses.py). The same plugin builds it here.
+INLINE_KEYS = (
+    "zero_stage",
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "offload_optimizer_device",
+    "offload_param_device",
+    "offload_optimizer_nvme_path",
+    "offload_param_nvme_path",
+    "zero3_init_flag",
+    "zero3_save_16bit_model",
+)
+
+
+def inline_deepspeed_config(section: dict, path: Path) -> dict:
+    """The DeepSpeed config accelerate's `DeepSpeedPlugin` builds from an accelerate YAML's inline
+    `deepspeed_config` keys (batch sizes "auto", as the Trainer fills them). Variables of an outer launch
+    (`ACCELERATE_DEEPSPEED_*`) are left out: the YAML alone is read. ValueError naming the file where the plugin
+    refuses a value."""
+    import os
+    from unittest import mock
+
+    from accelerate.utils import DeepSpeedPlugin
+
+    given = {key: section[key] for key in INLINE_KEYS if section.get(key) is not None}
+    outer = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_DEEPSPEED_")}
+    try:
+        with mock.patch.dict(os.environ, outer, clear=True):
+            return DeepSpeedPlugin(**given).deepspeed_config
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{path}: accelerate refuses its deepspeed_config: {err}") from None
 
 
 def check_launch_config(cfg: LaunchConfig, *, num_processes: int | None = None) -> int:
@@ -96,23 +133,27 @@ def check_launch_config(cfg: LaunchConfig, *, num_processes: int | None = None) 
         )
     if cfg.deepspeed is None:
         if cfg.distributed_type == "DEEPSPEED":
-            raise ValueError(f"{cfg.path}: distributed_type is DEEPSPEED but no deepspeed_config_file is given")
+            raise ValueError(
+                f"{cfg.path}: distributed_type is DEEPSPEED but neither a deepspeed_config_file nor DeepSpeed settings "
+                "(zero_stage, ...) are given under deepspeed_config; write both with hf-dist-recipes config generate"
+            )
         return world
-    if cfg.distributed_type != "DEEPSPEED":
+    if cfg.distributed_type != "DEEPSPEED":  # only a file is read without DEEPSPEED (load_launch_config)
         raise ValueError(
             f"{cfg.path}: a deepspeed_config_file is given but distributed_type is {cfg.distributed_type}; "
             "set distributed_type: DEEPSPEED"
         )
     tp = cfg.view.tp
+    where = cfg.deepspeed_file or "its inline deepspeed_config"
     try:
         dp = data_parallel_size(world, tp)
     except ValueError as err:
-        raise ValueError(f"{cfg.path} with {cfg.deepspeed_file}: {err}") from None
+        raise ValueError(f"{cfg.path} with {where}: {err}") from None
     total, micro, accum = cfg.view.train_batch, cfg.view.micro_batch, cfg.view.grad_accum
     if None not in (total, micro, accum) and total != micro * accum * dp:
         raise ValueError(
             f"{cfg.path} launches num_processes={world} (TP {tp}, so {dp} data-parallel ranks) but "
-            f"{cfg.deepspeed_file} says train_batch_size={total} = micro {micro} x accumulation {accum} x "
+            f"{where} says train_batch_size={total} = micro {micro} x accumulation {accum} x "
             f"{total // (micro * accum) if total % (micro * accum) == 0 else '?'} ranks. Make num_processes "
             f'match, or set train_batch_size to {micro * accum * dp} (or "auto").'
         )

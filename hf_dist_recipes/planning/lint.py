@@ -253,7 +253,7 @@ def lint_accelerate(
         out.append(LintFinding(name, ERROR, f"accelerate refuses the config: {_first_line(err)}"))
     data = cfg.raw
     clashing = [k for k in IGNORED_WITH_DS_FILE if k in data or k in (data.get("deepspeed_config") or {})]
-    if cfg.deepspeed is not None and clashing:
+    if cfg.deepspeed_file is not None and clashing:
         out.append(
             LintFinding(
                 name,
@@ -280,7 +280,8 @@ def lint_accelerate(
     if cfg.distributed_type == "FSDP":
         out += _lint_fsdp2(data, name, world)
     if cfg.deepspeed is not None:
-        out += lint_deepspeed(cfg.deepspeed, str(cfg.deepspeed_file), world_size=world, use_cpu=cfg.use_cpu)
+        where = str(cfg.deepspeed_file) if cfg.deepspeed_file else f"{name} (inline deepspeed_config)"
+        out += lint_deepspeed(cfg.deepspeed, where, world_size=world, use_cpu=cfg.use_cpu)
         out += _model_findings(cfg, world, model)
         checked = gpu_memory_gib is not None or host_memory_gib is not None
         out += [LintFinding(name, *f) for f in unplanned(cfg, world, memory_checked=checked)]

@@ -21,11 +21,12 @@ import os
 import re
 import sys
 import time
-import warnings
 from pathlib import Path
 
+from hf_dist_recipes.comm.backend import cuda_device_count
 from hf_dist_recipes.core.files import write_atomically
 from hf_dist_recipes.core.gather import gather_objects, process_rank
+from hf_dist_recipes.monitoring.console import quiet_the_stack
 from hf_dist_recipes.preflight.result import CHECKS, ERROR, CheckResult, PreflightReport, worst
 
 REPORT_FILENAME = "preflight_report.json"
@@ -277,8 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-timeout-s", type=float, default=DEFAULT_PEER_TIMEOUT_S)
     parser.add_argument("--collective-timeout-s", type=float, default=DEFAULT_COLLECTIVE_TIMEOUT_S)
     args = parser.parse_args(argv)
-    # DeepSpeed 0.19 calls collectives that torch 2.13 deprecates, one warning per call: noise, not news.
-    warnings.filterwarnings("ignore", message=r".*is deprecated. Please use `torch.distributed", category=FutureWarning)
+    quiet_the_stack(cpu_run=not cuda_device_count())  # what the recipe's arguments do in a user's ranks
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     rank, world = process_rank(), int(os.environ.get("WORLD_SIZE", 1))

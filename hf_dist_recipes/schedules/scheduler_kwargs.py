@@ -9,6 +9,7 @@ from transformers.trainer_utils import SchedulerType
 
 from hf_dist_recipes._compat import transformers as compat_transformers
 from hf_dist_recipes.schedules.warmup_cosine import (
+    DEFAULT_NUM_CYCLES,
     SCHEDULE_KWARGS,
     validate_min_lr_ratio,
     validate_num_cycles,
@@ -16,6 +17,20 @@ from hf_dist_recipes.schedules.warmup_cosine import (
 )
 
 RECIPE_SCHEDULER = SchedulerType.COSINE_WITH_RESTARTS
+
+# trl's trainers (SFT, DPO, GRPO, ...) fine-tune: the schedule's end is known, and a jump back to the peak in the
+# middle of the data undoes part of what the first cycle learned (docs/practices/6-schedule.md). Under them the
+# recipe's schedule is the warm-up and one cosine; hard restarts stay the default of pre-training runs.
+FINE_TUNE_NUM_CYCLES = 1
+FINE_TUNE_PACKAGES = ("trl",)
+
+
+def default_num_cycles(arguments_class: type) -> int:
+    """Cosine cycles of the recipe's schedule when `lr_scheduler_kwargs` names none: 1 where the user's arguments
+    class (`Recipe<C>`'s `C`) comes from trl, else `DEFAULT_NUM_CYCLES` (3)."""
+    base = getattr(arguments_class, "_recipe_base", arguments_class)
+    fine_tune = base.__module__.split(".")[0] in FINE_TUNE_PACKAGES
+    return FINE_TUNE_NUM_CYCLES if fine_tune else DEFAULT_NUM_CYCLES
 
 
 class SchedulerKwargError(ValueError, TypeError):

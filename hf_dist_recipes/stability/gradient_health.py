@@ -196,6 +196,8 @@ class GradientHealthCallback(RecipeCallback, ExportableState):
         self._skipping = False  # this step's optimizer step is being skipped (non-DeepSpeed: undo the mark after)
         self.halt_report: NonFiniteReport | None = None
         self.reports: list[NonFiniteReport] = []  # this run's last _SKIPS_KEPT reports, for callers to read
+        # (step, every rank's local gradient norm at it) of the last step checked; None before the first
+        self.rank_norms: tuple[int, list[float]] | None = None
 
     # ExportableState
     def state(self) -> dict:
@@ -457,6 +459,7 @@ class GradientHealthCallback(RecipeCallback, ExportableState):
         self, step: int, loss: float | None, grad_norm: float | None, rank_losses: list, rank_norms: list
     ) -> None:
         """`rank_losses`, `rank_norms`: every rank's own loss and local gradient norm at `step`, in rank order."""
+        self.rank_norms = (step, list(rank_norms))  # the per-rank series of the integrations (monitoring.rank_series)
         for what, value, per_rank, rank_value in (
             ("loss", loss, rank_losses, "loss"),
             ("grad_norm", grad_norm, rank_norms, "local gradient norm"),

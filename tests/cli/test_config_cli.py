@@ -479,3 +479,54 @@ def test_a_yamls_loopback_address_is_not_a_warning_when_its_script_passes_the_fi
     script.write_text(script.read_text().replace('--main_process_ip "$MAIN_PROCESS_IP" ', ""))
     code, text, _ = _run(capsys, ["config", "validate", str(out / "two.yaml"), str(script)])
     assert code == 1 and "main_process_ip is 127.0.0.1" in text and "passes no rank-0 address" in text
+
+
+# What `accelerate config` (accelerate 1.16, answering DeepSpeed without a JSON file) writes: the DeepSpeed settings
+# inline under deepspeed_config.
+ACCELERATE_CONFIG_INLINE = """\
+compute_environment: LOCAL_MACHINE
+debug: false
+deepspeed_config:
+  gradient_accumulation_steps: 1
+  gradient_clipping: 1.0
+  offload_optimizer_device: none
+  offload_param_device: cpu
+  zero3_init_flag: true
+  zero3_save_16bit_model: true
+  zero_stage: {stage}
+distributed_type: DEEPSPEED
+downcast_bf16: 'no'
+machine_rank: 0
+main_training_function: main
+mixed_precision: bf16
+num_machines: 1
+num_processes: 8
+rdzv_backend: static
+same_network: true
+tpu_env: []
+tpu_use_cluster: false
+tpu_use_sudo: false
+use_cpu: false
+"""
+
+
+def test_validate_reads_the_inline_deepspeed_settings_accelerate_config_writes(capsys, tmp_path, monkeypatch):
+    """Issue 42: `config validate` refused (exit 1) the YAML `accelerate config` writes, which carries its DeepSpeed
+    settings inline instead of naming a JSON. They are read as accelerate's DeepSpeedPlugin builds the DeepSpeed
+    config from them at launch, and DeepSpeed's parser then checks that config as it does a JSON's."""
+    from hf_dist_recipes.planning.launch_config import load_launch_config
+
+    path = tmp_path / "default_config.yaml"
+    path.write_text(ACCELERATE_CONFIG_INLINE.format(stage=3))
+    # An outer launch's variable is not the YAML's: the file alone is read.
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "1")
+    cfg = load_launch_config(path)
+    assert cfg.deepspeed_file is None
+    assert (cfg.view.stage, cfg.view.offload_param, cfg.view.offload_optimizer) == (3, "cpu", None)
+    assert cfg.deepspeed["gradient_clipping"] == 1.0 and cfg.deepspeed["train_micro_batch_size_per_gpu"] == "auto"
+    code, out, _ = _run(capsys, ["config", "validate", str(path)])
+    assert code == 0 and "0 error(s)" in out, out
+    # A stage DeepSpeed has not: refused by DeepSpeed's parser, naming the file.
+    path.write_text(ACCELERATE_CONFIG_INLINE.format(stage=5))
+    code, out, _ = _run(capsys, ["config", "validate", str(path)])
+    assert code == 1 and str(path) in out and "stage" in out, out

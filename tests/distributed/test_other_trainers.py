@@ -33,9 +33,10 @@ def job(tmp_path_factory):
 
 
 def _expected_lrs() -> list[float]:
-    """By hand, the recipe's defaults: warm-up ceil(0.05 x 16) = 1 step, then 3 cosine cycles with hard restarts
-    over the 15 steps left (5 each), no floor: PEAK x 0.5 x (1 + cos(pi x u / 5)), u = steps into the cycle."""
-    return [0.0] + [PEAK * 0.5 * (1 + math.cos(math.pi * ((t - 1) % 5) / 5)) for t in range(1, STEPS)]
+    """By hand, the recipe's defaults under trl's trainers: warm-up ceil(0.05 x 16) = 1 step, then one cosine (no
+    restarts: trl's trainers fine-tune) over the 15 steps left, no floor: PEAK x 0.5 x (1 + cos(pi x u / 15)),
+    u = steps after the warm-up."""
+    return [0.0] + [PEAK * 0.5 * (1 + math.cos(math.pi * (t - 1) / (STEPS - 1))) for t in range(1, STEPS)]
 
 
 def test_sft_trainer_keeps_its_classes_and_gets_the_recipe(job):
@@ -45,7 +46,7 @@ def test_sft_trainer_keeps_its_classes_and_gets_the_recipe(job):
         assert (sft["trainer_class"], sft["args_class"]) == ("RecipeSFTTrainer", "RecipeSFTConfig")
         assert sft["args_is_sftconfig"] and sft["args_is_recipe"]
         assert sft["max_length"] == 48 and sft["gradient_checkpointing"] is True  # the user's and trl's defaults
-        assert sft["lr_scheduler_type"] == "cosine_with_restarts" and sft["lr_scheduler_kwargs"] == {"num_cycles": 3}
+        assert sft["lr_scheduler_type"] == "cosine_with_restarts" and sft["lr_scheduler_kwargs"] == {"num_cycles": 1}
 
 
 def test_sft_loss_falls(job):
@@ -67,13 +68,14 @@ def test_sft_clipping_is_the_live_engines(job):
 
 def test_sft_learning_rates_follow_the_recipe_schedule(job):
     from torch import nn, optim
-    from transformers import get_cosine_with_hard_restarts_schedule_with_warmup
+    from transformers import get_cosine_schedule_with_warmup
 
     _, ranks = job
     expected = _expected_lrs()
-    # The same values from transformers' own function (no floor, no re-warm-up: the recipe's defaults coincide).
+    # The same values from transformers' own one-cycle cosine (no floor, no re-warm-up: the recipe's defaults
+    # coincide with it).
     opt = optim.SGD(nn.Linear(1, 1).parameters(), lr=PEAK)
-    stock = get_cosine_with_hard_restarts_schedule_with_warmup(opt, 1, STEPS, num_cycles=3)
+    stock = get_cosine_schedule_with_warmup(opt, 1, STEPS)
     theirs = []
     for _ in range(STEPS):
         theirs.append(opt.param_groups[0]["lr"])
@@ -107,23 +109,31 @@ def test_the_plain_route_ends_in_the_recipe_process_state(job):
 
 
 def test_trl_users_are_told_once_which_defaults_the_recipe_replaced_and_how_to_keep_them(job):
-    """Issue 31 section 6: the SFTConfig leaves four stock fields at transformers' defaults (trl does not re-declare
-    them), which the recipe declares otherwise (docs/practices/6-schedule.md, 5-gradients.md, 2-nccl.md): rank 0
-    says so in one line naming each and the way to keep trl's; rank 1 says nothing."""
+    """Issue 31 section 6, issue 42: the SFTConfig and the DPOConfig leave four stock fields at transformers' defaults
+    (trl does not re-declare them), which the recipe declares otherwise (docs/practices/6-schedule.md,
+    5-gradients.md, 2-nccl.md). On both routes (the SFT run's plain SFTConfig, upgraded; the DPO run's
+    recipe_arguments(DPOConfig), the route the docs give) rank 0 says so in one line naming each, the schedule's one
+    cycle, the seeding and the seed check, and the way to keep trl's; rank 1 says nothing."""
     _, ranks = job
-    lines = [[w for w in r["sft"]["recipe_warnings"] if "take the recipe's" in w] for r in ranks]
-    assert lines[1] == [] and len(lines[0]) == 1, lines
-    (line,) = lines[0]
-    for change in (
-        "lr_scheduler_type 'linear' -> 'cosine_with_restarts'",
-        "warmup_steps 0 -> 0.05",
-        "logging_nan_inf_filter True -> False",
-        "ddp_timeout 1800 -> 7200",
-    ):
-        assert change in line, line
-    assert line.startswith("RecipeSFTTrainer: SFTConfig fields left at their defaults"), line
-    assert "hf_dist_recipes.recipe_arguments(SFTConfig)(..., ddp_timeout=1800, " in line, line
-    assert "learning_rate" not in line and "max_length" not in line  # trl's own and the user's values stay
+    for run, config in (("sft", "SFTConfig"), ("dpo", "DPOConfig")):
+        lines = [[w for w in r[run]["recipe_warnings"] if "the recipe's defaults in place of" in w] for r in ranks]
+        assert lines[1] == [] and len(lines[0]) == 1, (run, lines)
+        (line,) = lines[0]
+        for change in (
+            "lr_scheduler_type 'linear' -> 'cosine_with_restarts' (num_cycles=1)",
+            "warmup_steps 0 -> 0.05",
+            "logging_nan_inf_filter True -> False",
+            "ddp_timeout 1800 -> 7200",
+            "log_level_replica 'warning' -> 'error'",
+            "every rank seeded with seed=7",
+            "seed_check='error'",
+        ):
+            assert change in line, line
+        assert line.startswith(f"Recipe{config[:3]}Trainer: the recipe's defaults in place of {config}'s"), line
+        assert f"hf_dist_recipes.recipe_arguments({config})(..., ddp_timeout=1800, " in line, line
+        assert "learning_rate" not in line and "max_length" not in line  # trl's own and the user's values stay
+    for rank in ranks:
+        assert rank["dpo"]["lr_scheduler_kwargs"] == {"num_cycles": 1}
 
 
 def test_dpo_trains_under_zero3_against_an_untouched_reference_model(job):

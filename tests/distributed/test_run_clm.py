@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
+from collections import Counter
 from itertools import chain
 from pathlib import Path
 
@@ -60,26 +62,75 @@ def data(tmp_path_factory):
     return write_data(tmp_path_factory.mktemp("clm_data"))
 
 
+def _launch(out: Path, command: list[str]) -> Path:
+    """Launch, and keep what the user's terminal showed (stdout, then stderr) in `out`'s parent as console.txt."""
+    proc = accelerate_launch(YAML, command)
+    check_launch(proc)
+    (out.parent / "console.txt").write_text(proc.stdout + proc.stderr, encoding="utf-8")
+    return out
+
+
 @pytest.fixture(scope="module")
 def full(data, tmp_path_factory):
     out = tmp_path_factory.mktemp("clm_full") / "run"
-    check_launch(accelerate_launch(YAML, _command(data, out)))
-    return out
+    return _launch(out, _command(data, out))
 
 
 @pytest.fixture(scope="module")
 def resumed(data, full, tmp_path_factory):
+    """Also the console's negative twin: the stack's warnings and the replicas' transformers logs let through (the
+    two settings change what is printed, not what is trained)."""
     out = tmp_path_factory.mktemp("clm_resumed") / "run"
-    check_launch(
-        accelerate_launch(YAML, _command(data, out, "--resume_from_checkpoint", str(full / f"checkpoint-{RESUME_AT}")))
+    resume = ["--resume_from_checkpoint", str(full / f"checkpoint-{RESUME_AT}")]
+    return _launch(
+        out, _command(data, out, *resume, "--filter_stack_warnings", "False", "--log_level_replica", "warning")
     )
-    return out
 
 
 def _history(out: Path) -> dict[int, dict]:
     """Per optimizer step, the training log of trainer_state.json (logging_steps 1: one per step)."""
     state = json.loads((out / "trainer_state.json").read_text())
     return {h["step"]: h for h in state["log_history"] if "loss" in h}
+
+
+# A warning line as each source prints it: Python's warnings (path:line: FutureWarning: ..., also after a progress
+# bar's carriage return), the logging of DeepSpeed and the script (... - WARNING - ..., [WARNING]), transformers'
+# handler ([transformers] ..., warnings and up at its default verbosity) and torch's launcher (glog: W1207
+# 11:31:49.197000 <pid> path:line] ...).
+WARNING_LINE = re.compile(r"(\S+:\d+: \w*Warning: .*)|(.*\bWARNING\b.*)|^(\[transformers\] .*)$|^W\d{4} \S+ \d+ (.*)$")
+VOLATILE = re.compile(r"^\[?\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\]? ?|^\d\d/\d\d/\d{4} \d\d:\d\d:\d\d - ")
+
+
+def _warnings(console: str) -> Counter:
+    """Each warning line of `console`, its timestamps and pids left out, with the times it was printed. A glog
+    banner of asterisks frames a warning and is not one."""
+    said = Counter()
+    for line in console.replace("\r", "\n").splitlines():
+        match = WARNING_LINE.search(line)
+        if match:
+            text = VOLATILE.sub("", next(g for g in match.groups() if g is not None))
+            if text.strip("* "):
+                said[text] += 1
+    return said
+
+
+def test_a_users_script_prints_no_stack_warning_twice_and_each_recipe_line_once(full, resumed):
+    """Issue 42: the user's script (run_clm's shape) on 2 CPU ranks printed 364 FutureWarning lines in 20 steps
+    (torch's deprecation of collectives DeepSpeed calls) and each rank's transformers warnings. The recipe's
+    arguments filter the first in every rank and leave the replicas' transformers logs at errors, so no warning is
+    printed twice, and the recipe's own lines come once, from rank 0. The resumed launch turns both off
+    (`--filter_stack_warnings False --log_level_replica warning`) and prints them again: what the check sees."""
+    console = (full.parent / "console.txt").read_text(encoding="utf-8")
+    said = _warnings(console)
+    assert said, console[-3000:]  # the launcher's OMP_NUM_THREADS line at least: the reading sees warnings
+    assert {text: n for text, n in said.items() if n > 1} == {}, console[-3000:]
+    for line in ("the recipe's defaults in place of TrainingArguments'", "Per-rank logs (system, experts,"):
+        assert console.count(line) == 1, line
+    assert "log_level_replica 'warning' -> 'error'" in console
+    twin = _warnings((resumed.parent / "console.txt").read_text(encoding="utf-8"))
+    repeated = {text: n for text, n in twin.items() if n > 1}
+    assert sum(n for text, n in repeated.items() if "FutureWarning: `torch.distributed." in text) >= STEPS - RESUME_AT
+    assert any("The tokenizer has new PAD/BOS/EOS tokens" in text for text in repeated), repeated
 
 
 def test_loss_falls(full):

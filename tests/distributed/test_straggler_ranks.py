@@ -169,3 +169,26 @@ def test_the_spread_reaches_mlflow_but_not_log_history(runs):
     assert sorted(calm["mlflow"]["straggler/slowest_rank"]) == [6, 11]
     assert set(calm["mlflow"]["straggler/slowest_rank"].values()) <= {0, 1}
     assert calm["mlflow"]["straggler/flagged_ranks"] == {6: 0, 11: 0}
+
+
+def test_every_ranks_series_reaches_mlflow(runs):
+    """Issue 42: `report_to` got the cross-rank summary only. Every rank's step time, tokens/s and loss of each logged
+    window, and its local gradient norm, now reach MLflow as `per_rank/<metric>/rank<N>`: each equal to what that
+    rank measured itself (its own window, read on the rank), the two ranks' losses different (each its own batch),
+    their mean the loss the Trainer logged (its cross-rank mean, rounded to 4 digits), and the global gradient norm
+    of the averaged gradient no larger than the mean of the ranks' local norms (the triangle inequality)."""
+    for run in (runs["slow"], runs["calm"]):
+        recorded, logged = run["mlflow"], run["mlflow"]["loss"]
+        own = [{e["step"]: e for e in r["rank_logs"] if "own/loss" in e} for r in run["ranks"]]
+        steps = sorted(logged)
+        assert steps and all(sorted(o) == steps for o in own)
+        for metric in ("step_time_s", "tokens_per_s", "loss"):
+            for r in (0, 1):
+                assert recorded[f"per_rank/{metric}/rank{r}"] == {s: own[r][s][f"own/{metric}"] for s in steps}
+        losses = [recorded[f"per_rank/loss/rank{r}"] for r in (0, 1)]
+        assert all(losses[0][s] != losses[1][s] for s in steps)
+        for s in steps:
+            assert (losses[0][s] + losses[1][s]) / 2 == pytest.approx(logged[s], abs=1e-4)
+            local = [recorded[f"per_rank/grad_norm/rank{r}"][s] for r in (0, 1)]
+            assert 0 < recorded["grad_norm"][s] <= (local[0] + local[1]) / 2 + 1e-6
+        assert not [k for e in run["log_history"] for k in e if k.startswith("per_rank/")]

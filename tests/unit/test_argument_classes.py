@@ -97,28 +97,49 @@ def test_trl_config_keeps_trl_defaults_and_takes_the_recipes(tmp_path):
     assert up.activation_checkpointing_from_plan is False
 
 
-def test_the_upgrade_records_the_defaults_it_replaced_and_a_recipe_arguments_class_keeps_what_it_is_given(tmp_path):
+def test_every_route_names_the_defaults_the_recipe_replaced_and_a_recipe_arguments_class_keeps_what_it_is_given(
+    tmp_path,
+):
+    """Issue 31 section 6, issue 42: the line is read from the values, so the upgrade of a plain SFTConfig and
+    recipe_arguments(SFTConfig) name the same five replaced defaults, the schedule's one cycle under trl, the seeding
+    and the seed check."""
     from hf_dist_recipes import recipe_arguments
-    from hf_dist_recipes.argument_classes import describe_replaced_defaults
+    from hf_dist_recipes.argument_classes import describe_recipe_defaults, recipe_defaults_in_effect
 
-    # trl's SFTConfig keeps transformers' defaults for these four (the recipe's are in docs/practices/); bf16 and the
+    def shown(rows):
+        return [(n, str(getattr(a, "value", a)), str(getattr(b, "value", b))) for n, a, b in rows]
+
+    # trl's SFTConfig keeps transformers' defaults for these five (the recipe's are in docs/practices/); bf16 and the
     # learning rate are the user's here, so they are not replaced.
     up = RecipeTrainingArguments.from_training_arguments(
         SFTConfig(output_dir=str(tmp_path), bf16=False, learning_rate=1e-4)
     )
-    assert [(n, str(getattr(a, "value", a)), str(getattr(b, "value", b))) for n, a, b in up.replaced_defaults] == [
+    made = recipe_arguments(SFTConfig)(output_dir=str(tmp_path), bf16=False, learning_rate=1e-4)
+    five = [
         ("ddp_timeout", "1800", "7200"),
+        ("log_level_replica", "warning", "error"),
         ("logging_nan_inf_filter", "True", "False"),
         ("lr_scheduler_type", "linear", "cosine_with_restarts"),
         ("warmup_steps", "0", "0.05"),
     ]
-    line = describe_replaced_defaults(up, "RecipeSFTTrainer")
-    assert "recipe_arguments(SFTConfig)(..., ddp_timeout=1800, logging_nan_inf_filter=True, " in line, line
-    # Following the line keeps trl's values: nothing replaced, nothing said.
+    for args in (up, made):
+        assert shown(recipe_defaults_in_effect(args, RecipeTrainingArguments)) == five
+        assert args.lr_scheduler_kwargs == {"num_cycles": 1}  # trl's trainers fine-tune: one cosine, no restarts
+        line = describe_recipe_defaults(args, "RecipeSFTTrainer", RecipeTrainingArguments)
+        assert "recipe_arguments(SFTConfig)(..., ddp_timeout=1800, log_level_replica='warning', " in line, line
+        assert "'cosine_with_restarts' (num_cycles=1)" in line and "seed=42" in line and "seed_check='error'" in line
+    # A pre-training run's arguments keep the three hard restarts and are told the same way.
+    plain = RecipeTrainingArguments(output_dir=str(tmp_path))
+    assert plain.lr_scheduler_kwargs == {"num_cycles": 3}
+    line = describe_recipe_defaults(plain, "RecipeTrainer", RecipeTrainingArguments)
+    assert "in place of TrainingArguments':" in line and "(num_cycles=3)" in line, line
+    assert "give them: RecipeTrainingArguments(..., ddp_timeout=1800," in line, line
+    # Following the line keeps trl's values: nothing replaced; the seeding is still said.
     kept = recipe_arguments(SFTConfig)(
         output_dir=str(tmp_path),
         bf16=False,
         ddp_timeout=1800,
+        log_level_replica="warning",
         logging_nan_inf_filter=True,
         lr_scheduler_type="linear",
         warmup_steps=0,
@@ -130,17 +151,26 @@ def test_the_upgrade_records_the_defaults_it_replaced_and_a_recipe_arguments_cla
         "linear",
         0,
     )
-    assert describe_replaced_defaults(kept, "RecipeSFTTrainer") is None
-    # Arguments the user gave in full replace nothing either.
+    line = describe_recipe_defaults(kept, "RecipeSFTTrainer", RecipeTrainingArguments)
+    assert line == (
+        "RecipeSFTTrainer: every rank seeded with seed=42 when the recipe's arguments were made, and "
+        "seed_check='error' stops a job whose ranks disagree on seeds, data order or weights."
+    )
+    # Arguments the user gave in full replace nothing; a value given equal to the recipe's is named all the same
+    # (the line reads values: which value is in effect is what it says).
     given = SFTConfig(
         output_dir=str(tmp_path),
         bf16=False,
         ddp_timeout=600,
+        log_level_replica="info",
         logging_nan_inf_filter=False,
         lr_scheduler_type="constant",
         warmup_steps=3,
     )
-    assert RecipeTrainingArguments.from_training_arguments(given).replaced_defaults == ()
+    upgraded = RecipeTrainingArguments.from_training_arguments(given)
+    assert shown(recipe_defaults_in_effect(upgraded, RecipeTrainingArguments)) == [
+        ("logging_nan_inf_filter", "True", "False")
+    ]
 
 
 def test_plain_arguments_for_a_trl_trainer_become_its_config_as_trl_would(tmp_path):

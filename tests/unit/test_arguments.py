@@ -22,6 +22,18 @@ def test_recipe_defaults(tmp_path):
     assert args.use_cpu is (backend.cuda_device_count() == 0)
 
 
+def test_tensorboard_logging_dir_from_the_environment_is_honoured(tmp_path, monkeypatch):
+    """Issue 42: transformers 5's TensorBoardCallback takes its folder from TENSORBOARD_LOGGING_DIR (its
+    TrainingArguments have no logging_dir); the recipe's per-rank runs go there too, under rank<N>."""
+    from transformers.integrations import TensorBoardCallback
+
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    assert TensorBoardCallback().logging_dir == str(tmp_path / "tb")  # upstream's reading, which ours follows
+    assert RecipeTrainingArguments(output_dir=str(tmp_path)).logging_dir == str(tmp_path / "tb")
+    given = RecipeTrainingArguments(output_dir=str(tmp_path), logging_dir=str(tmp_path / "mine"))
+    assert given.logging_dir == str(tmp_path / "mine")  # a value given wins, as for every field
+
+
 def test_new_fields_come_after_every_trainingarguments_field():
     import dataclasses
 

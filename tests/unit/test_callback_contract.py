@@ -2,7 +2,9 @@
 walking `hf_dist_recipes` (`CONTRACT`): each scenario drives a real RecipeTrainer on a tiny MoE model holding all of
 them (the recipe's own, the console one, and the opt-in `ExpertBiasBalancer`): train twice in one process, a run
 with no logging step, a run resumed from a checkpoint, and rank > 0. StragglerCallback is idle in one process: its
-contract here is to stay out of the way. A new callback that no scenario holds fails every scenario until it is
+contract here is to stay out of the way. Every scenario reports to MLflow (a local file store in the test's folder),
+so that the per-rank series callback, registered only with an integration in `report_to`, is held too. A new
+callback that no scenario holds fails every scenario until it is
 registered (or added to `OUTSIDE_THE_CONTRACT` with the reason)."""
 
 from __future__ import annotations
@@ -65,6 +67,19 @@ def test_discovery_finds_the_package_callbacks():
     assert len(CONTRACT) >= 12
 
 
+@pytest.fixture(autouse=True)
+def _mlflow_store(tmp_path, monkeypatch):
+    """MLflow's local file store in the test's folder (its opt-in; no telemetry), for report_to=["mlflow"]."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    for name, value in {
+        "MLFLOW_ALLOW_FILE_STORE": "true",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DO_NOT_TRACK": "true",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("DISABLE_MLFLOW_INTEGRATION", raising=False)
+
+
 def _trainer(out, **overrides) -> RecipeTrainer:
     kw = dict(
         output_dir=str(out),
@@ -74,7 +89,7 @@ def _trainer(out, **overrides) -> RecipeTrainer:
         logging_steps=2,
         save_strategy="no",
         disable_tqdm=True,
-        report_to="none",
+        report_to=["mlflow"],
         seed=7,
     )
     kw.update(overrides)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import os
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -60,7 +59,6 @@ def run_training_checks(
     check_unused(root)
     save_at = steps // 2
     timeouts = {k: v for k, v in (("peer_timeout", peer_timeout), ("step_timeout", step_timeout)) if v is not None}
-    warnings.filterwarnings("ignore", message=r".*is deprecated. Please use `torch.distributed", category=FutureWarning)
 
     # What the training run and the failure-paths run below share.
     run = functools.partial(run_once, model_config, steps=steps, seed=seed, tp=tp, timeouts=timeouts)

@@ -45,7 +45,7 @@ from transformers import (
 )
 from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
-from hf_dist_recipes import RecipeTrainingArguments, recipe
+from hf_dist_recipes import RecipeTrainingArguments, recipe, recipe_arguments
 from hf_dist_recipes.core.model_templates import template_config
 from tests.support.process_state import ProcessStateAtTrainBegin, recipe_warnings
 
@@ -170,12 +170,15 @@ def _partitioned(module) -> bool:
 
 def dpo(output_dir: str, lines: list[str], tokenizer) -> dict:
     config = _llama_config(tokenizer)
-    args = DPOConfig(
-        output_dir=output_dir,
-        max_steps=DPO_STEPS,
-        max_length=32,
-        **TRL_ARGS,
-    )
+    # The route the docs give trl users (docs/your-script.md): the recipe's arguments of trl's class, made by the
+    # script. It must say which defaults it put in place of DPOConfig's, as the plain route above does.
+    with recipe_warnings() as warned_by_arguments:
+        args = recipe_arguments(DPOConfig)(
+            output_dir=output_dir,
+            max_steps=DPO_STEPS,
+            max_length=32,
+            **TRL_ARGS,
+        )
     set_seed(args.seed)
     model = AutoModelForCausalLM.from_config(config)
     set_seed(args.seed)
@@ -212,7 +215,8 @@ def dpo(output_dir: str, lines: list[str], tokenizer) -> dict:
         "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
         "rewards_accuracies": [e["rewards/accuracies"] for e in trainer.state.log_history if "rewards/accuracies" in e],
         "lr_scheduler_type": str(getattr(trainer.args.lr_scheduler_type, "value", trainer.args.lr_scheduler_type)),
-        "recipe_warnings": warnings_seen,
+        "lr_scheduler_kwargs": trainer.args.lr_scheduler_kwargs,
+        "recipe_warnings": warned_by_arguments + warnings_seen,
     }
 
 

@@ -58,7 +58,9 @@ class RankLogs(TrainerCallback):
         self.logs: list[dict] = []
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        self.logs.append({**(logs or {}), **self.runtime.logs.last.rank, "step": state.global_step})
+        # This rank's own window (the numbers its TensorBoard run gets: the same step, the same numbers).
+        own = {f"own/{k}": v for k, v in self.runtime.rank_metrics.flush_window(state.global_step).items()}
+        self.logs.append({**(logs or {}), **self.runtime.logs.last.rank, **own, "step": state.global_step})
 
 
 def main(argv: list[str]) -> None:
