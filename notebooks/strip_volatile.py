@@ -14,13 +14,16 @@ them). Outputs, figures and execution counts stay. The notebooks print paths rel
 
 `--execute` runs each notebook top to bottom in a fresh kernel inside a temporary folder (their `runs/` lands there),
 on the CPU as the tests do, and prints its seconds. tests/notebooks/test_notebooks.py checks that every committed
-notebook is stripped (`is_stripped`), executed top to bottom and holds its figures.
+notebook is stripped (`is_stripped`), executed top to bottom and holds its figures, and that a fresh execution shows
+what the committed one shows (`shown_text`: exactly, or with the numbers masked where a notebook trains).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import socket
 import sys
 import tempfile
 import time
@@ -30,8 +33,10 @@ import nbformat
 
 CELL_METADATA_DROPPED = ("execution", "ExecuteTime", "collapsed", "scrolled", "widgets")
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-# What a kernel inherits to train its ranks on the CPU on any host (tests/support/launch.py::cpu_only_env).
-CPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "HF_DIST_RECIPES_USE_CPU": "1"}
+# What a kernel inherits to train its ranks on the CPU on any host (tests/support/launch.py::cpu_only_env), and
+# DeepSpeed told so, as the recipe's arguments tell it in a rank (monitoring.console.quiet_the_stack): a kernel that
+# imports DeepSpeed before any arguments exist (notebook 02) would print its "Setting accelerator to CPU" otherwise.
+CPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "HF_DIST_RECIPES_USE_CPU": "1", "DS_ACCELERATOR": "cpu"}
 
 
 def strip(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -67,6 +72,42 @@ def _merged_streams(outputs: list) -> list:
         else:
             merged.append(output)
     return merged
+
+
+# What a re-execution changes in a cell's printed text without the code changing: wall-clock times and rates, the
+# host's name (a straggler is named with its host), a run's id and a log line's time. Masked where outputs are
+# compared (`shown_text`).
+NUMBER = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
+VOLATILE = (
+    (re.compile(r"run_id=\S+"), "run_id=<id>"),
+    (re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\]", re.M), "[<time>]"),
+)
+
+
+# With the numbers masked: the lines a measurement decides, not the code. Which windows of a slowed rank are flagged
+# (and recovered) depends on the machine's load: notebook 03's live events and the summary's straggler rows.
+TIMED = re.compile(r"straggler rank #|\) recovered \(|^\s*#\s+#%\s+#\s*$")
+
+
+def shown_text(nb: nbformat.NotebookNode, *, numbers: bool = True) -> list[str]:
+    """Per code cell, what it showed as text (its stdout and its results' text/plain, after `strip`), with the
+    host's name masked; `numbers=False` masks every number too and leaves out the `TIMED` lines (for a notebook that
+    prints times or trains)."""
+    shown = []
+    for cell in strip(nb).cells:
+        if cell.cell_type != "code":
+            continue
+        text = "".join(
+            o.get("text", "") if o.output_type == "stream" else o.get("data", {}).get("text/plain", "")
+            for o in cell.outputs
+        ).replace(socket.gethostname(), "<host>")
+        for pattern, mask in VOLATILE:
+            text = pattern.sub(mask, text)
+        if not numbers:
+            text = NUMBER.sub("#", text)
+            text = "".join(line for line in text.splitlines(True) if not TIMED.search(line))
+        shown.append(text)
+    return shown
 
 
 def stripped_text(path: str | os.PathLike) -> str:

@@ -3,7 +3,7 @@
 Names are imported on first use, so reading a finished run's summaries does not import transformers.
 """
 
-from importlib import import_module
+from hf_dist_recipes.core.public_names import lazy_names
 
 _PUBLIC = {
     "PerRankTensorBoardCallback": "hf_dist_recipes.monitoring.tensorboard",
@@ -29,8 +29,4 @@ __all__ = list(_PUBLIC)
 # Written by summary_callback, read by logs.summary: named here, where neither imports the other's code.
 SUMMARY_DIRNAME = "rank_summaries"
 
-
-def __getattr__(name):
-    if name in _PUBLIC:
-        return getattr(import_module(_PUBLIC[name]), name)
-    raise AttributeError(f"module 'hf_dist_recipes.monitoring' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _PUBLIC)

@@ -8,3 +8,25 @@ time) -> suggest, fit (a plan against the GPU memory) -> deepspeed_config / acce
 launch_plan; launch_scripts (the sbatch script of a plan, Slurm + accelerate launch or torchrun) and
 launch_script_check.
 """
+
+from hf_dist_recipes.core.public_names import lazy_names
+
+# The names a notebook or a script uses; everything else in the package's modules is internal (core.public_names).
+_PUBLIC = {
+    "ParallelPlan": "hf_dist_recipes.planning.plan",
+    "introspect": "hf_dist_recipes.planning.models",
+    "estimate": "hf_dist_recipes.planning.memory",
+    "USABLE_FRACTION": "hf_dist_recipes.planning.memory",
+    "check_fit": "hf_dist_recipes.planning.fit",
+    # `suggest` is also this package's module of that name, which an import binds here over a lazy name.
+    "suggest_plans": "hf_dist_recipes.planning.suggest:suggest",
+    "render_candidates": "hf_dist_recipes.planning.suggest",
+    "compact_rows": "hf_dist_recipes.planning.suggest",
+    "reasons": "hf_dist_recipes.planning.suggest",
+    "write_configs": "hf_dist_recipes.planning.generate",
+    "lint_file": "hf_dist_recipes.planning.lint",
+}
+
+__all__ = list(_PUBLIC)
+
+__getattr__ = lazy_names(__name__, _PUBLIC)

@@ -4,6 +4,7 @@ not assert: the checks are here, on what a probe cell appended to the executed c
 
 import ast
 import base64
+import difflib
 import importlib.util
 import json
 import os
@@ -19,6 +20,7 @@ from tests.support.paths import REPO
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 QUICKSTART, PARALLEL, LOGS = "01_quickstart.ipynb", "02_parallel_configs.ipynb", "03_logs.ipynb"
+TRAINS = {QUICKSTART, LOGS}  # they train 2 CPU ranks: times and the last digits of losses change between runs
 _spec = importlib.util.spec_from_file_location("strip_volatile", REPO / "notebooks" / "strip_volatile.py")
 strip_volatile = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(strip_volatile)
@@ -153,6 +155,38 @@ def test_notebook_executes(path, tmp_path):
     assert drawn and image_cells(committed) <= drawn, (image_cells(committed), drawn)
     assert all(png_size(o)[0] >= 600 for o in outputs(nb) if "image/png" in o.get("data", {}))
     {QUICKSTART: check_quickstart, PARALLEL: check_parallel_figure, LOGS: check_logs}[path.name](probe(nb))
+    # Issue 42: notebook 02 showed an output from before a later change of the code (a hint's --memory-target 1).
+    # What each cell shows now is what the committed notebook shows: exactly where the notebook plans (the same
+    # numbers on any machine), with the numbers masked where it trains (times, and losses in their last digits).
+    numbers = path.name not in TRAINS
+    committed_shown = strip_volatile.shown_text(committed, numbers=numbers)
+    shown = strip_volatile.shown_text(nb, numbers=numbers)[: len(committed_shown)]  # the probe cell aside
+    stale = [i for i, (a, b) in enumerate(zip(committed_shown, shown, strict=True)) if a != b]
+    assert not stale, (
+        f"{path.name}: code cells {stale} show other outputs than committed; run "
+        f"python notebooks/strip_volatile.py --execute notebooks/{path.name}\n"
+        + "".join(difflib.unified_diff(committed_shown[stale[0]].splitlines(True), shown[stale[0]].splitlines(True)))
+    )
+
+
+def test_notebooks_use_only_the_public_api():
+    """Issue 42: the notebooks imported internal modules. Each name they import from the package comes from a
+    module that lists it in `__all__` (the package, or a subpackage's public facade)."""
+    import ast
+    import importlib
+
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type != "code":
+                continue
+            for node in ast.walk(ast.parse(cell.source)):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hf_dist_recipes"):
+                    public = getattr(importlib.import_module(node.module), "__all__", [])
+                    names = [a.name for a in node.names]
+                    assert set(names) <= set(public), f"{path.name}: from {node.module} import {names}"
+                elif isinstance(node, ast.Import):
+                    assert not [a.name for a in node.names if a.name.startswith("hf_dist_recipes.")], path.name
 
 
 def check_quickstart(found: dict) -> None:
@@ -231,8 +265,7 @@ def check_parallel_figure(found: dict) -> None:
 
 
 def test_notebook_02_calls_the_library_not_the_cli():
-    """Notebook 02 shows the library: `hf_dist_recipes.parallel` and `.planning` functions, no CLI `main`, argv or
-    shell."""
+    """Notebook 02 shows the library: `hf_dist_recipes.planning`'s functions, no CLI `main`, argv or shell."""
     nb = nbformat.read(REPO / "notebooks" / PARALLEL, as_version=4)
     cells = [c.source for c in nb.cells if c.cell_type == "code"]
     assert not [line for src in cells for line in src.splitlines() if line.lstrip().startswith(("!", "%"))]
@@ -246,33 +279,5 @@ def test_notebook_02_calls_the_library_not_the_cli():
     }
     assert not [m for m in modules if m.startswith("hf_dist_recipes.cli") or m in ("subprocess", "os", "runpy")]
     assert not called & {"main", "system", "run", "Popen", "check_output"}, called
-    used = {
-        m.rsplit(".", 1)[-1]
-        for m in modules
-        if m.startswith(("hf_dist_recipes.parallel.", "hf_dist_recipes.planning."))
-    }
-    assert used >= {"models", "plan", "fit", "suggest", "memory", "generate", "lint"}, used
-    assert {"introspect", "check_fit", "suggest", "estimate", "write_configs", "lint_file"} <= called
-
-
-# What the notebooks that train (01, 03) may import from the package: the public names (`hf_dist_recipes`'s and
-# `hf_dist_recipes.monitoring`'s `__all__`), the modules documented under docs/api/, and the demo's model and data (the
-# tiny model and the dataset `make demo` trains). Notebook 02 shows the planning library (test above).
-DEMO_MODULES = {"hf_dist_recipes.demo.data", "hf_dist_recipes.demo.model"}
-
-
-@pytest.mark.parametrize("name", [QUICKSTART, LOGS])
-def test_training_notebooks_import_public_modules(name):
-    documented = {
-        line.removeprefix("::: ").strip()
-        for page in (REPO / "docs" / "api").glob("*.md")
-        for line in page.read_text().splitlines()
-        if line.startswith("::: ")
-    }
-    allowed = {"hf_dist_recipes", "hf_dist_recipes.monitoring"} | documented | DEMO_MODULES
-    nb = nbformat.read(REPO / "notebooks" / name, as_version=4)
-    tree = ast.parse("\n".join(c.source for c in nb.cells if c.cell_type == "code"))
-    modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    modules |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    package = {m for m in modules if m.split(".")[0] == "hf_dist_recipes"}
-    assert package and package <= allowed, package - allowed
+    assert "hf_dist_recipes.planning" in modules, modules  # its public names (test_notebooks_use_only_the_public_api)
+    assert {"introspect", "check_fit", "suggest_plans", "estimate", "write_configs", "lint_file"} <= called
