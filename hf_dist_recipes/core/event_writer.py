@@ -7,10 +7,13 @@ An event file is a sequence of TFRecords, `length: u64 | masked crc32c(length): 
 (`tensorboard/compat/proto/event.proto`, `summary.proto`, `tensor.proto`). The first event of a file is the header
 `Event(wall_time, file_version="brain.Event:2")`.
 
-Why not tensorboard's `EventFileWriter` (or torch's SummaryWriter on it): it builds a protobuf object per event and
-runs tensorboard's pure-Python crc32c over every byte (~5 MB/s), seconds for a long run's aggregate (issue 21: 3.6 s
-of a 6.5 s `logs summarize`), importing it starts tensorboard's tensorflow stub (~0.3 s), and it writes from a thread
-of its own. Here:
+Why not tensorboard's `EventFileWriter` (or torch's SummaryWriter on it): above all, a flush from the per-rank
+callback's SIGTERM handler (a preempted rank's last logs) that lands inside one of its writes hangs the rank for good
+(its `_AsyncWriter` takes a non-reentrant lock in `write` and again in `flush`; tests/unit/test_event_writer.py shows
+it), where `RunWriter` takes that flush anywhere. Also, it builds a protobuf object per event and runs tensorboard's
+pure-Python crc32c over every byte (~5 MB/s), seconds for a long run's aggregate (issue 21: 3.6 s of a 6.5 s `logs
+summarize`), importing it starts tensorboard's tensorflow stub (~0.3 s), and it writes from a thread of its own; the
+live writing itself saves only ~0.7 ms per log (benchmarks/event_writer.py, ~0.07% of a run). Here:
 - `write_scalar_run(run_dir, columns)`: one event per step holding every column's value at that step. The events of
   one layout (the same columns present, a step of the same varint length) have the same length and the same bytes
   except the step and the values: they are filled in as rows of a numpy structured array, their CRCs computed

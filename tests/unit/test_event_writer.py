@@ -10,6 +10,9 @@ import math
 import os
 import signal
 import struct
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -387,3 +390,42 @@ def test_a_signal_handler_flushing_inside_a_flush_writes_each_record_once(tmp_pa
     assert caught and read_run(tmp_path).warnings == []
     assert read_scalars(tmp_path) == {"x": [(1, 1.0), (2, 2.0)]}
     assert len(list(iter_records(w.path))) == 3  # the header and the two scalars, nothing twice
+
+
+def test_tensorboards_own_writer_hangs_when_the_sigterm_flush_lands_inside_a_write(tmp_path):
+    """Issue 42, why RunWriter stays (its writing saves ~0.07% of a run: no reason by itself). The per-rank
+    TensorBoard callback flushes from its SIGTERM handler, so a preempted rank's last logs reach the disk; the signal
+    comes whenever the scheduler sends it. RunWriter takes that at any point of a flush or an add (the test above).
+    torch's SummaryWriter does not: its async writer's `write` holds a `threading.Lock` that `flush` takes again,
+    so a handler's flush landing inside a write waits on itself forever, and the rank spends its grace period hung
+    (tensorboard 2.21 event_file_writer.py `_AsyncWriter`). Shown in a child process stopped after 10 s: the first
+    flush returns, the add whose write the signal interrupts never does."""
+    child = textwrap.dedent(
+        """
+        import os, signal, sys
+        from tensorboard.summary.writer import event_file_writer
+        from torch.utils.tensorboard import SummaryWriter
+
+        w = SummaryWriter(sys.argv[1])
+        w.add_scalar("x", 1.0, 1)
+        w.flush()
+        print("flushed", flush=True)
+        inside = event_file_writer._AsyncWriter._check_worker_status  # called with write's lock held
+        sent = []
+
+        def check(self):
+            if not sent:  # the signal arrives here, once: Python runs the handler at the next bytecode
+                sent.append(1)
+                os.kill(os.getpid(), signal.SIGUSR1)
+            return inside(self)
+
+        event_file_writer._AsyncWriter._check_worker_status = check
+        signal.signal(signal.SIGUSR1, lambda signum, frame: w.flush())  # what the callback's handler does
+        w.add_scalar("x", 2.0, 2)
+        print("returned", flush=True)
+        """
+    )
+    with pytest.raises(subprocess.TimeoutExpired) as hung:
+        subprocess.run([sys.executable, "-c", child, str(tmp_path)], capture_output=True, timeout=10)
+    out = hung.value.stdout or b""
+    assert b"flushed" in out and b"returned" not in out, out
