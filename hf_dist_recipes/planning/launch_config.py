@@ -97,25 +97,28 @@ INLINE_KEYS = (
     "zero3_init_flag",
     "zero3_save_16bit_model",
 )
+# What `accelerate launch` sets from those keys for its ranks, and `DeepSpeedPlugin` reads for a key it is not given.
+LAUNCH_VARIABLES = ("ACCELERATE_DEEPSPEED_", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "ACCELERATE_GRADIENT_CLIPPING")
 
 
 def inline_deepspeed_config(section: dict, path: Path) -> dict:
     """The DeepSpeed config accelerate's `DeepSpeedPlugin` builds from an accelerate YAML's inline
-    `deepspeed_config` keys (batch sizes "auto", as the Trainer fills them). Variables of an outer launch
-    (`ACCELERATE_DEEPSPEED_*`) are left out: the YAML alone is read. ValueError naming the file where the plugin
-    refuses a value."""
+    `deepspeed_config` keys (batch sizes "auto", as the Trainer fills them). The variables through which an outer
+    launch hands the plugin its values (`LAUNCH_VARIABLES`) are set aside meanwhile: the YAML alone is read.
+    ValueError naming the file where the plugin refuses a value."""
     import os
-    from unittest import mock
 
     from accelerate.utils import DeepSpeedPlugin
 
     given = {key: section[key] for key in INLINE_KEYS if section.get(key) is not None}
-    outer = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_DEEPSPEED_")}
+    # Popped and put back one by one, never the whole environment cleared: another thread may read it meanwhile.
+    aside = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(LAUNCH_VARIABLES)}
     try:
-        with mock.patch.dict(os.environ, outer, clear=True):
-            return DeepSpeedPlugin(**given).deepspeed_config
+        return DeepSpeedPlugin(**given).deepspeed_config
     except (ValueError, TypeError) as err:
         raise ValueError(f"{path}: accelerate refuses its deepspeed_config: {err}") from None
+    finally:
+        os.environ.update(aside)
 
 
 def check_launch_config(cfg: LaunchConfig, *, num_processes: int | None = None) -> int:

@@ -1,4 +1,5 @@
 import json
+import os
 import re
 
 import pytest
@@ -521,7 +522,7 @@ def test_validate_reads_the_inline_deepspeed_settings_accelerate_config_writes(c
     # An outer launch's variable is not the YAML's: the file alone is read.
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "1")
     cfg = load_launch_config(path)
-    assert cfg.deepspeed_file is None
+    assert cfg.deepspeed_file is None and os.environ["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == "1"  # put back
     assert (cfg.view.stage, cfg.view.offload_param, cfg.view.offload_optimizer) == (3, "cpu", None)
     assert cfg.deepspeed["gradient_clipping"] == 1.0 and cfg.deepspeed["train_micro_batch_size_per_gpu"] == "auto"
     code, out, _ = _run(capsys, ["config", "validate", str(path)])
