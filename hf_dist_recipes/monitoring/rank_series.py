@@ -13,10 +13,10 @@ found in MLflow's or W&B's own charts, without the TensorBoard files.
 | `per_rank/loss/rank<N>` | rank N's own loss, the mean over the window's optimizer steps (before the cross-rank mean) |
 | `per_rank/grad_norm/rank<N>` | rank N's local gradient norm at the logged step (before the reduction) |
 
-Cost: one all-reduce of 3 float64 values per rank at each step that logs (each rank writes its own row of a
-zeroed table); the local gradient norms come with the gradient-health check, which has every rank's already
-(`stability.gradient_health`). Only
-with an integration other than TensorBoard in `report_to` (`wanted`). The keys go into the runtime's `job` channel:
+Cost: one all-gather of 3 float64 values per rank at each step that logs (`core.gather.gather_floats`, as the
+memory spread of `system_metrics` at the same log); the local gradient norms come with the gradient-health check,
+which has every rank's already (`stability.gradient_health`). Only with an integration other than TensorBoard in
+`report_to` (`wanted`). The keys go into the runtime's `job` channel:
 the integrations get them, `log_history` (which a resume rebuilds) and the console do not, and the per-rank
 TensorBoard leaves them out (`PREFIX`: each rank's own run has these series).
 """
@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import math
 
-import torch
-
-from hf_dist_recipes.core.gather import distributed
+from hf_dist_recipes.core.gather import gather_floats
 from hf_dist_recipes.runtime import RecipeCallback
 
 PREFIX = "per_rank/"
@@ -54,16 +52,10 @@ class RankSeriesCallback(RecipeCallback):
         if not control.should_log:
             return
         window = self.runtime.rank_metrics.flush_window(state.global_step)  # the same numbers TensorBoard gets
-        # The rows of the collective below: the process group's own ranks (the global ones).
-        world = torch.distributed.get_world_size() if distributed() else 1
-        rank = torch.distributed.get_rank() if distributed() else 0
-        table = torch.zeros(world, len(WINDOW_KEYS), dtype=torch.float64, device=args.device)
-        table[rank] = torch.tensor([window.get(k, math.nan) for k in WINDOW_KEYS], dtype=table.dtype)
-        if world > 1:
-            torch.distributed.all_reduce(table)  # SUM: row r holds rank r's values alone
+        rows = gather_floats([window.get(k, math.nan) for k in WINDOW_KEYS])  # in rank order
         series = {
             f"{PREFIX}{key}/rank{r}": value
-            for r, row in enumerate(table.tolist())
+            for r, row in enumerate(rows)
             for key, value in zip(WINDOW_KEYS, row, strict=True)
             if math.isfinite(value)
         }

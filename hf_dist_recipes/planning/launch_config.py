@@ -35,6 +35,11 @@ class LaunchConfig:
     deepspeed: dict | None
     raw: dict = field(default_factory=dict, repr=False)
 
+    @property
+    def deepspeed_source(self) -> str:
+        """Where the DeepSpeed config comes from, for messages: the JSON's path, or the YAML's inline settings."""
+        return str(self.deepspeed_file) if self.deepspeed_file else f"{self.path} (inline deepspeed_config)"
+
     @cached_property
     def view(self) -> DeepSpeedView:
         """The DeepSpeed JSON as DeepSpeed reads it (an empty one without DeepSpeed); ValueError where it refuses."""
@@ -147,16 +152,15 @@ def check_launch_config(cfg: LaunchConfig, *, num_processes: int | None = None) 
             "set distributed_type: DEEPSPEED"
         )
     tp = cfg.view.tp
-    where = cfg.deepspeed_file or "its inline deepspeed_config"
     try:
         dp = data_parallel_size(world, tp)
     except ValueError as err:
-        raise ValueError(f"{cfg.path} with {where}: {err}") from None
+        raise ValueError(f"{cfg.path} with {cfg.deepspeed_source}: {err}") from None
     total, micro, accum = cfg.view.train_batch, cfg.view.micro_batch, cfg.view.grad_accum
     if None not in (total, micro, accum) and total != micro * accum * dp:
         raise ValueError(
             f"{cfg.path} launches num_processes={world} (TP {tp}, so {dp} data-parallel ranks) but "
-            f"{where} says train_batch_size={total} = micro {micro} x accumulation {accum} x "
+            f"{cfg.deepspeed_source} says train_batch_size={total} = micro {micro} x accumulation {accum} x "
             f"{total // (micro * accum) if total % (micro * accum) == 0 else '?'} ranks. Make num_processes "
             f'match, or set train_batch_size to {micro * accum * dp} (or "auto").'
         )

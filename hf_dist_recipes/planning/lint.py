@@ -280,8 +280,7 @@ def lint_accelerate(
     if cfg.distributed_type == "FSDP":
         out += _lint_fsdp2(data, name, world)
     if cfg.deepspeed is not None:
-        where = str(cfg.deepspeed_file) if cfg.deepspeed_file else f"{name} (inline deepspeed_config)"
-        out += lint_deepspeed(cfg.deepspeed, where, world_size=world, use_cpu=cfg.use_cpu)
+        out += lint_deepspeed(cfg.deepspeed, cfg.deepspeed_source, world_size=world, use_cpu=cfg.use_cpu)
         out += _model_findings(cfg, world, model)
         checked = gpu_memory_gib is not None or host_memory_gib is not None
         out += [LintFinding(name, *f) for f in unplanned(cfg, world, memory_checked=checked)]
