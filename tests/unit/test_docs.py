@@ -21,6 +21,7 @@ import ast
 import builtins
 import glob
 import importlib
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -219,6 +220,20 @@ def _cli_parser():
     return build_parser()
 
 
+def _module_exists(name: str) -> bool:
+    """Whether `python -m name` would find a module, without the lookup's side effects on this process.
+
+    `importlib.util.find_spec("pip")` runs setuptools' distutils finder, whose `spec_for_pip` switches its own
+    distutils override off for the rest of the process: a later first `import setuptools` in the same pytest worker
+    then fails its assertion (`distutils/core.py` from the standard library). Looking the top-level package up on
+    `sys.path` alone runs no meta-path hook.
+    """
+    top, _, rest = name.partition(".")
+    if importlib.machinery.PathFinder.find_spec(top) is None:
+        return False
+    return not rest or importlib.util.find_spec(name) is not None
+
+
 def _parse(parser: argparse.ArgumentParser, argv: list[str], where: str):
     try:
         return parser.parse_args(argv)
@@ -272,7 +287,7 @@ class _Page:
             assert set(args) <= targets, f"{where}: make {args}: no such target in the Makefile"
         elif re.fullmatch(r"(\.venv/bin/)?python3?", program):
             if args[:1] == ["-m"]:
-                assert importlib.util.find_spec(args[1]) is not None, f"{where}: no module {args[1]}"
+                assert _module_exists(args[1]), f"{where}: no module {args[1]}"
             else:
                 assert (REPO / args[0]).is_file(), f"{where}: no script {args[0]}"
         elif re.fullmatch(r"(\.venv/bin/)?pip3?", program):
@@ -298,6 +313,22 @@ def test_command_splitting():
     # The splitter itself: continuation lines, comments, && and $(...).
     body = 'a --x 1 \\\n  --y 2   # note\nb && c "$(d e)" # more\n# only a comment'
     assert _commands(body) == ["a --x 1 --y 2", "b", "c '$(d e)'"]
+
+
+@pytest.mark.parametrize("lookup", ["_module_exists", "importlib.util.find_spec"])
+def test_the_module_check_leaves_setuptools_importable(lookup):
+    # The twin with importlib's own find_spec shows the failure this check avoids (a pytest worker that read a page
+    # with `python -m pip` before its first `import setuptools`).
+    code = (
+        "import importlib.util, sys; sys.path.insert(0, 'tests/unit'); import test_docs; "
+        f"assert {'test_docs.' if lookup == '_module_exists' else ''}{lookup}('pip'); import setuptools"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    if lookup == "_module_exists":
+        assert run.returncode == 0, run.stderr
+        assert _module_exists("hf_dist_recipes.cli") and not _module_exists("no_such_package.cli")
+    else:
+        assert run.returncode != 0 and "distutils/core.py" in run.stderr, run.stderr
 
 
 # ---- synopses (text blocks of a command's usage) ---------------------------------------------------------------
