@@ -42,6 +42,11 @@ New fields, all at the end so positional use of TrainingArguments keeps working:
   so the full tokens x vocabulary fp32 logits never exist (`hf_dist_recipes.parallel.chunked_loss`; the estimate
   counts one chunk's logits, `planning.memory.chunked_logits_bytes`); evaluation and prediction keep the stock loss
   and its logits;
+- `tiled_mlp_shards` (default None: what the launch config's plan recorded, else off; 0 or 1: off): every gated MLP
+  computes that many slices of its tokens at a time, each recomputed in the backward pass (`parallel.tiled_mlp`);
+- `sp_eval_max_length` (default None): under Ulysses SP, the longest eval sequence in tokens; evaluation runs each
+  sequence whole on every rank (accelerate's `sp_disable_in_eval`), and a longer batch stops it with the fix
+  (`hf_dist_recipes.parallel.sequence_parallel`);
 - `memory_mapped_resume` (default True): under DeepSpeed, a resume reads the engine's checkpoint files memory-mapped
   and copies the optimizer states out one tensor at a time, so that the host memory of a resume stays at the
   steady state instead of adding up to one optimizer file per process (`hf_dist_recipes.checkpoint.resume_loading`);
@@ -120,6 +125,7 @@ from hf_dist_recipes.comm.restarts import fresh_rendezvous_after_restart
 from hf_dist_recipes.comm.watchdog import validate_hang_settings
 from hf_dist_recipes.core.jsonfile import read_deepspeed_argument
 from hf_dist_recipes.core.sizes import parse_size
+from hf_dist_recipes.core.user_values import positive_int
 from hf_dist_recipes.environment import cuda_host, extensions, precision
 from hf_dist_recipes.environment.alloc_defaults import apply_alloc_conf_default, apply_offload_defaults
 from hf_dist_recipes.environment.precision import resolve_bf16
@@ -232,6 +238,20 @@ class RecipeTrainingArguments(TrainingArguments):
         "recomputed in the backward pass), so the tokens x vocabulary logits never exist whole. Default: what "
         "the launch config's plan recorded (config generate --loss-chunk-tokens), else off; 0: off (the stock "
         "loss). Evaluation and prediction keep the stock loss.",
+    )
+    tiled_mlp_shards: int | None = _option(
+        None,
+        "Compute each gated MLP (gate/up/down projections) this many slices of the tokens at a time, recomputing "
+        "each slice in the backward pass (ALST's TiledMLP): only one slice's intermediate activations exist. "
+        "DeepSpeed or one process only. Default: what the launch config's plan recorded (config generate "
+        "--tiled-mlp-shards), else off; 0 or 1: off.",
+    )
+    sp_eval_max_length: int | None = _option(
+        None,
+        "Under Ulysses sequence parallelism (sp_size > 1) evaluation runs unsharded, as accelerate's "
+        "sp_disable_in_eval has it: every rank runs each eval sequence whole, with all of its memory. An eval batch "
+        "longer than this many tokens stops evaluation, naming the fix, before it runs out of memory. Default "
+        "None: no limit (said once, at the first evaluation under SP).",
     )
     memory_mapped_resume: bool = _option(
         True,
@@ -445,6 +465,14 @@ class RecipeTrainingArguments(TrainingArguments):
             self.loss_chunk_tokens = self.launch_plan.get("loss_chunk_tokens")
         if self.loss_chunk_tokens != 0:
             validate_loss_chunk_tokens(self.loss_chunk_tokens, off="0 or None for the stock loss")
+        if self.tiled_mlp_shards is None:  # the plan's memory estimate counted one slice's MLP activations
+            self.tiled_mlp_shards = self.launch_plan.get("tiled_mlp_shards")
+        if self.tiled_mlp_shards is not None:
+            note = "0 or 1: off"
+            positive_int(self.tiled_mlp_shards, "tiled_mlp_shards", 4, minimum=0, unit="slices", note=note)
+        if self.sp_eval_max_length is not None:
+            note = "or None for no limit"
+            positive_int(self.sp_eval_max_length, "sp_eval_max_length", 32768, unit="tokens", note=note)
         # Whether the plan chose it: RecipeTrainer may turn such a value off under allow_no_recompute, never the user's.
         self.activation_checkpointing_from_plan = False
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:

@@ -66,6 +66,17 @@ from hf_dist_recipes.monitoring.console import use_recipe_console, warn_once
 from hf_dist_recipes.parallel.checkpoint_bytes import SaveBytes, save_bytes
 from hf_dist_recipes.parallel.chunked_loss import ChunkedLoss, chunked_loss_for
 from hf_dist_recipes.parallel.construction import check_partitioned
+from hf_dist_recipes.parallel.sequence_parallel import (
+    UNSHARDED_EVAL,
+    MlaForUlysses,
+    eval_length_problem,
+    eval_unsharded,
+    init_deepspeed_comm,
+    mla_shim_for,
+    sequence_parallel_size,
+    with_position_ids,
+)
+from hf_dist_recipes.parallel.tiled_mlp import tile_mlps
 from hf_dist_recipes.runtime import RecipeRuntime
 from hf_dist_recipes.schedules.scheduler_kwargs import default_num_cycles
 from hf_dist_recipes.schedules.warmup_cosine import (
@@ -161,6 +172,17 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
             if getattr(after_mixin, "__func__", None) is Trainer.compute_loss
             else type(self).__name__,
         )
+        self._tile_mlps(self.model)
+        # Ulysses SP (`parallel.sequence_parallel`): DeepSpeed's communication where accelerate leaves it out (CPU),
+        # positions in every batch, and MLA's head sizes made ones Ulysses takes while the engine is built.
+        self.sp_size = sequence_parallel_size(self.accelerator)
+        self.mla_for_ulysses: MlaForUlysses | None = None
+        if self.sp_size > 1:
+            init_deepspeed_comm(self.accelerator)
+            self.data_collator = with_position_ids(self.data_collator)
+            self.mla_for_ulysses = mla_shim_for(self.model, self.accelerator)
+            if self.mla_for_ulysses is not None:
+                self.add_callback(self.mla_for_ulysses.callback())
 
     runtime: RecipeRuntime | None = None  # None only inside the stock constructor, before the mixin builds it
 
@@ -194,9 +216,29 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
 
     def call_model_init(self, trial=None):
         """`Trainer.call_model_init`, which also rebuilds under ZeRO++ hpZ
-        (`_compat.deepspeed.forget_zero_hpz_group`)."""
+        (`_compat.deepspeed.forget_zero_hpz_group`); the model it builds gets `tiled_mlp_shards`."""
         forget_zero_hpz_group()
-        return super().call_model_init(trial)
+        model = super().call_model_init(trial)
+        self._tile_mlps(model)
+        return model
+
+    def _tile_mlps(self, model) -> None:
+        """`tiled_mlp_shards` applied to `model` (`parallel.tiled_mlp`), or ValueError where only DeepSpeed's ZeRO can
+        take the slices' gradients (a multi-process run without DeepSpeed)."""
+        shards = self.args.tiled_mlp_shards or 0
+        if model is None or shards < 2:
+            return
+        if not self.is_deepspeed_enabled and self.args.world_size > 1:
+            raise ValueError(
+                f"tiled_mlp_shards={shards} needs DeepSpeed when several processes train: the slices' gradients reach "
+                "the weights one backward pass at a time, which ZeRO waits for and DDP or FSDP would reduce each "
+                "time; launch with a DeepSpeed config or set tiled_mlp_shards=0"
+            )
+        if tile_mlps(model, shards) == 0 and not any(hasattr(m, "recipe_untiled_forward") for m in model.modules()):
+            raise ValueError(
+                f"tiled_mlp_shards={shards}: {type(model).__name__} has no gated MLP (gate_proj, up_proj, down_proj, "
+                "act_fn) to tile; set tiled_mlp_shards=0"
+            )
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None):
         """`Trainer.train`, which under DeepSpeed also works after `evaluate()` or `predict()`: the engine such an
@@ -219,6 +261,8 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         checkpoint = plan.checkpoint
         if checkpoint:  # the per-rank counters continue where the checkpoint left them
             self.runtime.rank_metrics.load(checkpoint, self.runtime.facts.rank)
+        if self.mla_for_ulysses is not None:
+            self.mla_for_ulysses.before_prepare()
         try:
             output = super().train(checkpoint, trial, ignore_keys_for_eval)
         except BaseException as error:
@@ -231,6 +275,8 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
             raise
         finally:
             self.runtime.logs.discard()  # what came after the last log: a next train() starts clean
+            if self.mla_for_ulysses is not None:  # a train() that stopped before train begin
+                self.mla_for_ulysses.restore()
         stop = self.recipe_callbacks.preemption.stop
         if stop is not None:
             # Not back to the script: what follows train() (a final save_model, an evaluation) belongs to the end of
@@ -292,6 +338,17 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
     def predict(self, *args, **kwargs):
         with self._evaluation_engine():
             return super().predict(*args, **kwargs)
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """`Trainer.prediction_step`; under SP, a batch longer than `sp_eval_max_length` stops it with the fix
+        (`parallel.sequence_parallel.eval_length_problem`)."""
+        if eval_unsharded(self.accelerator):
+            if self.args.sp_eval_max_length is None:
+                warn_once(logger, UNSHARDED_EVAL)
+            problem = eval_length_problem(inputs, self.args.sp_eval_max_length, self.sp_size)
+            if problem is not None:
+                raise ValueError(problem)
+        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
 
     def _evaluation_engine(self):
         """Before training, DeepSpeed's evaluation engine without AutoTP/AutoEP, which would rewrite the model in
@@ -430,7 +487,8 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         it does around the model's loss (`num_items_in_batch`, the scale of `average_tokens_across_devices`) stays
         upstream's. Its outputs carry no logits; evaluation and prediction take the stock path, which returns them."""
         caller = model
-        if self.chunked_loss is not None and model.training and "labels" in inputs:
+        # under SP the data adapter hands `shift_labels` in place of `labels`
+        if self.chunked_loss is not None and model.training and ("labels" in inputs or "shift_labels" in inputs):
             caller = self.chunked_loss.bind(model, self.accelerator.unwrap_model(model))
         result = super().compute_loss(
             caller, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch

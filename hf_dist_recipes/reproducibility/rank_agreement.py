@@ -186,7 +186,11 @@ def first_batches(train_dataloader) -> tuple[str | None, str | None, int | None]
     """(global first step checksum, this rank's first batch checksum, sampler seed) of an accelerate dataloader,
     read without consuming it (the seedable sampler reseeds its generator at each iteration); None where unknown.
 
-    Cost: one permutation of the dataset's indices (the sampler's own work at each epoch), once."""
+    Cost: one permutation of the dataset's indices (the sampler's own work at each epoch), once. Under Ulysses SP the
+    Trainer hands DeepSpeed's `UlyssesSPDataLoaderAdapter`, which shards the batches of the accelerate dataloader it
+    wraps (`dl`, each rank's own): that one is read."""
+    if getattr(train_dataloader, "batch_sampler", None) is None and hasattr(train_dataloader, "dl"):
+        train_dataloader = train_dataloader.dl
     shard = getattr(train_dataloader, "batch_sampler", None)
     inner = getattr(shard, "batch_sampler", None)
     if shard is None or inner is None:

@@ -149,3 +149,20 @@ def test_single_process_callback_reseeds_and_logs_its_keys():
     assert cb.last_agreed_step is None
     cb.on_step_end(_Args(), _State(2), None)
     assert cb.last_agreed_step == 2
+
+
+def test_first_batches_reads_through_the_sequence_parallel_adapter():
+    # Under Ulysses SP the Trainer hands DeepSpeed's adapter, which keeps the accelerate loader it shards as `dl`
+    # (and has no batch sampler): the check reads that loader, instead of switching itself off.
+    import inspect
+
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+
+    assert "self.dl = dl" in inspect.getsource(UlyssesSPDataLoaderAdapter.__init__), "upstream renamed its loader"
+    data = list(range(20))
+    shard = BatchSamplerShard(
+        BatchSampler(SeedableRandomSampler(data, data_seed=5), 2, drop_last=False), num_processes=2, process_index=1
+    )
+    adapter = UlyssesSPDataLoaderAdapter.__new__(UlyssesSPDataLoaderAdapter)
+    adapter.dl = _Loader(shard)
+    assert first_batches(adapter) == first_batches(_Loader(shard)) != (None, None, None)
