@@ -29,7 +29,11 @@ by name (`call_recipe_event`) and empties the runtime's log sink into each log. 
   every rank writing its share (`hf_dist_recipes.checkpoint`); a `save_steps` checkpoint holds what resume needs;
   a save gets its collective timeout; `evaluate()`/`predict()` work before `train()` under DeepSpeed; a resume
   continues the per-rank counters and reads the engine's files memory-mapped (`checkpoint.resume_loading`);
-- `loss_chunk_tokens`: the training loss a chunk of tokens at a time (`parallel.chunked_loss`).
+- `loss_chunk_tokens`: the training loss a chunk of tokens at a time (`parallel.chunked_loss`); `tiled_mlp_shards`:
+  the gated MLPs a slice of the tokens at a time (`parallel.tiled_mlp`);
+- Ulysses sequence parallelism (accelerate's `ParallelismConfig(sp_size)`, from a `config generate --sp` YAML): on CPU
+  DeepSpeed's communication is initialised for it, DeepSeek's MLA gets the head sizes Ulysses takes while the engine
+  is built, every batch gets `position_ids`, and evaluation (unsharded) can be capped (`parallel.sequence_parallel`).
 """
 
 from __future__ import annotations
@@ -176,6 +180,7 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         # Ulysses SP (`parallel.sequence_parallel`): DeepSpeed's communication where accelerate leaves it out (CPU),
         # positions in every batch, and MLA's head sizes made ones Ulysses takes while the engine is built.
         self.sp_size = sequence_parallel_size(self.accelerator)
+        self.recipe_callbacks.plan_conformance.check_sequence_parallel(self.sp_size)
         self.mla_for_ulysses: MlaForUlysses | None = None
         if self.sp_size > 1:
             init_deepspeed_comm(self.accelerator)

@@ -93,6 +93,11 @@ def register(subparsers) -> None:
     val.add_argument("--seq-len", type=int, help="with --gpu-memory: tokens per sequence (default: recorded, or 4096)")
     val.add_argument("--micro-batch", type=int, help="with --gpu-memory: sequences per GPU (default: the JSON's, or 1)")
     val.add_argument(
+        "--sp",
+        type=int,
+        help="with --gpu-memory: the Ulysses sequence-parallel degree (default: the YAML's parallelism_config, or 1)",
+    )
+    val.add_argument(
         "--activation-checkpointing",
         action=argparse.BooleanOptionalAction,
         help="with --gpu-memory: assume layers are (not) recomputed (default: recorded, or not)",
@@ -196,7 +201,9 @@ def run_generate(args: argparse.Namespace) -> int:
         print(f"wrote {script}; submit: sbatch {script} train.py [ARGS]")
     print(
         f"  world {result.plan.world_size}, data-parallel {result.plan.dp_size}, TP {result.plan.tp}, "
-        f"EP {result.plan.ep}; launch: accelerate launch --config_file {result.yaml_file} train.py"
+        f"EP {result.plan.ep}"
+        + (f", SP {result.plan.sp} ({result.plan.tokens_per_rank} tokens per rank)" if result.plan.sp > 1 else "")
+        + f"; launch: accelerate launch --config_file {result.yaml_file} train.py"
     )
     if step:
         print(f"step estimate on --profile {args.profile}'s rates: {step['describe']}")
@@ -245,7 +252,7 @@ def _profile_step(args: argparse.Namespace, plan: ParallelPlan, rates) -> dict |
 def run_validate(args: argparse.Namespace) -> int:
     check_gpu_memory(args.gpu_memory)
     check_host_memory(args.host_memory)
-    for flag, value in (("--seq-len", args.seq_len), ("--micro-batch", args.micro_batch)):
+    for flag, value in (("--seq-len", args.seq_len), ("--micro-batch", args.micro_batch), ("--sp", args.sp)):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be a positive integer, got {value}; e.g. {flag} 1")
     model_from(args.model, required=False)  # an unknown --model is a usage error even when no file needs it
@@ -258,7 +265,7 @@ def run_validate(args: argparse.Namespace) -> int:
         check_readable(path)
     deepspeed_logs_to_stderr()
 
-    assume = {"seq_len": args.seq_len, "micro_batch": args.micro_batch}
+    assume = {"seq_len": args.seq_len, "micro_batch": args.micro_batch, "sp": args.sp}
     assume["activation_checkpointing"] = args.activation_checkpointing
     findings = lint_files(
         args.files, gpu_memory_gib=args.gpu_memory, model=args.model, assume=assume, host_memory_gib=args.host_memory

@@ -99,6 +99,8 @@ def _estimate_json(args: argparse.Namespace, e: Estimate) -> dict:
         "routing_imbalance": e.limits.routing_imbalance,
         "host_memory_gib": e.limits.host_gib,
         "chosen": e.chosen.as_dict() if e.chosen else None,
+        # The plan asked about's, or the pick's: what each rank's activations hold of a sequence.
+        "tokens_per_rank": (e.chosen.plan if e.chosen else e.plan).tokens_per_rank,
         "why": reasons(e.chosen, e.rows) if e.chosen else [],
         "rates": {f: asdict(src) for f, src in e.rate_sources.items()},
         "profile": args.profile,
@@ -121,9 +123,11 @@ def _print_estimate(args: argparse.Namespace, e: Estimate) -> None:
     print(
         f"{model.name}: {model.total_params / 1e9:.2f}B parameters; {plan.nodes} x {plan.procs_per_node} "
         f"{plan.device}, seq {plan.seq_len}, "
+        + (f"{plan.tokens_per_rank} tokens per rank (SP {plan.sp}), " if plan.sp > 1 else "")
         # the activations column depends on it as much as on the sequence length: say which was assumed
         + ("activation checkpointing, " if plan.activation_checkpointing else "no recomputation, ")
         + (f"loss in chunks of {plan.loss_chunk_tokens} tokens, " if plan.loss_chunk_tokens else "")
+        + (f"MLPs in {plan.tiled_mlp_shards} slices, " if plan.tiled_mlp_shards else "")
         + ("" if args.suggest else f"micro batch {plan.micro_batch}, accumulation {plan.grad_accum}, ")
         + f"{plan.precision}, gradients reduced in {plan.grad_reduce_dtype}; GiB per rank, GB sent per rank per "
         f"step, step time on {hardware.name}"
@@ -135,7 +139,7 @@ def _print_estimate(args: argparse.Namespace, e: Estimate) -> None:
         )
     print(render_candidates(rows if args.all or not args.suggest else compact_rows(rows, chosen), chosen=chosen))
     if args.suggest:
-        print("suggested: " + (_describe(chosen.plan) if chosen else _nothing_fits(rows)))
+        print("suggested: " + (_describe(chosen.plan, plan) if chosen else _nothing_fits(rows)))
         for line in reasons(chosen, rows) if chosen else []:
             print(f"  {line}")
         if chosen:
@@ -186,10 +190,19 @@ def _nothing_fits(rows) -> str:
     )
 
 
-def _describe(plan: ParallelPlan) -> str:
+def _describe(plan: ParallelPlan, asked: ParallelPlan) -> str:
+    """The flags of the suggested `plan` (for config generate), then its tokens per rank; `asked`: the plan the
+    command was given, whose --activation-checkpointing the SP search may have turned on."""
     off = [k for k, on in (("optimizer", plan.offload_optimizer), ("parameters", plan.offload_params)) if on]
     return (
-        f"--zero {plan.zero_stage} --tp {plan.tp} --ep {plan.ep} --micro-batch {plan.micro_batch} "
-        + (f"--grad-accum {plan.grad_accum}")
+        f"--zero {plan.zero_stage} --tp {plan.tp} --ep {plan.ep}"
+        + (f" --sp {plan.sp}" if plan.sp > 1 else "")
+        + f" --micro-batch {plan.micro_batch} --grad-accum {plan.grad_accum}"
         + "".join(f" --offload-{'optimizer' if k == 'optimizer' else 'params'}" for k in off)
+        + (
+            " --activation-checkpointing"
+            if plan.activation_checkpointing and not asked.activation_checkpointing
+            else ""
+        )
+        + f" ({plan.tokens_per_rank:,} tokens per rank)"
     )

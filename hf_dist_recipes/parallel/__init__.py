@@ -5,5 +5,6 @@ What `RecipeTrainingArguments` and `RecipeTrainer` import (the planning side, wh
 construction (unpartitioned ZeRO-3 models stopped), checkpoint_bytes (bytes of one save, its timeout), plan_record
 (the plan recorded in the DeepSpeed JSON, read back and held to; the memory figures a rank quotes are recorded there by
 `config generate`, so no rank imports the estimate), chunked_loss (the training loss a chunk of tokens at a time,
-which the estimate counts as one chunk's logits).
+which the estimate counts as one chunk's logits), sequence_parallel (Ulysses SP under the recipe: MLA, CPU, positions,
+evaluation), tiled_mlp (the gated MLPs a slice of the tokens at a time).
 """

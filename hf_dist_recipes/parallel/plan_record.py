@@ -4,8 +4,10 @@
 ignore unknown top-level keys; `config validate` parses every generated file with DeepSpeed's own config class):
 `planning.deepspeed_config.plan_record` writes it, with the keys of `RECORDED` under `PLAN_KEY`; this module is the
 rank's side, reading it back and holding the model to it.
-It records what the memory estimate assumed: the layout, micro batch, sequence length, precision, activation
-checkpointing and, when the plan has one, the chunked loss's `loss_chunk_tokens`. `RecipeTrainingArguments` reads it
+It records what the memory estimate assumed: the layout (with `sp`, the sequence-parallel degree, when above 1:
+`recorded_sp`), micro batch, sequence length, precision, activation
+checkpointing and, when the plan has them, the chunked loss's `loss_chunk_tokens` and the tiled MLPs'
+`tiled_mlp_shards`. `RecipeTrainingArguments` reads it
 from the launcher's config: a plan that assumed activation checkpointing turns `activation_checkpointing` on unless
 the arguments say otherwise (a recorded `loss_chunk_tokens` turns on the chunked loss, `parallel.chunked_loss`), and
 `RecipeTrainer` stops, naming the fix, when the model will not recompute although the plan's memory figures assumed
@@ -48,7 +50,9 @@ RECORDED = (
     "offload_params",
 )
 # Recorded only when set, so that a file generated without it stays as it was (the shipped configs).
-RECORDED_WHEN_SET = ("loss_chunk_tokens",)
+RECORDED_WHEN_SET = ("loss_chunk_tokens", "tiled_mlp_shards")
+# Degrees recorded only above 1, for the same reason: `sp`, the Ulysses sequence-parallel degree (absent: 1).
+RECORDED_ABOVE_ONE = ("sp",)
 
 
 def recorded_plan(config: dict | None) -> dict:
@@ -57,6 +61,13 @@ def recorded_plan(config: dict | None) -> dict:
     if not isinstance(section, dict) or not isinstance(section.get("generated_for"), dict):
         return {}
     return section["generated_for"]
+
+
+def recorded_sp(record: dict) -> int:
+    """The sequence-parallel degree a recorded plan (`recorded_plan`) was generated for: its `sp`, 1 where the record
+    has none (every plan without SP, and configs written before SP was planned)."""
+    sp = record.get("sp", 1)
+    return sp if isinstance(sp, int) and not isinstance(sp, bool) and sp >= 1 else 1
 
 
 def can_recompute(model) -> bool:
@@ -134,6 +145,25 @@ def micro_batch_problem(record: dict, micro_batch: int, grad_accum: int) -> str 
     )
 
 
+def sequence_parallel_problem(record: dict, running_sp: int) -> str | None:
+    """Why a job running Ulysses SP `running_sp` (accelerate's `ParallelismConfig`, from the YAML's
+    `parallelism_config` block) breaks the recorded plan's SP (`recorded_sp`), in one line with the fix; None when
+    they agree or the config records no plan. Fewer SP ranks than planned leave each rank more tokens than the memory
+    estimate counted (an out-of-memory error); more change the global batch the plan was sized for."""
+    if not record:
+        return None
+    planned = recorded_sp(record)
+    if planned == running_sp:
+        return None
+    seq = record.get("seq_len")
+    share = f" ({seq // planned} tokens per rank)" if isinstance(seq, int) and seq % planned == 0 else ""
+    return (
+        f"the launch config's DeepSpeed JSON was generated for sequence parallelism {planned}{share}, but this job "
+        f"runs SP {running_sp}: launch with the accelerate YAML config generate wrote beside the JSON (its "
+        f"parallelism_config block sets SP in every rank), or regenerate the files with --sp {running_sp}"
+    )
+
+
 class PlanConformanceCallback(TrainerCallback):
     """Stops (ValueError) or, with `allow=True` (`allow_no_recompute`), warns when the model about to be trained breaks
     an assumption of the plan recorded in the launch config (activation checkpointing); warns on rank 0 when the
@@ -177,6 +207,18 @@ class PlanConformanceCallback(TrainerCallback):
         self.batch_warning = micro_batch_problem(self.record, micro, getattr(args, "gradient_accumulation_steps", 1))
         if self.batch_warning:
             logger.warning(self.batch_warning)
+
+    def check_sequence_parallel(self, running_sp: int) -> None:
+        """Stop (ValueError) when the job runs fewer SP ranks than the plan's memory estimate divided the sequence
+        over; rank 0 warns when it runs more (`sequence_parallel_problem`)."""
+        message = sequence_parallel_problem(self.record, running_sp)
+        if message is None:
+            return
+        if running_sp < recorded_sp(self.record):
+            raise ValueError(message)
+        if message not in self.warnings:
+            self.warnings.append(message)
+            logger.warning(message)
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._report(activation_checkpointing_problem(self.record, model))

@@ -37,20 +37,26 @@ consecutive ranks fills a node first and a group with stride s >= ranks per node
   are left to EP, so a MoE layer without shared experts has no MLP all-reduce.
 - Expert parallelism (AutoEP): per MoE layer an all-to-all of the s x b x k token copies (k experts per token, h
   wide) to their experts and one back, in the forward pass, the backward pass and the recomputation.
+- Sequence parallelism (Ulysses, DeepSpeed's `UlyssesSPAttentionHF`): per decoder layer an all-to-all of the
+  query, key and value of the rank's s/sp tokens (head-sharded on the way in) and one of the attention output back:
+  D = s/sp x b x `ulysses_exchange_elements` x c bytes per rank, of which (sp-1)/sp leave the rank (inside one
+  node), in the forward pass, the backward pass (the gradients of the same tensors, the other way) and the
+  recomputation. The group is sp consecutive ranks; ZeRO's groups then include the SP ranks (`ParallelPlan.
+  zero_dp_size`).
 - Optimizer offload (`offload_parts`): the rank's fp32 gradient partition crosses PCIe 2 x accumulation + 1
   times per step (ZeRO-3 keeps it on the host and adds each micro step's gradient to it on the GPU: down and up
   at the first micro step, up and down at every later one, down into the optimizer at the last), the updated bf16
   parameters (2 bytes) come back once, and the node's CPUs run Adam over its ranks' optimizer states once.
   Parameter offload: the rank's parameter partition comes up from the host before each gather instead.
 
-Step time = max(compute, ZeRO traffic) + TP traffic + EP traffic + offload. ZeRO-3 traffic is prefetched and
-reduced while the next module computes (`overlap_comm`), so it hides behind compute until it is the larger; AutoTP's
-all-reduces and AutoEP's all-to-alls sit between the matmuls that need them and are not overlapped. Offload is
-counted in full: CPU Adam runs after the backward pass, and the gradient copies are queued on the reduce stream
-behind the reduce-scatters and share the GPU's PCIe link with the NIC, so how much of them hides is not modelled
-(an upper bound on the step). Each collective
+Step time = max(compute, ZeRO traffic) + TP traffic + EP traffic + SP traffic + offload. ZeRO-3 traffic is
+prefetched and reduced while the next module computes (`overlap_comm`), so it hides behind compute until it is the
+larger; AutoTP's all-reduces and the AutoEP and Ulysses all-to-alls sit between the matmuls that need them and are not
+overlapped. Offload is counted in full: CPU Adam runs after the backward pass, and the gradient copies are queued on
+the reduce stream behind the reduce-scatters and share the GPU's PCIe link with the NIC, so how much of them hides is
+not modelled (an upper bound on the step). Each collective
 takes intra bytes / intra bandwidth + inter bytes / inter bandwidth. Compute: (6 + 2 with recomputation) x active
-matmul parameters per token x tokens, divided by TP, plus causal attention 2 x b x s^2 x (q-k width + v width) per
+matmul parameters per token x tokens, divided by TP x SP, plus causal attention 2 x b x s^2 x (q-k width + v width) per
 layer forward (x3, x4 with recomputation), at `compute_efficiency` of the GPU's dense peak.
 
 What it leaves out: pipeline parallelism (not planned here), latency terms (small messages), load imbalance
@@ -165,7 +171,8 @@ def all_to_all_bytes(d_bytes: float, span: Span) -> tuple[float, float]:
 
 @dataclass
 class Traffic:
-    """Bytes one rank sends per optimizer step, by kind ("zero", "tp", "ep", "offload"), intra- and inter-node."""
+    """Bytes one rank sends per optimizer step, by kind ("zero", "tp", "ep", "sp", "offload"), intra- and
+    inter-node."""
 
     intra: dict[str, float] = field(default_factory=dict)
     inter: dict[str, float] = field(default_factory=dict)
@@ -184,7 +191,8 @@ def _spans(plan: ParallelPlan) -> dict[str, Span]:
     ppn, world = plan.procs_per_node, plan.world_size
     return {
         "tp": group_span(plan.tp, 1, ppn),
-        "dp": group_span(plan.dp_size, plan.tp, ppn),
+        "dp": group_span(plan.zero_dp_size, plan.tp, ppn),
+        "sp": group_span(plan.sp, 1, ppn),
         "world": group_span(world, 1, ppn),
         "ep": group_span(plan.ep, 1, ppn),
         "edp": group_span(plan.edp_size, plan.ep, ppn),
@@ -238,7 +246,19 @@ def compute_flops(plan: ParallelPlan, model: ModelShape) -> float:
     matmul = 2 * active_matmul_params(model) * s * b
     qk, v = attention_widths(model)
     attention = model.num_layers * 2 * b * s * s * (qk + v) / 2  # causal: half of the score matrix
-    return passes * (matmul + attention) * plan.grad_accum / plan.tp
+    # An SP rank runs its s/sp tokens through the matmuls and attention's s x s scores for heads / sp heads.
+    return passes * (matmul + attention) * plan.grad_accum / (plan.tp * plan.sp)
+
+
+def ulysses_exchange_elements(model: ModelShape, sp: int) -> int:
+    """Elements per token of one layer's Ulysses exchanges (module docstring): query and key (heads x the query/key
+    head width), value and output (heads x the value width). MLA: every one at the query/key width, as
+    RecipeTrainer's shim pads the value heads to it (stock Ulysses takes one head size, ulysses_sp.py:299) and the
+    output comes back padded. Other models: K and V with max(KV heads, sp) heads, as Ulysses replicates KV heads up
+    to sp (ulysses_sp.py:134-186)."""
+    if model.is_mla:
+        return 4 * model.num_heads * (model.qk_nope_head_dim + model.qk_rope_head_dim)
+    return model.head_dim * (2 * model.num_heads + 2 * max(model.num_kv_heads, sp))
 
 
 def traffic(plan: ParallelPlan, model: ModelShape, *, hpz: int = 1, vocab_parallel: bool = False) -> Traffic:
@@ -251,7 +271,7 @@ def traffic(plan: ParallelPlan, model: ModelShape, *, hpz: int = 1, vocab_parall
     grad_width = grad_reduce_bytes(plan)
     micro, t = plan.grad_accum, Traffic()
     recompute = 1 if plan.activation_checkpointing else 0
-    if plan.zero_stage > 0 or plan.dp_size > 1:
+    if plan.zero_stage > 0 or plan.zero_dp_size > 1:
         for numel, group in zero_groups(plan, model):
             span = spans[group]
             if span.size == 1:
@@ -298,6 +318,9 @@ def traffic(plan: ParallelPlan, model: ModelShape, *, hpz: int = 1, vocab_parall
     if plan.ep > 1 and model.is_moe:
         dispatched = s * b * model.experts_per_token * h * width
         t.add("ep", all_to_all_bytes(dispatched, spans["ep"]), moe_layer_count(model) * 2 * (2 + recompute) * micro)
+    if plan.sp > 1:
+        exchanged = plan.tokens_per_rank * b * ulysses_exchange_elements(model, plan.sp) * width
+        t.add("sp", all_to_all_bytes(exchanged, spans["sp"]), model.num_layers * (2 + recompute) * micro)
     return t
 
 
@@ -395,6 +418,7 @@ def step_estimate(
         max(compute, seconds.get("zero", 0.0))
         + seconds.get("tp", 0.0)
         + seconds.get("ep", 0.0)
+        + seconds.get("sp", 0.0)
         + seconds.get("offload", 0.0)
     )
     kinds = {"intra": dict(t.intra), "inter": dict(t.inter)}
@@ -418,6 +442,7 @@ def describe(step: StepEstimate) -> str:
         "zero": "ZeRO gathers/reduce-scatters",
         "tp": "TP all-reduces",
         "ep": "EP all-to-alls",
+        "sp": "SP all-to-alls",
         "offload": "optimizer offload",
     }
     for kind, label in labels.items():

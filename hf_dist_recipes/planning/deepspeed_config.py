@@ -18,6 +18,8 @@ default is the compute dtype: engine.py `communication_data_type`), and the
 plan the file was generated for is recorded under `"hf_dist_recipes"` (`plan_record`). Under ZeRO-3 with a model:
 prefetch, live-parameter, reduce and sub-group sizes, ZeRO++ hpZ where it pays, and the vocabulary-parallel LM
 head where it pays, all from `zero_buffers` (which the memory estimate reads too; `zero_buffer_notes` says why).
+With Ulysses SP (`plan.sp` > 1): `seq_parallel_communication_data_type` (what DeepSpeed reduces in under SP) and
+`reduce_scatter: true` written out; the SP block itself is the accelerate YAML's (`accelerate_config`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import replace
 
 from hf_dist_recipes.core.sizes import GIB
 from hf_dist_recipes.parallel.checkpoint_bytes import startup_timeout_s
-from hf_dist_recipes.parallel.plan_record import PLAN_KEY, RECORDED, RECORDED_WHEN_SET
+from hf_dist_recipes.parallel.plan_record import PLAN_KEY, RECORDED, RECORDED_ABOVE_ONE, RECORDED_WHEN_SET
 from hf_dist_recipes.planning.elements import plan_save_bytes
 from hf_dist_recipes.planning.launch_scripts import planned_signal_lead
 from hf_dist_recipes.planning.memory import estimate
@@ -43,6 +45,7 @@ def plan_record(plan: ParallelPlan, model_name: str | None, model: ModelShape | 
         "model": model_name,
         **{k: getattr(plan, k) for k in RECORDED},
         **{k: getattr(plan, k) for k in RECORDED_WHEN_SET if getattr(plan, k) is not None},
+        **{k: getattr(plan, k) for k in RECORDED_ABOVE_ONE if getattr(plan, k) > 1},
     }
     if model is not None:  # the collective timeout start-up needs while rank 0 reads the weights
         record["startup_timeout_s"] = startup_timeout_s(plan_save_bytes(plan, model).hf_total)
@@ -71,6 +74,10 @@ def deepspeed_config(
         # Overlapping reduction with backward pays on GPUs; on CPU/Gloo it only adds threads fighting for cores.
         zero["overlap_comm"] = plan.device == "cuda"
         zero["contiguous_gradients"] = True
+    if plan.sp > 1 and plan.zero_stage >= 1:
+        # Written out, DeepSpeed's default: transformers refuses SP + ZeRO-3 with reduce_scatter false next to
+        # contiguous_gradients on deepspeed < 0.20.2 (trainer.py:1823-1843: some gradients stay scaled by sp).
+        zero["reduce_scatter"] = True
     if plan.zero_stage == 3:
         # DeepSpeed 0.19.8 refuses the consolidated 16-bit save under AutoEP (the stock Trainer's save_model then
         # stops at the first checkpoint); false makes the stock Trainer fall back to engine.save_checkpoint.
@@ -104,6 +111,10 @@ def deepspeed_config(
         # ZeRO-0/1/2's reductions (engine.py `allreduce_bucket`, stage_1_and_2.py); parameter gathers keep bf16.
         "communication_data_type": plan.grad_reduce_dtype,
     }
+    if plan.sp > 1:
+        # With an SP group DeepSpeed 0.19.8 reduces gradients in this key's dtype instead (engine.py:2182), fp32 when
+        # absent: the plan's reduction dtype, so that --grad-reduce-dtype holds under SP too.
+        config["seq_parallel_communication_data_type"] = plan.grad_reduce_dtype
     if plan.tp > 1:
         if model is None:
             raise ValueError("TP > 1 needs the model (--model) to write its tensor-parallel layer specs")

@@ -83,7 +83,7 @@ def placements(plan: ParallelPlan, model: ModelShape) -> list[tuple[str, int, li
 def rank_elements(plan: ParallelPlan, model: ModelShape) -> RankElements:
     """Exact per-rank element counts of parameters, gradients and optimizer states for `plan` (rank 0; ranks
     differ only by ZeRO padding, at most one element per tensor)."""
-    group_sizes = {"dp": plan.dp_size, "edp": plan.edp_size, "world": plan.world_size}
+    group_sizes = {"dp": plan.zero_dp_size, "edp": plan.edp_size, "world": plan.world_size}
     params = grads = optimizer = sharded = largest_tensor = largest_partition = 0
     per_module: dict[str, int] = {}
     for name, numel, pieces, kind in placements(plan, model):
@@ -115,7 +115,7 @@ def rank_elements(plan: ParallelPlan, model: ModelShape) -> RankElements:
 def head_logits_bytes(plan: ParallelPlan, model: ModelShape, *, vocab_parallel: bool) -> int:
     """Bytes of the logits and the loss over them, per rank, for a gathered head or (`vocab_parallel`, TP > 1)
     DeepSpeed's vocabulary-parallel one (`memory` module docstring, logits)."""
-    tokens = plan.seq_len * plan.micro_batch
+    tokens = plan.tokens_per_rank * plan.micro_batch
     if vocab_parallel and plan.tp > 1:
         return tokens * math.ceil(model.vocab_size / plan.tp) * VOCAB_PARALLEL_LOGIT_BYTES
     return tokens * model.vocab_size * LOGIT_BYTES

@@ -20,7 +20,7 @@ from hf_dist_recipes.planning.plan import ParallelPlan
 
 # Where a value of the plan came from, for the verdict's words; a key missing here reads "default".
 SOURCES = ("seq_len", "micro_batch", "activation_checkpointing")
-FLAGS = {k: "--" + k.replace("_", "-") for k in SOURCES}  # the flag of each: --seq-len, --micro-batch, ...
+FLAGS = {k: "--" + k.replace("_", "-") for k in (*SOURCES, "sp")}  # the flag of each: --seq-len, --micro-batch, ...
 
 
 def assumptions(plan: ParallelPlan, sources: dict[str, str] | None = None) -> str:
@@ -38,8 +38,9 @@ def assumptions(plan: ParallelPlan, sources: dict[str, str] | None = None) -> st
         if plan.activation_checkpointing
         else "activations stored for the backward pass, no recomputation"
     )
+    per_rank = f" ({plan.tokens_per_rank} per rank with SP {plan.sp})" if plan.sp > 1 else ""
     return (
-        f"sequence length {plan.seq_len} tokens{src('seq_len')}, micro batch {plan.micro_batch} "
+        f"sequence length {plan.seq_len} tokens{per_rank}{src('seq_len')}, micro batch {plan.micro_batch} "
         f"sequence{'s' if plan.micro_batch != 1 else ''} per GPU{src('micro_batch')}, "
         f"{recompute}{src('activation_checkpointing')}"
     )
@@ -51,6 +52,8 @@ def plan_flags(plan: ParallelPlan) -> list[str]:
     flags = ["--nodes", str(plan.nodes), "--gpus-per-node", str(plan.procs_per_node)]
     if plan.zero_stage != default.zero_stage:
         flags += ["--zero", str(plan.zero_stage)]
+    if plan.sp > 1:
+        flags += ["--sp", str(plan.sp)]
     for name, flag in (("micro_batch", "--micro-batch"), ("seq_len", "--seq-len"), ("grad_accum", "--grad-accum")):
         if getattr(plan, name) != getattr(default, name):
             flags += [flag, str(getattr(plan, name))]
@@ -62,6 +65,8 @@ def plan_flags(plan: ParallelPlan) -> list[str]:
         flags.append("--activation-checkpointing")
     if plan.loss_chunk_tokens:
         flags += ["--loss-chunk-tokens", str(plan.loss_chunk_tokens)]
+    if plan.tiled_mlp_shards:
+        flags += ["--tiled-mlp-shards", str(plan.tiled_mlp_shards)]
     return flags
 
 
@@ -140,6 +145,7 @@ class FitVerdict:
         text = (
             f"by our estimate {self.model_ref} needs {self.need_gib:.1f} GiB per GPU with this plan (ZeRO-"
             f"{p.zero_stage}, TP {p.tp}, EP {p.ep}"
+            + (f", SP {p.sp}" if p.sp > 1 else "")
             + (", optimizer offload" if p.offload_optimizer else "")
             + (", parameter offload" if p.offload_params else "")
             + f"; allowance for the CUDA context, NCCL and fragmentation included), more than the {limit} "

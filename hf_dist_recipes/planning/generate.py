@@ -15,10 +15,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hf_dist_recipes.core.user_values import writable_dir
-from hf_dist_recipes.planning.accelerate_config import DEFAULT_PORT, accelerate_config, render_yaml
+from hf_dist_recipes.planning.accelerate_config import (
+    DEFAULT_PORT,
+    DEFAULT_SP_ATTN_IMPLEMENTATION,
+    SP_ATTN_IMPLEMENTATIONS,
+    accelerate_config,
+    render_yaml,
+)
 from hf_dist_recipes.planning.comm import HARDWARE
 from hf_dist_recipes.planning.memory import DEFAULT_DEVICE_TARGET, DEFAULT_ROUTING_IMBALANCE
 from hf_dist_recipes.planning.plan import ENGINES, GRAD_REDUCE_DTYPES, PRECISIONS, ParallelPlan
+from hf_dist_recipes.planning.sequence_parallel import sp_header_lines, sp_words
 
 
 def add_plan_flags(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +37,13 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zero", type=int, default=3, help="ZeRO stage 0-3 (%(default)s)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (%(default)s)")
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel degree (%(default)s)")
+    parser.add_argument(
+        "--sp",
+        type=int,
+        default=1,
+        help="Ulysses sequence-parallel degree (%(default)s): each rank holds seq-len / sp tokens of a sequence; "
+        "DeepSpeed only, with --tp 1 and --ep 1",
+    )
     parser.add_argument("--micro-batch", type=int, default=1, help="sequences per rank per micro step (%(default)s)")
     parser.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps (%(default)s)")
     parser.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (%(default)s)")
@@ -50,6 +64,13 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
         metavar="TOKENS",
         help="the loss computed this many tokens at a time (RecipeTrainingArguments.loss_chunk_tokens, recorded in "
         "the JSON): the estimate counts one chunk's logits, not all of them (default: the stock loss)",
+    )
+    parser.add_argument(
+        "--tiled-mlp-shards",
+        type=int,
+        metavar="SLICES",
+        help="every gated MLP computed this many slices of its tokens at a time (RecipeTrainingArguments."
+        "tiled_mlp_shards, recorded in the JSON): the estimate counts one slice's MLP intermediates (default: whole)",
     )
     parser.add_argument(
         "--no-zero-init",
@@ -75,6 +96,13 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
         help='write "auto" for bf16/fp16 too, which the Trainer then fills from its bf16/fp16 arguments (without '
         "it: the plan's precision). Micro batch, accumulation and clipping are always \"auto\"; the plan's micro "
         "batch and accumulation are recorded in the JSON",
+    )
+    parser.add_argument(
+        "--sp-attn-implementation",
+        choices=SP_ATTN_IMPLEMENTATIONS,
+        default=DEFAULT_SP_ATTN_IMPLEMENTATION,
+        help="with --sp: the attention kernel Ulysses wraps (%(default)s); the model must be loaded with the same "
+        "attn_implementation",
     )
     parser.add_argument("--main-process-ip", default="127.0.0.1", help="multi-node: rank-0 machine's address")
     parser.add_argument("--main-process-port", type=int, default=DEFAULT_PORT, help="multi-node: rendezvous port")
@@ -180,6 +208,7 @@ def plan_from(args: argparse.Namespace) -> ParallelPlan:
         offload_params=args.offload_params,
         tp=args.tp,
         ep=args.ep,
+        sp=args.sp,
         micro_batch=args.micro_batch,
         grad_accum=args.grad_accum,
         seq_len=args.seq_len,
@@ -189,6 +218,7 @@ def plan_from(args: argparse.Namespace) -> ParallelPlan:
         zero_init=args.zero_init,
         grad_reduce_dtype=args.grad_reduce_dtype,
         loss_chunk_tokens=args.loss_chunk_tokens,
+        tiled_mlp_shards=args.tiled_mlp_shards,
     )
 
 
@@ -225,6 +255,7 @@ def default_name(plan: ParallelPlan, model_name: str | None) -> str:
     parts += [f"{plan.nodes}x{plan.procs_per_node}{plan.device}", f"z{plan.zero_stage}"]
     parts += [f"tp{plan.tp}"] if plan.tp > 1 else []
     parts += [f"ep{plan.ep}"] if plan.ep > 1 else []
+    parts += [f"sp{plan.sp}"] if plan.sp > 1 else []
     parts += ["fsdp2"] if plan.engine == "fsdp2" else []
     return "_".join(parts).replace("-", "_").replace(".", "_")
 
@@ -288,6 +319,7 @@ def generate_from_args(
         force=args.force,
         address_from_launcher=address_from_launcher,
         limits=memory_limits(args),
+        sp_attn_implementation=args.sp_attn_implementation,
     )
 
 
@@ -346,6 +378,7 @@ def write_configs(
     force: bool = False,
     address_from_launcher: bool = False,
     limits: MemoryLimits | None = None,
+    sp_attn_implementation: str = DEFAULT_SP_ATTN_IMPLEMENTATION,
 ) -> Generated:
     """Validate the plan, then write `<output>/NAME.yaml` (and `<output>/deepspeed/NAME.json` for DeepSpeed).
     `command_args`: the `config generate` arguments recorded in the YAML's header. Every check runs before the
@@ -354,7 +387,8 @@ def write_configs(
     GPU of `comm.HARDWARE`), within `limits.device_target` of it, and given `limits.host_gib` its resume peak
     against the host: a plan that does not fit by our estimate is refused (ValueError) unless `force`,
     which writes it with a warning (`fit_problem`). `address_from_launcher`: a launch script written beside the
-    files (`--launcher`) passes the first node's address at launch, so a loopback `main_process_ip` is no problem."""
+    files (`--launcher`) passes the first node's address at launch, so a loopback `main_process_ip` is no problem.
+    `sp_attn_implementation`: with `plan.sp` > 1, the attention kernel the YAML's SP block names."""
     writable_dir(output, "--output", "my_configs")
     if gpu_memory_gib is not None and not gpu_memory_gib > 0:
         raise ValueError(f"--gpu-memory must be a positive number of GiB, got {gpu_memory_gib:g}; e.g. --gpu-memory 80")
@@ -394,6 +428,7 @@ def write_configs(
         deepspeed_file=str(ds_file) if ds_file else None,
         main_process_ip=main_process_ip,
         main_process_port=main_process_port,
+        sp_attn_implementation=sp_attn_implementation,
     )
     command = (
         "hf-dist-recipes config generate " + shlex.join(command_args)
@@ -403,8 +438,9 @@ def write_configs(
     header = [
         f"Generated by: {command}",
         f"{plan.nodes} machine(s) x {plan.procs_per_node} {plan.device} process(es); ZeRO-{plan.zero_stage}, "
-        f"TP {plan.tp}, EP {plan.ep}; data-parallel {plan.dp_size}; global batch micro x accumulation x "
-        f"{plan.dp_size}",
+        f"TP {plan.tp}, EP {plan.ep}{sp_words(plan)}; data-parallel {plan.dp_size}; global batch micro x "
+        f"accumulation x {plan.dp_size}",
+        *(sp_header_lines(plan, sp_attn_implementation) if plan.sp > 1 else []),
         *(batch_header_lines(plan, sized=model is not None) if plan.engine == "deepspeed" else []),
         "Launch from the directory the DeepSpeed path is relative to:",
         f"  accelerate launch --config_file {out / (name + '.yaml')} train.py",

@@ -14,6 +14,7 @@ import yaml
 from hf_dist_recipes.core.jsonfile import load_deepspeed_json, read_text_file
 from hf_dist_recipes.parallel.batch import data_parallel_size
 from hf_dist_recipes.parallel.deepspeed_view import DeepSpeedView
+from hf_dist_recipes.planning.sequence_parallel import yaml_sp_size
 
 
 @dataclass(frozen=True)
@@ -151,15 +152,18 @@ def check_launch_config(cfg: LaunchConfig, *, num_processes: int | None = None) 
             f"{cfg.path}: a deepspeed_config_file is given but distributed_type is {cfg.distributed_type}; "
             "set distributed_type: DEEPSPEED"
         )
-    tp = cfg.view.tp
+    tp, sp = cfg.view.tp, yaml_sp_size(cfg.raw)
     try:
         dp = data_parallel_size(world, tp)
     except ValueError as err:
         raise ValueError(f"{cfg.path} with {cfg.deepspeed_source}: {err}") from None
+    if sp > 1 and dp % sp == 0:  # an SP group's ranks see one batch (a size that does not divide: the lint's)
+        dp //= sp
     total, micro, accum = cfg.view.train_batch, cfg.view.micro_batch, cfg.view.grad_accum
     if None not in (total, micro, accum) and total != micro * accum * dp:
+        layout = f"TP {tp}" + (f", SP {sp}" if sp > 1 else "")
         raise ValueError(
-            f"{cfg.path} launches num_processes={world} (TP {tp}, so {dp} data-parallel ranks) but "
+            f"{cfg.path} launches num_processes={world} ({layout}, so {dp} data-parallel ranks) but "
             f"{cfg.deepspeed_source} says train_batch_size={total} = micro {micro} x accumulation {accum} x "
             f"{total // (micro * accum) if total % (micro * accum) == 0 else '?'} ranks. Make num_processes "
             f'match, or set train_batch_size to {micro * accum * dp} (or "auto").'

@@ -1,9 +1,10 @@
 """The ParallelPlan an existing accelerate YAML + DeepSpeed JSON will run, for `config validate --gpu-memory`.
 
-What the files say themselves wins: machines and processes (YAML), ZeRO stage, offload, TP and EP degrees, an
-integer micro batch and accumulation (JSON). What only the plan knew (the model, the sequence length, the
-precision the estimate assumed, activation checkpointing, the chunked loss) comes from the plan recorded by `config
-generate` (`plan_record`); a file written by hand needs `--model` (and takes the ParallelPlan defaults for the rest).
+What the files say themselves wins: machines and processes and the SP degree (YAML, its `parallelism_config`), ZeRO
+stage, offload, TP and EP degrees, an integer micro batch and accumulation (JSON). What only the plan knew (the model,
+the sequence length, the precision the estimate assumed, activation checkpointing, the chunked loss) comes from the
+plan recorded by `config generate` (`plan_record`); a file written by hand needs `--model` (and takes the ParallelPlan
+defaults for the rest).
 `unplanned`: what the files say that the plan does not hold, which `config validate` reports.
 """
 
@@ -15,6 +16,7 @@ from hf_dist_recipes.core.findings import ERROR, WARNING
 from hf_dist_recipes.parallel.plan_record import recorded_plan
 from hf_dist_recipes.planning.launch_config import LaunchConfig
 from hf_dist_recipes.planning.plan import ParallelPlan
+from hf_dist_recipes.planning.sequence_parallel import MODELLED_SIZES, yaml_sp_size
 
 LOOPBACK_PREFIXES = ("127.", "localhost", "::1")
 
@@ -31,12 +33,14 @@ def plan_of_launch(cfg: LaunchConfig, world: int) -> tuple[ParallelPlan, str | N
         offload_params=view.offload_param is not None,
         tp=view.tp,
         ep=view.ep,
+        sp=yaml_sp_size(cfg.raw),
         micro_batch=view.micro_batch or record.get("micro_batch", 1),
         grad_accum=view.grad_accum or record.get("grad_accum", 1),
         seq_len=record.get("seq_len", ParallelPlan.seq_len),
         precision=record.get("precision", "fp32" if cfg.use_cpu else "bf16"),
         activation_checkpointing=bool(record.get("activation_checkpointing", False)),
         loss_chunk_tokens=record.get("loss_chunk_tokens"),
+        tiled_mlp_shards=record.get("tiled_mlp_shards"),
     )
     # The gradient reduction dtype the file sets; DeepSpeed's default without it is the compute dtype.
     reduce = str((cfg.deepspeed or {}).get("communication_data_type") or plan.precision).lower()
@@ -51,8 +55,9 @@ def is_loopback(address: str | None) -> bool:
 def unplanned(cfg: LaunchConfig, world: int, *, memory_checked: bool) -> list[tuple[str, str]]:
     """(level, message) for what a DeepSpeed launch of `world` processes holds beyond its recorded plan: another
     machine or process count than the plan's (its memory, batch and timeouts are another job's: an error),
-    sequence or context parallelism (`sequence_parallel_size`, accelerate's `parallelism_config`), which no estimate
-    or check here models, and a GPU plan with a model whose memory was not checked (`memory_checked` False)."""
+    sequence or context parallelism the plan does not model (DeepSpeed's own `sequence_parallel_size`, accelerate's
+    `parallelism_config` sizes but those of its Ulysses SP block: `sequence_parallel.MODELLED_SIZES`), and a GPU plan
+    with a model whose memory was not checked (`memory_checked` False)."""
     record, out = recorded_plan(cfg.deepspeed), []
     nodes, per_node = record.get("nodes"), record.get("procs_per_node")
     if isinstance(nodes, int) and isinstance(per_node, int) and (nodes, nodes * per_node) != (cfg.num_machines, world):
@@ -65,7 +70,8 @@ def unplanned(cfg: LaunchConfig, world: int, *, memory_checked: bool) -> list[tu
         )
         out.append((ERROR, other_job))
     sizes = {"sequence_parallel_size": (cfg.deepspeed or {}).get("sequence_parallel_size")}
-    sizes.update((k, v) for k, v in (cfg.raw.get("parallelism_config") or {}).items() if k.endswith("_size"))
+    block = cfg.raw.get("parallelism_config") or {}
+    sizes.update((k, v) for k, v in block.items() if k.endswith("_size") and k not in MODELLED_SIZES)
     if beyond := [f"{k}={v}" for k, v in sizes.items() if isinstance(v, int) and v > 1]:
         not_modelled = (
             f"{', '.join(beyond)}: parallelism the plan does not model (the memory per rank, the batch and the TP/EP "

@@ -22,6 +22,7 @@ from hf_dist_recipes.planning.launch_config import LaunchConfig, check_launch_co
 from hf_dist_recipes.planning.launch_plan import is_loopback, plan_of_launch, unplanned
 from hf_dist_recipes.planning.launch_script_check import check_launch_script, passes_rank0_address
 from hf_dist_recipes.planning.launch_scripts import SCRIPT_SUFFIX, LaunchScript
+from hf_dist_recipes.planning.sequence_parallel import sp_block_findings
 
 # accelerate 1.16 (utils/dataclasses.py, DeepSpeedPlugin) refuses these YAML keys beside a deepspeed_config_file.
 IGNORED_WITH_DS_FILE = (
@@ -74,7 +75,7 @@ def lint_file(
     do; another JSON gets a warning that it was not checked): an error when it does not fit, a warning above
     DEFAULT_DEVICE_TARGET of the GPU; with `host_memory_gib` (GiB per node) an error when its resume peak exceeds
     it; `model` names the model for files without a recorded plan; `assume` overrides the plan's `seq_len`,
-    `micro_batch` and `activation_checkpointing` for that estimate (None values: the files' or the defaults);
+    `micro_batch`, `activation_checkpointing` and `sp` for that estimate (None values: the files' or the defaults);
     `address_at_launch`: a YAML's launch is given the rank-0 address on its command line (`lint_files`). Unreadable
     files raise ValueError."""
     p = Path(path)
@@ -237,9 +238,10 @@ def lint_accelerate(
     host_memory_gib: float | None = None,
     address_at_launch: bool = False,
 ) -> list[LintFinding]:
-    """Findings for an accelerate YAML: accelerate's own loader, the launch consistency checks, the FSDP2 route's
-    sizes, the rank-0 address of a multi-machine launch (not checked with `address_at_launch`: the launch passes
-    one), the referenced DeepSpeed JSON and (with `gpu_memory_gib`) whether the plan fits the GPUs by our estimate.
+    """Findings for an accelerate YAML: accelerate's own loader, the launch consistency checks, the FSDP2 route's sizes,
+    the Ulysses SP block of a DeepSpeed one (`sequence_parallel.sp_block_findings`), the rank-0 address of a
+    multi-machine launch (not checked with `address_at_launch`: the launch passes one), the referenced DeepSpeed JSON
+    and (with `gpu_memory_gib`) whether the plan fits the GPUs by our estimate.
     `path`: the YAML, or the `LaunchConfig` a caller already read (then `root` is not used)."""
     from accelerate.commands.config.config_args import load_config_from_file
 
@@ -280,6 +282,7 @@ def lint_accelerate(
     if cfg.distributed_type == "FSDP":
         out += _lint_fsdp2(data, name, world)
     if cfg.deepspeed is not None:
+        out += [LintFinding(name, *f) for f in sp_block_findings(data, world, cfg.deepspeed)]
         out += lint_deepspeed(cfg.deepspeed, cfg.deepspeed_source, world_size=world, use_cpu=cfg.use_cpu)
         out += _model_findings(cfg, world, model)
         checked = gpu_memory_gib is not None or host_memory_gib is not None

@@ -49,7 +49,7 @@ Stages 0-2 are counted without buffers (their gradient buckets are of the same o
 
 Activations (an estimate), bytes per token per layer: what autograd keeps for the backward pass in the
 transformers 5.24 modeling code, at compute bytes c (2 for bf16/fp16, 4 for fp32); t = TP, which splits head- and
-intermediate-wide tensors (no sequence parallelism). Checked on CPU by summing the storages autograd saves in one
+intermediate-wide tensors (sequence parallelism: below). Checked on CPU by summing the storages autograd saves in one
 decoder layer (tests/unit/test_memory.py), with a stand-in attention kernel that keeps what FlashAttention keeps.
 - norm(w) = (4 + 2c)*w + 4: RMSNorm (`DeepseekV3RMSNorm`, alike in Llama, Qwen, Mixtral) keeps its fp32 input,
   the normalised values before the weight (for the weight's gradient), its output, and a 4-byte 1/rms.
@@ -64,6 +64,10 @@ decoder layer (tests/unit/test_memory.py), with a stand-in attention kernel that
   min(t, kv_heads)) + c*heads*head_dim/t (output). Scores are not stored (SDPA/flash kernels; eager attention
   would add heads x s^2 per sequence); the kernel's logsumexp and Qwen3's per-head q/k norms are not counted.
 - dense MLP (SwiGLU): norm(h) + 4*c*I/t: gate output, its SiLU, up output, and their product (down_proj's input).
+  Tiled (`plan.tiled_mlp_shards` = n, `parallel.tiled_mlp`): the forward runs without autograd and keeps only its
+  input (the norm's output, counted), so 4*c*I/t leaves every layer's bytes, as do the shared experts' 4*c*I_s/t;
+  in the backward pass one slice at a time is recomputed with autograd: `mlp_slice` = ceil(tokens / n) x 4*c*max(I,
+  I_s)/t, plus the input's gradient the slices fill, c*h per token, both for the one layer in its backward pass.
 - MoE layer: norm(h) + 4*h (DeepSeek's router multiplies an fp32 copy of its input: `DeepseekV3TopkRouter`)
   + c*k*(2*h + 4*I_e) (dispatch: each token's copy for each of its k experts, the expert's four I_e-wide tensors,
   and the expert output that the routing weight scales: `DeepseekV3Experts`) + 4*c*I_s/t (shared experts, width
@@ -71,6 +75,12 @@ decoder layer (tests/unit/test_memory.py), with a stand-in attention kernel that
   EP > 1 a rank's experts take their tokens from every EP peer: the routed part is sized for the busiest rank,
   f = `routing_imbalance` times the mean (DEFAULT_ROUTING_IMBALANCE, measured); AutoEP's all-to-all send and
   receive copies, (1 + f)*c*k*h per token, once for the layer in flight (not measured: AutoEP needs several ranks).
+- sequence parallelism (Ulysses, SP > 1): every term counts the tokens a rank holds, seq_len / sp per sequence
+  (`plan.tokens_per_rank`): outside attention a rank holds its slice of the sequence, and inside it the whole
+  sequence for heads / sp heads, the same bytes ([s, heads/sp, d] = [s/sp, heads, d]). `sp_exchange`: one layer's
+  all-to-all send and receive copies of query, key, value and output, 2 x c x `models.ulysses_exchange_elements`
+  per token (MLA's value and output at the query/key width: RecipeTrainer pads the value heads); the attention term
+  above keeps MLA's unpadded widths (the padded value adds c x heads x (qk - v) per token and layer).
 - layers: without activation checkpointing, every layer's bytes; with it, each layer's input (c*h per token,
   torch.utils.checkpoint) plus the largest layer in full during its recomputation.
 - logits (`logits_bytes`): s*b*V*12 bytes: during the loss's backward three fp32 tensors of the logits' shape are
@@ -108,6 +118,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from hf_dist_recipes.core.sizes import GIB
+from hf_dist_recipes.planning.comm import ulysses_exchange_elements
 from hf_dist_recipes.planning.elements import (
     LOGIT_BYTES,
     PRECISION_BYTES,
@@ -164,12 +175,29 @@ def _mlp_bytes_per_token(
 ) -> float:
     c, t, h = PRECISION_BYTES[plan.precision], plan.tp, model.hidden_size
     norm = _norm_bytes(c, h)
+    gated = 0 if _tiled(plan) else 4 * c / t  # per unit of a gated MLP's width: its four intermediates
     if not moe:
-        return norm + 4 * c * model.intermediate_size / t
+        return norm + gated * model.intermediate_size
     k = model.experts_per_token
     router = NORM_FP32_BYTES * h if model.is_deepseek else 0
     routed = c * k * (2 * h + 4 * model.moe_intermediate_size) * _imbalance(plan, routing_imbalance)
-    return norm + router + routed + 4 * c * model.shared_intermediate_size / t
+    return norm + router + routed + gated * model.shared_intermediate_size
+
+
+def _tiled(plan: ParallelPlan) -> bool:
+    return (plan.tiled_mlp_shards or 0) >= 2
+
+
+def mlp_slice_bytes(plan: ParallelPlan, model: ModelShape, tokens: int) -> int:
+    """Bytes of one tiled MLP slice in its backward pass (module docstring), for a rank holding `tokens` tokens: 0
+    without tiling."""
+    if not _tiled(plan):
+        return 0
+    c, t = PRECISION_BYTES[plan.precision], plan.tp
+    width = max(model.intermediate_size if model.num_layers > model.num_moe_layers else 0,
+                model.shared_intermediate_size if model.num_moe_layers else 0)  # fmt: skip
+    slice_tokens = -(-tokens // plan.tiled_mlp_shards)
+    return int(slice_tokens * 4 * c * width / t + tokens * c * model.hidden_size)
 
 
 def layer_bytes_per_token(
@@ -183,7 +211,7 @@ def layer_bytes_per_token(
 def chunked_logits_bytes(plan: ParallelPlan, model: ModelShape) -> int:
     """Bytes of the logits and the loss over them under the chunked loss (module docstring): one chunk's tokens x
     the vocabulary x LOGIT_BYTES, the head whole (the chunked loss refuses DeepSpeed's vocabulary-parallel head)."""
-    chunk = min(plan.loss_chunk_tokens, plan.seq_len * plan.micro_batch)
+    chunk = min(plan.loss_chunk_tokens, plan.tokens_per_rank * plan.micro_batch)
     return chunk * model.vocab_size * LOGIT_BYTES
 
 
@@ -203,9 +231,10 @@ def activation_parts(
 ) -> dict[str, int]:
     """The activation estimate of the module docstring, per rank, in bytes, by part: `layers` (all decoder
     layers, or with checkpointing their inputs), `recomputed_layer` (the largest layer in full, with
-    checkpointing), `dispatch` (AutoEP's all-to-all copies, EP > 1), `logits`. `routing_imbalance`: the busiest EP
+    checkpointing), `dispatch` (AutoEP's all-to-all copies, EP > 1), `logits`; with SP > 1 `sp_exchange` (Ulysses'
+    copies); with tiled MLPs `mlp_slice` (one slice in its backward pass). `routing_imbalance`: the busiest EP
     rank's expert load over the mean (module docstring)."""
-    tokens = plan.seq_len * plan.micro_batch
+    tokens = plan.tokens_per_rank * plan.micro_batch
     c = PRECISION_BYTES[plan.precision]
     f = _imbalance(plan, routing_imbalance)
     dense = layer_bytes_per_token(plan, model, moe=False)
@@ -220,12 +249,17 @@ def activation_parts(
         recomputed = 0
     # The send copy holds the rank's own tokens, the receive copy its experts' share, `f` times the mean.
     dispatch = (1 + f) * c * model.experts_per_token * model.hidden_size if plan.ep > 1 and n_moe else 0
-    return {
+    parts = {
         "layers": int(tokens * layers),
         "recomputed_layer": int(tokens * recomputed),
         "dispatch": int(tokens * dispatch),
         "logits": logits_bytes(plan, model),
     }
+    if _tiled(plan):  # one layer's slice in its backward pass
+        parts["mlp_slice"] = mlp_slice_bytes(plan, model, tokens)
+    if plan.sp > 1:  # one layer's Ulysses send and receive copies (2 x), in flight alone like AutoEP's dispatch
+        parts["sp_exchange"] = int(tokens * 2 * c * ulysses_exchange_elements(model, plan.sp))
+    return parts
 
 
 @dataclass(frozen=True)
@@ -397,6 +431,15 @@ def fit_word(e: MemoryEstimate) -> str:
     return "tight" if within_gpu and e.device_target < 1 else "no"
 
 
+def layout_label(plan: ParallelPlan) -> str:
+    """A plan's layout in a table row: "Z3 TP1 EP16 off:opt"; under SP (TP and EP are 1 there) "Z3 SP8 off:-", with
+    "rc" where it recomputes activations, as the SP search of `suggest` may turn recomputation on."""
+    off = "+".join(k for k, on in (("opt", plan.offload_optimizer), ("param", plan.offload_params)) if on) or "-"
+    if plan.sp > 1:
+        return f"Z{plan.zero_stage} SP{plan.sp}{' rc' if plan.activation_checkpointing else ''} off:{off}"
+    return f"Z{plan.zero_stage} TP{plan.tp} EP{plan.ep} off:{off}"
+
+
 def render_table(estimates: list[MemoryEstimate], *, chosen: MemoryEstimate | None = None) -> str:
     """Plain-text table, GiB per rank; host RAM per node (steady, and the resume peak). `other`: ZeRO-3 buffers
     and the allowance."""
@@ -406,9 +449,7 @@ def render_table(estimates: list[MemoryEstimate], *, chosen: MemoryEstimate | No
     )
     lines = [head, "-" * len(head)]
     for e in estimates:
-        p = e.plan
-        off = "+".join(k for k, on in (("opt", p.offload_optimizer), ("param", p.offload_params)) if on) or "-"
-        label = f"Z{p.zero_stage} TP{p.tp} EP{p.ep} off:{off}"
+        label = layout_label(e.plan)
         fits = fit_word(e)
         mark = " <" if chosen is not None and e is chosen else ""
         lines.append(

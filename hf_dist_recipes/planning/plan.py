@@ -2,7 +2,11 @@
 
 Derived sizes (one place owns each):
 - world size = nodes x processes per node;
-- data-parallel size = world / TP (the ranks of a TP group see the same samples);
+- data-parallel size = world / (TP x SP) (the ranks of a TP group, or of an SP group, see the same samples; TP and
+  SP are never both above 1);
+- tokens per rank = sequence length / SP (Ulysses gives each rank of an SP group one slice of every sequence);
+- ZeRO's group for the weights TP splits = world / TP: DeepSpeed partitions and reduces over the SP ranks too
+  (its sequence-data-parallel group, engine.py `seq_dp_world_size`);
 - expert-data-parallel size = world / EP (DeepSpeed AutoEP lays EP groups over consecutive ranks across TP lanes);
 - global batch = micro batch x gradient accumulation x data-parallel size.
 
@@ -33,6 +37,7 @@ PRECISIONS: tuple[str, ...] = get_args(Precision)
 GRAD_REDUCE_DTYPES: tuple[str, ...] = get_args(GradReduceDtype)
 ENGINES: tuple[str, ...] = get_args(Engine)
 MIN_DEEPSPEED_ZERO3_AUTOTP = "0.19.4"  # DeepSpeed PRs 8167/8168: AutoTP training with ZeRO-3
+MIN_DEEPSPEED_SP = "0.18.2"  # accelerate 1.16 accelerator.py:2364-2368 refuses Ulysses SP (ALST) below it
 # DeepSpeed AutoEP presets (deepspeed/module_inject/auto_ep_presets) by transformers model_type.
 EP_PRESETS = {
     "deepseek_v2": "deepseek_v2",
@@ -51,7 +56,12 @@ class ParallelPlan:
     `grad_reduce_dtype`: the dtype gradients are reduced in across ranks (DeepSpeed `communication_data_type`):
     "fp32" (default) or the compute dtype ("bf16" under bf16, "fp16" under fp16), which halves those bytes.
     `loss_chunk_tokens`: the training loss is computed this many tokens at a time (`parallel.chunked_loss`, the
-    arguments' `loss_chunk_tokens`), so the estimate counts one chunk's logits (None: the stock loss, all of them)."""
+    arguments' `loss_chunk_tokens`), so the estimate counts one chunk's logits (None: the stock loss, all of them).
+    `tiled_mlp_shards`: every gated MLP computes this many slices of its tokens at a time (`parallel.tiled_mlp`, the
+    arguments' `tiled_mlp_shards`), so the estimate counts one slice's MLP intermediates (None: the whole MLP's).
+    `sp`: Ulysses sequence-parallel degree (default 1: none), accelerate's `ParallelismConfig(sp_size,
+    sp_backend="deepspeed")`: each rank of an SP group holds seq_len / sp tokens of the group's sequences and
+    exchanges query, key, value and output by all-to-all around attention; DeepSpeed only, without TP or EP."""
 
     nodes: int = 1
     procs_per_node: int = 8
@@ -61,6 +71,7 @@ class ParallelPlan:
     offload_params: bool = False
     tp: int = 1
     ep: int = 1
+    sp: int = 1
     micro_batch: int = 1
     grad_accum: int = 1
     seq_len: int = 4096
@@ -70,6 +81,7 @@ class ParallelPlan:
     zero_init: bool = True
     grad_reduce_dtype: GradReduceDtype = "fp32"
     loss_chunk_tokens: int | None = None
+    tiled_mlp_shards: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -77,7 +89,19 @@ class ParallelPlan:
 
     @property
     def dp_size(self) -> int:
+        """Data-parallel ranks: the ranks that see different samples (world / (TP x SP))."""
+        return self.world_size // (self.tp * self.sp)
+
+    @property
+    def zero_dp_size(self) -> int:
+        """Ranks ZeRO partitions the weights TP splits over: world / TP, the SP ranks included (DeepSpeed runs ZeRO
+        over its sequence-data-parallel group, engine.py `seq_dp_world_size`)."""
         return self.world_size // self.tp
+
+    @property
+    def tokens_per_rank(self) -> int:
+        """Tokens of one sequence each rank holds: seq_len / SP (what the activations scale with)."""
+        return self.seq_len // self.sp
 
     @property
     def edp_size(self) -> int:
@@ -92,6 +116,7 @@ class ParallelPlan:
             **asdict(self),
             "world_size": self.world_size,
             "dp_size": self.dp_size,
+            "tokens_per_rank": self.tokens_per_rank,
             "edp_size": self.edp_size,
             "global_batch": self.global_batch,
         }
@@ -100,11 +125,20 @@ class ParallelPlan:
         """Raise ValueError for the first rule broken; return warnings. `deepspeed_version` defaults to the
         installed one (the rule on ZeRO-3 + AutoTP is skipped when DeepSpeed is not installed)."""
         warnings: list[str] = []
-        for name in ("nodes", "procs_per_node", "tp", "ep", "micro_batch", "grad_accum", "seq_len"):
+        for name in ("nodes", "procs_per_node", "tp", "ep", "sp", "micro_batch", "grad_accum", "seq_len"):
             positive_int(getattr(self, name), name, getattr(ParallelPlan, name))  # the default as the example
         if self.loss_chunk_tokens is not None:
             note = "pass --loss-chunk-tokens N or leave it out for the stock loss"
             positive_int(self.loss_chunk_tokens, "loss_chunk_tokens", 4096, unit="tokens", note=note)
+        if self.tiled_mlp_shards is not None:
+            note = "pass --tiled-mlp-shards N or leave it out for whole MLPs"
+            positive_int(self.tiled_mlp_shards, "tiled_mlp_shards", 4, minimum=2, unit="slices", note=note)
+            if self.engine == "fsdp2":
+                raise ValueError(
+                    "--tiled-mlp-shards with --engine fsdp2: the slices' gradients reach the weights one backward pass "
+                    "at a time, which DeepSpeed's ZeRO waits for and FSDP would reduce each time (DeepSpeed's "
+                    "ulysses_sp.py TiledMLP); use --engine deepspeed or leave --tiled-mlp-shards out"
+                )
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         if self.precision not in PRECISIONS:
@@ -156,6 +190,8 @@ class ParallelPlan:
                 f"EP {self.ep} must divide the world size {self.world_size} (DeepSpeed lays expert "
                 f"groups over consecutive ranks); pick EP from {_divisors(self.world_size)}"
             )
+        if self.sp > 1:
+            warnings += self._validate_sp(deepspeed_version)
         if self.engine == "fsdp2":
             self._validate_fsdp2()
         elif self.tp > 1 and self.zero_stage == 3:
@@ -183,6 +219,49 @@ class ParallelPlan:
                 "--offload-optimizer, with --engine fsdp2"
             )
 
+    def _validate_sp(self, deepspeed_version: str | None) -> list[str]:
+        """The model-free rules of Ulysses SP (sp > 1); warnings for SP groups that cross nodes."""
+        sp, no_sp = self.sp, "or --sp 1"
+        if self.engine == "fsdp2":
+            raise ValueError(
+                f"--sp {sp} with --engine fsdp2: accelerate's sequence parallelism runs on DeepSpeed only "
+                "(ParallelismConfig sp_backend is 'deepspeed', parallelism_config.py:320-322); use --engine "
+                f"deepspeed, {no_sp}"
+            )
+        if self.tp > 1:
+            raise ValueError(
+                f"--sp {sp} with --tp {self.tp}: DeepSpeed 0.19.8's AutoTP replaces the sequence-parallel groups "
+                f"(engine.py:957), so no SP group is left to train with; use --tp 1 with --sp, {no_sp}"
+            )
+        if self.ep > 1:
+            raise ValueError(
+                f'--sp {sp} with --ep {self.ep}: DeepSpeed 0.19.8 refuses it ("AutoEP does not currently support '
+                'tensor model parallelism from mpu", engine.py:836: the SP mpu reports SP as its TP size); use --ep 1 '
+                f"with --sp, {no_sp}"
+            )
+        if self.world_size % sp:
+            raise ValueError(
+                f"SP {sp} does not divide the world size {self.world_size} (DeepSpeed lays SP groups over consecutive "
+                f"ranks); pick --sp from {_divisors(self.world_size)[1:]}"
+            )
+        if self.seq_len % sp:
+            raise ValueError(
+                f"--seq-len {self.seq_len} is not divisible by SP {sp} (Ulysses gives each rank seq_len / sp tokens, "
+                f"ulysses_sp.py:706); use --seq-len {-(-self.seq_len // sp) * sp} or an SP that divides it"
+            )
+        deepspeed_version = deepspeed_version or installed_version("deepspeed")
+        if deepspeed_version is not None and Version(deepspeed_version) < Version(MIN_DEEPSPEED_SP):
+            raise ValueError(
+                f"Ulysses SP needs DeepSpeed >= {MIN_DEEPSPEED_SP} (accelerate refuses it below, accelerator.py:2364), "
+                f"this is {deepspeed_version}; upgrade DeepSpeed, {no_sp}"
+            )
+        if sp > self.procs_per_node or self.procs_per_node % sp:
+            return [
+                f"SP {sp} spans nodes ({self.procs_per_node} processes per node): its all-to-alls (4 per layer "
+                "forward, 4 backward) would cross the network; keep SP within a node"
+            ]
+        return []
+
     def _validate_deepspeed_version(self, deepspeed_version: str | None) -> None:
         deepspeed_version = deepspeed_version or installed_version("deepspeed")
         if deepspeed_version is not None and Version(deepspeed_version) < Version(MIN_DEEPSPEED_ZERO3_AUTOTP):
@@ -191,8 +270,32 @@ class ParallelPlan:
                 f"8167, 8168), this is {deepspeed_version}; upgrade DeepSpeed or use --zero 2"
             )
 
+    def _validate_sp_model(self, model: ModelShape) -> list[str]:
+        """Ulysses' head rules (ulysses_sp.py:147-152: each SP rank computes heads / sp query heads; K/V heads split
+        the same way or, fewer than SP, are replicated up to it); a warning for MLA's unequal head sizes."""
+        sp, heads, kv = self.sp, model.num_heads, model.num_kv_heads
+        allowed = [d for d in _divisors(heads) if (kv % d == 0 or d % kv == 0) and self.world_size % d == 0]
+        if heads % sp:
+            raise ValueError(
+                f"SP {sp} does not divide {model.name}'s {heads} attention heads (Ulysses gives each SP rank "
+                f"heads / sp of them, ulysses_sp.py:147); pick --sp from {allowed}"
+            )
+        if kv % sp and sp % kv:
+            raise ValueError(
+                f"SP {sp} and {model.name}'s {kv} KV heads: Ulysses needs one to divide the other "
+                f"(ulysses_sp.py:150); pick --sp from {allowed}"
+            )
+        if not model.is_mla:
+            return []
+        qk = model.qk_nope_head_dim + model.qk_rope_head_dim
+        return [
+            f"SP {sp} with MLA ({model.name}'s query/key heads are {qk} wide, its value heads {model.v_head_dim}): "
+            "stock Ulysses asserts one head size (ulysses_sp.py:299), so the stock Trainer stops at the first "
+            "forward; train with RecipeTrainer, which pads the value heads to the query/key width"
+        ]
+
     def _validate_model(self, model: ModelShape) -> list[str]:
-        warnings = []
+        warnings = self._validate_sp_model(model) if self.sp > 1 else []
         if model.num_heads % self.tp:
             raise ValueError(
                 f"TP {self.tp} does not divide {model.name}'s {model.num_heads} attention heads; pick "

@@ -7,6 +7,11 @@ accumulation only amortises per-step costs (optimizer offload's CPU Adam, ZeRO-1
 never slower per token, and the target is what bounds it. Plans within NEAR_MARGIN of the fastest count as equally
 fast; among them the pick has the least offload, then the least traffic across nodes per token trained.
 
+Ulysses sequence parallelism (`sp_plans`: TP = EP = 1, each SP that divides the world, the sequence and the heads) is
+searched only when no layout without it fits the GPU at micro batch 1: it buys activation memory with all-to-alls
+and a smaller data-parallel batch, never speed. When no SP layout fits either and the plan does not recompute, the SP
+layouts are tried again with activation checkpointing (their rows say "rc").
+
 Memory of one plan: `hf_dist_recipes.planning.memory`; its traffic and step time: `hf_dist_recipes.planning.comm`.
 """
 
@@ -23,6 +28,7 @@ from hf_dist_recipes.planning.memory import (
     USABLE_FRACTION,
     MemoryEstimate,
     estimate,
+    layout_label,
     render_table,
 )
 from hf_dist_recipes.planning.models import ModelShape
@@ -36,6 +42,7 @@ DEFAULT_BATCH_TOKENS = 4 * 2**20
 NEAR_MARGIN = 0.03  # plans this close in tokens/s are equally fast: the estimate is not finer than that
 OFFLOAD_WARN_FRACTION = 0.5  # warn when offload takes more of the step than this
 MAX_MICRO_BATCH = 64
+OFFLOAD_LEVELS = ((False, False), (True, False), (True, True))  # (optimizer, parameters): cheapest first
 
 
 def target_sequences(seq_len: int, *, sequences: int | None = None, tokens: int | None = None) -> int:
@@ -60,16 +67,36 @@ def candidate_plans(base: ParallelPlan, model: ModelShape) -> list[ParallelPlan]
     `base`'s (the search sets them)."""
     tps = [t for t in (1, 2, 4, 8, 16) if t <= base.procs_per_node and base.procs_per_node % t == 0]
     eps = [1] + [e for e in (2, 4, 8, 16, 32, 64, 128, 256) if model.is_moe and model.routed_experts % e == 0]
+    plans = [
+        replace(base, tp=tp, ep=ep, sp=1, offload_optimizer=offload[0], offload_params=offload[1])
+        for offload in OFFLOAD_LEVELS
+        for tp in tps
+        for ep in eps
+    ]
+    return _valid(plans, model)
+
+
+def sp_plans(base: ParallelPlan, model: ModelShape) -> list[ParallelPlan]:
+    """Ulysses SP layouts to try (TP = EP = 1, which DeepSpeed 0.19.8 requires beside SP), cheapest first: no offload
+    before optimizer before parameter offload; within each, the smallest SP that `ParallelPlan.validate` takes
+    (it divides the world, the sequence and the model's heads)."""
+    plans = [
+        replace(base, tp=1, ep=1, sp=sp, offload_optimizer=offload[0], offload_params=offload[1])
+        for offload in OFFLOAD_LEVELS
+        for sp in range(2, base.world_size + 1)
+    ]
+    return _valid(plans, model)
+
+
+def _valid(plans: list[ParallelPlan], model: ModelShape) -> list[ParallelPlan]:
+    """The plans `ParallelPlan.validate` takes for `model`, in order."""
     out = []
-    for offload in ((False, False), (True, False), (True, True)):
-        for tp in tps:
-            for ep in eps:
-                plan = replace(base, tp=tp, ep=ep, offload_optimizer=offload[0], offload_params=offload[1])
-                try:
-                    plan.validate(model)
-                except ValueError:
-                    continue
-                out.append(plan)
+    for plan in plans:
+        try:
+            plan.validate(model)
+        except ValueError:
+            continue
+        out.append(plan)
     return out
 
 
@@ -220,7 +247,18 @@ def suggest(
         "routing_imbalance": routing_imbalance,
         "memory_mapped_resume": memory_mapped_resume,
     }
-    rows = [c for layout in layouts for c in _layout_rows(layout, model, device_gib, hardware, target, limits)]
+
+    def rows_of(plans: list[ParallelPlan]) -> list[Candidate]:
+        plans = [p for p in plans if p.dp_size <= target]
+        return [c for p in plans for c in _layout_rows(p, model, device_gib, hardware, target, limits)]
+
+    rows = rows_of(layouts)
+    # SP only buys memory (its all-to-alls and smaller data-parallel batch cost speed): tried when the sequence fits
+    # no GPU without it, then with recomputation turned on when that does not do either.
+    if not any(c.memory.device_fits for c in rows):
+        rows += rows_of(sp_plans(base, model))
+    if not any(c.memory.device_fits for c in rows) and not base.activation_checkpointing:
+        rows += rows_of(sp_plans(replace(base, activation_checkpointing=True), model))
     chosen, _ = pick(rows)
     return chosen, rows
 
@@ -248,8 +286,7 @@ def _speed_order(c: Candidate) -> tuple:
 
 
 def label(plan: ParallelPlan) -> str:
-    off = "+".join(k for k, on in (("opt", plan.offload_optimizer), ("param", plan.offload_params)) if on) or "-"
-    return f"Z{plan.zero_stage} TP{plan.tp} EP{plan.ep} off:{off}"
+    return layout_label(plan)
 
 
 def _same_layout(a: ParallelPlan, b: ParallelPlan) -> bool:
@@ -393,14 +430,15 @@ def best_rows(candidates: list[Candidate], chosen: Candidate | None = None) -> l
 
 
 def compact_rows(candidates: list[Candidate], chosen: Candidate | None = None) -> list[Candidate]:
-    """One row per layout (`best_rows`), then for each offload level and TP degree: the EP-1 row, the smallest EP
-    that fits (else the one with the least device memory) and the fastest EP that fits, plus `chosen`; in the
-    original order."""
+    """One row per layout (`best_rows`), then for each offload level, TP degree and SP layout: the EP-1 row, the
+    smallest EP that fits (else the one with the least device memory) and the fastest EP that fits, plus `chosen`;
+    in the original order."""
     rows = best_rows(candidates, chosen)
     keep = {id(chosen)} if chosen is not None else set()
     groups: dict[tuple, list[Candidate]] = {}
     for c in rows:
-        groups.setdefault((c.plan.offload_optimizer, c.plan.offload_params, c.plan.tp), []).append(c)
+        p = c.plan
+        groups.setdefault((p.offload_optimizer, p.offload_params, p.tp, p.sp, p.activation_checkpointing), []).append(c)
     for group in groups.values():
         keep.add(id(group[0]))
         fitting = [c for c in group if c.fits]

@@ -2,10 +2,11 @@
 process without SP or DeepSpeed on the same blocks from the same weights (tests/distributed/workers/sp_worker.py).
 
 The model is DeepSeek-style (MLA: Q/K heads 24 wide, V heads 16; 8 routed experts), so the recipe's MLA shim is on
-the path, and the SP runs also take the chunked loss and tiled MLPs (ALST's other pieces; the reference neither); its negative twin is the stock Trainer under the same config, which stops where DeepSpeed's Ulysses checks
-the head sizes. Why the numbers must agree: SP only moves where each token's attention runs, and the Trainer's loss
-is a token-weighted mean over the SP group with DeepSpeed's gradient averaging corrected; the reference's blocks are
-taken in the order the SP x DP run takes them (`reference_order`).
+the path, and the SP runs also take the chunked loss and tiled MLPs (the reference neither); the negative twin is the
+stock Trainer under the same config, which stops where DeepSpeed's Ulysses checks the head sizes. Why the numbers
+must agree: SP only moves where each token's attention runs, and the Trainer's loss is a token-weighted mean over the
+SP group with DeepSpeed's gradient averaging corrected; the reference's blocks are taken in the order the SP x DP
+run takes them (`reference_order`).
 """
 
 import json

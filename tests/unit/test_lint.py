@@ -6,6 +6,7 @@ import pytest
 
 from hf_dist_recipes.planning.initialize_rules import initialize_refusals
 from hf_dist_recipes.planning.lint import ERROR, WARNING, lint_deepspeed, lint_file
+from hf_dist_recipes.planning.plan import ParallelPlan
 
 Z3 = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto"}
 
@@ -257,8 +258,71 @@ def test_a_launch_beyond_its_recorded_plan_is_reported(tmp_path):
     errors = _messages(lint_file(two_nodes, gpu_memory_gib=80), ERROR)
     assert "generated for 1 machine(s) x 8 processes; this launch has 2 machine(s) and 16 processes" in errors
     assert "--nodes 2 --gpus-per-node 8" in errors
+    cp = tmp_path / "cp.yaml"
+    cp.write_text(as_shipped.read_text() + "parallelism_config:\n  parallelism_config_cp_size: 2\n")
+    assert "parallelism_config_cp_size=2: parallelism the plan does not model" in _messages(
+        lint_file(cp, gpu_memory_gib=80), WARNING
+    )
+    # Ulysses SP is modelled now, and refused beside the file's AutoEP 2 (DeepSpeed 0.19.8, engine.py:836).
     sp = tmp_path / "sp.yaml"
     sp.write_text(as_shipped.read_text() + "parallelism_config:\n  parallelism_config_sp_size: 2\n")
-    assert "parallelism_config_sp_size=2: parallelism the plan does not model" in _messages(
-        lint_file(sp, gpu_memory_gib=80), WARNING
-    )
+    errors = _messages(lint_file(sp, gpu_memory_gib=80), ERROR)
+    assert "expert_parallel.autoep_size 2 beside SP 2" in errors and "engine.py:836" in errors
+
+
+def _sp_launch(tmp_path, yaml_edit=None, json_edit=None):
+    """A generated 4-process CPU launch with SP 2 x data-parallel 2, edited, and its lint findings."""
+    import yaml
+
+    from hf_dist_recipes.planning.generate import write_configs
+
+    plan = ParallelPlan(nodes=1, procs_per_node=4, device="cpu", precision="fp32", sp=2)
+    result = write_configs(plan, tmp_path, name="sp")
+    data = yaml.safe_load(result.yaml_file.read_text())
+    if yaml_edit:
+        data["parallelism_config"].update(yaml_edit)
+    result.yaml_file.write_text(yaml.safe_dump(data))
+    ds = json.loads(result.deepspeed_file.read_text())
+    if json_edit:
+        json_edit(ds)
+    result.deepspeed_file.write_text(json.dumps(ds))
+    return lint_file(result.yaml_file)
+
+
+def test_a_generated_sp_launch_is_clean(tmp_path):
+    assert _sp_launch(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "yaml_edit, message",
+    [
+        # 4 processes, SP 3: no whole SP groups (DeepSpeed lays them over consecutive ranks).
+        ({"parallelism_config_sp_size": 3}, "parallelism_config_sp_size 3 does not divide num_processes 4"),
+        # world / sp = 2 data-parallel ranks: a shard size of 4 makes accelerate's train_batch_size twice DeepSpeed's.
+        ({"parallelism_config_dp_shard_size": 4}, "set parallelism_config_dp_shard_size: 2"),
+        ({"parallelism_config_cp_size": 2}, "parallelism_config_cp_size 2 beside sp_size 2"),
+        ({"parallelism_config_sp_backend": "torch"}, "set parallelism_config_sp_backend: deepspeed"),
+        ({"parallelism_config_sp_attn_implementation": "eager"}, "accelerate refuses eager and flex_attention"),
+        (
+            {"parallelism_config_sp_attn_implementation": "flex_attention"},
+            "set parallelism_config_sp_attn_implementation",
+        ),
+    ],
+)
+def test_sp_block_rules(tmp_path, yaml_edit, message):
+    assert message in _messages(_sp_launch(tmp_path, yaml_edit=yaml_edit), ERROR)
+
+
+def test_sp_beside_autotp_autoep_or_split_reduction_is_an_error(tmp_path):
+    def autotp(ds):
+        ds["tensor_parallel"] = {"autotp_size": 2}
+
+    def autoep(ds):
+        ds["expert_parallel"] = {"enabled": True, "autoep_size": 2, "preset_model": "deepseek_v3"}
+
+    def no_reduce_scatter(ds):
+        ds["zero_optimization"]["reduce_scatter"] = False
+
+    assert "AutoTP replaces the SP groups (engine.py:957)" in _messages(_sp_launch(tmp_path, json_edit=autotp), ERROR)
+    assert "engine.py:836" in _messages(_sp_launch(tmp_path, json_edit=autoep), ERROR)
+    assert "set reduce_scatter: true" in _messages(_sp_launch(tmp_path, json_edit=no_reduce_scatter), ERROR)

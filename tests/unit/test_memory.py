@@ -6,6 +6,7 @@ import torch
 
 from hf_dist_recipes.core.model_templates import template_config
 from hf_dist_recipes.core.sizes import GIB
+from hf_dist_recipes.parallel.tiled_mlp import tile_mlps
 from hf_dist_recipes.planning.memory import (
     activation_parts,
     estimate,
@@ -194,9 +195,10 @@ class _FlashLike(torch.autograd.Function):
         return out
 
 
-def _saved_bytes_per_token(name: str, seq: int = 64, batch: int = 2) -> list[float]:
+def _saved_bytes_per_token(name: str, seq: int = 64, batch: int = 2, tiled: int = 0) -> list[float]:
     """Bytes of the storages autograd keeps in each decoder layer of template `name` (bf16, one CPU process),
-    leaving out the parameters and the rotary tables that all layers share."""
+    leaving out the parameters and the rotary tables that all layers share; `tiled`: the MLPs in that many slices
+    (`parallel.tiled_mlp`, 0: whole)."""
     from transformers import AutoModelForCausalLM
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -208,6 +210,7 @@ def _saved_bytes_per_token(name: str, seq: int = 64, batch: int = 2) -> list[flo
     config._attn_implementation = "hf_dist_recipes_saved_probe"
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16).train()
+    tile_mlps(model, tiled)
     ids = torch.randint(0, config.vocab_size, (batch, seq))
     with torch.no_grad():
         hidden = model.model.embed_tokens(ids)
@@ -246,9 +249,75 @@ def test_layer_formula_equals_what_autograd_keeps():
     assert all(0 <= m - formula <= 0.05 * formula for m in moe), (moe, formula)
 
 
+def test_tiled_mlps_keep_what_the_formula_says():
+    """Tiled, a gated MLP's forward runs without autograd: what autograd keeps per token loses the four intermediates
+    (tiny DeepSeek-V3's dense MLP: 4 x bf16 x 128 = 1,024 of its 3,216 bytes; its MoE layers' shared experts)."""
+    plan = ParallelPlan(precision="bf16", tiled_mlp_shards=4)
+    dense, *moe = _saved_bytes_per_token("tiny-deepseek-v3", tiled=4)
+    assert dense == layer_bytes_per_token(plan, TINY, moe=False) == 3216.0 - 1024
+    formula = layer_bytes_per_token(plan, TINY, moe=True)
+    whole = layer_bytes_per_token(replace(plan, tiled_mlp_shards=None), TINY, moe=True)
+    assert whole - formula == 4 * 2 * TINY.shared_intermediate_size
+    # On top, as untiled: the router's E-wide scores and indices (the same bytes, so the untiled allowance)
+    assert all(0 <= m - formula <= 0.05 * whole for m in moe), (moe, formula)
+    # One slice in its backward pass: a quarter of the rank's tokens' intermediates, and the input's gradient.
+    tokens = 4096
+    parts = activation_parts(replace(plan, seq_len=tokens), TINY)
+    assert parts["mlp_slice"] == tokens // 4 * 4 * 2 * 128 + tokens * 2 * TINY.hidden_size
+    with pytest.raises(ValueError, match="tiled_mlp_shards must be a whole number of slices >= 2"):
+        replace(plan, tiled_mlp_shards=1).validate()
+    with pytest.raises(ValueError, match="--tiled-mlp-shards with --engine fsdp2"):
+        replace(plan, engine="fsdp2").validate()
+
+
 def test_ep_divides_the_experts_and_tp_the_split_weights():
     z3 = rank_elements(ParallelPlan(procs_per_node=8), V3)
     ep8 = rank_elements(ParallelPlan(procs_per_node=8, ep=8), V3)
     assert ep8.gathered_layer == z3.gathered_layer // 8  # one layer's experts gathered: 32 of 256
     tp8 = rank_elements(ParallelPlan(procs_per_node=8, tp=8, ep=8), V3)
     assert tp8.sharded < ep8.sharded
+
+
+def test_sp_divides_every_activation_term_by_the_tokens_a_rank_holds():
+    llama = introspect("llama-3.1-8b")  # 32 layers, h 4096, 32 heads / 8 KV heads of 128, vocab 128,256
+    plan = ParallelPlan(nodes=1, procs_per_node=8, seq_len=32768, activation_checkpointing=True)
+    whole, quarter = activation_parts(plan, llama), activation_parts(replace(plan, sp=4), llama)
+    tokens = 32768 // 4  # a rank of an SP-4 group holds a quarter of the sequence
+    # With checkpointing each layer keeps its bf16 input: 32 layers x 2 bytes x 4096 per token.
+    assert quarter["layers"] == tokens * 32 * 2 * 4096 == whole["layers"] // 4
+    assert quarter["logits"] == tokens * 128256 * 12 == whole["logits"] // 4  # the stock loss's 3 fp32 copies
+    assert abs(quarter["recomputed_layer"] - whole["recomputed_layer"] / 4) <= 1
+    # One layer's Ulysses copies (send and receive): query and output 32 x 128, key and value max(8, 4) x 128 each.
+    assert quarter["sp_exchange"] == tokens * 2 * 2 * 128 * (2 * 32 + 2 * 8)
+    assert "sp_exchange" not in whole
+    # The chunked loss holds one chunk, at most the rank's own tokens.
+    chunked = replace(plan, sp=8, loss_chunk_tokens=8192)
+    assert activation_parts(chunked, llama)["logits"] == 4096 * 128256 * 12
+
+
+def test_sp_keeps_zero_partitions_over_the_whole_world():
+    # DeepSpeed partitions over its sequence-data-parallel group (every rank), not over world / sp data-parallel ranks.
+    plan = ParallelPlan(nodes=1, procs_per_node=8, seq_len=32768)
+    assert rank_elements(replace(plan, sp=8), TINY) == rank_elements(plan, TINY)
+    lite = introspect("deepseek-v2-lite")
+    with_sp, without = estimate(replace(plan, sp=8), lite), estimate(plan, lite)
+    assert (with_sp.params, with_sp.grads, with_sp.optimizer) == (without.params, without.grads, without.optimizer)
+    assert with_sp.activations < without.activations / 7
+
+
+def test_ulysses_all_to_all_traffic_per_layer_by_hand():
+    from hf_dist_recipes.planning.comm import compute_flops, traffic
+
+    lite = introspect("deepseek-v2-lite")  # 27 layers, 16 heads, MLA query/key 128 + 64 wide (value padded to it)
+    plan = ParallelPlan(nodes=1, procs_per_node=8, seq_len=131072, sp=8, grad_accum=2, activation_checkpointing=True)
+    sent = 131072 // 8 * 4 * 16 * 192 * 2  # bytes per rank per layer: s/sp tokens x q, k, v, output x bf16
+    t = traffic(plan, lite)
+    # (sp-1)/sp of it leaves the rank, inside the node; forward, backward and recomputation; each micro step.
+    assert t.intra["sp"] == pytest.approx(7 / 8 * sent * 27 * 3 * 2)
+    assert t.inter["sp"] == 0
+    # Across two nodes an SP group of 16 sends half of the other ranks' shares over the network.
+    two = replace(plan, nodes=2, sp=16, grad_accum=1)
+    sent16 = 131072 // 16 * 4 * 16 * 192 * 2
+    assert traffic(two, lite).inter["sp"] == pytest.approx(8 / 16 * sent16 * 27 * 3)
+    # Each rank computes its s/sp tokens: the step's FLOPs divide by sp.
+    assert compute_flops(plan, lite) == pytest.approx(compute_flops(replace(plan, sp=1), lite) / 8)

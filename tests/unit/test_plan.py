@@ -109,3 +109,67 @@ def test_tp_ep_offload_refused_like_deepspeed_does():
 def test_fsdp2_route_rules(changes, message):
     with pytest.raises(ValueError, match=message):
         replace(BASE, engine="fsdp2", **changes).validate()
+
+
+LITE = introspect("deepseek-v2-lite")  # 16 heads, 16 KV heads, MLA (query/key 192 wide, value 128)
+ONE_NODE = ParallelPlan(nodes=1, procs_per_node=8, seq_len=131072)
+
+
+def test_sp_divides_the_data_parallel_ranks_and_the_tokens_each_rank_holds():
+    plan = replace(ONE_NODE, sp=4, micro_batch=1, grad_accum=2)
+    # 8 ranks in groups of 4 consecutive ranks: 2 groups, each seeing one batch; a rank holds a quarter of a sequence.
+    assert (plan.world_size, plan.dp_size, plan.tokens_per_rank) == (8, 2, 32768)
+    assert plan.global_batch == 1 * 2 * 2
+    # ZeRO partitions over every rank (DeepSpeed's sequence-data-parallel group), not over the 2 data-parallel ones.
+    assert plan.zero_dp_size == 8
+    assert plan.as_dict()["tokens_per_rank"] == 32768 and plan.as_dict()["sp"] == 4
+    assert ParallelPlan().tokens_per_rank == 4096  # without SP: the whole sequence
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(tp=2), "--sp 2 with --tp 2: DeepSpeed 0.19.8's AutoTP replaces the sequence-parallel groups"),
+        (dict(ep=2), r'--sp 2 with --ep 2: DeepSpeed 0.19.8 refuses it \("AutoEP does not currently support tensor'),
+        (dict(engine="fsdp2"), "--sp 2 with --engine fsdp2: accelerate's sequence parallelism runs on DeepSpeed only"),
+        (dict(procs_per_node=6, sp=4), r"SP 4 does not divide the world size 6 .*pick --sp from \[2, 3, 6\]"),
+        (dict(seq_len=4097), "--seq-len 4097 is not divisible by SP 2 .*use --seq-len 4098"),
+        (dict(sp=0), "sp must be an integer >= 1"),
+    ],
+)
+def test_sp_rules(changes, message):
+    with pytest.raises(ValueError, match=message) as err:
+        replace(ONE_NODE, **{"sp": 2, **changes}).validate()
+    assert "\n" not in str(err.value) and "; " in str(err.value)  # one line, the fix after the reason
+
+
+def test_sp_needs_the_deepspeed_accelerate_requires():
+    with pytest.raises(ValueError, match=r"needs DeepSpeed >= 0.18.2 \(accelerate refuses it below"):
+        replace(ONE_NODE, sp=2).validate(deepspeed_version="0.18.1")
+    assert replace(ONE_NODE, sp=2).validate(deepspeed_version="0.18.2") == []
+
+
+def test_sp_must_split_the_heads_as_ulysses_does():
+    # 16 heads: SP 32 cannot give each rank whole heads (ulysses_sp.py:147).
+    with pytest.raises(
+        ValueError, match=r"SP 32 does not divide deepseek-v2-lite's 16 attention heads.*\[1, 2, 4, 8, 16\]"
+    ):
+        ParallelPlan(nodes=4, procs_per_node=8, sp=32).validate(LITE)
+    # Llama-3.1-8B: 8 KV heads. SP 16 replicates them (16 % 8 == 0); a KV count neither dividing nor divided is refused.
+    assert ParallelPlan(nodes=2, procs_per_node=8, sp=16).validate(LLAMA)[0].startswith("SP 16 spans nodes")
+    odd_kv = replace(LLAMA, num_heads=24, num_kv_heads=6)
+    with pytest.raises(ValueError, match=r"SP 4 and .* 6 KV heads: Ulysses needs one to divide the other"):
+        ParallelPlan(nodes=1, procs_per_node=8, sp=4).validate(odd_kv)
+
+
+def test_sp_on_mla_warns_that_the_stock_trainer_stops():
+    warnings = replace(ONE_NODE, sp=8).validate(LITE)
+    assert len(warnings) == 1 and "query/key heads are 192 wide, its value heads 128" in warnings[0]
+    assert "RecipeTrainer" in warnings[0]
+    assert replace(ONE_NODE, sp=8).validate(LLAMA) == []  # one head size: nothing to pad
+
+
+def test_sp_across_nodes_warns():
+    warnings = ParallelPlan(nodes=2, procs_per_node=8, sp=16).validate()
+    assert len(warnings) == 1 and "SP 16 spans nodes (8 processes per node)" in warnings[0]
+    assert ParallelPlan(nodes=2, procs_per_node=8, sp=8).validate() == []

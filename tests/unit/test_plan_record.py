@@ -16,6 +16,7 @@ from hf_dist_recipes.parallel.plan_record import (
     can_recompute,
     micro_batch_problem,
     recorded_plan,
+    recorded_sp,
 )
 from hf_dist_recipes.planning.deepspeed_config import deepspeed_config
 from hf_dist_recipes.planning.plan import ParallelPlan
@@ -203,3 +204,43 @@ def test_a_micro_batch_above_the_plans_warns_on_rank_0_once_naming_both_and_the_
     within = PlanConformanceCallback(record)
     within.check_before_training(model, _batch_args(1, 32))
     assert within.batch_warning is None
+
+
+def test_the_sp_degree_is_recorded_above_one_and_deepspeed_reduces_in_the_plans_dtype():
+    plan = ParallelPlan(nodes=1, procs_per_node=4, device="cpu", precision="fp32", sp=2)
+    config = deepspeed_config(plan)
+    record = recorded_plan(config)
+    assert record["sp"] == 2 and recorded_sp(record) == 2
+    # With an SP group DeepSpeed reduces in seq_parallel_communication_data_type (fp32 when absent, engine.py:2182).
+    bf16 = deepspeed_config(ParallelPlan(sp=2, grad_reduce_dtype="bf16"))
+    assert bf16["seq_parallel_communication_data_type"] == "bf16" == bf16["communication_data_type"]
+    assert config["zero_optimization"]["reduce_scatter"] is True  # transformers refuses false next to SP + ZeRO-3
+    DeepSpeedConfig({**config, **TRAINER_FILLS})  # DeepSpeed's own class takes the file
+    # Without SP nothing changes: no key, and a record without one reads 1 (older configs too).
+    plain = deepspeed_config(ParallelPlan(nodes=1, procs_per_node=4, device="cpu", precision="fp32"))
+    assert "sp" not in recorded_plan(plain) and recorded_sp(recorded_plan(plain)) == 1
+    assert "seq_parallel_communication_data_type" not in plain and "reduce_scatter" not in plain["zero_optimization"]
+    assert recorded_sp({"sp": "2"}) == recorded_sp({"sp": True}) == recorded_sp({}) == 1
+
+
+def test_a_job_running_another_sp_degree_than_its_plan_is_stopped_or_named():
+    record = recorded_plan(deepspeed_config(ParallelPlan(procs_per_node=8, seq_len=32768, sp=4)))
+    conformance = PlanConformanceCallback(record)
+    conformance.check_sequence_parallel(4)  # as planned: nothing
+    assert conformance.warnings == []
+    # The JSON launched without the YAML's parallelism_config block: every rank would hold the whole sequence.
+    stopped = r"for sequence parallelism 4 \(8192 tokens per rank\), but this job runs SP 1: launch with the accelerate"
+    with pytest.raises(ValueError, match=stopped + r" YAML.*or regenerate the files with --sp 1"):
+        conformance.check_sequence_parallel(1)
+    conformance.check_sequence_parallel(8)  # more SP ranks than planned: fewer tokens each, a smaller global batch
+    assert len(conformance.warnings) == 1 and "runs SP 8" in conformance.warnings[0]
+    PlanConformanceCallback({}).check_sequence_parallel(2)  # a config of anything else records no plan
+
+
+def test_tiled_mlps_are_recorded_and_reach_the_arguments(tmp_path, monkeypatch):
+    plan = ParallelPlan(procs_per_node=2, device="cpu", precision="fp32", tiled_mlp_shards=4)
+    assert recorded_plan(deepspeed_config(plan))["tiled_mlp_shards"] == 4
+    assert "tiled_mlp_shards" not in recorded_plan(deepspeed_config(ParallelPlan()))  # absent when not planned
+    _launch_with(tmp_path, monkeypatch, plan)
+    assert RecipeTrainingArguments(output_dir=str(tmp_path / "out")).tiled_mlp_shards == 4
+    assert RecipeTrainingArguments(output_dir=str(tmp_path / "out"), tiled_mlp_shards=0).tiled_mlp_shards == 0

@@ -182,3 +182,18 @@ def test_compact_rows_keep_one_row_per_layout_with_ep1_the_smallest_fitting_and_
         if fitting:
             assert fitting[0] in kept
             assert max(r.step.tokens_per_s for r in fitting) == max(r.step.tokens_per_s for r in kept if r.fits)
+
+
+def test_sp_is_searched_only_when_no_layout_without_it_fits_the_gpu(v3_on_64):
+    _, rows = v3_on_64
+    assert all(r.plan.sp == 1 for r in rows)  # V3 at 4k fits with EP and offload: no SP tried
+    lite = introspect("deepseek-v2-lite")
+    base = ParallelPlan(nodes=1, procs_per_node=8, seq_len=131072, activation_checkpointing=True)
+    chosen, rows = suggest(base, lite, 80)
+    # 131,072 tokens per rank need 252 GiB at best without SP; SP 8 holds 16,384 of them per rank: 70.9 of 72 GiB.
+    assert not any(r.fits for r in rows if r.plan.sp == 1)
+    assert (chosen.plan.sp, chosen.plan.tokens_per_rank, chosen.plan.tp, chosen.plan.ep) == (8, 16384, 1, 1)
+    assert not chosen.plan.offload_optimizer and chosen.memory.device_total <= 0.9 * 80 * GIB
+    assert all(r.plan.activation_checkpointing for r in rows)  # the plan recomputes already: nothing turned on
+    assert "Z3 SP8 rc off:-" in render_candidates(compact_rows(rows, chosen), chosen=chosen)
+    assert {r.plan.sp for r in rows} == {1, 2, 4, 8}  # the SPs that divide 8 ranks and 16 heads

@@ -1,6 +1,6 @@
-"""`tiled_mlp_shards` (hf_dist_recipes.parallel.tiled_mlp): the gated MLPs of a model computed a slice of the tokens at a
-time give the untiled losses and gradient norms through RecipeTrainer (one process; under ZeRO-3 + SP on 2 and 4
-ranks: tests/distributed/test_sequence_parallel.py)."""
+"""`tiled_mlp_shards` (hf_dist_recipes.parallel.tiled_mlp): the gated MLPs of a model computed a slice of the tokens
+at a time give the untiled losses and gradient norms through RecipeTrainer (one process; under ZeRO-3 + SP on 2 and
+4 ranks: tests/distributed/test_sequence_parallel.py)."""
 
 from __future__ import annotations
 

@@ -3,11 +3,12 @@
     sp_worker.py OUTPUT_DIR STEPS single INIT DP...    (one process, no DeepSpeed, no SP: the references)
     sp_worker.py OUTPUT_DIR STEPS recipe|stock INIT    (every rank, under `accelerate launch` with an SP config)
 
-The single run first saves a seeded `from_config` model to INIT; every run then trains those weights (`from_pretrained`,
-under ZeRO-3 partitioned as it loads) with sdpa attention on 32-token blocks of the
-standard library's source, taken in order (`train_sampling_strategy="sequential"`), micro batch 1, AdamW, clipping
-1.0; the SP runs also compute the loss 8 tokens at a time and the MLPs in 2 slices (the reference neither), and writes OUTPUT_DIR/rank<N>.json: per-step losses and gradient norms, the config's `head_dim` after training
-and the one saved, the SP degree the trainer saw, or the error that stopped it.
+The single run first saves a seeded `from_config` model to INIT; every run then trains those weights
+(`from_pretrained`, under ZeRO-3 partitioned as it loads) with sdpa attention on 32-token blocks of the standard
+library's source, taken in order (`train_sampling_strategy="sequential"`), micro batch 1, AdamW, clipping 1.0; the SP
+runs also compute the loss 8 tokens at a time and the MLPs in 2 slices (the reference neither). Each writes
+OUTPUT_DIR/rank<N>.json: per-step losses and gradient norms, the eval loss, tokens counted, the config's `head_dim`
+after training and the one saved, the SP degree the trainer saw, or the error that stopped it.
 
 Under SP with DP replicas (world / SP) optimizer step k takes one block per replica: replica d's SP group processes
 the block its first rank's loader gave, then the next rank's. The reference reproduces that order with micro
