@@ -38,6 +38,9 @@ GRAD_REDUCE_DTYPES: tuple[str, ...] = get_args(GradReduceDtype)
 ENGINES: tuple[str, ...] = get_args(Engine)
 MIN_DEEPSPEED_ZERO3_AUTOTP = "0.19.4"  # DeepSpeed PRs 8167/8168: AutoTP training with ZeRO-3
 MIN_DEEPSPEED_SP = "0.18.2"  # accelerate 1.16 accelerator.py:2364-2368 refuses Ulysses SP (ALST) below it
+# accelerate's ParallelismConfig(sp_size, sp_backend) and the YAML keys arrived in 1.12.0 (huggingface/accelerate#3817;
+# 1.11.0's parallelism_config.py has no sp_size), which the package's range (>= 1.10) reaches below.
+MIN_ACCELERATE_SP = "1.12.0"
 # DeepSpeed AutoEP presets (deepspeed/module_inject/auto_ep_presets) by transformers model_type.
 EP_PRESETS = {
     "deepseek_v2": "deepseek_v2",
@@ -121,9 +124,16 @@ class ParallelPlan:
             "global_batch": self.global_batch,
         }
 
-    def validate(self, model: ModelShape | None = None, *, deepspeed_version: str | None = None) -> list[str]:
-        """Raise ValueError for the first rule broken; return warnings. `deepspeed_version` defaults to the
-        installed one (the rule on ZeRO-3 + AutoTP is skipped when DeepSpeed is not installed)."""
+    def validate(
+        self,
+        model: ModelShape | None = None,
+        *,
+        deepspeed_version: str | None = None,
+        accelerate_version: str | None = None,
+    ) -> list[str]:
+        """Raise ValueError for the first rule broken; return warnings. `deepspeed_version` and
+        `accelerate_version` default to the installed ones (a version rule is skipped when the package is not
+        installed)."""
         warnings: list[str] = []
         for name in ("nodes", "procs_per_node", "tp", "ep", "sp", "micro_batch", "grad_accum", "seq_len"):
             positive_int(getattr(self, name), name, getattr(ParallelPlan, name))  # the default as the example
@@ -191,7 +201,7 @@ class ParallelPlan:
                 f"groups over consecutive ranks); pick EP from {_divisors(self.world_size)}"
             )
         if self.sp > 1:
-            warnings += self._validate_sp(deepspeed_version)
+            warnings += self._validate_sp(deepspeed_version, accelerate_version)
         if self.engine == "fsdp2":
             self._validate_fsdp2()
         elif self.tp > 1 and self.zero_stage == 3:
@@ -219,7 +229,7 @@ class ParallelPlan:
                 "--offload-optimizer, with --engine fsdp2"
             )
 
-    def _validate_sp(self, deepspeed_version: str | None) -> list[str]:
+    def _validate_sp(self, deepspeed_version: str | None, accelerate_version: str | None) -> list[str]:
         """The model-free rules of Ulysses SP (sp > 1); warnings for SP groups that cross nodes."""
         sp, no_sp = self.sp, "or --sp 1"
         if self.engine == "fsdp2":
@@ -254,6 +264,12 @@ class ParallelPlan:
             raise ValueError(
                 f"Ulysses SP needs DeepSpeed >= {MIN_DEEPSPEED_SP} (accelerate refuses it below, accelerator.py:2364), "
                 f"this is {deepspeed_version}; upgrade DeepSpeed, {no_sp}"
+            )
+        accelerate_version = accelerate_version or installed_version("accelerate")
+        if accelerate_version is not None and Version(accelerate_version) < Version(MIN_ACCELERATE_SP):
+            raise ValueError(
+                f"Ulysses SP needs accelerate >= {MIN_ACCELERATE_SP} (its ParallelismConfig has no sp_size before, "
+                f"huggingface/accelerate#3817), this is {accelerate_version}; upgrade accelerate, {no_sp}"
             )
         if sp > self.procs_per_node or self.procs_per_node % sp:
             return [

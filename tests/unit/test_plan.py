@@ -147,6 +147,11 @@ def test_sp_needs_the_deepspeed_accelerate_requires():
     with pytest.raises(ValueError, match=r"needs DeepSpeed >= 0.18.2 \(accelerate refuses it below"):
         replace(ONE_NODE, sp=2).validate(deepspeed_version="0.18.1")
     assert replace(ONE_NODE, sp=2).validate(deepspeed_version="0.18.2") == []
+    with pytest.raises(
+        ValueError, match=r"needs accelerate >= 1.12.0 .* this is 1.11.0; upgrade accelerate, or --sp 1"
+    ):
+        replace(ONE_NODE, sp=2).validate(accelerate_version="1.11.0")
+    assert replace(ONE_NODE, sp=2).validate(accelerate_version="1.12.0") == []
 
 
 def test_sp_must_split_the_heads_as_ulysses_does():
