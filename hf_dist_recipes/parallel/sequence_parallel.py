@@ -170,11 +170,11 @@ def with_position_ids(collator: Callable) -> Callable:
 def mla_shim_for(model, accelerator) -> MlaForUlysses | None:
     """The MLA shim for `model` under `accelerator`'s SP (None for a model without MLA, or built later by
     `model_init`). The attention implementation is the one accelerate hands Ulysses (`sp_attn_implementation`, which
-    must equal the model's), else the model's own."""
+    must equal the model's; "sdpa", accelerate's documented default, where it names none)."""
     if model is None or not is_mla(model.config):
         return None
     handler = getattr(accelerator.parallelism_config, "sp_handler", None)
-    implementation = getattr(handler, "sp_attn_implementation", None) or model.config._attn_implementation
+    implementation = getattr(handler, "sp_attn_implementation", None) or "sdpa"
     return MlaForUlysses(model, implementation)
 
 
