@@ -1,7 +1,7 @@
 """Ulysses SP on the tiny DeepSeek-V3 model (MLA + MoE), for tests/distributed/test_sequence_parallel.py.
 
     sp_worker.py OUTPUT_DIR STEPS single INIT DP...    (one process, no DeepSpeed, no SP: the references)
-    sp_worker.py OUTPUT_DIR STEPS recipe|stock INIT    (every rank, under `accelerate launch` with an SP config)
+    sp_worker.py OUTPUT_DIR STEPS recipe|recipe-early|stock INIT    (every rank, under `accelerate launch` with SP)
 
 The single run first saves a seeded `from_config` model to INIT; every run then trains those weights
 (`from_pretrained`, under ZeRO-3 partitioned as it loads) with sdpa attention on 32-token blocks of the standard
@@ -46,6 +46,11 @@ def reference_order(blocks: int, dp: int, sp: int = SP) -> list[int]:
 def main(output_dir: str, steps: int, flavour: str, init: str, dp: int = 1) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     single = flavour == "single"
+    # recipe-early: the model loaded before the arguments, so not under zero.Init, which would have initialised
+    # DeepSpeed's communication; the SP set-up then needs the recipe's (on CPU accelerate leaves it out)
+    early = (
+        AutoModelForCausalLM.from_pretrained(init, attn_implementation="sdpa") if flavour == "recipe-early" else None
+    )
     common = dict(
         output_dir=output_dir,
         max_steps=steps,
@@ -70,7 +75,7 @@ def main(output_dir: str, steps: int, flavour: str, init: str, dp: int = 1) -> N
     if single and not Path(init).exists():
         AutoModelForCausalLM.from_config(template_config(MODEL)).save_pretrained(init)
     # Ulysses refuses eager attention
-    model = AutoModelForCausalLM.from_pretrained(init, attn_implementation="sdpa")
+    model = early or AutoModelForCausalLM.from_pretrained(init, attn_implementation="sdpa")
     blocks = token_blocks(stdlib_dataset(seq_len=32, max_bytes=40_000), model.config.vocab_size)
     held_out = TokenBlocks(blocks.tokens[-4:])  # evaluated after training, whole on every rank
     if single:
@@ -81,6 +86,9 @@ def main(output_dir: str, steps: int, flavour: str, init: str, dp: int = 1) -> N
         # The stock twin gets the positions the SP adapter requires (the recipe adds them itself), so that what stops
         # it is the MLA head sizes
         collator = with_position_ids(default_data_collator) if flavour == "stock" else None
+        import deepspeed.comm
+
+        record["comm_before_trainer"] = deepspeed.comm.is_initialized()
         trainer = trainer_class(model=model, args=args, train_dataset=blocks, data_collator=collator)
         record["sp_size"] = getattr(trainer, "sp_size", None)
         trainer.train()
