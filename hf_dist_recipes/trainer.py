@@ -72,12 +72,12 @@ from hf_dist_recipes.parallel.chunked_loss import ChunkedLoss, chunked_loss_for
 from hf_dist_recipes.parallel.construction import check_partitioned
 from hf_dist_recipes.parallel.sequence_parallel import (
     UNSHARDED_EVAL,
-    MlaForUlysses,
+    UlyssesRegistration,
     eval_length_problem,
     eval_unsharded,
     init_deepspeed_comm,
-    mla_shim_for,
     sequence_parallel_size,
+    ulysses_registration_for,
     with_position_ids,
 )
 from hf_dist_recipes.parallel.tiled_mlp import tile_mlps
@@ -181,13 +181,13 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         # positions in every batch, and MLA's head sizes made ones Ulysses takes while the engine is built.
         self.sp_size = sequence_parallel_size(self.accelerator)
         self.recipe_callbacks.plan_conformance.check_sequence_parallel(self.sp_size)
-        self.mla_for_ulysses: MlaForUlysses | None = None
+        self.ulysses: UlyssesRegistration | None = None
         if self.sp_size > 1:
             init_deepspeed_comm(self.accelerator)
             self.data_collator = with_position_ids(self.data_collator)
-            self.mla_for_ulysses = mla_shim_for(self.model, self.accelerator)
-            if self.mla_for_ulysses is not None:
-                self.add_callback(self.mla_for_ulysses.callback())
+            self.ulysses = ulysses_registration_for(self.model, self.accelerator)
+            if self.ulysses is not None:
+                self.add_callback(self.ulysses.callback())
 
     runtime: RecipeRuntime | None = None  # None only inside the stock constructor, before the mixin builds it
 
@@ -266,8 +266,10 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         checkpoint = plan.checkpoint
         if checkpoint:  # the per-rank counters continue where the checkpoint left them
             self.runtime.rank_metrics.load(checkpoint, self.runtime.facts.rank)
-        if self.mla_for_ulysses is not None:
-            self.mla_for_ulysses.before_prepare()
+        if (
+            self.ulysses is not None
+        ):  # each prepare registers Ulysses afresh (an evaluation's came before, or a train())
+            self.ulysses.before_prepare()
         try:
             output = super().train(checkpoint, trial, ignore_keys_for_eval)
         except BaseException as error:
@@ -280,8 +282,8 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
             raise
         finally:
             self.runtime.logs.discard()  # what came after the last log: a next train() starts clean
-            if self.mla_for_ulysses is not None:  # a train() that stopped before train begin
-                self.mla_for_ulysses.restore()
+            if self.ulysses is not None:  # a train() that stopped before train begin
+                self.ulysses.restore()
         stop = self.recipe_callbacks.preemption.stop
         if stop is not None:
             # Not back to the script: what follows train() (a final save_model, an evaluation) belongs to the end of

@@ -70,6 +70,14 @@ WORKAROUNDS = {
         "process (no upstream issue yet)",
         "zero.Init reuses or replaces the group: close `affected` below that release",
     ),
+    "sp_groups_once_per_process": Workaround(
+        "deepspeed",
+        ">=0.18.2",
+        "deepspeed/runtime/sequence_parallel/parallel_state_sp.py `initialize_sequence_parallel` asserts the SP groups "
+        "are made once per process, and accelerate registers Ulysses at every DeepSpeed prepare: an `evaluate()` "
+        "before `train()`, or a second `train()`, stops there (no upstream issue yet)",
+        "the registration reuses or replaces the groups: close `affected` below that release",
+    ),
     "cpu_adam_resumed_step": Workaround(
         "deepspeed",
         ">=0.19.8",

@@ -67,6 +67,25 @@ def forget_zero_hpz_group() -> None:
         setattr(groups, _HPZ_GROUP, None)
 
 
+_SP_STATE_MODULE = "deepspeed.runtime.sequence_parallel.parallel_state_sp"
+_SP_GROUP = "_SEQUENCE_PARALLEL_GROUP"
+_SP_RELEASE = "_release_sequence_parallel_groups"
+
+
+def forget_sequence_parallel_groups() -> None:
+    """Let the next Ulysses registration (accelerate's, in every DeepSpeed `prepare`) make its own SP groups.
+
+    DeepSpeed 0.19.8 `parallel_state_sp.initialize_sequence_parallel` asserts "sequence parallel group is already
+    initialized", so the training prepare after an evaluation's (or a second `train()`) stops there. Its own
+    `_release_sequence_parallel_groups` (written for a teardown) drops the references; the next registration creates
+    new groups with `dist.new_group`, a collective every rank reaches together (every rank prepares). The old groups
+    are not destroyed (an earlier engine may hold them): idle process groups. Does nothing when DeepSpeed's SP state
+    is not imported or holds no group."""
+    state = sys.modules.get(_SP_STATE_MODULE)
+    if state is not None and getattr(state, _SP_GROUP, None) is not None and needed("sp_groups_once_per_process"):
+        getattr(state, _SP_RELEASE)()
+
+
 # Gradient health under ZeRO-3 without a hook per parameter tensor. DeepSpeed 0.19.8 `runtime/zero/stage3.py`
 # `DeepSpeedZeroOptimizer_Stage3`: every gradient of a backward goes into `self.ipg_buckets[comm_dtype]` (an
 # `IPGBucketZ3`, its `params` in order) and leaves it through the name-mangled

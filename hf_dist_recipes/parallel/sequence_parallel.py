@@ -11,12 +11,17 @@ gives it the whole sequence for 1/p of the heads. accelerate registers Ulysses i
   launcher already made.
 - **DeepSeek's MLA.** Ulysses takes one head size, `config.head_dim`, for Q, K and V (ulysses_sp.py:503-512) and
   asserts `key.shape == value.shape` (ulysses_sp.py:299-304). MLA's Q/K heads are `qk_nope + qk_rope` wide (192 for
-  V3), its V heads `v_head_dim` (128), and DeepSeek's configs set `head_dim` to the RoPE width (64). `MlaForUlysses`
-  makes the registration read the Q/K width, zero-pads V to it before the attention call and crops the output back.
+  V3), its V heads `v_head_dim` (128), and DeepSeek's configs set `head_dim` to the RoPE width (64).
+  `UlyssesRegistration` makes the registration read the Q/K width, zero-pads V to it before the attention call and
+  crops the output back.
   Exact: the padded V columns only add output columns of zeros, which the crop drops (the scores, and the model's own
   `scaling`, do not read V). The config's `head_dim` is the model's again once the engine is built, so checkpoints
   save the model's own config. The upstream change that would retire this: separate Q/K and V head sizes in
   `UlyssesSPAttentionHF` (its required shapes and its all-to-all of V).
+- **A second prepare.** accelerate registers Ulysses at every DeepSpeed `prepare`: an `evaluate()` before `train()`,
+  or a second `train()`, would wrap Ulysses' own wrapper and stop at DeepSpeed's "sequence parallel group is already
+  initialized". `UlyssesRegistration.before_prepare` starts each registration from the attention function the model
+  had and lets DeepSpeed make its groups again.
 - **position_ids.** The SP data adapter refuses a batch without them (ulysses_sp.py:666, huggingface/trl#6812):
   `with_position_ids` gives a collator's batches `arange(seq)` positions, which is what the model uses without them.
 """
@@ -29,6 +34,8 @@ from collections.abc import Callable, Mapping
 import torch
 from torch.nn import functional as F
 from transformers import TrainerCallback
+
+from hf_dist_recipes._compat.deepspeed import forget_sequence_parallel_groups
 
 logger = logging.getLogger(__name__)
 
@@ -75,22 +82,28 @@ def is_mla(config) -> bool:
     return text.v_head_dim != width or getattr(text, "head_dim", width) != width
 
 
-class MlaForUlysses:
-    """The MLA shim of the module docstring, for one model. `before_prepare` (before `Accelerator.prepare`, where
-    accelerate registers Ulysses) sets the head size Ulysses reads to the Q/K width; `after_prepare` (train begin:
-    the engine is built) restores the config and wraps the registered attention so V is padded and the output
-    cropped; `restore` puts the config back (idempotent), for a train() that failed before train begin.
+class UlyssesRegistration:
+    """What the recipe does around each Ulysses registration (accelerate's, in every DeepSpeed `prepare`) for one
+    model. `before_prepare` (train() start) puts back the attention function the implementation had when the trainer
+    was built, which accelerate would otherwise wrap a second time (Ulysses inside Ulysses, after an `evaluate()`
+    before `train()` or in a second `train()`), and lets DeepSpeed make its SP groups again
+    (`_compat.deepspeed.forget_sequence_parallel_groups`). For MLA (`mla`) it is also the shim of the module
+    docstring: `before_prepare` sets the head size Ulysses reads to the Q/K width; `after_prepare` (train begin: the
+    engine is built) restores the config and wraps the registered attention so V is padded and the output cropped;
+    `restore` puts the config back (idempotent), for a train() that failed before train begin.
 
-    `attention_functions`: transformers' `ALL_ATTENTION_FUNCTIONS` (handed over so a test can pass its own);
-    `implementation`: the attention implementation Ulysses wraps (`sp_attn_implementation`)."""
+    `implementation`: the attention implementation Ulysses wraps (`sp_attn_implementation`); `attention_functions`:
+    transformers' `ALL_ATTENTION_FUNCTIONS` (handed over so a test can pass its own)."""
 
     def __init__(self, model, implementation: str, attention_functions=None):
         if attention_functions is None:
             from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as attention_functions
         self.config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.mla = is_mla(self.config)
         self.implementation = implementation
         self.functions = attention_functions
-        self._core: Callable | None = None  # the attention function before any Ulysses registration
+        current = attention_functions[implementation] if implementation in attention_functions else None
+        self._core: Callable | None = getattr(current, "recipe_mla_core", current)  # before any registration
         self._head_dim: object = None
         self._changed = False
 
@@ -99,20 +112,17 @@ class MlaForUlysses:
         return self.config.qk_nope_head_dim + self.config.qk_rope_head_dim
 
     def before_prepare(self) -> None:
-        # A second train() prepares again: Ulysses would wrap its own earlier wrapper (and ours), so each registration
-        # starts from the implementation's own function.
-        current = self.functions[self.implementation]
-        if self._core is None:
-            self._core = getattr(current, "recipe_mla_core", current)
-        self.functions[self.implementation] = self._core
-        if not self._changed:
+        forget_sequence_parallel_groups()
+        if self._core is not None:
+            self.functions[self.implementation] = self._core
+        if self.mla and not self._changed:
             self._head_dim, self._changed = getattr(self.config, "head_dim", None), True
             self.config.head_dim = self.qk_width
 
     def after_prepare(self) -> None:
         self.restore()
         registered = self.functions[self.implementation]
-        if getattr(registered, "recipe_mla_core", None) is None:
+        if self.mla and getattr(registered, "recipe_mla_core", None) is None:
             self.functions[self.implementation] = _pad_values(registered, self._core)
 
     def restore(self) -> None:
@@ -125,7 +135,7 @@ class MlaForUlysses:
 
 
 class _AfterPrepare(TrainerCallback):
-    def __init__(self, shim: MlaForUlysses):
+    def __init__(self, shim: UlyssesRegistration):
         self.shim = shim
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -167,15 +177,15 @@ def with_position_ids(collator: Callable) -> Callable:
     return collate
 
 
-def mla_shim_for(model, accelerator) -> MlaForUlysses | None:
-    """The MLA shim for `model` under `accelerator`'s SP (None for a model without MLA, or built later by
-    `model_init`). The attention implementation is the one accelerate hands Ulysses (`sp_attn_implementation`, which
+def ulysses_registration_for(model, accelerator) -> UlyssesRegistration | None:
+    """The registration helper for `model` under `accelerator`'s SP (None without a model yet: `model_init` builds it
+    in train()). The attention implementation is the one accelerate hands Ulysses (`sp_attn_implementation`, which
     must equal the model's; "sdpa", accelerate's documented default, where it names none)."""
-    if model is None or not is_mla(model.config):
+    if model is None:
         return None
     handler = getattr(accelerator.parallelism_config, "sp_handler", None)
     implementation = getattr(handler, "sp_attn_implementation", None) or "sdpa"
-    return MlaForUlysses(model, implementation)
+    return UlyssesRegistration(model, implementation)
 
 
 def eval_length_problem(inputs, limit: int | None, sp: int) -> str | None:

@@ -59,6 +59,7 @@ def test_a_workaround_is_needed_exactly_in_its_affected_releases():
         "evaluation_before_training",
         "moe_resume_conversion",
         "hpz_group_per_process",
+        "sp_groups_once_per_process",
         "cpu_adam_resumed_step",
         "jit_build_lock_file",
     }
@@ -206,6 +207,25 @@ def test_deepspeed_refuses_a_second_hpz_group_in_one_process_where_the_workaroun
         assert getattr(groups, compat_deepspeed._HPZ_GROUP) is (None if refuses else stand_in)
     finally:
         setattr(groups, compat_deepspeed._HPZ_GROUP, before)
+
+
+def test_deepspeed_refuses_second_sp_groups_in_one_process_where_the_workaround_says():
+    """RecipeTrainer.train forgets DeepSpeed's SP groups (_compat.deepspeed.forget_sequence_parallel_groups) so that the
+    training prepare after an evaluation's registers Ulysses again, in the releases WORKAROUNDS names. When this fails,
+    upstream changed how the SP groups are kept: re-check whether the release is still needed and still enough (the
+    trained check: tests/distributed/test_sequence_parallel.py evaluates before it trains)."""
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp as state
+
+    refuses = "sequence parallel group is already initialized" in inspect.getsource(state.initialize_sequence_parallel)
+    assert refuses == _compat.needed("sp_groups_once_per_process")
+    before = (state._SEQUENCE_PARALLEL_GROUP, state._SEQUENCE_DATA_PARALLEL_GROUP)
+    try:
+        state._SEQUENCE_PARALLEL_GROUP = state._SEQUENCE_DATA_PARALLEL_GROUP = object()  # stand-ins: no group here
+        compat_deepspeed.forget_sequence_parallel_groups()
+        after = (state._SEQUENCE_PARALLEL_GROUP, state._SEQUENCE_DATA_PARALLEL_GROUP)
+        assert (after == (None, None)) == refuses
+    finally:
+        state._SEQUENCE_PARALLEL_GROUP, state._SEQUENCE_DATA_PARALLEL_GROUP = before
 
 
 def test_torch_waits_on_the_build_lock_file_where_the_workaround_says():

@@ -11,7 +11,7 @@ from transformers import DeepseekV3Config, LlamaConfig, default_data_collator
 
 from hf_dist_recipes.core.model_templates import template_config
 from hf_dist_recipes.parallel.sequence_parallel import (
-    MlaForUlysses,
+    UlyssesRegistration,
     eval_length_problem,
     eval_unsharded,
     is_mla,
@@ -49,7 +49,7 @@ def test_the_shim_pads_v_exactly_and_gives_the_registration_the_qk_width():
 
         functions["sdpa"] = ulysses
 
-    shim = MlaForUlysses(model, "sdpa", attention_functions=functions)
+    shim = UlyssesRegistration(model, "sdpa", attention_functions=functions)
     for _ in range(2):  # a second train() registers from the implementation's own function again
         shim.before_prepare()
         assert functions["sdpa"] is _sdpa and config.head_dim == 24
@@ -71,6 +71,19 @@ def test_the_shim_pads_v_exactly_and_gives_the_registration_the_qk_width():
     shim.restore()
     shim.restore()
     assert config.head_dim == 8
+
+
+def test_each_prepare_registers_from_the_models_own_attention():
+    # An evaluate() before train() registered Ulysses already: the training prepare must wrap the model's own sdpa,
+    # not that wrapper (Ulysses inside Ulysses). A model without MLA keeps its head_dim and gets no padding.
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4)
+    functions = {"sdpa": _sdpa}
+    registration = UlyssesRegistration(SimpleNamespace(config=config), "sdpa", attention_functions=functions)
+    functions["sdpa"] = lambda *args, **kwargs: None  # the evaluation's registration
+    registration.before_prepare()
+    assert functions["sdpa"] is _sdpa and config.head_dim == 16
+    registration.after_prepare()
+    assert functions["sdpa"] is _sdpa and not registration.mla
 
 
 def test_position_ids_are_added_where_a_batch_has_none():

@@ -7,7 +7,8 @@ The single run first saves a seeded `from_config` model to INIT; every run then 
 (`from_pretrained`, under ZeRO-3 partitioned as it loads) with sdpa attention on 32-token blocks of the standard
 library's source, taken in order (`train_sampling_strategy="sequential"`), micro batch 1, AdamW, clipping 1.0; the SP
 runs also compute the loss 8 tokens at a time and the MLPs in 2 slices (the reference neither). Each writes
-OUTPUT_DIR/rank<N>.json: per-step losses and gradient norms, the eval loss, tokens counted, the config's `head_dim`
+OUTPUT_DIR/rank<N>.json: per-step losses and gradient norms, the eval losses (before training too: the 2-rank SP
+run's evaluation registers Ulysses before its training does), tokens counted, the config's `head_dim`
 after training and the one saved, the SP degree the trainer saw, or the error that stopped it.
 
 Under SP with DP replicas (world / SP) optimizer step k takes one block per replica: replica d's SP group processes
@@ -91,6 +92,8 @@ def main(output_dir: str, steps: int, flavour: str, init: str, dp: int = 1) -> N
         record["comm_before_trainer"] = deepspeed.comm.is_initialized()
         trainer = trainer_class(model=model, args=args, train_dataset=blocks, data_collator=collator)
         record["sp_size"] = getattr(trainer, "sp_size", None)
+        if flavour in ("recipe", "single"):  # an evaluation's prepare registers Ulysses before the training one does
+            record["eval_first_loss"] = trainer.evaluate(eval_dataset=held_out)["eval_loss"]
         trainer.train()
         trainer.save_model(str(Path(output_dir) / "final"))
         trainer.accelerator.wait_for_everyone()  # rank 0 writes the config
