@@ -221,10 +221,14 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
 
     def call_model_init(self, trial=None):
         """`Trainer.call_model_init`, which also rebuilds under ZeRO++ hpZ
-        (`_compat.deepspeed.forget_zero_hpz_group`); the model it builds gets `tiled_mlp_shards`."""
+        (`_compat.deepspeed.forget_zero_hpz_group`); the model it builds gets `tiled_mlp_shards` and, under SP, the
+        Ulysses registration's care."""
         forget_zero_hpz_group()
         model = super().call_model_init(trial)
         self._tile_mlps(model)
+        if getattr(self, "ulysses", None) is not None:  # train()'s new model is the one Ulysses registers next
+            self.ulysses.use_model(model)
+            self.ulysses.before_prepare()
         return model
 
     def _tile_mlps(self, model) -> None:
@@ -266,9 +270,8 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         checkpoint = plan.checkpoint
         if checkpoint:  # the per-rank counters continue where the checkpoint left them
             self.runtime.rank_metrics.load(checkpoint, self.runtime.facts.rank)
-        if (
-            self.ulysses is not None
-        ):  # each prepare registers Ulysses afresh (an evaluation's came before, or a train())
+        # Each prepare registers Ulysses afresh (an evaluation's may have come before, or an earlier train())
+        if self.ulysses is not None:
             self.ulysses.before_prepare()
         try:
             output = super().train(checkpoint, trial, ignore_keys_for_eval)

@@ -98,12 +98,18 @@ class UlyssesRegistration:
     def __init__(self, model, implementation: str, attention_functions=None):
         if attention_functions is None:
             from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as attention_functions
-        self.config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        self.mla = is_mla(self.config)
+        self.use_model(model)
         self.implementation = implementation
         self.functions = attention_functions
         current = attention_functions[implementation] if implementation in attention_functions else None
         self._core: Callable | None = getattr(current, "recipe_mla_core", current)  # before any registration
+
+    def use_model(self, model) -> None:
+        """Care for `model` from now on (the one `model_init` built in train()), the earlier model's config restored."""
+        if getattr(self, "_changed", False):
+            self.restore()
+        self.config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.mla = is_mla(self.config)
         self._head_dim: object = None
         self._changed = False
 

@@ -71,6 +71,14 @@ def test_the_shim_pads_v_exactly_and_gives_the_registration_the_qk_width():
     shim.restore()
     shim.restore()
     assert config.head_dim == 8
+    # model_init's new model in train(): the earlier model's config back as it was, the new one's changed
+    shim.before_prepare()
+    other = template_config("tiny-deepseek-v3")
+    shim.use_model(SimpleNamespace(config=other))
+    shim.before_prepare()
+    assert (config.head_dim, other.head_dim) == (8, 24)
+    shim.after_prepare()
+    assert other.head_dim == 8
 
 
 def test_each_prepare_registers_from_the_models_own_attention():
