@@ -3,7 +3,8 @@ process without SP or DeepSpeed on the same blocks from the same weights (tests/
 
 The model is DeepSeek-style (MLA: Q/K heads 24 wide, V heads 16; 8 routed experts), so the recipe's MLA shim is on
 the path, and the SP runs also take the chunked loss and tiled MLPs (the reference neither); the negative twin is the
-stock Trainer under the same config, which stops where DeepSpeed's Ulysses checks the head sizes. Why the numbers
+stock Trainer under the same config (in the ranks of the 2-rank launch, after the recipe's run, from the state a
+fresh process holds), which stops where DeepSpeed's Ulysses checks the head sizes. Why the numbers
 must agree: SP only moves where each token's attention runs, and the Trainer's loss is a token-weighted mean over the
 SP group with DeepSpeed's gradient averaging corrected; the reference's blocks are taken in the order the SP x DP
 run takes them (`reference_order`).
@@ -59,25 +60,31 @@ def _records(out) -> list[dict]:
     return sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")), key=lambda r: r["rank"])
 
 
-def _launch(tmp_path_factory, reference, flavour: str, processes: int) -> list[dict]:
-    out = tmp_path_factory.mktemp(f"sp_{flavour}_{processes}")
+def _launch(tmp_path_factory, reference, flavour: str, processes: int):
+    """The run folder of one launch of `flavour` on `processes` ranks."""
+    out = tmp_path_factory.mktemp(f"sp_{flavour}_{processes}".replace("+", "_"))
     config = sp_config(out, processes)
     init = reference[0] / "init"
     check_launch(accelerate_launch(config, [WORKER, str(out / "run"), str(STEPS), flavour, str(init)]))
-    records = _records(out / "run")
-    assert [r["rank"] for r in records] == list(range(processes))
-    return records
+    assert [r["rank"] for r in _records(out / "run")] == list(range(processes))
+    return out / "run"
 
 
 @pytest.fixture(scope="module")
-def sp2(tmp_path_factory, reference):
-    return _launch(tmp_path_factory, reference, "recipe", 2)
+def sp2_launch(tmp_path_factory, reference):
+    """One 2-rank launch: the recipe's run, then the stock twin in the same ranks (written to stock/)."""
+    return _launch(tmp_path_factory, reference, "recipe+stock", 2)
+
+
+@pytest.fixture(scope="module")
+def sp2(sp2_launch):
+    return _records(sp2_launch)
 
 
 @pytest.fixture(scope="module")
 def sp2_dp2(tmp_path_factory, reference):
     # The model loaded before the arguments: no zero.Init to initialise DeepSpeed's communication before the SP set-up
-    return _launch(tmp_path_factory, reference, "recipe-early", 4)
+    return _records(_launch(tmp_path_factory, reference, "recipe-early", 4))
 
 
 def _assert_matches(records: list[dict], expected: dict) -> None:
@@ -118,8 +125,9 @@ def test_sp2_dp2_on_four_ranks_trains_as_one_process_without_sp(sp2_dp2, referen
     assert not any(r["comm_before_trainer"] for r in sp2_dp2)
 
 
-def test_stock_ulysses_stops_at_mla_with_the_message_the_docs_name(tmp_path_factory, reference):
-    records = _launch(tmp_path_factory, reference, "stock", 2)
+def test_stock_ulysses_stops_at_mla_with_the_message_the_docs_name(sp2_launch):
+    records = _records(sp2_launch / "stock")
+    assert [r["rank"] for r in records] == [0, 1]
     for record in records:
         assert record["error"].startswith("AssertionError: ") and STOCK_MLA_MESSAGE in record["error"], record
         # the head size Ulysses took is DeepSeek's head_dim (the RoPE width, 8), not the Q/K width 24

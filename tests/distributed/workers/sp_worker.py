@@ -1,7 +1,7 @@
 """Ulysses SP on the tiny DeepSeek-V3 model (MLA + MoE), for tests/distributed/test_sequence_parallel.py.
 
     sp_worker.py OUTPUT_DIR STEPS single INIT DP...    (one process, no DeepSpeed, no SP: the references)
-    sp_worker.py OUTPUT_DIR STEPS recipe|recipe-early|stock INIT    (every rank, under `accelerate launch` with SP)
+    sp_worker.py OUTPUT_DIR STEPS recipe|recipe-early|stock|recipe+stock INIT    (every rank, `accelerate launch`)
 
 The single run first saves a seeded `from_config` model to INIT; every run then trains those weights
 (`from_pretrained`, under ZeRO-3 partitioned as it loads) with sdpa attention on 32-token blocks of the standard
@@ -128,5 +128,17 @@ if __name__ == "__main__":
     if flavour == "single":
         for dp in dps:  # one reference per DP degree, in this one process
             main(str(Path(output_dir) / f"dp{dp}"), int(steps), flavour, init, int(dp))
+    elif flavour == "recipe+stock":
+        # The recipe's run first, in fresh processes; then, to spare a launch, the stock twin in the same ranks, from
+        # what a fresh process would hold: the model's own sdpa (the recipe's registration wrapped it) and no SP groups.
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        from hf_dist_recipes._compat.deepspeed import forget_sequence_parallel_groups
+
+        sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+        main(output_dir, int(steps), "recipe", init)
+        ALL_ATTENTION_FUNCTIONS["sdpa"] = sdpa
+        forget_sequence_parallel_groups()
+        main(str(Path(output_dir) / "stock"), int(steps), "stock", init)
     else:
         main(output_dir, int(steps), flavour, init)
