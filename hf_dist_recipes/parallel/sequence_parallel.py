@@ -28,7 +28,6 @@ gives it the whole sequence for 1/p of the heads. accelerate registers Ulysses i
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
 
 import torch
@@ -36,8 +35,6 @@ from torch.nn import functional as F
 from transformers import TrainerCallback
 
 from hf_dist_recipes._compat.deepspeed import forget_sequence_parallel_groups
-
-logger = logging.getLogger(__name__)
 
 # The MLA config fields (DeepSeek-V2/V3, Kimi, GLM-4.5's MLA): Q/K heads are nope + rope wide, V heads v_head_dim.
 _MLA_FIELDS = ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
