@@ -7,45 +7,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_dist_recipes import RecipeTrainer, RecipeTrainingArguments
+from hf_dist_recipes import RecipeTrainingArguments
 from hf_dist_recipes.demo.model import build_tiny_deepseek
 from hf_dist_recipes.parallel.tiled_mlp import tile_mlps
 from tests.support.models import SMALL
-
-
-class _Rows(torch.utils.data.Dataset):
-    def __init__(self, n: int = 16, seq: int = 20):
-        self.ids = torch.randint(0, 256, (n, seq), generator=torch.Generator().manual_seed(3))
-
-    def __len__(self):
-        return len(self.ids)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
-
-
-def _train(tmp_path, **overrides) -> RecipeTrainer:
-    args = RecipeTrainingArguments(
-        output_dir=str(tmp_path),
-        max_steps=4,
-        per_device_train_batch_size=2,
-        learning_rate=3e-3,
-        warmup_steps=1,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        **overrides,
-    )
-    trainer = RecipeTrainer(model_init=lambda: build_tiny_deepseek(**SMALL), args=args, train_dataset=_Rows())
-    trainer.train()
-    return trainer
+from tests.unit.test_chunked_loss import _train  # the chunked loss's run: accumulation 2, ignored labels
 
 
 def test_tiled_mlps_train_to_the_untiled_losses(tmp_path):
     plain = _train(tmp_path / "plain")
-    # 3 slices of 2 x 20 = 40 rows: 14, 14, 12; with activation checkpointing, the third forward (its recomputation)
-    tiled = _train(tmp_path / "tiled", tiled_mlp_shards=3, activation_checkpointing=True)
+    # 5 slices of 2 x 24 = 48 rows: 10, 10, 10, 10, 8; activation checkpointing on, so each MLP runs a third time
+    # (the recomputation) inside the tiling
+    tiled = _train(tmp_path / "tiled", tiled_mlp_shards=5, activation_checkpointing=True)
     logs = [[e for e in t.state.log_history if "loss" in e] for t in (plain, tiled)]
     assert len(logs[0]) == 4
     for a, b in zip(*logs, strict=True):
