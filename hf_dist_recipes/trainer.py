@@ -80,7 +80,7 @@ from hf_dist_recipes.parallel.sequence_parallel import (
     ulysses_registration_for,
     with_position_ids,
 )
-from hf_dist_recipes.parallel.tiled_mlp import tile_mlps
+from hf_dist_recipes.parallel.tiled_mlp import tile_for_trainer
 from hf_dist_recipes.runtime import RecipeRuntime
 from hf_dist_recipes.schedules.scheduler_kwargs import default_num_cycles
 from hf_dist_recipes.schedules.warmup_cosine import (
@@ -232,22 +232,9 @@ class RecipeTrainerMixin(compat_transformers.TrainerPrivateOverrides):
         return model
 
     def _tile_mlps(self, model) -> None:
-        """`tiled_mlp_shards` applied to `model` (`parallel.tiled_mlp`), or ValueError where only DeepSpeed's ZeRO can
-        take the slices' gradients (a multi-process run without DeepSpeed)."""
-        shards = self.args.tiled_mlp_shards or 0
-        if model is None or shards < 2:
-            return
-        if not self.is_deepspeed_enabled and self.args.world_size > 1:
-            raise ValueError(
-                f"tiled_mlp_shards={shards} needs DeepSpeed when several processes train: the slices' gradients reach "
-                "the weights one backward pass at a time, which ZeRO waits for and DDP or FSDP would reduce each "
-                "time; launch with a DeepSpeed config or set tiled_mlp_shards=0"
-            )
-        if tile_mlps(model, shards) == 0 and not any(hasattr(m, "recipe_untiled_forward") for m in model.modules()):
-            raise ValueError(
-                f"tiled_mlp_shards={shards}: {type(model).__name__} has no gated MLP (gate_proj, up_proj, down_proj, "
-                "act_fn) to tile; set tiled_mlp_shards=0"
-            )
+        """`tiled_mlp_shards` applied to `model` (`parallel.tiled_mlp.tile_for_trainer`)."""
+        args = self.args
+        tile_for_trainer(model, args.tiled_mlp_shards, deepspeed=self.is_deepspeed_enabled, world_size=args.world_size)
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None):
         """`Trainer.train`, which under DeepSpeed also works after `evaluate()` or `predict()`: the engine such an

@@ -45,6 +45,24 @@ def tile_mlps(model: nn.Module, shards: int) -> int:
     return tiled
 
 
+def tile_for_trainer(model: nn.Module | None, shards: int | None, *, deepspeed: bool, world_size: int) -> None:
+    """The arguments' `tiled_mlp_shards` applied to a trainer's `model` (None, 0 or 1: nothing), or ValueError where
+    it cannot hold: several processes without DeepSpeed (module docstring), or a model with no gated MLP."""
+    if model is None or (shards or 0) < 2:
+        return
+    if not deepspeed and world_size > 1:
+        raise ValueError(
+            f"tiled_mlp_shards={shards} needs DeepSpeed when several processes train: the slices' gradients reach "
+            "the weights one backward pass at a time, which ZeRO waits for and DDP or FSDP would reduce each "
+            "time; launch with a DeepSpeed config or set tiled_mlp_shards=0"
+        )
+    if tile_mlps(model, shards) == 0 and not any(hasattr(m, "recipe_untiled_forward") for m in model.modules()):
+        raise ValueError(
+            f"tiled_mlp_shards={shards}: {type(model).__name__} has no gated MLP (gate_proj, up_proj, down_proj, "
+            "act_fn) to tile; set tiled_mlp_shards=0"
+        )
+
+
 def _tiled_forward(shards: int):
     from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
 
