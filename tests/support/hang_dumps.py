@@ -8,10 +8,10 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+from tests.support.launch import launched_ranks_env, python_for
 from tests.support.paths import REPO
 
 WORKER = REPO / "tests" / "distributed" / "workers" / "hang_scenarios_worker.py"
@@ -27,9 +27,11 @@ def hang_dumps() -> Path:
         atexit.register(shutil.rmtree, out, True)
         # RANK=0 on the launcher: tests.support.launch_count counts it as the one launch it is (forked ranks
         # show their parent's starting environment).
-        env = dict(os.environ, PYTHONPATH=str(REPO), RANK="0", TORCH_FR_BUFFER_SIZE="2000", OMP_NUM_THREADS="1")
+        # The worker forked warm in a session that launches (launched_ranks_env: the rank servers' import-time
+        # environment), so its torch is imported already; the scenarios' ranks are its own forks either way.
+        env = dict(launched_ranks_env(os.environ), RANK="0", TORCH_FR_BUFFER_SIZE="2000")
         proc = subprocess.run(
-            [sys.executable, str(WORKER), str(out)], env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+            [*python_for(env), str(WORKER), str(out)], env=env, capture_output=True, text=True, timeout=TIMEOUT_S
         )
         _made["dir"], _made["output"] = out, proc.stdout + proc.stderr
         _made["ok"] = proc.returncode == 0
