@@ -7,8 +7,9 @@ the wheel with its dependencies from no index, so it can change nothing of the s
 The environment's dependencies are the pinned stack already installed in this checkout's .venv, seen through a .pth
 file (its one line: that site-packages folder), instead of torch, DeepSpeed and transformers downloaded again (GBs,
 and CI runs offline). A path in a .pth file is added to sys.path but the .pth files inside it are not run, so the
-checkout's editable install (a .pth finder in .venv) stays out; `pip check` in the new environment then proves that
-the wheel's declared requirements are met by that stack. `make test`, and so .ci/run, runs this file."""
+checkout's editable install (a .pth finder in .venv) stays out. pip's dry run, resolving from no index, then proves
+that the wheel's declared requirements are met by that stack: one that is not fails the resolve ("No matching
+distribution") instead of appearing among what would be installed. `make test`, and so .ci/run, runs this file."""
 
 from __future__ import annotations
 
@@ -169,29 +170,14 @@ def test_demo_runs_from_another_directory(installed):
     assert result["summary"]["steps"] == 4 and result["summary"]["ranks"] == 2
 
 
-def test_the_wheels_requirements_are_met_by_the_pinned_stack(installed):
-    """pip's own check, in the new environment: every requirement of the installed wheel (and of the stack it sees)
-    is installed at a version its range allows."""
-    pip = [sys.executable, "-m", "pip", "--python", str(installed["python"]), "check"]
-    proc = subprocess.run(pip, cwd=installed["cwd"], env=installed["env"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    listed = subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(installed["python"]), "show", "-f", "hf-dist-recipes"],
-        env=installed["env"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    location = next(line for line in listed.stdout.splitlines() if line.startswith("Location:"))
-    assert location == f"Location: {installed['site']}", listed.stdout  # the wheel, not the editable checkout
-
-
 def test_installing_the_wheel_changes_nothing_of_the_stack_it_lands_in(installed):
     """Issue 31: the package installs into the stack a team already has (here the development lock: torch 2.13.0,
     transformers 5.25.0, ...): pip's dry run would install the wheel alone, and after the real install torch and
     transformers are the versions the stack had (read in this interpreter, which the new environment sees)."""
     from importlib.metadata import version
 
+    # The resolve from no index succeeded (the fixture asserts it) and would install the wheel alone: every
+    # requirement it declares is met by the stack as it is.
     would_install = [item["metadata"]["name"] for item in installed["dry_run"]["install"]]
     assert would_install == ["hf-dist-recipes"], would_install
     code = "from importlib.metadata import version; print(version('torch'), version('transformers'))"

@@ -60,6 +60,12 @@ def test_a_warm_rank_sees_what_a_fresh_one_would(client, tmp_path):
         assert seen[a]["pid"] != seen[b]["pid"]
     if "PYTHONHASHSEED" not in os.environ:  # a seed set for the session is every fresh process's seed too
         assert seen["even"]["hash"] != seen["odd"]["hash"]
+    # py-cpuinfo's answer, asked once by the server (a new interpreter per ask otherwise): this host's, as fresh.
+    import cpuinfo
+
+    fresh = cpuinfo.get_cpu_info()
+    assert seen["even"]["cpuinfo"] == {k: fresh.get(k) for k in ("vendor_id_raw", "brand_raw", "flags")}
+    assert seen["even"]["cpuinfo"]["flags"], "no CPU flags: the answer was not this host's"
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ What a fork shares that a fresh process would not, and what is done about it:
   process seeds them (torch 2.13 too draws its default seed from the OS).
 - Python's string-hash seed: two servers started with their own random seeds serve even and odd ranks, so
   neighbouring ranks disagree on set order as fresh processes would.
+- py-cpuinfo's answer about this host, asked once (`_answer_cpuinfo_once`), instead of a new interpreter per ask.
 A test that looks for its ranks in the launch's process tree (to stop one from outside, or to see that none
 outlives a timeout) drops `PYTHON_EXEC` from its launch environment (tests.support.launch.fresh_env): a warm rank
 lives outside that tree, beside its stand-in, and SIGSTOP cannot be forwarded.
@@ -190,6 +191,21 @@ def _preimport() -> None:
     from transformers import AutoModelForCausalLM, Trainer, TrainingArguments  # noqa: F401
 
     import hf_dist_recipes.trainer  # noqa: F401
+
+    _answer_cpuinfo_once()
+
+
+def _answer_cpuinfo_once() -> None:
+    """DeepSpeedCPUAdam asks py-cpuinfo for the CPU's vendor each time one is built (0.19.8 ops/adam/cpu_adam.py),
+    and py-cpuinfo answers from a new interpreter each time (`get_cpu_info` runs `python cpuinfo.py`: about 0.55 s
+    of one core; 31 of them in a `make test`, measured 2026-12-07). A rank forked from here gets this host's answer,
+    asked once, as a copy: the same host, so the same answer a fresh rank would get."""
+    import copy
+    import functools
+
+    import cpuinfo
+
+    cpuinfo.get_cpu_info = functools.partial(copy.deepcopy, cpuinfo.get_cpu_info())
 
 
 def _serve(listener: socket.socket) -> socket.socket:

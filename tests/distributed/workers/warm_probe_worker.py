@@ -3,7 +3,7 @@
     warm_probe_worker.py OUTPUT_JSON ACTION      ACTION: exit:N | raise | signal:N | sleep
 
 Writes what the rank saw at its start (were torch and the stack already imported, its argv, directory, path,
-environment, hash seed, first random numbers), then ends as ACTION says.
+environment, hash seed, first random numbers, what py-cpuinfo says of the host), then ends as ACTION says.
 """
 
 import json
@@ -27,6 +27,11 @@ if seen["preloaded"]:
 
     seen["numpy"] = numpy.random.random()
     seen["torch"] = torch.rand(3).tolist()
+    import cpuinfo
+
+    first = cpuinfo.get_cpu_info()
+    first["flags"].clear()  # a caller's edit must not reach the next caller
+    seen["cpuinfo"] = {k: cpuinfo.get_cpu_info().get(k) for k in ("vendor_id_raw", "brand_raw", "flags")}
 Path(sys.argv[1]).write_text(json.dumps(seen))
 
 action, _, number = sys.argv[2].partition(":")
