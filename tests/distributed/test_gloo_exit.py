@@ -9,11 +9,10 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
-from tests.support.launch import cpu_only_env, free_port
+from tests.support.launch import free_port, launched_ranks_env, python_for
 from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.distributed]
@@ -26,12 +25,14 @@ def _ranks(*per_rank: list[str]) -> list[subprocess.Popen]:
     port = str(free_port())
     procs = []
     for rank, args in enumerate(per_rank):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank), PYTHONPATH=str(REPO))
+        # launched_ranks_env: the rank servers' import-time environment, so the rank forks warm in a session that
+        # launches (tests.support.warm_ranks; its exit code and signals are the rank's own).
+        env = dict(launched_ranks_env(os.environ), MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank))
         env["WORLD_SIZE"] = str(len(per_rank))
         procs.append(
             subprocess.Popen(
-                [sys.executable, WORKER, "recipe", str(COLLECTIVES), *args],
-                env=cpu_only_env(env),
+                [*python_for(env), WORKER, "recipe", str(COLLECTIVES), *args],
+                env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,

@@ -6,10 +6,12 @@ standard library's text, tests/scripts/clm_data.py), the data (that text as JSON
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 
+from tests.support.launch import launched_ranks_env, python_for
 from tests.support.paths import REPO
 
 QUICKTOUR = REPO / "docs" / "quicktour.md"
@@ -56,17 +58,12 @@ def test_the_quicktour_script_trains_and_saves_as_written(tmp_path):
         assert script.count(theirs) == 1, theirs  # the page still says it: the test runs what the page shows
         script = script.replace(theirs, ours)
     (tmp_path / "train.py").write_text(script, encoding="utf-8")
+    env = launched_ranks_env(os.environ)  # forked warm in a session that launches (tests.support.warm_ranks)
     proc = subprocess.run(
-        [sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_cpu_env()
+        [*python_for(env), "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     run = tmp_path / "runs" / "my-job"
     # Trained to the end (a batch without labels stops the stock Trainer at its first step: the model gives no loss).
     assert json.loads((run / "checkpoint-4" / "trainer_state.json").read_text())["global_step"] == 4
     assert (run / "final" / "config.json").is_file() and (run / "final" / "model.safetensors").is_file()
-
-
-def _cpu_env() -> dict:
-    import os
-
-    return dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_DIST_RECIPES_USE_CPU="1")
