@@ -135,6 +135,21 @@ def test_strip_volatile_removes_what_changes_between_runs():
     ]
 
 
+def test_masked_numbers_compare_without_their_column_padding():
+    """With numbers masked, a table whose numbers have other widths (a slower host's 4-digit tokens/s, padded to the
+    committed 5 digits' column) shows the same; other words still differ."""
+
+    def shown(text):
+        cell = nbformat.v4.new_code_cell("print(table)", execution_count=1)
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)]
+        return strip_volatile.shown_text(nbformat.v4.new_notebook(cells=[cell]), numbers=False)
+
+    committed = "rank  tokens/s  fingerprint\n   0    12,345  a8ef\n"
+    assert shown("rank  tokens/s  fingerprint\n   0     9,876  a8ef\n") == shown(committed)
+    assert shown("rank  tokens/s  fingerprint\n   0    12,345  b7c1\n") != shown(committed)
+    assert shown("rank  tokens/s  fingerprint\n   0  12,345\n") != shown(committed)
+
+
 @pytest.mark.notebook
 @pytest.mark.distributed
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
