@@ -26,6 +26,7 @@ from hf_dist_recipes.monitoring.tensorboard import rank_log_dir
 from hf_dist_recipes.planning import models  # noqa: F401  (torch + transformers imported before timing)
 from hf_dist_recipes.preflight.launch import KILL_GRACE_S, LOST_GRACE_S
 from hf_dist_recipes.preflight.result import CHECKS, REPORT_SCHEMA
+from hf_dist_recipes.preflight.training.checks import MIN_STEPS
 from tests.support.hosts import cpu_only_host
 from tests.support.launch import fresh_env, python_for, two_machine_config
 from tests.support.paths import REPO
@@ -33,6 +34,9 @@ from tests.support.preflight import recipe_learning_rates, rows_by_name
 
 STEPS = 20  # the preflight's default --steps: checkpoint at 10, the resumed run's NaN at step 12 on the last rank
 SAVE_AT, NAN_STEP = STEPS // 2, STEPS // 2 + 2
+# The 4-rank launch takes the fewest steps the preflight allows (MIN_STEPS): the default's rows are the 2-rank
+# launch's; what the 4 ranks add (TP and EP groups, the NaN carried inside the TP group) needs no more steps.
+TP2_EP2_STEPS = MIN_STEPS
 
 
 @pytest.fixture
@@ -81,7 +85,7 @@ def test_tp_not_dividing_the_processes_exits_2_before_launching(tmp_path, capsys
     print(f"refused in {seconds:.2f} s")
 
 
-def run_preflight_json(config: str, tmp_path) -> tuple[subprocess.CompletedProcess, dict, float]:
+def run_preflight_json(config: str, tmp_path, *options: str) -> tuple[subprocess.CompletedProcess, dict, float]:
     env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}
     env.update(PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     start = time.perf_counter()
@@ -96,6 +100,7 @@ def run_preflight_json(config: str, tmp_path) -> tuple[subprocess.CompletedProce
             "--json",
             "--output-dir",
             str(tmp_path / "preflight"),
+            *options,
         ],
         cwd=REPO,
         env=env,
@@ -251,7 +256,8 @@ def shipped_tp2_ep2(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict
     CLI's assertions and the training checks' (the preflight trains the model the JSON records, tiny-deepseek-v3,
     as itself)."""
     out = tmp_path_factory.mktemp("tp2_ep2")
-    proc, report, seconds = run_preflight_json("accelerate_configs/cpu_zero3_tp2_ep2_4proc.yaml", out)
+    config = "accelerate_configs/cpu_zero3_tp2_ep2_4proc.yaml"
+    proc, report, seconds = run_preflight_json(config, out, "--steps", str(TP2_EP2_STEPS))
     print(f"preflight cpu_zero3_tp2_ep2_4proc: {seconds:.1f} s wall, report elapsed {report['elapsed_s']:.1f} s")
     return proc, report
 
@@ -287,10 +293,11 @@ def test_shipped_tp2_ep2_training_rows_hold_on_every_rank(shipped_tp2_ep2):
     assert rows["training/clipping"]["data"]["applied"] == {str(r): [1.0] for r in range(4)}
     # The NaN is on rank 3; TP's backward all-reduce inside the TP group (2, 3) carries it to rank 2's gradients.
     nan = rows["failure_paths/nan"]["data"]
-    assert nan["rank"] == 3 and nan["tp_group"] == [2, 3] and nan["step"] == NAN_STEP
-    assert all(r["not_applied"] == [NAN_STEP] and 3 in r["flagged_ranks"] for r in nan["ranks"].values())
+    nan_step = TP2_EP2_STEPS // 2 + 2
+    assert nan["rank"] == 3 and nan["tp_group"] == [2, 3] and nan["step"] == nan_step
+    assert all(r["not_applied"] == [nan_step] and 3 in r["flagged_ranks"] for r in nan["ranks"].values())
     assert rows["training/schedule"]["data"]["learning_rates"] == pytest.approx(
-        recipe_learning_rates(STEPS), rel=1e-9, abs=1e-15
+        recipe_learning_rates(TP2_EP2_STEPS), rel=1e-9, abs=1e-15
     )
 
 
