@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import cpu_time
 from tests.support.launch import launched_ranks_env
 from tests.support.launch_count import COUNTER as LAUNCHES
 from tests.support.paths import environment_first_on_path
 
 WARM_SERVERS = pytest.StashKey()  # the warm rank servers this process started (the xdist controller's, or its own)
+CPU_BY_TEST: dict[str, dict[str, float]] = {}  # tests.support.cpu_time's "own" and "fresh", by node id
 
 # One OpenMP thread in this process and the processes it starts (launched ranks get 1 from accelerate anyway):
 # on 2 busy cores two threads spin against each other. A tiny-deepseek-v3 step took 7.7 s with 2 threads and 0.24 s
@@ -135,6 +137,15 @@ def pytest_runtest_logstart(nodeid, location):
     LAUNCHES.current = nodeid
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test's CPU time in this process and in the subprocesses it waited for (tests.support.cpu_time)."""
+    own, fresh = cpu_time.usage()
+    yield
+    own_after, fresh_after = cpu_time.usage()
+    CPU_BY_TEST[item.nodeid] = {"own": own_after - own, "fresh": fresh_after - fresh}
+
+
 def pytest_terminal_summary(terminalreporter):
     from tests.support.warm_ranks import summary_line
 
@@ -142,12 +153,16 @@ def pytest_terminal_summary(terminalreporter):
     counts = servers.counts() if servers is not None else None  # every rank, whichever worker launched it
     for line in LAUNCHES.summary_lines() + ([summary_line(counts)] if counts else []):
         terminalreporter.write_line(line)
+    warm = cpu_time.warm_by_test(servers.directory) if servers is not None else {}
+    if CPU_BY_TEST:
+        terminalreporter.write_line(cpu_time.summary_line(cpu_time.by_file(CPU_BY_TEST, warm)))
 
 
 def pytest_sessionfinish(session):
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: its launches go to the controller's summary
         workeroutput["launches_by_test"] = dict(LAUNCHES.by_test)
+        workeroutput["cpu_by_test"] = dict(CPU_BY_TEST)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -161,6 +176,7 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_testnodedown(node, error):
     output = getattr(node, "workeroutput", {})
     LAUNCHES.by_test.update(output.get("launches_by_test", {}))
+    CPU_BY_TEST.update(output.get("cpu_by_test", {}))
 
 
 def pytest_collection_modifyitems(config, items):

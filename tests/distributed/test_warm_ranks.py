@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests.support import cpu_time
 from tests.support.launch import launched_ranks_env
 from tests.support.paths import REPO
 
@@ -66,6 +67,14 @@ def test_a_warm_rank_sees_what_a_fresh_one_would(client, tmp_path):
     fresh = cpuinfo.get_cpu_info()
     assert seen["even"]["cpuinfo"] == {k: fresh.get(k) for k in ("vendor_id_raw", "brand_raw", "flags")}
     assert seen["even"]["cpuinfo"]["flags"], "no CPU flags: the answer was not this host's"
+
+
+def test_the_reaper_charges_the_ranks_cpu_time_to_the_test_that_started_it(client, warm_ranks, request, tmp_path):
+    """tests.support.cpu_time: a warm rank is no child of the test's process, so its reaper reports what it used."""
+    code, _, _ = _run(client, tmp_path, "spin", "spin:0.4")
+    assert code == 0
+    charged = cpu_time.warm_by_test(warm_ranks.directory).get(request.node.nodeid, 0.0)
+    assert 0.4 <= charged < 5, charged  # the spin, plus the rank's own start (well under a second when warm)
 
 
 @pytest.mark.parametrize(

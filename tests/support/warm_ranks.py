@@ -234,13 +234,18 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(body), fds
 
 
-def _reap(conn: socket.socket, rank_pid: int) -> None:
-    """Forward signal numbers from warm_python.py to the rank until it ends, then report how it ended."""
+def _reap(conn: socket.socket, rank_pid: int, test: str) -> None:
+    """Forward signal numbers from warm_python.py to the rank until it ends, then report how it ended (and its CPU
+    time, charged to `test`: tests.support.cpu_time)."""
     pidfd = os.pidfd_open(rank_pid)
     while True:
         ready, _, _ = select.select([conn, pidfd], [], [])
         if pidfd in ready:
-            _, status = os.waitpid(rank_pid, 0)
+            _, status, rusage = os.wait4(rank_pid, 0)
+            try:
+                cpu_time.record_rank(Path(sys.argv[1]).parent, test, rusage)
+            except OSError:
+                pass
             report = {"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status) else {"code": os.WEXITSTATUS(status)}
             try:
                 conn.sendall(json.dumps(report).encode() + b"\n")
@@ -294,7 +299,8 @@ _PYTHONPATH = os.environ.get("PYTHONPATH", "")  # the server's, to tell its entr
 if __name__ == "__main__":
     _die_with_parent()
     _preimport()
-    from warm_python import start_launchers_warm as _start_launchers_warm  # this file's folder, sys.path[0]
+    import cpu_time  # this file's folder, sys.path[0]
+    from warm_python import start_launchers_warm as _start_launchers_warm
 
     # The imported stack (about 430,000 objects) moves to the permanent generation: a rank's full collections
     # then neither scan it nor write its GC headers, which would copy every page of it out of the shared fork
@@ -319,7 +325,7 @@ if __name__ == "__main__":
     if _rank_pid != 0:
         for _fd in _fds:
             os.close(_fd)
-        _reap(_conn, _rank_pid)
+        _reap(_conn, _rank_pid, _request["env"].get("PYTEST_CURRENT_TEST", ""))
     _conn.close()
     _request_is_module = _request["argv"][0] == "-m"
     _script = _become_rank(_request, _fds)

@@ -1,6 +1,6 @@
 """Run by tests/distributed/test_warm_ranks.py through tests.support.warm_python, as torchrun would run a rank:
 
-    warm_probe_worker.py OUTPUT_JSON ACTION      ACTION: exit:N | raise | signal:N | sleep
+    warm_probe_worker.py OUTPUT_JSON ACTION      ACTION: exit:N | raise | signal:N | sleep | spin:SECONDS
 
 Writes what the rank saw at its start (were torch and the stack already imported, its argv, directory, path,
 environment, hash seed, first random numbers, what py-cpuinfo says of the host), then ends as ACTION says.
@@ -43,3 +43,6 @@ if action == "signal":
     os.kill(os.getpid(), int(number))
 if action == "sleep":
     time.sleep(120)
+if action == "spin":  # spin:SECONDS of this process's CPU time, then exit 0
+    while time.process_time() < float(number):
+        pass
