@@ -203,8 +203,10 @@ def _answer_cpuinfo_once() -> None:
     import copy
     import functools
 
-    import cpuinfo
-
+    try:
+        import cpuinfo  # DeepSpeed's requirement; absent, there is nothing to answer
+    except ImportError:
+        return
     cpuinfo.get_cpu_info = functools.partial(copy.deepcopy, cpuinfo.get_cpu_info())
 
 
