@@ -20,6 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 RANK_CPU_LOG = "rank_cpu.jsonl"  # in the warm servers' folder: a JSON line per warm process
+REPORT_ENV = "HF_DIST_RECIPES_CPU_REPORT"  # a path: the session also writes each test's parts there, as JSON
 PARTS = ("own", "fresh", "warm")
 SHOWN = 8  # files named in the summary line
 
@@ -55,6 +56,14 @@ def by_file(tests: dict[str, dict[str, float]], warm: dict[str, float]) -> dict[
     for test, seconds in warm.items():
         files[test.split("::")[0]]["warm"] += seconds
     return dict(files)
+
+
+def by_test(tests: dict[str, dict[str, float]], warm: dict[str, float]) -> dict[str, dict[str, float]]:
+    """{test: {"own": s, "fresh": s, "warm": s}}: the report `REPORT_ENV` names, to find which test to cut."""
+    out = {test: dict.fromkeys(PARTS, 0.0) | parts for test, parts in tests.items()}
+    for test, seconds in warm.items():
+        out.setdefault(test, dict.fromkeys(PARTS, 0.0))["warm"] += seconds
+    return out
 
 
 def summary_line(files: dict[str, dict[str, float]]) -> str:

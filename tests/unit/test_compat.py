@@ -782,12 +782,20 @@ def test_the_stock_log_appends_a_copy_of_its_logs_to_the_history(tmp_path):
     assert seen[1][1]["job/x"] == 5.0 and history[0]["job/slowest_rank"] == 3.0  # the integrations got it
 
 
-def test_cpu_adam_started_at_a_later_step_updates_otherwise_and_the_replay_makes_it_the_same():
+def test_cpu_adam_started_at_a_later_step_updates_otherwise_and_the_replay_makes_it_the_same(monkeypatch):
     """Why `_compat.deepspeed.replay_cpu_adam_steps` (WORKAROUNDS["cpu_adam_resumed_step"]): DeepSpeed's CPU Adam
     that steps 1..t and one that starts at step t (a resume: the state loaded, the optimizer new) update alike only
     after the replay. When the first assertion fails, upstream computes the powers alike: close the gate."""
+    import copy
+    import functools
+
+    import cpuinfo
     import torch
     from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    # Each DeepSpeedCPUAdam asks py-cpuinfo, which answers from a new interpreter (7 s of one core for the 5 below):
+    # this host's answer, asked once, as the warm rank servers give it (tests.support.warm_ranks).
+    monkeypatch.setattr(cpuinfo, "get_cpu_info", functools.partial(copy.deepcopy, cpuinfo.get_cpu_info()))
 
     from hf_dist_recipes._compat.deepspeed import replay_cpu_adam_steps
 

@@ -24,6 +24,12 @@ def test_files_sum_their_tests_and_the_warm_ranks_they_started(tmp_path):
         "tests/unit/test_a.py": {"own": 4.0, "fresh": 6.0, "warm": 0.0},
         "tests/distributed/test_b.py": {"own": 0.5, "fresh": 0.0, "warm": 4.0},
     }
+    assert cpu_time.by_test(tests, warm | {"tests/distributed/test_c.py::test_w": 1.0}) == {
+        "tests/unit/test_a.py::test_x": {"own": 3.0, "fresh": 0.0, "warm": 0.0},
+        "tests/unit/test_a.py::test_z[1]": {"own": 1.0, "fresh": 6.0, "warm": 0.0},
+        "tests/distributed/test_b.py::test_y": {"own": 0.5, "fresh": 0.0, "warm": 4.0},
+        "tests/distributed/test_c.py::test_w": {"own": 0.0, "fresh": 0.0, "warm": 1.0},  # warm ranks only
+    }
     line = cpu_time.summary_line(files)
     assert line.startswith("CPU seconds: 14 counted (tests' own processes 4, their fresh subprocesses 6, warm ")
     assert line.endswith("most: test_a 10, test_b 4")  # 4.5 rounds to even

@@ -3,7 +3,7 @@ test_readme.py does), and the pages the site generates at build time (CLI refere
 
 - every block names its language (so each is checked as what it is);
 - python: compiles, its imports resolve (each imported name exists), and a block that defines every name it uses
-  runs, all such blocks in one fresh process with the GPUs hidden (slow: it imports transformers);
+  runs, all such blocks in one process of their own with the GPUs hidden (slow where it imports transformers);
 - bash: `hf-dist-recipes ...` (also inside `$(...)`) parses with the real parser, `accelerate launch` with
   accelerate's, `torchrun` with torch's; a config file must ship, or be written by an earlier command of the page;
   `make` targets exist; files given to python / `pip -r` exist; any other program is one of KNOWN_PROGRAMS;
@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.launch import cpu_only_env
+from tests.support.launch import launched_ranks_env, python_for
 from tests.support.paths import REPO
 
 DOCS = REPO / "docs"
@@ -161,7 +161,8 @@ def test_some_python_blocks_are_runnable():
 
 @pytest.mark.slow
 def test_runnable_python_blocks_run(tmp_path):
-    """Every block that defines all it uses, each in its own folder and namespace, in one fresh CPU-only process."""
+    """Every block that defines all it uses, each in its own folder and namespace, in one CPU-only process of its
+    own."""
     runner = textwrap.dedent(
         """
         import json, os, sys, traceback
@@ -178,9 +179,12 @@ def test_runnable_python_blocks_run(tmp_path):
         sys.exit(1 if failures else 0)
         """
     )
-    env = cpu_only_env({**os.environ, "PYTHONPATH": str(REPO)})  # a GPU host too: the explicit CPU request
+    (tmp_path / "runner.py").write_text(runner)
+    # GPUs hidden and the explicit CPU request (a GPU host too), the checkout on PYTHONPATH: a launched rank's
+    # environment, so forked warm in a session that launches (tests.support.launch.python_for).
+    env = launched_ranks_env(os.environ)
     done = subprocess.run(
-        [sys.executable, "-c", runner],
+        [*python_for(env), str(tmp_path / "runner.py")],
         input=json.dumps([(str(b), b.body) for b in RUNNABLE]),
         cwd=tmp_path,
         env=env,

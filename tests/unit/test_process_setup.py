@@ -6,8 +6,8 @@ tests/distributed/test_other_trainers.py (a script's own arguments) and test_che
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
-import sys
 import textwrap
 from datetime import timedelta
 
@@ -29,6 +29,7 @@ from hf_dist_recipes.comm.process_setup import (
     current,
     environment_settings,
 )
+from tests.support.launch import launched_ranks_env, python_for
 
 
 @pytest.fixture
@@ -168,7 +169,7 @@ def test_recipe_arguments_without_a_group_apply_everything_before_it(no_recorder
 def test_the_gloo_flight_recorder_reads_its_buffer_size_when_the_first_group_is_made(tmp_path):
     """Why the recorder's variables count as too late after the group, on Gloo too (torch 2.13): the CPU recorder is
     made with the first group and reads TORCH_FR_BUFFER_SIZE then; 0 set after it still records, 0 set before
-    records nothing. A fresh interpreter each: the recorder is one per process."""
+    records nothing. A process of its own each: the recorder is one per process."""
     script = textwrap.dedent(
         """
         import os, pickle, sys
@@ -187,13 +188,18 @@ def test_the_gloo_flight_recorder_reads_its_buffer_size_when_the_first_group_is_
         dist.destroy_process_group()
         """
     )
+    (tmp_path / "recorder.py").write_text(script)
+    # Forked warm in a session that launches (tests.support.launch.python_for): a fork of a server that imported torch
+    # and made no group, so its recorder is made here too, as in a new interpreter.
+    env = launched_ranks_env(os.environ)
     entries = {}
     for when in ("before", "after"):
         run = subprocess.run(
-            [sys.executable, "-c", script, when, str(tmp_path / f"store_{when}")],
+            [*python_for(env), str(tmp_path / "recorder.py"), when, str(tmp_path / f"store_{when}")],
             capture_output=True,
             text=True,
             timeout=120,
+            env=env,
         )
         assert run.returncode == 0, run.stderr[-2000:]
         entries[when] = int(run.stdout.split()[-1])
