@@ -304,7 +304,7 @@ def test_shipped_tp2_ep2_training_rows_hold_on_every_rank(shipped_tp2_ep2):
 @pytest.mark.distributed
 @pytest.mark.slow
 @cpu_only_host
-def test_a_stopped_rank_ends_the_preflight_naming_it(tmp_path):
+def test_a_stopped_rank_ends_the_preflight_naming_it(tmp_path, warm_ranks):
     """Rank 1 is SIGSTOPped as the backend check starts (alive to the kernel, silent to its peers: the case no
     socket error reveals). The preflight must end within the heartbeat bound, exit 1, and the report must name
     rank 1 under the training check and list the checks that never ran."""
@@ -313,16 +313,15 @@ def test_a_stopped_rank_ends_the_preflight_naming_it(tmp_path):
 
     import psutil
 
-    # Fresh ranks: the rank to stop is found in the launch's process tree, where a warm rank's stand-in would be
-    # (tests.support.warm_ranks), and SIGSTOP cannot be forwarded.
-    env = fresh_env({k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"})
+    env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}
     env.update(PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    output_dir = str(tmp_path / "preflight")
     # stdout into a file: the watcher below must be the only reader of stderr. With communicate() reading it as well,
     # the "[2/7] backend" line once went to communicate() on loaded cores and rank 1 was never stopped.
     stdout_file = (tmp_path / "stdout.json").open("w")
     proc = subprocess.Popen(
         [
-            sys.executable,
+            *python_for(env),  # forked warm, as its launcher and ranks: rank 1 is found below all the same
             "-m",
             "hf_dist_recipes.cli.main",
             "preflight",
@@ -332,7 +331,7 @@ def test_a_stopped_rank_ends_the_preflight_naming_it(tmp_path):
             "--peer-timeout-s",
             "10",
             "--output-dir",
-            str(tmp_path / "preflight"),
+            output_dir,
         ],
         cwd=REPO,
         env=env,
@@ -343,16 +342,36 @@ def test_a_stopped_rank_ends_the_preflight_naming_it(tmp_path):
     stopped: list = []
     stopped_at: list[float] = []
 
-    def stop_rank_1() -> bool:
-        for child in psutil.Process(proc.pid).children(recursive=True):
+    def rank_1() -> psutil.Process | None:
+        """Rank 1 of this launch (its output folder is in the worker's command line), or None while not found. A
+        warm rank is a server's child, not its stand-in's (the process torchrun started, which cannot forward
+        SIGSTOP): the servers record which rank each stand-in stands for (tests.support.warm_ranks)."""
+        client = env.get("PYTHON_EXEC")
+        for process in psutil.process_iter():
             try:
-                if "preflight.worker" in " ".join(child.cmdline()) and child.environ().get("RANK") == "1":
-                    child.send_signal(signal.SIGSTOP)
-                    stopped.append(child)
-                    stopped_at.append(time.perf_counter())
-                    return True
+                cmdline = process.cmdline()
+                if "hf_dist_recipes.preflight.worker" not in cmdline or output_dir not in cmdline:
+                    continue
+                if process.environ().get("RANK") != "1":
+                    continue
+                if warm_ranks is None or client not in cmdline:
+                    return process  # started fresh: the process is the rank
+                rank_pid = warm_ranks.rank_behind(process.pid)
+                return psutil.Process(rank_pid) if rank_pid else None
             except psutil.Error:
                 pass
+        return None
+
+    def stop_rank_1() -> bool:
+        rank = rank_1()
+        try:
+            if rank is not None:
+                rank.send_signal(signal.SIGSTOP)
+                stopped.append(rank)
+                stopped_at.append(time.perf_counter())
+                return True
+        except psutil.Error:
+            pass
         return False
 
     def watch_progress():

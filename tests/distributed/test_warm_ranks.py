@@ -108,9 +108,12 @@ def _wait_for(path, timeout_s=60.0):
             time.sleep(0.05)
 
 
-def test_a_signal_to_the_stand_in_reaches_the_rank(client, tmp_path):
+def test_a_signal_to_the_stand_in_reaches_the_rank(client, warm_ranks, tmp_path):
     proc, out = _start(client, tmp_path, "term", "sleep")
     rank_pid = _wait_for(out)["pid"]
+    # The rank behind the stand-in, for what cannot be forwarded (test_preflight_cli's SIGSTOP): the probe's own pid.
+    assert warm_ranks.rank_behind(proc.pid) == rank_pid != proc.pid
+    assert warm_ranks.rank_behind(os.getpid()) is None  # this process stands in for no rank
     proc.send_signal(signal.SIGTERM)  # what the agent sends the other ranks when one fails
     assert proc.wait(timeout=30) == -signal.SIGTERM
     assert not _alive(rank_pid)

@@ -46,6 +46,7 @@ from pathlib import Path
 HEADER = struct.Struct("!I")  # the request's length in bytes; the three stdio fds ride along with it
 SERVERS = 2  # even and odd ranks get different string-hash seeds
 READY_TIMEOUT_S = 120  # importing the stack takes ~5 s per server on 2 idle cores
+STAND_INS = "stand-ins"  # in the servers' folder: a file per stand-in (named by its pid) holding its rank's pid
 
 
 def summary_line(counts: Counter) -> str:
@@ -123,6 +124,15 @@ class WarmServers:
                 log = self.log.read_text() if self.log.exists() else "(no log)"
                 raise RuntimeError(f"a warm rank server did not start:\n{log[-3000:]}")
             time.sleep(0.1)
+
+    def rank_behind(self, stand_in_pid: int) -> int | None:
+        """The pid of the rank that `stand_in_pid` (a warm_python.py process: what the launch's process tree holds)
+        stands in for, or None for a process that stands in for none. For a test that signals a rank itself with what
+        cannot be forwarded (SIGSTOP): the rank is a child of a server, not of its stand-in."""
+        try:
+            return int((self.directory / STAND_INS / str(stand_in_pid)).read_text())
+        except (OSError, ValueError):
+            return None
 
     def counts(self) -> Counter:
         """How this session's ranks started: {"warm": N, "fresh:<why>": M, ...}, and its launchers under "launcher:"
@@ -238,7 +248,16 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
 
 def _reap(conn: socket.socket, rank_pid: int, test: str) -> None:
     """Forward signal numbers from warm_python.py to the rank until it ends, then report how it ended (and its CPU
-    time, charged to `test`: tests.support.cpu_time)."""
+    time, charged to `test`: tests.support.cpu_time). First, which rank the stand-in at the other end of `conn`
+    stands in for (`WarmServers.rank_behind`)."""
+    stand_ins = Path(sys.argv[1]).parent / STAND_INS
+    stand_in_pid, _, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    try:
+        stand_ins.mkdir(exist_ok=True)
+        (stand_ins / f"{stand_in_pid}.tmp").write_text(str(rank_pid))
+        os.replace(stand_ins / f"{stand_in_pid}.tmp", stand_ins / str(stand_in_pid))  # whole or absent to a reader
+    except OSError:
+        pass
     pidfd = os.pidfd_open(rank_pid)
     while True:
         ready, _, _ = select.select([conn, pidfd], [], [])
