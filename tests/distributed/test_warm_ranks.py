@@ -67,6 +67,10 @@ def test_a_warm_rank_sees_what_a_fresh_one_would(client, tmp_path):
     fresh = cpuinfo.get_cpu_info()
     assert seen["even"]["cpuinfo"] == {k: fresh.get(k) for k in ("vendor_id_raw", "brand_raw", "flags")}
     assert seen["even"]["cpuinfo"]["flags"], "no CPU flags: the answer was not this host's"
+    # transformers' weight conversions, built once by the server: the table this installation builds.
+    from tests.support.warm_ranks import weight_conversions
+
+    assert seen["even"]["conversions"] == weight_conversions("deepseek_v3") != []
 
 
 def test_the_reaper_charges_the_ranks_cpu_time_to_the_test_that_started_it(client, warm_ranks, request, tmp_path):

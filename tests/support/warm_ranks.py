@@ -203,6 +203,30 @@ def _preimport() -> None:
     import hf_dist_recipes.trainer  # noqa: F401
 
     _answer_cpuinfo_once()
+    _build_weight_conversions()
+
+
+def _build_weight_conversions() -> None:
+    """transformers builds its table of checkpoint weight conversions (270 model types, about 1,000 renamings and
+    conversions, each compiling its regular expressions) the first time a process loads or saves a model
+    (`from_pretrained`, `save_pretrained`, the HF weights of a checkpoint): 0.06 s of one core in each such rank, a
+    rank of the suite does it at least once. The table is the same
+    in every process of one installation; a rank that registers its own conversion adds to it here as in a fresh
+    one (`register_checkpoint_conversion_mapping`)."""
+    from transformers import conversion_mapping
+
+    conversion_mapping.get_checkpoint_conversion_mapping("llama")  # builds the table for every type, returns a copy
+
+
+def weight_conversions(model_type: str) -> list:
+    """What this process's transformers converts when it loads a `model_type` checkpoint (kind, source and target
+    patterns): test_warm_ranks compares a warm rank's answer with the test process's own."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+    return [
+        [type(t).__name__, list(t.source_patterns), list(t.target_patterns)]
+        for t in get_checkpoint_conversion_mapping(model_type) or []
+    ]
 
 
 def _answer_cpuinfo_once() -> None:

@@ -3,7 +3,8 @@
     warm_probe_worker.py OUTPUT_JSON ACTION      ACTION: exit:N | raise | signal:N | sleep | spin:SECONDS
 
 Writes what the rank saw at its start (were torch and the stack already imported, its argv, directory, path,
-environment, hash seed, first random numbers, what py-cpuinfo says of the host), then ends as ACTION says.
+environment, hash seed, first random numbers, what py-cpuinfo says of the host, transformers' weight conversions for
+DeepSeek-V3), then ends as ACTION says.
 """
 
 import json
@@ -32,6 +33,10 @@ if seen["preloaded"]:
     first = cpuinfo.get_cpu_info()
     first["flags"].clear()  # a caller's edit must not reach the next caller
     seen["cpuinfo"] = {k: cpuinfo.get_cpu_info().get(k) for k in ("vendor_id_raw", "brand_raw", "flags")}
+    sys.path.append(str(Path(__file__).resolve().parents[3]))  # the checkout, for a case whose PYTHONPATH lacks it
+    from tests.support.warm_ranks import weight_conversions
+
+    seen["conversions"] = weight_conversions("deepseek_v3")
 Path(sys.argv[1]).write_text(json.dumps(seen))
 
 action, _, number = sys.argv[2].partition(":")
