@@ -25,7 +25,9 @@ from tests.support.paths import REPO
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 WORKER = str(REPO / "tests" / "distributed" / "workers" / "survival_worker.py")
-STEPS, SAVE_STEPS, KILL_AT = 10, 3, 4
+# Checkpoints 3 and 6: rank 1 dies after step 4, with checkpoint-3 the newest complete one, and the restarted ranks
+# train steps 4-6 again and save once more.
+STEPS, SAVE_STEPS, KILL_AT = 6, 3, 4
 
 
 def test_a_node_whose_ranks_die_restarts_and_the_job_resumes_to_the_uninterrupted_weights(tmp_path):
@@ -76,7 +78,7 @@ def test_a_node_whose_ranks_die_restarts_and_the_job_resumes_to_the_uninterrupte
     assert "exitcode: -9" in outputs[1]  # node 1's agent saw its rank die of SIGKILL
     assert f"auto_resume: resuming from {out / 'checkpoint-3'}" in outputs[0]
     # Node 1's rank restarted on its failure (attempt 1); node 0's when node 1 rejoined (a membership change, which
-    # torch does not count as an attempt), or on its own rank's failure had that come first. Both trained steps 4-10
+    # torch does not count as an attempt), or on its own rank's failure had that come first. Both trained steps 4-STEPS
     # again from checkpoint-3, once each.
     records = {p.name: json.loads(p.read_text()) for p in (out / "survival").glob("*.json")}
     assert len(records) == 2 and "rank1-attempt1.json" in records and {n[:5] for n in records} == {"rank0", "rank1"}
