@@ -209,13 +209,15 @@ def _preimport() -> None:
 def _build_weight_conversions() -> None:
     """transformers builds its table of checkpoint weight conversions (270 model types, about 1,000 renamings and
     conversions, each compiling its regular expressions) the first time a process loads or saves a model
-    (`from_pretrained`, `save_pretrained`, the HF weights of a checkpoint): 0.06 s of one core in each such rank, a
-    rank of the suite does it at least once. The table is the same
-    in every process of one installation; a rank that registers its own conversion adds to it here as in a fresh
-    one (`register_checkpoint_conversion_mapping`)."""
-    from transformers import conversion_mapping
-
-    conversion_mapping.get_checkpoint_conversion_mapping("llama")  # builds the table for every type, returns a copy
+    (`from_pretrained`, `save_pretrained`, the HF weights of a checkpoint): 0.06 s of one core in each rank that does.
+    The table is the same in every process of one installation (transformers 5.23, the floor, builds it the same way);
+    a rank that registers its own conversion adds to it here as in a fresh one
+    (`register_checkpoint_conversion_mapping`)."""
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    except ImportError:  # a transformers without the table: nothing to build
+        return
+    get_checkpoint_conversion_mapping("llama")  # builds the table for every type, returns a copy of one
 
 
 def weight_conversions(model_type: str) -> list:
