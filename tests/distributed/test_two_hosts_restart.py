@@ -8,19 +8,32 @@ step 4, on its first attempt only, as a dead node's ranks would die; checkpoint-
 from checkpoint-3 through `auto_resume`; the job ends bitwise equal to an uninterrupted run of the same job, trained
 in the same restarted processes afterwards (`then`). Faked: two hosts' hostnames (one machine's), so each agent is
 told its address (`--local-addr`) and which one serves the store (`is_host`); on a cluster torch reads both from
-the node's hostname. Ranks start fresh: a warm rank's server lives outside the namespaces.
+the node's hostname. The agents and ranks are forked warm from a server started inside each namespace
+(tests.support.warm_ranks; the session's servers live outside them), or start fresh where warm ranks are off.
 """
 
+import contextlib
 import json
+import shutil
 import subprocess
-import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from tests.distributed.test_job_dies import assert_bitwise_equal
-from tests.support.launch import LAUNCH_TIMEOUT_S, _launch_env, cpu_only_env, free_port, two_machine_config
+from tests.support import cpu_time
+from tests.support.launch import (
+    LAUNCH_TIMEOUT_S,
+    _launch_env,
+    cpu_only_env,
+    free_port,
+    python_for,
+    two_machine_config,
+)
 from tests.support.netns import IFNAME, two_hosts
 from tests.support.paths import REPO
+from tests.support.warm_ranks import WarmServers
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -30,7 +43,33 @@ WORKER = str(REPO / "tests" / "distributed" / "workers" / "survival_worker.py")
 STEPS, SAVE_STEPS, KILL_AT = 6, 3, 4
 
 
-def test_a_node_whose_ranks_die_restarts_and_the_job_resumes_to_the_uninterrupted_weights(tmp_path):
+@contextlib.contextmanager
+def warm_inside(hosts, env: dict[str, str], session_servers):
+    """Per host, `env` with a warm server of its own started inside its namespace (one import each, against the 2
+    agents and 4 ranks of this job that would import fresh); `env` as it is where the session's warm ranks are off.
+    The ranks' CPU time joins the session's record (tests.support.cpu_time)."""
+    if session_servers is None:
+        yield [env for _ in hosts]
+        return
+    servers = []
+    try:
+        for host in hosts:
+            folder = Path(tempfile.mkdtemp(prefix="hf-dist-recipes-warm-"))  # short: a socket path has 108 bytes
+            servers.append(WarmServers(folder, env, count=1, inside=host.command))
+        for server in servers:
+            server.wait_ready()
+        yield [dict(env, **server.env) for server in servers]
+    finally:
+        for server in servers:
+            server.stop()
+            record = server.directory / cpu_time.RANK_CPU_LOG
+            if record.exists():
+                with open(session_servers.directory / cpu_time.RANK_CPU_LOG, "a") as joined:
+                    joined.write(record.read_text())
+            shutil.rmtree(server.directory, ignore_errors=True)
+
+
+def test_a_node_whose_ranks_die_restarts_and_the_job_resumes_to_the_uninterrupted_weights(tmp_path, warm_ranks):
     config, _ = two_machine_config(tmp_path / "cfg")
     out, reference = tmp_path / "run", tmp_path / "reference"
     worker = [WORKER, str(out), str(STEPS), str(SAVE_STEPS), f"kill-at={KILL_AT}"]
@@ -46,10 +85,11 @@ def test_a_node_whose_ranks_die_restarts_and_the_job_resumes_to_the_uninterrupte
         "GLOO_SOCKET_IFNAME": IFNAME,  # the veth end in each namespace, the same name in both
     }
     port = free_port()
-    with two_hosts() as hosts:
+    with two_hosts() as hosts, warm_inside(hosts, env, warm_ranks) as host_envs:
         procs = []
         for rank, host in enumerate(hosts):
-            torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
+            torchrun = [*python_for(host_envs[rank]), "-m", "torch.distributed.run", "--nnodes", "2"]
+            torchrun += ["--nproc-per-node", "1"]
             torchrun += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts[0].address}:{port}", "--rdzv-id", "job"]
             torchrun += [
                 "--rdzv-conf",
@@ -63,7 +103,7 @@ def test_a_node_whose_ranks_die_restarts_and_the_job_resumes_to_the_uninterrupte
                 subprocess.Popen(
                     host.command([*torchrun, *worker]),
                     cwd=tmp_path,
-                    env=env,
+                    env=host_envs[rank],
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     text=True,

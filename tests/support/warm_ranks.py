@@ -41,6 +41,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 HEADER = struct.Struct("!I")  # the request's length in bytes; the three stdio fds ride along with it
@@ -66,9 +67,19 @@ class WarmServers:
     One process starts them (`WarmServers(...)`: pytest's xdist controller for the whole session, or a serial pytest
     for itself); the xdist workers `attach` to them with what `handover` gives. Each server imports the stack
     (about 5 s of one core), so one pair for the session instead of one per worker saves 4 of those imports on
-    `make test`'s 3 workers, all at the start, when every worker waits for its servers."""
+    `make test`'s 3 workers, all at the start, when every worker waits for its servers.
 
-    def __init__(self, directory: Path, server_env: dict[str, str]) -> None:
+    `count` servers (ranks go to server RANK % count); `inside` wraps each server's command line, to start it in
+    another network namespace (tests.support.netns.Host.command), whose ranks must be forked there."""
+
+    def __init__(
+        self,
+        directory: Path,
+        server_env: dict[str, str],
+        *,
+        count: int = SERVERS,
+        inside: Callable[[list[str]], list[str]] | None = None,
+    ) -> None:
         from tests.support import warm_python
 
         self.directory = directory
@@ -77,10 +88,11 @@ class WarmServers:
         # -I: the client needs only the standard library, and no PYTHON* variable of the rank's may change it.
         client.write_text(f"#!{sys.executable} -I\n" + Path(warm_python.__file__).read_text())
         client.chmod(0o755)
-        self.sockets = [str(directory / f"rank{i}.sock") for i in range(SERVERS)]
+        self.sockets = [str(directory / f"rank{i}.sock") for i in range(count)]
+        wrap = inside or (lambda argv: argv)
         with self.log.open("w") as log:
             self.processes = [
-                subprocess.Popen([sys.executable, "-u", __file__, path], env=server_env, stdout=log, stderr=log)
+                subprocess.Popen(wrap([sys.executable, "-u", __file__, path]), env=server_env, stdout=log, stderr=log)
                 for path in self.sockets
             ]
         self.pids = [process.pid for process in self.processes]
