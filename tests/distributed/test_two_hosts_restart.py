@@ -62,10 +62,7 @@ def warm_inside(hosts, env: dict[str, str], session_servers):
     finally:
         for server in servers:
             server.stop()
-            record = server.directory / cpu_time.RANK_CPU_LOG
-            if record.exists():
-                with open(session_servers.directory / cpu_time.RANK_CPU_LOG, "a") as joined:
-                    joined.write(record.read_text())
+            cpu_time.join_ranks(server.directory, session_servers.directory)
             shutil.rmtree(server.directory, ignore_errors=True)
 
 

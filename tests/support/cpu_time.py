@@ -38,6 +38,15 @@ def record_rank(folder: Path, test: str, rusage) -> None:
         log.write(line + "\n")
 
 
+def join_ranks(folder: Path, into: Path) -> None:
+    """Add the warm processes recorded in `folder` (another set of servers: test_two_hosts_restart's, inside its
+    network namespaces) to the record in `into` (the session's servers' folder), which the summary reads."""
+    path = folder / RANK_CPU_LOG
+    if path.exists():
+        with open(into / RANK_CPU_LOG, "a") as log:
+            log.write(path.read_text())
+
+
 def warm_by_test(folder: Path) -> dict[str, float]:
     out: dict[str, float] = defaultdict(float)
     path = folder / RANK_CPU_LOG

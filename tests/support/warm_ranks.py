@@ -248,14 +248,21 @@ def _answer_cpuinfo_once() -> None:
     and py-cpuinfo answers from a new interpreter each time (`get_cpu_info` runs `python cpuinfo.py`: about 0.55 s
     of one core; 31 of them in a `make test`, measured 2026-12-07). A rank forked from here gets this host's answer,
     asked once, as a copy: the same host, so the same answer a fresh rank would get."""
-    import copy
-    import functools
-
     try:
         import cpuinfo  # DeepSpeed's requirement; absent, there is nothing to answer
     except ImportError:
         return
-    cpuinfo.get_cpu_info = functools.partial(copy.deepcopy, cpuinfo.get_cpu_info())
+    cpuinfo.get_cpu_info = asked_once(cpuinfo.get_cpu_info)
+
+
+def asked_once(get_cpu_info: Callable[[], dict]) -> Callable[[], dict]:
+    """py-cpuinfo's `get_cpu_info`, asked now, answering each later call with its own copy (a caller's edit does not
+    reach the next caller). The servers install it for their ranks; a test that builds several DeepSpeedCPUAdam
+    in its own process sets it with monkeypatch."""
+    import copy
+    import functools
+
+    return functools.partial(copy.deepcopy, get_cpu_info())
 
 
 def _serve(listener: socket.socket) -> socket.socket:

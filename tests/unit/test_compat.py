@@ -786,16 +786,15 @@ def test_cpu_adam_started_at_a_later_step_updates_otherwise_and_the_replay_makes
     """Why `_compat.deepspeed.replay_cpu_adam_steps` (WORKAROUNDS["cpu_adam_resumed_step"]): DeepSpeed's CPU Adam
     that steps 1..t and one that starts at step t (a resume: the state loaded, the optimizer new) update alike only
     after the replay. When the first assertion fails, upstream computes the powers alike: close the gate."""
-    import copy
-    import functools
-
     import cpuinfo
     import torch
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
+    from tests.support.warm_ranks import asked_once
+
     # Each DeepSpeedCPUAdam asks py-cpuinfo, which answers from a new interpreter (7 s of one core for the 5 below):
-    # this host's answer, asked once, as the warm rank servers give it (tests.support.warm_ranks).
-    monkeypatch.setattr(cpuinfo, "get_cpu_info", functools.partial(copy.deepcopy, cpuinfo.get_cpu_info()))
+    # this host's answer, asked once, as the warm rank servers give it.
+    monkeypatch.setattr(cpuinfo, "get_cpu_info", asked_once(cpuinfo.get_cpu_info))
 
     from hf_dist_recipes._compat.deepspeed import replay_cpu_adam_steps
 

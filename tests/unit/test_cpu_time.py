@@ -37,3 +37,18 @@ def test_files_sum_their_tests_and_the_warm_ranks_they_started(tmp_path):
 
 def test_no_warm_servers_no_warm_record(tmp_path):
     assert cpu_time.warm_by_test(tmp_path) == {}
+
+
+def test_another_servers_record_joins_the_sessions(tmp_path):
+    session, other = tmp_path / "session", tmp_path / "other"
+    session.mkdir(), other.mkdir()
+    usage = resource.struct_rusage((1.0, 0.0) + (0,) * 14)
+    cpu_time.record_rank(session, "tests/distributed/test_a.py::test_x (call)", usage)
+    cpu_time.join_ranks(other, session)  # nothing recorded there: nothing joins
+    cpu_time.record_rank(other, "tests/distributed/test_b.py::test_y (call)", usage)
+    cpu_time.record_rank(other, "tests/distributed/test_b.py::test_y (call)", usage)
+    cpu_time.join_ranks(other, session)
+    assert cpu_time.warm_by_test(session) == {
+        "tests/distributed/test_a.py::test_x": 1.0,
+        "tests/distributed/test_b.py::test_y": 2.0,
+    }
