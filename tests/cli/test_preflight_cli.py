@@ -4,7 +4,7 @@ a module fixture (`shipped_zero3`, `shipped_tp2_ep2`), whose report also carries
 the rows of checks 5 and 6 with their numbers against independent references (the user-JSON and seed cases, which
 must not pass, are in tests/distributed/test_preflight_training.py).
 
-About 500 lines in one file because a module fixture's launch serves only its own file: the assertions that read
+About 520 lines in one file because a module fixture's launch serves only its own file: the assertions that read
 the two shipped launches stay here, so each launch happens once (split, each new file would launch again)."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ test_readme.py does), and the pages the site generates at build time (CLI refere
 - yaml/json parse; backticked repository paths exist (here, or in the installed upstream package);
 - the troubleshooting page quotes messages that occur in the package's source.
 
-About 550 lines: one checker per kind of block above, each small; they share the page parsing at the top.
+About 590 lines: one checker per kind of block above, each small; they share the page parsing at the top.
 """
 
 from __future__ import annotations
